@@ -1,0 +1,141 @@
+"""The scalar-function table: one row per function of the language.
+
+Each row gives the surface name, the number of arguments, how to build its sympy form (the
+form that is differentiated and printed), the reference implementation (a dotted path,
+resolved lazily so that codegen never imports JAX) and a safe test domain.
+
+>>> FUNCTIONS["sigmoid"].build(sympy.Symbol("x"))
+sigmoid(x)
+>>> sorted(FUNCTIONS)[:4]
+['abs', 'cos', 'erf', 'exp']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy.codegen.cfunctions import expm1, log1p
+
+
+class sigmoid(sympy.Function):  # noqa: N801 - printed by name
+    """The logistic function 1 / (1 + exp(-x))."""
+
+    nargs = 1
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        s = sigmoid(self.args[0])
+        return s * (1 - s)
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:
+        if x.is_Number:
+            return 1 / (1 + sympy.exp(-x))
+        return None
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+
+class softplus(sympy.Function):  # noqa: N801 - printed by name
+    """log(1 + exp(x)), evaluated stably."""
+
+    nargs = 1
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        return sigmoid(self.args[0])
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:
+        if x.is_Number:
+            return sympy.log(1 + sympy.exp(x))
+        return None
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+
+class FloorDiv(sympy.Function):
+    """Integer division rounded towards minus infinity (index arithmetic only)."""
+
+    nargs = 2
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        if b == 1:
+            return a
+        return None
+
+
+class CeilDiv(sympy.Function):
+    """Integer division rounded towards plus infinity (index arithmetic only)."""
+
+    nargs = 2
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(-(-int(a) // int(b)))
+        if b == 1:
+            return a
+        return None
+
+
+def indicator(condition: sympy.Basic) -> sympy.Expr:
+    """1 where `condition` holds, else 0 (comparisons used as values)."""
+    return sympy.Piecewise((sympy.Integer(1), condition), (sympy.Integer(0), True))
+
+
+def select(condition: sympy.Basic, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    """`where(condition, a, b)`; a non-boolean condition means `condition != 0`."""
+    if not isinstance(condition, sympy.logic.boolalg.Boolean):
+        condition = sympy.Ne(condition, 0)
+    return sympy.Piecewise((a, condition), (b, True))
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One function of the language."""
+
+    name: str
+    arity: int
+    build: Callable[..., sympy.Expr]
+    reference: str  # dotted path of the jax implementation, e.g. "jax.nn.sigmoid"
+    domain: tuple[float, float]  # where every argument is safe and smooth for tests
+
+
+def _row(name: str, arity: int, build: Callable[..., sympy.Expr], reference: str,
+         domain: tuple[float, float] = (-2.0, 2.0)) -> tuple[str, FunctionSpec]:
+    return name, FunctionSpec(name, arity, build, reference, domain)
+
+
+FUNCTIONS: dict[str, FunctionSpec] = dict(
+    [
+        _row("exp", 1, sympy.exp, "jax.numpy.exp"),
+        _row("log", 1, sympy.log, "jax.numpy.log", (0.5, 3.0)),
+        _row("log1p", 1, log1p, "jax.numpy.log1p", (-0.5, 2.0)),
+        _row("expm1", 1, expm1, "jax.numpy.expm1"),
+        _row("sqrt", 1, sympy.sqrt, "jax.numpy.sqrt", (0.5, 3.0)),
+        _row("rsqrt", 1, lambda x: 1 / sympy.sqrt(x), "jax.lax.rsqrt", (0.5, 3.0)),
+        _row("tanh", 1, sympy.tanh, "jax.numpy.tanh"),
+        _row("sigmoid", 1, sigmoid, "jax.nn.sigmoid"),
+        _row("softplus", 1, softplus, "jax.nn.softplus"),
+        _row("relu", 1, lambda x: select(x > 0, x, sympy.Integer(0)), "jax.nn.relu"),
+        _row("sin", 1, sympy.sin, "jax.numpy.sin"),
+        _row("cos", 1, sympy.cos, "jax.numpy.cos"),
+        _row("abs", 1, sympy.Abs, "jax.numpy.abs"),
+        _row("erf", 1, sympy.erf, "jax.scipy.special.erf"),
+        _row("min", 2, lambda a, b: select(a <= b, a, b), "jax.numpy.minimum"),
+        _row("max", 2, lambda a, b: select(a >= b, a, b), "jax.numpy.maximum"),
+        _row("where", 3, select, "jax.numpy.where"),
+        _row("pow", 2, sympy.Pow, "jax.numpy.power", (0.5, 2.0)),
+    ]
+)
+
+#: Function classes that may appear in a lowered body, beyond sympy's arithmetic.
+CUSTOM_FUNCTIONS = (sigmoid, softplus, log1p, expm1, FloorDiv, CeilDiv)

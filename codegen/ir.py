@@ -1,0 +1,258 @@
+"""The loop-nest IR.
+
+A `LoopNest` computes one output array. Its free indices run over rectangular ranges (the
+output's axes, in order); its body is a sum of `Term`s, each with its own reduced indices,
+reduced with the nest's reduction and written once per output element::
+
+    OUT[f...] = reduce over terms t, over t.reduced (within t.constraints, where t.guard)
+                of t.body
+
+Symbols used inside the IR:
+
+* index symbols (`index_symbol`): integer loop indices, free or reduced;
+* extent symbols (`extent_symbol`): the run-time length of one axis of a named tensor; all
+  ranges are expressions of extents, so one nest serves every shape;
+* scalar operands (`scalar_symbol`) and tensor accesses (`tensor_base(name)[i, k]`).
+
+Ranges are half-open `[start, stop)`. A term's `constraints` are affine expressions `c` of
+loop indices (integer coefficients) and extents that must satisfy `c >= 0`: gradient nests
+use them for the bounds that a change of variables produces. `guard` is any further
+condition on indices (a divisibility test, a repeated index).
+
+>>> i, k = index_symbol("i"), index_symbol("k")
+>>> A = tensor_base("A")
+>>> nest = LoopNest(
+...     output="Y",
+...     free=(Range(i, 0, extent_symbol("A", 0)),),
+...     terms=(Term(A[i, k], (Range(k, 0, extent_symbol("A", 1)),)),),
+...     operands=(Operand("A", 2),),
+... )
+>>> nest.free_indices, nest.terms[0].reduced_indices
+((i,), (k,))
+>>> sorted(nest.extent_tensors())
+['A']
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import sympy
+
+#: Reductions a nest may use. argmax/argmin give the position of the first extreme value in
+#: iteration order, as a flat index over the reduced ranges (row-major in `Term.reduced`).
+REDUCTIONS = ("sum", "max", "min", "prod", "logsumexp", "argmax", "argmin")
+
+_EXTENT_NAME = re.compile(r"^(?P<tensor>.+)\.shape\[(?P<axis>\d+)\]$")
+
+
+def index_symbol(name: str) -> sympy.Symbol:
+    """The symbol of a loop index."""
+    return sympy.Symbol(name, integer=True)
+
+
+def scalar_symbol(name: str) -> sympy.Symbol:
+    """The symbol of a scalar operand."""
+    return sympy.Symbol(name, real=True)
+
+
+def tensor_base(name: str) -> sympy.IndexedBase:
+    """The indexed base of a tensor operand: `tensor_base("A")[i, k]` is an access."""
+    return sympy.IndexedBase(name, real=True)
+
+
+def extent_symbol(tensor: str, axis: int) -> sympy.Symbol:
+    """The run-time extent of `tensor`'s axis `axis`."""
+    return sympy.Symbol(f"{tensor}.shape[{axis}]", integer=True, nonnegative=True)
+
+
+def extent_of(symbol: sympy.Basic) -> tuple[str, int] | None:
+    """`(tensor, axis)` for an extent symbol, else None."""
+    if not isinstance(symbol, sympy.Symbol):
+        return None
+    match = _EXTENT_NAME.match(symbol.name)
+    if match is None:
+        return None
+    return match["tensor"], int(match["axis"])
+
+
+@dataclass(frozen=True)
+class Range:
+    """`index` runs over `[start, stop)`; start and stop are expressions of extents."""
+
+    index: sympy.Symbol
+    start: sympy.Expr
+    stop: sympy.Expr
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", sympy.sympify(self.start))
+        object.__setattr__(self, "stop", sympy.sympify(self.stop))
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An input of a nest: a tensor of `rank` axes, or a scalar when rank is 0."""
+
+    name: str
+    rank: int
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class Term:
+    """One summand of a nest's body with its own reduced indices."""
+
+    body: sympy.Expr
+    reduced: tuple[Range, ...] = ()
+    constraints: tuple[sympy.Expr, ...] = ()
+    guard: sympy.Basic = field(default=sympy.true)
+
+    @property
+    def reduced_indices(self) -> tuple[sympy.Symbol, ...]:
+        return tuple(r.index for r in self.reduced)
+
+    def expressions(self) -> Iterator[sympy.Basic]:
+        """Every sympy expression of the term (body, bounds, constraints, guard)."""
+        yield self.body
+        for r in self.reduced:
+            yield r.start
+            yield r.stop
+        yield from self.constraints
+        yield self.guard
+
+
+@dataclass(frozen=True)
+class LoopNest:
+    """One output array computed by a loop nest (see the module docstring)."""
+
+    output: str
+    free: tuple[Range, ...]
+    terms: tuple[Term, ...]
+    operands: tuple[Operand, ...]
+    reduction: str = "sum"
+
+    def __post_init__(self) -> None:
+        assert self.reduction in REDUCTIONS, self.reduction
+        assert self.terms, "a nest has at least one term"
+        assert self.reduction == "sum" or len(self.terms) == 1, "only sums have several terms"
+
+    @property
+    def free_indices(self) -> tuple[sympy.Symbol, ...]:
+        return tuple(r.index for r in self.free)
+
+    @property
+    def operand_names(self) -> tuple[str, ...]:
+        return tuple(op.name for op in self.operands)
+
+    def operand(self, name: str) -> Operand:
+        for op in self.operands:
+            if op.name == name:
+                return op
+        raise KeyError(name)
+
+    def expressions(self) -> Iterator[sympy.Basic]:
+        """Every sympy expression of the nest."""
+        for r in self.free:
+            yield r.start
+            yield r.stop
+        for term in self.terms:
+            yield from term.expressions()
+
+    def extent_tensors(self) -> frozenset[str]:
+        """Names of the tensors whose extents the nest refers to (operands or not)."""
+        names = set()
+        for expr in self.expressions():
+            for sym in expr.free_symbols:
+                found = extent_of(sym)
+                if found is not None:
+                    names.add(found[0])
+        return frozenset(names)
+
+    @property
+    def declares_output_shape(self) -> bool:
+        """True when the caller gives the output's shape (gradient nests do)."""
+        return self.output in self.extent_tensors()
+
+    def __str__(self) -> str:
+        from codegen.source import nest_source
+
+        return nest_source(self)
+
+
+def accesses(expr: sympy.Basic) -> tuple[sympy.Indexed, ...]:
+    """The tensor accesses in `expr`, in a stable order."""
+    found = expr.atoms(sympy.Indexed)
+    return tuple(sorted(found, key=sympy.default_sort_key))
+
+
+def rename(nest: LoopNest, /, *, tensors: dict[str, str], indices: dict[str, str]) -> LoopNest:
+    """Rename tensors/scalars (and their extents) and indices throughout a nest."""
+    mapping: dict[sympy.Basic, sympy.Basic] = {}
+    for expr in nest.expressions():
+        for sym in expr.free_symbols:
+            ext = extent_of(sym)
+            if ext is not None and ext[0] in tensors:
+                mapping[sym] = extent_symbol(tensors[ext[0]], ext[1])
+            elif isinstance(sym, sympy.Symbol) and sym.name in indices and sym.is_integer:
+                mapping[sym] = index_symbol(indices[sym.name])
+            elif isinstance(sym, sympy.Symbol) and sym.name in tensors and ext is None:
+                mapping[sym] = scalar_symbol(tensors[sym.name])
+        for base in expr.atoms(sympy.IndexedBase):
+            if base.name in tensors:
+                mapping[base] = tensor_base(tensors[base.name])
+
+    def sub(e: sympy.Basic) -> sympy.Basic:
+        return e.xreplace(mapping)
+
+    def sub_range(r: Range) -> Range:
+        return Range(sub(r.index), sub(r.start), sub(r.stop))
+
+    terms = tuple(
+        Term(
+            sub(t.body),
+            tuple(sub_range(r) for r in t.reduced),
+            tuple(sub(c) for c in t.constraints),
+            sub(t.guard),
+        )
+        for t in nest.terms
+    )
+    return replace(
+        nest,
+        output=tensors.get(nest.output, nest.output),
+        free=tuple(sub_range(r) for r in nest.free),
+        terms=terms,
+        operands=tuple(Operand(tensors.get(op.name, op.name), op.rank) for op in nest.operands),
+    )
+
+
+def canonical(nest: LoopNest) -> LoopNest:
+    """The nest with tensors and indices renamed by position: the cache key.
+
+    Operands become T0, T1, ... (in order), the output OUT, free indices i0, i1, ... and
+    each term's reduced indices r0, r1, ... (shared names across terms are fine: every term
+    binds its own).
+
+    >>> i, j = index_symbol("i"), index_symbol("j")
+    >>> P = tensor_base("P")
+    >>> n = LoopNest("Z", (Range(i, 0, extent_symbol("P", 0)),),
+    ...              (Term(P[i, j], (Range(j, 0, extent_symbol("P", 1)),)),), (Operand("P", 2),))
+    >>> str(canonical(n))
+    'OUT[i0] := T0[i0, r0]'
+    """
+    tensors = {op.name: f"T{n}" for n, op in enumerate(nest.operands)}
+    tensors[nest.output] = "OUT"
+    for name in sorted(nest.extent_tensors() - set(tensors)):
+        tensors[name] = f"X{len(tensors)}"
+    indices = {sym.name: f"i{n}" for n, sym in enumerate(nest.free_indices)}
+    reduced_names: dict[str, str] = {}
+    for term in nest.terms:
+        for sym in term.reduced_indices:
+            reduced_names.setdefault(sym.name, f"r{len(reduced_names)}")
+    # Any other integer symbol (a stray index) keeps its name; rename() leaves it alone.
+    indices.update(reduced_names)
+    return rename(nest, tensors=tensors, indices=indices)

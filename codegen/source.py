@@ -1,0 +1,94 @@
+"""Print a loop nest back as index-notation source.
+
+A nest lowered from a single statement prints as that statement again (the parser reads it
+back to the same nest). Nests with several terms print one line per term, the first with
+`:=` and the rest with `+=`.
+
+>>> from codegen.ir import index_symbol, tensor_base
+>>> i, j = index_symbol("i"), index_symbol("j")
+>>> A = tensor_base("A")
+>>> expr_source(A[i] * A[j] * indicator(i <= j))
+'A[i]*A[j]*(i <= j)'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sympy
+from sympy.printing.str import StrPrinter
+
+from codegen.functions import indicator  # noqa: F401 - used in the doctest
+
+if TYPE_CHECKING:
+    from codegen.ir import LoopNest
+
+_FUNCTION_NAMES = {"Abs": "abs", "FloorDiv": "floordiv", "CeilDiv": "ceildiv"}
+
+
+class SourcePrinter(StrPrinter):
+    """sympy's str printer, speaking the index-notation language."""
+
+    def _print_Indexed(self, expr: sympy.Indexed) -> str:
+        indices = ", ".join(self._print(i) for i in expr.indices)
+        return f"{expr.base.name}[{indices}]"
+
+    def _print_IndexedBase(self, expr: sympy.IndexedBase) -> str:
+        return str(expr.name)
+
+    def _print_Float(self, expr: sympy.Float) -> str:
+        return repr(float(expr))
+
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
+        (value, condition), *rest = expr.args
+        if not rest:
+            return self._print(value)
+        otherwise = sympy.Piecewise(*rest) if len(rest) > 1 else rest[0][0]
+        if value == 1 and otherwise == 0:
+            return f"({self._print(condition)})"
+        return f"where({self._print(condition)}, {self._print(value)}, {self._print(otherwise)})"
+
+    def _print_Function(self, expr: Any) -> str:
+        name = type(expr).__name__
+        args = ", ".join(self._print(a) for a in expr.args)
+        return f"{_FUNCTION_NAMES.get(name, name)}({args})"
+
+    _print_Abs = _print_Function
+
+    def _print_And(self, expr: sympy.And) -> str:
+        return " & ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_Or(self, expr: sympy.Or) -> str:
+        return " | ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_BooleanTrue(self, expr: Any) -> str:
+        return "1"
+
+    def _print_BooleanFalse(self, expr: Any) -> str:
+        return "0"
+
+
+_PRINTER = SourcePrinter({"order": "none"})
+
+
+def expr_source(expr: sympy.Basic) -> str:
+    """One sympy expression as index-notation source."""
+    return _PRINTER.doprint(expr)
+
+
+def output_source(nest: LoopNest) -> str:
+    """The left-hand side: `Y[i, j]`, or `s` for a 0-d output."""
+    if not nest.free:
+        return nest.output
+    return f"{nest.output}[{', '.join(r.index.name for r in nest.free)}]"
+
+
+def nest_source(nest: LoopNest) -> str:
+    """The nest as source: one statement per term."""
+    prefix = "" if nest.reduction == "sum" else f"({nest.reduction}) "
+    lhs = output_source(nest)
+    lines = []
+    for n, term in enumerate(nest.terms):
+        op = ":=" if n == 0 else "+="
+        lines.append(f"{prefix}{lhs} {op} {expr_source(term.body)}")
+    return "\n".join(lines)
