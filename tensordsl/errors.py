@@ -1,0 +1,144 @@
+"""The errors a user sees, and how their messages are laid out.
+
+Every mistake in user input raises a `TensorDSLError` subclass. Messages follow STYLE.md:
+what is wrong on one line, the source with a caret (or tildes) under the offending text,
+what was expected, and a close-match hint where one exists.
+
+>>> print(format_error("unknown function 'expp'", "Y[i] := expp(X[i])", (8, 12),
+...                    expected="a function such as exp or log", hint=close_match("expp", ["exp"])))
+unknown function 'expp'
+  Y[i] := expp(X[i])
+          ~~~~
+expected a function such as exp or log
+hint: did you mean 'exp'?
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def close_match(word: str, candidates: Iterable[str]) -> str | None:
+    """A `did you mean 'x'?` hint for the candidate closest to `word`, if any is close."""
+    found = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f"did you mean '{found[0]}'?" if found else None
+
+
+def _underline(source: str, span: tuple[int, int]) -> list[str]:
+    """The source line holding `span`, and a caret or tildes under the span."""
+    start = max(0, min(span[0], len(source)))
+    line_start = source.rfind("\n", 0, start) + 1
+    line_end = source.find("\n", start)
+    line_end = len(source) if line_end < 0 else line_end
+    line = source[line_start:line_end]
+    stop = max(start + 1, min(span[1], line_end))
+    width = stop - start
+    # Keep tabs so that the marker lines up with the text above it.
+    pad = "".join(c if c == "\t" else " " for c in line[: start - line_start])
+    marker = "^" if width == 1 else "~" * width
+    return [f"  {line}", f"  {pad}{marker}"]
+
+
+def format_error(
+    what: str,
+    source: str | None = None,
+    span: tuple[int, int] | None = None,
+    expected: str | None = None,
+    hint: str | None = None,
+) -> str:
+    """Lay out an error message as STYLE.md asks.
+
+    Args:
+        what: one line saying what is wrong.
+        source: the statement, shown under the first line.
+        span: `(start, stop)` character offsets of the offending text in `source`.
+        expected: what was expected, shown as `expected ...`.
+        hint: a suggestion, shown as `hint: ...`.
+
+    Returns:
+        The message, several lines without a trailing newline.
+
+    >>> print(format_error("unexpected '}'", "A[i}", (3, 4), expected="',' or ']'"))
+    unexpected '}'
+      A[i}
+         ^
+    expected ',' or ']'
+    """
+    lines = [what]
+    if source is not None:
+        if span is None:
+            lines.append(f"  {source}")
+        else:
+            lines.extend(_underline(source, span))
+    if expected:
+        lines.append(f"expected {expected}")
+    if hint:
+        lines.append(f"hint: {hint}")
+    return "\n".join(lines)
+
+
+class TensorDSLError(Exception):
+    """Base of every error caused by user input; `.source` and `.span` locate it."""
+
+    def __init__(
+        self,
+        what: str,
+        source: str | None = None,
+        span: tuple[int, int] | None = None,
+        *,
+        expected: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(format_error(what, source, span, expected, hint))
+        self.what = what
+        self.source = source
+        self.span = span
+        self.expected = expected
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), self.what, self.source, self.span, self.expected, self.hint))
+
+
+def _rebuild(
+    cls: type[TensorDSLError],
+    what: str,
+    source: str | None,
+    span: tuple[int, int] | None,
+    expected: str | None,
+    hint: str | None,
+) -> TensorDSLError:
+    return cls(what, source, span, expected=expected, hint=hint)
+
+
+class ParseError(TensorDSLError, ValueError):
+    """The source is not a statement of the language."""
+
+
+class UnknownNameError(TensorDSLError, ValueError):
+    """An unknown function, or a name used in two incompatible roles."""
+
+
+class IndexExpressionError(TensorDSLError, ValueError):
+    """An index expression that is not affine with integer coefficients, or a bad left side."""
+
+
+class RangeError(TensorDSLError, ValueError):
+    """An index without a range, extents that disagree, an empty range, a read out of bounds."""
+
+
+class ShapeError(TensorDSLError, ValueError):
+    """The wrong rank or number of arguments."""
+
+
+class ReductionError(TensorDSLError, ValueError):
+    """A reduction that does not exist."""
+
+
+class ExpressionError(TensorDSLError, ValueError):
+    """A value that is not a finite real number (`1/0`, `sqrt(-1)`, `1e999`)."""
+
+
+class UnsupportedError(TensorDSLError, NotImplementedError):
+    """Valid input that tensordsl does not handle (yet)."""
