@@ -1,0 +1,258 @@
+"""Compile generated C, load it with ctypes, cache it in memory and on disk.
+
+The disk cache lives under `config.cache_dir()/c/`, one shared object per key (sha256 of the
+source text, compiler flags, compiler version and `CACHE_VERSION`). Every write goes to a
+temporary file first and is moved into place with `os.replace`, so two processes building
+the same kernel at once both succeed. Shapes are run-time parameters: a new shape never
+recompiles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+
+from codegen import config
+from codegen.c import CSource, emit_c
+from codegen.ir import LoopNest, extent_of
+from codegen.schedule import Schedule
+
+CACHE_VERSION = 1
+BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11")
+INT64_MAX = (1 << 63) - 1
+
+#: Counters for tests and diagnostics: compiler runs, disk-cache hits.
+STATS = {"compiles": 0, "disk_hits": 0}
+
+_LOCK = threading.RLock()
+_MEMORY: dict[tuple[object, ...], CompiledNest] = {}
+
+
+class BuildError(RuntimeError):
+    """The C compiler rejected generated code: a tensordsl bug."""
+
+
+@functools.lru_cache(maxsize=8)
+def compiler_version(cc: str) -> str:
+    """The first line of `cc --version` (part of the cache key)."""
+    try:
+        done = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False)
+    except OSError:
+        return "missing"
+    return done.stdout.splitlines()[0] if done.stdout else "unknown"
+
+
+@functools.lru_cache(maxsize=8)
+def _openmp_flags(cc: str) -> tuple[str, ...]:
+    """`-fopenmp` when it compiles and links here, else SIMD pragmas only (detected once)."""
+    probe = "#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = pathlib.Path(tmp) / "probe.c"
+        src.write_text(probe)
+        command = [cc, *BASE_FLAGS, "-fopenmp", str(src), "-o", str(pathlib.Path(tmp) / "p.so")]
+        try:
+            ok = subprocess.run(command, capture_output=True, check=False).returncode == 0
+        except OSError:
+            ok = False
+    return ("-fopenmp",) if ok else ("-fopenmp-simd",)
+
+
+def compile_flags() -> tuple[str, ...]:
+    """All flags the compiler is called with (part of the cache key)."""
+    cc = config.c_compiler()
+    debug = ("-g",) if config.debug() else ()
+    return (*BASE_FLAGS, *_openmp_flags(cc), *debug, *config.extra_cflags())
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def compile_c(text: str, *, key: str | None = None) -> pathlib.Path:
+    """Compile C source `text` into a cached shared object and return its path.
+
+    Raises:
+        BuildError: when the compiler fails; the message gives the kept source's path.
+    """
+    cc, flags = config.c_compiler(), compile_flags()
+    material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
+    digest = hashlib.sha256(material.encode()).hexdigest()
+    folder = config.cache_dir() / "c" / digest[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"{digest}.so"
+    if library.exists():
+        STATS["disk_hits"] += 1
+        return library
+    source = folder / f"{digest}.c"
+    _atomic_write(source, text.encode())
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
+    os.close(fd)
+    command = [cc, *flags, "-o", tmp, str(source), "-lm"]
+    if config.debug():
+        print("tensordsl: " + " ".join(command), file=sys.stderr)
+    STATS["compiles"] += 1
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as error:
+        os.unlink(tmp)
+        raise BuildError(f"cannot run the C compiler {cc!r} ({error}); set TENSORDSL_CC") from None
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise BuildError(
+            "tensordsl bug: the C compiler rejected generated code.\n"
+            f"  generated source kept at {source}\n  command: {' '.join(command)}\n"
+            + done.stderr[-4000:]
+        )
+    os.replace(tmp, library)
+    return library
+
+
+@dataclass(frozen=True)
+class CompiledNest:
+    """A compiled nest: call it with the output, the operands and the extents."""
+
+    nest: LoopNest
+    source: CSource
+    library: pathlib.Path
+    function: Callable[..., None] = field(repr=False)
+    parameters: Callable[..., tuple[int, ...]] = field(repr=False)
+    extent_names: tuple[tuple[str, int], ...] = ()
+
+    def host_parameters(self, extents: Mapping[str, Sequence[int]]) -> np.ndarray:
+        """The int64 `params` array for one call."""
+        try:
+            values = [int(extents[name][axis]) for name, axis in self.extent_names]
+        except (KeyError, IndexError) as error:
+            raise ValueError(
+                f"extents {dict(extents)} miss {error} for {self.nest.output}"
+            ) from None
+        params = self.parameters(*values)
+        return np.array([min(max(int(p), -INT64_MAX), INT64_MAX) for p in params], np.int64)
+
+    def __call__(
+        self,
+        out: np.ndarray,
+        operands: Sequence[np.ndarray],
+        extents: Mapping[str, Sequence[int]],
+    ) -> None:
+        """Compute the nest into `out` (C-contiguous, fully written); operands are read only."""
+        names = self.nest.operand_names
+        if len(operands) != len(names):
+            raise ValueError(f"expected {len(names)} operands {names}, got {len(operands)}")
+        full: dict[str, Sequence[int]] = dict(
+            zip(names, (np.shape(a) for a in operands), strict=True)
+        )
+        full[self.nest.output] = out.shape
+        full.update(extents)
+        for array in (out, *operands):
+            if not array.flags.c_contiguous:
+                raise ValueError("operands and output must be C-contiguous")
+        params = self.host_parameters(full)
+        pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))
+        self.function(out.ctypes.data, pointers, params.ctypes.data)
+
+
+def _parameter_function(
+    source: CSource,
+) -> tuple[Callable[..., tuple[int, ...]], tuple[tuple[str, int], ...]]:
+    """A host function from extent values to the `params` array, and its argument order."""
+    found: set[sympy.Basic] = set()
+    for _, expr in source.parameters:
+        found.update(s for s in expr.free_symbols if extent_of(s) is not None)
+    ordered = sorted(found, key=str)
+    args = [sympy.Symbol(f"e{n}", integer=True) for n in range(len(ordered))]
+    renamed = [
+        expr.xreplace(dict(zip(ordered, args, strict=True))) for _, expr in source.parameters
+    ]
+    table = {
+        "FloorDiv": lambda a, b: a // b,
+        "CeilDiv": lambda a, b: -(-a // b),
+        "Min": min,
+        "Max": max,
+        "floor": lambda a: a,
+        "ceiling": lambda a: a,
+    }
+    compute = sympy.lambdify(args, renamed, modules=[table, "math"])
+    names = tuple(extent_of(s) for s in ordered)
+    return (lambda *v: tuple(compute(*v))), names  # type: ignore[return-value]
+
+
+def build_c(
+    nest: LoopNest,
+    *,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None = None,
+    role: str = "forward",
+) -> CompiledNest:
+    """Emit, compile (or fetch from the caches) and load `nest`.
+
+    Args:
+        nest: the loop nest.
+        dtypes: numpy dtype name of each operand and of the output.
+        schedule: as for `emit_c`; the heuristic's choice when None.
+        role: the nest's role in its kernel ("forward", "grad_A", ...).
+
+    Returns:
+        A `CompiledNest`, callable as `compiled(out, operands, extents)`.
+
+    Raises:
+        BuildError: when the compiler rejects the generated code (a tensordsl bug).
+    """
+    memory_key = (
+        nest,
+        tuple(sorted(dtypes.items())),
+        schedule,
+        role,
+        compile_flags(),
+        str(config.cache_dir()),
+    )
+    with _LOCK:
+        hit = _MEMORY.get(memory_key)
+        if hit is not None:
+            return hit
+        source = emit_c(nest, dtypes=dtypes, schedule=schedule, role=role)
+        dump = config.dump_dir()
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            (dump / f"{source.entry}.c").write_text(source.text)
+        library = compile_c(source.text)
+        function = getattr(ctypes.CDLL(str(library)), source.entry)
+        function.restype = None
+        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        parameters, names = _parameter_function(source)
+        compiled = CompiledNest(nest, source, library, function, parameters, names)
+        _MEMORY[memory_key] = compiled
+        return compiled
+
+
+def clear_memory_cache() -> None:
+    """Forget every loaded kernel (the disk cache stays)."""
+    with _LOCK:
+        _MEMORY.clear()
+
+
+def default_dtypes(nest: LoopNest, dtype: str = "float32") -> dict[str, str]:
+    """`dtype` for every operand and the output (int64 for an argmax/argmin output)."""
+    dtypes = {name: dtype for name in nest.operand_names}
+    dtypes[nest.output] = "int64" if nest.reduction in ("argmax", "argmin") else dtype
+    return dtypes
+
+
+def c_source(nest: LoopNest, dtypes: Mapping[str, str] | None = None, role: str = "forward") -> str:
+    """The generated C of `nest` (float32 by default), as `k.source("c")` shows it."""
+    return emit_c(nest, dtypes=dtypes or default_dtypes(nest), role=role).text

@@ -1,0 +1,563 @@
+"""Emit a loop nest as a C function under a `Schedule`.
+
+Calling convention of the generated entry point::
+
+    void tdsl_<output>_<role>_<hash8>(void *out, const void *const *operands,
+                                      const int64_t *params);
+
+* `out`: the C-contiguous output buffer, fully written (element type from `dtypes`);
+* `operands`: one data pointer per operand of the nest, in `nest.operands` order
+  (C-contiguous; a scalar operand points at its one element); never written;
+* `params`: int64 values computed on the host from the extents, in the order of
+  `CSource.parameters` (hoisted extent expressions, strides, the amount of work).
+
+Element offsets are int64 throughout. The body of every term is printed after `sympy.cse`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from codegen.bounds import LoopBounds, hoist_parameters, loop_bounds
+from codegen.ir import LoopNest, Term, extent_of, extent_symbol
+from codegen.printer import CPrinter, TensorView
+from codegen.schedule import Schedule, choose_cpu_schedule, term_order, validate
+
+STORAGE = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "uint16_t",
+    "bfloat16": "uint16_t",
+    "int32": "int32_t",
+    "int64": "int64_t",
+}
+PARALLEL_WORK = 1 << 16  # below this many body evaluations a kernel runs on one thread
+
+Lines = list[str]
+
+
+@dataclass(frozen=True)
+class CSource:
+    """Generated C for one nest: text, entry point and the host parameters it expects."""
+
+    text: str
+    entry: str
+    parameters: tuple[tuple[str, sympy.Expr], ...]  # (C name, expression of extents)
+    signature: str = "void(void *out, const void *const *operands, const int64_t *params)"
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """C templates of one reduction: `{a}`/`{b}` are its state, `{v}` a value, `{pos}`."""
+
+    init: tuple[str, ...]
+    update: str
+    combine: str  # fold another state `{oa}`/`{ob}` into this one
+    result: str
+    int_state: bool = False  # the second state variable is an int64 position
+
+
+_ARG = "if ({b} < 0 || {v} {op} {a} || ({v} == {a} && {pos} < {b})) {{ {a} = {v}; {b} = {pos}; }}"
+_ARG_COMBINE = (
+    "if ({ob} >= 0 && ({b} < 0 || {oa} {op} {a} || ({oa} == {a} && {ob} < {b}))) "
+    "{{ {a} = {oa}; {b} = {ob}; }}"
+)
+REDUCERS = {
+    "sum": Reducer(("0",), "{a} += {v};", "{a} += {oa};", "{a}"),
+    "prod": Reducer(("1",), "{a} *= {v};", "{a} *= {oa};", "{a}"),
+    "max": Reducer(
+        ("-INFINITY",), "{a} = {v} > {a} ? {v} : {a};", "{a} = {oa} > {a} ? {oa} : {a};", "{a}"
+    ),
+    "min": Reducer(
+        ("INFINITY",), "{a} = {v} < {a} ? {v} : {a};", "{a} = {oa} < {a} ? {oa} : {a};", "{a}"
+    ),
+    "logsumexp": Reducer(
+        ("-INFINITY", "0"),
+        "if ({v} > {a}) {{ {b} = {b}*{exp}({a} - {v}) + 1; {a} = {v}; }} "
+        "else if ({v} > -INFINITY) {{ {b} += {exp}({v} - {a}); }}",
+        "if ({oa} > {a}) {{ {b} = {b}*{exp}({a} - {oa}) + {ob}; {a} = {oa}; }} "
+        "else if ({oa} > -INFINITY) {{ {b} += {ob}*{exp}({oa} - {a}); }}",
+        "({a} == -INFINITY ? -INFINITY : {a} + {log}({b}))",
+    ),
+    "argmax": Reducer(
+        ("-INFINITY", "-1"),
+        _ARG.replace("{op}", ">"),
+        _ARG_COMBINE.replace("{op}", ">"),
+        "{b}",
+        int_state=True,
+    ),
+    "argmin": Reducer(
+        ("INFINITY", "-1"),
+        _ARG.replace("{op}", "<"),
+        _ARG_COMBINE.replace("{op}", "<"),
+        "{b}",
+        int_state=True,
+    ),
+}
+
+_HALF = """\
+#include <string.h>
+static inline float tdsl_h2f(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+static inline uint16_t tdsl_f2h(float f) {
+    _Float16 x = (_Float16)f; /* rounds to nearest even */
+    uint16_t h; memcpy(&h, &x, 2); return h;
+}
+static inline float tdsl_bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t tdsl_f2bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* round to nearest even */
+}"""
+
+
+def accumulation_type(dtypes: Mapping[str, str]) -> str:
+    """`double` when any operand or the output is float64, else `float`."""
+    return "double" if "float64" in dtypes.values() else "float"
+
+
+def _cname(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def _indent(lines: Sequence[str], levels: int = 1) -> Lines:
+    return ["    " * levels + line if line else line for line in lines]
+
+
+def _block(head: str, body: Sequence[str]) -> Lines:
+    return [head + " {", *_indent(body), "}"]
+
+
+class _Emitter:
+    """State of one emission: the printer, hoisted parameters and the C names."""
+
+    def __init__(self, nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule):
+        self.nest, self.dtypes, self.schedule = nest, dtypes, schedule
+        self.f = accumulation_type(dtypes)
+        self.params: dict[sympy.Basic, sympy.Symbol] = {}
+        self.named: list[tuple[str, sympy.Expr]] = []  # strides and work, after the P's
+        self.reducer = REDUCERS[nest.reduction]
+        tensors, scalars = {}, {}
+        for op in nest.operands:
+            if op.is_scalar:
+                scalars[op.name] = f"in_{_cname(op.name)}"
+                continue
+            extents = [extent_symbol(op.name, d) for d in range(op.rank)]
+            strides = self.stride(op.name, extents)
+            tensors[op.name] = TensorView(f"in_{_cname(op.name)}", strides, self.load(op.name))
+        lengths = [r.stop - r.start for r in nest.free]
+        self.out_strides = self.stride("OUT", lengths)
+        self.printer = CPrinter(self.f, tensors=tensors, scalars=scalars)
+        self.exp = "expf" if self.f == "float" else "exp"
+        self.log = "logf" if self.f == "float" else "log"
+        self.bounds = [
+            loop_bounds(t, term_order(nest, schedule, n)) for n, t in enumerate(nest.terms)
+        ]
+
+    # -- parameters and names ------------------------------------------------------------
+
+    def hoist(self, expr: sympy.Basic) -> sympy.Basic:
+        """Replace extent expressions by host parameters (bare extents included)."""
+        expr = hoist_parameters(expr, self.params)
+        bare = {s: s for s in expr.free_symbols if extent_of(s) is not None}
+        for symbol in sorted(bare, key=str):
+            bare[symbol] = self.params.setdefault(
+                symbol, sympy.Symbol(f"P{len(self.params)}", integer=True)
+            )
+        self.printer.parameters.update(sym.name for sym in self.params.values())
+        return expr.xreplace(bare)
+
+    def stride(self, name: str, extents: Sequence[sympy.Expr]) -> tuple[str | None, ...]:
+        """Register the row-major strides of a tensor; the last axis is contiguous."""
+        names: list[str | None] = []
+        for d in range(len(extents)):
+            if d == len(extents) - 1:
+                names.append(None)
+                continue
+            cname = f"s_{_cname(name)}_{d}"
+            self.named.append((cname, sympy.Mul(*extents[d + 1 :])))
+            names.append(cname)
+        return tuple(names)
+
+    def load(self, name: str) -> str:
+        dtype = self.dtypes[name]
+        if dtype == "float16":
+            return f"(({self.f})tdsl_h2f({{}}))"
+        if dtype == "bfloat16":
+            return f"(({self.f})tdsl_bf2f({{}}))"
+        return "{}" if STORAGE[dtype] == self.f else f"(({self.f}){{}})"
+
+    def store(self, value: str) -> str:
+        dtype = self.dtypes[self.nest.output]
+        if dtype == "float16":
+            return f"tdsl_f2h((float)({value}))"
+        if dtype == "bfloat16":
+            return f"tdsl_f2bf((float)({value}))"
+        if dtype.startswith("int") and not self.reducer.int_state:
+            return f"({STORAGE[dtype]})llrint({value})"
+        return value if STORAGE[dtype] == self.f else f"({STORAGE[dtype]})({value})"
+
+    def idx(self, expr: sympy.Basic) -> str:
+        return self.printer.index(self.hoist(expr))
+
+    # -- reduction state -----------------------------------------------------------------
+
+    def names(self, base: str = "acc_", sub: str = "") -> tuple[str, str]:
+        """The C lvalues of the reduction state (value, second value or position)."""
+        return f"{base}{sub}", f"{base}b_{sub}"
+
+    def declare(self, base: str = "acc_", dims: str = "") -> Lines:
+        """Declare the state; scalars (no `dims`) are initialised."""
+        kinds = [self.f, "int64_t" if self.reducer.int_state else self.f]
+        lines = []
+        for kind, name, init in zip(kinds, self.names(base), self.reducer.init, strict=False):
+            lines.append(f"{kind} {name}{dims};" if dims else f"{kind} {name} = {init};")
+        return lines
+
+    def init(self, sub: str, base: str = "acc_") -> Lines:
+        names = self.names(base, sub)
+        return [f"{s} = {v};" for s, v in zip(names, self.reducer.init, strict=False)]
+
+    def fmt(self, template: str, state: tuple[str, str], other: tuple[str, str] = ("", "")) -> str:
+        a, b = state
+        return template.format(
+            a=a, b=b, oa=other[0], ob=other[1], v="val_", pos="pos_", exp=self.exp, log=self.log
+        )
+
+    # -- terms ---------------------------------------------------------------------------
+
+    def term_body(self, n: int, sub: str) -> Lines:
+        """Evaluate term `n`'s body into `v` and fold it into the state `acc<sub>`."""
+        term = self.nest.terms[n]
+        body = self.hoist(term.body)
+        replacements, (reduced,) = sympy.cse(body, symbols=sympy.numbered_symbols("cse"))
+        lines: Lines = []
+        renames: dict[sympy.Basic, sympy.Basic] = {}
+        for symbol, expr in replacements:
+            expr = expr.xreplace(renames)
+            if expr.is_integer and not expr.atoms(sympy.Indexed):
+                renames[symbol] = sympy.Symbol(symbol.name, integer=True)
+                lines.append(f"const int64_t {symbol.name} = {self.printer.index(expr)};")
+            else:
+                lines.append(f"const {self.f} {symbol.name} = {self.printer.doprint(expr)};")
+        value = self.printer.doprint(reduced.xreplace(renames))
+        lines.append(f"const {self.f} val_ = {value};")
+        if self.reducer.int_state:
+            lines.append(f"const int64_t pos_ = {self.position(term)};")
+        update = [self.fmt(self.reducer.update, self.names("acc_", sub))]
+        if term.guard != sympy.true:
+            update = _block(f"if ({self.printer.doprint(self.hoist(term.guard))})", update)
+        return lines + update
+
+    def position(self, term: Term) -> str:
+        """The flat row-major position over the term's reduced ranges (argmax/argmin)."""
+        parts, stride = [], sympy.Integer(1)
+        for r in reversed(term.reduced):
+            parts.append(self.hoist((r.index - r.start) * stride))
+            stride = stride * sympy.Max(r.stop - r.start, 0)
+        return self.printer.index(sympy.Add(*parts)) if parts else "0"
+
+    def loops(
+        self,
+        n: int,
+        inner: Lines,
+        skip: int = 0,
+        first: tuple[str, str] | None = None,
+        stop_at: int | None = None,
+    ) -> Lines:
+        """Term `n`'s reduced loops around `inner`, from loop `skip` to `stop_at`."""
+        order = term_order(self.nest, self.schedule, n)
+        bounds: LoopBounds = self.bounds[n]
+        lines = inner
+        end = len(order) if stop_at is None else stop_at
+        for depth in reversed(range(skip, end)):
+            r = order[depth]
+            lo, hi = self.idx(bounds.starts[r]), self.idx(bounds.stops[r])
+            if depth == skip and first is not None:
+                lo, hi = first
+            name = self.printer.index(r)
+            lines = _block(f"for (int64_t {name} = {lo}; {name} < {hi}; ++{name})", lines)
+        return lines
+
+    def guarded(self, n: int, lines: Lines) -> Lines:
+        tests = self.bounds[n].free_tests
+        if not tests:
+            return lines
+        cond = " && ".join(f"{self.idx(t)} >= 0" for t in tests)
+        return _block(f"if ({cond})", lines)
+
+    def out_offset(self) -> str:
+        parts = []
+        for r, stride in zip(self.nest.free, self.out_strides, strict=True):
+            index = self.printer.index(r.index)
+            start = self.hoist(r.start)
+            term = index if start == 0 else f"({index} - {self.printer.index(start)})"
+            parts.append(term if stride is None else f"{term}*{stride}")
+        return " + ".join(parts) or "0"
+
+    def store_line(self, sub: str = "", base: str = "acc_") -> str:
+        value = self.fmt(self.reducer.result, self.names(base, sub))
+        return f"out_[{self.out_offset()}] = {self.store(value)};"
+
+    def free_loop(self, r: sympy.Symbol, step: str = "", var: str | None = None) -> str:
+        rng = next(x for x in self.nest.free if x.index == r)
+        name = var or self.printer.index(r)
+        inc = f"{name} += {step}" if step else f"++{name}"
+        return f"for (int64_t {name} = {self.idx(rng.start)}; {name} < {self.idx(rng.stop)}; {inc})"
+
+    def parallel(self, collapse: int) -> Lines:
+        if not self.schedule.parallel or collapse == 0:
+            return []
+        clause = f" collapse({collapse})" if collapse > 1 else ""
+        return [f"#pragma omp parallel for{clause} schedule(static) if(work_ >= {PARALLEL_WORK})"]
+
+    def free_symbols(self) -> list[sympy.Symbol]:
+        by_name = {s.name: s for s in self.nest.free_indices}
+        return [by_name[name] for name in self.schedule.free_order]
+
+
+def _scalar(e: _Emitter) -> Lines:
+    body = [*e.declare()]
+    for n in range(len(e.nest.terms)):
+        body += e.guarded(n, e.loops(n, e.term_body(n, "")))
+    lines = [*body, e.store_line("")]
+    free = e.free_symbols()
+    for r in reversed(free):
+        lines = _block(e.free_loop(r), lines)
+    return e.parallel(len(free)) + lines
+
+
+def _lanes(e: _Emitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Lines:
+    """Loops over the register tile: rows (if any) outside, simd lanes inside."""
+    s = e.schedule
+    vec = e.printer.index(sympy.Symbol(s.vector or "", integer=True))
+    lines = _block(
+        f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", [f"const int64_t {vec} = {vec}0_ + w_;", *inner]
+    )
+    lines = (["#pragma omp simd"] if simd else []) + lines
+    if s.row is None:
+        return lines
+    row = e.printer.index(sympy.Symbol(s.row, integer=True))
+    return _block(
+        f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"const int64_t {row} = {row}0_ + r_;", *lines]
+    )
+
+
+def _tiled(e: _Emitter, body: Callable[[str, str], Lines]) -> Lines:
+    """Tile loops over the row and vector indices; full tiles get constant trip counts."""
+    s = e.schedule
+    free = e.free_symbols()
+    tiled = [x for x in free if x.name in (s.row, s.vector)]
+    checks, edges = [], []
+    for x in tiled:
+        size = s.rows if x.name == s.row else s.width
+        name = e.printer.index(x)
+        stop = e.idx(next(r.stop for r in e.nest.free if r.index == x))
+        checks.append(f"{name}0_ + {size} <= {stop}")
+        var = "rn_" if x.name == s.row else "wn_"
+        edges.append(f"const int64_t {var} = tdsl_imin({size}, {stop} - {name}0_);")
+    full = body(str(s.rows), str(s.width))
+    edge = [*edges, *body("rn_", "wn_")]
+    lines = [f"if ({' && '.join(checks)}) {{", *_indent(full), "} else {", *_indent(edge), "}"]
+    for x in reversed(free):
+        if x in tiled:
+            size = s.rows if x.name == s.row else s.width
+            name = e.printer.index(x) + "0_"
+            lines = _block(e.free_loop(x, step=str(size), var=name), lines)
+        else:
+            lines = _block(e.free_loop(x), lines)
+    return e.parallel(len(free)) + lines
+
+
+def _tile(e: _Emitter) -> Lines:
+    dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
+    sub = "[r_][w_]" if e.schedule.row else "[w_]"
+
+    def body(rn: str, wn: str) -> Lines:
+        lines = [*e.declare(dims=dims), *_lanes(e, rn, wn, e.init(sub))]
+        for n in range(len(e.nest.terms)):
+            lines += e.guarded(n, e.loops(n, _lanes(e, rn, wn, e.term_body(n, sub))))
+        return lines + _lanes(e, rn, wn, [e.store_line(sub)])
+
+    return _tiled(e, body)
+
+
+def _dot(e: _Emitter) -> Lines:
+    s = e.schedule
+    lanes = 16 if e.f == "float" else 8
+    dims = f"[{s.rows}][{s.width}][{lanes}]" if s.row else f"[{s.width}][{lanes}]"
+    sub = "[r_][w_]" if s.row else "[w_]"
+
+    def body(rn: str, wn: str) -> Lines:
+        lines = [
+            *e.declare(dims=dims),
+            *_lanes(
+                e,
+                rn,
+                wn,
+                _block(
+                    "for (int64_t l_ = 0; l_ < LANES; ++l_)".replace("LANES", str(lanes)),
+                    e.init(sub + "[l_]"),
+                ),
+                simd=False,
+            ),
+        ]
+        for n in range(len(e.nest.terms)):
+            order = term_order(e.nest, s, n)
+            u = e.printer.index(order[-1])
+            lo, hi = e.idx(e.bounds[n].starts[order[-1]]), e.idx(e.bounds[n].stops[order[-1]])
+            vector = [
+                "#pragma omp simd",
+                *_block(
+                    f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)",
+                    [f"const int64_t {u} = {u}0_ + l_;", *e.term_body(n, sub + "[l_]")],
+                ),
+            ]
+            rest = _block(
+                f"for (int64_t {u} = {u}0_; {u} < {hi}; ++{u})",
+                _lanes(e, rn, wn, e.term_body(n, sub + "[0]"), simd=False),
+            )
+            inner = [
+                f"int64_t {u}0_ = {lo};",
+                *_block(
+                    f"for (; {u}0_ + {lanes} <= {hi}; {u}0_ += {lanes})",
+                    _lanes(e, rn, wn, vector, simd=False),
+                ),
+                *rest,
+            ]
+            lines += e.guarded(n, e.loops(n, ["{", *_indent(inner), "}"], stop_at=len(order) - 1))
+        combine = e.fmt(e.reducer.combine, e.names("tot_"), e.names("acc_", sub + "[l_]"))
+        store = [
+            *e.declare("tot_"),
+            *_block(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", [combine]),
+            e.store_line(base="tot_"),
+        ]
+        return lines + _lanes(e, rn, wn, store, simd=False)
+
+    return _tiled(e, body)
+
+
+def _split(e: _Emitter) -> Lines:
+    chunks = e.schedule.chunks
+    dims = f"[{chunks}]"
+    lines = [*e.declare("part_", dims)]
+    chunk = [*e.declare()]
+    for n, term in enumerate(e.nest.terms):
+        if not term.reduced:
+            chunk += _block("if (c_ == 0)", e.guarded(n, e.term_body(n, "")))
+            continue
+        first = term_order(e.nest, e.schedule, n)[0]
+        lo, hi = e.idx(e.bounds[n].starts[first]), e.idx(e.bounds[n].stops[first])
+        split = (f"lo_ + len_*c_/{chunks}", f"lo_ + len_*(c_ + 1)/{chunks}")
+        chunk += e.guarded(
+            n,
+            [
+                "{",
+                *_indent(
+                    [
+                        f"const int64_t lo_ = {lo}, len_ = tdsl_imax({hi} - lo_, 0);",
+                        *e.loops(n, e.term_body(n, ""), first=split),
+                    ]
+                ),
+                "}",
+            ],
+        )
+    states = len(e.reducer.init)
+    pairs = list(zip(e.names("part_", "[c_]"), e.names(), strict=True))[:states]
+    chunk += [f"{p} = {a};" for p, a in pairs]
+    if e.schedule.parallel:
+        lines.append(f"#pragma omp parallel for schedule(static) if(work_ >= {PARALLEL_WORK})")
+    lines += _block(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", chunk)
+    combine = e.fmt(e.reducer.combine, e.names(), e.names("part_", "[c_]"))
+    lines += [*e.declare(), *_block(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", [combine])]
+    return [*lines, e.store_line()]
+
+
+STRATEGY_EMITTERS: dict[str, Callable[[_Emitter], Lines]] = {
+    "scalar": _scalar,
+    "tile": _tile,
+    "dot": _dot,
+    "split": _split,
+}
+
+
+def emit_c(
+    nest: LoopNest,
+    *,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None = None,
+    role: str = "forward",
+) -> CSource:
+    """Generate C for `nest` (see the module docstring for the calling convention).
+
+    Args:
+        nest: the loop nest.
+        dtypes: numpy dtype name of each operand and of `nest.output`.
+        schedule: loop order and mapping; `choose_cpu_schedule` when None.
+        role: the nest's role in its kernel ("forward", "grad_A", ...), used in the name.
+
+    Returns:
+        The `CSource`.
+
+    Raises:
+        ValueError: when the schedule does not fit the nest or a dtype is unsupported.
+    """
+    missing = [n for n in (*nest.operand_names, nest.output) if dtypes.get(n) not in STORAGE]
+    if missing:
+        raise ValueError(f"dtypes of {missing} missing or not one of {sorted(STORAGE)}")
+    schedule = schedule or choose_cpu_schedule(nest, dtypes)
+    validate(nest, schedule)
+    e = _Emitter(nest, dtypes, schedule)
+    work = sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in nest.free)) * (
+        1
+        + sympy.Add(
+            *(sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in t.reduced)) for t in nest.terms)
+        )
+    )
+    e.named.append(("work_", work))
+    body = STRATEGY_EMITTERS[schedule.strategy](e)
+    params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
+    digest = hashlib.sha256(
+        repr((str(nest), sorted(dtypes.items()), schedule, role)).encode()
+    ).hexdigest()[:8]
+    entry = f"tdsl_{_cname(nest.output)}_{_cname(role)}_{digest}"
+    return CSource(_assemble(e, entry, params, body), entry, tuple(params))
+
+
+def _assemble(e: _Emitter, entry: str, params: list[tuple[str, sympy.Expr]], body: Lines) -> str:
+    nest = e.nest
+    source = str(nest).replace("*/", "* /")
+    dtypes = ", ".join(f"{k}: {v}" for k, v in sorted(e.dtypes.items()))
+    head = [
+        "/* Generated by tensordsl. Do not edit.",
+        *(f" *   {line}" for line in source.splitlines()),
+        f" * reduction: {nest.reduction}; dtypes: {dtypes}; accumulate in {e.f}",
+        f" * schedule: {e.schedule.describe()}",
+        " */",
+        "#include <math.h>",
+        "#include <stdint.h>",
+        "",
+        e.printer.helpers(),
+    ]
+    if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
+        head.append(_HALF)
+    prologue: Lines = []
+    for n, op in enumerate(nest.operands):
+        ctype = STORAGE[e.dtypes[op.name]]
+        pointer = f"((const {ctype} *)operands[{n}])"
+        if op.is_scalar:
+            value = e.load(op.name).format(f"{pointer}[0]")
+            prologue.append(f"const {e.f} in_{_cname(op.name)} = {value};")
+        else:
+            prologue.append(f"const {ctype} *restrict in_{_cname(op.name)} = {pointer};")
+    out_type = STORAGE[e.dtypes[nest.output]]
+    prologue.append(f"{out_type} *restrict out_ = ({out_type} *)out;")
+    prologue += [f"const int64_t {name} = params[{n}];" for n, (name, _) in enumerate(params)]
+    signature = f"void {entry}(void *out, const void *const *operands, const int64_t *params)"
+    return "\n".join([*head, "", *_block(signature, [*prologue, *body]), ""])

@@ -1,0 +1,42 @@
+"""The one place that reads `TENSORDSL_*` environment variables (read at call time).
+
+>>> isinstance(cache_dir(), pathlib.Path)
+True
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+
+
+def cache_dir() -> pathlib.Path:
+    """Where compiled kernels are cached: `TENSORDSL_CACHE_DIR`, else the user cache dir."""
+    explicit = os.environ.get("TENSORDSL_CACHE_DIR")
+    if explicit:
+        return pathlib.Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
+    return base / "tensordsl"
+
+
+def dump_dir() -> pathlib.Path | None:
+    """`TENSORDSL_DUMP_DIR`: where every generated source is also written, or None."""
+    value = os.environ.get("TENSORDSL_DUMP_DIR")
+    return pathlib.Path(value) if value else None
+
+
+def debug() -> bool:
+    """`TENSORDSL_DEBUG`: verbose build messages and `-g` builds when set (not "0")."""
+    return os.environ.get("TENSORDSL_DEBUG", "0") not in ("", "0")
+
+
+def c_compiler() -> str:
+    """`TENSORDSL_CC`: the C compiler command (default "cc")."""
+    return os.environ.get("TENSORDSL_CC") or "cc"
+
+
+def extra_cflags() -> tuple[str, ...]:
+    """`TENSORDSL_CFLAGS`: extra compiler flags, split like a shell would."""
+    return tuple(shlex.split(os.environ.get("TENSORDSL_CFLAGS", "")))

@@ -1,0 +1,299 @@
+"""CPU schedules: the loop order and the parallel/vector mapping of a loop nest.
+
+A `Schedule` is separate from the nest: one nest can be emitted under several schedules and
+all of them compute the same numbers. Free loops are always outside the reduced loops, so
+every output element is reduced in registers and written once.
+
+Strategies (`Schedule.strategy`):
+
+* ``"scalar"`` -- one output element at a time, plain reduction loops;
+* ``"tile"`` -- a register tile of ``rows x width`` output elements over the free indices
+  `row` and `vector` (the output's contiguous axis), the reduction loops outside the tile's
+  lane loops, and ``#pragma omp simd`` over the lanes. Needs reduced bounds that do not
+  depend on `row`/`vector`;
+* ``"dot"`` -- dot-product-shaped nests (no free index is contiguous in the inputs): a
+  register tile of ``rows x width`` dot products over the free indices `row` and `vector`,
+  each kept as vector partial sums over the innermost reduced index (``#pragma omp simd``);
+* ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
+  number of chunks reduced in parallel and combined in order (deterministic).
+
+The heuristic (`choose_cpu_schedule`):
+
+1. no free index -> ``split``;
+2. per term, the innermost reduced index is the one that is the last axis of the most accesses
+   (contiguous reads), ties keep the written order;
+3. the output's last free index `v` is vectorised (``tile``) when every access that uses it
+   has it in its last axis and no loop bound depends on it; the register tile's rows are the
+   previous free index when its bounds allow (4 rows of 32 float / 16 double lanes);
+4. otherwise, when the innermost reduced index is contiguous, ``dot``; else ``scalar``;
+5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
+   time from the extents.
+
+>>> from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
+>>> from codegen.ir import tensor_base
+>>> i, j, k = (index_symbol(n) for n in "ijk")
+>>> A, B = tensor_base("A"), tensor_base("B")
+>>> matmul = LoopNest("C", (Range(i, 0, extent_symbol("A", 0)), Range(j, 0, extent_symbol("B", 1))),
+...     (Term(A[i, k] * B[k, j], (Range(k, 0, extent_symbol("A", 1)),)),),
+...     (Operand("A", 2), Operand("B", 2)))
+>>> s = choose_cpu_schedule(matmul)
+>>> s.strategy, s.free_order, s.row, s.vector
+('tile', ('i', 'j'), 'i', 'j')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from codegen.bounds import affine_parts, loop_bounds
+from codegen.ir import LoopNest, Term, accesses
+
+STRATEGIES = ("scalar", "tile", "dot", "split")
+SIMD_REDUCTIONS = ("sum", "max", "min", "prod")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Loop order and parallel/vector mapping of one nest (see the module docstring)."""
+
+    free_order: tuple[str, ...]
+    reduced_order: tuple[tuple[str, ...], ...]
+    strategy: str = "scalar"
+    parallel: bool = True
+    row: str | None = None
+    vector: str | None = None
+    rows: int = 1
+    width: int = 1
+    chunks: int = 64  # split: number of chunks of the outermost reduced loop
+
+    def describe(self) -> str:
+        """One line for the header comment of generated code."""
+        parts = [f"strategy={self.strategy}", f"free={','.join(self.free_order) or '-'}"]
+        parts.append("reduced=" + ";".join(",".join(o) or "-" for o in self.reduced_order))
+        if self.strategy in ("tile", "dot"):
+            parts.append(f"tile={self.row or '-'}x{self.vector}={self.rows}x{self.width}")
+        if self.strategy == "split":
+            parts.append(f"chunks={self.chunks}")
+        parts.append(f"parallel={'yes' if self.parallel else 'no'}")
+        return " ".join(parts)
+
+
+def _names(indices: Sequence[sympy.Symbol]) -> tuple[str, ...]:
+    return tuple(s.name for s in indices)
+
+
+def _symbols(nest: LoopNest) -> dict[str, sympy.Symbol]:
+    found = {s.name: s for s in nest.free_indices}
+    for term in nest.terms:
+        found.update({s.name: s for s in term.reduced_indices})
+    return found
+
+
+def term_order(nest: LoopNest, schedule: Schedule, n: int) -> tuple[sympy.Symbol, ...]:
+    """The reduced indices of term `n` in the schedule's loop order (outermost first)."""
+    by_name = {s.name: s for s in nest.terms[n].reduced_indices}
+    return tuple(by_name[name] for name in schedule.reduced_order[n])
+
+
+def bound_indices(nest: LoopNest, schedule: Schedule) -> frozenset[str]:
+    """Free indices that some reduced loop bound or per-element test depends on."""
+    used: set[str] = set()
+    for n, term in enumerate(nest.terms):
+        bounds = loop_bounds(term, term_order(nest, schedule, n))
+        for expr in (*bounds.starts.values(), *bounds.stops.values(), *bounds.free_tests):
+            used.update(s.name for s in expr.free_symbols)
+    return frozenset(used) & set(_names(nest.free_indices))
+
+
+def validate(nest: LoopNest, schedule: Schedule) -> None:
+    """Raise ValueError when `schedule` does not fit `nest`."""
+    free = _names(nest.free_indices)
+    if sorted(schedule.free_order) != sorted(free):
+        raise ValueError(f"free loop order {schedule.free_order} is not a permutation of {free}")
+    if len(schedule.reduced_order) != len(nest.terms):
+        raise ValueError(
+            f"{len(schedule.reduced_order)} reduced orders for {len(nest.terms)} terms"
+        )
+    for order, term in zip(schedule.reduced_order, nest.terms, strict=True):
+        if sorted(order) != sorted(_names(term.reduced_indices)):
+            raise ValueError(
+                f"reduced loop order {order} is not a permutation of {_names(term.reduced_indices)}"
+            )
+    if schedule.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {schedule.strategy!r}; expected one of {STRATEGIES}")
+    if schedule.rows < 1 or schedule.width < 1 or schedule.chunks < 1:
+        raise ValueError("rows, width and chunks must be positive")
+    if schedule.strategy == "split" and free:
+        raise ValueError("the split strategy is for full reductions (no free index)")
+    if schedule.strategy in ("tile", "dot"):
+        _validate_tile(nest, schedule)
+
+
+def _validate_tile(nest: LoopNest, schedule: Schedule) -> None:
+    tiled = [schedule.row, schedule.vector] if schedule.row else [schedule.vector]
+    if schedule.vector is None or tuple(schedule.free_order[-len(tiled) :]) != tuple(tiled):
+        raise ValueError(
+            f"a {schedule.strategy} schedule tiles the innermost free loops; "
+            f"got free order {schedule.free_order}, tile {tiled}"
+        )
+    if schedule.row is None and schedule.rows != 1:
+        raise ValueError("rows > 1 needs a row index")
+    clash = bound_indices(nest, schedule) & set(tiled)
+    if clash:
+        raise ValueError(f"loop bounds depend on the tiled indices {sorted(clash)}")
+    if schedule.strategy == "dot" and nest.reduction not in SIMD_REDUCTIONS:
+        raise ValueError(f"the dot strategy does not support the reduction {nest.reduction}")
+    if schedule.strategy == "dot" and any(not order for order in schedule.reduced_order):
+        raise ValueError("the dot strategy needs a reduced index in every term")
+
+
+def _last_axis_uses(term: Term) -> dict[str, int]:
+    """How often each index is the last axis (contiguous) of an access in the term."""
+    counts: dict[str, int] = {}
+    for access in accesses(term.body):
+        for name in _names(tuple(access.indices[-1].free_symbols)):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _reduced_order(term: Term) -> tuple[str, ...]:
+    names = list(_names(term.reduced_indices))
+    if not names:
+        return ()
+    counts = _last_axis_uses(term)
+    innermost = max(reversed(names), key=lambda name: counts.get(name, 0))
+    names.remove(innermost)
+    return (*names, innermost)
+
+
+def _vector_friendly(nest: LoopNest, name: str) -> bool:
+    """Every access that uses `name` has it only in its last axis, with coefficient +1."""
+    symbol = _symbols(nest)[name]
+    for term in nest.terms:
+        for access in accesses(term.body):
+            *outer, last = access.indices
+            if any(symbol in index.free_symbols for index in outer):
+                return False
+            if symbol in last.free_symbols and affine_parts(last, (symbol,)) != {symbol: 1}:
+                return False
+    return True
+
+
+def _lanes(dtypes: Mapping[str, str] | None, nest: LoopNest) -> int:
+    wide = dtypes is not None and "float64" in (dtypes.get(nest.output), *dtypes.values())
+    return 16 if wide else 32
+
+
+def choose_cpu_schedule(
+    nest: LoopNest,
+    dtypes: Mapping[str, str] | None = None,
+    *,
+    loop_order: Sequence[str] | None = None,
+) -> Schedule:
+    """The heuristic schedule of `nest` on the CPU (see the module docstring).
+
+    Args:
+        nest: the loop nest.
+        dtypes: numpy dtype names of the operands and output (tile widths depend on them).
+        loop_order: optional index names fixing the order of the free loops and of each
+            term's reduced loops (outermost first); indices not named keep their place after
+            the named ones.
+
+    Returns:
+        A valid `Schedule`.
+
+    Raises:
+        ValueError: when `loop_order` names an unknown index or repeats one.
+    """
+    free = _names(nest.free_indices)
+    reduced = tuple(_reduced_order(t) for t in nest.terms)
+    if loop_order is not None:
+        free, reduced = _apply_loop_order(nest, tuple(loop_order), free, reduced)
+    if not free:
+        return Schedule(free, reduced, strategy="split")
+    base = Schedule(free, reduced, strategy="scalar")
+    bounded = bound_indices(nest, base)
+    vector = free[-1]
+    if vector not in bounded and _vector_friendly(nest, vector) and loop_order is None:
+        output_order = _names(nest.free_indices)
+        vector = output_order[-1]
+        row = output_order[-2] if len(output_order) > 1 else None
+        row = row if row is not None and row not in bounded else None
+        rest = tuple(n for n in output_order if n not in (row, vector))
+        order = (*rest, row, vector) if row else (*rest, vector)
+        lanes = _lanes(dtypes, nest)
+        return Schedule(
+            order,
+            reduced,
+            strategy="tile",
+            row=row,
+            vector=vector,
+            rows=4 if row else 1,
+            width=lanes,
+        )
+    if vector not in bounded and _vector_friendly(nest, vector):
+        return Schedule(free, reduced, strategy="tile", vector=vector, width=_lanes(dtypes, nest))
+    if all(order for order in reduced) and nest.reduction in SIMD_REDUCTIONS:
+        return (
+            Schedule(free, reduced, strategy="dot", vector=free[-1])
+            if (free[-1] not in bounded)
+            else Schedule(free, reduced, strategy="scalar")
+        )
+    return base
+
+
+def _apply_loop_order(
+    nest: LoopNest,
+    loop_order: tuple[str, ...],
+    free: tuple[str, ...],
+    reduced: tuple[tuple[str, ...], ...],
+) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    known = set(free).union(*map(set, reduced))
+    unknown = [name for name in loop_order if name not in known]
+    if unknown or len(set(loop_order)) != len(loop_order):
+        raise ValueError(
+            f"loop_order {loop_order} must name distinct indices of the nest "
+            f"{sorted(known)}; unknown: {unknown}"
+        )
+
+    def reorder(names: tuple[str, ...]) -> tuple[str, ...]:
+        named = [n for n in loop_order if n in names]
+        return (*named, *(n for n in names if n not in named))
+
+    return reorder(free), tuple(reorder(order) for order in reduced)
+
+
+def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
+    """Every schedule the heuristic could pick for `nest`, plus the scalar fallback."""
+    picks = [
+        choose_cpu_schedule(nest, {"out": "float32"}),
+        choose_cpu_schedule(nest, {"out": "float64"}),
+    ]
+    free = _names(nest.free_indices)
+    reduced = tuple(_names(t.reduced_indices) for t in nest.terms)
+    picks.append(Schedule(free, reduced, strategy="scalar", parallel=False))
+    picks.append(Schedule(tuple(reversed(free)), tuple(tuple(reversed(o)) for o in reduced)))
+    if free and free[-1] not in bound_indices(nest, picks[-2]) and all(reduced):
+        picks.append(
+            Schedule(
+                free,
+                picks[0].reduced_order,
+                strategy="dot",
+                vector=free[-1],
+                row=free[-2] if len(free) > 1 else None,
+                rows=2 if len(free) > 1 else 1,
+                width=3,
+            )
+        )
+    unique: list[Schedule] = []
+    for schedule in picks:
+        try:
+            validate(nest, schedule)
+        except ValueError:
+            continue
+        if schedule not in unique:
+            unique.append(schedule)
+    return tuple(unique)

@@ -1,0 +1,222 @@
+"""The C back end against numpy float64 references, under every candidate schedule."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+import sympy
+from cases import BY_NAME, CASES, Case
+
+from codegen import build, config
+from codegen.build import BuildError, build_c, c_source, clear_memory_cache, compile_c
+from codegen.c import emit_c
+from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
+from codegen.schedule import Schedule, candidate_schedules, choose_cpu_schedule
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "c"
+TOLERANCE = {"float32": 2e-4, "float64": 1e-10}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    saved = os.environ.get("TENSORDSL_CACHE_DIR")
+    os.environ["TENSORDSL_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if saved is None:
+        del os.environ["TENSORDSL_CACHE_DIR"]
+    else:
+        os.environ["TENSORDSL_CACHE_DIR"] = saved
+
+
+def run_case(case: Case, dtype: str, schedule: Schedule | None = None, seed: int = 0):
+    """Run `case` on the C back end; returns (result, float64 reference)."""
+    arrays = case.inputs(np.random.default_rng(seed))
+    expected = np.asarray(case.reference(**arrays))
+    is_arg = case.nest.reduction in ("argmax", "argmin")
+    dtypes = {name: dtype for name in arrays}
+    dtypes[case.nest.output] = "int64" if is_arg else dtype
+    operands = [np.ascontiguousarray(arrays[n], dtype=dtypes[n]) for n in case.nest.operand_names]
+    if dtype == "float32":  # the reference sees the rounded inputs
+        expected = np.asarray(
+            case.reference(
+                **{
+                    n: a.astype(np.float64)
+                    for n, a in zip(case.nest.operand_names, operands, strict=True)
+                }
+            )
+        )
+    out = np.full(expected.shape, -12345 if is_arg else np.nan, dtype=dtypes[case.nest.output])
+    compiled = build_c(case.nest, dtypes=dtypes, schedule=schedule)
+    compiled(out, operands, case.extents(arrays))
+    return out, expected
+
+
+def check(out: np.ndarray, expected: np.ndarray, dtype: str) -> None:
+    if out.dtype.kind == "i":
+        np.testing.assert_array_equal(out, expected)
+    else:
+        scale = max(1.0, float(np.max(np.abs(expected))))
+        np.testing.assert_allclose(
+            out, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * scale
+        )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_case_matches_numpy(case: Case, dtype: str) -> None:
+    out, expected = run_case(case, dtype)
+    check(out, expected, dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_candidate_schedule_agrees(case: Case) -> None:
+    schedules = candidate_schedules(case.nest)
+    assert choose_cpu_schedule(case.nest) in schedules
+    for schedule in schedules:
+        out, expected = run_case(case, "float64", schedule)
+        check(out, expected, "float64")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_inputs_accumulate_in_float(dtype: str) -> None:
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+        import ml_dtypes
+
+        np_dtype = np.dtype(ml_dtypes.bfloat16)
+    else:
+        np_dtype = np.dtype(np.float16)
+    case = BY_NAME["matmul"]
+    arrays = case.inputs(np.random.default_rng(1))
+    a, b = (arrays[n].astype(np_dtype) for n in ("A", "B"))
+    out = np.full((37, 45), np.nan, np_dtype)
+    build_c(case.nest, dtypes={"A": dtype, "B": dtype, "C": dtype})(out, [a, b], {})
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=2e-2, atol=5e-2)
+
+
+def test_empty_reductions_give_identities() -> None:
+    for name, identity in [
+        ("matvec", 0.0),
+        ("logsumexp", -np.inf),
+        ("prod", 1.0),
+        ("max", -np.inf),
+        ("min", np.inf),
+        ("argmax", -1),
+    ]:
+        nest = BY_NAME[name].nest
+        shape = (4, 0, 3) if nest.operands[0].rank == 3 else (4, 0)
+        operands = [np.zeros(shape)] + [np.zeros(0)] * (len(nest.operands) - 1)
+        out_dtype = "int64" if nest.reduction == "argmax" else "float64"
+        dtypes = {n: "float64" for n in nest.operand_names} | {nest.output: out_dtype}
+        out = np.full(4, -7, out_dtype)
+        build_c(nest, dtypes=dtypes)(out, operands, {})
+        np.testing.assert_array_equal(out, np.full(4, identity), err_msg=name)
+
+
+def test_new_shapes_do_not_recompile() -> None:
+    nest = BY_NAME["matmul"].nest
+    dtypes = {"A": "float32", "B": "float32", "C": "float32"}
+    build_c(nest, dtypes=dtypes)
+    before = build.STATS["compiles"]
+    rng = np.random.default_rng(2)
+    for m, kk, n in [(1, 1, 1), (5, 3, 2), (64, 17, 129), (3, 0, 4)]:
+        a = rng.standard_normal((m, kk)).astype(np.float32)
+        b = rng.standard_normal((kk, n)).astype(np.float32)
+        out = np.full((m, n), np.nan, np.float32)
+        build_c(nest, dtypes=dtypes)(out, [a, b], {})
+        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    assert build.STATS["compiles"] == before
+
+
+def test_disk_cache_is_reused(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
+    nest = BY_NAME["matvec"].nest
+    dtypes = {"A": "float64", "x": "float64", "y": "float64"}
+    compiles = build.STATS["compiles"]
+    build_c(nest, dtypes=dtypes)
+    assert build.STATS["compiles"] == compiles + 1
+    clear_memory_cache()
+    hits = build.STATS["disk_hits"]
+    build_c(nest, dtypes=dtypes)
+    assert build.STATS["compiles"] == compiles + 1
+    assert build.STATS["disk_hits"] == hits + 1
+    assert list(tmp_path.glob("c/*/*.so"))
+
+
+def _build_in_child(cache_dir: str, constant: float) -> float:
+    os.environ["TENSORDSL_CACHE_DIR"] = cache_dir
+    i = index_symbol("i")
+    nest = LoopNest(
+        "Y",
+        (Range(i, 0, extent_symbol("A", 0)),),
+        (Term(tensor_base("A")[i] * sympy.Float(constant)),),
+        (Operand("A", 1),),
+    )
+    out = np.zeros(3)
+    build_c(nest, dtypes={"A": "float64", "Y": "float64"})(out, [np.ones(3)], {})
+    return float(out.sum())
+
+
+def test_two_processes_build_the_same_kernel(tmp_path: pathlib.Path) -> None:
+    constant = float(np.random.default_rng().uniform(1, 2))
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        results = pool.starmap(_build_in_child, [(str(tmp_path), constant)] * 2)
+    assert results == [pytest.approx(3 * constant)] * 2
+    assert len(list(tmp_path.glob("c/*/*.so"))) == 1
+    assert not list(tmp_path.glob("c/*/*.tmp"))
+
+
+def test_compiler_failure_is_reported_as_a_bug_with_the_source_path() -> None:
+    with pytest.raises(BuildError, match=r"tensordsl bug(.|\n)*generated source kept at (\S+\.c)"):
+        compile_c("int broken(void) { return }\n")
+
+
+def test_bad_schedule_raises_value_error() -> None:
+    nest = BY_NAME["matmul"].nest
+    with pytest.raises(ValueError, match="not a permutation"):
+        emit_c(
+            nest,
+            dtypes={"A": "float32", "B": "float32", "C": "float32"},
+            schedule=Schedule(("i",), (("k",),)),
+        )
+    with pytest.raises(ValueError, match="loop_order"):
+        choose_cpu_schedule(nest, loop_order=("i", "z"))
+    conv_grad = BY_NAME["conv_grad"].nest
+    with pytest.raises(ValueError, match="depend on the tiled"):
+        emit_c(
+            conv_grad,
+            dtypes={"dY": "float32", "W": "float32", "dX": "float32"},
+            schedule=Schedule(("p",), (("k",),), strategy="tile", vector="p", width=8),
+        )
+
+
+def test_loop_order_override() -> None:
+    case = BY_NAME["matmul"]
+    schedule = choose_cpu_schedule(case.nest, loop_order=("j", "i", "k"))
+    assert schedule.free_order == ("j", "i")
+    out, expected = run_case(case, "float64", schedule)
+    check(out, expected, "float64")
+
+
+GOLDEN_CASES = ["matmul", "conv_grad", "full_sum", "argmax", "logsumexp", "pairwise", "two_terms"]
+
+
+@pytest.mark.parametrize("name", GOLDEN_CASES)
+def test_golden_c(name: str) -> None:
+    text = c_source(BY_NAME[name].nest)
+    path = GOLDEN / f"{name}.c"
+    if os.environ.get("TENSORDSL_UPDATE_GOLDEN") == "1" or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), "generated C changed; rerun with TENSORDSL_UPDATE_GOLDEN=1"
