@@ -1,0 +1,37 @@
+"""tensordsl: neural-network layers as index expressions, differentiated in JAX.
+
+>>> import numpy as np, tensordsl as td
+>>> dist = td.kernel("D[i,j] := (W[k,i] - X[k,j])^2", backend="reference")
+>>> dist.inputs
+('W', 'X')
+>>> dist(np.ones((2, 3)), np.zeros((2, 1))).tolist()
+[[2.0], [2.0], [2.0]]
+"""
+
+from tensordsl.errors import (
+    ExpressionError,
+    IndexExpressionError,
+    ParseError,
+    RangeError,
+    ReductionError,
+    ShapeError,
+    TensorDSLError,
+    UnknownNameError,
+    UnsupportedError,
+)
+from tensordsl.kernel import Kernel, kernel
+
+__all__ = [
+    "ExpressionError",
+    "IndexExpressionError",
+    "Kernel",
+    "ParseError",
+    "RangeError",
+    "ReductionError",
+    "ShapeError",
+    "TensorDSLError",
+    "UnknownNameError",
+    "UnsupportedError",
+    "kernel",
+]
+__version__ = "0.1.0"

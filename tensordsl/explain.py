@@ -1,0 +1,131 @@
+"""Readable descriptions of a kernel's nests: the forward nest and every gradient nest.
+
+>>> from tensordsl.lower import lower
+>>> from tensordsl.parse import parse
+>>> print(explain(lower(parse("Y[i] := X[i+k] * W[k]")).nest))
+forward
+  Y[i] = sum_k X[i + k]*W[k]
+    i in [0, X.shape[0] - W.shape[0] + 1)
+    k in [0, W.shape[0])
+gradient of X
+  dX[p] = sum_k dY[p - k]*W[k]
+    p in [0, X.shape[0])
+    k in [max(0, p - X.shape[0] + W.shape[0]), min(W.shape[0], p + 1))
+gradient of W
+  dW[k] = sum_i dY[i]*X[i + k]
+    k in [0, W.shape[0])
+    i in [0, X.shape[0] - W.shape[0] + 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import sympy
+
+from codegen.bounds import loop_bounds
+from codegen.ir import LoopNest, Range, Term, extent_of, extent_symbol
+from codegen.source import expr_source, output_source
+from tensordsl import grad
+
+
+def _body_source(body: sympy.Expr, first: str | None) -> str:
+    """The body, with the factor that reads tensor `first` (the cotangent) printed first."""
+    if first is not None and isinstance(body, sympy.Mul):
+        lead = [f for f in body.args if isinstance(f, sympy.Indexed) and f.base.name == first]
+        if lead:
+            rest = [f for f in body.args if f is not lead[0]]
+            rest_source = expr_source(sympy.Mul(*rest, evaluate=False))
+            return f"{expr_source(lead[0])}*{rest_source}" if rest else expr_source(lead[0])
+    return expr_source(body)
+
+
+def _sum_prefix(nest: LoopNest, term: Term) -> str:
+    if not term.reduced:
+        return ""
+    names = ",".join(r.index.name for r in term.reduced)
+    op = {"sum": "sum", "logsumexp": "logsumexp"}.get(nest.reduction, nest.reduction)
+    return f"{op}_{names} "
+
+
+def _bound(expr: sympy.Expr, lowest: bool) -> str:
+    text = expr_source(expr)
+    return text.replace("Max(", "max(").replace("Min(", "min(")
+
+
+def _substitute(
+    expr: sympy.Basic, shapes: Mapping[str, tuple[int, ...]] | None, aliases: Mapping[str, str]
+) -> sympy.Basic:
+    mapping = {}
+    for s in expr.free_symbols:
+        found = extent_of(s)
+        if found is None:
+            continue
+        name = aliases.get(found[0], found[0])
+        if shapes is not None and name in shapes:
+            mapping[s] = sympy.Integer(shapes[name][found[1]])
+        elif name != found[0]:
+            mapping[s] = extent_symbol(name, found[1])
+    return expr.xreplace(mapping)
+
+
+def nest_lines(
+    nest: LoopNest,
+    *,
+    first: str | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    aliases: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The nest as `OUT[...] = reduce_r body` lines, with the bounds of every index."""
+    aliases = aliases or {}
+
+    def show(expr: sympy.Basic) -> sympy.Basic:
+        return _substitute(expr, shapes, aliases)
+
+    lhs = output_source(nest)
+    lines = []
+    for n, term in enumerate(nest.terms):
+        lead = f"{lhs} = " if n == 0 else " " * len(lhs) + " + "
+        lines.append(f"{lead}{_sum_prefix(nest, term)}{_body_source(show(term.body), first)}")
+    ranges: list[Range] = list(nest.free)
+    for r in ranges:
+        lines.append(
+            f"  {r.index} in [{_bound(show(r.start), True)}, {_bound(show(r.stop), False)})"
+        )
+    for n, term in enumerate(nest.terms):
+        bounds = loop_bounds(term, term.reduced_indices)
+        label = f"  (term {n + 1}) " if len(nest.terms) > 1 else "  "
+        for r in term.reduced:
+            start, stop = show(bounds.starts[r.index]), show(bounds.stops[r.index])
+            lines.append(f"{label}{r.index} in [{_bound(start, True)}, {_bound(stop, False)})")
+        for test in bounds.free_tests:
+            lines.append(f"{label}only where {expr_source(show(test))} >= 0")
+        if term.guard is not sympy.true:
+            lines.append(f"{label}only where {expr_source(show(term.guard))}")
+    return lines
+
+
+def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+    """The forward nest and the gradient nest of every operand, with their bounds.
+
+    Args:
+        nest: a forward nest.
+        shapes: optional shapes by tensor name; bounds are then shown as numbers.
+
+    Returns:
+        Several lines of text.
+    """
+    lines = ["forward"] + ["  " + line for line in nest_lines(nest, shapes=shapes)]
+    for role, aux in grad.auxiliary_nests(nest).items():
+        lines.append(f"saved for the gradients ({role})")
+        lines += ["  " + line for line in nest_lines(aux, shapes=shapes)]
+    for op in nest.operands:
+        gradient = grad.gradient(nest, op.name)
+        cotangent = next(n for n, r in gradient.roles if r == grad.COTANGENT)
+        aliases = {gradient.nest.output: op.name, cotangent: nest.output}
+        lines.append(f"gradient of {op.name}")
+        lines += [
+            "  " + line
+            for line in nest_lines(gradient.nest, first=cotangent, shapes=shapes, aliases=aliases)
+        ]
+    return "\n".join(lines)

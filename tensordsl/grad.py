@@ -1,0 +1,392 @@
+"""Gradient nests: one gather-style loop nest per differentiable input.
+
+For a nest `Y[o] = reduce_r f(..., A[a(o, r)], ...)` and a cotangent `dY`, the gradient of
+`A` is a new nest whose free indices are A's axes. Each occurrence of A in each term gives
+one term of it: the occurrence's index map is solved by a change of variables (`p = i + k`
+eliminates `i = p - k`), the eliminated index's range becomes constraints on the indices that
+remain, and the body is `dY[o] * df/dA` (sympy, with the other occurrences held constant).
+Every element is accumulated in one register and written once: no scatter, no atomics.
+
+Reductions other than sum:
+
+* max/min: the cotangent goes to the FIRST position in iteration order (row-major over the
+  reduced indices, in the order they appear) whose value equals the output; the forward
+  saves that position (an `argmax`/`argmin` nest) and the gradient tests it.
+* logsumexp: `dA = dY * exp(f - Y) * df/dA`, using the saved output Y.
+* prod: the product of the other factors, from two saved nests (the product of the nonzero
+  factors and the number of zero factors), so a zero factor never causes a division by 0.
+
+>>> from tensordsl.lower import lower
+>>> from tensordsl.parse import parse
+>>> nest = lower(parse("Y[i] := X[i+k] * W[k]")).nest
+>>> print(gradient(nest, "X").nest)
+dX[p] := W[k]*dY[p - k]
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+import sympy
+
+from codegen.functions import FloorDiv
+from codegen.ir import (
+    LoopNest,
+    Operand,
+    Range,
+    Term,
+    extent_of,
+    extent_symbol,
+    index_symbol,
+    scalar_symbol,
+    tensor_base,
+)
+from tensordsl.errors import UnsupportedError
+
+#: Roles of a gradient nest's operands.
+COTANGENT, OUTPUT = "cotangent", "output"
+ARGUMENT, NONZERO_PROD, ZERO_COUNT = "argument", "nonzero_prod", "zero_count"
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """A gradient nest and what each of its operands is.
+
+    `roles` maps each operand of `nest` to "cotangent", "output", "input" (a forward
+    operand of the same name), or the name of an auxiliary nest of the forward
+    ("argument", "nonzero_prod", "zero_count"; see `auxiliary_nests`).
+    """
+
+    nest: LoopNest
+    wrt: str
+    roles: tuple[tuple[str, str], ...]
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+@dataclass(frozen=True)
+class _Names:
+    """Names of the tensors a gradient nest of `nest` refers to."""
+
+    cotangent: str
+    gradient: str
+    argument: str
+    nonzero_prod: str
+    zero_count: str
+
+
+def _names(nest: LoopNest, wrt: str) -> _Names:
+    taken = set(nest.operand_names) | {nest.output} | nest.extent_tensors()
+    return _Names(
+        cotangent=_unique("d" + nest.output, taken),
+        gradient=_unique("d" + wrt, taken),
+        argument=_unique(nest.output + "_argument", taken),
+        nonzero_prod=_unique(nest.output + "_nonzero_prod", taken),
+        zero_count=_unique(nest.output + "_zero_count", taken),
+    )
+
+
+def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
+    """The nests the forward pass must also compute for the gradients of `nest`.
+
+    Keys are roles ("argument", "nonzero_prod", "zero_count"); each nest's output has the
+    name the gradient nests use for it.
+    """
+    names = _names(nest, "_")
+    (term,) = nest.terms
+    if nest.reduction in ("max", "min"):
+        return {
+            ARGUMENT: LoopNest(
+                names.argument, nest.free, nest.terms, nest.operands, "arg" + nest.reduction
+            )
+        }
+    if nest.reduction == "prod":
+        is_zero = sympy.Eq(term.body, 0)
+        factor = sympy.Piecewise((sympy.Integer(1), is_zero), (term.body, True))
+        count = sympy.Piecewise((sympy.Integer(1), is_zero), (sympy.Integer(0), True))
+        return {
+            NONZERO_PROD: LoopNest(
+                names.nonzero_prod,
+                nest.free,
+                (Term(factor, term.reduced, term.constraints, term.guard),),
+                nest.operands,
+                "prod",
+            ),
+            ZERO_COUNT: LoopNest(
+                names.zero_count,
+                nest.free,
+                (Term(count, term.reduced, term.constraints, term.guard),),
+                nest.operands,
+                "sum",
+            ),
+        }
+    return {}
+
+
+def _fresh_names(taken: set[str]) -> itertools.chain:
+    singles = ("p", "q", "s", "t", "u", "v", "w")
+    numbered = (f"{base}{n}" for n in itertools.count(1) for base in singles)
+    return itertools.chain(
+        (n for n in singles if n not in taken), (n for n in numbered if n not in taken)
+    )
+
+
+def _free_indices(nest: LoopNest, wrt: str) -> tuple[sympy.Symbol, ...]:
+    """Readable names for the gradient's free indices: A's index names where they are bare."""
+    rank = nest.operand(wrt).rank
+    first = next((a for t in nest.terms for a in _occurrences(t.body, wrt)), None)
+    taken = {s.name for e in nest.expressions() for s in e.free_symbols}
+    fresh = _fresh_names(taken)
+    names: list[str] = []
+    for axis in range(rank):
+        index = first.indices[axis] if first is not None else None
+        if isinstance(index, sympy.Symbol) and index.name not in names:
+            names.append(index.name)
+        else:
+            names.append(next(fresh))
+    return tuple(index_symbol(n) for n in names)
+
+
+def _occurrences(expr: sympy.Basic, wrt: str) -> list[sympy.Indexed]:
+    found = [a for a in expr.atoms(sympy.Indexed) if a.base.name == wrt]
+    return sorted(found, key=sympy.default_sort_key)
+
+
+def _affine(expr: sympy.Expr, loop: list[sympy.Symbol], where: sympy.Basic) -> dict:
+    coefficients = {}
+    expanded = sympy.expand(expr)
+    for v in loop:
+        c = expanded.coeff(v)
+        if c != 0:
+            if not c.is_Integer or c.has(*loop):
+                raise UnsupportedError(
+                    f"the gradient cannot solve the access {where}: index {v} has the "
+                    f"non-integer coefficient {c} after a change of variables"
+                )
+            coefficients[v] = int(c)
+    return coefficients
+
+
+@dataclass
+class _Solver:
+    """Solves one occurrence's index map for the loop indices, axis by axis."""
+
+    ranges: dict[sympy.Symbol, Range]  # the forward loop indices still to be looped over
+    substitution: dict[sympy.Symbol, sympy.Expr]
+    constraints: list[sympy.Expr]
+    guards: list[sympy.Basic]
+
+    def solve_axis(
+        self, axis_expr: sympy.Expr, target: sympy.Symbol, access: sympy.Indexed
+    ) -> None:
+        expr = sympy.expand(axis_expr.xreplace(self.substitution))
+        coefficients = _affine(expr, list(self.ranges), access)
+        if not coefficients:
+            self.guards.append(sympy.Eq(target, expr))
+            return
+        # Prefer a unit coefficient; among those, the index looped last in the forward.
+        order = list(self.ranges)
+        v = min(
+            coefficients,
+            key=lambda u: (abs(coefficients[u]) != 1, abs(coefficients[u]), -order.index(u)),
+        )
+        c = coefficients[v]
+        rest = sympy.expand(expr - c * v)
+        if abs(c) == 1:
+            solution = sympy.expand(c * (target - rest))
+        else:
+            self.guards.append(sympy.Eq(sympy.Mod(target - rest, abs(c)), 0))
+            solution = FloorDiv(target - rest, c)
+        bounds = self.ranges.pop(v)
+        self.substitution = {k: s.xreplace({v: solution}) for k, s in self.substitution.items()}
+        self.substitution[v] = solution
+        # start <= v < stop, multiplied through by c so that it stays affine.
+        low, high = c * bounds.start, c * (bounds.stop - 1)
+        if c < 0:
+            low, high = high, low
+        self.constraints += [sympy.expand(target - rest - low), sympy.expand(high - target + rest)]
+
+
+def _term_gradient(
+    nest: LoopNest,
+    term: Term,
+    occurrence: sympy.Basic,
+    scale: sympy.Expr,
+    free: tuple[sympy.Symbol, ...],
+    wrt_rank: int,
+) -> Term | None:
+    """The gradient term of one occurrence (an Indexed access, or a scalar symbol)."""
+    stand_in = sympy.Dummy("a", real=True)
+    derivative = sympy.diff(term.body.xreplace({occurrence: stand_in}), stand_in)
+    derivative = derivative.xreplace({stand_in: occurrence})
+    if derivative == 0:
+        return None
+    loop = {r.index: sympy.Dummy(r.index.name, integer=True) for r in nest.free + term.reduced}
+    ranges = {loop[r.index]: r for r in nest.free + term.reduced}
+    solver = _Solver(ranges, {}, [], [])
+    if wrt_rank:
+        access = occurrence.xreplace(loop)
+        for axis, target in enumerate(free):
+            solver.solve_axis(access.indices[axis], target, occurrence)
+
+    def rewrite(expr: sympy.Basic) -> sympy.Basic:
+        return expr.xreplace(loop).xreplace(solver.substitution)
+
+    body = rewrite(scale * derivative)
+    constraints = [rewrite(c) for c in term.constraints] + solver.constraints
+    guard = sympy.And(rewrite(term.guard), *solver.guards)
+    taken = {s.name for s in free}
+    reduced, names = [], {}
+    for dummy, r in solver.ranges.items():
+        name = r.index.name if r.index.name not in taken else next(_fresh_names(taken))
+        taken.add(name)
+        names[dummy] = index_symbol(name)
+        reduced.append(Range(names[dummy], r.start, r.stop))
+    constraints = [c.xreplace(names) for c in constraints if c.xreplace(names) != 0 or True]
+    return Term(
+        body.xreplace(names),
+        tuple(reduced),
+        tuple(_simplify_constraints(c.xreplace(names) for c in constraints)),
+        guard.xreplace(names),
+    )
+
+
+def _simplify_constraints(constraints) -> list[sympy.Expr]:
+    """Drop constraints that always hold (a nonnegative constant) and duplicates."""
+    kept: list[sympy.Expr] = []
+    for c in constraints:
+        c = sympy.expand(c)
+        if c.is_number and c >= 0:
+            continue
+        if c not in kept:
+            kept.append(c)
+    return kept
+
+
+def _scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    """The factor multiplying df/dA: the cotangent, adjusted for the reduction."""
+    out_access = _saved(names.cotangent, nest)
+    saved = _saved(nest.output, nest)
+    (term,) = nest.terms if nest.reduction != "sum" else (None,)
+    if nest.reduction == "sum":
+        return out_access
+    if nest.reduction == "logsumexp":
+        return out_access * sympy.exp(term.body - saved)
+    if nest.reduction in ("max", "min"):
+        argument = _saved(names.argument, nest)
+        return sympy.Piecewise(
+            (out_access, sympy.Eq(_flat_position(term), argument)), (sympy.Integer(0), True)
+        )
+    if nest.reduction == "prod":
+        nonzero, zeros = _saved(names.nonzero_prod, nest), _saved(names.zero_count, nest)
+        others = sympy.Piecewise(
+            (nonzero / term.body, sympy.Eq(zeros, 0)),
+            (nonzero, sympy.And(sympy.Eq(zeros, 1), sympy.Eq(term.body, 0))),
+            (sympy.Integer(0), True),
+        )
+        return out_access * others
+    raise UnsupportedError(f"no gradient for the reduction '{nest.reduction}'")
+
+
+def _saved(name: str, nest: LoopNest) -> sympy.Expr:
+    """The element of an output-shaped tensor at the current output position."""
+    if not nest.free:
+        return scalar_symbol(name)
+    return tensor_base(name)[tuple(r.index - r.start for r in nest.free)]
+
+
+def _flat_position(term: Term) -> sympy.Expr:
+    """Row-major position of the current iteration over the term's reduced ranges."""
+    position, stride = sympy.Integer(0), sympy.Integer(1)
+    for r in reversed(term.reduced):
+        position += (r.index - r.start) * stride
+        stride *= r.stop - r.start
+    return position
+
+
+def _operands(nest: LoopNest, terms: tuple[Term, ...], names: _Names) -> tuple:
+    """The gradient nest's operands in a stable order, with their roles."""
+    used = set()
+    for t in terms:
+        used |= {a.base.name for a in t.body.atoms(sympy.Indexed)}
+        used |= {s.name for s in t.body.free_symbols if isinstance(s, sympy.Symbol)}
+    candidates = [(names.cotangent, COTANGENT, len(nest.free))]
+    candidates += [(op.name, "input", op.rank) for op in nest.operands]
+    candidates += [(nest.output, OUTPUT, len(nest.free))]
+    candidates += [
+        (names.argument, ARGUMENT, len(nest.free)),
+        (names.nonzero_prod, NONZERO_PROD, len(nest.free)),
+        (names.zero_count, ZERO_COUNT, len(nest.free)),
+    ]
+    operands, roles = [], []
+    for name, role, rank in candidates:
+        if name in used or role == COTANGENT:
+            operands.append(Operand(name, rank))
+            roles.append((name, role))
+    return tuple(operands), tuple(roles)
+
+
+@functools.lru_cache(maxsize=1024)
+def gradient(nest: LoopNest, wrt: str) -> Gradient:
+    """The gradient nest of `nest` with respect to its operand `wrt`.
+
+    Args:
+        nest: a loop nest (forward or itself a gradient nest).
+        wrt: the name of one of its operands.
+
+    Returns:
+        A `Gradient`: the nest, whose output has `wrt`'s shape, and its operand roles.
+
+    Raises:
+        UnsupportedError: an access whose index map cannot be solved in gather form.
+    """
+    names = _names(nest, wrt)
+    rank = nest.operand(wrt).rank
+    free = _free_indices(nest, wrt)
+    scale = _scale(nest, names)
+    terms = []
+    for term in nest.terms:
+        occurrences = _occurrences(term.body, wrt) if rank else [scalar_symbol(wrt)]
+        for occurrence in occurrences:
+            found = _term_gradient(nest, term, occurrence, scale, free, rank)
+            if found is not None:
+                terms.append(found)
+    if not terms:
+        terms.append(Term(sympy.Integer(0)))
+    extents = {}
+    for t in terms:
+        for e in t.expressions():
+            for s in e.free_symbols:
+                found = extent_of(s)
+                if found is not None and found[0] in (nest.output, wrt):
+                    owner = names.cotangent if found[0] == nest.output else names.gradient
+                    extents[s] = extent_symbol(owner, found[1])
+    terms = [_rename_extents(t, extents) for t in terms]
+    operands, roles = _operands(nest, tuple(terms), names)
+    gradient_nest = LoopNest(
+        output=names.gradient,
+        free=tuple(Range(p, 0, extent_symbol(names.gradient, d)) for d, p in enumerate(free)),
+        terms=tuple(terms),
+        operands=operands,
+        reduction="sum",
+    )
+    return Gradient(gradient_nest, wrt, roles)
+
+
+def _rename_extents(term: Term, extents: dict) -> Term:
+    return Term(
+        term.body.xreplace(extents),
+        tuple(
+            Range(r.index, r.start.xreplace(extents), r.stop.xreplace(extents))
+            for r in term.reduced
+        ),
+        tuple(c.xreplace(extents) for c in term.constraints),
+        term.guard.xreplace(extents),
+    )

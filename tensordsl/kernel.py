@@ -1,0 +1,181 @@
+"""`td.kernel`: the user-facing object for one index expression."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from codegen.ir import LoopNest
+from tensordsl import jax_bind
+from tensordsl.errors import ShapeError, UnknownNameError, UnsupportedError, close_match
+from tensordsl.lower import Lowered, check_shapes, lower
+from tensordsl.parse import parse
+
+BACKENDS = ("auto", "reference", "c", "cuda")
+
+
+class Kernel:
+    """An index expression, parsed and checked, callable on JAX or NumPy arrays.
+
+    Args:
+        source: one statement, e.g. `"C[i,j] := A[i,k] * B[k,j]"`.
+        reduce: the reduction over indices not on the left: "sum" (default), "max",
+            "min", "prod" or "logsumexp".
+        ranges: an extent (`{"k": 3}`) or an explicit `range` per index.
+        backend: "auto" (default: cuda on a CUDA GPU with CuPy, else c), "reference",
+            "c" or "cuda".
+        nograd: inputs that never get a gradient.
+        schedule: a `codegen.schedule.Schedule` for the forward nest (compiled back ends).
+        loop_order: index names, outermost first, for the forward nest.
+
+    >>> import numpy as np
+    >>> k = kernel("C[i,j] := A[i,k] * B[k,j]", backend="reference")
+    >>> k.inputs, k.output
+    (('A', 'B'), 'C')
+    >>> k(np.eye(2), np.arange(4.0).reshape(2, 2)).tolist()
+    [[0.0, 1.0], [2.0, 3.0]]
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        reduce: str | None = None,
+        ranges: Mapping[str, int | range] | None = None,
+        backend: str = "auto",
+        nograd: tuple[str, ...] = (),
+        schedule: Any = None,
+        loop_order: tuple[str, ...] | None = None,
+    ):
+        self.source_text = source
+        self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=ranges)
+        if backend not in BACKENDS:
+            raise UnknownNameError(
+                f"unknown backend '{backend}'",
+                expected="one of " + ", ".join(BACKENDS),
+                hint=close_match(backend, BACKENDS),
+            )
+        for name in nograd:
+            if name not in self.inputs:
+                raise UnknownNameError(
+                    f"nograd names '{name}', which is not an input of the kernel",
+                    source,
+                    expected="one of " + ", ".join(self.inputs),
+                    hint=close_match(name, self.inputs),
+                )
+        self.backend = backend
+        self.nograd = frozenset(nograd)
+        self.schedule = schedule
+        self.loop_order = tuple(loop_order) if loop_order is not None else None
+
+    @property
+    def nest(self) -> LoopNest:
+        """The forward loop nest."""
+        return self._lowered.nest
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Input names in order of first appearance in the body."""
+        return self.nest.operand_names
+
+    @property
+    def output(self) -> str:
+        return self.nest.output
+
+    def __repr__(self) -> str:
+        return f"tensordsl.kernel({self.source_text!r})"
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+        """The forward nest and every gradient nest, with their ranges, readable."""
+        from tensordsl.explain import explain
+
+        return explain(self.nest, shapes=shapes)
+
+    def source(self, target: str = "c") -> dict[str, str]:
+        """Generated code for every nest, as a dict from nest name to source text."""
+        from tensordsl.explain import generated_sources
+
+        return generated_sources(self.nest, target)
+
+    def _bind(self, args: tuple, kwargs: dict) -> list[Any]:
+        names = self.inputs
+        if args and kwargs:
+            raise ShapeError(
+                "pass the inputs either all by position or all by name",
+                self.source_text,
+                expected=f"{len(names)} inputs: " + ", ".join(names),
+            )
+        if kwargs:
+            unknown = [n for n in kwargs if n not in names]
+            if unknown:
+                raise UnknownNameError(
+                    f"'{unknown[0]}' is not an input of the kernel",
+                    self.source_text,
+                    expected="inputs " + ", ".join(names),
+                    hint=close_match(unknown[0], names),
+                )
+            missing = [n for n in names if n not in kwargs]
+            if missing:
+                raise ShapeError(
+                    f"missing input '{missing[0]}'",
+                    self.source_text,
+                    expected="inputs " + ", ".join(names),
+                )
+            return [kwargs[n] for n in names]
+        if len(args) != len(names):
+            raise ShapeError(
+                f"the kernel takes {len(names)} input{'s' * (len(names) != 1)}, got {len(args)}",
+                self.source_text,
+                expected="inputs " + ", ".join(names),
+            )
+        return list(args)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+        values = [_as_array(v) for v in self._bind(args, kwargs)]
+        shapes = {name: tuple(np.shape(v)) for name, v in zip(self.inputs, values)}
+        check_shapes(self._lowered, shapes)
+        out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
+        if not jnp.issubdtype(out_dtype, jnp.inexact):
+            out_dtype = jnp.result_type(float)
+        return jax_bind.call_nest(
+            self.nest,
+            values,
+            backend=self._backend(),
+            shapes={},
+            out_dtype=out_dtype,
+            nograd=self.nograd,
+        )
+
+    def _backend(self) -> str:
+        if self.backend != "auto":
+            if self.backend not in jax_bind.RUNNERS:
+                raise UnsupportedError(
+                    f"the '{self.backend}' back end is not available yet",
+                    expected="backend 'reference' or 'c'",
+                )
+            return self.backend
+        if jax.default_backend() == "gpu" and "cuda" in jax_bind.RUNNERS:
+            return "cuda"
+        return "c"
+
+
+def _as_array(value: Any) -> Any:
+    """JAX arrays and tracers pass through; NumPy arrays and Python scalars become arrays."""
+    if isinstance(value, jax.Array):
+        return value
+    return jnp.asarray(value)
+
+
+def kernel(source: str, **options: Any) -> Kernel:
+    """Parse and check an index expression; nothing is compiled until the first call.
+
+    See `Kernel` for the options.
+    """
+    return Kernel(source, **options)

@@ -1,0 +1,258 @@
+"""The reference back end: evaluate any loop nest with jax.numpy.
+
+It materialises each term's whole iteration space (free indices x reduced indices) as
+broadcast arrays, masks what the constraints and guard exclude, and reduces. Slow and
+memory-hungry on purpose: it is the test oracle, and because it is plain jax.numpy its
+`jax.grad` is the ground truth for the generated gradient nests.
+
+>>> import numpy as np, jax.numpy as jnp
+>>> from tensordsl.lower import lower
+>>> from tensordsl.parse import parse
+>>> nest = lower(parse("C[i,j] := A[i,k] * B[k,j]")).nest
+>>> A, B = np.arange(6.0).reshape(2, 3), np.ones((3, 2))
+>>> evaluate(nest, {"A": A, "B": B}, {"A": A.shape, "B": B.shape})
+Array([[ 3.,  3.],
+       [12., 12.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+from sympy.codegen.cfunctions import expm1, log1p
+
+from codegen.functions import CeilDiv, FloorDiv, sigmoid, softplus
+from codegen.ir import LoopNest, Range, Term, extent_of, extent_symbol
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+# sympy function class -> jax implementation. Pow, Piecewise and the logic are handled below.
+_FUNCTIONS: dict[type, Callable[..., Any]] = {
+    sympy.exp: jnp.exp,
+    sympy.log: jnp.log,
+    log1p: jnp.log1p,
+    expm1: jnp.expm1,
+    sympy.tanh: jnp.tanh,
+    sympy.sin: jnp.sin,
+    sympy.cos: jnp.cos,
+    sympy.Abs: jnp.abs,
+    sympy.sign: jnp.sign,
+    sympy.erf: jax.scipy.special.erf,
+    sigmoid: jax.nn.sigmoid,
+    softplus: jax.nn.softplus,
+    FloorDiv: jnp.floor_divide,
+    CeilDiv: lambda a, b: -jnp.floor_divide(-a, b),
+    sympy.Mod: jnp.mod,
+    sympy.Min: lambda *a: functools.reduce(jnp.minimum, a),
+    sympy.Max: lambda *a: functools.reduce(jnp.maximum, a),
+    sympy.StrictLessThan: jnp.less,
+    sympy.LessThan: jnp.less_equal,
+    sympy.StrictGreaterThan: jnp.greater,
+    sympy.GreaterThan: jnp.greater_equal,
+    sympy.Eq: jnp.equal,
+    sympy.Ne: jnp.not_equal,
+    sympy.And: lambda *a: functools.reduce(jnp.logical_and, a),
+    sympy.Or: lambda *a: functools.reduce(jnp.logical_or, a),
+    sympy.Not: jnp.logical_not,
+    sympy.ITE: jnp.where,
+}
+
+_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf, "logsumexp": -np.inf}
+
+
+def extent_values(nest: LoopNest, shapes: Shapes) -> dict[sympy.Symbol, int]:
+    """The value of every extent symbol of `nest`, from the shapes of the tensors it names."""
+    values = {}
+    for name in nest.extent_tensors():
+        for axis, n in enumerate(shapes[name]):
+            values[extent_symbol(name, axis)] = int(n)
+    return values
+
+
+def evaluate_int(expr: sympy.Expr, extents: Mapping[sympy.Symbol, int]) -> int:
+    """An expression of extents, evaluated to an integer."""
+    value = sympy.sympify(sympy.sympify(expr).xreplace(extents))
+    assert value.is_Integer, f"not an integer after substitution: {expr} -> {value}"
+    return int(value)
+
+
+def output_shape(nest: LoopNest, shapes: Shapes) -> tuple[int, ...]:
+    """The shape of the nest's output for the given tensor shapes."""
+    extents = extent_values(nest, shapes)
+    return tuple(
+        max(0, evaluate_int(r.stop, extents) - evaluate_int(r.start, extents)) for r in nest.free
+    )
+
+
+class _Evaluator:
+    """Turns sympy expressions into jax arrays over one term's iteration grid."""
+
+    def __init__(
+        self,
+        grid: dict[sympy.Symbol, jax.Array],
+        operands: Mapping[str, Any],
+        extents: Mapping[sympy.Symbol, int],
+        dtype: Any,
+    ):
+        self.grid, self.operands, self.extents, self.dtype = grid, operands, extents, dtype
+
+    def __call__(self, expr: sympy.Basic) -> Any:
+        if expr.is_Integer:
+            return int(expr)
+        if expr.is_Number or expr in (sympy.pi, sympy.E):
+            return float(expr)
+        if expr is sympy.true or expr is sympy.false:
+            return bool(expr)
+        if isinstance(expr, sympy.Symbol):
+            return self.symbol(expr)
+        if isinstance(expr, sympy.Indexed):
+            return self.access(expr)
+        args = [self(a) for a in expr.args] if not isinstance(expr, sympy.Piecewise) else []
+        if isinstance(expr, sympy.Add):
+            return functools.reduce(lambda a, b: a + b, args)
+        if isinstance(expr, sympy.Mul):
+            return functools.reduce(lambda a, b: a * b, args)
+        if isinstance(expr, sympy.Pow):
+            return self.power(expr, args[0])
+        if isinstance(expr, sympy.Piecewise):
+            return self.piecewise(expr)
+        return _FUNCTIONS[type(expr)](*args)
+
+    def symbol(self, symbol: sympy.Symbol) -> Any:
+        if symbol in self.grid:
+            return self.grid[symbol]
+        if symbol in self.extents:
+            return self.extents[symbol]
+        return jnp.asarray(self.operands[symbol.name], self.dtype)
+
+    def access(self, access: sympy.Indexed) -> jax.Array:
+        array = jnp.asarray(self.operands[access.base.name])
+        if jnp.issubdtype(array.dtype, jnp.floating):
+            array = array.astype(self.dtype)
+        # Masked-out positions may compute indices outside the array: clip them (never wrap).
+        indices = tuple(
+            jnp.clip(jnp.asarray(self(i)), 0, n - 1) for i, n in zip(access.indices, array.shape)
+        )
+        return array[indices]
+
+    def power(self, expr: sympy.Pow, base: Any) -> Any:
+        exponent = expr.exp
+        if exponent == sympy.Rational(1, 2):
+            return jnp.sqrt(base)
+        if exponent == sympy.Rational(-1, 2):
+            return jax.lax.rsqrt(jnp.asarray(base, self.dtype))
+        if exponent.is_Integer:
+            return jnp.asarray(base, self.dtype) ** int(exponent)
+        return jnp.power(base, self(exponent))
+
+    def piecewise(self, expr: sympy.Piecewise) -> Any:
+        result = None
+        for value, condition in reversed(expr.args):
+            v = self(value)
+            result = v if result is None else jnp.where(self(condition), v, result)
+        return result
+
+
+def _grid(ranges: tuple[Range, ...], extents: Mapping[sympy.Symbol, int]) -> tuple[dict, tuple]:
+    """One broadcastable index array per range, and the shape of the whole grid."""
+    grid, lengths = {}, []
+    for axis, r in enumerate(ranges):
+        start, stop = evaluate_int(r.start, extents), evaluate_int(r.stop, extents)
+        lengths.append(max(0, stop - start))
+        shape = [1] * len(ranges)
+        shape[axis] = lengths[-1]
+        grid[r.index] = jnp.arange(start, start + lengths[-1]).reshape(shape)
+    return grid, tuple(lengths)
+
+
+def _term_values(
+    nest: LoopNest,
+    term: Term,
+    operands: Mapping[str, Any],
+    extents: Mapping[sympy.Symbol, int],
+    dtype: Any,
+) -> tuple[Any, Any]:
+    """The body over the term's whole grid, and the mask of iterations that count."""
+    ranges = nest.free + term.reduced
+    grid, shape = _grid(ranges, extents)
+    evaluate = _Evaluator(grid, operands, extents, dtype)
+    mask = jnp.broadcast_to(jnp.asarray(evaluate(term.guard), bool), shape)
+    for constraint in term.constraints:
+        mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
+    body = jnp.broadcast_to(jnp.asarray(evaluate(term.body), dtype), shape)
+    return body, mask
+
+
+def _reduce(reduction: str, body: Any, mask: Any, axes: tuple[int, ...]) -> Any:
+    if reduction in ("argmax", "argmin"):
+        free_shape = body.shape[: body.ndim - len(axes)]
+        flat = body.reshape(free_shape + (-1,))
+        flat_mask = mask.reshape(free_shape + (-1,))
+        if flat.shape[-1] == 0:
+            return jnp.full(free_shape, -1, jnp.int32)
+        fill = -np.inf if reduction == "argmax" else np.inf
+        pick = jnp.argmax if reduction == "argmax" else jnp.argmin
+        position = pick(jnp.where(flat_mask, flat, fill), axis=-1).astype(jnp.int32)
+        return jnp.where(flat_mask.any(axis=-1), position, -1)
+    masked = jnp.where(mask, body, _IDENTITY[reduction])
+    if reduction == "sum":
+        return masked.sum(axis=axes)
+    if reduction == "prod":
+        return masked.prod(axis=axes)
+    if reduction == "max":
+        return masked.max(axis=axes, initial=-np.inf)
+    if reduction == "min":
+        return masked.min(axis=axes, initial=np.inf)
+    if not axes:
+        return masked
+    return jax.scipy.special.logsumexp(masked, axis=axes)
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The dtype the reference computes in: half types are computed in float32."""
+    dtype = jnp.dtype(dtype)
+    if dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        return jnp.float32
+    return dtype
+
+
+def evaluate(
+    nest: LoopNest, operands: Mapping[str, Any], shapes: Shapes, dtype: Any = None
+) -> jax.Array:
+    """Evaluate `nest` on named operands with jax.numpy.
+
+    Args:
+        nest: the loop nest.
+        operands: an array (or scalar) for each of `nest.operands`, by name.
+        shapes: the shape of every tensor the nest's ranges refer to (operands included;
+            gradient nests also name their output and the forward tensors).
+        dtype: the output dtype (default: the promoted dtype of the floating operands).
+
+    Returns:
+        The output array.
+    """
+    if dtype is None:
+        floats = [operands[op.name] for op in nest.operands]
+        dtype = jnp.result_type(*floats) if floats else jnp.float32
+        if not jnp.issubdtype(dtype, jnp.inexact):
+            dtype = jnp.result_type(float)
+    shapes = dict(shapes)
+    for op in nest.operands:
+        shapes.setdefault(op.name, tuple(np.shape(operands[op.name])))
+    extents = extent_values(nest, shapes)
+    work = compute_dtype(dtype)
+    result = None
+    for term in nest.terms:
+        body, mask = _term_values(nest, term, operands, extents, work)
+        axes = tuple(range(len(nest.free), len(nest.free) + len(term.reduced)))
+        value = _reduce(nest.reduction, body, mask, axes)
+        result = value if result is None else result + value
+    if nest.reduction in ("argmax", "argmin"):
+        return result
+    return jnp.asarray(result).astype(dtype)
