@@ -340,11 +340,12 @@ def _lanes(e: _Emitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Li
     lines = _block(
         f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", [f"const int64_t {vec} = {vec}0_ + w_;", *inner]
     )
-    lines = (["#pragma omp simd"] if simd else []) + lines
+    # Fully unrolled tile loops keep the accumulators in registers.
+    lines = (["#pragma omp simd"] if simd else [f"#pragma GCC unroll {s.width}"]) + lines
     if s.row is None:
         return lines
     row = e.printer.index(sympy.Symbol(s.row, integer=True))
-    return _block(
+    return [f"#pragma GCC unroll {s.rows}"] + _block(
         f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"const int64_t {row} = {row}0_ + r_;", *lines]
     )
 

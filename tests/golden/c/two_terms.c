@@ -2,7 +2,7 @@
  *   Y[i] := x[k]*A[i, k]
  *   Y[i] += 2*B[j, i]
  * reduction: sum; dtypes: A: float32, B: float32, Y: float32, x: float32; accumulate in float
- * schedule: strategy=dot free=i reduced=k;j tile=-xi=1x1 parallel=yes
+ * schedule: strategy=dot free=i reduced=k;j tile=-xi=1x8 parallel=yes
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,7 +25,7 @@ static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
 
-void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64_t *params) {
+void tdsl_Y_forward_20f104cc(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
     const float *restrict in_x = ((const float *)operands[1]);
     const float *restrict in_B = ((const float *)operands[2]);
@@ -37,10 +37,11 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
     const int64_t s_B_0 = params[4];
     const int64_t work_ = params[5];
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t i0_ = 0; i0_ < P0; i0_ += 1) {
-        if (i0_ + 1 <= P0) {
-            float acc_[1][16];
-            for (int64_t w_ = 0; w_ < 1; ++w_) {
+    for (int64_t i0_ = 0; i0_ < P0; i0_ += 8) {
+        if (i0_ + 8 <= P0) {
+            float acc_[8][16];
+            #pragma GCC unroll 8
+            for (int64_t w_ = 0; w_ < 8; ++w_) {
                 const int64_t i = i0_ + w_;
                 for (int64_t l_ = 0; l_ < 16; ++l_) {
                     acc_[w_][l_] = 0;
@@ -49,7 +50,8 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
             {
                 int64_t k0_ = 0;
                 for (; k0_ + 16 <= P1; k0_ += 16) {
-                    for (int64_t w_ = 0; w_ < 1; ++w_) {
+                    #pragma GCC unroll 8
+                    for (int64_t w_ = 0; w_ < 8; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
                         for (int64_t l_ = 0; l_ < 16; ++l_) {
@@ -60,7 +62,8 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t k = k0_; k < P1; ++k) {
-                    for (int64_t w_ = 0; w_ < 1; ++w_) {
+                    #pragma GCC unroll 8
+                    for (int64_t w_ = 0; w_ < 8; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = in_A[i*s_A_0 + k]*in_x[k];
                         acc_[w_][0] += val_;
@@ -70,7 +73,8 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
             {
                 int64_t j0_ = 0;
                 for (; j0_ + 16 <= P2; j0_ += 16) {
-                    for (int64_t w_ = 0; w_ < 1; ++w_) {
+                    #pragma GCC unroll 8
+                    for (int64_t w_ = 0; w_ < 8; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
                         for (int64_t l_ = 0; l_ < 16; ++l_) {
@@ -81,14 +85,16 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t j = j0_; j < P2; ++j) {
-                    for (int64_t w_ = 0; w_ < 1; ++w_) {
+                    #pragma GCC unroll 8
+                    for (int64_t w_ = 0; w_ < 8; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = 2*in_B[j*s_B_0 + i];
                         acc_[w_][0] += val_;
                     }
                 }
             }
-            for (int64_t w_ = 0; w_ < 1; ++w_) {
+            #pragma GCC unroll 8
+            for (int64_t w_ = 0; w_ < 8; ++w_) {
                 const int64_t i = i0_ + w_;
                 float tot_ = 0;
                 for (int64_t l_ = 0; l_ < 16; ++l_) {
@@ -97,8 +103,9 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
                 out_[i] = tot_;
             }
         } else {
-            const int64_t wn_ = tdsl_imin(1, P0 - i0_);
-            float acc_[1][16];
+            const int64_t wn_ = tdsl_imin(8, P0 - i0_);
+            float acc_[8][16];
+            #pragma GCC unroll 8
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                 const int64_t i = i0_ + w_;
                 for (int64_t l_ = 0; l_ < 16; ++l_) {
@@ -108,6 +115,7 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
             {
                 int64_t k0_ = 0;
                 for (; k0_ + 16 <= P1; k0_ += 16) {
+                    #pragma GCC unroll 8
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
@@ -119,6 +127,7 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t k = k0_; k < P1; ++k) {
+                    #pragma GCC unroll 8
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = in_A[i*s_A_0 + k]*in_x[k];
@@ -129,6 +138,7 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
             {
                 int64_t j0_ = 0;
                 for (; j0_ + 16 <= P2; j0_ += 16) {
+                    #pragma GCC unroll 8
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
@@ -140,6 +150,7 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t j = j0_; j < P2; ++j) {
+                    #pragma GCC unroll 8
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = 2*in_B[j*s_B_0 + i];
@@ -147,6 +158,7 @@ void tdsl_Y_forward_64f31979(void *out, const void *const *operands, const int64
                     }
                 }
             }
+            #pragma GCC unroll 8
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                 const int64_t i = i0_ + w_;
                 float tot_ = 0;
