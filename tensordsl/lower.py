@@ -138,6 +138,7 @@ class _Body:
     accesses: tuple[AccessUse, ...]
     index_spans: tuple[tuple[str, Span], ...]
     body_spans: dict[str, Span]
+    operand_spans: dict[str, Span]
 
 
 class _BodyBuilder:
@@ -147,6 +148,7 @@ class _BodyBuilder:
         self.st = statement
         self.src = statement.source
         self.ranks: dict[str, int] = {}
+        self.spans: dict[str, Span] = {}
         self.accesses: list[AccessUse] = []
 
     def build(self) -> _Body:
@@ -184,6 +186,7 @@ class _BodyBuilder:
             tuple(self.accesses),
             tuple(spans.items()),
             body_spans,
+            self.spans,
         )
 
     def free_indices(self) -> list[str]:
@@ -221,6 +224,7 @@ class _BodyBuilder:
                 span,
                 expected="different names for tensors and indices",
             )
+        self.spans.setdefault(name, span)
         before = self.ranks.setdefault(name, rank)
         if before == rank:
             return
@@ -394,7 +398,8 @@ class _BodyBuilder:
             base, exponent = left.get(None, Fraction(0)), right.get(None, Fraction(0))
             if exponent.denominator == 1 and 0 <= exponent <= 64:
                 return {None: base ** int(exponent)}
-        raise bad(f"'{_text(self.src, node.span)}' is not a constant multiple of indices")
+        why = {"*": "a product of indices", "/": "a division by an index or zero"}
+        raise bad(why.get(node.op, "a power of indices"))
 
 
 def _number(text: str) -> sympy.Expr:
@@ -412,6 +417,7 @@ class Lowered:
     accesses: tuple[AccessUse, ...]  # every tensor access, in source order
     index_spans: tuple[tuple[str, Span], ...]  # first occurrence of every index
     explicit: frozenset[str]  # indices whose range came from `ranges=`
+    operand_spans: tuple[tuple[str, Span], ...] = ()  # first use of every operand
 
     def index_span(self, name: str) -> Span | None:
         return dict(self.index_spans).get(name)
@@ -611,7 +617,14 @@ def lower(
         operands=tuple(Operand(name, rank) for name, rank in built.operands),
         reduction=reduction,
     )
-    return Lowered(nest, statement, built.accesses, built.index_spans, explicit)
+    return Lowered(
+        nest,
+        statement,
+        built.accesses,
+        built.index_spans,
+        explicit,
+        tuple(built.operand_spans.items()),
+    )
 
 
 def lower_source(source: str, **options: object) -> Lowered:
@@ -636,6 +649,7 @@ def _check_ranks(
 ) -> dict[sympy.Symbol, int]:
     src = lowered.statement.source
     spans = {a.tensor: a.span for a in reversed(lowered.accesses)}
+    spans = {**dict(lowered.operand_spans), **spans}
     extents: dict[sympy.Symbol, int] = {}
     for op in lowered.nest.operands:
         span = spans.get(op.name)

@@ -1,0 +1,138 @@
+"""Fuzz the front end: any text parses and lowers, or raises a TensorDSLError; nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+
+import sympy
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from tensordsl.errors import TensorDSLError
+from tensordsl.lower import lower
+from tensordsl.parse import parse
+
+ALPHABET = "ABXYWijk ()[],:=+-*/^<>=!.e0123456789_$"
+TOKENS = [
+    "Y",
+    "X",
+    "W",
+    "a",
+    "i",
+    "j",
+    "k",
+    "2",
+    "0.5",
+    "1e-3",
+    "3i",
+    "exp",
+    "max",
+    "where",
+    "(",
+    ")",
+    "[",
+    "]",
+    ",",
+    ":=",
+    "+",
+    "-",
+    "*",
+    "/",
+    "**",
+    "^",
+    "<",
+    "<=",
+    "==",
+    "!=",
+    "(max)",
+    " ",
+]
+SETTINGS = settings(max_examples=300, deadline=None)
+
+
+def parses_or_fails_cleanly(source: str) -> None:
+    with contextlib.suppress(TensorDSLError):
+        lower(parse(source))
+
+
+@SETTINGS
+@given(st.text(alphabet=ALPHABET, max_size=40))
+def test_arbitrary_text(source: str) -> None:
+    parses_or_fails_cleanly(source)
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from(TOKENS), max_size=25))
+def test_token_soup(tokens: list[str]) -> None:
+    parses_or_fails_cleanly(" ".join(tokens))
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from(TOKENS), max_size=20))
+def test_token_soup_after_a_statement_head(tokens: list[str]) -> None:
+    parses_or_fails_cleanly("Y[i] := X[i] " + "".join(tokens))
+
+
+INDICES = st.sampled_from(["i", "j", "k"])
+
+
+@st.composite
+def index_expressions(draw: st.DrawFn) -> str:
+    name = draw(INDICES)
+    coefficient = draw(st.sampled_from(["", "2", "3"]))
+    offset = draw(st.sampled_from(["", "+1", "-1", "+k"]))
+    return f"{coefficient}{name}{offset}" if name != "k" or offset != "+k" else name
+
+
+@st.composite
+def expressions(draw: st.DrawFn, depth: int = 3) -> str:
+    leaf = st.one_of(
+        st.builds(
+            lambda t, ix: f"{t}[{', '.join(ix)}]",
+            st.sampled_from(["X", "Z"]),
+            st.lists(index_expressions(), min_size=1, max_size=1),
+        ),
+        st.builds(lambda ix: f"W[{ix}, k]", index_expressions()),
+        st.sampled_from(["2", "0.5", "alpha", "i"]),
+    )
+    if depth == 0:
+        return draw(leaf)
+    sub = expressions(depth - 1)
+    return draw(
+        st.one_of(
+            leaf,
+            st.builds(lambda a, op, b: f"({a} {op} {b})", sub, st.sampled_from("+-*/"), sub),
+            st.builds(
+                lambda f, a: f"{f}({a})", st.sampled_from(["exp", "tanh", "sigmoid", "abs"]), sub
+            ),
+            st.builds(lambda a: f"-{a}", sub),
+            st.builds(lambda a, b: f"max({a}, {b})", sub, sub),
+        )
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(expressions(), st.sampled_from(["sum", "max", "prod"]))
+def test_well_formed_statements_round_trip(body: str, reduce: str) -> None:
+    source = f"Y[i] := {body} + X[i]"
+    try:
+        nest = lower(parse(source), reduce=reduce).nest
+    except TensorDSLError:
+        return  # e.g. an index that nothing constrains: a clean user error
+    printed = str(nest)
+    # Known codegen/source.py gaps (reported): nested max/min print as ITE(...), and
+    # operands that cancel (`W[i,k] - W[i,k]`) vanish from the printed body.
+    assume("ITE" not in printed)
+    assume(
+        {o.name for o in nest.operands}
+        <= {str(s) for s in nest.terms[0].body.free_symbols}
+        | {b.name for b in nest.terms[0].body.atoms(sympy.IndexedBase)}
+    )
+    again = lower(parse(printed), reduce=reduce).nest
+    # The printer uses sympy's order, so compare up to operand order (and the axis a
+    # repeated index takes its extent from).
+    difference = again.terms[0].body - nest.terms[0].body
+    # Equal as values; the printer may regroup constants (`-(1 + exp(-2))` vs `-1 - exp(-2)`).
+    assert sympy.expand(difference) == 0 or sympy.simplify(difference) == 0
+    assert {o.name for o in again.operands} == {o.name for o in nest.operands}
+    assert again.free_indices == nest.free_indices
