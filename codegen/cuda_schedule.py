@@ -1,0 +1,243 @@
+"""GPU schedules: how the loops of a nest map onto CUDA threads and blocks.
+
+A `GpuSchedule` is separate from the nest, like the CPU `Schedule`; every schedule computes
+the same numbers. Free indices are flattened in `free_order`, the LAST one varying fastest,
+so consecutive threads (`threadIdx.x`) write consecutive output elements when the output's
+contiguous axis is last (coalesced stores). Every loop over outputs is grid-stride, so any
+grid size covers any extent. Each output element is reduced in registers and written once.
+
+Strategies (`GpuSchedule.strategy`):
+
+* ``"thread"`` -- one output element per thread, the reduction loops (any reduction, several
+  terms, constraints as loop bounds, guards) in registers. The fallback for every nest.
+* ``"tile"`` -- each thread computes ``rows`` consecutive values of the free index `row`
+  (register tile); loads that do not depend on `row` are shared. Needs reduced loop bounds
+  that do not depend on `row`.
+* ``"smem"`` -- contraction-shaped nests (one sum term `a * b` where `a` does not use the free
+  index `vector` and `b` does not use `row`, e.g. matmul, attention, conv with channels):
+  16 x 16 threads compute a ``16*rows x 16*cols`` output tile (4 x 4 per thread), staging
+  ``tile_k``-deep tiles of `a` and `b` along the innermost reduced index through shared
+  memory. Other free indices (batch) go on `blockIdx.z`.
+* ``"block"`` -- few outputs with a long reduction (full reductions to a scalar): one block
+  per output element, the innermost reduced loop of every term strided across the block's
+  `threads` threads, partial states combined by a shared-memory tree (deterministic order).
+  Each output uses one block: there is no second cross-block pass.
+
+Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
+``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
+shapes are not known when the kernel is compiled).
+
+The heuristic (`choose_gpu_schedule`): no free index -> ``block``; contraction-shaped ->
+``smem``; a second-to-last free index that bounds do not depend on and that some access
+does not use -> ``tile`` with 4 rows; else ``thread``.
+
+>>> from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
+>>> from codegen.ir import tensor_base
+>>> i, j, k = (index_symbol(n) for n in "ijk")
+>>> A, B = tensor_base("A"), tensor_base("B")
+>>> matmul = LoopNest("C", (Range(i, 0, extent_symbol("A", 0)), Range(j, 0, extent_symbol("B", 1))),
+...     (Term(A[i, k] * B[k, j], (Range(k, 0, extent_symbol("A", 1)),)),),
+...     (Operand("A", 2), Operand("B", 2)))
+>>> s = choose_gpu_schedule(matmul)
+>>> s.strategy, s.row, s.vector, s.rows, s.cols
+('smem', 'i', 'j', 4, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from codegen.ir import LoopNest
+from codegen.schedule import bound_indices, choose_cpu_schedule
+
+GPU_STRATEGIES = ("thread", "tile", "smem", "block")
+INDEX_TYPES = {"int32": "int", "int64": "long long"}
+SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
+
+
+@dataclass(frozen=True)
+class GpuSchedule:
+    """Thread/block mapping of one nest (see the module docstring)."""
+
+    free_order: tuple[str, ...]
+    reduced_order: tuple[tuple[str, ...], ...]
+    strategy: str = "thread"
+    threads: int = 256  # threads per block (thread, tile, block)
+    row: str | None = None
+    vector: str | None = None
+    rows: int = 1
+    cols: int = 1
+    tile_k: int = 16
+    index_type: str = "int32"
+
+    def describe(self) -> str:
+        """One line for the header comment of generated code."""
+        parts = [f"strategy={self.strategy}", f"free={','.join(self.free_order) or '-'}"]
+        parts.append("reduced=" + ";".join(",".join(o) or "-" for o in self.reduced_order))
+        if self.strategy == "tile":
+            parts.append(f"tile={self.row}x1={self.rows}x1")
+        if self.strategy == "smem":
+            parts.append(
+                f"tile={self.row}x{self.vector}={SMEM_THREADS * self.rows}x"
+                f"{SMEM_THREADS * self.cols} k={self.tile_k}"
+            )
+        else:
+            parts.append(f"threads={self.threads}")
+        parts.append(f"index={self.index_type}")
+        return " ".join(parts)
+
+
+def split_contraction(
+    nest: LoopNest, row: str, vector: str
+) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """`(a, b)` with body `a*b`, `a` free of `vector` and `b` free of `row`, else None."""
+    if nest.reduction != "sum" or len(nest.terms) != 1:
+        return None
+    (term,) = nest.terms
+    if not term.reduced or term.guard != sympy.true:
+        return None
+    a_factors: list[sympy.Expr] = []
+    b_factors: list[sympy.Expr] = []
+    for factor in sympy.Mul.make_args(term.body):
+        names = {s.name for s in factor.free_symbols if isinstance(s, sympy.Symbol)}
+        names |= {s.name for access in factor.atoms(sympy.Indexed) for s in access.free_symbols}
+        if row in names and vector in names:
+            return None
+        (b_factors if vector in names else a_factors).append(factor)
+    a, b = sympy.Mul(*a_factors), sympy.Mul(*b_factors)
+    if not a.atoms(sympy.Indexed) or not b.atoms(sympy.Indexed):
+        return None
+    return a, b
+
+
+def _names_used(nest: LoopNest, index: str) -> bool:
+    """True when some access of the nest does not use `index` (so a row tile saves loads)."""
+    for term in nest.terms:
+        for access in term.body.atoms(sympy.Indexed):
+            if index not in {s.name for s in access.free_symbols}:
+                return True
+    return False
+
+
+def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
+    """Raise ValueError when `schedule` does not fit `nest`."""
+    free = tuple(s.name for s in nest.free_indices)
+    if sorted(schedule.free_order) != sorted(free):
+        raise ValueError(f"free order {schedule.free_order} is not a permutation of {free}")
+    if len(schedule.reduced_order) != len(nest.terms):
+        raise ValueError(f"{len(schedule.reduced_order)} reduced orders, {len(nest.terms)} terms")
+    for order, term in zip(schedule.reduced_order, nest.terms, strict=True):
+        names = sorted(s.name for s in term.reduced_indices)
+        if sorted(order) != names:
+            raise ValueError(f"reduced order {order} is not a permutation of {names}")
+    if schedule.strategy not in GPU_STRATEGIES:
+        raise ValueError(f"unknown strategy {schedule.strategy!r}; expected {GPU_STRATEGIES}")
+    if schedule.index_type not in INDEX_TYPES:
+        raise ValueError(f"index_type must be one of {sorted(INDEX_TYPES)}")
+    threads = schedule.threads
+    if threads < 32 or threads > 1024 or threads & (threads - 1):
+        raise ValueError("threads must be a power of two in [32, 1024]")
+    if schedule.rows < 1 or schedule.cols < 1 or schedule.tile_k < 1:
+        raise ValueError("rows, cols and tile_k must be positive")
+    bounded = bound_indices(nest, schedule)  # type: ignore[arg-type]
+    if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
+        raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")
+    if schedule.strategy == "smem":
+        if (
+            schedule.row not in free
+            or schedule.vector not in free
+            or schedule.row == schedule.vector
+        ):
+            raise ValueError("an smem schedule needs two distinct free indices row and vector")
+        if {schedule.row, schedule.vector} & bounded:
+            raise ValueError("loop bounds depend on the smem tile's indices")
+        if split_contraction(nest, schedule.row or "", schedule.vector or "") is None:
+            raise ValueError(
+                "the smem strategy needs one sum term a*b (a without vector, b without row)"
+            )
+
+
+def choose_gpu_schedule(
+    nest: LoopNest,
+    dtypes: Mapping[str, str] | None = None,
+    *,
+    index_type: str = "int32",
+    loop_order: Sequence[str] | None = None,
+) -> GpuSchedule:
+    """The heuristic GPU schedule of `nest` (see the module docstring).
+
+    Args:
+        nest: the loop nest.
+        dtypes: numpy dtype names (unused for now; kept for symmetry with the CPU).
+        index_type: "int32" (default) or "int64" when a tensor may reach 2^31 elements.
+        loop_order: index names fixing the order of free and reduced loops, as on the CPU.
+
+    Returns:
+        A valid `GpuSchedule`.
+    """
+    cpu = choose_cpu_schedule(nest, dtypes, loop_order=loop_order)
+    free, reduced = cpu.free_order, cpu.reduced_order
+    base = GpuSchedule(free, reduced, index_type=index_type)
+    if not free:
+        return GpuSchedule(free, reduced, strategy="block", index_type=index_type)
+    bounded = bound_indices(nest, base)  # type: ignore[arg-type]
+    vector = free[-1]
+    if vector not in bounded:
+        for row in reversed(free[:-1]):
+            if row not in bounded and split_contraction(nest, row, vector) is not None:
+                return GpuSchedule(
+                    free,
+                    reduced,
+                    "smem",
+                    row=row,
+                    vector=vector,
+                    rows=4,
+                    cols=4,
+                    index_type=index_type,
+                )
+    tileable = len(free) > 1 and free[-2] not in bounded and _names_used(nest, free[-2])
+    if tileable and any(t.reduced for t in nest.terms):
+        return GpuSchedule(free, reduced, "tile", row=free[-2], rows=4, index_type=index_type)
+    return base
+
+
+def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
+    """The heuristic's pick, the thread fallback, a block schedule and small variants."""
+    pick = choose_gpu_schedule(nest)
+    free, reduced = pick.free_order, pick.reduced_order
+    picks = [
+        pick,
+        GpuSchedule(free, reduced, "thread", threads=64),
+        GpuSchedule(free, reduced, "block", threads=32),
+        GpuSchedule(tuple(reversed(free)), tuple(tuple(reversed(o)) for o in reduced)),
+        GpuSchedule(
+            free,
+            reduced,
+            pick.strategy,
+            row=pick.row,
+            vector=pick.vector,
+            rows=pick.rows,
+            cols=pick.cols,
+            index_type="int64",
+        ),
+    ]
+    if pick.strategy == "smem":
+        picks.append(
+            GpuSchedule(
+                free, reduced, "smem", row=pick.row, vector=pick.vector, rows=2, cols=1, tile_k=8
+            )
+        )
+    if len(free) > 1:
+        picks.append(GpuSchedule(free, reduced, "tile", row=free[-2], rows=3, threads=32))
+    unique: list[GpuSchedule] = []
+    for schedule in picks:
+        try:
+            validate_gpu(nest, schedule)
+        except ValueError:
+            continue
+        if schedule not in unique:
+            unique.append(schedule)
+    return tuple(unique)
