@@ -40,3 +40,9 @@ def c_compiler() -> str:
 def extra_cflags() -> tuple[str, ...]:
     """`TENSORDSL_CFLAGS`: extra compiler flags, split like a shell would."""
     return tuple(shlex.split(os.environ.get("TENSORDSL_CFLAGS", "")))
+
+
+def poison_outputs() -> bool:
+    """`TENSORDSL_POISON_OUTPUTS`: fill every output with NaN (or -1 for integers) before a
+    kernel runs, so that elements a kernel fails to write show up in tests."""
+    return os.environ.get("TENSORDSL_POISON_OUTPUTS", "0") not in ("", "0")

@@ -140,5 +140,9 @@ class ExpressionError(TensorDSLError, ValueError):
     """A value that is not a finite real number (`1/0`, `sqrt(-1)`, `1e999`)."""
 
 
+class ScheduleError(TensorDSLError, ValueError):
+    """A schedule or loop order that does not fit the kernel's nest."""
+
+
 class UnsupportedError(TensorDSLError, NotImplementedError):
     """Valid input that tensordsl does not handle (yet)."""

@@ -99,6 +99,8 @@ def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
     Keys are roles ("argument", "nonzero_prod", "zero_count"); each nest's output has the
     name the gradient nests use for it.
     """
+    if nest.reduction not in ("max", "min", "prod"):
+        return {}
     names = _names(nest, "_")
     (term,) = nest.terms
     if nest.reduction in ("max", "min"):
@@ -191,12 +193,11 @@ class _Solver:
         if not coefficients:
             self.guards.append(sympy.Eq(target, expr))
             return
-        # Prefer a unit coefficient; among those, the index looped last in the forward.
+        # Prefer a unit coefficient; among those, the forward's free indices (so the gradient
+        # reads the cotangent shifted and keeps the reduced loops), then the first listed.
         order = list(self.ranges)
-        v = min(
-            coefficients,
-            key=lambda u: (abs(coefficients[u]) != 1, abs(coefficients[u]), -order.index(u)),
-        )
+        v = min(coefficients, key=lambda u: (abs(coefficients[u]) != 1, abs(coefficients[u]),
+                                              order.index(u)))
         c = coefficients[v]
         rest = sympy.expand(expr - c * v)
         if abs(c) == 1:

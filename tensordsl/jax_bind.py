@@ -20,21 +20,24 @@ from codegen.ir import LoopNest
 from tensordsl import grad, reference
 
 Shapes = Mapping[str, tuple[int, ...]]
-#: A runner executes a nest without differentiation: (nest, operands, shapes, out dtype).
-Runner = Callable[[LoopNest, Sequence[jax.Array], Shapes, Any], jax.Array]
+#: A runner executes a nest without differentiation:
+#: (nest, operands, shapes, out dtype, schedule or None).
+Runner = Callable[[LoopNest, Sequence[jax.Array], Shapes, Any, Any], jax.Array]
 
 
 def run_reference(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any
+    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
 ) -> jax.Array:
     """The reference back end as a runner."""
     return reference.evaluate(nest, dict(zip(nest.operand_names, operands)), shapes, dtype)
 
 
-def _run_c(nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any) -> jax.Array:
+def _run_c(
+    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+) -> jax.Array:
     from tensordsl.cpu import run_c
 
-    return run_c(nest, operands, shapes, dtype)
+    return run_c(nest, operands, shapes, dtype, schedule)
 
 
 RUNNERS: dict[str, Runner] = {"reference": run_reference, "c": _run_c}
@@ -56,6 +59,7 @@ def call_nest(
     shapes: Shapes,
     out_dtype: Any,
     nograd: frozenset[str] = frozenset(),
+    schedule: Any = None,
 ) -> jax.Array:
     """Run `nest` on `operands` (in `nest.operands` order) as a differentiable function.
 
@@ -67,6 +71,8 @@ def call_nest(
             nest's own output, forward tensors whose extents bound its loops).
         out_dtype: the output dtype.
         nograd: operands that get no gradient (integer operands never do).
+        schedule: the schedule of this nest on a compiled back end (its gradient nests use
+            the heuristic's).
 
     Returns:
         The output array.
@@ -78,7 +84,9 @@ def call_nest(
     needed = nest.extent_tensors() | set(nest.operand_names)
     key_shapes = _frozen({n: s for n, s in all_shapes.items() if n in needed})
     dtypes = tuple(jnp.dtype(jnp.result_type(v)).name for v in operands)
-    function = _differentiable(nest, backend, key_shapes, jnp.dtype(out_dtype).name, dtypes, nograd)
+    function = _differentiable(
+        nest, backend, key_shapes, jnp.dtype(out_dtype).name, dtypes, nograd, schedule
+    )
     return function(*operands)
 
 
@@ -90,6 +98,7 @@ def _differentiable(
     out_dtype: str,
     dtypes: tuple[str, ...],
     nograd: frozenset[str],
+    schedule: Any,
 ) -> Callable[..., jax.Array]:
     runner = RUNNERS[backend]
     shape_map = dict(shapes)
@@ -100,7 +109,7 @@ def _differentiable(
 
     @jax.custom_vjp
     def function(*operands: jax.Array) -> jax.Array:
-        return runner(nest, operands, shape_map, out_dtype)
+        return runner(nest, operands, shape_map, out_dtype, schedule)
 
     def forward(*primals: Any) -> tuple[jax.Array, Any]:
         values = tuple(p.value for p in primals)
@@ -150,7 +159,9 @@ def _auxiliaries(
     found = {}
     for role, aux in grad.auxiliary_nests(nest).items():
         if aux.reduction in ("argmax", "argmin"):
-            found[role] = RUNNERS[backend](aux, values, shapes, "int32")
+            # An integer position has no derivative: cut its inputs out of differentiation.
+            constants = [jax.lax.stop_gradient(v) for v in values]
+            found[role] = RUNNERS[backend](aux, constants, shapes, "int32", None)
         else:
             found[role] = call_nest(
                 aux, values, backend=backend, shapes=shapes, out_dtype=out_dtype

@@ -11,7 +11,7 @@ import numpy as np
 
 from codegen.ir import LoopNest
 from tensordsl import jax_bind
-from tensordsl.errors import ShapeError, UnknownNameError, UnsupportedError, close_match
+from tensordsl.errors import ScheduleError, ShapeError, UnknownNameError, UnsupportedError, close_match
 from tensordsl.lower import Lowered, check_shapes, lower
 from tensordsl.parse import parse
 
@@ -69,8 +69,7 @@ class Kernel:
                 )
         self.backend = backend
         self.nograd = frozenset(nograd)
-        self.schedule = schedule
-        self.loop_order = tuple(loop_order) if loop_order is not None else None
+        self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
 
     @property
     def nest(self) -> LoopNest:
@@ -164,6 +163,22 @@ class Kernel:
         if jax.default_backend() == "gpu" and "cuda" in jax_bind.RUNNERS:
             return "cuda"
         return "c"
+
+
+def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: str) -> Any:
+    """The user's schedule or loop order for the forward nest, checked now."""
+    if schedule is None and loop_order is None:
+        return None
+    from codegen.schedule import choose_cpu_schedule, validate
+
+    try:
+        if schedule is None:
+            schedule = choose_cpu_schedule(nest, loop_order=tuple(loop_order))
+        validate(nest, schedule)
+    except ValueError as error:
+        raise ScheduleError(f"bad schedule: {error}", source,
+                            expected="index names of the statement, each once") from None
+    return schedule
 
 
 def _as_array(value: Any) -> Any:

@@ -237,16 +237,32 @@ def evaluate(
     Returns:
         The output array.
     """
+    values_dtype = jnp.result_type(*[operands[op.name] for op in nest.operands], jnp.float32)
+    if not jnp.issubdtype(values_dtype, jnp.inexact):
+        values_dtype = jnp.result_type(float)
     if dtype is None:
-        floats = [operands[op.name] for op in nest.operands]
-        dtype = jnp.result_type(*floats) if floats else jnp.float32
-        if not jnp.issubdtype(dtype, jnp.inexact):
-            dtype = jnp.result_type(float)
+        dtype = values_dtype
+    # The body is computed in the output's type, except for argmax/argmin (an int output).
+    work = values_dtype if nest.reduction in ("argmax", "argmin") else dtype
     shapes = dict(shapes)
+    values = []
     for op in nest.operands:
-        shapes.setdefault(op.name, tuple(np.shape(operands[op.name])))
-    extents = extent_values(nest, shapes)
-    work = compute_dtype(dtype)
+        value = jnp.asarray(operands[op.name])
+        shapes.setdefault(op.name, tuple(value.shape))
+        values.append(value)
+    needed = nest.extent_tensors()
+    frozen = tuple(sorted((n, tuple(int(d) for d in s)) for n, s in shapes.items() if n in needed))
+    return _evaluate(nest, frozen, jnp.dtype(dtype).name, jnp.dtype(work).name, *values)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _evaluate(
+    nest: LoopNest, shapes: tuple, dtype: str, work_dtype: str, *values: jax.Array
+) -> jax.Array:
+    """`evaluate`, compiled once per nest, shapes and dtype."""
+    operands = dict(zip(nest.operand_names, values))
+    extents = extent_values(nest, dict(shapes))
+    work = compute_dtype(work_dtype)
     result = None
     for term in nest.terms:
         body, mask = _term_values(nest, term, operands, extents, work)
