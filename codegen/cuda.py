@@ -27,6 +27,7 @@ is `CudaSource.block`. Half-precision inputs are read as float (`__half2float`,
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -421,10 +422,30 @@ def emit_cuda(
     return CudaSource(text, entry, tuple(params), grid, block, nest.operand_names, schedule)  # type: ignore[arg-type]
 
 
-_PRELUDE = """\
-#ifndef INFINITY
-#define INFINITY __int_as_float(0x7f800000)
-#endif"""
+_MATH_CONSTANTS = {
+    "M_E": "2.718281828459045235360",
+    "M_LOG2E": "1.442695040888963407360",
+    "M_LOG10E": "0.434294481903251827651",
+    "M_LN2": "0.693147180559945309417",
+    "M_LN10": "2.302585092994045684018",
+    "M_PI": "3.141592653589793238463",
+    "M_PI_2": "1.570796326794896619231",
+    "M_PI_4": "0.785398163397448309616",
+    "M_1_PI": "0.318309886183790671538",
+    "M_2_PI": "0.636619772367581343076",
+    "M_2_SQRTPI": "1.128379167095512573896",
+    "M_SQRT2": "1.414213562373095048802",
+    "M_SQRT1_2": "0.707106781186547524401",
+}
+
+
+def _prelude(body: str) -> Lines:
+    """NVRTC has no <math.h>: define INFINITY and the M_* constants the body uses."""
+    lines = ["#ifndef INFINITY", "#define INFINITY __int_as_float(0x7f800000)", "#endif"]
+    for name, value in _MATH_CONSTANTS.items():
+        if re.search(rf"\b{name}\b", body):
+            lines += [f"#ifndef {name}", f"#define {name} {value}", "#endif"]
+    return lines
 
 
 def _assemble(
@@ -444,7 +465,12 @@ def _assemble(
         head.append("#include <cuda_fp16.h>")
     if "bfloat16" in e.dtypes.values():
         head.append("#include <cuda_bf16.h>")
-    head += [_PRELUDE, f"typedef {INDEX_TYPES[e.gpu.index_type]} idx_t;", "", e.printer.helpers()]
+    head += [
+        *_prelude("\n".join(body)),
+        f"typedef {INDEX_TYPES[e.gpu.index_type]} idx_t;",
+        "",
+        e.printer.helpers(),
+    ]
     arguments = [f"{STORAGE[e.dtypes[nest.output]]} *__restrict__ out_"]
     prologue: Lines = []
     for op in nest.operands:

@@ -1,0 +1,127 @@
+"""Every generated CUDA kernel compiles with NVRTC; entry points, parameters and spills.
+
+Needs NVRTC only (`pip install "cupy-cuda13x[ctk]"`), no GPU. Compiled results are cached
+in memory by `codegen.nvrtc`, so each kernel is compiled once per architecture per session.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from codegen import nvrtc
+from codegen.cuda import CudaSource, emit_cuda
+from codegen.cuda_schedule import GpuSchedule, candidate_gpu_schedules, choose_gpu_schedule
+from tests.compile_only.nests import Named, all_nests, dtypes
+
+pytestmark = pytest.mark.skipif(
+    not nvrtc.available(), reason='NVRTC unavailable: pip install "cupy-cuda13x[ctk]"'
+)
+NESTS = all_nests()
+BY_ID = {n.id: n for n in NESTS}
+GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "cuda"
+#: A subset also compiled for sm_80 (A100) to keep the tier fast.
+SM80 = ("matmul", "batched_matmul", "pairwise_sq_dist", "conv2d_channels", "logsumexp_rows",
+        "row_max", "full_inner_product", "prod_with_zero", "conv1d_valid", "cumulative_sum")
+SPILLS: dict[str, tuple[int, int]] = {}
+
+
+def emit(named: Named, dtype: str = "float32", schedule: GpuSchedule | None = None) -> CudaSource:
+    return emit_cuda(named.nest, dtypes=dtypes(named, dtype), schedule=schedule, role=named.role)
+
+
+def check_ptx(source: CudaSource, arch: str = "compute_80") -> None:
+    ptx = nvrtc.compile_source(source.text, arch=arch).ptx
+    assert f".entry {source.entry}(" in ptx
+    params = nvrtc.ptx_parameters(ptx, source.entry)
+    # The launcher passes the output and operand pointers then int64 parameters: 64-bit each.
+    assert len(params) == source.argument_count, (params, source.argument_count)
+    assert set(params) <= {".u64", ".s64"}, params
+
+
+@pytest.mark.parametrize("named", NESTS, ids=lambda n: n.id)
+def test_compiles_for_sm90_without_spills(named: Named) -> None:
+    source = emit(named)
+    check_ptx(source)
+    cubin = nvrtc.compile_source(source.text, arch="sm_90", options=["--ptxas-options=-v"])
+    assert cubin.binary[:4] == b"\x7fELF"
+    assert cubin.registers is not None, cubin.log
+    assert (cubin.spill_stores, cubin.spill_loads) == (0, 0), (named.id, cubin.log)
+
+
+@pytest.mark.parametrize("name", SM80)
+def test_compiles_for_sm80(name: str) -> None:
+    for named in NESTS:
+        if named.case == name:
+            source = emit(named)
+            compiled = nvrtc.compile_source(
+                source.text, arch="sm_80", options=["--ptxas-options=-v"]
+            )
+            assert (compiled.spill_stores, compiled.spill_loads) == (0, 0), compiled.log
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "name", ["matmul-forward", "matmul-grad_A", "pairwise_sq_dist-forward",
+             "pairwise_sq_dist-grad_W", "logsumexp_rows-forward", "full_inner_product-forward"]
+)
+def test_other_dtypes_compile(name: str, dtype: str) -> None:
+    source = emit(BY_ID[name], dtype)
+    check_ptx(source)
+    compiled = nvrtc.compile_source(source.text, arch="sm_90", options=["--ptxas-options=-v"])
+    assert (compiled.spill_stores, compiled.spill_loads) == (0, 0), compiled.log
+    if dtype in ("float16", "bfloat16"):
+        assert "2float(" in source.text and "double" not in source.text.split("*/", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "name", ["matmul-forward", "row_max-argument", "conv1d_valid-grad_X",
+             "logsumexp_full-forward", "stencil_2d-forward", "pairwise_sq_dist-forward"]
+)
+def test_every_candidate_schedule_compiles(name: str) -> None:
+    named = BY_ID[name]
+    schedules = candidate_gpu_schedules(named.nest)
+    assert choose_gpu_schedule(named.nest) in schedules
+    assert len({s.strategy for s in schedules}) >= 2
+    for schedule in schedules:
+        check_ptx(emit(named, schedule=schedule))
+
+
+def test_int64_indices_switch() -> None:
+    named = BY_ID["matmul-forward"]
+    schedule = choose_gpu_schedule(named.nest, index_type="int64")
+    source = emit(named, schedule=schedule)
+    assert "typedef long long idx_t;" in source.text
+    check_ptx(source)
+
+
+def test_entry_names_are_stable_and_distinct() -> None:
+    entries = [emit(n).entry for n in NESTS[:40]]
+    assert entries == [emit(n).entry for n in NESTS[:40]]
+    assert all(e.startswith("tdsl_") for e in entries)
+
+
+GOLDEN_KERNELS = {
+    "matmul": "matmul-forward",
+    "matmul_grad_a": "matmul-grad_A",
+    "pairwise": "pairwise_sq_dist-forward",
+    "logsumexp": "logsumexp_rows-forward",
+    "full_sum": "full_inner_product-forward",
+    "argmax": "row_max-argument",
+    "conv_grad": "conv1d_valid-grad_X",
+    "conv2d": "conv2d_channels-forward",
+    "two_terms": "stencil_1d-grad_X",
+}
+
+
+@pytest.mark.parametrize("golden", sorted(GOLDEN_KERNELS))
+def test_golden_cuda(golden: str) -> None:
+    text = emit(BY_ID[GOLDEN_KERNELS[golden]]).text
+    path = GOLDEN / f"{golden}.cu"
+    if os.environ.get("TENSORDSL_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing {path}; run with TENSORDSL_UPDATE_GOLDEN=1"
+    assert text == path.read_text()
