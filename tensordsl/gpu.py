@@ -20,6 +20,7 @@ import numpy as np
 
 from codegen.build import INT64_MAX, _parameter_function
 from codegen.cuda import GRID_LIMITS, CudaSource, emit_cuda
+from codegen.cuda_schedule import GpuSchedule
 from codegen.ir import LoopNest
 from tensordsl import reference
 from tensordsl.errors import UnsupportedError
@@ -85,9 +86,14 @@ def _host_values(source: CudaSource, shapes: Mapping[str, Sequence[int]]) -> tup
 
 
 def run_cuda(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Mapping[str, Any], dtype: Any
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Mapping[str, Any],
+    dtype: Any,
+    *,
+    schedule: GpuSchedule | None = None,
 ) -> jax.Array:
-    """Run `nest` on the GPU as a buffer_callback (a `jax_bind.Runner`)."""
+    """Run `nest` on the GPU as a buffer_callback (a `jax_bind.Runner`; `schedule` for tests)."""
     from jax.experimental.buffer_callback import buffer_callback
 
     all_shapes = dict(shapes)
@@ -98,7 +104,7 @@ def run_cuda(
     out_dtype = jnp.dtype(dtype)
     dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = out_dtype.name
-    source = emit_cuda(nest, dtypes=dtypes)
+    source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
     params, grid = _host_values(source, all_shapes)
     # Compiled now, at trace time, for every local GPU: the callback picks the buffers' one.
     kernels = {d.local_hardware_id: _raw_kernel(source, d.local_hardware_id) for d in _gpus()}

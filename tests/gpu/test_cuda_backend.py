@@ -1,0 +1,127 @@
+"""The cuda back end on a real GPU against the reference back end (skipped without one)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from codegen.cuda_schedule import candidate_gpu_schedules
+from tensordsl import jax_bind
+from tests.corpus import CORPUS, CORPUS_BY_NAME, Case, make_inputs
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "CuPy is not installed"
+    if jax.default_backend() != "gpu":
+        return f"no GPU: JAX's default backend is {jax.default_backend()!r}"
+    return None
+
+
+REASON = _gpu_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+TOLERANCE = {"float32": 2e-4, "float64": 1e-10, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+@pytest.fixture(autouse=True)
+def _cuda_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensordsl.gpu import run_cuda
+
+    monkeypatch.setitem(jax_bind.RUNNERS, "cuda", run_cuda)
+
+
+@functools.cache
+def _lowered(case: Case):  # type: ignore[no-untyped-def]
+    from tests.compile_only.nests import forward
+
+    return forward(case)
+
+
+def _inputs(case: Case, dtype: str) -> list[jax.Array]:
+    values = make_inputs(case, seed=3)
+    return [
+        jnp.asarray(v, dtype=jnp.int32 if case.args[n].integer else dtype)
+        for n, v in values.items()
+    ]
+
+
+def _call(case: Case, operands: list[jax.Array], backend: str, dtype: str) -> jax.Array:
+    return jax_bind.call_nest(_lowered(case), operands, backend=backend, shapes={}, out_dtype=dtype)
+
+
+def _close(got: jax.Array, want: jax.Array, dtype: str) -> None:
+    got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = max(1.0, float(np.max(np.abs(want64), initial=0.0)))
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(got64, want64, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.name)
+def test_forward_matches_reference(case: Case, dtype: str) -> None:
+    operands = _inputs(case, dtype)
+    _close(_call(case, operands, "cuda", dtype), _call(case, operands, "reference", dtype), dtype)
+
+
+@pytest.mark.parametrize("case", [c for c in CORPUS if c.differentiable], ids=lambda c: c.name)
+def test_gradients_match_reference(case: Case) -> None:
+    operands = _inputs(case, "float64")
+    floats = [n for n, op in enumerate(operands) if jnp.issubdtype(op.dtype, jnp.floating)]
+
+    def loss(backend: str, *args: jax.Array) -> jax.Array:
+        out = _call(case, list(args), backend, "float64")
+        weights = jnp.cos(jnp.arange(out.size, dtype=out.dtype)).reshape(out.shape)
+        return jnp.sum(out * weights)
+
+    argnums = tuple(floats)
+    got = jax.grad(functools.partial(loss, "cuda"), argnums=argnums)(*operands)
+    want = jax.grad(functools.partial(loss, "reference"), argnums=argnums)(*operands)
+    for g, w in zip(got, want, strict=True):
+        _close(g, w, "float64")
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.name)
+def test_every_schedule_agrees(case: Case) -> None:
+    from tensordsl.gpu import run_cuda
+
+    nest = _lowered(case)
+    operands = _inputs(case, "float64")
+    want = _call(case, operands, "reference", "float64")
+    for schedule in candidate_gpu_schedules(nest):
+        # Poison: fill the memory a fresh output will likely reuse with NaN first.
+        jnp.full(want.shape, jnp.nan).block_until_ready()
+        got = run_cuda(nest, operands, {}, "float64", schedule=schedule)
+        _close(got, want, "float64")
+
+
+def test_inside_jit_with_xla_ops_and_vmap_and_grad_of_grad() -> None:
+    case = CORPUS_BY_NAME["matmul"]
+    a, b = _inputs(case, "float64")
+
+    def f(backend: str, x: jax.Array, y: jax.Array) -> jax.Array:
+        c = _call(case, [jnp.sin(x) * 2.0, y + 1.0], backend, "float64")  # XLA before
+        return jnp.tanh(c).sum()  # XLA after: stream ordering matters
+
+    for transform in (jax.jit, lambda g: g):
+        got = transform(functools.partial(f, "cuda"))(a, b)
+        _close(got, f("reference", a, b), "float64")
+    batched_a = jnp.stack([a, a * 0.5, -a])
+    got = jax.vmap(functools.partial(f, "cuda"), in_axes=(0, None))(batched_a, b)
+    want = jax.vmap(functools.partial(f, "reference"), in_axes=(0, None))(batched_a, b)
+    _close(got, want, "float64")
+
+    def gg(backend: str, x: jax.Array) -> jax.Array:
+        inner = jax.grad(lambda z: f(backend, z, b))
+        return jnp.sum(inner(x) ** 2)
+
+    _close(
+        jax.grad(functools.partial(gg, "cuda"))(a),
+        jax.grad(functools.partial(gg, "reference"))(a),
+        "float64",
+    )
