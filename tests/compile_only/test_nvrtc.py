@@ -23,8 +23,18 @@ NESTS = all_nests()
 BY_ID = {n.id: n for n in NESTS}
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "cuda"
 #: A subset also compiled for sm_80 (A100) to keep the tier fast.
-SM80 = ("matmul", "batched_matmul", "pairwise_sq_dist", "conv2d_channels", "logsumexp_rows",
-        "row_max", "full_inner_product", "prod_with_zero", "conv1d_valid", "cumulative_sum")
+SM80 = (
+    "matmul",
+    "batched_matmul",
+    "pairwise_sq_dist",
+    "conv2d_channels",
+    "logsumexp_rows",
+    "row_max",
+    "full_inner_product",
+    "prod_with_zero",
+    "conv1d_valid",
+    "cumulative_sum",
+)
 SPILLS: dict[str, tuple[int, int]] = {}
 
 
@@ -64,8 +74,15 @@ def test_compiles_for_sm80(name: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "float16", "bfloat16"])
 @pytest.mark.parametrize(
-    "name", ["matmul-forward", "matmul-grad_A", "pairwise_sq_dist-forward",
-             "pairwise_sq_dist-grad_W", "logsumexp_rows-forward", "full_inner_product-forward"]
+    "name",
+    [
+        "matmul-forward",
+        "matmul-grad_A",
+        "pairwise_sq_dist-forward",
+        "pairwise_sq_dist-grad_W",
+        "logsumexp_rows-forward",
+        "full_inner_product-forward",
+    ],
 )
 def test_other_dtypes_compile(name: str, dtype: str) -> None:
     source = emit(BY_ID[name], dtype)
@@ -77,8 +94,15 @@ def test_other_dtypes_compile(name: str, dtype: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["matmul-forward", "row_max-argument", "conv1d_valid-grad_X",
-             "logsumexp_full-forward", "stencil_2d-forward", "pairwise_sq_dist-forward"]
+    "name",
+    [
+        "matmul-forward",
+        "row_max-argument",
+        "conv1d_valid-grad_X",
+        "logsumexp_full-forward",
+        "stencil_2d-forward",
+        "pairwise_sq_dist-forward",
+    ],
 )
 def test_every_candidate_schedule_compiles(name: str) -> None:
     named = BY_ID[name]
