@@ -36,6 +36,16 @@ class SourcePrinter(StrPrinter):
     def _print_IndexedBase(self, expr: sympy.IndexedBase) -> str:
         return str(expr.name)
 
+    def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
+        # Constants last: `p + 1`, not sympy's `1 + p`.
+        numbers = [a for a in expr.args if a.is_number]
+        others = [a for a in expr.args if not a.is_number]
+        return super()._print_Add(sympy.Add(*others, *numbers, evaluate=False), order)
+
+    def _print_Relational(self, expr: Any) -> str:
+        op = {"==": "==", "!=": "!="}.get(expr.rel_op, expr.rel_op)
+        return f"{self._print(expr.lhs)} {op} {self._print(expr.rhs)}"
+
     def _print_Float(self, expr: sympy.Float) -> str:
         return repr(float(expr))
 

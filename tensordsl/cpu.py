@@ -22,8 +22,13 @@ from codegen.schedule import Schedule
 from tensordsl import reference
 
 
-def run_c(nest: LoopNest, operands: Sequence[jax.Array], shapes: Mapping[str, tuple[int, ...]],
-          dtype: Any, schedule: Schedule | None = None) -> jax.Array:
+def run_c(
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: Any,
+    schedule: Schedule | None = None,
+) -> jax.Array:
     """Run `nest` with compiled C on the CPU; `shapes` covers every tensor the nest names."""
     dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = jnp.dtype(dtype).name
@@ -39,6 +44,7 @@ def run_c(nest: LoopNest, operands: Sequence[jax.Array], shapes: Mapping[str, tu
             target.fill(np.nan if np.issubdtype(target.dtype, np.inexact) else -1)
         compiled(target, [np.asarray(a) for a in args], extents)
 
-    call = buffer_callback(callback, jax.ShapeDtypeStruct(out_shape, jnp.dtype(dtype)),
-                           vmap_method="sequential")
+    call = buffer_callback(
+        callback, jax.ShapeDtypeStruct(out_shape, jnp.dtype(dtype)), vmap_method="sequential"
+    )
     return call(*operands)

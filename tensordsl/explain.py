@@ -4,13 +4,13 @@
 >>> from tensordsl.parse import parse
 >>> print(explain(lower(parse("Y[i] := X[i+k] * W[k]")).nest))
 forward
-  Y[i] = sum_k X[i + k]*W[k]
+  Y[i] = sum_k W[k]*X[i + k]
     i in [0, X.shape[0] - W.shape[0] + 1)
     k in [0, W.shape[0])
 gradient of X
   dX[p] = sum_k dY[p - k]*W[k]
     p in [0, X.shape[0])
-    k in [max(0, p - X.shape[0] + W.shape[0]), min(W.shape[0], p + 1))
+    k in [max(0, p + W.shape[0] - X.shape[0]), min(W.shape[0], p + 1))
 gradient of W
   dW[k] = sum_i dY[i]*X[i + k]
     k in [0, W.shape[0])
@@ -35,7 +35,10 @@ def _body_source(body: sympy.Expr, first: str | None) -> str:
         lead = [f for f in body.args if isinstance(f, sympy.Indexed) and f.base.name == first]
         if lead:
             rest = [f for f in body.args if f is not lead[0]]
-            rest_source = expr_source(sympy.Mul(*rest, evaluate=False))
+            rest_expr = sympy.Mul(*rest)
+            rest_source = expr_source(rest_expr)
+            if isinstance(rest_expr, sympy.Add):
+                rest_source = f"({rest_source})"
             return f"{expr_source(lead[0])}*{rest_source}" if rest else expr_source(lead[0])
     return expr_source(body)
 
@@ -129,3 +132,36 @@ def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = No
             for line in nest_lines(gradient.nest, first=cotangent, shapes=shapes, aliases=aliases)
         ]
     return "\n".join(lines)
+
+
+def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
+    """Every nest a kernel may run: "forward", the auxiliary nests, and "grad_<input>"."""
+    nests = {"forward": nest}
+    for role, aux in grad.auxiliary_nests(nest).items():
+        nests[f"aux_{role}"] = aux
+    for op in nest.operands:
+        nests[f"grad_{op.name}"] = grad.gradient(nest, op.name).nest
+    return nests
+
+
+def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> dict[str, str]:
+    """The generated code of every nest of a kernel, for `target` "c" or "cuda".
+
+    Every tensor is taken as `dtype`, except argmax/argmin positions (int32, as the JAX
+    binding passes them).
+    """
+    if target == "c":
+        from codegen.build import c_source as emit
+    elif target == "cuda":
+        from codegen.cuda import cuda_source as emit
+    else:
+        raise ValueError(f"unknown target {target!r}: expected 'c' or 'cuda'")
+    positions = {
+        a.output for a in grad.auxiliary_nests(nest).values() if a.reduction in ("argmax", "argmin")
+    }
+    sources = {}
+    for name, n in kernel_nests(nest).items():
+        dtypes = {t: ("int32" if t in positions else dtype) for t in n.operand_names}
+        dtypes[n.output] = "int32" if n.output in positions else dtype
+        sources[name] = emit(n, dtypes, role=name)
+    return sources

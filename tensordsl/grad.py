@@ -196,8 +196,10 @@ class _Solver:
         # Prefer a unit coefficient; among those, the forward's free indices (so the gradient
         # reads the cotangent shifted and keeps the reduced loops), then the first listed.
         order = list(self.ranges)
-        v = min(coefficients, key=lambda u: (abs(coefficients[u]) != 1, abs(coefficients[u]),
-                                              order.index(u)))
+        v = min(
+            coefficients,
+            key=lambda u: (abs(coefficients[u]) != 1, abs(coefficients[u]), order.index(u)),
+        )
         c = coefficients[v]
         rest = sympy.expand(expr - c * v)
         if abs(c) == 1:
@@ -369,7 +371,10 @@ def gradient(nest: LoopNest, wrt: str) -> Gradient:
                 if found is not None and found[0] in (nest.output, wrt):
                     owner = names.cotangent if found[0] == nest.output else names.gradient
                     extents[s] = extent_symbol(owner, found[1])
-    terms = [_rename_extents(t, extents) for t in terms]
+    terms = [
+        _drop_free_range_constraints(_rename_extents(t, extents), free, names.gradient)
+        for t in terms
+    ]
     operands, roles = _operands(nest, tuple(terms), names)
     gradient_nest = LoopNest(
         output=names.gradient,
@@ -391,3 +396,12 @@ def _rename_extents(term: Term, extents: dict) -> Term:
         tuple(c.xreplace(extents) for c in term.constraints),
         term.guard.xreplace(extents),
     )
+
+
+def _drop_free_range_constraints(term: Term, free: tuple[sympy.Symbol, ...], output: str) -> Term:
+    """Drop constraints that only restate a free index's range `0 <= p < dA.shape[d]`."""
+    implied = set()
+    for d, p in enumerate(free):
+        implied |= {sympy.expand(p), sympy.expand(extent_symbol(output, d) - 1 - p)}
+    kept = tuple(c for c in term.constraints if sympy.expand(c) not in implied)
+    return Term(term.body, term.reduced, kept, term.guard)

@@ -40,7 +40,15 @@ def _run_c(
     return run_c(nest, operands, shapes, dtype, schedule)
 
 
-RUNNERS: dict[str, Runner] = {"reference": run_reference, "c": _run_c}
+def _run_cuda(
+    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+) -> jax.Array:
+    from tensordsl.gpu import run_cuda
+
+    return run_cuda(nest, operands, shapes, dtype, schedule=schedule)
+
+
+RUNNERS: dict[str, Runner] = {"reference": run_reference, "c": _run_c, "cuda": _run_cuda}
 
 
 def is_differentiable(dtype: Any) -> bool:

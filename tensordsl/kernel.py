@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +12,12 @@ import numpy as np
 
 from codegen.ir import LoopNest
 from tensordsl import jax_bind
-from tensordsl.errors import ScheduleError, ShapeError, UnknownNameError, UnsupportedError, close_match
+from tensordsl.errors import (
+    ScheduleError,
+    ShapeError,
+    UnknownNameError,
+    close_match,
+)
 from tensordsl.lower import Lowered, check_shapes, lower
 from tensordsl.parse import parse
 
@@ -154,13 +160,8 @@ class Kernel:
 
     def _backend(self) -> str:
         if self.backend != "auto":
-            if self.backend not in jax_bind.RUNNERS:
-                raise UnsupportedError(
-                    f"the '{self.backend}' back end is not available yet",
-                    expected="backend 'reference' or 'c'",
-                )
             return self.backend
-        if jax.default_backend() == "gpu" and "cuda" in jax_bind.RUNNERS:
+        if jax.default_backend() == "gpu" and importlib.util.find_spec("cupy") is not None:
             return "cuda"
         return "c"
 
@@ -176,8 +177,9 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
             schedule = choose_cpu_schedule(nest, loop_order=tuple(loop_order))
         validate(nest, schedule)
     except ValueError as error:
-        raise ScheduleError(f"bad schedule: {error}", source,
-                            expected="index names of the statement, each once") from None
+        raise ScheduleError(
+            f"bad schedule: {error}", source, expected="index names of the statement, each once"
+        ) from None
     return schedule
 
 

@@ -28,7 +28,7 @@ import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
 from codegen.functions import CeilDiv, FloorDiv, sigmoid, softplus
-from codegen.ir import LoopNest, Range, Term, extent_of, extent_symbol
+from codegen.ir import LoopNest, Range, Term, extent_symbol
 
 Shapes = Mapping[str, tuple[int, ...]]
 

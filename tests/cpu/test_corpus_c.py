@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 import jax
-import jax.test_util
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import pytest
 
@@ -68,8 +68,9 @@ def test_gradients(case):
 
     def truth(*values):
         if case.ties:  # jnp's max/min split ties; the reference kernel applies our tie rule
-            ref = td.kernel(case.source, reduce=case.reduce, ranges=case.ranges,
-                            backend="reference")
+            ref = td.kernel(
+                case.source, reduce=case.reduce, ranges=case.ranges, backend="reference"
+            )
             return ref(**{**inputs, **dict(zip(names, values))})
         nest = lower(parse(case.source), reduce=case.reduce, ranges=case.ranges).nest
         shapes = {n: np.shape(v) for n, v in inputs.items()}
@@ -81,8 +82,9 @@ def test_gradients(case):
     rng = np.random.default_rng(3)
     cotangent = jnp.asarray(rng.normal(size=np.shape(out)))
     for name, got, want in zip(names, vjp_c(cotangent), vjp_truth(cotangent)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-10,
-                                   err_msg=f"gradient of {name}")
+        np.testing.assert_allclose(
+            np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-10, err_msg=f"gradient of {name}"
+        )
 
 
 @pytest.mark.parametrize("case", CORPUS[::5], ids=lambda c: c.name)
@@ -92,12 +94,24 @@ def test_every_candidate_schedule_agrees(case):
     expected = case.expected(**inputs)
     for schedule in candidate_schedules(nest):
         got = np.asarray(kernel(case, schedule=schedule)(**inputs))
-        np.testing.assert_allclose(got, expected, **TOLERANCE["float64"],
-                                   err_msg=schedule.describe())
+        np.testing.assert_allclose(
+            got, expected, **TOLERANCE["float64"], err_msg=schedule.describe()
+        )
 
 
-@pytest.mark.parametrize("name", ["matmul", "conv1d_channels", "logsumexp_rows", "row_max",
-                                  "prod_rows", "pairwise_sq_dist", "stencil_1d", "trace"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "matmul",
+        "conv1d_channels",
+        "logsumexp_rows",
+        "row_max",
+        "prod_rows",
+        "pairwise_sq_dist",
+        "stencil_1d",
+        "trace",
+    ],
+)
 def test_second_order_gradients(name):
     case = next(c for c in CORPUS if c.name == name)
     inputs = make_inputs(case)
@@ -107,8 +121,9 @@ def test_second_order_gradients(name):
     def f(*values):
         return k(**{**inputs, **dict(zip(names, values))})
 
-    jax.test_util.check_grads(f, [jnp.asarray(inputs[n]) for n in names], order=2,
-                              modes=["rev"], atol=1e-5, rtol=1e-5)
+    jax.test_util.check_grads(
+        f, [jnp.asarray(inputs[n]) for n in names], order=2, modes=["rev"], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_new_batch_size_does_not_recompile():

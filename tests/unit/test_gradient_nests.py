@@ -20,7 +20,9 @@ def forward_nest(case):
 
 
 def float_names(nest, inputs):
-    return [n for n in nest.operand_names if np.issubdtype(np.asarray(inputs[n]).dtype, np.floating)]
+    return [
+        n for n in nest.operand_names if np.issubdtype(np.asarray(inputs[n]).dtype, np.floating)
+    ]
 
 
 def run_gradient_nest(nest, wrt, inputs, output, cotangent):
@@ -57,8 +59,9 @@ def test_gradient_nest_matches_vjp(case):
     for name, want in zip(names, expected):
         got = run_gradient_nest(nest, name, inputs, output, cotangent)
         assert got.shape == np.shape(inputs[name]), name
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-11,
-                                   err_msg=f"gradient of {name}")
+        np.testing.assert_allclose(
+            np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-11, err_msg=f"gradient of {name}"
+        )
 
 
 def bound_symbols(nest, term):
@@ -75,8 +78,9 @@ def test_gradient_nest_structure(case):
         assert g.reduction == "sum"
         for axis, r in enumerate(g.free):
             assert r.start == 0
-            assert r.stop == sympy.Symbol(f"{g.output}.shape[{axis}]", integer=True,
-                                          nonnegative=True)
+            assert r.stop == sympy.Symbol(
+                f"{g.output}.shape[{axis}]", integer=True, nonnegative=True
+            )
         for term in g.terms:
             loop = list(g.free_indices) + list(term.reduced_indices)
             assert len(loop) == len(set(loop)), "an index is looped twice"
@@ -113,10 +117,13 @@ def tie_inputs():
     return X
 
 
-@pytest.mark.parametrize("reduction, winners", [
-    ("max", [(0, 1), (1, 0), (2, 3)]),
-    ("min", [(0, 3), (1, 2), (2, 1)]),
-])
+@pytest.mark.parametrize(
+    "reduction, winners",
+    [
+        ("max", [(0, 1), (1, 0), (2, 3)]),
+        ("min", [(0, 3), (1, 2), (2, 1)]),
+    ],
+)
 def test_max_min_tie_rule_first_in_iteration_order(reduction, winners):
     nest = lower(parse("M[i] := X[i,k]"), reduce=reduction).nest
     X = tie_inputs()
@@ -125,7 +132,7 @@ def test_max_min_tie_rule_first_in_iteration_order(reduction, winners):
     cotangent = np.array([1.5, -2.0, 0.25])
     got = np.asarray(run_gradient_nest(nest, "X", inputs, output, cotangent))
     expected = np.zeros_like(X)
-    for (i, k) in winners:
+    for i, k in winners:
         expected[i, k] = cotangent[i]
     np.testing.assert_array_equal(got, expected)
 
@@ -136,7 +143,7 @@ def test_prod_gradient_with_zeros_has_no_division_by_the_output():
     output = reference.evaluate(nest, {"X": X}, {"X": X.shape})
     cotangent = np.array([1.0, 2.0, 3.0])
     got = np.asarray(run_gradient_nest(nest, "X", {"X": X}, output, cotangent))
-    expected = np.array([[1.0 * 3.0 * 0.5, 2.0 * 35.0, 0.0],
-                         [1.0 * 2.0 * 0.5, 0.0, 0.0],
-                         [1.0 * 6.0, 0.0, 0.0]])
+    expected = np.array(
+        [[1.0 * 3.0 * 0.5, 2.0 * 35.0, 0.0], [1.0 * 2.0 * 0.5, 0.0, 0.0], [1.0 * 6.0, 0.0, 0.0]]
+    )
     np.testing.assert_allclose(got, expected)

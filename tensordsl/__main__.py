@@ -1,0 +1,7 @@
+"""`python -m tensordsl ...`: see tensordsl.cli."""
+
+import sys
+
+from tensordsl.cli import main
+
+sys.exit(main())

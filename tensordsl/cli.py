@@ -1,0 +1,149 @@
+"""Command line: `python -m tensordsl demo` and `python -m tensordsl explain SOURCE`.
+
+>>> main(["explain", "Y[i] := X[i+k] * W[k]", "--shapes", "X=10", "W=3"])  # doctest: +ELLIPSIS
+statement  Y[i] := X[i+k] * W[k]
+...
+gradient of X
+  dX[p] = sum_k dY[p - k]*W[k]
+    p in [0, 10)
+    k in [max(0, p - 7), min(3, p + 1))
+...
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+DEMO = (
+    (
+        "matmul",
+        "C[i,j] := A[i,k] * B[k,j]",
+        "sum",
+        {"A": (64, 48), "B": (48, 32)},
+        lambda A, B: jnp.einsum("ik,kj->ij", A, B),
+    ),
+    (
+        "pairwise distances",
+        "D[i,j] := (W[k,i] - X[k,j])^2",
+        "sum",
+        {"W": (16, 40), "X": (16, 30)},
+        lambda W, X: ((W[:, :, None] - X[:, None, :]) ** 2).sum(0),
+    ),
+    (
+        "1-D convolution",
+        "Y[o,i] := X[c,i+k] * W[o,c,k]",
+        "sum",
+        {"X": (4, 50), "W": (6, 4, 5)},
+        lambda X, W: sum(jnp.einsum("ci,oc->oi", X[:, k : k + 46], W[:, :, k]) for k in range(5)),
+    ),
+    (
+        "logsumexp rows",
+        "L[i] := X[i,j]",
+        "logsumexp",
+        {"X": (20, 30)},
+        lambda X: jnp.log(jnp.exp(X).sum(1)),
+    ),
+)
+
+
+def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, _, dims = item.partition("=")
+        if not name or not dims:
+            raise SystemExit(f"--shapes expects NAME=D1xD2..., got {item!r}")
+        shapes[name] = tuple(int(d) for d in dims.split("x")) if dims != "()" else ()
+    return shapes
+
+
+def explain_command(args: argparse.Namespace) -> int:
+    from codegen.schedule import choose_cpu_schedule
+    from tensordsl import grad
+    from tensordsl.kernel import kernel
+
+    k = kernel(args.source, reduce=args.reduce)
+    shapes = _parse_shapes(args.shapes)
+    if shapes:
+        from tensordsl.lower import check_shapes
+
+        check_shapes(k._lowered, shapes)
+    print(f"statement  {args.source}")
+    print(f"inputs     {', '.join(k.inputs)}   output {k.output}   reduction {k.nest.reduction}")
+    print(k.explain(shapes=shapes or None))
+    print("schedules (c)")
+    nests = {"forward": k.nest}
+    for op in k.nest.operands:
+        nests[f"grad_{op.name}"] = grad.gradient(k.nest, op.name).nest
+    for name, nest in nests.items():
+        print(f"  {name}: {choose_cpu_schedule(nest).describe()}")
+    if args.source_target:
+        for name, text in k.source(args.source_target).items():
+            print(f"--- {name} ({args.source_target}) ---")
+            print(text)
+    return 0
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    import jax
+
+    from tensordsl.kernel import kernel
+
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(0)
+    print(f"{'kernel':<20} {'source':<34} {'fwd err':>9} {'grad err':>9} {'fwd+bwd ms':>10}")
+    failures = 0
+    for name, source, reduce, shapes, expected in DEMO:
+        k = kernel(source, reduce=reduce)
+        inputs = [rng.normal(size=shapes[n]) for n in k.inputs]
+        print(f"  building {name} ...", end="\r", file=sys.stderr, flush=True)
+        forward_error = float(np.abs(np.asarray(k(*inputs)) - np.asarray(expected(*inputs))).max())
+
+        def loss(*values, k=k):
+            return (k(*values) ** 2).sum()
+
+        def jnp_loss(*values, expected=expected):
+            return (expected(*values) ** 2).sum()
+
+        argnums = tuple(range(len(inputs)))
+        ours = jax.jit(jax.grad(loss, argnums))
+        grads = ours(*inputs)
+        truth = jax.grad(jnp_loss, argnums)(*[jnp.asarray(v) for v in inputs])
+        grad_error = max(float(jnp.abs(a - b).max()) for a, b in zip(grads, truth))
+        start = time.perf_counter()
+        jax.block_until_ready(ours(*inputs))
+        elapsed = (time.perf_counter() - start) * 1e3
+        ok = forward_error < 1e-8 and grad_error < 1e-6
+        failures += not ok
+        print(
+            f"{name:<20} {source:<34} {forward_error:9.1e} {grad_error:9.1e} {elapsed:10.2f}"
+            + ("" if ok else "  MISMATCH")
+        )
+    print("all kernels match jax.numpy" if not failures else f"{failures} kernels mismatch")
+    return 1 if failures else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m tensordsl")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="build a few kernels, check them against jax.numpy")
+    explain = commands.add_parser("explain", help="show the nests, ranges and schedules")
+    explain.add_argument("source")
+    explain.add_argument("--shapes", nargs="*", default=[], metavar="NAME=D1xD2")
+    explain.add_argument("--reduce", default=None)
+    explain.add_argument("--source", dest="source_target", choices=("c", "cuda"), default=None)
+    args = parser.parse_args(argv)
+    from tensordsl.errors import TensorDSLError
+
+    try:
+        return demo_command(args) if args.command == "demo" else explain_command(args)
+    except TensorDSLError as error:
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 2
