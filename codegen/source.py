@@ -36,11 +36,30 @@ class SourcePrinter(StrPrinter):
     def _print_IndexedBase(self, expr: sympy.IndexedBase) -> str:
         return str(expr.name)
 
+    def __init__(self, settings: dict[str, Any], operands: tuple[str, ...] = ()) -> None:
+        super().__init__(settings)
+        self.operands = operands
+
+    def _position(self, expr: sympy.Basic) -> int:
+        """Where the first operand read by `expr` stands in the operand order."""
+        names = {a.base.name for a in expr.atoms(sympy.Indexed)}
+        names |= {s.name for s in expr.free_symbols if isinstance(s, sympy.Symbol)}
+        found = [self.operands.index(n) for n in names if n in self.operands]
+        return min(found, default=len(self.operands))
+
+    def _ordered(self, args: tuple, numbers_first: bool) -> list:
+        numbers = [a for a in args if a.is_number]
+        others = sorted((a for a in args if not a.is_number), key=self._position)
+        return numbers + others if numbers_first else others + numbers
+
     def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
-        # Constants last: `p + 1`, not sympy's `1 + p`.
-        numbers = [a for a in expr.args if a.is_number]
-        others = [a for a in expr.args if not a.is_number]
-        return super()._print_Add(sympy.Add(*others, *numbers, evaluate=False), order)
+        # Terms in the order their operands first appear; constants last (`p + 1`).
+        ordered = self._ordered(expr.args, numbers_first=False)
+        return super()._print_Add(sympy.Add(*ordered, evaluate=False), order)
+
+    def _print_Mul(self, expr: sympy.Mul) -> str:
+        ordered = self._ordered(expr.args, numbers_first=True)
+        return super()._print_Mul(sympy.Mul(*ordered, evaluate=False))
 
     def _print_Relational(self, expr: Any) -> str:
         op = {"==": "==", "!=": "!="}.get(expr.rel_op, expr.rel_op)
@@ -81,9 +100,10 @@ class SourcePrinter(StrPrinter):
 _PRINTER = SourcePrinter({"order": "none"})
 
 
-def expr_source(expr: sympy.Basic) -> str:
-    """One sympy expression as index-notation source."""
-    return _PRINTER.doprint(expr)
+def expr_source(expr: sympy.Basic, operands: tuple[str, ...] = ()) -> str:
+    """One sympy expression as index-notation source; factors and terms follow `operands`."""
+    printer = SourcePrinter({"order": "none"}, operands) if operands else _PRINTER
+    return printer.doprint(expr)
 
 
 def output_source(nest: LoopNest) -> str:
@@ -100,5 +120,5 @@ def nest_source(nest: LoopNest) -> str:
     lines = []
     for n, term in enumerate(nest.terms):
         op = ":=" if n == 0 else "+="
-        lines.append(f"{prefix}{lhs} {op} {expr_source(term.body)}")
+        lines.append(f"{prefix}{lhs} {op} {expr_source(term.body, nest.operand_names)}")
     return "\n".join(lines)

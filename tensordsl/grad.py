@@ -20,7 +20,7 @@ Reductions other than sum:
 >>> from tensordsl.parse import parse
 >>> nest = lower(parse("Y[i] := X[i+k] * W[k]")).nest
 >>> print(gradient(nest, "X").nest)
-dX[p] := W[k]*dY[p - k]
+dX[p] := dY[p - k]*W[k]
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ memory-hungry on purpose: it is the test oracle, and because it is plain jax.num
 >>> from tensordsl.parse import parse
 >>> nest = lower(parse("C[i,j] := A[i,k] * B[k,j]")).nest
 >>> A, B = np.arange(6.0).reshape(2, 3), np.ones((3, 2))
->>> evaluate(nest, {"A": A, "B": B}, {"A": A.shape, "B": B.shape})
-Array([[ 3.,  3.],
-       [12., 12.]], dtype=float32)
+>>> evaluate(nest, {"A": A, "B": B}, {"A": A.shape, "B": B.shape}).tolist()
+[[3.0, 3.0], [12.0, 12.0]]
 """
 
 from __future__ import annotations

@@ -142,15 +142,12 @@ ROUND_TRIP = [
     ("Y[i,j] := X[i]", {"ranges": {"j": 3}}),
     ("(min) Y[i] := X[i,k] * 2 - 1/3", {}),
 ]
-# codegen/source.py prints sums and products in sympy's canonical order, which loses the order
-# of first appearance (operand order); and it prints == / != as Eq(..) / Ne(..).
-PRINTER_ORDER = pytest.mark.xfail(reason="codegen/source.py reorders operands", strict=False)
-PRINTER_EQ = pytest.mark.xfail(reason="codegen/source.py prints Eq()/Ne()", strict=False)
+# Forms that once failed to round trip (operand order of first appearance, == and !=).
 ROUND_TRIP_KNOWN_BAD = [
-    pytest.param("D[i,j] := (W[k,i] - X[k,j])^2", {}, marks=PRINTER_ORDER),
-    pytest.param("Y[i] := X[i+k] * W[k]", {}, marks=PRINTER_ORDER),
-    pytest.param("Y[i] := alpha * X[i] + beta", {}, marks=PRINTER_ORDER),
-    pytest.param("Y[i] := (X[i] == 0) + (X[i] != 1)", {}, marks=PRINTER_EQ),
+    pytest.param("D[i,j] := (W[k,i] - X[k,j])^2", {}),
+    pytest.param("Y[i] := X[i+k] * W[k]", {}),
+    pytest.param("Y[i] := alpha * X[i] + beta", {}),
+    pytest.param("Y[i] := (X[i] == 0) + (X[i] != 1)", {}),
 ]
 
 
