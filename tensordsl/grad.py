@@ -229,6 +229,8 @@ def _term_gradient(
     stand_in = sympy.Dummy("a", real=True)
     derivative = sympy.diff(term.body.xreplace({occurrence: stand_in}), stand_in)
     derivative = derivative.xreplace({stand_in: occurrence})
+    # sign(x)' = 2*DiracDelta(x): zero wherever it is defined, as in JAX.
+    derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
     if derivative == 0:
         return None
     loop = {r.index: sympy.Dummy(r.index.name, integer=True) for r in nest.free + term.reduced}
@@ -277,9 +279,9 @@ def _scale(nest: LoopNest, names: _Names) -> sympy.Expr:
     """The factor multiplying df/dA: the cotangent, adjusted for the reduction."""
     out_access = _saved(names.cotangent, nest)
     saved = _saved(nest.output, nest)
-    (term,) = nest.terms if nest.reduction != "sum" else (None,)
     if nest.reduction == "sum":
         return out_access
+    (term,) = nest.terms
     if nest.reduction == "logsumexp":
         return out_access * sympy.exp(term.body - saved)
     if nest.reduction in ("max", "min"):
@@ -367,10 +369,10 @@ def gradient(nest: LoopNest, wrt: str) -> Gradient:
     for t in terms:
         for e in t.expressions():
             for s in e.free_symbols:
-                found = extent_of(s)
-                if found is not None and found[0] in (nest.output, wrt):
-                    owner = names.cotangent if found[0] == nest.output else names.gradient
-                    extents[s] = extent_symbol(owner, found[1])
+                axis = extent_of(s)
+                if axis is not None and axis[0] in (nest.output, wrt):
+                    owner = names.cotangent if axis[0] == nest.output else names.gradient
+                    extents[s] = extent_symbol(owner, axis[1])
     terms = [
         _drop_free_range_constraints(_rename_extents(t, extents), free, names.gradient)
         for t in terms

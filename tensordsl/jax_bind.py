@@ -137,7 +137,7 @@ def _differentiable(
         by_role = dict(auxiliary)
         by_role[grad.COTANGENT] = cotangent
         by_role[grad.OUTPUT] = output
-        gradients = []
+        gradients: list[jax.Array | None] = []
         for op, value, mark in zip(nest.operands, values, marks):
             if mark is None:
                 gradients.append(None)

@@ -269,5 +269,5 @@ def _evaluate(
         value = _reduce(nest.reduction, body, mask, axes)
         result = value if result is None else result + value
     if nest.reduction in ("argmax", "argmin"):
-        return result
+        return jnp.asarray(result)
     return jnp.asarray(result).astype(dtype)

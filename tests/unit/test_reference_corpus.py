@@ -23,7 +23,7 @@ def test_reference_matches_numpy(case):
     np.testing.assert_allclose(got, expected, rtol=1e-11, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", CORPUS[::3], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.name)
 def test_reference_inside_jit(case):
     k = build(case)
     inputs = make_inputs(case)
