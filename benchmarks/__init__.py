@@ -1,0 +1,1 @@
+"""Benchmarks for tensordsl (see run_cpu.py)."""
