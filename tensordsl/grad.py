@@ -254,7 +254,6 @@ def _term_gradient(
         taken.add(name)
         names[dummy] = index_symbol(name)
         reduced.append(Range(names[dummy], r.start, r.stop))
-    constraints = [c.xreplace(names) for c in constraints if c.xreplace(names) != 0 or True]
     return Term(
         body.xreplace(names),
         tuple(reduced),
