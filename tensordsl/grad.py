@@ -245,8 +245,11 @@ def _term_gradient(
         return expr.xreplace(loop).xreplace(solver.substitution)
 
     body = rewrite(scale * derivative)
-    constraints = [rewrite(c) for c in term.constraints] + solver.constraints
-    guard = sympy.And(rewrite(term.guard), *solver.guards)
+    # Constraints and guards found before a later elimination still name its index.
+    solved = [c.xreplace(solver.substitution) for c in solver.constraints]
+    constraints = [rewrite(c) for c in term.constraints] + solved
+    guards = [g.xreplace(solver.substitution) for g in solver.guards]
+    guard = sympy.And(rewrite(term.guard), *guards)
     taken = {s.name for s in free}
     reduced, names = [], {}
     for dummy, r in solver.ranges.items():
