@@ -137,6 +137,11 @@ def _block(head: str, body: Sequence[str]) -> Lines:
 class _Emitter:
     """State of one emission: the printer, hoisted parameters and the C names."""
 
+    #: Conversions of 16-bit storage types to and from float (the CUDA emitter overrides them).
+    HALF_TO_FLOAT = {"float16": "tdsl_h2f", "bfloat16": "tdsl_bf2f"}
+    FLOAT_TO_HALF = {"float16": "tdsl_f2h", "bfloat16": "tdsl_f2bf"}
+    STORAGE_TYPES = STORAGE
+
     def __init__(self, nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule):
         self.nest, self.dtypes, self.schedule = nest, dtypes, schedule
         self.f = accumulation_type(dtypes)
@@ -187,21 +192,18 @@ class _Emitter:
 
     def load(self, name: str) -> str:
         dtype = self.dtypes[name]
-        if dtype == "float16":
-            return f"(({self.f})tdsl_h2f({{}}))"
-        if dtype == "bfloat16":
-            return f"(({self.f})tdsl_bf2f({{}}))"
-        return "{}" if STORAGE[dtype] == self.f else f"(({self.f}){{}})"
+        if dtype in self.HALF_TO_FLOAT:
+            return f"(({self.f}){self.HALF_TO_FLOAT[dtype]}({{}}))"
+        return "{}" if self.STORAGE_TYPES[dtype] == self.f else f"(({self.f}){{}})"
 
     def store(self, value: str) -> str:
         dtype = self.dtypes[self.nest.output]
-        if dtype == "float16":
-            return f"tdsl_f2h((float)({value}))"
-        if dtype == "bfloat16":
-            return f"tdsl_f2bf((float)({value}))"
+        if dtype in self.FLOAT_TO_HALF:
+            return f"{self.FLOAT_TO_HALF[dtype]}((float)({value}))"
+        storage = self.STORAGE_TYPES[dtype]
         if dtype.startswith("int") and not self.reducer.int_state:
-            return f"({STORAGE[dtype]})llrint({value})"
-        return value if STORAGE[dtype] == self.f else f"({STORAGE[dtype]})({value})"
+            return f"({storage})llrint({value})"
+        return value if storage == self.f else f"({storage})({value})"
 
     def idx(self, expr: sympy.Basic) -> str:
         return self.printer.index(self.hoist(expr))

@@ -87,29 +87,15 @@ class CudaSource:
 class _CudaEmitter(_Emitter):
     """The C emitter's parameters and reduction templates with CUDA types and printer."""
 
+    HALF_TO_FLOAT = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
+    FLOAT_TO_HALF = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
+    STORAGE_TYPES = STORAGE
+
     def __init__(self, nest: LoopNest, dtypes: Mapping[str, str], schedule: GpuSchedule):
         super().__init__(nest, dtypes, schedule)  # type: ignore[arg-type]
         self.gpu = schedule
         old = self.printer
         self.printer = CudaPrinter(self.f, tensors=old.tensors, scalars=old.scalars)
-
-    def load(self, name: str) -> str:
-        dtype = self.dtypes[name]
-        if dtype == "float16":
-            return f"(({self.f})__half2float({{}}))"
-        if dtype == "bfloat16":
-            return f"(({self.f})__bfloat162float({{}}))"
-        return "{}" if STORAGE[dtype] == self.f else f"(({self.f}){{}})"
-
-    def store(self, value: str) -> str:
-        dtype = self.dtypes[self.nest.output]
-        if dtype == "float16":
-            return f"__float2half_rn((float)({value}))"
-        if dtype == "bfloat16":
-            return f"__float2bfloat16_rn((float)({value}))"
-        if dtype.startswith("int") and not self.reducer.int_state:
-            return f"({STORAGE[dtype]})llrint({value})"
-        return value if STORAGE[dtype] == self.f else f"({STORAGE[dtype]})({value})"
 
     def state_types(self) -> tuple[str, str]:
         return self.f, "long long" if self.reducer.int_state else self.f
