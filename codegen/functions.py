@@ -109,8 +109,13 @@ class FunctionSpec:
     domain: tuple[float, float]  # where every argument is safe and smooth for tests
 
 
-def _row(name: str, arity: int, build: Callable[..., sympy.Expr], reference: str,
-         domain: tuple[float, float] = (-2.0, 2.0)) -> tuple[str, FunctionSpec]:
+def _row(
+    name: str,
+    arity: int,
+    build: Callable[..., sympy.Expr],
+    reference: str,
+    domain: tuple[float, float] = (-2.0, 2.0),
+) -> tuple[str, FunctionSpec]:
     return name, FunctionSpec(name, arity, build, reference, domain)
 
 
