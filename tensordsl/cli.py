@@ -2,6 +2,11 @@
 
 >>> main(["explain", "Y[i] := X[i+k] * W[k]", "--shapes", "X=10", "W=3"])  # doctest: +ELLIPSIS
 statement  Y[i] := X[i+k] * W[k]
+parsed     Y[i] := X[i + k]*W[k]
+...
+ranges
+  i in [0, X.shape[0] - W.shape[0] + 1) = [0, 8)   free
+  k in [0, W.shape[0]) = [0, 3)   reduced
 ...
 gradient of X
   dX[p] = sum_k dY[p - k]*W[k]
@@ -16,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,9 +68,20 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _progress(prefix: str) -> Callable[[str], None]:
+    """Report build progress on stderr: rewritten in place on a terminal, one line each else."""
+    tty = sys.stderr.isatty()
+
+    def report(line: str) -> None:
+        text = f"{prefix}{line}"
+        print(f"\r\033[K{text}" if tty else text, end="" if tty else "\n", file=sys.stderr)
+        sys.stderr.flush()
+
+    return report
+
+
 def explain_command(args: argparse.Namespace) -> int:
-    from codegen.schedule import choose_cpu_schedule
-    from tensordsl import grad
+    from tensordsl.explain import build_nests, range_lines, schedule_lines
     from tensordsl.kernel import kernel
 
     k = kernel(args.source, reduce=args.reduce)
@@ -75,14 +91,20 @@ def explain_command(args: argparse.Namespace) -> int:
 
         check_shapes(k._lowered, shapes)
     print(f"statement  {args.source}")
+    print(f"parsed     {k.nest}")
     print(f"inputs     {', '.join(k.inputs)}   output {k.output}   reduction {k.nest.reduction}")
+    print("ranges")
+    print("\n".join("  " + line for line in range_lines(k.nest, shapes or None)))
     print(k.explain(shapes=shapes or None))
-    print("schedules (c)")
-    nests = {"forward": k.nest}
-    for op in k.nest.operands:
-        nests[f"grad_{op.name}"] = grad.gradient(k.nest, op.name).nest
-    for name, nest in nests.items():
-        print(f"  {name}: {choose_cpu_schedule(nest).describe()}")
+    print(f"schedules ({args.dtype})")
+    print("\n".join("  " + line for line in schedule_lines(k.nest, dtype=args.dtype)))
+    if args.build:
+        seconds = build_nests(k.nest, dtype=args.dtype, progress=_progress("  "))
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+        print(f"built (c, {args.dtype})")
+        for name, elapsed in seconds.items():
+            print(f"  {name}: {elapsed:.2f} s")
     if args.source_target:
         for name, text in k.source(args.source_target).items():
             print(f"--- {name} ({args.source_target}) ---")
@@ -93,6 +115,7 @@ def explain_command(args: argparse.Namespace) -> int:
 def demo_command(args: argparse.Namespace) -> int:
     import jax
 
+    from tensordsl.explain import build_nests
     from tensordsl.kernel import kernel
 
     jax.config.update("jax_enable_x64", True)
@@ -102,7 +125,10 @@ def demo_command(args: argparse.Namespace) -> int:
     for name, source, reduce, shapes, expected in DEMO:
         k = kernel(source, reduce=reduce)
         inputs = [rng.normal(size=shapes[n]) for n in k.inputs]
-        print(f"  building {name} ...", end="\r", file=sys.stderr, flush=True)
+        # Compile every nest first (a cache hit takes milliseconds), reporting each build.
+        build_nests(k.nest, dtype="float64", progress=_progress(f"{name}: "))
+        if sys.stderr.isatty():
+            print("\r\033[K", end="", file=sys.stderr)
         forward_error = float(np.abs(np.asarray(k(*inputs)) - np.asarray(expected(*inputs))).max())
 
         def loss(*values, k=k):
@@ -139,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain.add_argument("--shapes", nargs="*", default=[], metavar="NAME=D1xD2")
     explain.add_argument("--reduce", default=None)
     explain.add_argument("--source", dest="source_target", choices=("c", "cuda"), default=None)
+    explain.add_argument(
+        "--dtype", default="float32", choices=("float32", "float64"), help="for schedules, --build"
+    )
+    explain.add_argument(
+        "--build", action="store_true", help="compile every C nest now and report the time"
+    )
     args = parser.parse_args(argv)
     from tensordsl.errors import TensorDSLError
 

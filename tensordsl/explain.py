@@ -19,7 +19,9 @@ gradient of W
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import sympy
 
@@ -156,12 +158,111 @@ def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> di
         from codegen.cuda import cuda_source as emit
     else:
         raise ValueError(f"unknown target {target!r}: expected 'c' or 'cuda'")
-    positions = {
-        a.output for a in grad.auxiliary_nests(nest).values() if a.reduction in ("argmax", "argmin")
-    }
+    positions = _positions(nest)
     sources = {}
     for name, n in kernel_nests(nest).items():
-        dtypes = {t: ("int32" if t in positions else dtype) for t in n.operand_names}
-        dtypes[n.output] = "int32" if n.output in positions else dtype
-        sources[name] = emit(n, dtypes, role=name)
+        sources[name] = emit(n, _dtypes(n, positions, dtype), role=name)
     return sources
+
+
+def _dtypes(nest: LoopNest, positions: set[str], dtype: str) -> dict[str, str]:
+    """The dtype of every tensor of `nest` as the JAX binding passes them."""
+    dtypes = {t: ("int32" if t in positions else dtype) for t in nest.operand_names}
+    dtypes[nest.output] = "int32" if nest.output in positions else dtype
+    return dtypes
+
+
+def _positions(nest: LoopNest) -> set[str]:
+    return {
+        a.output for a in grad.auxiliary_nests(nest).values() if a.reduction in ("argmax", "argmin")
+    }
+
+
+def range_lines(nest: LoopNest, shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[str]:
+    """The inferred range of every index of the forward nest, with numbers when shapes are given.
+
+    >>> from tensordsl.lower import lower
+    >>> from tensordsl.parse import parse
+    >>> nest = lower(parse("Y[i] := X[i+k] * W[k]")).nest
+    >>> print("\\n".join(range_lines(nest, {"X": (10,), "W": (3,)})))
+    i in [0, X.shape[0] - W.shape[0] + 1) = [0, 8)   free
+    k in [0, W.shape[0]) = [0, 3)   reduced
+    """
+    rows: list[tuple[Range, str]] = [(r, "free") for r in nest.free]
+    seen = {r.index for r in nest.free}
+    for term in nest.terms:
+        for r in term.reduced:
+            if r.index not in seen:
+                seen.add(r.index)
+                rows.append((r, "reduced"))
+    lines = []
+    for r, kind in rows:
+        text = f"{r.index} in [{_bound(r.start, True)}, {_bound(r.stop, False)})"
+        if shapes is not None:
+            start, stop = _substitute(r.start, shapes, {}), _substitute(r.stop, shapes, {})
+            if start != r.start or stop != r.stop:
+                text += f" = [{_bound(start, True)}, {_bound(stop, False)})"
+        lines.append(f"{text}   {kind}")
+    return lines
+
+
+def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = None) -> list[str]:
+    """The schedule each target picks for every nest of a kernel (`forward`: the user's one).
+
+    >>> from tensordsl.lower import lower
+    >>> from tensordsl.parse import parse
+    >>> print("\\n".join(schedule_lines(lower(parse("y[i] := A[i,j] * x[j]")).nest)))
+    forward
+      c:    strategy=dot free=i reduced=j tile=-xi=1x8 parallel=yes
+      cuda: strategy=thread free=i reduced=j threads=256 index=int32
+    grad_A
+    ...
+    """
+    from codegen.cuda_schedule import choose_gpu_schedule
+    from codegen.schedule import choose_cpu_schedule
+
+    positions = _positions(nest)
+    lines = []
+    for name, n in kernel_nests(nest).items():
+        dtypes = _dtypes(n, positions, dtype)
+        cpu = forward if name == "forward" and forward is not None else None
+        cpu = cpu or choose_cpu_schedule(n, dtypes)
+        lines.append(name)
+        lines.append(f"  c:    {cpu.describe()}")
+        lines.append(f"  cuda: {choose_gpu_schedule(n, dtypes).describe()}")
+    return lines
+
+
+def build_nests(
+    nest: LoopNest,
+    *,
+    dtype: str = "float32",
+    forward: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Compile every C nest of a kernel now, as its first call and gradient would.
+
+    Args:
+        nest: the forward nest.
+        dtype: the dtype of every input (argmax/argmin positions are int32).
+        forward: the forward nest's schedule, if the user chose one.
+        progress: called with one line before and after each build.
+
+    Returns:
+        Seconds spent on each nest, by name ("forward", "aux_...", "grad_<input>").
+    """
+    from codegen.build import build_c
+
+    positions = _positions(nest)
+    nests = kernel_nests(nest)
+    seconds = {}
+    for n, (name, each) in enumerate(nests.items(), start=1):
+        if progress is not None:
+            progress(f"[{n}/{len(nests)}] building {name} ...")
+        start = time.perf_counter()
+        schedule = forward if name == "forward" else None
+        build_c(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule)
+        seconds[name] = time.perf_counter() - start
+        if progress is not None:
+            progress(f"[{n}/{len(nests)}] built {name} in {seconds[name]:.2f} s")
+    return seconds
