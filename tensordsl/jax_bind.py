@@ -1,23 +1,37 @@
-"""Loop nests as differentiable JAX functions.
+"""Loop nests as JAX primitives.
 
-`call_nest` runs one nest on a back end inside a `jax.custom_vjp`: the forward runs the
-nest (and, when some input is perturbed, the auxiliary nests its gradients need); the
-backward runs the gradient nest of each perturbed input, each itself through `call_nest`,
-so gradients can be differentiated again (reverse over reverse).
+`call_nest` binds `nest_p`, a primitive whose parameters are the nest and how to run it:
+
+* lowering: the back end's runner (compiled C through a host callback, CUDA, or the jnp
+  reference), traced into the primitive's lowering, so it works under `jit`;
+* batching (`vmap`): the nest is rewritten with a batch index (`tensordsl.batching`) and one
+  kernel runs over the whole batch, for any `in_axes`, nested vmaps included;
+* differentiation: the JVP rule returns the output and a `tangent_p` term, linear in the
+  perturbed inputs' tangents; its transpose runs the gradient nest of each perturbed input,
+  each itself through `nest_p`, so gradients can be differentiated, batched and jitted again.
+  `grad` of a vmapped kernel differentiates the batched nest, whose gradient nests reduce
+  unbatched inputs' cotangents over the batch inside the nest.
+  Forward mode (`jvp`, `jacfwd`) would need the tangent term evaluated: it raises
+  `UnsupportedError`.
+* inside `shard_map`, operands are cast to the same varying manual axes before binding, so the
+  output carries the varying type and `out_specs` are checked.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad, batching, mlir
 
 from codegen.ir import LoopNest
-from tensordsl import grad, reference
+from tensordsl import grad, partitioning, private_jax, reference
+from tensordsl.batching import batch_nest
+from tensordsl.errors import UnsupportedError
 
 Shapes = Mapping[str, tuple[int, ...]]
 #: A runner executes a nest without differentiation:
@@ -49,6 +63,12 @@ def _run_cuda(
 
 
 RUNNERS: dict[str, Runner] = {"reference": run_reference, "c": _run_c, "cuda": _run_cuda}
+
+FORWARD_MODE = (
+    "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian, jax.linearize "
+    "evaluated forwards) of tensordsl kernels is not supported"
+)
+FORWARD_MODE_HINT = "use reverse mode: jax.grad, jax.vjp, jax.jacrev"
 
 
 def is_differentiable(dtype: Any) -> bool:
@@ -85,132 +105,173 @@ def call_nest(
     Returns:
         The output array.
     """
-    operands = tuple(operands)
-    all_shapes = dict(shapes)
+    operand_names = set(nest.operand_names)
+    extents = _frozen(
+        {n: s for n, s in shapes.items() if n in nest.extent_tensors() and n not in operand_names}
+    )
+    return _bind(
+        nest_p,
+        operands,
+        nest=nest,
+        backend=backend,
+        extents=extents,
+        out_dtype=jnp.dtype(out_dtype).name,
+        nograd=frozenset(nograd),
+        schedule=schedule,
+    )
+
+
+def _bind(primitive: Any, operands: Sequence[Any], **params: Any) -> jax.Array:
+    return primitive.bind(*private_jax.same_varying_axes(operands), **params)
+
+
+def _shapes(nest: LoopNest, operands: Sequence[Any], extents: tuple) -> dict:
+    shapes = dict(extents)
     for op, value in zip(nest.operands, operands):
-        all_shapes[op.name] = tuple(np.shape(value))
-    needed = nest.extent_tensors() | set(nest.operand_names)
-    key_shapes = _frozen({n: s for n, s in all_shapes.items() if n in needed})
-    dtypes = tuple(jnp.dtype(jnp.result_type(v)).name for v in operands)
-    function = _differentiable(
-        nest, backend, key_shapes, jnp.dtype(out_dtype).name, dtypes, nograd, schedule
+        shapes[op.name] = tuple(np.shape(value))
+    return shapes
+
+
+def _output_shape(*operands: Any, nest: LoopNest, extents: tuple, **_: Any) -> tuple[int, ...]:
+    n = len(nest.operands)
+    return reference.output_shape(nest, _shapes(nest, operands[:n], extents))
+
+
+def _output_dtype(*operands: Any, out_dtype: str, **_: Any) -> Any:
+    return jnp.dtype(out_dtype)
+
+
+nest_p = private_jax.primitive("tensordsl_nest", _output_shape, _output_dtype)
+tangent_p = private_jax.primitive("tensordsl_tangent", _output_shape, _output_dtype)
+
+
+mlir.register_lowering(nest_p, mlir.lower_fun(partitioning.run_nest, multiple_results=False))
+
+
+def _batch(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> tuple[jax.Array, int]:
+    nest: LoopNest = params["nest"]
+    batched = frozenset(op.name for op, d in zip(nest.operands, dims) if d is not None)
+    size = next(np.shape(a)[d] for a, d in zip(args, dims) if d is not None)
+    moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    extents = tuple(
+        (name, (size, *shape) if name == nest.output else shape)
+        for name, shape in params["extents"]
     )
-    return function(*operands)
+    new_nest = batch_nest(nest, batched)
+    schedule = params["schedule"]
+    if schedule is not None:
+        batch_index = str(new_nest.free_indices[0])
+        schedule = replace(schedule, free_order=(batch_index, *schedule.free_order))
+    new_params = dict(params, nest=new_nest, extents=extents, schedule=schedule)
+    return _bind(nest_p, moved, **new_params), 0
 
 
-@functools.lru_cache(maxsize=4096)
-def _differentiable(
-    nest: LoopNest,
-    backend: str,
-    shapes: tuple,
-    out_dtype: str,
-    dtypes: tuple[str, ...],
-    nograd: frozenset[str],
-    schedule: Any,
-) -> Callable[..., jax.Array]:
-    runner = RUNNERS[backend]
-    shape_map = dict(shapes)
-    wants_gradient = tuple(
-        is_differentiable(dtype) and op.name not in nograd
-        for op, dtype in zip(nest.operands, dtypes)
+batching.primitive_batchers[nest_p] = _batch
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
+    nest: LoopNest = params["nest"]
+    output = _bind(nest_p, primals, **params)
+    perturbed = tuple(
+        op.name
+        for op, value, tangent in zip(nest.operands, primals, tangents)
+        if type(tangent) is not ad.Zero
+        and is_differentiable(jnp.result_type(value))
+        and op.name not in params["nograd"]
     )
-
-    @jax.custom_vjp
-    def function(*operands: jax.Array) -> jax.Array:
-        return runner(nest, operands, shape_map, out_dtype, schedule)
-
-    def forward(*primals: Any) -> tuple[jax.Array, Any]:
-        values = tuple(p.value for p in primals)
-        output = function(*values)
-        perturbed = tuple(p.perturbed and w for p, w in zip(primals, wants_gradient))
-        auxiliary = {}
-        if any(perturbed):
-            auxiliary = _auxiliaries(nest, values, backend, shape_map, out_dtype)
-        # Which inputs need a gradient is static: encode it in the pytree structure.
-        marks = tuple(() if p else None for p in perturbed)
-        return output, (values, output, auxiliary, marks)
-
-    def backward(residuals: Any, cotangent: Any) -> tuple[Any, ...]:
-        values, output, auxiliary, marks = residuals
-        if isinstance(cotangent, jax.custom_derivatives.SymbolicZero):
-            return tuple(None for _ in values)
-        by_role = dict(auxiliary)
-        by_role[grad.COTANGENT] = cotangent
-        by_role[grad.OUTPUT] = output
-        gradients: list[jax.Array | None] = []
-        for op, value, mark in zip(nest.operands, values, marks):
-            if mark is None:
-                gradients.append(None)
-                continue
-            gradients.append(
-                _gradient(
-                    nest,
-                    op.name,
-                    values,
-                    by_role,
-                    backend,
-                    shape_map,
-                    tuple(np.shape(output)),
-                    value,
-                )
-            )
-        return tuple(gradients)
-
-    function.defvjp(forward, backward, symbolic_zeros=True)
-    return function
+    if not perturbed or not is_differentiable(params["out_dtype"]):
+        return output, ad.Zero(jax.typeof(output).to_tangent_aval())
+    auxiliary = _auxiliaries(nest, primals, params)
+    by_name = dict(zip(nest.operand_names, tangents))
+    linear_in = [by_name[name] for name in perturbed]
+    tangent = _bind(
+        tangent_p,
+        [*primals, output, *auxiliary.values(), *linear_in],
+        **params,
+        perturbed=perturbed,
+        roles=tuple(auxiliary),
+    )
+    return output, tangent
 
 
-def _auxiliaries(
-    nest: LoopNest, values: tuple, backend: str, shapes: Shapes, out_dtype: str
-) -> dict[str, jax.Array]:
+ad.primitive_jvps[nest_p] = _jvp
+
+
+def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[str, jax.Array]:
     """Run the nests that the gradients of a max/min/prod reduction need."""
     found = {}
     for role, aux in grad.auxiliary_nests(nest).items():
-        if aux.reduction in ("argmax", "argmin"):
-            # An integer position has no derivative: cut its inputs out of differentiation.
-            constants = [jax.lax.stop_gradient(v) for v in values]
-            found[role] = RUNNERS[backend](aux, constants, shapes, "int32", None)
-        else:
-            found[role] = call_nest(
-                aux, values, backend=backend, shapes=shapes, out_dtype=out_dtype
-            )
+        integer = aux.reduction in ("argmax", "argmin")
+        found[role] = call_nest(
+            aux,
+            values,
+            backend=params["backend"],
+            shapes=dict(params["extents"]),
+            out_dtype="int32" if integer else params["out_dtype"],
+        )
     return found
+
+
+def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
+    nest: LoopNest = params["nest"]
+    perturbed, roles = params["perturbed"], params["roles"]
+    n = len(nest.operands)
+    primals, output = args[:n], args[n]
+    linear_in = args[n + 1 + len(roles) :]
+    nonlinear = [None] * (n + 1 + len(roles))
+    if type(cotangent) is ad.Zero:
+        return [*nonlinear, *(None for _ in linear_in)]
+    by_role = dict(zip(roles, args[n + 1 : n + 1 + len(roles)]))
+    by_role[grad.COTANGENT] = cotangent
+    by_role[grad.OUTPUT] = output
+    values = dict(zip(nest.operand_names, primals))
+    gradients = [
+        _gradient(nest, name, values, by_role, params, tuple(np.shape(output)))
+        for name in perturbed
+    ]
+    return [*nonlinear, *gradients]
+
+
+ad.primitive_transposes[tangent_p] = _transpose
+
+
+def _forward_mode(*_: Any, **__: Any) -> Any:
+    raise UnsupportedError(FORWARD_MODE, hint=FORWARD_MODE_HINT)
+
+
+mlir.register_lowering(tangent_p, _forward_mode)
+batching.primitive_batchers[tangent_p] = _forward_mode
+ad.primitive_jvps[tangent_p] = _forward_mode
 
 
 def _gradient(
     nest: LoopNest,
     wrt: str,
-    values: tuple,
-    by_role: dict,
-    backend: str,
-    shapes: Shapes,
+    values: dict[str, Any],
+    by_role: dict[str, Any],
+    params: dict,
     output_shape: tuple[int, ...],
-    value: jax.Array,
 ) -> jax.Array:
     """Run the gradient nest of operand `wrt`."""
     gradient = grad.gradient(nest, wrt)
-    names = dict(zip(nest.operand_names, values))
-    operands = []
-    for name, role in gradient.roles:
-        operands.append(names[name] if role == "input" else by_role[role])
+    operands = [values[name] if role == "input" else by_role[role] for name, role in gradient.roles]
     cotangent_name = next(n for n, r in gradient.roles if r == grad.COTANGENT)
-    g_shapes = dict(shapes)
-    g_shapes[nest.output] = output_shape
-    g_shapes[cotangent_name] = output_shape
-    g_shapes[gradient.nest.output] = tuple(np.shape(value))
-    for op, v in zip(nest.operands, values):
-        g_shapes[op.name] = tuple(np.shape(v))
+    shapes = dict(params["extents"])
+    shapes[nest.output] = output_shape
+    shapes[cotangent_name] = output_shape
+    shapes[gradient.nest.output] = tuple(np.shape(values[wrt]))
+    for name, value in values.items():
+        shapes[name] = tuple(np.shape(value))
     integer = frozenset(
         name
         for name, v in zip(gradient.nest.operand_names, operands)
         if not is_differentiable(jnp.result_type(v))
     )
-    result = call_nest(
+    return call_nest(
         gradient.nest,
         operands,
-        backend=backend,
-        shapes={n: s for n, s in g_shapes.items() if n in gradient.nest.extent_tensors()},
-        out_dtype=jnp.result_type(value),
+        backend=params["backend"],
+        shapes=shapes,
+        out_dtype=jnp.result_type(values[wrt]),
         nograd=integer,
     )
-    return result

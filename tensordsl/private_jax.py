@@ -1,0 +1,43 @@
+"""The few private JAX internals tensordsl relies on, in one place (checked on jax 0.10.2).
+
+A primitive needs an abstract evaluation that carries shardings and, inside `shard_map`,
+the varying manual axes of its inputs; JAX's own `standard_primitive` builds exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+from jax._src import core
+from jax._src.lax import utils as lax_utils
+
+
+def primitive(name: str, shape_rule: Callable, dtype_rule: Callable) -> Any:
+    """A primitive with JAX's standard abstract evaluation and `apply_primitive` as its impl."""
+    return lax_utils.standard_primitive(
+        shape_rule, dtype_rule, name, vma_rule=partial(core.standard_vma_rule, name)
+    )
+
+
+def _varying(value: Any) -> frozenset:
+    return jax.typeof(value).mat.varying
+
+
+def same_varying_axes(values: Sequence[Any]) -> list[Any]:
+    """Cast values to the union of their varying manual axes (a no-op outside shard_map).
+
+    A primitive's inputs must vary over the same mesh axes; its output then varies over them
+    too, which is what lets shard_map check `out_specs` and transpose the cast with a psum.
+    """
+    values = list(values)
+    axes = [_varying(v) for v in values]
+    union = frozenset().union(*axes)
+    if not union:
+        return values
+    return [
+        v if a == union else jax.lax.pcast(v, tuple(sorted(union - a)), to="varying")
+        for v, a in zip(values, axes)
+    ]
