@@ -35,8 +35,9 @@ class Kernel:
         backend: "auto" (default: cuda on a CUDA GPU with CuPy, else c), "reference",
             "c" or "cuda".
         nograd: inputs that never get a gradient.
-        schedule: a `codegen.schedule.Schedule` for the forward nest (compiled back ends).
-        loop_order: index names, outermost first, for the forward nest.
+        schedule: a `codegen.schedule.Schedule` for the forward nest on the C back end (the
+            CUDA back end and all gradient nests use their heuristics).
+        loop_order: index names, outermost first, for the forward nest on the C back end.
 
     >>> import numpy as np
     >>> k = kernel("C[i,j] := A[i,k] * B[k,j]", backend="reference")
@@ -149,13 +150,15 @@ class Kernel:
         out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
         if not jnp.issubdtype(out_dtype, jnp.inexact):
             out_dtype = jnp.result_type(float)
+        backend = self._backend()
         return jax_bind.call_nest(
             self.nest,
             values,
-            backend=self._backend(),
+            backend=backend,
             shapes={},
             out_dtype=out_dtype,
             nograd=self.nograd,
+            schedule=self.schedule if backend == "c" else None,
         )
 
     def _backend(self) -> str:
