@@ -23,8 +23,10 @@ Inside `shard_map` (all mesh axes manual) and on one device the runner is lowere
 >>> plan = plan_sharding(lower(parse("Y[b,i] := W[i,k] * X[b,k]")).nest)
 >>> plan.rule
 'i k, b k -> b i'
->>> plan_sharding(lower(parse("Y[i] := X[i+k] * K[k]")).nest).rule
-'r0, k -> r1'
+>>> [(f.name, f.kind) for f in plan.factors]
+[('b', 'free'), ('i', 'free'), ('k', 'reduced')]
+>>> plan_sharding(lower(parse("Y[i] := X[i+k] * K[k]")).nest).rule  # shifted: all whole
+'r0, r1 -> r2'
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def _occurrences(nest: LoopNest) -> tuple[dict, set, collections.Counter]:
     many expressions name each extent symbol."""
     plain: dict[sympy.Symbol, set[tuple[str, int]]] = collections.defaultdict(set)
     other: set[sympy.Symbol] = set()
-    per_access: dict[str, set] = collections.defaultdict(set)  # tensor axis -> index exprs
+    per_axis: dict[tuple[str, int], set] = collections.defaultdict(set)  # -> index exprs
     repeated: set[sympy.Symbol] = set()
 
     def walk(expr: sympy.Basic) -> None:
@@ -113,7 +115,7 @@ def _occurrences(nest: LoopNest) -> tuple[dict, set, collections.Counter]:
             name = expr.base.name
             seen = collections.Counter(expr.indices)
             for axis, index in enumerate(expr.indices):
-                per_access[f"{name}\0{axis}"].add(index)
+                per_axis[name, axis].add(index)
                 if isinstance(index, sympy.Symbol) and extent_of(index) is None:
                     plain[index].add((name, axis))
                     if seen[index] > 1:
@@ -131,12 +133,9 @@ def _occurrences(nest: LoopNest) -> tuple[dict, set, collections.Counter]:
         walk(expr)
         uses.update(s for s in expr.free_symbols if extent_of(s) is not None)
     # An axis reached by two different index expressions cannot follow either index.
-    for key, indices in per_access.items():
+    for tensor_axis, indices in per_axis.items():
         if len(indices) > 1:
-            name, axis = key.split("\0")
-            for index in indices:
-                if (name, int(axis)) in plain.get(index, ()):
-                    other.add(index)
+            other.update(i for i in indices if tensor_axis in plain.get(i, ()))
     return plain, other | repeated, uses
 
 
@@ -196,13 +195,14 @@ def _split_extent(
     uses: collections.Counter,
 ) -> tuple[str, int] | bool:
     """Whether `index` may be split: False, True, or the non-operand extent to divide."""
-    if index in other or rng.start != 0 or extent_of(rng.stop) is None:
+    bound = extent_of(rng.stop)
+    if index in other or rng.start != 0 or bound is None:
         return False
     if kind == "reduced" and (len(nest.terms) > 1 or nest.reduction not in COMBINES):
         return False
     if kind == "reduced" and not any(p >= 0 for p, _ in sites):
         return False
-    tensor, axis = extent_of(rng.stop)
+    tensor, axis = bound
     names = [nest.operand_names[p] if p >= 0 else nest.output for p, _ in sites]
     split = {extent_symbol(t, a) for t, (_, a) in zip(names, sites)}
     # Extents of split axes change on each device: only this index's bound may name them.
