@@ -355,3 +355,23 @@ def _logsumexp_combine(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     top = jax.lax.pmax(x, axes)
     shift = jnp.where(jnp.isfinite(top), top, jnp.zeros_like(top))
     return shift + jnp.log(jax.lax.psum(jnp.exp(x - shift), axes))
+
+
+def output_sharding(*avals: Any, nest: LoopNest, extents: tuple, **_: Any) -> NamedSharding:
+    """The output's sharding for operands of explicitly sharded types (`AxisType.Explicit`):
+    split free indices keep their operands' mesh axes; everything else is replicated, as the
+    partitioned call produces it. Extra avals after the nest's operands are ignored (the
+    tangent primitive's)."""
+    operands = avals[: len(nest.operands)]
+    plan = plan_sharding(nest)
+    mesh = next((a.sharding.mesh for a in operands if not a.sharding.mesh.empty), None)
+    if mesh is None:
+        mesh = avals[0].sharding.mesh if avals else jax.sharding.get_abstract_mesh()
+        return NamedSharding(mesh, PartitionSpec())
+    shapes = {name: shape for name, shape in extents}
+    for op, aval in zip(nest.operands, operands):
+        shapes[op.name] = aval.shape
+    from tensordsl.reference import output_shape
+
+    result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.float32)
+    return _sharding(mesh, plan.output, _choose(plan, mesh, operands, result, extents))

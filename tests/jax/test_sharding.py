@@ -212,3 +212,23 @@ def test_shifted_access_is_correct_when_its_input_is_sharded(rng):
     want = jax.grad(loss(conv), argnums=(0, 1))(x, kern)
     close(got[0], want[0])
     close(got[1], want[1])
+
+
+def test_output_sharding_for_explicitly_sharded_types():
+    from tensordsl.partitioning import output_sharding
+
+    nest = td.kernel("Y[b,i] := W[i,k]*X[b,k]").nest
+    m = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,)).abstract_mesh
+
+    def typed(shape, *spec):
+        return jax.ShapeDtypeStruct(shape, jnp.float64, sharding=NamedSharding(m, P(*spec)))
+
+    def spec(*avals):
+        return output_sharding(*avals, nest=nest, extents=()).spec
+
+    assert spec(typed((5, 3)), typed((8, 3), "d")) == P("d", None)
+    assert spec(typed((8, 3), "d"), typed((8, 3))) == P(None, "d")
+    # both free indices want "d": the batch (first output axis) keeps it, W is gathered
+    assert spec(typed((8, 3), "d"), typed((8, 3), "d")) == P("d", None)
+    # a split reduced index is combined: the output is replicated
+    assert spec(typed((8, 4), None, "d"), typed((8, 4), None, "d")) == P(None, None)
