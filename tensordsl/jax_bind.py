@@ -141,11 +141,16 @@ def _output_dtype(*operands: Any, out_dtype: str, **_: Any) -> Any:
     return jnp.dtype(out_dtype)
 
 
-nest_p = private_jax.primitive("tensordsl_nest", _output_shape, _output_dtype)
-tangent_p = private_jax.primitive("tensordsl_tangent", _output_shape, _output_dtype)
+nest_p = private_jax.primitive(
+    "tensordsl_nest", _output_shape, _output_dtype, partitioning.output_sharding
+)
+tangent_p = private_jax.primitive(
+    "tensordsl_tangent", _output_shape, _output_dtype, partitioning.output_sharding
+)
 
 
 mlir.register_lowering(nest_p, mlir.lower_fun(partitioning.run_nest, multiple_results=False))
+private_jax.requires_devices_during_lowering(nest_p)
 
 
 def _batch(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> tuple[jax.Array, int]:

@@ -11,15 +11,29 @@ from functools import partial
 from typing import Any
 
 import jax
-from jax._src import core
+from jax._src import core, dispatch
 from jax._src.lax import utils as lax_utils
 
 
-def primitive(name: str, shape_rule: Callable, dtype_rule: Callable) -> Any:
-    """A primitive with JAX's standard abstract evaluation and `apply_primitive` as its impl."""
+def primitive(
+    name: str, shape_rule: Callable, dtype_rule: Callable, sharding_rule: Callable
+) -> Any:
+    """A primitive with JAX's standard abstract evaluation and `apply_primitive` as its impl.
+
+    `sharding_rule` gives the output's sharding for explicitly sharded operand types.
+    """
     return lax_utils.standard_primitive(
-        shape_rule, dtype_rule, name, vma_rule=partial(core.standard_vma_rule, name)
+        shape_rule,
+        dtype_rule,
+        name,
+        sharding_rule=sharding_rule,
+        vma_rule=partial(core.standard_vma_rule, name),
     )
+
+
+def requires_devices_during_lowering(primitive: Any) -> None:
+    """Lowering `primitive` gets the device assignment (custom_partitioning inside it needs it)."""
+    dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 def _varying(value: Any) -> frozenset:

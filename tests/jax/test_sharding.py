@@ -232,3 +232,23 @@ def test_output_sharding_for_explicitly_sharded_types():
     assert spec(typed((8, 3), "d"), typed((8, 3), "d")) == P("d", None)
     # a split reduced index is combined: the output is replicated
     assert spec(typed((8, 4), None, "d"), typed((8, 4), None, "d")) == P(None, None)
+
+
+def test_explicit_mesh_jit_grad_and_vmap(rng):
+    """`jax.make_mesh`'s default (Explicit) axes: the output type keeps the batch sharding."""
+    k = td.kernel("Y[b,i] := W[i,k]*X[b,k]", backend="c")
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    W, X = rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (8, 3))
+    Xb = rng.uniform(-1, 1, (4, 8, 3))
+    with jax.set_mesh(mesh):
+        Xs = jax.device_put(X, NamedSharding(mesh, P("d")))
+        Y = jax.jit(k)(W, Xs)
+        assert jax.typeof(Y).sharding.spec == P("d", None)
+        np.testing.assert_allclose(np.asarray(Y), X @ W.T, rtol=1e-12)
+        dW, dX = jax.jit(jax.grad(lambda W, X: jnp.sum(jnp.sin(k(W, X))), (0, 1)))(W, Xs)
+        Yv = jax.jit(jax.vmap(k, (None, 0)))(W, jax.device_put(Xb, NamedSharding(mesh, P("d"))))
+        assert jax.typeof(Yv).sharding.spec == P("d", None, None)
+    eW, eX = jax.grad(lambda W, X: jnp.sum(jnp.sin(X @ W.T)), (0, 1))(W, X)
+    np.testing.assert_allclose(np.asarray(dW), np.asarray(eW), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(dX), np.asarray(eX), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(Yv), np.einsum("nbk,ik->nbi", Xb, W), rtol=1e-12)
