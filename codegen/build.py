@@ -5,6 +5,11 @@ source text, compiler flags, compiler version and `CACHE_VERSION`). Every write 
 temporary file first and is moved into place with `os.replace`, so two processes building
 the same kernel at once both succeed. Shapes are run-time parameters: a new shape never
 recompiles.
+
+When jaxlib's FFI headers are present, each shared object also holds an XLA FFI handler for
+its entry point (codegen/ffi.py), so that JAX can call the kernel without Python; if the
+headers are missing or the handler does not build, the kernel is built alone and
+`CompiledNest.ffi_handler` is None.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import sympy
 
-from codegen import config
+from codegen import config, ffi
 from codegen.c import CSource, emit_c
 from codegen.ir import LoopNest, extent_of
 from codegen.schedule import Schedule
@@ -83,13 +90,21 @@ def _atomic_write(path: pathlib.Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def compile_c(text: str, *, key: str | None = None) -> pathlib.Path:
+def compile_c(
+    text: str, *, key: object = None, include_dirs: Sequence[pathlib.Path] = ()
+) -> pathlib.Path:
     """Compile C source `text` into a cached shared object and return its path.
+
+    Args:
+        text: the C source.
+        key: anything else the shared object depends on (headers outside the source).
+        include_dirs: extra header folders (`-I`).
 
     Raises:
         BuildError: when the compiler fails; the message gives the kept source's path.
     """
-    cc, flags = config.c_compiler(), compile_flags()
+    cc = config.c_compiler()
+    flags = (*compile_flags(), *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
     folder = config.cache_dir() / "c" / digest[:2]
@@ -132,6 +147,31 @@ class CompiledNest:
     function: Callable[..., None] = field(repr=False)
     parameters: Callable[..., tuple[int, ...]] = field(repr=False)
     extent_names: tuple[tuple[str, int], ...] = ()
+    #: The XLA FFI handler in the same library (a ctypes function), or None without one.
+    ffi_handler: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def ffi_target(self) -> str:
+        """A name for the FFI handler unique to the loaded library: the entry name and a digest
+        of the library's path (its file name is the digest of its content; two cache folders
+        give two loaded copies, and XLA refuses one name for two handler addresses)."""
+        digest = hashlib.sha256(str(self.library).encode()).hexdigest()[:16]
+        return f"{self.source.entry}_{digest}"
+
+    def all_extents(
+        self,
+        operand_shapes: Sequence[Sequence[int]],
+        out_shape: Sequence[int],
+        extents: Mapping[str, Sequence[int]],
+    ) -> dict[str, Sequence[int]]:
+        """The shape of every tensor the nest names: operands, output and `extents`."""
+        names = self.nest.operand_names
+        if len(operand_shapes) != len(names):
+            raise ValueError(f"expected {len(names)} operands {names}, got {len(operand_shapes)}")
+        full: dict[str, Sequence[int]] = dict(zip(names, operand_shapes, strict=True))
+        full[self.nest.output] = out_shape
+        full.update(extents)
+        return full
 
     def host_parameters(self, extents: Mapping[str, Sequence[int]]) -> np.ndarray:
         """The int64 `params` array for one call."""
@@ -151,14 +191,7 @@ class CompiledNest:
         extents: Mapping[str, Sequence[int]],
     ) -> None:
         """Compute the nest into `out` (C-contiguous, fully written); operands are read only."""
-        names = self.nest.operand_names
-        if len(operands) != len(names):
-            raise ValueError(f"expected {len(names)} operands {names}, got {len(operands)}")
-        full: dict[str, Sequence[int]] = dict(
-            zip(names, (np.shape(a) for a in operands), strict=True)
-        )
-        full[self.nest.output] = out.shape
-        full.update(extents)
+        full = self.all_extents([np.shape(a) for a in operands], out.shape, extents)
         for array in (out, *operands):
             if not array.flags.c_contiguous:
                 raise ValueError("operands and output must be C-contiguous")
@@ -220,6 +253,7 @@ def build_c(
         role,
         compile_flags(),
         str(config.cache_dir()),
+        str(ffi.include_dir()),
     )
     with _LOCK:
         hit = _MEMORY.get(memory_key)
@@ -230,14 +264,40 @@ def build_c(
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             (dump / f"{source.entry}.c").write_text(source.text)
-        library = compile_c(source.text)
-        function = getattr(ctypes.CDLL(str(library)), source.entry)
+        library, has_handler = _compile_nest(nest, source, dtypes)
+        loaded = ctypes.CDLL(str(library))
+        function = getattr(loaded, source.entry)
         function.restype = None
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        handler = getattr(loaded, ffi.handler_name(source.entry)) if has_handler else None
         parameters, names = _parameter_function(source)
-        compiled = CompiledNest(nest, source, library, function, parameters, names)
+        compiled = CompiledNest(nest, source, library, function, parameters, names, handler)
         _MEMORY[memory_key] = compiled
         return compiled
+
+
+def _compile_nest(
+    nest: LoopNest, source: CSource, dtypes: Mapping[str, str]
+) -> tuple[pathlib.Path, bool]:
+    """Compile `source` with its FFI handler when possible; say whether the handler is in."""
+    folder = ffi.include_dir()
+    if folder is not None:
+        handler = ffi.handler_source(
+            source.entry,
+            [dtypes[name] for name in nest.operand_names],
+            dtypes[nest.output],
+            len(source.parameters),
+        )
+        key = ("xla_ffi", ffi.header_digest())
+        try:
+            return compile_c(source.text + "\n" + handler, key=key, include_dirs=(folder,)), True
+        except BuildError as error:
+            warnings.warn(
+                f"tensordsl: the XLA FFI handler of {source.entry} did not build; "
+                f"JAX calls this kernel through buffer_callback instead.\n{error}",
+                stacklevel=3,
+            )
+    return compile_c(source.text), False
 
 
 def clear_memory_cache() -> None:

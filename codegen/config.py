@@ -46,3 +46,20 @@ def poison_outputs() -> bool:
     """`TENSORDSL_POISON_OUTPUTS`: fill every output with NaN (or -1 for integers) before a
     kernel runs, so that elements a kernel fails to write show up in tests."""
     return os.environ.get("TENSORDSL_POISON_OUTPUTS", "0") not in ("", "0")
+
+
+CPU_CALLS = ("ffi", "callback")
+
+
+def cpu_call() -> str:
+    """`TENSORDSL_CPU_CALL`: how JAX calls a compiled C kernel: "ffi" (default), an XLA FFI
+    handler compiled with the kernel, or "callback", `buffer_callback` and ctypes (holds the
+    GIL per call). "ffi" falls back to "callback" for a kernel whose handler did not build.
+
+    Raises:
+        ValueError: for any other value.
+    """
+    value = os.environ.get("TENSORDSL_CPU_CALL", "").strip().lower() or "ffi"
+    if value not in CPU_CALLS:
+        raise ValueError(f"TENSORDSL_CPU_CALL={value!r}: expected one of {', '.join(CPU_CALLS)}")
+    return value
