@@ -1,12 +1,24 @@
-"""The C back end inside JAX: compiled nests called through `buffer_callback`.
+"""The C back end inside JAX: compiled nests called through XLA FFI or `buffer_callback`.
 
-The nest is compiled at trace time (the first call for a dtype combination); the callback
-passes XLA's buffers to the compiled function in place: inputs are read where they are,
-the output is written fully, nothing is copied.
+The nest is compiled at trace time (the first call for a dtype combination). Two ways to
+call it, chosen by `TENSORDSL_CPU_CALL` (codegen/config.py):
+
+* "ffi" (default): `jax.ffi.ffi_call` to the XLA FFI handler compiled into the kernel's own
+  shared object (codegen/ffi.py). XLA calls C directly: no Python and no GIL per call. The
+  int64 `params` array is computed here, at trace time, from the static shapes and passed as
+  an attribute.
+* "callback": `buffer_callback`, whose Python callback passes XLA's buffers to the kernel
+  with ctypes. It holds the GIL for each call, so a busy Python thread slows every call down
+  (benchmarks/RESULTS.md, "Call overhead"). It is also the fallback when a kernel has no
+  FFI handler (jaxlib's FFI headers missing, or the handler did not build).
+
+Both read inputs where they are and write the output fully in place; nothing is copied.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,10 +28,35 @@ import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
 from codegen import config
-from codegen.build import build_c
+from codegen.build import CompiledNest, build_c
 from codegen.ir import LoopNest
 from codegen.schedule import Schedule
 from tensordsl import reference
+
+_REGISTER_LOCK = threading.Lock()
+#: FFI targets registered with XLA in this process (name -> handler address).
+REGISTERED: dict[str, int] = {}
+
+
+def register_ffi_target(compiled: CompiledNest) -> str:
+    """Register the FFI handler of `compiled` with XLA once; return the target name.
+
+    Thread-safe and idempotent: the name carries the library's digest, so one name always
+    means one handler, and a name is registered at most once per process.
+    """
+    if compiled.ffi_handler is None:
+        raise ValueError(f"{compiled.source.entry} was built without an FFI handler")
+    name = compiled.ffi_target
+    with _REGISTER_LOCK:
+        if name not in REGISTERED:
+            capsule = jax.ffi.pycapsule(compiled.ffi_handler)
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu", api_version=1)
+            REGISTERED[name] = _address(compiled)
+    return name
+
+
+def _address(compiled: CompiledNest) -> int:
+    return int(ctypes.cast(compiled.ffi_handler, ctypes.c_void_p).value or 0)
 
 
 def run_c(
@@ -33,10 +70,38 @@ def run_c(
     dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = jnp.dtype(dtype).name
     compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
-    out_shape = reference.output_shape(nest, shapes)
+    result = jax.ShapeDtypeStruct(reference.output_shape(nest, shapes), jnp.dtype(dtype))
     extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
-
     poison = config.poison_outputs()
+    if config.cpu_call() == "ffi" and compiled.ffi_handler is not None:
+        return _call_ffi(compiled, operands, result, extents, poison)
+    return _call_callback(compiled, operands, result, extents, poison)
+
+
+def _call_ffi(
+    compiled: CompiledNest,
+    operands: Sequence[jax.Array],
+    result: jax.ShapeDtypeStruct,
+    extents: Mapping[str, tuple[int, ...]],
+    poison: bool,
+) -> jax.Array:
+    """`ffi_call` to the kernel's handler; shapes are static, so `params` is a constant."""
+    target = register_ffi_target(compiled)
+    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
+    params = compiled.host_parameters(full)
+    # "sequential": a batched call is a loop of unbatched ones, so `params` stays right.
+    call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
+    return call(*operands, params=params, poison=np.int32(poison))
+
+
+def _call_callback(
+    compiled: CompiledNest,
+    operands: Sequence[jax.Array],
+    result: jax.ShapeDtypeStruct,
+    extents: Mapping[str, tuple[int, ...]],
+    poison: bool,
+) -> jax.Array:
+    """`buffer_callback` and ctypes: the fallback (holds the GIL per call)."""
 
     def callback(ctx: Any, out: Any, *args: Any) -> None:
         target = np.asarray(out)
@@ -44,7 +109,5 @@ def run_c(
             target.fill(np.nan if np.issubdtype(target.dtype, np.inexact) else -1)
         compiled(target, [np.asarray(a) for a in args], extents)
 
-    call = buffer_callback(
-        callback, jax.ShapeDtypeStruct(out_shape, jnp.dtype(dtype)), vmap_method="sequential"
-    )
+    call = buffer_callback(callback, result, vmap_method="sequential")
     return call(*operands)
