@@ -36,7 +36,7 @@ condition on indices (a divisibility test, a repeated index).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -206,28 +206,31 @@ def rename(nest: LoopNest, /, *, tensors: dict[str, str], indices: dict[str, str
             if base.name in tensors:
                 mapping[base] = tensor_base(tensors[base.name])
 
-    def sub(e: sympy.Basic) -> sympy.Basic:
-        return e.xreplace(mapping)
+    renamed = map_expressions(nest, lambda e: e.xreplace(mapping))
+    return replace(
+        renamed,
+        output=tensors.get(nest.output, nest.output),
+        operands=tuple(Operand(tensors.get(op.name, op.name), op.rank) for op in nest.operands),
+    )
 
-    def sub_range(r: Range) -> Range:
-        return Range(sub(r.index), sub(r.start), sub(r.stop))
+
+def map_expressions(nest: LoopNest, function: Callable[[sympy.Basic], sympy.Basic]) -> LoopNest:
+    """The nest with `function` applied to every expression: ranges (their index symbols
+    too), bodies, constraints and guards."""
+
+    def map_range(r: Range) -> Range:
+        return Range(function(r.index), function(r.start), function(r.stop))
 
     terms = tuple(
         Term(
-            sub(t.body),
-            tuple(sub_range(r) for r in t.reduced),
-            tuple(sub(c) for c in t.constraints),
-            sub(t.guard),
+            function(t.body),
+            tuple(map_range(r) for r in t.reduced),
+            tuple(function(c) for c in t.constraints),
+            function(t.guard),
         )
         for t in nest.terms
     )
-    return replace(
-        nest,
-        output=tensors.get(nest.output, nest.output),
-        free=tuple(sub_range(r) for r in nest.free),
-        terms=terms,
-        operands=tuple(Operand(tensors.get(op.name, op.name), op.rank) for op in nest.operands),
-    )
+    return replace(nest, free=tuple(map_range(r) for r in nest.free), terms=terms)
 
 
 def canonical(nest: LoopNest) -> LoopNest:

@@ -22,10 +22,10 @@ from codegen.ir import (
     LoopNest,
     Operand,
     Range,
-    Term,
     extent_of,
     extent_symbol,
     index_symbol,
+    map_expressions,
     scalar_symbol,
     tensor_base,
 )
@@ -80,23 +80,11 @@ def batch_nest(nest: LoopNest, batched: frozenset[str]) -> LoopNest:
         )
         return expr.xreplace(scalars)
 
-    def sub_range(r: Range) -> Range:
-        return Range(r.index, sub(r.start), sub(r.stop))
-
     first = next(op.name for op in nest.operands if op.name in batched)
-    terms = tuple(
-        Term(
-            sub(t.body),
-            tuple(sub_range(r) for r in t.reduced),
-            tuple(sub(c) for c in t.constraints),
-            sub(t.guard),
-        )
-        for t in nest.terms
-    )
+    mapped = map_expressions(nest, sub)
     return replace(
-        nest,
-        free=(Range(b, 0, extent_symbol(first, 0)), *(sub_range(r) for r in nest.free)),
-        terms=terms,
+        mapped,
+        free=(Range(b, 0, extent_symbol(first, 0)), *mapped.free),
         operands=tuple(
             Operand(op.name, op.rank + 1) if op.name in batched else op for op in nest.operands
         ),
