@@ -16,6 +16,8 @@ Element offsets are int64 throughout. The body of every term is printed after `s
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.bounds import LoopBounds, hoist_parameters, loop_bounds
+from codegen.bounds import LoopBounds, affine_parts, hoist_parameters, loop_bounds
 from codegen.ir import LoopNest, Term, extent_of, extent_symbol
 from codegen.printer import CPrinter, TensorView
 from codegen.schedule import Schedule, choose_cpu_schedule, term_order, validate
@@ -155,7 +157,10 @@ class _Emitter:
                 continue
             extents = [extent_symbol(op.name, d) for d in range(op.rank)]
             strides = self.stride(op.name, extents)
-            tensors[op.name] = TensorView(f"in_{_cname(op.name)}", strides, self.load(op.name))
+            integer = dtypes[op.name].startswith("int")
+            tensors[op.name] = TensorView(
+                f"in_{_cname(op.name)}", strides, self.load(op.name), integer=integer
+            )
         lengths = [r.stop - r.start for r in nest.free]
         self.out_strides = self.stride("OUT", lengths)
         self.printer = CPrinter(self.f, tensors=tensors, scalars=scalars)
@@ -164,6 +169,20 @@ class _Emitter:
         self.bounds = [
             loop_bounds(t, term_order(nest, schedule, n)) for n, t in enumerate(nest.terms)
         ]
+
+    def variant(
+        self, terms: Sequence[Term] | None = None, schedule: Schedule | None = None
+    ) -> _Emitter:
+        """This emitter with other terms or schedule (same parameters, printer and names)."""
+        other = copy.copy(self)
+        if terms is not None:
+            other.nest = dataclasses.replace(self.nest, terms=tuple(terms))
+        other.schedule = schedule or self.schedule
+        other.bounds = [
+            loop_bounds(t, term_order(other.nest, other.schedule, n))
+            for n, t in enumerate(other.nest.terms)
+        ]
+        return other
 
     # -- parameters and names ------------------------------------------------------------
 
@@ -234,8 +253,23 @@ class _Emitter:
 
     # -- terms ---------------------------------------------------------------------------
 
-    def term_body(self, n: int, sub: str) -> Lines:
-        """Evaluate term `n`'s body into `v` and fold it into the state `acc<sub>`."""
+    def term_body(self, n: int, sub: str, tests: Sequence[sympy.Expr] = ()) -> Lines:
+        """Evaluate term `n`'s body into `v` and fold it into the state `acc<sub>`.
+
+        `tests` are expressions that must be >= 0 for this element: the body (and its loads)
+        is evaluated only where they hold.
+        """
+        if tests:
+            conditions = [f"{self.idx(t)} >= 0" for t in tests]
+            if self.nest.terms[n].guard != sympy.true:
+                conditions.append(f"({self.printer.doprint(self.hoist(self.nest.terms[n].guard))})")
+            unguarded = self.variant(
+                [
+                    dataclasses.replace(t, guard=sympy.true) if m == n else t
+                    for m, t in enumerate(self.nest.terms)
+                ]
+            )
+            return _block(f"if ({' && '.join(conditions)})", unguarded.term_body(n, sub))
         term = self.nest.terms[n]
         body = self.hoist(term.body)
         replacements, (reduced,) = sympy.cse(body, symbols=sympy.numbered_symbols("cse"))
@@ -352,11 +386,68 @@ def _lanes(e: _Emitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Li
     )
 
 
-def _tiled(e: _Emitter, body: Callable[[str, str], Lines]) -> Lines:
-    """Tile loops over the row and vector indices; full tiles get constant trip counts."""
+TileBody = Callable[[_Emitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
+
+
+@dataclass(frozen=True)
+class _TilePaths:
+    """Interior tiles run `interior` unmasked; other tiles run `edge` with per-lane tests."""
+
+    condition: tuple[str, ...]  # C conditions (>= 0 tests) of an interior tile
+    interior: _Emitter
+    edge: _Emitter
+    tests: tuple[tuple[sympy.Expr, ...], ...]  # per term, per-lane tests of the edge path
+
+
+def _tile_paths(e: _Emitter) -> _TilePaths:
+    """Split each term's constraints on the tiled indices into a tile test and lane tests.
+
+    A constraint `c >= 0` that mentions a tiled index holds for a whole tile (and every
+    value of the reduced indices in their ranges) when it holds at the box's worst corner
+    (it is affine), so interior tiles drop it. Other tiles loop over the bounds of the
+    constraint at its best corner (a superset) and test the constraint per lane.
+    """
+    s = e.schedule
+    sizes = {s.vector: s.width, **({s.row: s.rows} if s.row else {})}
+    tiled = {x: sizes[x.name] for x in e.nest.free_indices if x.name in sizes}
+    starts = {}
+    for x in tiled:
+        start = e.printer.index(x) + "0_"
+        e.printer.parameters.add(start)
+        starts[x] = sympy.Symbol(start, integer=True)
+    condition: list[str] = []
+    inner, edge, tests = [], [], []
+    for term in e.nest.terms:
+        kept, relaxed, lane = [], [], []
+        for c in term.constraints:
+            coefficients = affine_parts(c, tuple(tiled))
+            if not coefficients:
+                kept.append(c)
+                continue
+            worst = {x: starts[x] + (0 if a > 0 else tiled[x] - 1) for x, a in coefficients.items()}
+            best = {x: starts[x] + (tiled[x] - 1 if a > 0 else 0) for x, a in coefficients.items()}
+            for r in term.reduced:
+                a = affine_parts(c, (r.index,)).get(r.index, 0)
+                if a:
+                    worst[r.index] = r.start if a > 0 else r.stop - 1
+            condition.append(f"{e.idx(sympy.expand(c.xreplace(worst)))} >= 0")
+            relaxed.append(sympy.expand(c.xreplace(best)))
+            lane.append(c)
+        inner.append(dataclasses.replace(term, constraints=tuple(kept)))
+        edge.append(dataclasses.replace(term, constraints=(*kept, *relaxed)))
+        tests.append(tuple(lane))
+    if not condition:
+        return _TilePaths((), e, e, tuple(() for _ in e.nest.terms))
+    return _TilePaths(tuple(condition), e.variant(inner), e.variant(edge), tuple(tests))
+
+
+def _tiled(e: _Emitter, body: TileBody) -> Lines:
+    """Tile loops over the row and vector indices; full interior tiles get constant trip
+    counts and no per-lane tests."""
     s = e.schedule
     free = e.free_symbols()
     tiled = [x for x in free if x.name in (s.row, s.vector)]
+    paths = _tile_paths(e)
     checks, edges = [], []
     for x in tiled:
         size = s.rows if x.name == s.row else s.width
@@ -365,8 +456,17 @@ def _tiled(e: _Emitter, body: Callable[[str, str], Lines]) -> Lines:
         checks.append(f"{name}0_ + {size} <= {stop}")
         var = "rn_" if x.name == s.row else "wn_"
         edges.append(f"const int64_t {var} = tdsl_imin({size}, {stop} - {name}0_);")
-    full = body(str(s.rows), str(s.width))
-    edge = [*edges, *body("rn_", "wn_")]
+    full = body(paths.interior, str(s.rows), str(s.width), tuple(() for _ in e.nest.terms))
+    if paths.condition:
+        # Full tiles that cross a constraint keep constant trip counts (masked lanes).
+        masked = body(paths.edge, str(s.rows), str(s.width), paths.tests)
+        full = [
+            *_block(f"if ({' && '.join(paths.condition)})", full)[:-1],
+            "} else {",
+            *_indent(masked),
+            "}",
+        ]
+    edge = [*edges, *body(paths.edge, "rn_", "wn_", paths.tests)]
     lines = [f"if ({' && '.join(checks)}) {{", *_indent(full), "} else {", *_indent(edge), "}"]
     for x in reversed(free):
         if x in tiled:
@@ -382,66 +482,56 @@ def _tile(e: _Emitter) -> Lines:
     dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
 
-    def body(rn: str, wn: str) -> Lines:
-        lines = [*e.declare(dims=dims), *_lanes(e, rn, wn, e.init(sub))]
-        for n in range(len(e.nest.terms)):
-            lines += e.guarded(n, e.loops(n, _lanes(e, rn, wn, e.term_body(n, sub))))
-        return lines + _lanes(e, rn, wn, [e.store_line(sub)])
+    def body(p: _Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+        lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, p.init(sub))]
+        for n in range(len(p.nest.terms)):
+            lane = _lanes(p, rn, wn, p.term_body(n, sub, tests[n]))
+            lines += p.guarded(n, p.loops(n, lane))
+        return lines + _lanes(p, rn, wn, [p.store_line(sub)])
 
     return _tiled(e, body)
 
 
 def _dot(e: _Emitter) -> Lines:
     s = e.schedule
-    lanes = 16 if e.f == "float" else 8
+    lanes = s.lanes
     dims = f"[{s.rows}][{s.width}][{lanes}]" if s.row else f"[{s.width}][{lanes}]"
     sub = "[r_][w_]" if s.row else "[w_]"
 
-    def body(rn: str, wn: str) -> Lines:
-        lines = [
-            *e.declare(dims=dims),
-            *_lanes(
-                e,
-                rn,
-                wn,
-                _block(
-                    "for (int64_t l_ = 0; l_ < LANES; ++l_)".replace("LANES", str(lanes)),
-                    e.init(sub + "[l_]"),
-                ),
-                simd=False,
-            ),
-        ]
-        for n in range(len(e.nest.terms)):
-            order = term_order(e.nest, s, n)
-            u = e.printer.index(order[-1])
-            lo, hi = e.idx(e.bounds[n].starts[order[-1]]), e.idx(e.bounds[n].stops[order[-1]])
+    def body(p: _Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+        init = _block(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", p.init(sub + "[l_]"))
+        lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, init, simd=False)]
+        for n in range(len(p.nest.terms)):
+            order = term_order(p.nest, s, n)
+            u = p.printer.index(order[-1])
+            lo, hi = p.idx(p.bounds[n].starts[order[-1]]), p.idx(p.bounds[n].stops[order[-1]])
             vector = [
                 "#pragma omp simd",
                 *_block(
                     f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)",
-                    [f"const int64_t {u} = {u}0_ + l_;", *e.term_body(n, sub + "[l_]")],
+                    [f"const int64_t {u} = {u}0_ + l_;", *p.term_body(n, sub + "[l_]", tests[n])],
                 ),
             ]
             rest = _block(
                 f"for (int64_t {u} = {u}0_; {u} < {hi}; ++{u})",
-                _lanes(e, rn, wn, e.term_body(n, sub + "[0]"), simd=False),
+                _lanes(p, rn, wn, p.term_body(n, sub + "[0]", tests[n]), simd=False),
             )
             inner = [
                 f"int64_t {u}0_ = {lo};",
                 *_block(
                     f"for (; {u}0_ + {lanes} <= {hi}; {u}0_ += {lanes})",
-                    _lanes(e, rn, wn, vector, simd=False),
+                    _lanes(p, rn, wn, vector, simd=False),
                 ),
                 *rest,
             ]
-            lines += e.guarded(n, e.loops(n, ["{", *_indent(inner), "}"], stop_at=len(order) - 1))
-        combine = e.fmt(e.reducer.combine, e.names("tot_"), e.names("acc_", sub + "[l_]"))
+            lines += p.guarded(n, p.loops(n, ["{", *_indent(inner), "}"], stop_at=len(order) - 1))
+        combine = p.fmt(p.reducer.combine, p.names("tot_"), p.names("acc_", sub + "[l_]"))
         store = [
-            *e.declare("tot_"),
+            *p.declare("tot_"),
             *_block(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", [combine]),
-            e.store_line(base="tot_"),
+            p.store_line(base="tot_"),
         ]
-        return lines + _lanes(e, rn, wn, store, simd=False)
+        return lines + _lanes(p, rn, wn, store, simd=False)
 
     return _tiled(e, body)
 
@@ -525,6 +615,11 @@ def emit_c(
     )
     e.named.append(("work_", work))
     body = STRATEGY_EMITTERS[schedule.strategy](e)
+    if schedule.small is not None:
+        vector = next(r for r in nest.free if r.index.name == schedule.vector)
+        small = STRATEGY_EMITTERS[schedule.small.strategy](e.variant(schedule=schedule.small))
+        head = f"if ({e.idx(vector.stop - vector.start)} >= {schedule.width})"
+        body = [*_block(head, body)[:-1], "} else {", *_indent(small), "}"]
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
     digest = hashlib.sha256(
         repr((str(nest), sorted(dtypes.items()), schedule, role)).encode()

@@ -42,6 +42,7 @@ class TensorView:
     cname: str
     strides: tuple[str | None, ...]
     load: str
+    integer: bool = False  # integer elements: compared with indices as integers
 
 
 _RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -115,6 +116,8 @@ class CPrinter(C99CodePrinter):
                 needs_parens = isinstance(index, sympy.Add)
                 parts.append(f"({text})*{stride}" if needs_parens else f"{text}*{stride}")
         offset = " + ".join(parts) if parts else "0"
+        if self._index_mode and view.integer:
+            return f"(({self.int_type}){view.cname}[{offset}])"
         return view.load.format(f"{view.cname}[{offset}]")
 
     def _print_Pow(self, expr: sympy.Pow) -> str:
@@ -170,12 +173,21 @@ class CPrinter(C99CodePrinter):
 
     def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
         lhs, rhs = expr.lhs, expr.rhs
-        integer = all(
-            isinstance(side, sympy.Expr) and side.is_integer and not side.atoms(sympy.Indexed)
-            for side in (lhs, rhs)
-        )
+        # Integer sides (indices, integer tensors such as a saved argmax position) compare
+        # exactly as integers; a float holds integers exactly only below 2**24.
+        integer = all(self._integer_valued(side) for side in (lhs, rhs))
         show = self.index if integer else self._print
         return f"({show(lhs)} {_RELATIONS[expr.rel_op]} {show(rhs)})"
+
+    def _integer_valued(self, expr: sympy.Basic) -> bool:
+        """True for integer expressions whose tensor accesses all read integer tensors."""
+        if not isinstance(expr, sympy.Expr):
+            return False
+        reads = sorted(expr.atoms(sympy.Indexed), key=sympy.default_sort_key)
+        if not all(self.tensors[str(a.base.name)].integer for a in reads):
+            return False
+        stand_in = {a: sympy.Symbol(f"int{n}_", integer=True) for n, a in enumerate(reads)}
+        return bool(expr.xreplace(stand_in).is_integer)
 
     def _print_And(self, expr: sympy.And) -> str:
         return "(" + " && ".join(self._print(a) for a in expr.args) + ")"

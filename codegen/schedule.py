@@ -44,6 +44,7 @@ The heuristic (`choose_cpu_schedule`):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -69,6 +70,9 @@ class Schedule:
     rows: int = 1
     width: int = 1
     chunks: int = 64  # split: number of chunks of the outermost reduced loop
+    lanes: int = 8  # dot: vector partial sums per dot product
+    #: Used instead when the vector index's extent is below `width` (decided at run time).
+    small: Schedule | None = None
 
     def describe(self) -> str:
         """One line for the header comment of generated code."""
@@ -76,9 +80,13 @@ class Schedule:
         parts.append("reduced=" + ";".join(",".join(o) or "-" for o in self.reduced_order))
         if self.strategy in ("tile", "dot"):
             parts.append(f"tile={self.row or '-'}x{self.vector}={self.rows}x{self.width}")
+        if self.strategy == "dot":
+            parts.append(f"lanes={self.lanes}")
         if self.strategy == "split":
             parts.append(f"chunks={self.chunks}")
         parts.append(f"parallel={'yes' if self.parallel else 'no'}")
+        if self.small is not None:
+            parts.append(f"| if {self.vector} < {self.width}: {self.small.describe()}")
         return " ".join(parts)
 
 
@@ -125,12 +133,16 @@ def validate(nest: LoopNest, schedule: Schedule) -> None:
             )
     if schedule.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {schedule.strategy!r}; expected one of {STRATEGIES}")
-    if schedule.rows < 1 or schedule.width < 1 or schedule.chunks < 1:
-        raise ValueError("rows, width and chunks must be positive")
+    if min(schedule.rows, schedule.width, schedule.chunks, schedule.lanes) < 1:
+        raise ValueError("rows, width, chunks and lanes must be positive")
     if schedule.strategy == "split" and free:
         raise ValueError("the split strategy is for full reductions (no free index)")
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
+    if schedule.small is not None:
+        if schedule.strategy not in ("tile", "dot"):
+            raise ValueError("only tile and dot schedules have a schedule for small extents")
+        validate(nest, schedule.small)
 
 
 def _validate_tile(nest: LoopNest, schedule: Schedule) -> None:
@@ -142,9 +154,6 @@ def _validate_tile(nest: LoopNest, schedule: Schedule) -> None:
         )
     if schedule.row is None and schedule.rows != 1:
         raise ValueError("rows > 1 needs a row index")
-    clash = bound_indices(nest, schedule) & set(tiled)
-    if clash:
-        raise ValueError(f"loop bounds depend on the tiled indices {sorted(clash)}")
     if schedule.strategy == "dot" and nest.reduction not in SIMD_REDUCTIONS:
         raise ValueError(f"the dot strategy does not support the reduction {nest.reduction}")
     if schedule.strategy == "dot" and any(not order for order in schedule.reduced_order):
@@ -183,9 +192,40 @@ def _vector_friendly(nest: LoopNest, name: str) -> bool:
     return True
 
 
-def _lanes(dtypes: Mapping[str, str] | None, nest: LoopNest) -> int:
-    wide = dtypes is not None and "float64" in (dtypes.get(nest.output), *dtypes.values())
-    return 16 if wide else 32
+def _wide(dtypes: Mapping[str, str] | None, nest: LoopNest) -> bool:
+    return dtypes is not None and "float64" in (dtypes.get(nest.output), *dtypes.values())
+
+
+def _windowed(nest: LoopNest) -> frozenset[str]:
+    """Free indices that share an access axis with a reduced index (`X[c, i + k]`)."""
+    found: set[str] = set()
+    for term in nest.terms:
+        reduced = set(term.reduced_indices)
+        for access in accesses(term.body):
+            for axis in access.indices:
+                if axis.free_symbols & reduced:
+                    found.update(s.name for s in axis.free_symbols - reduced)
+    return frozenset(found) & set(_names(nest.free_indices))
+
+
+def _dot_schedule(
+    nest: LoopNest, free: tuple[str, ...], reduced: tuple[tuple[str, ...], ...], wide: bool
+) -> Schedule | None:
+    if not all(reduced) or nest.reduction not in SIMD_REDUCTIONS:
+        return None
+    # 4 x 4 dot products of one vector register each (8 float / 4 double lanes): 16
+    # accumulator registers plus 8 loads per step (measured best of 2..6 x 3..8 x 8..16).
+    row = free[-2] if len(free) > 1 else None
+    return Schedule(
+        free,
+        reduced,
+        strategy="dot",
+        row=row,
+        vector=free[-1],
+        rows=4 if row else 1,
+        width=4,
+        lanes=4 if wide else 8,
+    )
 
 
 def choose_cpu_schedule(
@@ -215,36 +255,30 @@ def choose_cpu_schedule(
         free, reduced = _apply_loop_order(nest, tuple(loop_order), free, reduced)
     if not free:
         return Schedule(free, reduced, strategy="split")
-    base = Schedule(free, reduced, strategy="scalar")
-    bounded = bound_indices(nest, base)
+    wide = _wide(dtypes, nest)
     vector = free[-1]
-    if vector in bounded:
-        return base
-    row = free[-2] if len(free) > 1 and free[-2] not in bounded else None
-    wide = _lanes(dtypes, nest) == 16
+    row = free[-2] if len(free) > 1 else None
     if _vector_friendly(nest, vector):
         # 6 rows x 32 float lanes: 24 accumulator vectors of 8 floats (measured best here).
-        rows = 6 if row else 1
+        small = None
+        windowed = _windowed(nest)
+        if vector in windowed and loop_order is None:
+            # A window offset (`dW[o, c, k]`) is often short: then dot products over the
+            # long reduced axis, tiled over two free indices that are no window offsets.
+            plain = [name for name in free if name not in windowed]
+            order = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
+            small = _dot_schedule(nest, order, reduced, wide) if plain else None
         return Schedule(
             free,
             reduced,
             strategy="tile",
             row=row,
             vector=vector,
-            rows=rows,
-            width=_lanes(dtypes, nest),
+            rows=6 if row else 1,
+            width=16 if wide else 32,
+            small=small,
         )
-    if all(order for order in reduced) and nest.reduction in SIMD_REDUCTIONS:
-        return Schedule(
-            free,
-            reduced,
-            strategy="dot",
-            row=row,
-            vector=vector,
-            rows=4 if row else 1,
-            width=4 if wide else 8,
-        )
-    return base
+    return _dot_schedule(nest, free, reduced, wide) or Schedule(free, reduced)
 
 
 def _apply_loop_order(
@@ -278,7 +312,10 @@ def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
     reduced = tuple(_names(t.reduced_indices) for t in nest.terms)
     picks.append(Schedule(free, reduced, strategy="scalar", parallel=False))
     picks.append(Schedule(tuple(reversed(free)), tuple(tuple(reversed(o)) for o in reduced)))
-    if free and free[-1] not in bound_indices(nest, picks[-2]) and all(reduced):
+    for pick in picks[:2]:
+        if pick.small is not None:
+            picks += [dataclasses.replace(pick, small=None), pick.small]
+    if free and all(reduced):
         picks.append(
             Schedule(
                 free,
@@ -288,6 +325,7 @@ def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
                 row=free[-2] if len(free) > 1 else None,
                 rows=2 if len(free) > 1 else 1,
                 width=3,
+                lanes=5,
             )
         )
     unique: list[Schedule] = []

@@ -149,3 +149,12 @@ def test_golden_cuda(golden: str) -> None:
         path.write_text(text)
     assert path.exists(), f"missing {path}; run with TENSORDSL_UPDATE_GOLDEN=1"
     assert text == path.read_text()
+
+
+@pytest.mark.parametrize("name", ["row_max-grad_X", "row_max_ties-grad_X"])
+def test_saved_positions_compare_as_integers(name: str) -> None:
+    # The saved argmax position is int32; as a float it would be exact only below 2**24.
+    source = emit(BY_ID[name])
+    assert "(float)in_M_argument" not in source.text
+    assert "((idx_t)in_M_argument[" in source.text
+    check_ptx(source)

@@ -192,13 +192,27 @@ def test_bad_schedule_raises_value_error() -> None:
         )
     with pytest.raises(ValueError, match="loop_order"):
         choose_cpu_schedule(nest, loop_order=("i", "z"))
-    conv_grad = BY_NAME["conv_grad"].nest
-    with pytest.raises(ValueError, match="depend on the tiled"):
+    with pytest.raises(ValueError, match="only tile and dot"):
         emit_c(
-            conv_grad,
-            dtypes={"dY": "float32", "W": "float32", "dX": "float32"},
-            schedule=Schedule(("p",), (("k",),), strategy="tile", vector="p", width=8),
+            nest,
+            dtypes={"A": "float32", "B": "float32", "C": "float32"},
+            schedule=Schedule(("i", "j"), (("k",),), small=Schedule(("i", "j"), (("k",),))),
         )
+
+
+@pytest.mark.parametrize("strategy", ["tile", "dot"])
+@pytest.mark.parametrize("width", [1, 3, 8])
+def test_tiles_over_constrained_indices(strategy: str, width: int) -> None:
+    # The loop bounds of k depend on the tiled p: interior tiles drop the constraints,
+    # edge tiles test them per lane; both must give the reference numbers.
+    case = BY_NAME["conv_grad"]
+    schedule = Schedule(("p",), (("k",),), strategy=strategy, vector="p", width=width, lanes=3)
+    source = emit_c(
+        case.nest, dtypes=dict.fromkeys(["dY", "W", "dX"], "float32"), schedule=schedule
+    )
+    assert "p0_ - " in source.text  # the interior-tile test
+    out, expected = run_case(case, "float64", schedule)
+    check(out, expected, "float64")
 
 
 def test_loop_order_override() -> None:
@@ -220,3 +234,34 @@ def test_golden_c(name: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert text == path.read_text(), "generated C changed; rerun with TENSORDSL_UPDATE_GOLDEN=1"
+
+
+def _saved_position_nest() -> LoopNest:
+    """`OUT[i, j] = where(j + 2**24 == POS[i], V[i], 0)`: POS is an int32 saved position."""
+    i, j = index_symbol("i"), index_symbol("j")
+    pos, value = tensor_base("POS"), tensor_base("V")
+    body = sympy.Piecewise((value[i], sympy.Eq(j + 2**24, pos[i])), (0, True))
+    return LoopNest(
+        "OUT",
+        (Range(i, 0, extent_symbol("POS", 0)), Range(j, 0, 40)),
+        (Term(body),),
+        (Operand("V", 1), Operand("POS", 1)),
+    )
+
+
+def test_integer_operands_compare_as_integers() -> None:
+    # Positions above 2**24 are not floats: 2**24 + 1 rounds to 2**24, so a float
+    # comparison would also select j = 0 and write V there.
+    nest = _saved_position_nest()
+    dtypes = {"V": "float32", "POS": "int32", "OUT": "float32"}
+    assert "(float)in_POS" not in emit_c(nest, dtypes=dtypes).text
+    positions = np.array([2**24 + 1, 2**24 + 3, 2**24 + 17, 2**24 + 39, 7], np.int32)
+    values = np.random.default_rng(0).uniform(1, 2, positions.shape).astype(np.float32)
+    expected = np.zeros((len(positions), 40), np.float32)
+    for row, position in enumerate(positions):
+        if 0 <= position - 2**24 < 40:
+            expected[row, position - 2**24] = values[row]
+    for schedule in candidate_schedules(nest):
+        out = np.full(expected.shape, np.nan, np.float32)
+        build_c(nest, dtypes=dtypes, schedule=schedule)(out, [values, positions], {})
+        np.testing.assert_array_equal(out, expected, err_msg=schedule.describe())

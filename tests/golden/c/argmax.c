@@ -24,7 +24,7 @@ static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
 
-void tdsl_Y_forward_0c24f270(void *out, const void *const *operands, const int64_t *params) {
+void tdsl_Y_forward_57fcbabc(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
     int64_t *restrict out_ = (int64_t *)out;
     const int64_t P0 = params[0];

@@ -24,7 +24,7 @@ static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
 
-void tdsl_C_forward_1dc784cf(void *out, const void *const *operands, const int64_t *params) {
+void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
     const float *restrict in_B = ((const float *)operands[1]);
     float *restrict out_ = (float *)out;

@@ -24,7 +24,7 @@ static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
 
-void tdsl_D_forward_7d83be31(void *out, const void *const *operands, const int64_t *params) {
+void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_W = ((const float *)operands[0]);
     const float *restrict in_X = ((const float *)operands[1]);
     float *restrict out_ = (float *)out;

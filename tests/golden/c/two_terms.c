@@ -2,7 +2,7 @@
  *   Y[i] := A[i, k]*x[k]
  *   Y[i] += 2*B[j, i]
  * reduction: sum; dtypes: A: float32, B: float32, Y: float32, x: float32; accumulate in float
- * schedule: strategy=dot free=i reduced=k;j tile=-xi=1x8 parallel=yes
+ * schedule: strategy=dot free=i reduced=k;j tile=-xi=1x4 lanes=8 parallel=yes
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,7 +25,7 @@ static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
 
-void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64_t *params) {
+void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
     const float *restrict in_x = ((const float *)operands[1]);
     const float *restrict in_B = ((const float *)operands[2]);
@@ -37,24 +37,24 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
     const int64_t s_B_0 = params[4];
     const int64_t work_ = params[5];
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t i0_ = 0; i0_ < P0; i0_ += 8) {
-        if (i0_ + 8 <= P0) {
-            float acc_[8][16];
-            #pragma GCC unroll 8
-            for (int64_t w_ = 0; w_ < 8; ++w_) {
+    for (int64_t i0_ = 0; i0_ < P0; i0_ += 4) {
+        if (i0_ + 4 <= P0) {
+            float acc_[4][8];
+            #pragma GCC unroll 4
+            for (int64_t w_ = 0; w_ < 4; ++w_) {
                 const int64_t i = i0_ + w_;
-                for (int64_t l_ = 0; l_ < 16; ++l_) {
+                for (int64_t l_ = 0; l_ < 8; ++l_) {
                     acc_[w_][l_] = 0;
                 }
             }
             {
                 int64_t k0_ = 0;
-                for (; k0_ + 16 <= P1; k0_ += 16) {
-                    #pragma GCC unroll 8
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
+                for (; k0_ + 8 <= P1; k0_ += 8) {
+                    #pragma GCC unroll 4
+                    for (int64_t w_ = 0; w_ < 4; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 16; ++l_) {
+                        for (int64_t l_ = 0; l_ < 8; ++l_) {
                             const int64_t k = k0_ + l_;
                             const float val_ = in_A[i*s_A_0 + k]*in_x[k];
                             acc_[w_][l_] += val_;
@@ -62,8 +62,8 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t k = k0_; k < P1; ++k) {
-                    #pragma GCC unroll 8
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
+                    #pragma GCC unroll 4
+                    for (int64_t w_ = 0; w_ < 4; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = in_A[i*s_A_0 + k]*in_x[k];
                         acc_[w_][0] += val_;
@@ -72,12 +72,12 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
             }
             {
                 int64_t j0_ = 0;
-                for (; j0_ + 16 <= P2; j0_ += 16) {
-                    #pragma GCC unroll 8
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
+                for (; j0_ + 8 <= P2; j0_ += 8) {
+                    #pragma GCC unroll 4
+                    for (int64_t w_ = 0; w_ < 4; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 16; ++l_) {
+                        for (int64_t l_ = 0; l_ < 8; ++l_) {
                             const int64_t j = j0_ + l_;
                             const float val_ = 2*in_B[j*s_B_0 + i];
                             acc_[w_][l_] += val_;
@@ -85,41 +85,41 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t j = j0_; j < P2; ++j) {
-                    #pragma GCC unroll 8
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
+                    #pragma GCC unroll 4
+                    for (int64_t w_ = 0; w_ < 4; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = 2*in_B[j*s_B_0 + i];
                         acc_[w_][0] += val_;
                     }
                 }
             }
-            #pragma GCC unroll 8
-            for (int64_t w_ = 0; w_ < 8; ++w_) {
+            #pragma GCC unroll 4
+            for (int64_t w_ = 0; w_ < 4; ++w_) {
                 const int64_t i = i0_ + w_;
                 float tot_ = 0;
-                for (int64_t l_ = 0; l_ < 16; ++l_) {
+                for (int64_t l_ = 0; l_ < 8; ++l_) {
                     tot_ += acc_[w_][l_];
                 }
                 out_[i] = tot_;
             }
         } else {
-            const int64_t wn_ = tdsl_imin(8, P0 - i0_);
-            float acc_[8][16];
-            #pragma GCC unroll 8
+            const int64_t wn_ = tdsl_imin(4, P0 - i0_);
+            float acc_[4][8];
+            #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                 const int64_t i = i0_ + w_;
-                for (int64_t l_ = 0; l_ < 16; ++l_) {
+                for (int64_t l_ = 0; l_ < 8; ++l_) {
                     acc_[w_][l_] = 0;
                 }
             }
             {
                 int64_t k0_ = 0;
-                for (; k0_ + 16 <= P1; k0_ += 16) {
-                    #pragma GCC unroll 8
+                for (; k0_ + 8 <= P1; k0_ += 8) {
+                    #pragma GCC unroll 4
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 16; ++l_) {
+                        for (int64_t l_ = 0; l_ < 8; ++l_) {
                             const int64_t k = k0_ + l_;
                             const float val_ = in_A[i*s_A_0 + k]*in_x[k];
                             acc_[w_][l_] += val_;
@@ -127,7 +127,7 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t k = k0_; k < P1; ++k) {
-                    #pragma GCC unroll 8
+                    #pragma GCC unroll 4
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = in_A[i*s_A_0 + k]*in_x[k];
@@ -137,12 +137,12 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
             }
             {
                 int64_t j0_ = 0;
-                for (; j0_ + 16 <= P2; j0_ += 16) {
-                    #pragma GCC unroll 8
+                for (; j0_ + 8 <= P2; j0_ += 8) {
+                    #pragma GCC unroll 4
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 16; ++l_) {
+                        for (int64_t l_ = 0; l_ < 8; ++l_) {
                             const int64_t j = j0_ + l_;
                             const float val_ = 2*in_B[j*s_B_0 + i];
                             acc_[w_][l_] += val_;
@@ -150,7 +150,7 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
                     }
                 }
                 for (int64_t j = j0_; j < P2; ++j) {
-                    #pragma GCC unroll 8
+                    #pragma GCC unroll 4
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t i = i0_ + w_;
                         const float val_ = 2*in_B[j*s_B_0 + i];
@@ -158,11 +158,11 @@ void tdsl_Y_forward_5403002f(void *out, const void *const *operands, const int64
                     }
                 }
             }
-            #pragma GCC unroll 8
+            #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                 const int64_t i = i0_ + w_;
                 float tot_ = 0;
-                for (int64_t l_ = 0; l_ < 16; ++l_) {
+                for (int64_t l_ = 0; l_ < 8; ++l_) {
                     tot_ += acc_[w_][l_];
                 }
                 out_[i] = tot_;
