@@ -101,13 +101,21 @@ def _call_callback(
     extents: Mapping[str, tuple[int, ...]],
     poison: bool,
 ) -> jax.Array:
-    """`buffer_callback` and ctypes: the fallback (holds the GIL per call)."""
+    """`buffer_callback` and ctypes: the fallback (holds the GIL per call).
+
+    `params` is computed here, once, as for `ffi_call`: the callback only passes pointers
+    (XLA's buffers are C-contiguous, its default layout).
+    """
+    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
+    params = compiled.host_parameters(full)
+    count = max(len(operands), 1)
 
     def callback(ctx: Any, out: Any, *args: Any) -> None:
         target = np.asarray(out)
         if poison:
             target.fill(np.nan if np.issubdtype(target.dtype, np.inexact) else -1)
-        compiled(target, [np.asarray(a) for a in args], extents)
+        pointers = (ctypes.c_void_p * count)(*(np.asarray(a).ctypes.data for a in args))
+        compiled.function(target.ctypes.data, pointers, params.ctypes.data)
 
     call = buffer_callback(callback, result, vmap_method="sequential")
     return call(*operands)
