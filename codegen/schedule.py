@@ -9,11 +9,13 @@ Strategies (`Schedule.strategy`):
 * ``"scalar"`` -- one output element at a time, plain reduction loops;
 * ``"tile"`` -- a register tile of ``rows x width`` output elements over the free indices
   `row` and `vector` (the output's contiguous axis), the reduction loops outside the tile's
-  lane loops, and ``#pragma omp simd`` over the lanes. Needs reduced bounds that do not
-  depend on `row`/`vector`;
+  lane loops, and ``#pragma omp simd`` over the lanes. Loop bounds may depend on `row` and
+  `vector` (gradient nests): interior tiles drop those constraints, other tiles test them
+  per lane (see `codegen.c`);
 * ``"dot"`` -- dot-product-shaped nests (no free index is contiguous in the inputs): a
   register tile of ``rows x width`` dot products over the free indices `row` and `vector`,
-  each kept as vector partial sums over the innermost reduced index (``#pragma omp simd``);
+  each kept as ``lanes`` vector partial sums over the innermost reduced index
+  (``#pragma omp simd``);
 * ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
   number of chunks reduced in parallel and combined in order (deterministic).
 
@@ -23,12 +25,21 @@ The heuristic (`choose_cpu_schedule`):
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
 3. the output's last free index `v` is vectorised (``tile``) when every access that uses it
-   has it in its last axis and no loop bound depends on it; the register tile's rows are the
-   previous free index when its bounds allow (6 rows of 32 float / 16 double lanes);
-4. otherwise, for sum/max/min/prod, ``dot`` with a 4 x 8 tile of dot products (4 x 4 for
-   float64), vector partial sums over the innermost reduced index; else ``scalar``;
+   has it in its last axis; the register tile's rows are the previous free index (6 rows of
+   32 float / 16 double lanes). When `v` is a window offset (it shares an access axis with
+   a reduced index, as `k` in `dW[o, c, k] = dY[o, i]*X[c, i + k]`) it is often short: the
+   schedule then carries a ``small`` dot schedule over two other free indices, taken at run
+   time when `v`'s extent is below the tile width;
+4. otherwise, for sum/max/min/prod, ``dot`` with a 4 x 4 tile of dot products of 8 float /
+   4 double lanes (16 accumulator registers); else ``scalar``;
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
-   time from the extents.
+   time from the extents (static schedule, all threads; see the thread-count note below).
+
+Thread count: the kernels use OpenMP's default (all cores, here 2). On this shared 2-core
+machine a second thread often waits for a core another process holds, so a kernel can be
+slower with 2 threads than with 1 (measured: matmul 512^3 forward 8.0 ms with 2 threads,
+4.9 ms with 1, under a load average of ~1). A dynamic schedule or a load-dependent thread
+count has not been measured yet; `OMP_NUM_THREADS=1` is the workaround on a loaded machine.
 
 >>> from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
 >>> from codegen.ir import tensor_base
