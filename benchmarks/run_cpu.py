@@ -36,6 +36,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -618,7 +619,16 @@ and the quartiles in the JSON show the spread. XLA's small ops and NumPy suffer 
 
 Raw numbers (medians, quartiles, repetitions): `benchmarks/results/cpu.json`.
 """
-    path.write_text(text)
+    path.write_text(text + _kept_sections(path))
+
+
+def _kept_sections(path: pathlib.Path) -> str:
+    """Sections other scripts own (between `<!-- NAME: begin ... -->` and `<!-- NAME: end -->`
+    markers, e.g. benchmarks/call_overhead.py's), carried over from the file being replaced."""
+    if not path.exists():
+        return ""
+    found = re.finditer(r"\n<!-- (\w+): begin.*?<!-- \1: end -->\n", path.read_text(), re.S)
+    return "".join(match.group(0) for match in found)
 
 
 # --------------------------------------------------------------------------- main
