@@ -73,22 +73,23 @@ def run_c(
     result = jax.ShapeDtypeStruct(reference.output_shape(nest, shapes), jnp.dtype(dtype))
     extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
     poison = config.poison_outputs()
+    # Shapes are static per trace, so the kernel's parameter array is a constant of the call.
+    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
+    params = compiled.host_parameters(full)
     if config.cpu_call() == "ffi" and compiled.ffi_handler is not None:
-        return _call_ffi(compiled, operands, result, extents, poison)
-    return _call_callback(compiled, operands, result, extents, poison)
+        return _call_ffi(compiled, operands, result, params, poison)
+    return _call_callback(compiled, operands, result, params, poison)
 
 
 def _call_ffi(
     compiled: CompiledNest,
     operands: Sequence[jax.Array],
     result: jax.ShapeDtypeStruct,
-    extents: Mapping[str, tuple[int, ...]],
+    params: np.ndarray,
     poison: bool,
 ) -> jax.Array:
-    """`ffi_call` to the kernel's handler; shapes are static, so `params` is a constant."""
+    """`ffi_call` to the kernel's handler, `params` passed as an attribute."""
     target = register_ffi_target(compiled)
-    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
-    params = compiled.host_parameters(full)
     # "sequential": a batched call is a loop of unbatched ones, so `params` stays right.
     call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
     return call(*operands, params=params, poison=np.int32(poison))
@@ -98,16 +99,13 @@ def _call_callback(
     compiled: CompiledNest,
     operands: Sequence[jax.Array],
     result: jax.ShapeDtypeStruct,
-    extents: Mapping[str, tuple[int, ...]],
+    params: np.ndarray,
     poison: bool,
 ) -> jax.Array:
     """`buffer_callback` and ctypes: the fallback (holds the GIL per call).
 
-    `params` is computed here, once, as for `ffi_call`: the callback only passes pointers
-    (XLA's buffers are C-contiguous, its default layout).
+    The callback only passes pointers (XLA's buffers are C-contiguous, its default layout).
     """
-    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
-    params = compiled.host_parameters(full)
     count = max(len(operands), 1)
 
     def callback(ctx: Any, out: Any, *args: Any) -> None:

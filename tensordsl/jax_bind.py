@@ -125,16 +125,9 @@ def _bind(primitive: Any, operands: Sequence[Any], **params: Any) -> jax.Array:
     return primitive.bind(*private_jax.same_varying_axes(operands), **params)
 
 
-def _shapes(nest: LoopNest, operands: Sequence[Any], extents: tuple) -> dict:
-    shapes = dict(extents)
-    for op, value in zip(nest.operands, operands):
-        shapes[op.name] = tuple(np.shape(value))
-    return shapes
-
-
 def _output_shape(*operands: Any, nest: LoopNest, extents: tuple, **_: Any) -> tuple[int, ...]:
     n = len(nest.operands)
-    return reference.output_shape(nest, _shapes(nest, operands[:n], extents))
+    return reference.output_shape(nest, partitioning.tensor_shapes(nest, operands[:n], extents))
 
 
 def _output_dtype(*operands: Any, out_dtype: str, **_: Any) -> Any:

@@ -261,10 +261,17 @@ def _run_local(
     """The back end's runner on the operands as given (whole, or one device's shards)."""
     from tensordsl.jax_bind import RUNNERS
 
+    return RUNNERS[backend](
+        nest, operands, tensor_shapes(nest, operands, extents), out_dtype, schedule
+    )
+
+
+def tensor_shapes(nest: LoopNest, operands: Sequence[Any], extents: tuple) -> dict:
+    """The shape of every tensor `nest` names: the static `extents` and the operands'."""
     shapes = dict(extents)
     for op, value in zip(nest.operands, operands):
         shapes[op.name] = tuple(np.shape(value))
-    return RUNNERS[backend](nest, operands, shapes, out_dtype, schedule)
+    return shapes
 
 
 def _partitioned(run: Any, plan: ShardingPlan, extents: tuple) -> Any:
