@@ -64,10 +64,18 @@ class Reducer:
     int_state: bool = False  # the second state variable is an int64 position
 
 
-_ARG = "if ({b} < 0 || {v} {op} {a} || ({v} == {a} && {pos} < {b})) {{ {a} = {v}; {b} = {pos}; }}"
+# argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
+# the smaller position. The state only depends on the set of values seen, not their order,
+# so every schedule (lanes, chunks, threads) agrees. Branch-free, so lane loops vectorise.
+_ARG_TAKE = (
+    "({b} < 0 || {v} {op} {a} || ({v} != {v} && {a} == {a}) "
+    "|| (({v} == {a} || ({v} != {v} && {a} != {a})) && {pos} < {b}))"
+)
+_ARG = "{{ const int t_ = " + _ARG_TAKE + "; {a} = t_ ? {v} : {a}; {b} = t_ ? {pos} : {b}; }}"
 _ARG_COMBINE = (
-    "if ({ob} >= 0 && ({b} < 0 || {oa} {op} {a} || ({oa} == {a} && {ob} < {b}))) "
-    "{{ {a} = {oa}; {b} = {ob}; }}"
+    "{{ const int t_ = {ob} >= 0 && "
+    + _ARG_TAKE.replace("{v}", "{oa}").replace("{pos}", "{ob}")
+    + "; {a} = t_ ? {oa} : {a}; {b} = t_ ? {ob} : {b}; }}"
 )
 REDUCERS = {
     "sum": Reducer(("0",), "{a} += {v};", "{a} += {oa};", "{a}"),
@@ -359,10 +367,10 @@ class _Emitter:
 
 
 def _scalar(e: _Emitter) -> Lines:
-    body = [*e.declare()]
+    lines = [*e.declare()]
     for n in range(len(e.nest.terms)):
-        body += e.guarded(n, e.loops(n, e.term_body(n, "")))
-    lines = [*body, e.store_line("")]
+        lines += e.guarded(n, e.loops(n, e.term_body(n, "")))
+    lines.append(e.store_line(""))
     free = e.free_symbols()
     for r in reversed(free):
         lines = _block(e.free_loop(r), lines)
@@ -483,6 +491,12 @@ def _tile(e: _Emitter) -> Lines:
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
 
     def body(p: _Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+        if not any(t.reduced for t in p.nest.terms):
+            # Elementwise: each lane computes and stores its element (no accumulator tile).
+            lane = [*p.declare()]
+            for n in range(len(p.nest.terms)):
+                lane += p.guarded(n, p.term_body(n, "", tests[n]))
+            return _lanes(p, rn, wn, [*lane, p.store_line()])
         lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, p.init(sub))]
         for n in range(len(p.nest.terms)):
             lane = _lanes(p, rn, wn, p.term_body(n, sub, tests[n]))

@@ -30,8 +30,8 @@ The heuristic (`choose_cpu_schedule`):
    a reduced index, as `k` in `dW[o, c, k] = dY[o, i]*X[c, i + k]`) it is often short: the
    schedule then carries a ``small`` dot schedule over two other free indices, taken at run
    time when `v`'s extent is below the tile width;
-4. otherwise, for sum/max/min/prod, ``dot`` with a 4 x 4 tile of dot products of 8 float /
-   4 double lanes (16 accumulator registers); else ``scalar``;
+4. otherwise, for sum/max/min/prod/argmax/argmin, ``dot`` with a 4 x 4 tile of dot products
+   of 8 float / 4 double lanes (16 accumulator registers); else ``scalar``;
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
    time from the extents (static schedule, all threads; see the thread-count note below).
 
@@ -65,7 +65,7 @@ from codegen.bounds import affine_parts, loop_bounds
 from codegen.ir import LoopNest, Term, accesses
 
 STRATEGIES = ("scalar", "tile", "dot", "split")
-SIMD_REDUCTIONS = ("sum", "max", "min", "prod")
+SIMD_REDUCTIONS = ("sum", "max", "min", "prod", "argmax", "argmin")
 
 
 @dataclass(frozen=True)

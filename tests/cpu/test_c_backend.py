@@ -265,3 +265,26 @@ def test_integer_operands_compare_as_integers() -> None:
         out = np.full(expected.shape, np.nan, np.float32)
         build_c(nest, dtypes=dtypes, schedule=schedule)(out, [values, positions], {})
         np.testing.assert_array_equal(out, expected, err_msg=schedule.describe())
+
+
+@pytest.mark.parametrize("reduction", ["argmax", "argmin"])
+def test_positions_with_nan_ties_and_infinities_agree_with_numpy(reduction: str) -> None:
+    # NaN wins (its first position), ties go to the first position, a row of -inf/+inf
+    # still has a position: numpy's rules, under every schedule (lanes, tiles, chunks).
+    case = BY_NAME[reduction]
+    rng = np.random.default_rng(3)
+    values = rng.integers(-3, 4, size=(9, 5, 7)).astype(np.float32)
+    values[1, 3, 2] = values[1, 0, 5] = np.nan
+    values[2, 4, 6] = np.nan
+    values[3] = -np.inf
+    values[4] = np.inf
+    values[5, 2, 1] = np.inf
+    values[6, 0, 0] = np.nan
+    values[7] = np.nan
+    pick = np.argmax if reduction == "argmax" else np.argmin
+    expected = pick(values.reshape(9, -1), axis=1)
+    dtypes = {"A": "float32", "Y": "int64"}
+    for schedule in candidate_schedules(case.nest):
+        out = np.full(expected.shape, -12345, np.int64)
+        build_c(case.nest, dtypes=dtypes, schedule=schedule)(out, [values], {})
+        np.testing.assert_array_equal(out, expected, err_msg=schedule.describe())
