@@ -23,6 +23,18 @@ static inline float tdsl_sigmoid(float x) {
 static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
+/* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
+ * chunks of at most S in [s, a), in [a, e) and in [e, z). */
+static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
+    return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
+}
+static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
+                                int64_t S, int64_t *n) {
+    const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
+    const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
+    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    return x0;
+}
 
 void tdsl_dX_forward_2fa59fb6(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_dY = ((const float *)operands[0]);
@@ -33,18 +45,25 @@ void tdsl_dX_forward_2fa59fb6(void *out, const void *const *operands, const int6
     const int64_t P2 = params[2];
     const int64_t P3 = params[3];
     const int64_t P4 = params[4];
-    const int64_t work_ = params[5];
+    const int64_t P5 = params[5];
+    const int64_t P6 = params[6];
+    const int64_t work_ = params[7];
+    const int64_t pa_ = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
+    const int64_t pe_ = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, pa_), P2);
+    const int64_t pt_ = tdsl_tiles(0, pa_, pe_, P2, 32);
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t p0_ = 0; p0_ < P2; p0_ += 32) {
-        if (p0_ + 32 <= P2) {
-            if (P0 + p0_ + 1 >= 0 && P1 - p0_ - 32 >= 0) {
+    for (int64_t pi_ = 0; pi_ < pt_; ++pi_) {
+        int64_t wn_;
+        const int64_t p0_ = tdsl_tile(pi_, 0, pa_, pe_, P2, 32, &wn_);
+        if (P0 + p0_ + 1 >= 0 && P1 - p0_ - wn_ >= 0) {
+            if (wn_ == 32) {
                 float acc_[32];
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < 32; ++w_) {
                     const int64_t p = p0_ + w_;
                     acc_[w_] = 0;
                 }
-                for (int64_t k = 0; k < P3; ++k) {
+                for (int64_t k = 0; k < P5; ++k) {
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < 32; ++w_) {
                         const int64_t p = p0_ + w_;
@@ -60,11 +79,33 @@ void tdsl_dX_forward_2fa59fb6(void *out, const void *const *operands, const int6
             } else {
                 float acc_[32];
                 #pragma omp simd
+                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                    const int64_t p = p0_ + w_;
+                    acc_[w_] = 0;
+                }
+                for (int64_t k = 0; k < P5; ++k) {
+                    #pragma omp simd
+                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                        const int64_t p = p0_ + w_;
+                        const float val_ = in_W[k]*in_dY[-k + p];
+                        acc_[w_] += val_;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                    const int64_t p = p0_ + w_;
+                    out_[p] = acc_[w_];
+                }
+            }
+        } else {
+            if (wn_ == 32) {
+                float acc_[32];
+                #pragma omp simd
                 for (int64_t w_ = 0; w_ < 32; ++w_) {
                     const int64_t p = p0_ + w_;
                     acc_[w_] = 0;
                 }
-                for (int64_t k = tdsl_imax(0, P4 + p0_ + 1); k < tdsl_imin(P3, p0_ + 32); ++k) {
+                for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < 32; ++w_) {
                         const int64_t p = p0_ + w_;
@@ -79,29 +120,28 @@ void tdsl_dX_forward_2fa59fb6(void *out, const void *const *operands, const int6
                     const int64_t p = p0_ + w_;
                     out_[p] = acc_[w_];
                 }
-            }
-        } else {
-            const int64_t wn_ = tdsl_imin(32, P2 - p0_);
-            float acc_[32];
-            #pragma omp simd
-            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t p = p0_ + w_;
-                acc_[w_] = 0;
-            }
-            for (int64_t k = tdsl_imax(0, P4 + p0_ + 1); k < tdsl_imin(P3, p0_ + 32); ++k) {
+            } else {
+                float acc_[32];
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
                     const int64_t p = p0_ + w_;
-                    if (-k + p >= 0 && P1 + k - p - 1 >= 0) {
-                        const float val_ = in_W[k]*in_dY[-k + p];
-                        acc_[w_] += val_;
+                    acc_[w_] = 0;
+                }
+                for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
+                    #pragma omp simd
+                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                        const int64_t p = p0_ + w_;
+                        if (-k + p >= 0 && P1 + k - p - 1 >= 0) {
+                            const float val_ = in_W[k]*in_dY[-k + p];
+                            acc_[w_] += val_;
+                        }
                     }
                 }
-            }
-            #pragma omp simd
-            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t p = p0_ + w_;
-                out_[p] = acc_[w_];
+                #pragma omp simd
+                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                    const int64_t p = p0_ + w_;
+                    out_[p] = acc_[w_];
+                }
             }
         }
     }

@@ -23,6 +23,18 @@ static inline float tdsl_sigmoid(float x) {
 static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
+/* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
+ * chunks of at most S in [s, a), in [a, e) and in [e, z). */
+static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
+    return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
+}
+static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
+                                int64_t S, int64_t *n) {
+    const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
+    const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
+    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    return x0;
+}
 
 void tdsl_s_forward_20635daf(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);

@@ -23,6 +23,18 @@ static inline float tdsl_sigmoid(float x) {
 static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
+/* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
+ * chunks of at most S in [s, a), in [a, e) and in [e, z). */
+static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
+    return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
+}
+static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
+                                int64_t S, int64_t *n) {
+    const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
+    const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
+    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    return x0;
+}
 
 void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
@@ -35,10 +47,20 @@ void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64
     const int64_t s_B_0 = params[4];
     const int64_t s_OUT_0 = params[5];
     const int64_t work_ = params[6];
+    const int64_t ia_ = 0;
+    const int64_t ie_ = P0;
+    const int64_t it_ = tdsl_tiles(0, ia_, ie_, P0, 6);
+    const int64_t ja_ = 0;
+    const int64_t je_ = P1;
+    const int64_t jt_ = tdsl_tiles(0, ja_, je_, P1, 32);
     #pragma omp parallel for collapse(2) schedule(static) if(work_ >= 65536)
-    for (int64_t i0_ = 0; i0_ < P0; i0_ += 6) {
-        for (int64_t j0_ = 0; j0_ < P1; j0_ += 32) {
-            if (i0_ + 6 <= P0 && j0_ + 32 <= P1) {
+    for (int64_t ii_ = 0; ii_ < it_; ++ii_) {
+        for (int64_t ji_ = 0; ji_ < jt_; ++ji_) {
+            int64_t rn_;
+            const int64_t i0_ = tdsl_tile(ii_, 0, ia_, ie_, P0, 6, &rn_);
+            int64_t wn_;
+            const int64_t j0_ = tdsl_tile(ji_, 0, ja_, je_, P1, 32, &wn_);
+            if (rn_ == 6 && wn_ == 32) {
                 float acc_[6][32];
                 #pragma GCC unroll 6
                 for (int64_t r_ = 0; r_ < 6; ++r_) {
@@ -71,8 +93,6 @@ void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64
                     }
                 }
             } else {
-                const int64_t rn_ = tdsl_imin(6, P0 - i0_);
-                const int64_t wn_ = tdsl_imin(32, P1 - j0_);
                 float acc_[6][32];
                 #pragma GCC unroll 6
                 for (int64_t r_ = 0; r_ < rn_; ++r_) {

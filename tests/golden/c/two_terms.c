@@ -24,6 +24,18 @@ static inline float tdsl_sigmoid(float x) {
 static inline float tdsl_softplus(float x) {
     return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
 }
+/* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
+ * chunks of at most S in [s, a), in [a, e) and in [e, z). */
+static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
+    return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
+}
+static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
+                                int64_t S, int64_t *n) {
+    const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
+    const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
+    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    return x0;
+}
 
 void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
@@ -36,9 +48,14 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
     const int64_t s_A_0 = params[3];
     const int64_t s_B_0 = params[4];
     const int64_t work_ = params[5];
+    const int64_t ia_ = 0;
+    const int64_t ie_ = P0;
+    const int64_t it_ = tdsl_tiles(0, ia_, ie_, P0, 4);
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t i0_ = 0; i0_ < P0; i0_ += 4) {
-        if (i0_ + 4 <= P0) {
+    for (int64_t ii_ = 0; ii_ < it_; ++ii_) {
+        int64_t wn_;
+        const int64_t i0_ = tdsl_tile(ii_, 0, ia_, ie_, P0, 4, &wn_);
+        if (wn_ == 4) {
             float acc_[4][8];
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < 4; ++w_) {
@@ -103,7 +120,6 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                 out_[i] = tot_;
             }
         } else {
-            const int64_t wn_ = tdsl_imin(4, P0 - i0_);
             float acc_[4][8];
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
