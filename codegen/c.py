@@ -349,11 +349,12 @@ class _Emitter:
         value = self.fmt(self.reducer.result, self.names(base, sub))
         return f"out_[{self.out_offset()}] = {self.store(value)};"
 
-    def free_loop(self, r: sympy.Symbol, step: str = "", var: str | None = None) -> str:
+    def free_loop(self, r: sympy.Symbol) -> str:
         rng = next(x for x in self.nest.free if x.index == r)
-        name = var or self.printer.index(r)
-        inc = f"{name} += {step}" if step else f"++{name}"
-        return f"for (int64_t {name} = {self.idx(rng.start)}; {name} < {self.idx(rng.stop)}; {inc})"
+        name = self.printer.index(r)
+        return (
+            f"for (int64_t {name} = {self.idx(rng.start)}; {name} < {self.idx(rng.stop)}; ++{name})"
+        )
 
     def parallel(self, collapse: int) -> Lines:
         if not self.schedule.parallel or collapse == 0:
@@ -367,10 +368,10 @@ class _Emitter:
 
 
 def _scalar(e: _Emitter) -> Lines:
-    lines = [*e.declare()]
+    body = [*e.declare()]
     for n in range(len(e.nest.terms)):
-        lines += e.guarded(n, e.loops(n, e.term_body(n, "")))
-    lines.append(e.store_line(""))
+        body += e.guarded(n, e.loops(n, e.term_body(n, "")))
+    lines = [*body, e.store_line("")]
     free = e.free_symbols()
     for r in reversed(free):
         lines = _block(e.free_loop(r), lines)
@@ -449,7 +450,7 @@ def _tile_paths(e: _Emitter) -> _TilePaths:
                     worst[r.index] = r.start if a > 0 else r.stop - 1
             test = sympy.expand(c.xreplace(worst))
             condition.append(f"{e.idx(test)} >= 0")
-            (x,) = coefficients if len(coefficients) == 1 else (None,)
+            x = next(iter(coefficients)) if len(coefficients) == 1 else None
             if x is not None and all(
                 extent_of(y) is not None for y in test.free_symbols - {starts[x], widths[x]}
             ):
