@@ -29,26 +29,25 @@ from codegen.build import build_c
 
 
 def nest_equations(jaxpr: Any) -> list[Any]:
-    """Every `nest_p` equation of `jaxpr`, sub-jaxprs included, in program order."""
+    """Every `nest_p` equation of `jaxpr` and of the jaxprs in its parameters, in order."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "tensordsl_nest":
             found.append(eqn)
-        for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else ():
-            found.extend(nest_equations(sub))
         for value in eqn.params.values():
-            inner = getattr(value, "jaxpr", None)
-            if inner is not None and hasattr(inner, "eqns"):
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
                 found.extend(nest_equations(inner))
     return found
 
 
-def time_call(function: Any, reps: int) -> float:
-    function()
+def time_call(function: Any, reps: int, *args: Any) -> float:
+    """Median milliseconds of `function(*args)` over `reps` calls after one warm-up."""
+    function(*args)
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        function()
+        function(*args)
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 
@@ -76,7 +75,7 @@ def profile(source: str, reduce: str | None, inputs: list[Any], ct: Any, reps: i
                 operands.append(rng.standard_normal(aval.shape).astype(aval.dtype))
         target = np.empty(out.shape, out.dtype)
         extents = dict(eqn.params["extents"])
-        ms = time_call(lambda: compiled(target, operands, extents), reps)
+        ms = time_call(compiled, reps, target, operands, extents)
         print(f"  {ms:9.3f} ms  {nest}")
 
 

@@ -9,7 +9,7 @@ Calling convention of the generated kernel (what `tensordsl.gpu` passes, in this
 * one pointer per operand in `nest.operands` order (a scalar operand is a pointer to its one
   element on the device); never written;
 * one 64-bit integer per entry of `CudaSource.parameters`: the same host parameters as the
-  C back end computes (hoisted extent expressions, strides), from `codegen.c`'s emitter.
+  C back end computes (hoisted extent expressions, strides), from `codegen.c_emitter`.
 
 Pointers and parameters are all 64-bit scalars (`.param .u64` in PTX). The launch grid is
 `CudaSource.grid` (expressions of extents, evaluated and clamped on the host) and the block
@@ -34,7 +34,7 @@ from typing import Any
 
 import sympy
 
-from codegen.c import _block, _cname, _Emitter, _indent, accumulation_type
+from codegen.c_emitter import Emitter, accumulation_type, block_lines, c_name, indent_lines
 from codegen.cuda_schedule import (
     INDEX_TYPES,
     SMEM_THREADS,
@@ -84,7 +84,7 @@ class CudaSource:
         return 1 + len(self.operands) + len(self.parameters)
 
 
-class _CudaEmitter(_Emitter):
+class _CudaEmitter(Emitter):
     """The C emitter's parameters and reduction templates with CUDA types and printer."""
 
     HALF_TO_FLOAT = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
@@ -129,7 +129,7 @@ class _CudaEmitter(_Emitter):
                 head = f"for (idx_t {name} = {lo} + {step[0]}; {name} < {hi}; {name} += {step[1]})"
             else:
                 head = f"for (idx_t {name} = {lo}; {name} < {hi}; ++{name})"
-            lines = _block(head, lines)
+            lines = block_lines(head, lines)
         return lines
 
     def term_order(self, n: int) -> tuple[sympy.Symbol, ...]:
@@ -176,7 +176,7 @@ def _per_element(e: _CudaEmitter, flat: str, stride: str, body: Lines, tiles=Non
     tiles = tiles or {}
     total = e.idx(e.count(e.gpu.free_order, tiles))
     head = f"for (idx_t e_ = {flat}; e_ < {total}; e_ += {stride})"
-    return _block(head, [*e.decode("e_", e.gpu.free_order, tiles), *body])
+    return block_lines(head, [*e.decode("e_", e.gpu.free_order, tiles), *body])
 
 
 def _thread(e: _CudaEmitter) -> Lines:
@@ -198,14 +198,14 @@ def _tile(e: _CudaEmitter) -> Lines:
 
     def lanes(inner: Lines, clamp: bool) -> Lines:
         value = f"tdsl_imin({row}0_ + r_, {stop} - 1)" if clamp else f"{row}0_ + r_"
-        return ["#pragma unroll"] + _block(
+        return ["#pragma unroll"] + block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)", [f"const idx_t {row} = {value};", *inner]
         )
 
     body = [*e.declare(dims=dims), *lanes(e.init(sub), False)]
     for n in range(len(e.nest.terms)):
         body += e.guarded(n, e.reduced_loops(n, lanes(e.term_body(n, sub), True)))
-    body += lanes(_block(f"if ({row} < {stop})", [e.store_line(sub)]), False)
+    body += lanes(block_lines(f"if ({row} < {stop})", [e.store_line(sub)]), False)
     flat = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
     return _per_element(e, flat, "(idx_t)gridDim.x*(idx_t)blockDim.x", body, {rn: s.rows})
 
@@ -215,7 +215,7 @@ def _block_reduce(e: _CudaEmitter) -> Lines:
     body = [*e.declare()]
     for n, term in enumerate(e.nest.terms):
         if not term.reduced:
-            body += _block("if (threadIdx.x == 0)", e.guarded(n, e.term_body(n, "")))
+            body += block_lines("if (threadIdx.x == 0)", e.guarded(n, e.term_body(n, "")))
             continue
         body += e.guarded(
             n,
@@ -231,11 +231,11 @@ def _block_reduce(e: _CudaEmitter) -> Lines:
     body += [
         *shared,
         "__syncthreads();",
-        *_block(
+        *block_lines(
             f"for (int h_ = {s.threads // 2}; h_ > 0; h_ >>= 1)",
-            [*_block("if (threadIdx.x < h_)", [combine, *shared]), "__syncthreads();"],
+            [*block_lines("if (threadIdx.x < h_)", [combine, *shared]), "__syncthreads();"],
         ),
-        *_block("if (threadIdx.x == 0)", [e.store_line("")]),
+        *block_lines("if (threadIdx.x == 0)", [e.store_line("")]),
         "__syncthreads(); /* sa_ is reused by the next output element */",
     ]
     decls = [f"__shared__ {ta} sa_[{s.threads}];"]
@@ -272,8 +272,8 @@ def _smem(e: _CudaEmitter) -> Lines:
             f"{array}[kk_][xx_] = ({index} < {stop} && {k} < hi_) ? ({value}) : ({e.f})0;",
         ]
         count = -(-tk * width // (t * t))
-        guard = _block(f"if (t_ < {tk * width})", inner[1:])
-        return ["#pragma unroll"] + _block(
+        guard = block_lines(f"if (t_ < {tk * width})", inner[1:])
+        return ["#pragma unroll"] + block_lines(
             f"for (int l_ = 0; l_ < {count}; ++l_)", [inner[0], *guard]
         )
 
@@ -282,29 +282,29 @@ def _smem(e: _CudaEmitter) -> Lines:
         *(f"b_[{c}] = Bs_[kk_][tx_ + {t * c}];" for c in range(s.cols)),
         *(f"acc_[{r}][{c}] += a_[{r}]*b_[{c}];" for r in range(s.rows) for c in range(s.cols)),
     ]
-    k_loop = _block(
+    k_loop = block_lines(
         f"for (idx_t {k}0_ = lo_; {k}0_ < hi_; {k}0_ += {tk})",
         [
             *stage(a_part, "As_", tm, row, row_stop),
             *stage(b_part, "Bs_", tn, col, col_stop),
             "__syncthreads();",
             "#pragma unroll",
-            *_block(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", product),
+            *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", product),
             "__syncthreads();",
         ],
     )
-    inner = ["{", *_indent([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
+    inner = ["{", *indent_lines([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
     reduction = e.reduced_loops(0, inner, stop_at=len(order) - 1)
     stores = []
     for r in range(s.rows):
         for c in range(s.cols):
             stores += [
                 "{",
-                *_indent(
+                *indent_lines(
                     [
                         f"const idx_t {row} = {row}0_ + ty_ + {t * r};",
                         f"const idx_t {col} = {col}0_ + tx_ + {t * c};",
-                        *_block(
+                        *block_lines(
                             f"if ({row} < {row_stop} && {col} < {col_stop})",
                             [e.store_line(f"[{r}][{c}]")],
                         ),
@@ -316,9 +316,9 @@ def _smem(e: _CudaEmitter) -> Lines:
         f"const idx_t {row}0_ = {e.idx(free[rn].start)} + by_*{tm};",
         f"const idx_t {col}0_ = {e.idx(free[vn].start)} + bx_*{tn};",
         f"{e.f} acc_[{s.rows}][{s.cols}];",
-        *_block(
+        *block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)",
-            _block(f"for (int c_ = 0; c_ < {s.cols}; ++c_)", ["acc_[r_][c_] = 0;"]),
+            block_lines(f"for (int c_ = 0; c_ < {s.cols}; ++c_)", ["acc_[r_][c_] = 0;"]),
         ),
         f"{e.f} a_[{s.rows}], b_[{s.cols}];",
         *e.guarded(0, reduction),
@@ -327,10 +327,10 @@ def _smem(e: _CudaEmitter) -> Lines:
     batch = [name for name in s.free_order if name not in (rn, vn)]
     ntm = e.idx(e.count([rn], {rn: tm}))
     ntn = e.idx(e.count([vn], {vn: tn}))
-    loops = _block(f"for (idx_t bx_ = blockIdx.x; bx_ < {ntn}; bx_ += gridDim.x)", tile)
-    loops = _block(f"for (idx_t by_ = blockIdx.y; by_ < {ntm}; by_ += gridDim.y)", loops)
+    loops = block_lines(f"for (idx_t bx_ = blockIdx.x; bx_ < {ntn}; bx_ += gridDim.x)", tile)
+    loops = block_lines(f"for (idx_t by_ = blockIdx.y; by_ < {ntm}; by_ += gridDim.y)", loops)
     nbatch = e.idx(e.count(batch, {}))
-    loops = _block(
+    loops = block_lines(
         f"for (idx_t bz_ = blockIdx.z; bz_ < {nbatch}; bz_ += gridDim.z)",
         [*(e.decode("bz_", batch, {}) if batch else []), *loops],
     )
@@ -403,7 +403,7 @@ def emit_cuda(
     digest = hashlib.sha256(
         repr((str(nest), sorted(dtypes.items()), schedule, role)).encode()
     ).hexdigest()[:8]
-    entry = f"tdsl_{_cname(nest.output)}_{_cname(role)}_{digest}"
+    entry = f"tdsl_{c_name(nest.output)}_{c_name(role)}_{digest}"
     text = _assemble(e, entry, params, body, block)
     return CudaSource(text, entry, tuple(params), grid, block, nest.operand_names, schedule)  # type: ignore[arg-type]
 
@@ -460,7 +460,7 @@ def _assemble(
     arguments = [f"{STORAGE[e.dtypes[nest.output]]} *__restrict__ out_"]
     prologue: Lines = []
     for op in nest.operands:
-        ctype, name = STORAGE[e.dtypes[op.name]], f"in_{_cname(op.name)}"
+        ctype, name = STORAGE[e.dtypes[op.name]], f"in_{c_name(op.name)}"
         if op.is_scalar:
             arguments.append(f"const {ctype} *__restrict__ {name}_ptr_")
             prologue.append(f"const {e.f} {name} = {e.load(op.name).format(name + '_ptr_[0]')};")
@@ -474,7 +474,7 @@ def _assemble(
         + ",\n    ".join(arguments)
         + ")"
     )
-    return "\n".join([*head, "", *_block(signature, [*prologue, *body]), ""])
+    return "\n".join([*head, "", *block_lines(signature, [*prologue, *body]), ""])
 
 
 def default_dtypes(nest: LoopNest, dtype: str = "float32") -> dict[str, str]:

@@ -11,7 +11,7 @@ Strategies (`Schedule.strategy`):
   `row` and `vector` (the output's contiguous axis), the reduction loops outside the tile's
   lane loops, and ``#pragma omp simd`` over the lanes. Loop bounds may depend on `row` and
   `vector` (gradient nests): interior tiles drop those constraints, other tiles test them
-  per lane; the tile grid starts where the interior does (see `codegen.c`);
+  per lane; the tile grid starts where the interior does (see `codegen.c_tiles`);
 * ``"dot"`` -- dot-product-shaped nests (no free index is contiguous in the inputs): a
   register tile of ``rows x width`` dot products over the free indices `row` and `vector`,
   each kept as ``lanes`` vector partial sums over the innermost reduced index

@@ -1,0 +1,267 @@
+"""The tile and dot strategies of the C emitter: register tiles over two free indices.
+
+See `codegen.schedule` for what the strategies are and `docs/architecture.md` for how tiles
+treat the constraints of gradient nests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from codegen.bounds import affine_parts
+from codegen.c_emitter import Emitter, Lines, block_lines, indent_lines
+from codegen.ir import extent_of
+from codegen.schedule import term_order
+
+
+def _lanes(e: Emitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Lines:
+    """Loops over the register tile: rows (if any) outside, simd lanes inside."""
+    s = e.schedule
+    vec = e.printer.index(sympy.Symbol(s.vector or "", integer=True))
+    lines = block_lines(
+        f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", [f"const int64_t {vec} = {vec}0_ + w_;", *inner]
+    )
+    # Fully unrolled tile loops keep the accumulators in registers.
+    lines = (["#pragma omp simd"] if simd else [f"#pragma GCC unroll {s.width}"]) + lines
+    if s.row is None:
+        return lines
+    row = e.printer.index(sympy.Symbol(s.row, integer=True))
+    return [f"#pragma GCC unroll {s.rows}"] + block_lines(
+        f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"const int64_t {row} = {row}0_ + r_;", *lines]
+    )
+
+
+TileBody = Callable[[Emitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
+
+
+@dataclass(frozen=True)
+class _TilePaths:
+    """Interior tiles run `interior` unmasked; other tiles run `edge` with per-lane tests."""
+
+    condition: tuple[str, ...]  # C conditions (>= 0 tests) of an interior tile
+    interior: Emitter
+    edge: Emitter
+    tests: tuple[tuple[sympy.Expr, ...], ...]  # per term, per-lane tests of the edge path
+    #: Per tiled index: the interior conditions on that index's tile start alone (with a
+    #: tile width of one), whose other symbols are extents.
+    alone: dict[sympy.Symbol, tuple[sympy.Expr, ...]]
+
+
+def _tile_paths(e: Emitter) -> _TilePaths:
+    """Split each term's constraints on the tiled indices into a tile test and lane tests.
+
+    A constraint `c >= 0` that mentions a tiled index holds for a whole tile (and every
+    value of the reduced indices in their ranges) when it holds at the box's worst corner
+    (it is affine), so interior tiles drop it. Other tiles loop over the bounds of the
+    constraint at its best corner (a superset) and test the constraint per lane. Corners
+    use the tile's actual width (`rn_`, `wn_`), so a narrow tile can be interior too.
+    """
+    s = e.schedule
+    sizes = {s.vector: s.width, **({s.row: s.rows} if s.row else {})}
+    tiled = {x: sizes[x.name] for x in e.nest.free_indices if x.name in sizes}
+    starts, widths = {}, {}
+    for x in tiled:
+        start = e.printer.index(x) + "0_"
+        width = "rn_" if x.name == s.row else "wn_"
+        e.printer.parameters.update((start, width))
+        starts[x] = sympy.Symbol(start, integer=True)
+        widths[x] = sympy.Symbol(width, integer=True, positive=True)
+    condition: list[str] = []
+    alone: dict[sympy.Symbol, list[sympy.Expr]] = {x: [] for x in tiled}
+    inner, edge, tests = [], [], []
+    for term in e.nest.terms:
+        kept, relaxed, lane = [], [], []
+        for c in term.constraints:
+            coefficients = affine_parts(c, tuple(tiled))
+            if not coefficients:
+                kept.append(c)
+                continue
+            worst = {
+                x: starts[x] + (0 if a > 0 else widths[x] - 1) for x, a in coefficients.items()
+            }
+            best = {x: starts[x] + (tiled[x] - 1 if a > 0 else 0) for x, a in coefficients.items()}
+            for r in term.reduced:
+                a = affine_parts(c, (r.index,)).get(r.index, 0)
+                if a:
+                    worst[r.index] = r.start if a > 0 else r.stop - 1
+            test = sympy.expand(c.xreplace(worst))
+            condition.append(f"{e.idx(test)} >= 0")
+            x = next(iter(coefficients)) if len(coefficients) == 1 else None
+            if x is not None and all(
+                extent_of(y) is not None for y in test.free_symbols - {starts[x], widths[x]}
+            ):
+                alone[x].append(test.xreplace({widths[x]: 1}))
+            relaxed.append(sympy.expand(c.xreplace(best)))
+            lane.append(c)
+        inner.append(dataclasses.replace(term, constraints=tuple(kept)))
+        edge.append(dataclasses.replace(term, constraints=(*kept, *relaxed)))
+        tests.append(tuple(lane))
+    found = {x: tuple(found) for x, found in alone.items()}
+    if not condition:
+        return _TilePaths((), e, e, tuple(() for _ in e.nest.terms), found)
+    return _TilePaths(tuple(condition), e.variant(inner), e.variant(edge), tuple(tests), found)
+
+
+TILE_HELPERS = """\
+/* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
+ * chunks of at most S in [s, a), in [a, e) and in [e, z). */
+static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
+    return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
+}
+static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
+                                int64_t S, int64_t *n) {
+    const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
+    const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
+    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    return x0;
+}"""
+
+
+def _interior_range(
+    e: Emitter, x: sympy.Symbol, conditions: Sequence[sympy.Expr]
+) -> tuple[str, str]:
+    """C expressions of `[a, e)`: the tile starts `x0` of one-wide tiles that satisfy every
+    condition (each `c(x0) >= 0`, affine in `x0`)."""
+    x0 = sympy.Symbol(e.printer.index(x) + "0_", integer=True)
+    lows, highs = [], []
+    for c in conditions:
+        a = affine_parts(c, (x0,))[x0]
+        rest = e.idx(sympy.expand(c - a * x0))
+        if a > 0:
+            lows.append(f"tdsl_ceildiv(-({rest}), {a})")
+        else:
+            highs.append(f"tdsl_floordiv({rest}, {-a}) + 1")
+    low, high = (lows or [None])[0], (highs or [None])[0]
+    for more in lows[1:]:
+        low = f"tdsl_imax({low}, {more})"
+    for more in highs[1:]:
+        high = f"tdsl_imin({high}, {more})"
+    return low or "", high or ""
+
+
+def _tiled(e: Emitter, body: TileBody) -> Lines:
+    """Tile loops over the row and vector indices.
+
+    Along each tiled index the tiles start where the interior conditions on that index alone
+    begin to hold, so every tile in between is interior and only the tiles at the ends need
+    per-lane tests (a convolution's input gradient: its first and last `K - 1` columns).
+    Full interior tiles get constant trip counts and no per-lane tests.
+    """
+    s = e.schedule
+    free = e.free_symbols()
+    paths = _tile_paths(e)
+    grid, tile, full = [], [], []
+    for x in (x for x in free if x.name in (s.row, s.vector)):
+        size, width = (s.rows, "rn_") if x.name == s.row else (s.width, "wn_")
+        name = e.printer.index(x)
+        r = next(r for r in e.nest.free if r.index == x)
+        lo, hi = e.idx(r.start), e.idx(r.stop)
+        low, high = _interior_range(e, x, paths.alone[x])
+        a = f"tdsl_imin(tdsl_imax({low}, {lo}), {hi})" if low else lo
+        end = f"tdsl_imin(tdsl_imax({high}, {name}a_), {hi})" if high else hi
+        grid += [
+            f"const int64_t {name}a_ = {a};",
+            f"const int64_t {name}e_ = {end};",
+            f"const int64_t {name}t_ = tdsl_tiles({lo}, {name}a_, {name}e_, {hi}, {size});",
+        ]
+        tile += [
+            f"int64_t {width};",
+            f"const int64_t {name}0_ = "
+            f"tdsl_tile({name}i_, {lo}, {name}a_, {name}e_, {hi}, {size}, &{width});",
+        ]
+        full.append(f"{width} == {size}")
+    check = " && ".join(full)
+    none = tuple(() for _ in e.nest.terms)
+    interior = _either(
+        check,
+        body(paths.interior, str(s.rows), str(s.width), none),
+        body(paths.interior, "rn_", "wn_", none),
+    )
+    if paths.condition:
+        masked = body(paths.edge, str(s.rows), str(s.width), paths.tests)
+        edge = _either(check, masked, body(paths.edge, "rn_", "wn_", paths.tests))
+        interior = _either(" && ".join(paths.condition), interior, edge)
+    lines = [*tile, *interior]
+    for x in reversed(free):
+        if x.name in (s.row, s.vector):
+            name = e.printer.index(x)
+            lines = block_lines(
+                f"for (int64_t {name}i_ = 0; {name}i_ < {name}t_; ++{name}i_)", lines
+            )
+        else:
+            lines = block_lines(e.free_loop(x), lines)
+    return grid + e.parallel(len(free)) + lines
+
+
+def _either(check: str, yes: Lines, no: Lines) -> Lines:
+    return [f"if ({check}) {{", *indent_lines(yes), "} else {", *indent_lines(no), "}"]
+
+
+def tile(e: Emitter) -> Lines:
+    dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
+    sub = "[r_][w_]" if e.schedule.row else "[w_]"
+
+    def body(p: Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+        if not any(t.reduced for t in p.nest.terms):
+            # Elementwise: each lane computes and stores its element (no accumulator tile).
+            lane = [*p.declare()]
+            for n in range(len(p.nest.terms)):
+                lane += ["{", *indent_lines(p.guarded(n, p.term_body(n, "", tests[n]))), "}"]
+            return _lanes(p, rn, wn, [*lane, p.store_line()])
+        lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, p.init(sub))]
+        for n in range(len(p.nest.terms)):
+            lane = _lanes(p, rn, wn, p.term_body(n, sub, tests[n]))
+            lines += p.guarded(n, p.loops(n, lane))
+        return lines + _lanes(p, rn, wn, [p.store_line(sub)])
+
+    return _tiled(e, body)
+
+
+def dot(e: Emitter) -> Lines:
+    s = e.schedule
+    lanes = s.lanes
+    dims = f"[{s.rows}][{s.width}][{lanes}]" if s.row else f"[{s.width}][{lanes}]"
+    sub = "[r_][w_]" if s.row else "[w_]"
+
+    def body(p: Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+        init = block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", p.init(sub + "[l_]"))
+        lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, init, simd=False)]
+        for n in range(len(p.nest.terms)):
+            order = term_order(p.nest, s, n)
+            u = p.printer.index(order[-1])
+            lo, hi = p.idx(p.bounds[n].starts[order[-1]]), p.idx(p.bounds[n].stops[order[-1]])
+            vector = [
+                "#pragma omp simd",
+                *block_lines(
+                    f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)",
+                    [f"const int64_t {u} = {u}0_ + l_;", *p.term_body(n, sub + "[l_]", tests[n])],
+                ),
+            ]
+            rest = block_lines(
+                f"for (int64_t {u} = {u}0_; {u} < {hi}; ++{u})",
+                _lanes(p, rn, wn, p.term_body(n, sub + "[0]", tests[n]), simd=False),
+            )
+            inner = [
+                f"int64_t {u}0_ = {lo};",
+                *block_lines(
+                    f"for (; {u}0_ + {lanes} <= {hi}; {u}0_ += {lanes})",
+                    _lanes(p, rn, wn, vector, simd=False),
+                ),
+                *rest,
+            ]
+            lines += p.guarded(
+                n, p.loops(n, ["{", *indent_lines(inner), "}"], stop_at=len(order) - 1)
+            )
+        combine = p.fmt(p.reducer.combine, p.names("tot_"), p.names("acc_", sub + "[l_]"))
+        store = [
+            *p.declare("tot_"),
+            *block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", [combine]),
+            p.store_line(base="tot_"),
+        ]
+        return lines + _lanes(p, rn, wn, store, simd=False)
+
+    return _tiled(e, body)
