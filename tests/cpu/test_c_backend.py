@@ -288,3 +288,21 @@ def test_positions_with_nan_ties_and_infinities_agree_with_numpy(reduction: str)
         out = np.full(expected.shape, -12345, np.int64)
         build_c(case.nest, dtypes=dtypes, schedule=schedule)(out, [values], {})
         np.testing.assert_array_equal(out, expected, err_msg=schedule.describe())
+
+
+@pytest.mark.parametrize("taps", [1, 5, 40, 60])
+def test_tile_grid_regions(taps: int) -> None:
+    # The tile grid along p starts where p's interior starts (p >= taps - 1, p < 44): with 40
+    # taps the prefix is longer than a tile and the interior narrower than one; with 60 taps
+    # there is no interior at all. Every region must give the reference numbers.
+    case = BY_NAME["conv_grad"]
+    rng = np.random.default_rng(taps)
+    arrays = {"dY": rng.standard_normal(44), "W": rng.standard_normal(taps)}
+    expected = np.asarray(case.reference(**arrays))
+    operands = [arrays[name] for name in case.nest.operand_names]
+    dtypes = dict.fromkeys(["dY", "W", "dX"], "float64")
+    for strategy, width in (("tile", 4), ("tile", 32), ("dot", 3)):
+        schedule = Schedule(("p",), (("k",),), strategy=strategy, vector="p", width=width)
+        out = np.full(expected.shape, np.nan)
+        build_c(case.nest, dtypes=dtypes, schedule=schedule)(out, operands, case.extents(arrays))
+        check(out, expected, "float64")
