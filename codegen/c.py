@@ -16,7 +16,6 @@ Element offsets are int64 throughout. The body of every term is printed after `s
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -30,6 +29,8 @@ from codegen.c_emitter import (
     accumulation_type,
     block_lines,
     c_name,
+    check_dtypes,
+    entry_name,
     indent_lines,
 )
 from codegen.c_tiles import TILE_HELPERS, dot, tile
@@ -142,9 +143,7 @@ def emit_c(
     Raises:
         ValueError: when the schedule does not fit the nest or a dtype is unsupported.
     """
-    missing = [n for n in (*nest.operand_names, nest.output) if dtypes.get(n) not in STORAGE]
-    if missing:
-        raise ValueError(f"dtypes of {missing} missing or not one of {sorted(STORAGE)}")
+    check_dtypes(nest, dtypes, STORAGE)
     schedule = schedule or choose_cpu_schedule(nest, dtypes)
     validate(nest, schedule)
     e = Emitter(nest, dtypes, schedule)
@@ -162,10 +161,7 @@ def emit_c(
         head = f"if ({e.idx(vector.stop - vector.start)} >= {schedule.width})"
         body = [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
-    digest = hashlib.sha256(
-        repr((str(nest), sorted(dtypes.items()), schedule, role)).encode()
-    ).hexdigest()[:8]
-    entry = f"tdsl_{c_name(nest.output)}_{c_name(role)}_{digest}"
+    entry = entry_name(nest, dtypes, schedule, role)
     return CSource(_assemble(e, entry, params, body), entry, tuple(params))
 
 

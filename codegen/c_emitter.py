@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -88,6 +89,21 @@ REDUCERS = {
         int_state=True,
     ),
 }
+
+
+def check_dtypes(nest: LoopNest, dtypes: Mapping[str, str], storage: Mapping[str, str]) -> None:
+    """Raise ValueError unless every tensor of `nest` has a dtype with a `storage` type."""
+    missing = [n for n in (*nest.operand_names, nest.output) if dtypes.get(n) not in storage]
+    if missing:
+        raise ValueError(f"dtypes of {missing} missing or not one of {sorted(storage)}")
+
+
+def entry_name(nest: LoopNest, dtypes: Mapping[str, str], schedule: object, role: str) -> str:
+    """`tdsl_<output>_<role>_<hash8>`: the hash covers the nest, dtypes and schedule."""
+    digest = hashlib.sha256(
+        repr((str(nest), sorted(dtypes.items()), schedule, role)).encode()
+    ).hexdigest()[:8]
+    return f"tdsl_{c_name(nest.output)}_{c_name(role)}_{digest}"
 
 
 def accumulation_type(dtypes: Mapping[str, str]) -> str:

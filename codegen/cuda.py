@@ -26,7 +26,6 @@ is `CudaSource.block`. Half-precision inputs are read as float (`__half2float`,
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,15 @@ from typing import Any
 
 import sympy
 
-from codegen.c_emitter import Emitter, accumulation_type, block_lines, c_name, indent_lines
+from codegen.c_emitter import (
+    Emitter,
+    accumulation_type,
+    block_lines,
+    c_name,
+    check_dtypes,
+    entry_name,
+    indent_lines,
+)
 from codegen.cuda_schedule import (
     INDEX_TYPES,
     SMEM_THREADS,
@@ -391,19 +398,14 @@ def emit_cuda(
     Raises:
         ValueError: when the schedule does not fit the nest or a dtype is unsupported.
     """
-    missing = [n for n in (*nest.operand_names, nest.output) if dtypes.get(n) not in STORAGE]
-    if missing:
-        raise ValueError(f"dtypes of {missing} missing or not one of {sorted(STORAGE)}")
+    check_dtypes(nest, dtypes, STORAGE)
     schedule = schedule or choose_gpu_schedule(nest, dtypes)
     validate_gpu(nest, schedule)
     e = _CudaEmitter(nest, dtypes, schedule)
     body = STRATEGY_EMITTERS[schedule.strategy](e)
     grid, block = _launch(e)
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
-    digest = hashlib.sha256(
-        repr((str(nest), sorted(dtypes.items()), schedule, role)).encode()
-    ).hexdigest()[:8]
-    entry = f"tdsl_{c_name(nest.output)}_{c_name(role)}_{digest}"
+    entry = entry_name(nest, dtypes, schedule, role)
     text = _assemble(e, entry, params, body, block)
     return CudaSource(text, entry, tuple(params), grid, block, nest.operand_names, schedule)  # type: ignore[arg-type]
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.ir import LoopNest
-from codegen.schedule import bound_indices, choose_cpu_schedule
+from codegen.schedule import bound_indices, choose_cpu_schedule, valid_unique
 
 GPU_STRATEGIES = ("thread", "tile", "smem", "block")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
@@ -232,12 +232,4 @@ def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
         )
     if len(free) > 1:
         picks.append(GpuSchedule(free, reduced, "tile", row=free[-2], rows=3, threads=32))
-    unique: list[GpuSchedule] = []
-    for schedule in picks:
-        try:
-            validate_gpu(nest, schedule)
-        except ValueError:
-            continue
-        if schedule not in unique:
-            unique.append(schedule)
-    return tuple(unique)
+    return valid_unique(nest, picks, validate_gpu)

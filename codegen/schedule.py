@@ -56,8 +56,9 @@ count has not been measured yet; `OMP_NUM_THREADS=1` is the workaround on a load
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 
@@ -339,10 +340,17 @@ def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
                 lanes=5,
             )
         )
-    unique: list[Schedule] = []
+    return valid_unique(nest, picks, validate)
+
+
+def valid_unique(
+    nest: LoopNest, picks: Sequence[Any], check: Callable[[LoopNest, Any], None]
+) -> tuple:
+    """The schedules of `picks` that `check` accepts for `nest`, first occurrences only."""
+    unique: list[Any] = []
     for schedule in picks:
         try:
-            validate(nest, schedule)
+            check(nest, schedule)
         except ValueError:
             continue
         if schedule not in unique:
