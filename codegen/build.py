@@ -34,6 +34,7 @@ import sympy
 from codegen import config, ffi
 from codegen.c import CSource, emit_c
 from codegen.ir import LoopNest, extent_of
+from codegen.reductions import default_dtypes
 from codegen.schedule import Schedule
 
 CACHE_VERSION = 1
@@ -304,13 +305,6 @@ def clear_memory_cache() -> None:
     """Forget every loaded kernel (the disk cache stays)."""
     with _LOCK:
         _MEMORY.clear()
-
-
-def default_dtypes(nest: LoopNest, dtype: str = "float32") -> dict[str, str]:
-    """`dtype` for every operand and the output (int64 for an argmax/argmin output)."""
-    dtypes = {name: dtype for name in nest.operand_names}
-    dtypes[nest.output] = "int64" if nest.reduction in ("argmax", "argmin") else dtype
-    return dtypes
 
 
 def c_source(nest: LoopNest, dtypes: Mapping[str, str] | None = None, role: str = "forward") -> str:
