@@ -29,6 +29,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from codegen.ir import LoopNest
+from codegen.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl import grad, partitioning, private_jax, reference
 from tensordsl.batching import batch_nest
 from tensordsl.errors import UnsupportedError
@@ -199,13 +200,13 @@ def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[st
     """Run the nests that the gradients of a max/min/prod reduction need."""
     found = {}
     for role, aux in grad.auxiliary_nests(nest).items():
-        integer = aux.reduction in ("argmax", "argmin")
+        positional = REDUCTIONS[aux.reduction].positional
         found[role] = call_nest(
             aux,
             values,
             backend=params["backend"],
             shapes=dict(params["extents"]),
-            out_dtype="int32" if integer else params["out_dtype"],
+            out_dtype=POSITION_DTYPE if positional else params["out_dtype"],
         )
     return found
 

@@ -33,6 +33,7 @@ from codegen.ir import (
     scalar_symbol,
     tensor_base,
 )
+from codegen.reductions import USER_REDUCTIONS
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
@@ -54,9 +55,6 @@ from tensordsl.parse import (
     Unary,
     parse,
 )
-
-#: The reductions users may ask for (argmax/argmin are internal to gradients).
-USER_REDUCTIONS = ("sum", "max", "min", "prod", "logsumexp")
 
 __all__ = ["USER_REDUCTIONS", "AccessUse", "Affine", "Lowered", "check_shapes", "lower"]
 

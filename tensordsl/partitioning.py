@@ -46,9 +46,10 @@ from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, 
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from codegen.ir import LoopNest, extent_of, extent_symbol
+from codegen.reductions import REDUCTIONS
 
-#: The cross-device combine of partial results of each reduction over split reduced axes;
-#: reductions not listed keep their reduced axes whole.
+#: The cross-device combines a reduction names (`Reduction.cross_device`): how partial results
+#: over split reduced axes combine. Reductions with none keep their reduced axes whole.
 COMBINES = {
     "sum": lambda x, axes: jax.lax.psum(x, axes),
     "max": lambda x, axes: jax.lax.pmax(x, axes),
@@ -198,7 +199,9 @@ def _split_extent(
     bound = extent_of(rng.stop)
     if index in other or rng.start != 0 or bound is None:
         return False
-    if kind == "reduced" and (len(nest.terms) > 1 or nest.reduction not in COMBINES):
+    if kind == "reduced" and (
+        len(nest.terms) > 1 or REDUCTIONS[nest.reduction].cross_device is None
+    ):
         return False
     if kind == "reduced" and not any(p >= 0 for p, _ in sites):
         return False
@@ -291,7 +294,9 @@ def _partitioned(run: Any, plan: ShardingPlan, extents: tuple) -> Any:
 
         def per_device(*operands: jax.Array) -> jax.Array:
             out = run(*operands, extents=local_extents)
-            return COMBINES[plan.reduction](out, reduced) if reduced else out
+            if not reduced:
+                return out
+            return COMBINES[REDUCTIONS[plan.reduction].cross_device or ""](out, reduced)
 
         operand_shardings = tuple(_sharding(mesh, names, split) for names in plan.operands)
         return mesh, per_device, _sharding(mesh, plan.output, split), operand_shardings
