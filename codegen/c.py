@@ -35,7 +35,7 @@ from codegen.emitter import (
     indent_lines,
 )
 from codegen.ir import LoopNest
-from codegen.schedule import Schedule, choose_cpu_schedule, validate
+from codegen.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 
 __all__ = ["STORAGE", "CSource", "accumulation_type", "emit_c"]
 
@@ -97,8 +97,10 @@ def emit_c(
         ValueError: when the schedule does not fit the nest or a dtype is unsupported.
     """
     check_dtypes(nest, dtypes, STORAGE)
-    schedule = schedule or choose_cpu_schedule(nest, dtypes)
+    schedule = schedule or choose_cpu_schedule(nest, dtypes, kernel=True)
     validate(nest, schedule)
+    if schedule.strategy not in KERNEL_STRATEGIES:
+        raise ValueError(f"the {schedule.strategy} strategy generates no C")
     e = Emitter(nest, dtypes, schedule)
     work = sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in nest.free)) * (
         1

@@ -17,10 +17,13 @@ Strategies (`Schedule.strategy`):
   each kept as ``lanes`` vector partial sums over the innermost reduced index
   (``#pragma omp simd``);
 * ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
-  number of chunks reduced in parallel and combined in order (deterministic).
+  number of chunks reduced in parallel and combined in order (deterministic);
+* ``"xla"`` -- a pure contraction (`codegen.contraction`): no kernel is generated, the runner
+  calls XLA's dot (`jnp.einsum`), which is faster for those than a generated loop nest.
 
 The heuristic (`choose_cpu_schedule`):
 
+0. a pure contraction -> ``xla``, unless the caller asks for a generated kernel;
 1. no free index -> ``split``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
@@ -48,7 +51,9 @@ count has not been measured yet; `OMP_NUM_THREADS=1` is the workaround on a load
 >>> matmul = LoopNest("C", (Range(i, 0, extent_symbol("A", 0)), Range(j, 0, extent_symbol("B", 1))),
 ...     (Term(A[i, k] * B[k, j], (Range(k, 0, extent_symbol("A", 1)),)),),
 ...     (Operand("A", 2), Operand("B", 2)))
->>> s = choose_cpu_schedule(matmul)
+>>> choose_cpu_schedule(matmul).strategy
+'xla'
+>>> s = choose_cpu_schedule(matmul, kernel=True)
 >>> s.strategy, s.free_order, s.row, s.vector
 ('tile', ('i', 'j'), 'i', 'j')
 """
@@ -61,7 +66,9 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen import config
 from codegen.bounds import affine_parts
+from codegen.contraction import contraction
 from codegen.ir import LoopNest, accesses
 from codegen.loop_order import (
     LoopOrder,
@@ -71,7 +78,9 @@ from codegen.loop_order import (
 )
 from codegen.reductions import REDUCTIONS
 
-STRATEGIES = ("scalar", "tile", "dot", "split")
+STRATEGIES = ("scalar", "tile", "dot", "split", "xla")
+#: Strategies that generate a kernel (``"xla"`` calls XLA instead).
+KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split")
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,8 @@ class Schedule(LoopOrder):
             parts.append(f"lanes={self.lanes}")
         if self.strategy == "split":
             parts.append(f"chunks={self.chunks}")
+        if self.strategy == "xla":
+            return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
         parts.append(f"parallel={'yes' if self.parallel else 'no'}")
         if self.small is not None:
             parts.append(f"| if {self.vector} < {self.width}: {self.small.describe()}")
@@ -125,6 +136,8 @@ def validate(nest: LoopNest, schedule: Schedule) -> None:
         raise ValueError("rows, width, chunks and lanes must be positive")
     if schedule.strategy == "split" and free:
         raise ValueError("the split strategy is for full reductions (no free index)")
+    if schedule.strategy == "xla" and contraction(nest) is None:
+        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
     if schedule.small is not None:
@@ -197,11 +210,18 @@ def _dot_schedule(
     )
 
 
+def _xla_contraction(nest: LoopNest, dtypes: Mapping[str, str] | None) -> bool:
+    """A pure contraction of floats, and XLA contractions not switched off."""
+    floats = dtypes is None or all(d.startswith(("float", "bfloat")) for d in dtypes.values())
+    return floats and config.xla_contractions() and contraction(nest) is not None
+
+
 def choose_cpu_schedule(
     nest: LoopNest,
     dtypes: Mapping[str, str] | None = None,
     *,
     loop_order: Sequence[str] | None = None,
+    kernel: bool = False,
 ) -> Schedule:
     """The heuristic schedule of `nest` on the CPU (see the module docstring).
 
@@ -210,7 +230,8 @@ def choose_cpu_schedule(
         dtypes: numpy dtype names of the operands and output (tile widths depend on them).
         loop_order: optional index names fixing the order of the free loops and of each
             term's reduced loops (outermost first); indices not named keep their place after
-            the named ones.
+            the named ones. A loop order asks for a generated kernel.
+        kernel: True for a generated kernel even where XLA would compute the nest.
 
     Returns:
         A valid `Schedule`.
@@ -220,6 +241,8 @@ def choose_cpu_schedule(
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
+    if not kernel and loop_order is None and _xla_contraction(nest, dtypes):
+        return Schedule(free, reduced, strategy="xla")
     if not free:
         return Schedule(free, reduced, strategy="split")
     wide = _wide(dtypes, nest)
@@ -249,10 +272,10 @@ def choose_cpu_schedule(
 
 
 def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
-    """Every schedule the heuristic could pick for `nest`, plus the scalar fallback."""
+    """Every kernel schedule the heuristic could pick for `nest`, plus the scalar fallback."""
     picks = [
-        choose_cpu_schedule(nest, {"out": "float32"}),
-        choose_cpu_schedule(nest, {"out": "float64"}),
+        choose_cpu_schedule(nest, {"out": "float32"}, kernel=True),
+        choose_cpu_schedule(nest, {"out": "float64"}, kernel=True),
     ]
     free = _names(nest.free_indices)
     reduced = tuple(_names(t.reduced_indices) for t in nest.terms)
