@@ -62,7 +62,8 @@ from typing import Any
 
 import sympy
 
-from codegen.bounds import affine_parts, loop_bounds
+from codegen.affine import affine_parts
+from codegen.bounds import loop_bounds
 from codegen.ir import LoopNest, Term, accesses
 
 STRATEGIES = ("scalar", "tile", "dot", "split")

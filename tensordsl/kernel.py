@@ -18,8 +18,9 @@ from tensordsl.errors import (
     UnknownNameError,
     close_match,
 )
-from tensordsl.lower import Lowered, check_shapes, lower
+from tensordsl.lower import Lowered, lower
 from tensordsl.parse import parse
+from tensordsl.shapes import check_shapes
 
 BACKENDS = ("auto", "reference", "c", "cuda")
 
