@@ -29,9 +29,9 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from codegen import config
 from codegen.build import CompiledNest, build_c
+from codegen.extents import output_shape
 from codegen.ir import LoopNest
 from codegen.schedule import Schedule
-from tensordsl import reference
 
 _REGISTER_LOCK = threading.Lock()
 #: FFI targets registered with XLA in this process (name -> handler address).
@@ -70,7 +70,7 @@ def run_c(
     dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = jnp.dtype(dtype).name
     compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
-    result = jax.ShapeDtypeStruct(reference.output_shape(nest, shapes), jnp.dtype(dtype))
+    result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.dtype(dtype))
     extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
     poison = config.poison_outputs()
     # Shapes are static per trace, so the kernel's parameter array is a constant of the call.

@@ -21,8 +21,8 @@ import numpy as np
 from codegen.build import INT64_MAX, _parameter_function
 from codegen.cuda import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda_schedule import GpuSchedule
+from codegen.extents import output_shape
 from codegen.ir import LoopNest
-from tensordsl import reference
 from tensordsl.errors import UnsupportedError
 
 _LOCK = threading.Lock()
@@ -93,13 +93,13 @@ def run_cuda(
     *,
     schedule: GpuSchedule | None = None,
 ) -> jax.Array:
-    """Run `nest` on the GPU as a buffer_callback (a `jax_bind.Runner`; `schedule` for tests)."""
+    """Run `nest` on the GPU as a buffer_callback (a `runners.Runner`; `schedule` for tests)."""
     from jax.experimental.buffer_callback import buffer_callback
 
     all_shapes = dict(shapes)
     for op, value in zip(nest.operands, operands, strict=True):
         all_shapes[op.name] = tuple(np.shape(value))
-    out_shape = reference.output_shape(nest, all_shapes)
+    out_shape = output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
     out_dtype = jnp.dtype(dtype)
     dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
