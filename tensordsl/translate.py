@@ -56,7 +56,7 @@ from tensordsl.parse import (
     Unary,
 )
 
-__all__ = ["AccessUse", "Translation", "translate", "walk"]
+__all__ = ["AccessUse", "Translation", "translate"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class AccessUse:
     axis_spans: tuple[Span, ...]
 
 
-def walk(node: Expr) -> Iterator[Expr]:
+def _walk(node: Expr) -> Iterator[Expr]:
     """`node` and every node below it, in source order."""
     yield node
     if isinstance(node, Access):
@@ -83,7 +83,7 @@ def walk(node: Expr) -> Iterator[Expr]:
     else:
         children = ()
     for child in children:
-        yield from walk(child)
+        yield from _walk(child)
 
 
 def _text(source: str, span: Span) -> str:
@@ -116,13 +116,13 @@ class Translation:
     """What walking the right-hand side found."""
 
     body: sympy.Expr
-    free: list[str]
-    reduced: list[str]
-    operands: list[tuple[str, int]]
-    accesses: tuple[AccessUse, ...]
-    index_spans: tuple[tuple[str, Span], ...]
-    body_spans: dict[str, Span]
-    operand_spans: dict[str, Span]
+    free: list[str]  # from the left-hand side, in order
+    reduced: list[str]  # the other indices, in order of first appearance on the right
+    operands: list[tuple[str, int]]  # (name, rank), in order of first appearance
+    accesses: tuple[AccessUse, ...]  # every tensor access, in source order
+    index_spans: tuple[tuple[str, Span], ...]  # first occurrence of every index
+    body_spans: dict[str, Span]  # first occurrence of every index on the right-hand side
+    operand_spans: dict[str, Span]  # first use of every operand
 
 
 class _Translator:
@@ -139,16 +139,16 @@ class _Translator:
         free = self.free_indices()
         bracketed = [
             n
-            for a in walk(self.st.body)
+            for a in _walk(self.st.body)
             if isinstance(a, Access)
             for i in a.indices
-            for n in walk(i)
+            for n in _walk(i)
             if isinstance(n, Name)
         ]
         self.indices = set(free) | {n.name for n in bracketed}
         self.index_symbols = tuple(index_symbol(n) for n in sorted(self.indices))
         body_spans: dict[str, Span] = {}
-        for node in walk(self.st.body):
+        for node in _walk(self.st.body):
             if isinstance(node, Name) and node.name in self.indices:
                 body_spans.setdefault(node.name, node.span)
         if self.st.output in self.indices:
@@ -333,7 +333,7 @@ class _Translator:
     def affine(self, node: Expr) -> Affine:
         """The affine form of one index expression, its indices in order of appearance."""
         expr = self.index_expr(node, node)
-        names = dict.fromkeys(n.name for n in walk(node) if isinstance(n, Name))
+        names = dict.fromkeys(n.name for n in _walk(node) if isinstance(n, Name))
         try:
             return as_affine(expr, [index_symbol(n) for n in names])
         except NotAffine as error:
