@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.bounds import affine_parts
+from codegen.affine import affine_parts
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import extent_of
 from codegen.schedule import Schedule

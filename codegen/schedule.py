@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen import config
-from codegen.bounds import affine_parts
+from codegen.affine import affine_parts
 from codegen.contraction import contraction
 from codegen.ir import LoopNest, accesses
 from codegen.loop_order import (

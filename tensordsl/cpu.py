@@ -29,9 +29,9 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from codegen import config
 from codegen.build import CompiledNest, build_c
+from codegen.extents import output_shape
 from codegen.ir import LoopNest
 from codegen.schedule import Schedule, choose_cpu_schedule
-from tensordsl import reference
 from tensordsl.xla_dot import run_contraction
 
 _REGISTER_LOCK = threading.Lock()
@@ -78,7 +78,7 @@ def run_c(
             return found
         schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
     compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
-    result = jax.ShapeDtypeStruct(reference.output_shape(nest, shapes), jnp.dtype(dtype))
+    result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.dtype(dtype))
     extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
     poison = config.poison_outputs()
     # Shapes are static per trace, so the kernel's parameter array is a constant of the call.

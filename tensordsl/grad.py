@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.affine import NotAffine, affine_parts
 from codegen.functions import FloorDiv
 from codegen.ir import (
     LoopNest,
@@ -124,18 +125,13 @@ def _occurrences(expr: sympy.Basic, wrt: str) -> list[sympy.Indexed]:
 
 
 def _affine(expr: sympy.Expr, loop: list[sympy.Symbol], where: sympy.Basic) -> dict:
-    coefficients = {}
-    expanded = sympy.expand(expr)
-    for v in loop:
-        c = expanded.coeff(v)
-        if c != 0:
-            if not c.is_Integer or c.has(*loop):
-                raise UnsupportedError(
-                    f"the gradient cannot solve the access {where}: index {v} has the "
-                    f"non-integer coefficient {c} after a change of variables"
-                )
-            coefficients[v] = int(c)
-    return coefficients
+    try:
+        return affine_parts(expr, loop)
+    except NotAffine as error:
+        raise UnsupportedError(
+            f"the gradient cannot solve the access {where}: index {error.index} has the "
+            f"non-integer coefficient {error.coefficient} after a change of variables"
+        ) from None
 
 
 @dataclass

@@ -45,8 +45,10 @@ import sympy
 from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, custom_partitioning
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from codegen.extents import output_shape
 from codegen.ir import LoopNest, extent_of, extent_symbol
 from codegen.reductions import REDUCTIONS
+from tensordsl.runners import RUNNERS
 
 #: The cross-device combines a reduction names (`Reduction.cross_device`): how partial results
 #: over split reduced axes combine. Reductions with none keep their reduced axes whole.
@@ -262,8 +264,6 @@ def _run_local(
     schedule: Any,
 ) -> jax.Array:
     """The back end's runner on the operands as given (whole, or one device's shards)."""
-    from tensordsl.jax_bind import RUNNERS
-
     return RUNNERS[backend](
         nest, operands, tensor_shapes(nest, operands, extents), out_dtype, schedule
     )
@@ -383,7 +383,5 @@ def output_sharding(*avals: Any, nest: LoopNest, extents: tuple, **_: Any) -> Na
     shapes = {name: shape for name, shape in extents}
     for op, aval in zip(nest.operands, operands):
         shapes[op.name] = aval.shape
-    from tensordsl.reference import output_shape
-
     result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.float32)
     return _sharding(mesh, plan.output, _choose(plan, mesh, operands, result, extents))

@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
+from codegen.extents import evaluate_int, extent_values
 from codegen.functions import FUNCTIONS, CeilDiv, FloorDiv
-from codegen.ir import LoopNest, Range, Term, extent_symbol
+from codegen.ir import LoopNest, Range, Term
 from codegen.reductions import REDUCTIONS
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -60,30 +61,6 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
     sympy.Not: jnp.logical_not,
     sympy.ITE: jnp.where,
 }
-
-
-def extent_values(nest: LoopNest, shapes: Shapes) -> dict[sympy.Symbol, int]:
-    """The value of every extent symbol of `nest`, from the shapes of the tensors it names."""
-    values = {}
-    for name in nest.extent_tensors():
-        for axis, n in enumerate(shapes[name]):
-            values[extent_symbol(name, axis)] = int(n)
-    return values
-
-
-def evaluate_int(expr: sympy.Expr, extents: Mapping[sympy.Symbol, int]) -> int:
-    """An expression of extents, evaluated to an integer."""
-    value = sympy.sympify(sympy.sympify(expr).xreplace(extents))
-    assert value.is_Integer, f"not an integer after substitution: {expr} -> {value}"
-    return int(value)
-
-
-def output_shape(nest: LoopNest, shapes: Shapes) -> tuple[int, ...]:
-    """The shape of the nest's output for the given tensor shapes."""
-    extents = extent_values(nest, shapes)
-    return tuple(
-        max(0, evaluate_int(r.stop, extents) - evaluate_int(r.start, extents)) for r in nest.free
-    )
 
 
 class _Evaluator:
