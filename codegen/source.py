@@ -68,6 +68,12 @@ class SourcePrinter(StrPrinter):
     def _print_Float(self, expr: sympy.Float) -> str:
         return repr(float(expr))
 
+    def _print_Infinity(self, expr: Any) -> str:
+        return "inf"
+
+    def _print_NegativeInfinity(self, expr: Any) -> str:
+        return "-inf"
+
     def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
         (value, condition), *rest = expr.args
         if not rest:

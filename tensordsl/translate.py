@@ -99,6 +99,8 @@ _RELATIONS = {
     "!=": sympy.Ne,
 }
 _NOT_FINITE = (sympy.zoo, sympy.oo, -sympy.oo, sympy.nan, sympy.I)
+#: The IEEE infinity literal: `-inf` in a mask (`where(j <= i, 0, -inf)`), never a scalar input.
+INFINITY = "inf"
 _AFFINE_EXAMPLE = "an affine expression of indices with integer coefficients, such as 'i+k', '2i+1'"
 
 
@@ -240,11 +242,15 @@ class _Translator:
                 f"cannot evaluate '{text}': {err}", node, "an expression with a finite real value"
             ) from None
         floats = result.atoms(sympy.Float) if isinstance(result, sympy.Basic) else ()
-        if any(result.has(v) for v in _NOT_FINITE) or any(not math.isfinite(f) for f in floats):
+        # Written infinities stay (`-inf`); an undefined value (`inf - inf`, `1/0`) never does.
+        infinite = any(isinstance(n, Name) and n.name == INFINITY for n in _walk(node))
+        bad = [v for v in _NOT_FINITE if not (infinite and v in (sympy.oo, -sympy.oo))]
+        if any(result.has(v) for v in bad) or any(not math.isfinite(f) for f in floats):
+            kind = "real number or infinity" if infinite else "finite real number"
             raise self.fail(
-                f"'{text}' is not a finite real number",
+                f"'{text}' is not a {kind}",
                 node,
-                "an expression with a finite real value",
+                f"an expression with a {'real' if infinite else 'finite real'} value",
             )
         return result
 
@@ -252,6 +258,8 @@ class _Translator:
         if isinstance(node, Number):
             return self.checked(node, lambda: _number(node.text))
         if isinstance(node, Name):
+            if node.name == INFINITY:
+                return sympy.oo
             if node.name in self.indices:
                 return index_symbol(node.name)
             self.register(node.name, 0, node.span)
@@ -354,6 +362,8 @@ class _Translator:
                 raise self.not_affine(whole, f"'{node.text}' is not an integer")
             return sympy.Integer(int(node.text))
         if isinstance(node, Name):
+            if node.name == INFINITY:
+                raise self.not_affine(whole, f"'{INFINITY}' is infinity, not an index")
             return index_symbol(node.name)
         if isinstance(node, Unary):
             operand = self.index_expr(node.operand, whole)
