@@ -27,10 +27,18 @@ def _poison(monkeypatch):
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", PROGRAMS, ids=lambda c: c.name)
-def test_values(case, dtype):
-    check_values(case, "c", dtype)
+def test_values(case):
+    check_values(case, "c", "float64")
+
+
+#: float32 builds other nests; a few programs keep the tier fast.
+FLOAT32 = ("softmax", "layernorm", "causal_attention")
+
+
+@pytest.mark.parametrize("name", FLOAT32)
+def test_values_in_float32(name):
+    check_values(PROGRAMS_BY_NAME[name], "c", "float32")
 
 
 @pytest.mark.parametrize("case", PROGRAMS, ids=lambda c: c.name)
@@ -41,7 +49,7 @@ def test_gradients_against_central_differences(case):
 def test_gradients_of_a_vmapped_program_under_jit():
     """vmap over a batch axis of every input, then grad, all jitted: the per-example
     gradients against central differences of each example."""
-    case = PROGRAMS_BY_NAME["relative_bias_attention"]
+    case = PROGRAMS_BY_NAME["rmsnorm"]
     batch = [make_inputs(case, seed) for seed in range(3)]
     stacked = {n: np.stack([np.asarray(b[n]) for b in batch]) for n in case.args}
 
@@ -52,7 +60,7 @@ def test_gradients_of_a_vmapped_program_under_jit():
     cotangent = rng.normal(size=np.shape(per_example(stacked)))
     gradients = jax.jit(jax.grad(lambda inputs: jnp.sum(per_example(inputs) * cotangent)))(stacked)
     for n, inputs in enumerate(batch):
-        for name in ("Q", "R"):
+        for name in case.args:
             direction = rng.normal(size=np.shape(inputs[name]))
             want = directional_derivative(case, inputs, (cotangent[n],), name, direction)
             got = float(np.sum(np.asarray(gradients[name][n]) * direction))
@@ -60,22 +68,12 @@ def test_gradients_of_a_vmapped_program_under_jit():
 
 
 def test_second_order_gradients():
-    case = PROGRAMS_BY_NAME["rmsnorm"]
-    inputs = make_inputs(case)
-    floats = [n for n in case.args if np.ndim(inputs[n])]
-    k = program_kernel(case, "c")
-
-    def f(*values):
-        return k(**{**inputs, **dict(zip(floats, values))})
-
-    jax.test_util.check_grads(
-        jax.jit(f),
-        [jnp.asarray(inputs[n]) for n in floats],
-        order=2,
-        modes=["rev"],
-        atol=1e-5,
-        rtol=1e-5,
-    )
+    """A small nonlinear program (few nests to compile); the corpus's rmsnorm is checked to
+    second order on the reference back end."""
+    k = td.kernel("A[b,j] := tanh(X[b,j]) * c[j]; s := A[b,j] * A[b,j]", backend="c")
+    rng = np.random.default_rng(4)
+    X, c = rng.normal(size=(3, 4)), rng.normal(size=4)
+    jax.test_util.check_grads(jax.jit(k), [X, c], order=2, modes=["rev"], atol=1e-5, rtol=1e-5)
 
 
 def test_a_fully_masked_row_agrees_with_the_reference():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import pytest
 import sympy
@@ -14,6 +15,7 @@ from codegen.ir import extent_symbol
 from codegen.program import live_statements
 from tensordsl.errors import UnsupportedError
 from tensordsl.program import check_program_shapes, lower_program, parse_program, statement_spans
+from tests.corpus import make_inputs
 from tests.program_checks import check_gradients, check_values
 from tests.programs import PROGRAMS, PROGRAMS_BY_NAME
 
@@ -201,6 +203,15 @@ def test_vmap_over_a_program():
     got = jax.vmap(lambda x: k(x, 7.0, 0.2, g, beta))(X)
     want = np.stack([case.expected(X=x, F=7.0, eps=0.2, g=g, beta=beta)[0] for x in X])
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10)
+
+
+def test_second_order_gradients():
+    case = PROGRAMS_BY_NAME["rmsnorm"]
+    inputs = make_inputs(case)
+    k = td.kernel(case.source, backend="reference")
+    jax.test_util.check_grads(
+        jax.jit(k), list(inputs.values()), order=2, modes=["rev"], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_a_fully_masked_row_stays_in_its_row():
