@@ -236,3 +236,11 @@ def test_a_fully_masked_row_stays_in_its_row():
     # As separate kernels (and jnp): exp(S - L) is exp(-inf + inf) = NaN in row 0, and NaN
     # times a zero cotangent is NaN, so every key's gradient reads it (docs/language.md).
     assert np.isnan(np.asarray(dK)).all()
+
+
+def test_nograd_inputs_of_a_program_get_zero_gradients():
+    k = reference("H[b,j] := X[b,k] * W[k,j]; Y[b,j] := tanh(H[b,j] + c[j])", nograd=("W",))
+    X, W, c = RNG.normal(size=(2, 3)), RNG.normal(size=(3, 4)), RNG.normal(size=4)
+    gX, gW = jax.grad(lambda x, w: k(x, w, c).sum(), (0, 1))(X, W)
+    np.testing.assert_allclose(np.asarray(gX), (1 - np.tanh(X @ W + c) ** 2) @ W.T, rtol=1e-10)
+    assert not np.asarray(gW).any()
