@@ -244,3 +244,18 @@ def test_nograd_inputs_of_a_program_get_zero_gradients():
     gX, gW = jax.grad(lambda x, w: k(x, w, c).sum(), (0, 1))(X, W)
     np.testing.assert_allclose(np.asarray(gX), (1 - np.tanh(X @ W + c) ** 2) @ W.T, rtol=1e-10)
     assert not np.asarray(gW).any()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"reduce": 3}, td.ReductionError, "unknown reduction '3'"),
+        ({"ranges": [("i", 3)]}, td.RangeError, "ranges= is a list"),
+        ({"outputs": 3}, td.UnknownNameError, "outputs= is 3"),
+        ({"outputs": ()}, td.UnknownNameError, r"outputs= is \(\)"),
+        ({"outputs": ("B", 2)}, td.UnknownNameError, "outputs= names 2"),
+    ],
+)
+def test_malformed_options_are_errors(options, error, match):
+    with pytest.raises(error, match=match):
+        td.kernel("A[i] := X[i]; B[i] := A[i]", **options)
