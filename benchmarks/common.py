@@ -123,6 +123,24 @@ def summary(times: list[float]) -> dict[str, float | int]:
     }
 
 
+def by_implementation(
+    times: dict[tuple[str, str], list[float]],
+    failures: dict[str, dict[str, Any]],
+    impls: Any,
+    modes: tuple[str, ...],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """{impl: {mode: summary or {"error": ...}}}: the timed cells, else why they were not."""
+    return {
+        impl: {
+            mode: summary(times[(impl, mode)])
+            if (impl, mode) in times
+            else {"error": failures[impl][mode]}
+            for mode in modes
+        }
+        for impl in impls
+    }
+
+
 def ms(entry: dict[str, Any] | None) -> str:
     """A table cell: the median in milliseconds, an error, or n/a."""
     if entry is None:

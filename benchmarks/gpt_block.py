@@ -43,6 +43,7 @@ import numpy as np
 from benchmarks import layers
 from benchmarks.common import (
     RESULTS_MD,
+    by_implementation,
     child_env,
     load_line,
     markers,
@@ -51,7 +52,6 @@ from benchmarks.common import (
     ratio,
     run_child,
     short,
-    summary,
     time_rounds,
     verdict,
     write_json,
@@ -137,22 +137,16 @@ def run_size(size: BlockSize, impls: tuple[str, ...], budget: float, settle: flo
     reference = jitted(layers.block_jnp, ct)
     want = (reference[0](*args), reference[1](*args))
     row: dict[str, Any] = {"size": str(size), "impls": {}, "builds": {}}
-    fns, failures = {}, {}
+    fns, failed = {}, {}
     for impl in impls:
         pair = reference if impl == JNP else jitted(block_of(impl), ct)
-        failures[impl] = check(impl, pair, args, want) if impl != JNP else {}
-        row["builds"][impl] = failures[impl].pop("builds", 0)
+        failed[impl] = check(impl, pair, args, want) if impl != JNP else {}
+        row["builds"][impl] = failed[impl].pop("builds", 0)
         for mode, fn in zip(("fwd", "fwd+bwd"), pair):
-            if mode not in failures[impl]:
+            if mode not in failed[impl]:
                 fns[(impl, mode)] = fn
     times = time_rounds(fns, dict.fromkeys(impls, args), budget, settle)
-    for impl in impls:
-        row["impls"][impl] = {
-            mode: summary(times[(impl, mode)])
-            if (impl, mode) in times
-            else {"error": failures[impl][mode]}
-            for mode in ("fwd", "fwd+bwd")
-        }
+    row["impls"] = by_implementation(times, failed, impls, ("fwd", "fwd+bwd"))
     return row
 
 
