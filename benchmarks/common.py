@@ -85,10 +85,13 @@ def time_rounds(
     args: dict[str, list[Any]],
     budget_s: float,
     settle_s: float,
+    min_reps: int = MIN_REPS,
 ) -> dict[tuple[str, str], list[float]]:
     """Warm up each function twice, then time them in ROUNDS rounds of short blocks.
 
     `fns` is keyed by (implementation, mode); `args[implementation]` are the arguments.
+    Every function gets the same number of repetitions: `budget_s` over the time of one call
+    of each, clamped to [min_reps, MAX_REPS], rounded up to a multiple of ROUNDS.
     Each block starts with untimed calls for `settle_s` seconds (at least one): right after
     XLA's thread pool has been busy, the OpenMP threads of the C kernels stall for ~10 ms a
     call for about 0.1 s on this 2-core machine, and OpenBLAS threads do likewise. The rounds
@@ -98,7 +101,7 @@ def time_rounds(
     for key, fn in fns.items():
         time_once(fn, args[key[0]])
         estimate += time_once(fn, args[key[0]])
-    reps = int(min(MAX_REPS, max(MIN_REPS, budget_s / max(estimate, 1e-9))))
+    reps = int(min(MAX_REPS, max(min_reps, budget_s / max(estimate, 1e-9))))
     per_block = math.ceil(reps / ROUNDS)
     times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
     for _ in range(ROUNDS):
