@@ -19,7 +19,9 @@ float32, at (B=4, T=64, D=64, H=4) and (B=4, T=256, D=128, H=4). Per size and im
   flag), timed in the same turns (not in --quick);
 * first `jit(value_and_grad)` call of the small block, each in a fresh process: cold (empty
   `TENSORDSL_CACHE_DIR`), warm (a second process on that cache) and a 12-layer stack warm;
-  jax.numpy's first calls for comparison. --quick runs the warm ones only, on tiny sizes.
+  jax.numpy's first calls for comparison. --quick runs the warm ones only, on tiny sizes;
+* the slowest nests of the largest block, each timed alone (`block_profile`, also
+  `python -m benchmarks.profile_nests --gpt`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ ERRNO = "tensordsl kernels, -fmath-errno"
 SIZES = (BlockSize(4, 64, 64, 4), BlockSize(4, 256, 128, 4))
 QUICK_SIZES = (BlockSize(2, 16, 16, 2),)
 STACK, QUICK_STACK = 12, 2
+PROFILE_REPS = 5
 
 #: Targets from issue 14.
 WITHIN_JNP = 1.5
@@ -148,6 +151,37 @@ def run_size(size: BlockSize, impls: tuple[str, ...], budget: float, settle: flo
     times = time_rounds(fns, dict.fromkeys(impls, args), budget, settle)
     row["impls"] = by_implementation(times, failed, impls, ("fwd", "fwd+bwd"))
     return row
+
+
+def block_profile(size: BlockSize, reps: int) -> Any:
+    """Every C nest of the block's forward and backward, timed alone (`tensordsl.timing`)."""
+    from tensordsl.explain import kernel_nests
+    from tensordsl.timing import profile_jaxpr
+
+    params, x, ct = inputs(size)
+    loss = layers.loss_of(layers.block_kernels, ct)
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(params, x).jaxpr
+    names = {
+        nest: f"{name}/{role}"
+        for name, kernel in layers.kernels("c").items()
+        for role, nest in kernel_nests(kernel.nest).items()
+    }
+    return profile_jaxpr(jaxpr, names, reps=reps, dtype="float32")
+
+
+def slowest_nests(profile: Any, count: int = 10) -> str:
+    """The `count` nests with the largest best time, as a Markdown table."""
+    lines = [
+        "| nest (kernel/role) | best ms | median ms | share of all nests | schedule |",
+        "|---|--:|--:|--:|---|",
+    ]
+    total = profile.total_best
+    for t in sorted(profile.timings, key=lambda t: -t.best)[:count]:
+        lines.append(
+            f"| {t.name} | {t.best * 1e3:.2f} | {t.seconds * 1e3:.2f} | {t.best / total:.1%} "
+            f"| `{t.schedule}` |"
+        )
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- first calls
@@ -284,7 +318,9 @@ def errno_effect(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) or "- not measured in this run"
 
 
-def section(rows: list[dict[str, Any]], calls: list[dict[str, Any]], info: dict) -> str:
+def section(
+    rows: list[dict[str, Any]], calls: list[dict[str, Any]], nests: tuple[str, str], info: dict
+) -> str:
     begin, end = markers(NAME)
     return f"""{begin}
 ## GPT-style block (issue 14)
@@ -306,8 +342,9 @@ output projection, MLP up with bias, GELU, MLP down with bias; residual sums in 
 (fwd+bwd - fwd) / fwd. Medians of `time.perf_counter()` around `jax.block_until_ready`, every
 function under `jax.jit`, implementations in turns (3 rounds); every output, loss and gradient
 was checked against jax.numpy's (rtol 1e-4 forward, 1e-3 gradients, relative to the largest
-magnitude) before it was timed. "kernels built": C kernels built by the first calls (compiled
-or read from the disk cache). "-fmath-errno": the same kernels built with `-fmath-errno` after
+magnitude) before it was timed. "kernels built": C kernels built by that row's first calls
+(compiled or read from the disk cache; 0 where an earlier size built them: shapes are
+run-time arguments). "-fmath-errno": the same kernels built with `-fmath-errno` after
 the flags above, i.e. the flags before `-fno-math-errno` became a base flag.
 
 {table(rows)}
@@ -321,6 +358,15 @@ line a fresh Python process run after the previous one; "cold": an empty
 tracing, building the kernels and XLA's compilation; jax.numpy's first call is given for scale.
 
 {calls_table(calls)}
+
+### Slowest nests, {nests[0]}
+
+Every C nest of the block's forward+backward timed alone (`python -m benchmarks.profile_nests
+--gpt`, `tensordsl.timing`): {PROFILE_REPS} calls each on random inputs, outside JAX; "best"
+is the fastest call, "share" its part of the sum of all nests' best times (a nest run twice,
+like LayerNorm's, is listed twice).
+
+{nests[1]}
 
 ### Targets (issue 14)
 
@@ -355,15 +401,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"... {size}", file=sys.stderr, flush=True)
         rows.append(run_size(size, impls, budget, settle))
     print(table(rows))
+    profiled = (QUICK_SIZES if options.quick else SIZES)[-1]
+    profile = block_profile(profiled, PROFILE_REPS)
+    print(slowest_nests(profile))
     calls = [] if options.no_first_calls else first_calls(options.quick)
     print(calls_table(calls))
     info["load_after"], info["wall_s"] = os.getloadavg(), time.perf_counter() - start
     print(targets(rows, calls))
     out = options.out or (None if options.quick else RESULTS_MD)
     if out is not None:
-        write_section(pathlib.Path(out), NAME, section(rows, calls, info))
+        nests = (str(profiled), slowest_nests(profile))
+        write_section(pathlib.Path(out), NAME, section(rows, calls, nests, info))
         if out == RESULTS_MD:
-            write_json(NAME, {"machine": info, "rows": rows, "first_calls": calls})
+            per_nest = [(t.name, t.best, t.seconds, t.schedule) for t in profile.timings]
+            data = {"machine": info, "rows": rows, "first_calls": calls}
+            write_json(NAME, {**data, "nests": {"size": str(profiled), "nests": per_nest}})
         print(f"\nwrote the {NAME} section of {out}", file=sys.stderr)
     return 0
 

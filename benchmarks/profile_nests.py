@@ -18,26 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-import jax
-
 import tensordsl as td
-from benchmarks import gpt_block, layers
+from benchmarks import gpt_block
 from benchmarks.run_cpu import cases
-from tensordsl.explain import kernel_nests
-from tensordsl.timing import profile_jaxpr
-
-
-def profile_block(size: layers.BlockSize, reps: int) -> None:
-    """Every nest of the block's forward and backward, in the order they run, by kernel."""
-    params, x, ct = gpt_block.inputs(size)
-    loss = layers.loss_of(layers.block_kernels, ct)
-    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(params, x).jaxpr
-    names = {
-        nest: f"{name}/{role}"
-        for name, kernel in layers.kernels("c").items()
-        for role, nest in kernel_nests(kernel.nest).items()
-    }
-    print(profile_jaxpr(jaxpr, names, reps=reps, dtype="float32"))
 
 
 def main() -> None:
@@ -50,7 +33,7 @@ def main() -> None:
     if args.gpt:
         for size in gpt_block.QUICK_SIZES if args.quick else gpt_block.SIZES:
             print(f"GPT-style block {size}")
-            profile_block(size, args.reps)
+            print(gpt_block.block_profile(size, args.reps))
         return
     for case in cases(args.quick):
         if args.case not in case.name:
