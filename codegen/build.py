@@ -37,7 +37,9 @@ from codegen.ir import LoopNest, extent_of
 from codegen.schedule import Schedule
 
 CACHE_VERSION = 1
-BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11")
+#: -fno-math-errno: libm calls never set errno, so the compiler may hoist and vectorise them
+#: (NaN and inf results unchanged); see benchmarks/RESULTS.md, GPT-style block.
+BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11")
 INT64_MAX = (1 << 63) - 1
 
 #: Counters for tests and diagnostics: compiler runs, disk-cache hits.
