@@ -16,11 +16,13 @@ True
 
 from __future__ import annotations
 
+import datetime
 import gc
 import json
 import math
 import os
 import pathlib
+import platform
 import statistics
 import subprocess
 import sys
@@ -209,6 +211,15 @@ def run_child(module: str, argv: list[str], env: dict[str, str] | None = None) -
     return {"error": f"error: {last[:160]}"}
 
 
+def median_of(row: dict[str, Any], impl: str, mode: str) -> float | None:
+    """The median seconds of one cell of a row (`by_implementation`), None if not timed."""
+    return row["impls"].get(impl, {}).get(mode, {}).get("median_s")
+
+
+def over(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
 def ratio(value: float | None) -> str:
     if value is None:
         return ""
@@ -228,6 +239,65 @@ def mib(value: Any) -> str:
 
 
 # --------------------------------------------------------------------------- RESULTS.md
+
+
+def machine() -> dict[str, Any]:
+    """The CPU model and count (`lscpu`), versions, the C compiler and its flags."""
+    model, cpus = platform.processor() or "unknown", str(os.cpu_count())
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model name":
+                model = value.strip()
+            elif key.strip() == "CPU(s)":
+                cpus = value.strip()
+    except OSError:
+        pass
+    info: dict[str, Any] = {"model": model, "cpus": cpus, "jax": jax.__version__}
+    info["numpy"] = np.__version__
+    info["python"] = platform.python_version()
+    try:
+        from codegen import build, config
+
+        info["cc"] = build.compiler_version(config.c_compiler())
+        info["cflags"] = " ".join(build.compile_flags())
+    except Exception as error:  # noqa: BLE001 - informational only
+        info["cc"] = f"unknown ({short(error)})"
+    return info
+
+
+def start_run(**extra: Any) -> dict[str, Any]:
+    """`machine()`, the load average and the date at the start of a run, and `extra`."""
+    info = {**machine(), **extra, "load_before": os.getloadavg(), "start": time.perf_counter()}
+    info["date"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    return info
+
+
+def finish_run(info: dict[str, Any]) -> None:
+    """Add the load average at the end and the run's wall time to `info`."""
+    info["load_after"] = os.getloadavg()
+    info["wall_s"] = time.perf_counter() - info.pop("start")
+
+
+def header(info: dict[str, Any], also: str = "") -> str:
+    """The Markdown lines every section starts with: machine, load, date, versions, flags."""
+    machine_line = f"- Machine: {info['model']}, {info['cpus']} CPU(s) (`lscpu`)"
+    return f"""{machine_line}; **shared with other work**.
+- Load average (1, 5, 15 min): {load_line(info["load_before"], info["load_after"])}.
+- Date: {info["date"]}; total run time {info["wall_s"]:.0f} s.
+- jax {info["jax"]}, numpy {info["numpy"]}{also}; C compiler: {info.get("cc", "?")},
+  flags `{info.get("cflags", "?")}`."""
+
+
+def write_outputs(out: Any, name: str, text: str, data: dict[str, Any]) -> None:
+    """Write `name`'s section into `out` and, when `out` is RESULTS.md, results/<name>.json."""
+    if out is None:
+        return
+    write_section(pathlib.Path(out), name, text)
+    if pathlib.Path(out) == RESULTS_MD:
+        write_json(name, data)
+    print(f"\nwrote the {name} section of {out}", file=sys.stderr)
 
 
 def markers(name: str) -> tuple[str, str]:

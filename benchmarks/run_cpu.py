@@ -34,7 +34,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import re
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from benchmarks.common import (
     ROUNDS,
     child_env,
     close,
+    machine,
     mib,
     peak_rss_growth,
     ratio,
@@ -453,31 +453,6 @@ def targets(rows: list[dict[str, Any]]) -> str:
                 f"(ours {mib(ours)} MiB, jnp {mib(xla)} MiB)"
             )
     return "\n".join(out)
-
-
-def machine() -> dict[str, Any]:
-    model, cpus = platform.processor() or "unknown", str(os.cpu_count())
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "Model name":
-                model = value.strip()
-            elif key.strip() == "CPU(s)":
-                cpus = value.strip()
-    except OSError:
-        pass
-    info: dict[str, Any] = {"model": model, "cpus": cpus, "jax": jax.__version__}
-    info["numpy"] = np.__version__
-    info["python"] = platform.python_version()
-    try:
-        from codegen import build, config
-
-        info["cc"] = build.compiler_version(config.c_compiler())
-        info["cflags"] = " ".join(build.compile_flags())
-    except Exception as error:  # noqa: BLE001 - informational only
-        info["cc"] = f"unknown ({short(error)})"
-    return info
 
 
 def write_results(
