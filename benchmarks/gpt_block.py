@@ -19,7 +19,7 @@ float32, at (B=4, T=64, D=64, H=4) and (B=4, T=256, D=128, H=4). Per size and im
   flag), timed in the same turns (not in --quick);
 * first `jit(value_and_grad)` call of the small block, each in a fresh process: cold (empty
   `TENSORDSL_CACHE_DIR`), warm (a second process on that cache) and a 12-layer stack warm;
-  jax.numpy's first calls for comparison. --quick runs the warm ones only, on tiny sizes;
+  jax.numpy's first calls for comparison. --quick runs our warm ones only, on tiny sizes;
 * the slowest nests of the largest block, each timed alone (`block_profile`, also
   `python -m benchmarks.profile_nests --gpt`).
 """
@@ -213,7 +213,7 @@ def first_calls(quick: bool) -> list[dict[str, Any]]:
     cache = tempfile.mkdtemp(prefix="tensordsl-cold-")
     jobs = [] if quick else [(OURS, 1, "cold (empty cache)")]
     jobs += [(OURS, 1, "warm (disk cache)"), (OURS, stack, "warm (disk cache)")]
-    jobs += [(JNP, 1, ""), (JNP, stack, "")]
+    jobs += [] if quick else [(JNP, 1, ""), (JNP, stack, "")]
     found = []
     for impl, count, cache_state in jobs:
         payload = {"impl": impl, "layers": count, "size": dataclasses.astuple(size)}
