@@ -12,13 +12,15 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.bounds import affine_parts
-from codegen.c_emitter import Emitter, Lines, block_lines, indent_lines
+from codegen.affine import affine_parts
+from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import extent_of
-from codegen.schedule import term_order
+from codegen.schedule import Schedule
+
+CEmitter = Emitter[Schedule]
 
 
-def _lanes(e: Emitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Lines:
+def _lanes(e: CEmitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Lines:
     """Loops over the register tile: rows (if any) outside, simd lanes inside."""
     s = e.schedule
     vec = e.printer.index(sympy.Symbol(s.vector or "", integer=True))
@@ -35,7 +37,7 @@ def _lanes(e: Emitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Lin
     )
 
 
-TileBody = Callable[[Emitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
+TileBody = Callable[[CEmitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,15 @@ class _TilePaths:
     """Interior tiles run `interior` unmasked; other tiles run `edge` with per-lane tests."""
 
     condition: tuple[str, ...]  # C conditions (>= 0 tests) of an interior tile
-    interior: Emitter
-    edge: Emitter
+    interior: CEmitter
+    edge: CEmitter
     tests: tuple[tuple[sympy.Expr, ...], ...]  # per term, per-lane tests of the edge path
     #: Per tiled index: the interior conditions on that index's tile start alone (with a
     #: tile width of one), whose other symbols are extents.
     alone: dict[sympy.Symbol, tuple[sympy.Expr, ...]]
 
 
-def _tile_paths(e: Emitter) -> _TilePaths:
+def _tile_paths(e: CEmitter) -> _TilePaths:
     """Split each term's constraints on the tiled indices into a tile test and lane tests.
 
     A constraint `c >= 0` that mentions a tiled index holds for a whole tile (and every
@@ -122,7 +124,7 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
 
 
 def _interior_range(
-    e: Emitter, x: sympy.Symbol, conditions: Sequence[sympy.Expr]
+    e: CEmitter, x: sympy.Symbol, conditions: Sequence[sympy.Expr]
 ) -> tuple[str, str]:
     """C expressions of `[a, e)`: the tile starts `x0` of one-wide tiles that satisfy every
     condition (each `c(x0) >= 0`, affine in `x0`)."""
@@ -143,7 +145,7 @@ def _interior_range(
     return low or "", high or ""
 
 
-def _tiled(e: Emitter, body: TileBody) -> Lines:
+def _tiled(e: CEmitter, body: TileBody) -> Lines:
     """Tile loops over the row and vector indices.
 
     Along each tiled index the tiles start where the interior conditions on that index alone
@@ -201,11 +203,11 @@ def _either(check: str, yes: Lines, no: Lines) -> Lines:
     return [f"if ({check}) {{", *indent_lines(yes), "} else {", *indent_lines(no), "}"]
 
 
-def tile(e: Emitter) -> Lines:
+def tile(e: CEmitter) -> Lines:
     dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
 
-    def body(p: Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+    def body(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         if not any(t.reduced for t in p.nest.terms):
             # Elementwise: each lane computes and stores its element (no accumulator tile).
             lane = [*p.declare()]
@@ -221,17 +223,17 @@ def tile(e: Emitter) -> Lines:
     return _tiled(e, body)
 
 
-def dot(e: Emitter) -> Lines:
+def dot(e: CEmitter) -> Lines:
     s = e.schedule
     lanes = s.lanes
     dims = f"[{s.rows}][{s.width}][{lanes}]" if s.row else f"[{s.width}][{lanes}]"
     sub = "[r_][w_]" if s.row else "[w_]"
 
-    def body(p: Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+    def body(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         init = block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", p.init(sub + "[l_]"))
         lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, init, simd=False)]
         for n in range(len(p.nest.terms)):
-            order = term_order(p.nest, s, n)
+            order = p.term_order(n)
             u = p.printer.index(order[-1])
             lo, hi = p.idx(p.bounds[n].starts[order[-1]]), p.idx(p.bounds[n].stops[order[-1]])
             vector = [

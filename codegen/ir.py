@@ -41,9 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
-#: Reductions a nest may use. argmax/argmin give the position of the first extreme value in
-#: iteration order, as a flat index over the reduced ranges (row-major in `Term.reduced`).
-REDUCTIONS = ("sum", "max", "min", "prod", "logsumexp", "argmax", "argmin")
+from codegen.reductions import REDUCTIONS
 
 _EXTENT_NAME = re.compile(r"^(?P<tensor>.+)\.shape\[(?P<axis>\d+)\]$")
 
@@ -134,6 +132,8 @@ class LoopNest:
     free: tuple[Range, ...]
     terms: tuple[Term, ...]
     operands: tuple[Operand, ...]
+    #: A key of `codegen.reductions.REDUCTIONS`. argmax/argmin give the position of the
+    #: extreme value as a flat index over the reduced ranges (row-major in `Term.reduced`).
     reduction: str = "sum"
 
     def __post_init__(self) -> None:

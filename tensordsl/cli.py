@@ -87,7 +87,7 @@ def explain_command(args: argparse.Namespace) -> int:
     k = kernel(args.source, reduce=args.reduce)
     shapes = _parse_shapes(args.shapes)
     if shapes:
-        from tensordsl.lower import check_shapes
+        from tensordsl.shapes import check_shapes
 
         check_shapes(k._lowered, shapes)
     print(f"statement  {args.source}")

@@ -1,7 +1,10 @@
-"""The state of one C emission: names, host parameters, reduction templates, term bodies.
+"""The state of one emission: names, host parameters, reduction state, term bodies.
 
-`codegen.c` (scalar and split strategies, assembly), `codegen.c_tiles` (tile and dot
-strategies) and `codegen.cuda` emit through an `Emitter`.
+`Emitter` emits C; everything that differs for another C dialect is a class attribute (the
+printer, the index and position types, the storage types, the half-precision conversions),
+so `codegen.cuda_emitter.CudaEmitter` only states what differs. The strategies
+(`codegen.c_strategies`, `codegen.c_tiles`, `codegen.cuda_strategies`, `codegen.cuda_smem`)
+write loops through an emitter; `codegen.c` and `codegen.cuda` assemble the function.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import sympy
 
 from codegen.bounds import LoopBounds, hoist_parameters, loop_bounds
 from codegen.ir import LoopNest, Term, extent_of, extent_symbol
+from codegen.loop_order import LoopOrder, term_order
 from codegen.printer import CPrinter, TensorView
-from codegen.schedule import Schedule, term_order
+from codegen.reductions import REDUCTIONS
 
 STORAGE = {
     "float32": "float",
@@ -31,64 +35,7 @@ STORAGE = {
 PARALLEL_WORK = 1 << 16  # below this many body evaluations a kernel runs on one thread
 
 Lines = list[str]
-
-
-@dataclass(frozen=True)
-class Reducer:
-    """C templates of one reduction: `{a}`/`{b}` are its state, `{v}` a value, `{pos}`."""
-
-    init: tuple[str, ...]
-    update: str
-    combine: str  # fold another state `{oa}`/`{ob}` into this one
-    result: str
-    int_state: bool = False  # the second state variable is an int64 position
-
-
-# argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
-# the smaller position. The state only depends on the set of values seen, not their order,
-# so every schedule (lanes, chunks, threads) agrees. Branch-free, so lane loops vectorise.
-_ARG_TAKE = (
-    "({b} < 0 || {v} {op} {a} || ({v} != {v} && {a} == {a}) "
-    "|| (({v} == {a} || ({v} != {v} && {a} != {a})) && {pos} < {b}))"
-)
-_ARG = "{{ const int t_ = " + _ARG_TAKE + "; {a} = t_ ? {v} : {a}; {b} = t_ ? {pos} : {b}; }}"
-_ARG_COMBINE = (
-    "{{ const int t_ = {ob} >= 0 && "
-    + _ARG_TAKE.replace("{v}", "{oa}").replace("{pos}", "{ob}")
-    + "; {a} = t_ ? {oa} : {a}; {b} = t_ ? {ob} : {b}; }}"
-)
-REDUCERS = {
-    "sum": Reducer(("0",), "{a} += {v};", "{a} += {oa};", "{a}"),
-    "prod": Reducer(("1",), "{a} *= {v};", "{a} *= {oa};", "{a}"),
-    "max": Reducer(
-        ("-INFINITY",), "{a} = {v} > {a} ? {v} : {a};", "{a} = {oa} > {a} ? {oa} : {a};", "{a}"
-    ),
-    "min": Reducer(
-        ("INFINITY",), "{a} = {v} < {a} ? {v} : {a};", "{a} = {oa} < {a} ? {oa} : {a};", "{a}"
-    ),
-    "logsumexp": Reducer(
-        ("-INFINITY", "0"),
-        "if ({v} > {a}) {{ {b} = {b}*{exp}({a} - {v}) + 1; {a} = {v}; }} "
-        "else if ({v} > -INFINITY) {{ {b} += {exp}({v} - {a}); }}",
-        "if ({oa} > {a}) {{ {b} = {b}*{exp}({a} - {oa}) + {ob}; {a} = {oa}; }} "
-        "else if ({oa} > -INFINITY) {{ {b} += {ob}*{exp}({oa} - {a}); }}",
-        "({a} == -INFINITY ? -INFINITY : {a} + {log}({b}))",
-    ),
-    "argmax": Reducer(
-        ("-INFINITY", "-1"),
-        _ARG.replace("{op}", ">"),
-        _ARG_COMBINE.replace("{op}", ">"),
-        "{b}",
-        int_state=True,
-    ),
-    "argmin": Reducer(
-        ("INFINITY", "-1"),
-        _ARG.replace("{op}", "<"),
-        _ARG_COMBINE.replace("{op}", "<"),
-        "{b}",
-        int_state=True,
-    ),
-}
+S = TypeVar("S", bound=LoopOrder)
 
 
 def check_dtypes(nest: LoopNest, dtypes: Mapping[str, str], storage: Mapping[str, str]) -> None:
@@ -123,20 +70,26 @@ def block_lines(head: str, body: Sequence[str]) -> Lines:
     return [head + " {", *indent_lines(body), "}"]
 
 
-class Emitter:
-    """State of one emission: the printer, hoisted parameters and the C names."""
+class Emitter(Generic[S]):
+    """State of one emission: the printer, hoisted parameters and the C names.
 
-    #: Conversions of 16-bit storage types to and from float (the CUDA emitter overrides them).
-    HALF_TO_FLOAT = {"float16": "tdsl_h2f", "bfloat16": "tdsl_bf2f"}
-    FLOAT_TO_HALF = {"float16": "tdsl_f2h", "bfloat16": "tdsl_f2bf"}
-    STORAGE_TYPES = STORAGE
+    Generic in its schedule type (`Schedule` for C, `GpuSchedule` for CUDA).
+    """
 
-    def __init__(self, nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule):
+    printer_class: type[CPrinter] = CPrinter
+    index_type = "int64_t"  # loop indices, offsets and integer sub-expressions
+    position_type = "int64_t"  # the position state of argmax/argmin
+    storage = STORAGE  # numpy dtype name -> element type in memory
+    #: Conversions of 16-bit storage types to and from float.
+    half_to_float = {"float16": "tdsl_h2f", "bfloat16": "tdsl_bf2f"}
+    float_to_half = {"float16": "tdsl_f2h", "bfloat16": "tdsl_f2bf"}
+
+    def __init__(self, nest: LoopNest, dtypes: Mapping[str, str], schedule: S):
         self.nest, self.dtypes, self.schedule = nest, dtypes, schedule
         self.f = accumulation_type(dtypes)
         self.params: dict[sympy.Basic, sympy.Symbol] = {}
         self.named: list[tuple[str, sympy.Expr]] = []  # strides and work, after the P's
-        self.reducer = REDUCERS[nest.reduction]
+        self.reducer = REDUCTIONS[nest.reduction]
         tensors, scalars = {}, {}
         for op in nest.operands:
             if op.is_scalar:
@@ -150,16 +103,14 @@ class Emitter:
             )
         lengths = [r.stop - r.start for r in nest.free]
         self.out_strides = self.stride("OUT", lengths)
-        self.printer = CPrinter(self.f, tensors=tensors, scalars=scalars)
+        self.printer = self.printer_class(self.f, tensors=tensors, scalars=scalars)
         self.exp = "expf" if self.f == "float" else "exp"
         self.log = "logf" if self.f == "float" else "log"
         self.bounds = [
             loop_bounds(t, term_order(nest, schedule, n)) for n, t in enumerate(nest.terms)
         ]
 
-    def variant(
-        self, terms: Sequence[Term] | None = None, schedule: Schedule | None = None
-    ) -> Emitter:
+    def variant(self, terms: Sequence[Term] | None = None, schedule: S | None = None) -> Emitter[S]:
         """This emitter with other terms or schedule (same parameters, printer and names)."""
         other = copy.copy(self)
         if terms is not None:
@@ -198,16 +149,16 @@ class Emitter:
 
     def load(self, name: str) -> str:
         dtype = self.dtypes[name]
-        if dtype in self.HALF_TO_FLOAT:
-            return f"(({self.f}){self.HALF_TO_FLOAT[dtype]}({{}}))"
-        return "{}" if self.STORAGE_TYPES[dtype] == self.f else f"(({self.f}){{}})"
+        if dtype in self.half_to_float:
+            return f"(({self.f}){self.half_to_float[dtype]}({{}}))"
+        return "{}" if self.storage[dtype] == self.f else f"(({self.f}){{}})"
 
     def store(self, value: str) -> str:
         dtype = self.dtypes[self.nest.output]
-        if dtype in self.FLOAT_TO_HALF:
-            return f"{self.FLOAT_TO_HALF[dtype]}((float)({value}))"
-        storage = self.STORAGE_TYPES[dtype]
-        if dtype.startswith("int") and not self.reducer.int_state:
+        if dtype in self.float_to_half:
+            return f"{self.float_to_half[dtype]}((float)({value}))"
+        storage = self.storage[dtype]
+        if dtype.startswith("int") and not self.reducer.positional:
             return f"({storage})llrint({value})"
         return value if storage == self.f else f"({storage})({value})"
 
@@ -220,9 +171,13 @@ class Emitter:
         """The C lvalues of the reduction state (value, second value or position)."""
         return f"{base}{sub}", f"{base}b_{sub}"
 
+    def state_types(self) -> tuple[str, str]:
+        """The C types of the two state variables."""
+        return self.f, self.position_type if self.reducer.positional else self.f
+
     def declare(self, base: str = "acc_", dims: str = "") -> Lines:
         """Declare the state; scalars (no `dims`) are initialised."""
-        kinds = [self.f, "int64_t" if self.reducer.int_state else self.f]
+        kinds = self.state_types()
         lines = []
         for kind, name, init in zip(kinds, self.names(base), self.reducer.init, strict=False):
             lines.append(f"{kind} {name}{dims};" if dims else f"{kind} {name} = {init};")
@@ -266,13 +221,13 @@ class Emitter:
             expr = expr.xreplace(renames)
             if expr.is_integer and not expr.atoms(sympy.Indexed):
                 renames[symbol] = sympy.Symbol(symbol.name, integer=True)
-                lines.append(f"const int64_t {symbol.name} = {self.printer.index(expr)};")
+                lines.append(f"const {self.index_type} {symbol.name} = {self.printer.index(expr)};")
             else:
                 lines.append(f"const {self.f} {symbol.name} = {self.printer.doprint(expr)};")
         value = self.printer.doprint(reduced.xreplace(renames))
         lines.append(f"const {self.f} val_ = {value};")
-        if self.reducer.int_state:
-            lines.append(f"const int64_t pos_ = {self.position(term)};")
+        if self.reducer.positional:
+            lines.append(f"const {self.index_type} pos_ = {self.position(term)};")
         update = [self.fmt(self.reducer.update, self.names("acc_", sub))]
         if term.guard != sympy.true:
             update = block_lines(f"if ({self.printer.doprint(self.hoist(term.guard))})", update)
@@ -286,26 +241,39 @@ class Emitter:
             stride = stride * sympy.Max(r.stop - r.start, 0)
         return self.printer.index(sympy.Add(*parts)) if parts else "0"
 
+    def term_order(self, n: int) -> tuple[sympy.Symbol, ...]:
+        """Term `n`'s reduced indices in loop order (outermost first)."""
+        return term_order(self.nest, self.schedule, n)
+
     def loops(
         self,
         n: int,
         inner: Lines,
-        skip: int = 0,
+        *,
         first: tuple[str, str] | None = None,
         stop_at: int | None = None,
+        step: tuple[str, str] | None = None,
     ) -> Lines:
-        """Term `n`'s reduced loops around `inner`, from loop `skip` to `stop_at`."""
-        order = term_order(self.nest, self.schedule, n)
+        """Term `n`'s reduced loops around `inner`, outermost first, down to `stop_at`.
+
+        `first` replaces the outermost loop's bounds; with `step = (offset, stride)` the
+        innermost loop starts `offset` after its lower bound and advances by `stride`.
+        """
+        order = self.term_order(n)
         bounds: LoopBounds = self.bounds[n]
         lines = inner
         end = len(order) if stop_at is None else stop_at
-        for depth in reversed(range(skip, end)):
+        for depth in reversed(range(end)):
             r = order[depth]
             lo, hi = self.idx(bounds.starts[r]), self.idx(bounds.stops[r])
-            if depth == skip and first is not None:
+            if depth == 0 and first is not None:
                 lo, hi = first
-            name = self.printer.index(r)
-            lines = block_lines(f"for (int64_t {name} = {lo}; {name} < {hi}; ++{name})", lines)
+            name, kind = self.printer.index(r), self.index_type
+            if step is not None and depth == len(order) - 1:
+                head = f"for ({kind} {name} = {lo} + {step[0]}; {name} < {hi}; {name} += {step[1]})"
+            else:
+                head = f"for ({kind} {name} = {lo}; {name} < {hi}; ++{name})"
+            lines = block_lines(head, lines)
         return lines
 
     def guarded(self, n: int, lines: Lines) -> Lines:
@@ -330,9 +298,9 @@ class Emitter:
 
     def free_loop(self, r: sympy.Symbol) -> str:
         rng = next(x for x in self.nest.free if x.index == r)
-        name = self.printer.index(r)
+        name, kind = self.printer.index(r), self.index_type
         return (
-            f"for (int64_t {name} = {self.idx(rng.start)}; {name} < {self.idx(rng.stop)}; ++{name})"
+            f"for ({kind} {name} = {self.idx(rng.start)}; {name} < {self.idx(rng.stop)}; ++{name})"
         )
 
     def parallel(self, collapse: int) -> Lines:
@@ -340,6 +308,18 @@ class Emitter:
             return []
         clause = f" collapse({collapse})" if collapse > 1 else ""
         return [f"#pragma omp parallel for{clause} schedule(static) if(work_ >= {PARALLEL_WORK})"]
+
+    def header(self) -> Lines:
+        """The comment that opens every generated source: the nest, dtypes and schedule."""
+        source = str(self.nest).replace("*/", "* /")
+        dtypes = ", ".join(f"{k}: {v}" for k, v in sorted(self.dtypes.items()))
+        return [
+            "/* Generated by tensordsl. Do not edit.",
+            *(f" *   {line}" for line in source.splitlines()),
+            f" * reduction: {self.nest.reduction}; dtypes: {dtypes}; accumulate in {self.f}",
+            f" * schedule: {self.schedule.describe()}",
+            " */",
+        ]
 
     def free_symbols(self) -> list[sympy.Symbol]:
         by_name = {s.name: s for s in self.nest.free_indices}
