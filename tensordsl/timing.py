@@ -3,8 +3,10 @@
 The nests are the ones `jax.value_and_grad` of the kernel runs on the C back end (forward,
 auxiliary nests, the gradient nest of every input), read off its jaxpr, so that every nest
 gets exactly the operands, extents and schedule the JAX binding gives it. Each is compiled
-(or taken from the cache) and called directly, outside JAX, on random inputs; the time of a
-nest is the median (and the fastest) of `reps` calls after one warm-up call.
+(or taken from the cache) and called directly, outside JAX, on random inputs; a nest whose
+schedule is "xla" (a pure contraction) is timed as the jitted `jnp.einsum` the runner calls
+instead (its time includes JAX's dispatch). The time of a nest is the median (and the
+fastest) of `reps` calls after one warm-up call.
 
 >>> import tensordsl as td
 >>> report = td.kernel("Y[i] := X[i+k] * W[k]").profile({"X": (10,), "W": (3,)}, reps=1)
@@ -174,22 +176,61 @@ def profile_jaxpr(
 def _time_equation(
     eqn: Any, names: Mapping[LoopNest, str], reps: int, rng: np.random.Generator
 ) -> NestTiming:
-    from codegen.build import build_c
+    """Time one nest as the C runner runs it: XLA's dot for the "xla" strategy where the
+    contraction fits the shapes, else the generated kernel (tensordsl/cpu.py `run_c`)."""
     from codegen.schedule import choose_cpu_schedule
 
     nest: LoopNest = eqn.params["nest"]
     out_aval = eqn.outvars[0].aval
     dtypes = {op.name: v.aval.dtype.name for op, v in zip(nest.operands, eqn.invars)}
     dtypes[nest.output] = out_aval.dtype.name
-    chosen = eqn.params.get("schedule")
-    compiled = build_c(nest, dtypes=dtypes, schedule=chosen)
+    schedule = eqn.params.get("schedule") or choose_cpu_schedule(nest, dtypes)
     operands = [_random(v.aval.shape, v.aval.dtype, rng) for v in eqn.invars]
     out = np.empty(out_aval.shape, out_aval.dtype)
-    call = _direct_call(compiled, out, operands, dict(eqn.params["extents"]))
+    extents = dict(eqn.params["extents"])
+    call = _xla_call(nest, operands, out, extents) if schedule.strategy == "xla" else None
+    if call is None:
+        if schedule.strategy == "xla":
+            schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
+        call = _kernel_call(nest, dtypes, schedule, out, operands, extents)
     times = _seconds(call, reps)
-    described = (chosen or choose_cpu_schedule(nest, dtypes)).describe()
     name = names.get(nest, nest.output)
-    return NestTiming(name, nest, described, statistics.median(times), min(times), len(times))
+    return NestTiming(
+        name, nest, schedule.describe(), statistics.median(times), min(times), len(times)
+    )
+
+
+def _xla_call(
+    nest: LoopNest, operands: list[np.ndarray], out: np.ndarray, extents: dict
+) -> Callable[[], Any] | None:
+    """The contraction as a jitted `jnp.einsum` call, or None where it does not fit."""
+    from tensordsl.xla_dot import run_contraction
+
+    shapes = {**extents, nest.output: out.shape}
+    shapes.update({op.name: a.shape for op, a in zip(nest.operands, operands)})
+    arrays = [jax.device_put(a) for a in operands]
+    if run_contraction(nest, arrays, shapes, out.dtype) is None:
+        return None
+    jitted = jax.jit(lambda *values: run_contraction(nest, values, shapes, out.dtype))
+    return lambda: jax.block_until_ready(jitted(*arrays))
+
+
+def _kernel_call(
+    nest: LoopNest,
+    dtypes: dict[str, str],
+    schedule: Any,
+    out: np.ndarray,
+    operands: list[np.ndarray],
+    extents: dict,
+) -> Callable[[], None]:
+    """The compiled kernel as a no-argument call, its parameters computed once."""
+    from codegen.build import build_c
+
+    compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
+    full = compiled.all_extents([a.shape for a in operands], out.shape, extents)
+    params = compiled.host_parameters(full)
+    pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))
+    return lambda: compiled.function(out.ctypes.data, pointers, params.ctypes.data)
 
 
 def _random(shape: Sequence[int], dtype: Any, rng: np.random.Generator) -> np.ndarray:
@@ -197,16 +238,6 @@ def _random(shape: Sequence[int], dtype: Any, rng: np.random.Generator) -> np.nd
     if np.issubdtype(dtype, np.integer):
         return np.zeros(shape, dtype)
     return np.ascontiguousarray(rng.standard_normal(shape).astype(dtype))
-
-
-def _direct_call(
-    compiled: Any, out: np.ndarray, operands: list[np.ndarray], extents: dict
-) -> Callable[[], None]:
-    """The compiled kernel as a no-argument call, its parameters computed once."""
-    full = compiled.all_extents([a.shape for a in operands], out.shape, extents)
-    params = compiled.host_parameters(full)
-    pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))
-    return lambda: compiled.function(out.ctypes.data, pointers, params.ctypes.data)
 
 
 def _seconds(call: Callable[[], None], reps: int) -> list[float]:

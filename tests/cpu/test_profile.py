@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+import codegen.build
 import tensordsl as td
 from codegen import config
 from tensordsl.cli import main
@@ -50,6 +51,25 @@ def test_profile_includes_saved_nests_and_skips_nograd_inputs():
     k = td.kernel("Y[i] := alpha * X[i,j]", nograd=("alpha",))
     report = k.profile({"alpha": (), "X": (4, 6)}, reps=1)
     assert [t.name for t in report.timings] == ["forward", "grad_X"]
+
+
+def test_profile_times_a_contraction_as_xla_runs_it_and_a_kernel_where_asked(monkeypatch):
+    shapes = {"A": (6, 5), "B": (5, 4)}
+    heuristic = td.kernel("C[i,j] := A[i,k] * B[k,j]")
+    assert all(t.schedule.startswith("strategy=xla") for t in heuristic.profile(shapes).timings)
+    ordered = td.kernel("C[i,j] := A[i,k] * B[k,j]", loop_order=("i", "j", "k"))
+    built = []
+    real_build = codegen.build.build_c
+
+    def recording_build(nest, **options):
+        built.append(nest)
+        return real_build(nest, **options)
+
+    monkeypatch.setattr(codegen.build, "build_c", recording_build)
+    timings = ordered.profile(shapes, reps=1).timings
+    strategies = [t.schedule.split()[0] for t in timings]
+    assert strategies == ["strategy=tile", "strategy=xla", "strategy=xla"]
+    assert built == [ordered.nest]
 
 
 def test_profile_reports_shape_and_dtype_mistakes():
