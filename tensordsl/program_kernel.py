@@ -150,6 +150,36 @@ class ProgramKernel:
             lines.append(f"  {name}: shape ({dims}{',' * (len(shape) == 1)})   {role}")
         return lines
 
+    def profile(
+        self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
+    ) -> tuple[tuple[str, Any], ...]:
+        """Time every C nest of every statement the outputs need, each alone (see
+        `Kernel.profile`): `(statement output, tensordsl.timing.Profile)` in order.
+
+        Every operand of a statement, intermediates included, is random, of the shape the
+        inputs' `shapes` give it; program inputs in `nograd` get no gradient nest.
+        """
+        from tensordsl.timing import profile_nests
+
+        if dtype not in ("float32", "float64"):
+            raise UnknownNameError(
+                f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
+            )
+        known = check_program_shapes(self._lowered, shapes)
+        return tuple(
+            (
+                nest.output,
+                profile_nests(
+                    nest,
+                    known,
+                    dtype=dtype,
+                    nograd=self.nograd & set(nest.operand_names),
+                    reps=reps,
+                ),
+            )
+            for nest in live_statements(self.program)
+        )
+
     def source(self, target: str = "c") -> dict[str, str]:
         """Generated code for every nest of every statement: `"<output>.<nest name>"` keys."""
         from tensordsl.explain import generated_sources

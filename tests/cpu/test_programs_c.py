@@ -12,6 +12,7 @@ import pytest
 
 import tensordsl as td
 from codegen import config
+from tensordsl.cli import main
 from tests.corpus import make_inputs
 from tests.program_checks import check_gradients, check_values, program_kernel
 from tests.programs import PROGRAMS, PROGRAMS_BY_NAME, directional_derivative
@@ -89,3 +90,18 @@ def test_a_fully_masked_row_agrees_with_the_reference():
     for got, want in zip(ours, truth):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
     assert np.asarray(ours[1])[0] == -np.inf and np.isfinite(np.asarray(ours[0])[1:]).all()
+
+
+def test_profile_times_the_nests_of_every_statement_the_outputs_need(capsys):
+    k = td.kernel("C[i] := X[i+k] * W[k]; U[i] := X[i] * 2; D[i] := C[i+1] - C[i]")
+    report = k.profile({"X": (40,), "W": (3,)}, reps=1)
+    assert [(name, [t.name for t in p.timings]) for name, p in report] == [
+        ("C", ["forward", "grad_X", "grad_W"]),
+        ("D", ["forward", "grad_C"]),
+    ]
+    assert all(t.seconds > 0 for _, p in report for t in p.timings)
+    source = "C[i] := X[i+k] * W[k]; D[i] := C[i+1] - C[i]"
+    assert main(["explain", source, "--shapes", "X=40", "W=3", "--time", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("schedules of statement 2") < out.index("statement C: timings (c, float32")
+    assert out.index("statement C: timings") < out.index("statement D: timings (c, float32")
