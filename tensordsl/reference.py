@@ -28,7 +28,7 @@ import sympy
 
 from codegen.extents import evaluate_int, extent_values
 from codegen.functions import FUNCTIONS, CeilDiv, FloorDiv
-from codegen.ir import LoopNest, Range, Term
+from codegen.ir import LoopNest, Range, Reduce, Term
 from codegen.reductions import REDUCTIONS
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -86,6 +86,8 @@ class _Evaluator:
             return self.symbol(expr)
         if isinstance(expr, sympy.Indexed):
             return self.access(expr)
+        if isinstance(expr, Reduce):
+            return self.nested(expr)
         args = [self(a) for a in expr.args] if not isinstance(expr, sympy.Piecewise) else []
         if isinstance(expr, sympy.Add):
             return functools.reduce(lambda a, b: a + b, args)
@@ -123,6 +125,18 @@ class _Evaluator:
         if exponent.is_Integer:
             return jnp.asarray(base, self.dtype) ** int(exponent)
         return jnp.power(base, self(exponent))
+
+    def nested(self, node: Reduce) -> Any:
+        """A nested reduction: its body over one more (last) axis for its index, reduced."""
+        start, stop = (evaluate_int(x, self.extents) for x in (node.start, node.stop))
+        ndim = max((jnp.ndim(a) for a in self.grid.values()), default=0)
+        grid = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
+        index = jnp.arange(start, max(start, stop)).reshape((1,) * ndim + (-1,))
+        grid[node.index] = index
+        body = _Evaluator(grid, self.operands, self.extents, self.dtype)(node.body)
+        shape = jnp.broadcast_shapes(jnp.shape(body), index.shape)
+        body = jnp.broadcast_to(jnp.asarray(body, self.dtype), shape)
+        return REDUCE[node.reduction](body, jnp.ones(shape, bool), (ndim,))
 
     def piecewise(self, expr: sympy.Piecewise) -> Any:
         result = None
