@@ -21,6 +21,8 @@ outputs need is computed and stored in full, as separate kernels would.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from codegen import config
+from codegen.extents import evaluate_int, extent_values
+from codegen.fusion import Fused, fuse, nested_ranges
+from codegen.ir import LoopNest
 from codegen.program import Program, live_statements
 from tensordsl import jax_bind, runners
 from tensordsl.errors import ShapeError, UnknownNameError, UnsupportedError, close_match
@@ -116,7 +122,9 @@ class ProgramKernel:
         return self.source_text[start:stop]
 
     def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
-        """The program's inputs, outputs and shapes, then each statement's nests.
+        """The program's inputs, outputs and shapes, then each statement's nests; with
+        `shapes`, also what runs for them: which intermediates are recomputed inside which
+        statements, and the fused nests with their gradient nests.
 
         `shapes` (one per input) are checked as a call checks them; bounds are then numbers.
         """
@@ -132,14 +140,38 @@ class ProgramKernel:
             )
             text = explain(low.nest, shapes=known)
             lines += ["  " + line for line in text.split("\n")]
+        if shapes is not None:
+            lines += self._fused_lines({op.name: shapes[op.name] for op in self.program.inputs})
         return "\n".join(lines)
+
+    def _fused_lines(self, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+        from tensordsl.explain import explain
+
+        live = live_statements(self.program)
+        if not config.fuse_programs():
+            return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"]
+        fused = fuse_program(live, self.program.outputs, self.program.concrete_shapes(shapes))
+        stored = [nest.output for nest in fused.stored]
+        lines = [
+            f"fused for these shapes: {', '.join(stored)} run as {len(stored)} kernel(s); "
+            + (
+                f"{', '.join(fused.inlined)} recomputed where read, never stored"
+                if fused.inlined
+                else "every intermediate stored"
+            )
+        ]
+        for nest in fused.stored:
+            lines.append(f"fused statement {nest.output}")
+            lines += ["  " + line for line in explain(nest).split("\n")]
+        return lines
 
     def _summary(self) -> list[str]:
         program = self.program
         live = {nest.output for nest in live_statements(program)}
         lines = [
-            f"program of {len(program.statements)} statements, run in order, each as its own "
-            "kernel (every intermediate is stored)",
+            f"program of {len(program.statements)} statements, run in order; intermediates "
+            "are recomputed where read when elementwise or larger than every input and "
+            "output (explain(shapes) says which), otherwise stored",
             f"  inputs   {', '.join(self.inputs)}",
             f"  outputs  {', '.join(self.outputs)}",
         ]
@@ -223,7 +255,7 @@ def run_program(
         The outputs, in `program.outputs` order.
     """
     known = dict(values)
-    for nest in live_statements(program):
+    for nest in compiled_statements(program, known, backend):
         operands = [known[name] for name in nest.operand_names]
         known[nest.output] = jax_bind.call_nest(
             nest,
@@ -234,6 +266,47 @@ def run_program(
             nograd=nograd & set(nest.operand_names),
         )
     return tuple(known[name] for name in program.outputs)
+
+
+def compiled_statements(
+    program: Program, values: Mapping[str, Any], backend: str
+) -> tuple[LoopNest, ...]:
+    """The nests a call runs, in order: the live statements fused for these shapes
+    (`codegen.fusion`) on every back end, so that they all agree; as written (statements in
+    order as separate kernels) where `TENSORDSL_FUSE=0`.
+
+    Raises:
+        UnsupportedError: a recomputed intermediate reduces over an empty range (its masks were
+            turned into loop bounds assuming it does not).
+    """
+    live = live_statements(program)
+    if not config.fuse_programs():
+        return live
+    shapes = program.concrete_shapes({op.name: np.shape(values[op.name]) for op in program.inputs})
+    fused = fuse_program(live, program.outputs, shapes)
+    for nest in fused.stored:
+        for nested in nested_ranges(nest):
+            length = evaluate_int(nested.stop - nested.start, extent_values(nest, shapes))
+            if length < 1:
+                raise UnsupportedError(
+                    f"statement '{nest.output}' recomputes a sum over the empty range of "
+                    f"'{nested.index}' ({nested.start} to {nested.stop})",
+                    expected="non-empty reduced ranges in a fused program, or TENSORDSL_FUSE=0",
+                )
+    return fused.stored
+
+
+@functools.lru_cache(maxsize=256)
+def _fused(live: tuple[LoopNest, ...], outputs: tuple[str, ...], sizes: tuple) -> Fused:
+    return fuse(live, outputs=outputs, sizes=dict(sizes))
+
+
+def fuse_program(
+    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: Mapping[str, Sequence[int]]
+) -> Fused:
+    """`codegen.fusion.fuse` of the live statements, cached per sizes."""
+    sizes = tuple(sorted((name, math.prod(shape)) for name, shape in shapes.items()))
+    return _fused(live, outputs, sizes)
 
 
 def _output_dtype(operands: Sequence[Any]) -> Any:

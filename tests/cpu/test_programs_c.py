@@ -77,19 +77,36 @@ def test_second_order_gradients():
     jax.test_util.check_grads(jax.jit(k), [X, c], order=2, modes=["rev"], atol=1e-5, rtol=1e-5)
 
 
+MASKED_ROW = """
+    S[i,j] := Q[i,d] * K[j,d] + where(j < i, 0, -inf)
+    (logsumexp) L[i] := S[i,j]
+    O[i,e] := exp(S[i,j] - L[i]) * V[j,e]
+"""
+
+
 def test_a_fully_masked_row_agrees_with_the_reference():
-    source = """
-        S[i,j] := Q[i,d] * K[j,d] + where(j < i, 0, -inf)
-        (logsumexp) L[i] := S[i,j]
-        O[i,e] := exp(S[i,j] - L[i]) * V[j,e]
-    """
     rng = np.random.default_rng(2)
     Q, K, V = (rng.normal(size=(5, 3)) for _ in range(3))
-    ours = td.kernel(source, outputs=("O", "L"), backend="c")(Q, K, V)
-    truth = td.kernel(source, outputs=("O", "L"), backend="reference")(Q, K, V)
+    ours = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="c")(Q, K, V)
+    truth = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="reference")(Q, K, V)
     for got, want in zip(ours, truth):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
-    assert np.asarray(ours[1])[0] == -np.inf and np.isfinite(np.asarray(ours[0])[1:]).all()
+    # The mask bounds the loops: row 0 sums over nothing (O = 0, L = -inf), and no other row
+    # sees a NaN; its gradients are finite too.
+    assert np.asarray(ours[1])[0] == -np.inf and (np.asarray(ours[0])[0] == 0).all()
+    assert np.isfinite(np.asarray(ours[0])).all()
+    k = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="c")
+    grads = jax.grad(lambda *a: jnp.sum(k(*a)[0] * 1.5), argnums=(0, 1, 2))(Q, K, V)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+def test_unfused_programs_keep_the_nan_of_a_fully_masked_row(monkeypatch):
+    # Statements run as separate kernels: exp(-inf - (-inf)) is NaN in the masked row only.
+    monkeypatch.setenv("TENSORDSL_FUSE", "0")
+    rng = np.random.default_rng(2)
+    Q, K, V = (rng.normal(size=(5, 3)) for _ in range(3))
+    O, L = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="c")(Q, K, V)
+    assert np.isnan(np.asarray(O)[0]).all() and np.isfinite(np.asarray(O)[1:]).all()
 
 
 def test_profile_times_the_nests_of_every_statement_the_outputs_need(capsys):
@@ -105,3 +122,27 @@ def test_profile_times_the_nests_of_every_statement_the_outputs_need(capsys):
     out = capsys.readouterr().out
     assert out.index("schedules of statement 2") < out.index("statement C: timings (c, float32")
     assert out.index("statement C: timings") < out.index("statement D: timings (c, float32")
+
+
+def test_attention_never_materialises_the_scores():
+    # Forward and backward under jit: no buffer of the (B, H, T, T) scores anywhere, neither
+    # XLA's nor an intermediate of ours; the scores are recomputed inside L's and O's nests
+    # and inside every gradient nest.
+    from tensordsl.program_kernel import compiled_statements
+
+    case = PROGRAMS_BY_NAME["causal_attention"]
+    k = td.kernel(case.source, outputs=("O", "L"), backend="c")
+    b, h, t, d = 1, 2, 40, 4
+    rng = np.random.default_rng(5)
+    Q, K, V = (jnp.asarray(rng.normal(size=(b, h, t, d))) for _ in range(3))
+    ct = jnp.asarray(rng.normal(size=(b, h, t, d)))
+
+    def loss(Q, K, V):
+        O, L = k(Q, K, 0.5, V)
+        return jnp.sum(O * ct) + jnp.sum(L)
+
+    values = {"Q": Q, "K": K, "scale": jnp.asarray(0.5), "V": V}
+    assert [n.output for n in compiled_statements(k.program, values, "c")] == ["L", "O"]
+    hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(Q, K, V).compile().as_text()
+    assert f"[{b},{h},{t},{t}]" not in hlo
+    assert "custom-call" in hlo
