@@ -76,6 +76,16 @@ def test_reference_without_x64(source, reference) -> None:
     np.testing.assert_allclose(got, reference(x.astype(np.float64), None), rtol=1e-6)
 
 
+def test_reference_without_x64_gradient_with_a_large_coefficient() -> None:
+    # The derivative of X^3 * 10^9 has the integer coefficient 3 * 10^9 >= 2**31: a value,
+    # not an index, so the 32-bit integers of JAX's default do not limit it.
+    x = _inputs("float32")
+    with jax.enable_x64(False):
+        k = td.kernel("Y[i] := X[i]^3 * 1000000000", backend="reference")
+        got = jax.grad(lambda x: k(x).sum())(x)
+    np.testing.assert_allclose(np.asarray(got), 3e9 * x.astype(np.float64) ** 2, rtol=1e-6)
+
+
 # (statement, the shape of X, where Y's elements come from in X)
 SHIFTS = [
     ("Y[i] := X[i + 3000000000]", 6, np.arange(6)),
