@@ -27,6 +27,7 @@ from codegen.affine import (
     DIVISION,
     FUNCTION,
     NON_INTEGER,
+    NOT_INT64,
     POWER,
     PRODUCT,
     Affine,
@@ -236,7 +237,7 @@ class _Translator:
         """`build()`, turning sympy's complaints and non-finite values into user errors."""
         text = _text(self.src, node.span)
         try:
-            result = build()
+            result = _large_integers_as_floats(build())
         except (TypeError, ValueError, ArithmeticError, RecursionError) as err:
             raise self.fail(
                 f"cannot evaluate '{text}': {err}", node, "an expression with a finite real value"
@@ -345,6 +346,8 @@ class _Translator:
         try:
             return as_affine(expr, [index_symbol(n) for n in names])
         except NotAffine as error:
+            if error.reason == NOT_INT64:
+                raise self.not_int64(node, error) from None
             if error.reason != NON_INTEGER:
                 raise self.not_affine(node, _NOT_AFFINE[error.reason]) from None
             raise IndexExpressionError(
@@ -353,6 +356,18 @@ class _Translator:
                 node.span,
                 expected=_AFFINE_EXAMPLE,
             ) from None
+
+    def not_int64(self, node: Expr, error: NotAffine) -> IndexExpressionError:
+        where = "offset" if error.index is None else "coefficient"
+        of = "" if error.index is None else f" of '{error.index}'"
+        return IndexExpressionError(
+            f"index expression '{_text(self.src, node.span)}' has {where} "
+            f"{error.coefficient}{of}, beyond int64",
+            self.src,
+            node.span,
+            expected="offsets and coefficients of magnitude at most 2**63 - 1 "
+            "(generated code computes indices in int64)",
+        )
 
     def index_expr(self, node: Expr, whole: Expr) -> sympy.Expr:
         """The sympy form of (part of) the index expression `whole`, built by the rules of
@@ -386,6 +401,29 @@ class _Translator:
             whole.span,
             expected=_AFFINE_EXAMPLE,
         )
+
+
+#: Integer constants of this magnitude or more in values (not in index expressions) are
+#: floating-point constants: generated code computes integer values in int64 (where they
+#: would wrap), and JAX's default integers are 32-bit.
+LARGE_INTEGER = 2**31
+
+
+def _large_integers_as_floats(expr: Any) -> Any:
+    """`expr` with every integer constant of at least `LARGE_INTEGER` in magnitude, outside
+    tensor accesses, replaced by a sympy Float of the same value."""
+    if not isinstance(expr, sympy.Basic):
+        return expr
+    large = {}
+    walk = sympy.preorder_traversal(expr)
+    for node in walk:
+        if isinstance(node, sympy.Indexed):
+            walk.skip()  # index expressions keep exact integers
+        elif node.is_Integer and abs(node) >= LARGE_INTEGER:
+            large[node] = sympy.Float(node)
+    if not large:
+        return expr
+    return expr.xreplace({**large, **{read: read for read in expr.atoms(sympy.Indexed)}})
 
 
 def _number(text: str) -> sympy.Expr:
