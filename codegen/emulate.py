@@ -5,10 +5,11 @@ A translation unit holds one or many kernels: each kernel's text, exactly as `em
 returns it, inside its own namespace (so that their helpers and `idx_t` do not clash), and a
 descriptor per kernel appended after it (`TDSL_EMU_KERNEL`). Units are compiled by the host
 C++ compiler (`TENSORDSL_CXX`) against the CUDA toolkit's headers (`vector_types.h`,
-`cuda_fp16.h`, `cuda_bf16.h`), cached on disk by content hash with atomic writes (like
-codegen/build.py) and loaded with ctypes. Compilation dominates the cost (about 1.5 s per
-compiler call here), so `build` puts many kernels in one unit and compiles several units at
-once; a loaded kernel is kept in memory by its source text.
+`cuda_fp16.h`, `cuda_bf16.h`), cached on disk by content hash (`codegen.build.compile_c`
+with the emulator's toolchain, under `cache_dir()/cuda_emu/`) and loaded with ctypes.
+Compilation dominates the cost (about 2 s per compiler call here, 0.07 s per further kernel
+in a unit), so `build` puts many kernels in one unit and compiles two units at once; a
+loaded kernel is kept in memory by its source text.
 
 A launch takes `(grid, block, args)` like `RawKernel`: `args` holds one NumPy array (its
 data pointer is passed) or integer/float scalar per kernel parameter, checked against the
@@ -23,14 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
 import pathlib
 import platform
 import re
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from codegen import config, nvrtc
-from codegen.build import _atomic_write, compiler_version
+from codegen.build import Toolchain, compile_c, compiler_version
 
 HEADER = pathlib.Path(__file__).with_name("cuda_emu.h")
 CACHE_VERSION = 1
@@ -69,8 +65,8 @@ _DYNAMIC_SHARED = re.compile(
 _LOCK = threading.Lock()
 _LIBRARIES: dict[pathlib.Path, ctypes.CDLL] = {}
 _KERNELS: dict[tuple[str, str], EmulatedKernel] = {}
-#: Counters for tests: compiler calls, kernels compiled, disk-cache hits.
-STATS = {"compiles": 0, "kernels": 0, "disk_hits": 0}
+#: Kernels compiled in this process (compiler calls and disk hits: `codegen.build.STATS`).
+STATS = {"kernels": 0}
 
 
 class EmulationError(RuntimeError):
@@ -173,37 +169,17 @@ def compile_unit(
         key: anything else the object depends on (headers outside the flags).
 
     Raises:
-        EmulationError: when the compiler rejects the unit (the kept source is named).
+        BuildError: when the compiler rejects the unit (a tensordsl bug; the kept unit is named).
     """
-    cxx = config.cxx_compiler()
-    flags = (*compile_flags(), *extra_flags)
-    material = repr(
-        (text, flags, libraries, compiler_version(cxx), HEADER.read_text(), CACHE_VERSION, key)
+    toolchain = Toolchain(
+        config.cxx_compiler(),
+        (*compile_flags(), *extra_flags),
+        "TENSORDSL_CXX",
+        folder="cuda_emu",
+        suffix=".cc",
+        libraries=tuple(libraries),
     )
-    digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = config.cache_dir() / "cuda_emu" / digest[:2]
-    folder.mkdir(parents=True, exist_ok=True)
-    library = folder / f"{digest}.so"
-    if library.exists():
-        STATS["disk_hits"] += 1
-        return library
-    source = folder / f"{digest}.cc"
-    _atomic_write(source, text.encode())
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
-    os.close(fd)
-    command = [cxx, *flags, "-o", tmp, str(source), *libraries]
-    if config.debug():
-        print("tensordsl: " + " ".join(command), file=sys.stderr)
-    STATS["compiles"] += 1
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        os.unlink(tmp)
-        raise EmulationError(
-            "tensordsl bug: the emulator's C++ compiler rejected generated CUDA.\n"
-            f"  unit kept at {source}\n  command: {' '.join(command)}\n" + done.stderr[-4000:]
-        )
-    os.replace(tmp, library)
-    return library
+    return compile_c(text, key=(HEADER.read_text(), CACHE_VERSION, key), toolchain=toolchain)
 
 
 @dataclass(frozen=True)
