@@ -45,6 +45,13 @@ extern "C" __global__ void stuck(double *out, const double *x) {
 }"""
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu():
+    """The emulated handler serves XLA's host platform, also where a GPU is the default."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.fixture(scope="module")
 def kernels() -> dict[str, emulate.EmulatedKernel]:
     built = emulate.build([(RECORD, "record"), (SILENT, "silent"), (STUCK, "stuck")])
