@@ -95,6 +95,18 @@ def test_arguments_are_packed_as_the_kernel_signature_declares(kernels) -> None:
     assert int(out[5]) == 2064
 
 
+@pytest.mark.parametrize(
+    "source, dtype", [(MATMUL, "float16"), ("Y[i] := alpha * X[i] + beta", "float64")]
+)
+def test_generated_kernels_take_pointers_then_int64_parameters(source: str, dtype: str) -> None:
+    nest = lower(parse(source)).nest
+    dtypes = {name: dtype for name in (*nest.operand_names, nest.output)}
+    emitted = emit_cuda(nest, dtypes=dtypes)
+    kernel = emulate.kernel(emitted.text, emitted.entry)
+    pointers = 1 + len(nest.operands)  # the output, then every operand (scalars too)
+    assert kernel.signature == ("p",) * pointers + ("i8",) * len(emitted.parameters)
+
+
 def test_poison_fills_the_output_first(kernels) -> None:
     x = jnp.ones(3)
     result = jax.ShapeDtypeStruct((5,), jnp.float64)
