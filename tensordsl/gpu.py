@@ -25,7 +25,6 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -33,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen import config, cuda_launch, emulate
-from codegen.build import INT64_MAX, _parameter_function
 from codegen.cuda import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda_schedule import GpuSchedule
+from codegen.extents import output_shape
+from codegen.host import host_function
 from codegen.ir import LoopNest
-from tensordsl import reference
 from tensordsl.errors import UnsupportedError
 
 _LOCK = threading.Lock()
@@ -71,7 +70,7 @@ def prepare(
     all_shapes = dict(shapes)
     for op, value in zip(nest.operands, operands, strict=True):
         all_shapes[op.name] = tuple(np.shape(value))
-    out_shape = reference.output_shape(nest, all_shapes)
+    out_shape = output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
     out_dtype = jnp.dtype(dtype)
     dtypes = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
@@ -86,11 +85,10 @@ def _host_values(
     source: CudaSource, shapes: Mapping[str, Sequence[int]]
 ) -> tuple[tuple[int, ...], tuple[int, int, int]]:
     """The int64 parameters and the clamped grid, computed like the C back end does."""
-    exprs = (*source.parameters, *(("grid", g) for g in source.grid))
-    compute, names = _parameter_function(SimpleNamespace(parameters=exprs))  # type: ignore[arg-type]
-    values = compute(*(int(shapes[name][axis]) for name, axis in names))
+    host = host_function((*source.parameters, *(("grid", g) for g in source.grid)))
+    values = host(shapes)
     count = len(source.parameters)
-    params = tuple(min(max(int(v), -INT64_MAX), INT64_MAX) for v in values[:count])
+    params = tuple(int(v) for v in values[:count])
     grid = tuple(max(1, min(int(v), limit)) for v, limit in zip(values[count:], GRID_LIMITS))
     return params, grid  # type: ignore[return-value]
 
@@ -103,7 +101,7 @@ def run_cuda(
     *,
     schedule: GpuSchedule | None = None,
 ) -> jax.Array:
-    """Run `nest` with CUDA (a `jax_bind.Runner`; `schedule` for tests)."""
+    """Run `nest` with CUDA (a `runners.Runner`; `schedule` for tests)."""
     launch = prepare(nest, operands, shapes, dtype, schedule)
     order = config.cuda_emulate()
     if order is not None:

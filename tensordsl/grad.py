@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
 
+from codegen.affine import NotAffine, affine_parts
 from codegen.functions import FloorDiv
 from codegen.ir import (
     LoopNest,
@@ -93,45 +95,6 @@ def _names(nest: LoopNest, wrt: str) -> _Names:
     )
 
 
-def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
-    """The nests the forward pass must also compute for the gradients of `nest`.
-
-    Keys are roles ("argument", "nonzero_prod", "zero_count"); each nest's output has the
-    name the gradient nests use for it.
-    """
-    if nest.reduction not in ("max", "min", "prod"):
-        return {}
-    names = _names(nest, "_")
-    (term,) = nest.terms
-    if nest.reduction in ("max", "min"):
-        return {
-            ARGUMENT: LoopNest(
-                names.argument, nest.free, nest.terms, nest.operands, "arg" + nest.reduction
-            )
-        }
-    if nest.reduction == "prod":
-        is_zero = sympy.Eq(term.body, 0)
-        factor = sympy.Piecewise((sympy.Integer(1), is_zero), (term.body, True))
-        count = sympy.Piecewise((sympy.Integer(1), is_zero), (sympy.Integer(0), True))
-        return {
-            NONZERO_PROD: LoopNest(
-                names.nonzero_prod,
-                nest.free,
-                (Term(factor, term.reduced, term.constraints, term.guard),),
-                nest.operands,
-                "prod",
-            ),
-            ZERO_COUNT: LoopNest(
-                names.zero_count,
-                nest.free,
-                (Term(count, term.reduced, term.constraints, term.guard),),
-                nest.operands,
-                "sum",
-            ),
-        }
-    return {}
-
-
 def _fresh_names(taken: set[str]) -> itertools.chain:
     singles = ("p", "q", "s", "t", "u", "v", "w")
     numbered = (f"{base}{n}" for n in itertools.count(1) for base in singles)
@@ -162,18 +125,13 @@ def _occurrences(expr: sympy.Basic, wrt: str) -> list[sympy.Indexed]:
 
 
 def _affine(expr: sympy.Expr, loop: list[sympy.Symbol], where: sympy.Basic) -> dict:
-    coefficients = {}
-    expanded = sympy.expand(expr)
-    for v in loop:
-        c = expanded.coeff(v)
-        if c != 0:
-            if not c.is_Integer or c.has(*loop):
-                raise UnsupportedError(
-                    f"the gradient cannot solve the access {where}: index {v} has the "
-                    f"non-integer coefficient {c} after a change of variables"
-                )
-            coefficients[v] = int(c)
-    return coefficients
+    try:
+        return affine_parts(expr, loop)
+    except NotAffine as error:
+        raise UnsupportedError(
+            f"the gradient cannot solve the access {where}: index {error.index} has the "
+            f"non-integer coefficient {error.coefficient} after a change of variables"
+        ) from None
 
 
 @dataclass
@@ -277,29 +235,110 @@ def _simplify_constraints(constraints) -> list[sympy.Expr]:
     return kept
 
 
-def _scale(nest: LoopNest, names: _Names) -> sympy.Expr:
-    """The factor multiplying df/dA: the cotangent, adjusted for the reduction."""
-    out_access = _saved(names.cotangent, nest)
-    saved = _saved(nest.output, nest)
-    if nest.reduction == "sum":
-        return out_access
+def _no_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
+    return {}
+
+
+def _extreme_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
+    """max/min: the position of the winning iteration (an argmax/argmin nest)."""
+    return {
+        ARGUMENT: LoopNest(
+            names.argument, nest.free, nest.terms, nest.operands, "arg" + nest.reduction
+        )
+    }
+
+
+def _prod_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
+    """prod: the product of the nonzero factors and the number of zero factors."""
     (term,) = nest.terms
-    if nest.reduction == "logsumexp":
-        return out_access * sympy.exp(term.body - saved)
-    if nest.reduction in ("max", "min"):
-        argument = _saved(names.argument, nest)
-        return sympy.Piecewise(
-            (out_access, sympy.Eq(_flat_position(term), argument)), (sympy.Integer(0), True)
-        )
-    if nest.reduction == "prod":
-        nonzero, zeros = _saved(names.nonzero_prod, nest), _saved(names.zero_count, nest)
-        others = sympy.Piecewise(
-            (nonzero / term.body, sympy.Eq(zeros, 0)),
-            (nonzero, sympy.And(sympy.Eq(zeros, 1), sympy.Eq(term.body, 0))),
-            (sympy.Integer(0), True),
-        )
-        return out_access * others
+    is_zero = sympy.Eq(term.body, 0)
+    factor = sympy.Piecewise((sympy.Integer(1), is_zero), (term.body, True))
+    count = sympy.Piecewise((sympy.Integer(1), is_zero), (sympy.Integer(0), True))
+    return {
+        NONZERO_PROD: LoopNest(
+            names.nonzero_prod,
+            nest.free,
+            (Term(factor, term.reduced, term.constraints, term.guard),),
+            nest.operands,
+            "prod",
+        ),
+        ZERO_COUNT: LoopNest(
+            names.zero_count,
+            nest.free,
+            (Term(count, term.reduced, term.constraints, term.guard),),
+            nest.operands,
+            "sum",
+        ),
+    }
+
+
+def _sum_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    return _saved(names.cotangent, nest)
+
+
+def _logsumexp_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    """`dY * exp(f - Y)`, with the saved output Y."""
+    (term,) = nest.terms
+    return _saved(names.cotangent, nest) * sympy.exp(term.body - _saved(nest.output, nest))
+
+
+def _extreme_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    """`dY` at the saved winning position, 0 elsewhere."""
+    (term,) = nest.terms
+    argument = _saved(names.argument, nest)
+    return sympy.Piecewise(
+        (_saved(names.cotangent, nest), sympy.Eq(_flat_position(term), argument)),
+        (sympy.Integer(0), True),
+    )
+
+
+def _prod_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    """`dY` times the product of the other factors, never dividing by zero."""
+    (term,) = nest.terms
+    nonzero, zeros = _saved(names.nonzero_prod, nest), _saved(names.zero_count, nest)
+    others = sympy.Piecewise(
+        (nonzero / term.body, sympy.Eq(zeros, 0)),
+        (nonzero, sympy.And(sympy.Eq(zeros, 1), sympy.Eq(term.body, 0))),
+        (sympy.Integer(0), True),
+    )
+    return _saved(names.cotangent, nest) * others
+
+
+def _no_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
     raise UnsupportedError(f"no gradient for the reduction '{nest.reduction}'")
+
+
+@dataclass(frozen=True)
+class GradientRule:
+    """How the gradient of a reduction is formed.
+
+    `auxiliary` gives the nests the forward pass must also compute (by role); `scale` the
+    factor multiplying `df/dA` in every gradient term (the cotangent, adjusted).
+    """
+
+    auxiliary: Callable[[LoopNest, _Names], dict[str, LoopNest]]
+    scale: Callable[[LoopNest, _Names], sympy.Expr]
+
+
+#: One rule per row of `codegen.reductions.REDUCTIONS`.
+GRADIENT_RULES: dict[str, GradientRule] = {
+    "sum": GradientRule(_no_auxiliary, _sum_scale),
+    "max": GradientRule(_extreme_auxiliary, _extreme_scale),
+    "min": GradientRule(_extreme_auxiliary, _extreme_scale),
+    "prod": GradientRule(_prod_auxiliary, _prod_scale),
+    "logsumexp": GradientRule(_no_auxiliary, _logsumexp_scale),
+    "argmax": GradientRule(_no_auxiliary, _no_scale),
+    "argmin": GradientRule(_no_auxiliary, _no_scale),
+}
+
+
+def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
+    """The nests the forward pass must also compute for the gradients of `nest`.
+
+    Keys are roles ("argument", "nonzero_prod", "zero_count"); each nest's output has the
+    name the gradient nests use for it.
+    """
+    return GRADIENT_RULES[nest.reduction].auxiliary(nest, _names(nest, "_"))
 
 
 def _saved(name: str, nest: LoopNest) -> sympy.Expr:
@@ -357,7 +396,7 @@ def gradient(nest: LoopNest, wrt: str) -> Gradient:
     names = _names(nest, wrt)
     rank = nest.operand(wrt).rank
     free = _free_indices(nest, wrt)
-    scale = _scale(nest, names)
+    scale = GRADIENT_RULES[nest.reduction].scale(nest, names)
     terms = []
     for term in nest.terms:
         occurrences = _occurrences(term.body, wrt) if rank else [scalar_symbol(wrt)]
