@@ -16,7 +16,7 @@ from codegen.affine import affine_parts
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import extent_of
 from codegen.schedule import Schedule
-from codegen.staging import Plan
+from codegen.staging import Assign, Loop, Plan, Statement
 
 CEmitter = Emitter[Schedule]
 
@@ -49,11 +49,75 @@ def _lanes(
         return lines
     row_index = sympy.Symbol(s.row, integer=True)
     row, row0 = e.printer.index(row_index), e.tile_name("o", row_index)
+    declare_row = f"const int64_t {row} = {row0} + r_;"
+    batched: Lines = []
     if plan is not None:
+        plan, batched = _batch_row_sums(e, plan, level, rn, declare_row)
         lines = e.level_lines(plan, level, lines)
-    return [f"#pragma GCC unroll {s.rows}"] + block_lines(
-        f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"const int64_t {row} = {row0} + r_;", *lines]
+    return (
+        batched
+        + [f"#pragma GCC unroll {s.rows}"]
+        + block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [declare_row, *lines])
     )
+
+
+def _batch_row_sums(
+    e: CEmitter, plan: Plan, level: int, rn: str, declare_row: str
+) -> tuple[Plan, Lines]:
+    """The nested sums of the row level computed for all the tile's rows in one loop.
+
+    A nested sum per row (attention's `sum_d Q[i, d]*K[j, d]` in a tile over `i`) is a chain
+    of dependent additions; computing the rows' sums in the same loop gives `rows` independent
+    chains (measured on attention's weighted sum: 55 -> 36 ns per (i, j)). A sum is batched
+    when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
+    sums are computed outside the row level's tests: every read is in bounds (masks only
+    skip work), and the sums of masked rows go unused.
+    """
+    statements = plan.statements[level]
+    local = {st.symbol for st in statements}
+    batched: Lines = []
+    kept: list[Statement] = []
+    rows = e.schedule.rows
+    for st in statements:
+        reads = set()
+        if isinstance(st, Loop):
+            reads = st.value.free_symbols.union(
+                *(x.expr.free_symbols for x in st.inner if isinstance(x, Assign))
+            )
+        if (
+            not isinstance(st, Loop)
+            or st.reduction != "sum"
+            or reads & local
+            or any(isinstance(x, Loop) for x in st.inner)
+        ):
+            kept.append(st)
+            continue
+        state = f"{st.symbol.name}a"
+        index = e.printer.index(st.index)
+        lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
+        body = [
+            declare_row,
+            *e.statement_lines(st.inner, True),
+            f"{state}[r_] += {e.printer.doprint(st.value)};",
+        ]
+        batched += [
+            f"{e.f} {state}[{rows}];",
+            *block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"{state}[r_] = 0;"]),
+            f"#pragma omp simd reduction(+:{state}[:{rows}])",
+            *block_lines(
+                f"for (int64_t {index} = {lo}; {index} < {hi}; ++{index})",
+                [
+                    f"#pragma GCC unroll {rows}",
+                    *block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", body),
+                ],
+            ),
+        ]
+        kept.append(Assign(st.symbol, sympy.Dummy(f"{state}[r_]", real=True)))
+    if not batched:
+        return plan, []
+    statements_by_level = list(plan.statements)
+    statements_by_level[level] = kept
+    return dataclasses.replace(plan, statements=statements_by_level), batched
 
 
 def _lane_levels(e: CEmitter) -> list[list[sympy.Symbol]]:
