@@ -132,7 +132,10 @@ TileBody = Callable[[CEmitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
 
 @dataclass(frozen=True)
 class _TilePaths:
-    """Interior tiles run `interior` unmasked; other tiles run `edge` with per-lane tests."""
+    """Interior tiles run `interior` unmasked; other tiles run `edge` with per-lane tests, or
+    `reduced_edge` when only the constraints that bound a reduced loop fail (those on the
+    tiled indices alone hold for the whole tile: a causal bound does not make every lane
+    test an extent)."""
 
     condition: tuple[str, ...]  # C conditions (>= 0 tests) of an interior tile
     interior: CEmitter
@@ -141,6 +144,9 @@ class _TilePaths:
     #: Per tiled index: the interior conditions on that index's tile start alone (with a
     #: tile width of one), whose other symbols are extents.
     alone: dict[sympy.Symbol, tuple[sympy.Expr, ...]]
+    free_condition: tuple[str, ...] = ()  # the conditions of constraints on free indices only
+    reduced_edge: CEmitter | None = None
+    reduced_tests: tuple[tuple[sympy.Expr, ...], ...] = ()
 
 
 def _tile_paths(e: CEmitter) -> _TilePaths:
@@ -160,10 +166,11 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
         starts[x] = e.tile_symbol("o", x)
         widths[x] = sympy.Dummy("rn_" if x.name == s.row else "wn_", integer=True, positive=True)
     condition: list[str] = []
+    free_condition: list[str] = []
     alone: dict[sympy.Symbol, list[sympy.Expr]] = {x: [] for x in tiled}
-    inner, edge, tests = [], [], []
+    inner, edge, tests, reduced_edge, reduced_tests = [], [], [], [], []
     for term in e.nest.terms:
-        kept, relaxed, lane = [], [], []
+        kept, relaxed, lane, relaxed_reduced, lane_reduced = [], [], [], [], []
         for c in term.constraints:
             coefficients = affine_parts(c, tuple(tiled))
             if not coefficients:
@@ -179,6 +186,11 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
                     worst[r.index] = r.start if a > 0 else r.stop - 1
             test = sympy.expand(c.xreplace(worst))
             condition.append(f"{e.idx(test)} >= 0")
+            if c.free_symbols & set(term.reduced_indices):
+                relaxed_reduced.append(sympy.expand(c.xreplace(best)))
+                lane_reduced.append(c)
+            else:
+                free_condition.append(condition[-1])
             x = next(iter(coefficients)) if len(coefficients) == 1 else None
             if x is not None and all(
                 extent_of(y) is not None for y in test.free_symbols - {starts[x], widths[x]}
@@ -189,10 +201,20 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
         inner.append(dataclasses.replace(term, constraints=tuple(kept)))
         edge.append(dataclasses.replace(term, constraints=(*kept, *relaxed)))
         tests.append(tuple(lane))
+        reduced_edge.append(dataclasses.replace(term, constraints=(*kept, *relaxed_reduced)))
+        reduced_tests.append(tuple(lane_reduced))
     found = {x: tuple(found) for x, found in alone.items()}
     if not condition:
         return _TilePaths((), e, e, tuple(() for _ in e.nest.terms), found)
-    return _TilePaths(tuple(condition), e.variant(inner), e.variant(edge), tuple(tests), found)
+    paths = _TilePaths(tuple(condition), e.variant(inner), e.variant(edge), tuple(tests), found)
+    if not free_condition or len(free_condition) == len(condition):
+        return paths
+    return dataclasses.replace(
+        paths,
+        free_condition=tuple(free_condition),
+        reduced_edge=e.variant(reduced_edge),
+        reduced_tests=tuple(reduced_tests),
+    )
 
 
 TILE_HELPERS = """\
@@ -275,6 +297,10 @@ def _tiled(e: CEmitter, body: TileBody) -> Lines:
     if paths.condition:
         masked = body(paths.edge, str(s.rows), str(s.width), paths.tests)
         edge = _either(check, masked, body(paths.edge, "rn_", "wn_", paths.tests))
+        if paths.reduced_edge is not None:
+            full = body(paths.reduced_edge, str(s.rows), str(s.width), paths.reduced_tests)
+            part = body(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
+            edge = _either(" && ".join(paths.free_condition), _either(check, full, part), edge)
         interior = _either(" && ".join(paths.condition), interior, edge)
     lines = [*tile, *interior]
     for x in reversed(free):
