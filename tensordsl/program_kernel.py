@@ -38,6 +38,7 @@ from codegen.program import Program, live_statements
 from tensordsl import jax_bind, runners
 from tensordsl.errors import ShapeError, UnknownNameError, UnsupportedError, close_match
 from tensordsl.program import LoweredProgram, check_program_shapes, line_of, lower_program
+from tensordsl.program_grad import FusedProgram
 
 __all__ = ["ProgramKernel", "run_program"]
 
@@ -255,7 +256,13 @@ def run_program(
         The outputs, in `program.outputs` order.
     """
     known = dict(values)
-    for nest in compiled_statements(program, known, backend):
+    nests = compiled_statements(program, known, backend)
+    if nests != live_statements(program):
+        # Fused: one differentiable function whose input gradients are one nest each.
+        names = tuple(known)
+        fused = FusedProgram(nests, names, program.outputs, backend, nograd)
+        return fused.call(*(known[name] for name in names))
+    for nest in nests:
         operands = [known[name] for name in nest.operand_names]
         known[nest.output] = jax_bind.call_nest(
             nest,
