@@ -76,11 +76,38 @@ def _openmp_flags(cc: str) -> tuple[str, ...]:
     return ("-fopenmp",) if ok else ("-fopenmp-simd",)
 
 
+#: Defined when glibc's vector math library links: generated C then declares the float math
+#: functions it calls `omp declare simd` (codegen/vecmath.py), and `-lmvec` links them.
+LIBMVEC_DEFINE = "-DTDSL_LIBMVEC"
+
+
+@functools.lru_cache(maxsize=8)
+def _libmvec_flags(cc: str) -> tuple[str, ...]:
+    """`LIBMVEC_DEFINE` when a vectorised `expf` links to libmvec here (detected once)."""
+    probe = (
+        "#include <math.h>\n#pragma omp declare simd notinbranch\nfloat expf(float);\n"
+        "void f(float *x, int n) {\n#pragma omp simd\n"
+        "    for (int i = 0; i < n; ++i) x[i] = expf(x[i]);\n}\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        src = pathlib.Path(tmp) / "probe.c"
+        src.write_text(probe)
+        library = str(pathlib.Path(tmp) / "p.so")
+        command = [cc, *BASE_FLAGS, *_openmp_flags(cc), str(src), "-o", library]
+        command += ["-Wl,-z,defs", "-lmvec", "-lm"]  # every symbol resolved, libmvec's too
+        try:
+            ok = subprocess.run(command, capture_output=True, check=False).returncode == 0
+        except OSError:
+            ok = False
+    return (LIBMVEC_DEFINE,) if ok else ()
+
+
 def compile_flags() -> tuple[str, ...]:
     """All flags the compiler is called with (part of the cache key)."""
     cc = config.c_compiler()
     debug = ("-g",) if config.debug() else ()
-    return (*BASE_FLAGS, *_openmp_flags(cc), *debug, *config.extra_cflags())
+    vector_math = _libmvec_flags(cc)
+    return (*BASE_FLAGS, *_openmp_flags(cc), *vector_math, *debug, *config.extra_cflags())
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
@@ -117,7 +144,8 @@ def compile_c(
     _atomic_write(source, text.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
     os.close(fd)
-    command = [cc, *flags, "-o", tmp, str(source), "-lm"]
+    libraries = ("-lmvec",) if LIBMVEC_DEFINE in flags else ()
+    command = [cc, *flags, "-o", tmp, str(source), *libraries, "-lm"]
     if config.debug():
         print("tensordsl: " + " ".join(command), file=sys.stderr)
     STATS["compiles"] += 1
