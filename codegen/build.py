@@ -35,10 +35,12 @@ from codegen.c import CSource, emit_c
 from codegen.host import HostFunction, host_function
 from codegen.ir import LoopNest
 from codegen.reductions import default_dtypes
-from codegen.schedule import Schedule
+from codegen.schedule import Schedule, choose_cpu_schedule
 
 CACHE_VERSION = 1
-BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11")
+#: -fno-math-errno: libm calls never set errno, so the compiler may hoist and vectorise them
+#: (NaN and inf results unchanged); see benchmarks/RESULTS.md, GPT-style block.
+BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11")
 
 #: Counters for tests and diagnostics: compiler runs, disk-cache hits.
 STATS = {"compiles": 0, "disk_hits": 0}
@@ -246,6 +248,7 @@ def build_c(
     Raises:
         BuildError: when the compiler rejects the generated code (a tensordsl bug).
     """
+    schedule = schedule or choose_cpu_schedule(nest, dtypes, kernel=True)
     memory_key = (
         nest,
         tuple(sorted(dtypes.items())),

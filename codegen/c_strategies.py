@@ -10,7 +10,7 @@ def scalar(e: Emitter[Schedule]) -> Lines:
     """One output element at a time: the free loops, then each term's reduced loops."""
     body = [*e.declare()]
     for n in range(len(e.nest.terms)):
-        body += e.guarded(n, e.loops(n, e.term_body(n, "")))
+        body += e.term_lines(n)
     lines = [*body, e.store_line("")]
     free = e.free_symbols()
     for r in reversed(free):
@@ -26,24 +26,21 @@ def split(e: Emitter[Schedule]) -> Lines:
     chunk = [*e.declare()]
     for n, term in enumerate(e.nest.terms):
         if not term.reduced:
-            chunk += block_lines("if (c_ == 0)", e.guarded(n, e.term_body(n, "")))
+            chunk += block_lines("if (c_ == 0)", e.term_lines(n))
             continue
         first = e.term_order(n)[0]
         lo, hi = e.idx(e.bounds[n].starts[first]), e.idx(e.bounds[n].stops[first])
         part = (f"lo_ + len_*c_/{chunks}", f"lo_ + len_*(c_ + 1)/{chunks}")
-        chunk += e.guarded(
-            n,
-            [
-                "{",
-                *indent_lines(
-                    [
-                        f"const int64_t lo_ = {lo}, len_ = tdsl_imax({hi} - lo_, 0);",
-                        *e.loops(n, e.term_body(n, ""), first=part),
-                    ]
-                ),
-                "}",
-            ],
-        )
+        chunk += [
+            "{",
+            *indent_lines(
+                [
+                    f"const int64_t lo_ = {lo}, len_ = tdsl_imax({hi} - lo_, 0);",
+                    *e.term_lines(n, first=part),
+                ]
+            ),
+            "}",
+        ]
     states = len(e.reducer.init)
     pairs = list(zip(e.names("part_", "[c_]"), e.names(), strict=True))[:states]
     chunk += [f"{p} = {a};" for p, a in pairs]

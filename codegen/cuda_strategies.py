@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from codegen.cuda_emitter import CudaEmitter
-from codegen.emitter import Lines, block_lines
+from codegen.emitter import Lines, block_lines, indent_lines
 
 
 def _per_element(
@@ -22,7 +22,7 @@ def thread(e: CudaEmitter) -> Lines:
     """One output element per thread, its reductions in registers."""
     body = [*e.declare()]
     for n in range(len(e.nest.terms)):
-        body += e.guarded(n, e.loops(n, e.term_body(n, "")))
+        body += e.term_lines(n)
     body.append(e.store_line(""))
     flat = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
     return _per_element(e, flat, "(idx_t)gridDim.x*(idx_t)blockDim.x", body)
@@ -45,7 +45,11 @@ def tile(e: CudaEmitter) -> Lines:
 
     body = [*e.declare(dims=dims), *lanes(e.init(sub), False)]
     for n in range(len(e.nest.terms)):
-        body += e.guarded(n, e.loops(n, lanes(e.term_body(n, sub), True)))
+        levels = [[], *e.reduced_levels(n), [r.index]]
+        plan = e.plan(n, levels)
+        inner = lanes(e.level_lines(plan, len(levels) - 1, e.fold_lines(n, plan, sub)), True)
+        loops = e.loops(n, inner, plan=plan)
+        body += ["{", *indent_lines(e.level_lines(plan, 0, loops)), "}"]
     body += lanes(block_lines(f"if ({row} < {stop})", [e.store_line(sub)]), False)
     flat = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
     return _per_element(e, flat, "(idx_t)gridDim.x*(idx_t)blockDim.x", body, {rn: s.rows})
@@ -57,12 +61,9 @@ def block_reduce(e: CudaEmitter) -> Lines:
     body = [*e.declare()]
     for n, term in enumerate(e.nest.terms):
         if not term.reduced:
-            body += block_lines("if (threadIdx.x == 0)", e.guarded(n, e.term_body(n, "")))
+            body += block_lines("if (threadIdx.x == 0)", e.term_lines(n))
             continue
-        body += e.guarded(
-            n,
-            e.loops(n, e.term_body(n, ""), step=("(idx_t)threadIdx.x", "(idx_t)blockDim.x")),
-        )
+        body += e.term_lines(n, step=("(idx_t)threadIdx.x", "(idx_t)blockDim.x"))
     a, b = e.names()
     ta, tb = e.state_types()
     states = len(e.reducer.init)

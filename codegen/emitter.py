@@ -18,11 +18,13 @@ from typing import Generic, TypeVar
 
 import sympy
 
+from codegen import staging
 from codegen.bounds import LoopBounds, hoist_parameters, loop_bounds
 from codegen.ir import LoopNest, Term, extent_of, extent_symbol
 from codegen.loop_order import LoopOrder, term_order
 from codegen.printer import CPrinter, TensorView
-from codegen.reductions import REDUCTIONS
+from codegen.reductions import REDUCTIONS, Reduction
+from codegen.staging import Assign, Loop, Plan, Statement
 
 STORAGE = {
     "float32": "float",
@@ -90,6 +92,7 @@ class Emitter(Generic[S]):
         self.params: dict[sympy.Basic, sympy.Symbol] = {}
         self.named: list[tuple[str, sympy.Expr]] = []  # strides and work, after the P's
         self.reducer = REDUCTIONS[nest.reduction]
+        self.temporaries = 0  # temporaries t0_, t1_, ... named so far (see `plan`)
         tensors, scalars = {}, {}
         for op in nest.operands:
             if op.is_scalar:
@@ -171,9 +174,10 @@ class Emitter(Generic[S]):
         """The C lvalues of the reduction state (value, second value or position)."""
         return f"{base}{sub}", f"{base}b_{sub}"
 
-    def state_types(self) -> tuple[str, str]:
-        """The C types of the two state variables."""
-        return self.f, self.position_type if self.reducer.positional else self.f
+    def state_types(self, reducer: Reduction | None = None) -> tuple[str, str]:
+        """The C types of the two state variables (of the nest's reduction by default)."""
+        positional = (reducer or self.reducer).positional
+        return self.f, self.position_type if positional else self.f
 
     def declare(self, base: str = "acc_", dims: str = "") -> Lines:
         """Declare the state; scalars (no `dims`) are initialised."""
@@ -195,43 +199,88 @@ class Emitter(Generic[S]):
 
     # -- terms ---------------------------------------------------------------------------
 
-    def term_body(self, n: int, sub: str, tests: Sequence[sympy.Expr] = ()) -> Lines:
-        """Evaluate term `n`'s body into `v` and fold it into the state `acc<sub>`.
-
-        `tests` are expressions that must be >= 0 for this element: the body (and its loads)
-        is evaluated only where they hold.
-        """
-        if tests:
-            conditions = [f"{self.idx(t)} >= 0" for t in tests]
-            if self.nest.terms[n].guard != sympy.true:
-                conditions.append(f"({self.printer.doprint(self.hoist(self.nest.terms[n].guard))})")
-            unguarded = self.variant(
-                [
-                    dataclasses.replace(t, guard=sympy.true) if m == n else t
-                    for m, t in enumerate(self.nest.terms)
-                ]
-            )
-            return block_lines(f"if ({' && '.join(conditions)})", unguarded.term_body(n, sub))
+    def plan(
+        self, n: int, levels: Sequence[Sequence[sympy.Symbol]], tests: Sequence[sympy.Expr] = ()
+    ) -> Plan:
+        """Where term `n`'s sub-expressions are computed when its loops bind `levels`
+        (see `codegen.staging`). `tests` are constraints `c >= 0` tested per element (the
+        edge tiles of a tile strategy); the term's guard and the tests its loop bounds leave
+        on free indices are added."""
         term = self.nest.terms[n]
-        body = self.hoist(term.body)
-        replacements, (reduced,) = sympy.cse(body, symbols=sympy.numbered_symbols("cse"))
-        lines: Lines = []
-        renames: dict[sympy.Basic, sympy.Basic] = {}
-        for symbol, expr in replacements:
-            expr = expr.xreplace(renames)
-            if expr.is_integer and not expr.atoms(sympy.Indexed):
-                renames[symbol] = sympy.Symbol(symbol.name, integer=True)
-                lines.append(f"const {self.index_type} {symbol.name} = {self.printer.index(expr)};")
-            else:
-                lines.append(f"const {self.f} {symbol.name} = {self.printer.doprint(expr)};")
-        value = self.printer.doprint(reduced.xreplace(renames))
-        lines.append(f"const {self.f} val_ = {value};")
-        if self.reducer.positional:
-            lines.append(f"const {self.index_type} pos_ = {self.position(term)};")
-        update = [self.fmt(self.reducer.update, self.names("acc_", sub))]
+        exprs = (*self.bounds[n].free_tests, *tests)
+        conditions = [sympy.Ge(self.hoist(c), 0) for c in exprs]
         if term.guard != sympy.true:
-            update = block_lines(f"if ({self.printer.doprint(self.hoist(term.guard))})", update)
-        return lines + update
+            conditions.append(self.hoist(term.guard))
+        integer = frozenset(name for name, v in self.printer.tensors.items() if v.integer)
+        body = self.hoist(term.body)
+        found = staging.plan(
+            body, levels, conditions, first=self.temporaries, integer_tensors=integer
+        )
+        self.temporaries = found.next_temporary
+        return found
+
+    def level_lines(
+        self, plan: Plan | Sequence[Plan], level: int, inner: Lines, *, simd: bool = False
+    ) -> Lines:
+        """The statements of `level`, then `inner`, under the level's tests. `simd`: the level
+        is inside a `#pragma omp simd` loop (nested loops get no simd pragma of their own).
+        Several plans of one term that share this level (the same indices bound, so the same
+        tests) put their statements side by side under one test."""
+        plans = [plan] if isinstance(plan, Plan) else list(plan)
+        lines = [s for p in plans for s in self.statement_lines(p.statements[level], simd)]
+        lines += inner
+        tests = plans[0].tests[level]
+        if not tests:
+            return lines
+        return block_lines(f"if ({' && '.join(self.printer.doprint(t) for t in tests)})", lines)
+
+    def statement_lines(self, statements: Sequence[Statement], simd: bool) -> Lines:
+        lines: Lines = []
+        for statement in statements:
+            if isinstance(statement, Assign):
+                value = self.printer.doprint(statement.expr)
+                lines.append(f"const {self.f} {statement.symbol} = {value};")
+            else:
+                lines += self.nested_lines(statement, simd)
+        return lines
+
+    def nested_lines(self, loop: Loop, simd: bool) -> Lines:
+        """A nested reduction: its state, its loop (`#pragma omp simd` for sums outside a
+        simd loop), its result."""
+        reducer = REDUCTIONS[loop.reduction]
+        state = (f"{loop.symbol}a", f"{loop.symbol}b")
+        kinds = self.state_types(reducer)
+        lines = [f"{kind} {name} = {init};" for kind, name, init in zip(kinds, state, reducer.init)]
+        name = self.printer.index(loop.index)
+        lo, hi = self.printer.index(loop.start), self.printer.index(loop.stop)
+        body = [
+            *self.statement_lines(loop.inner, True),
+            f"const {self.f} v_ = {self.printer.doprint(loop.value)};",
+            self.fmt(reducer.update, state).replace("val_", "v_"),
+        ]
+        if not simd and loop.reduction == "sum":
+            lines.append(f"#pragma omp simd reduction(+:{state[0]})")
+        head = f"for ({self.index_type} {name} = {lo}; {name} < {hi}; ++{name})"
+        lines += block_lines(head, body)
+        result = self.fmt(reducer.result, state)
+        return [*lines, f"const {self.f} {loop.symbol} = {result};"]
+
+    def term_lines(
+        self, n: int, *, first: tuple[str, str] | None = None, step: tuple[str, str] | None = None
+    ) -> Lines:
+        """Term `n` folded into the scalar state `acc_`: its reduced loops (see `loops` for
+        `first` and `step`), each sub-expression at the outermost loop where its indices are
+        bound (level 0 is outside the term's loops), in a block of its own."""
+        plan = self.plan(n, [[], *self.reduced_levels(n)])
+        loops = self.loops(n, self.fold_lines(n, plan, ""), first=first, step=step, plan=plan)
+        return ["{", *indent_lines(self.level_lines(plan, 0, loops)), "}"]
+
+    def fold_lines(self, n: int, plan: Plan, sub: str) -> Lines:
+        """At the innermost level: the body's value, folded into the state `acc<sub>`."""
+        lines = [f"const {self.f} val_ = {self.printer.doprint(plan.value)};"]
+        if self.reducer.positional:
+            lines.append(f"const {self.index_type} pos_ = {self.position(self.nest.terms[n])};")
+        return [*lines, self.fmt(self.reducer.update, self.names("acc_", sub))]
 
     def position(self, term: Term) -> str:
         """The flat row-major position over the term's reduced ranges (argmax/argmin)."""
@@ -253,11 +302,14 @@ class Emitter(Generic[S]):
         first: tuple[str, str] | None = None,
         stop_at: int | None = None,
         step: tuple[str, str] | None = None,
+        plan: Plan | Sequence[Plan] | None = None,
+        level: int = 1,
     ) -> Lines:
         """Term `n`'s reduced loops around `inner`, outermost first, down to `stop_at`.
 
         `first` replaces the outermost loop's bounds; with `step = (offset, stride)` the
-        innermost loop starts `offset` after its lower bound and advances by `stride`.
+        innermost loop starts `offset` after its lower bound and advances by `stride`. With a
+        `plan`, the body of the loop at depth d starts with the plan's level `level + d`.
         """
         order = self.term_order(n)
         bounds: LoopBounds = self.bounds[n]
@@ -273,8 +325,14 @@ class Emitter(Generic[S]):
                 head = f"for ({kind} {name} = {lo} + {step[0]}; {name} < {hi}; {name} += {step[1]})"
             else:
                 head = f"for ({kind} {name} = {lo}; {name} < {hi}; ++{name})"
+            if plan is not None:
+                lines = self.level_lines(plan, level + depth, lines)
             lines = block_lines(head, lines)
         return lines
+
+    def reduced_levels(self, n: int, stop_at: int | None = None) -> list[list[sympy.Symbol]]:
+        """One level per reduced loop of term `n` (down to `stop_at`), in loop order."""
+        return [[r] for r in self.term_order(n)[:stop_at]]
 
     def guarded(self, n: int, lines: Lines) -> Lines:
         tests = self.bounds[n].free_tests

@@ -108,6 +108,34 @@ class Kernel:
 
         return generated_sources(self.nest, target)
 
+    def profile(
+        self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
+    ) -> Any:
+        """Time every C nest a forward+backward pass runs, each alone, on these input shapes.
+
+        Args:
+            shapes: the shape of every input by name (a scalar's shape is `()`).
+            dtype: "float32" (default) or "float64", for every input.
+            reps: calls per nest after a warm-up; the median is reported.
+
+        Returns:
+            A `tensordsl.timing.Profile`: `.timings` (name, schedule, seconds per nest) and a
+            table as `str()`. See docs/backends.md, "Which nest is slow".
+
+        Raises:
+            ShapeError, RangeError: as for a call with arrays of these shapes.
+        """
+        from tensordsl.timing import profile_nests
+
+        if dtype not in ("float32", "float64"):
+            raise UnknownNameError(
+                f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
+            )
+        check_shapes(self._lowered, shapes)
+        return profile_nests(
+            self.nest, shapes, dtype=dtype, schedule=self.schedule, nograd=self.nograd, reps=reps
+        )
+
     def _bind(self, args: tuple, kwargs: dict) -> list[Any]:
         names = self.inputs
         if args and kwargs:

@@ -55,29 +55,31 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
                     acc_b_[w_][l_] = -1;
                 }
             }
-            for (int64_t j = 0; j < P2; ++j) {
-                {
-                    int64_t k0_ = 0;
-                    for (; k0_ + 8 <= P1; k0_ += 8) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            #pragma omp simd
-                            for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t k = k0_ + l_;
-                                const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                                const int64_t pos_ = P1*j + k;
-                                { const int t_ = (acc_b_[w_][l_] < 0 || val_ > acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] == acc_[w_][l_]) || ((val_ == acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] != acc_[w_][l_])) && pos_ < acc_b_[w_][l_])); acc_[w_][l_] = t_ ? val_ : acc_[w_][l_]; acc_b_[w_][l_] = t_ ? pos_ : acc_b_[w_][l_]; }
+            {
+                for (int64_t j = 0; j < P2; ++j) {
+                    {
+                        int64_t k0_ = 0;
+                        for (; k0_ + 8 <= P1; k0_ += 8) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < 4; ++w_) {
+                                const int64_t i = i0_ + w_;
+                                #pragma omp simd
+                                for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                    const int64_t k = k0_ + l_;
+                                    const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
+                                    const int64_t pos_ = P1*j + k;
+                                    { const int t_ = (acc_b_[w_][l_] < 0 || val_ > acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] == acc_[w_][l_]) || ((val_ == acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] != acc_[w_][l_])) && pos_ < acc_b_[w_][l_])); acc_[w_][l_] = t_ ? val_ : acc_[w_][l_]; acc_b_[w_][l_] = t_ ? pos_ : acc_b_[w_][l_]; }
+                                }
                             }
                         }
-                    }
-                    for (int64_t k = k0_; k < P1; ++k) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                            const int64_t pos_ = P1*j + k;
-                            { const int t_ = (acc_b_[w_][0] < 0 || val_ > acc_[w_][0] || (val_ != val_ && acc_[w_][0] == acc_[w_][0]) || ((val_ == acc_[w_][0] || (val_ != val_ && acc_[w_][0] != acc_[w_][0])) && pos_ < acc_b_[w_][0])); acc_[w_][0] = t_ ? val_ : acc_[w_][0]; acc_b_[w_][0] = t_ ? pos_ : acc_b_[w_][0]; }
+                        for (int64_t k = k0_; k < P1; ++k) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < 4; ++w_) {
+                                const int64_t i = i0_ + w_;
+                                const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
+                                const int64_t pos_ = P1*j + k;
+                                { const int t_ = (acc_b_[w_][0] < 0 || val_ > acc_[w_][0] || (val_ != val_ && acc_[w_][0] == acc_[w_][0]) || ((val_ == acc_[w_][0] || (val_ != val_ && acc_[w_][0] != acc_[w_][0])) && pos_ < acc_b_[w_][0])); acc_[w_][0] = t_ ? val_ : acc_[w_][0]; acc_b_[w_][0] = t_ ? pos_ : acc_b_[w_][0]; }
+                            }
                         }
                     }
                 }
@@ -103,29 +105,31 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
                     acc_b_[w_][l_] = -1;
                 }
             }
-            for (int64_t j = 0; j < P2; ++j) {
-                {
-                    int64_t k0_ = 0;
-                    for (; k0_ + 8 <= P1; k0_ += 8) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            #pragma omp simd
-                            for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t k = k0_ + l_;
-                                const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                                const int64_t pos_ = P1*j + k;
-                                { const int t_ = (acc_b_[w_][l_] < 0 || val_ > acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] == acc_[w_][l_]) || ((val_ == acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] != acc_[w_][l_])) && pos_ < acc_b_[w_][l_])); acc_[w_][l_] = t_ ? val_ : acc_[w_][l_]; acc_b_[w_][l_] = t_ ? pos_ : acc_b_[w_][l_]; }
+            {
+                for (int64_t j = 0; j < P2; ++j) {
+                    {
+                        int64_t k0_ = 0;
+                        for (; k0_ + 8 <= P1; k0_ += 8) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t i = i0_ + w_;
+                                #pragma omp simd
+                                for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                    const int64_t k = k0_ + l_;
+                                    const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
+                                    const int64_t pos_ = P1*j + k;
+                                    { const int t_ = (acc_b_[w_][l_] < 0 || val_ > acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] == acc_[w_][l_]) || ((val_ == acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] != acc_[w_][l_])) && pos_ < acc_b_[w_][l_])); acc_[w_][l_] = t_ ? val_ : acc_[w_][l_]; acc_b_[w_][l_] = t_ ? pos_ : acc_b_[w_][l_]; }
+                                }
                             }
                         }
-                    }
-                    for (int64_t k = k0_; k < P1; ++k) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                            const int64_t pos_ = P1*j + k;
-                            { const int t_ = (acc_b_[w_][0] < 0 || val_ > acc_[w_][0] || (val_ != val_ && acc_[w_][0] == acc_[w_][0]) || ((val_ == acc_[w_][0] || (val_ != val_ && acc_[w_][0] != acc_[w_][0])) && pos_ < acc_b_[w_][0])); acc_[w_][0] = t_ ? val_ : acc_[w_][0]; acc_b_[w_][0] = t_ ? pos_ : acc_b_[w_][0]; }
+                        for (int64_t k = k0_; k < P1; ++k) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t i = i0_ + w_;
+                                const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
+                                const int64_t pos_ = P1*j + k;
+                                { const int t_ = (acc_b_[w_][0] < 0 || val_ > acc_[w_][0] || (val_ != val_ && acc_[w_][0] == acc_[w_][0]) || ((val_ == acc_[w_][0] || (val_ != val_ && acc_[w_][0] != acc_[w_][0])) && pos_ < acc_b_[w_][0])); acc_[w_][0] = t_ ? val_ : acc_[w_][0]; acc_b_[w_][0] = t_ ? pos_ : acc_b_[w_][0]; }
+                            }
                         }
                     }
                 }
