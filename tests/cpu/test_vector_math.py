@@ -88,3 +88,15 @@ def test_simd_loops_call_the_vector_variants(name: str) -> None:
     compiled = build_c(nest, dtypes={"X": "float32", "Y": "float32"})
     called = {"sigmoid": {"expf"}, "softplus": {"expf", "log1pf"}}.get(name, {f"{name}f"})
     assert called <= _vector_symbols(compiled.library.read_bytes()), compiled.source.text
+
+
+def test_benchmark_quick_run_writes_its_section(tmp_path) -> None:
+    from benchmarks import vector_math
+
+    out = tmp_path / "RESULTS.md"
+    assert vector_math.main(["--quick", "--out", str(out)]) == 0
+    text = out.read_text()
+    for name in vector_math.RANGES:
+        assert re.search(rf"^\| {name} \| (\d+\.\d\d \(\d+\.\d\d\) \| ){{3}}", text, re.M)
+    for layer in vector_math.LAYERS:
+        assert re.search(rf"^\| {re.escape(layer)} \| \d+\.\d\d \| \d+\.\d\d \|", text, re.M)
