@@ -60,8 +60,18 @@ def libmvec_functions(code: str) -> list[str]:
 
 
 def declarations(names: list[str]) -> str:
-    """`omp declare simd` declarations of the float32 libm functions `names`, grouped under
-    a guard for the glibc version whose libmvec has them."""
+    """`omp declare simd` declarations of float32 libm functions, grouped under a guard for
+    the glibc version whose libmvec has them.
+
+    Args:
+        names: rows of FUNCTIONS with a `libmvec` version (`libmvec_functions` finds them).
+
+    Returns:
+        C text: a comment, then one `#if ... #endif` block per glibc version.
+
+    >>> print(declarations(["tanh"]).splitlines()[1])
+    #if defined(TDSL_LIBMVEC) && defined(__x86_64__) && __GLIBC__ * 100 + __GLIBC_MINOR__ >= 235
+    """
     by_version: dict[tuple[int, int], list[str]] = {}
     for name in sorted(names):
         by_version.setdefault(FUNCTIONS[name].libmvec or (0, 0), []).append(name)
@@ -78,9 +88,18 @@ def declarations(names: list[str]) -> str:
 
 
 def float_helpers(code: str, *, inline: str, prefix: str) -> str:
-    """C text that float32 code `code` needs: the definitions of the `FLOAT_HELPERS` it calls
-    (`<prefix><name>`, qualified `inline`), after the declarations of the libm functions
-    that `code` and those helpers call; empty when it needs none."""
+    """The helpers and declarations that float32 C code needs (see the module's example).
+
+    Args:
+        code: the C text that will follow (the function body).
+        inline: the qualifier of helper definitions (`static inline`).
+        prefix: the helpers' name prefix (`tdsl_`).
+
+    Returns:
+        The definitions of the `FLOAT_HELPERS` that `code` calls (`<prefix><name>`), after
+        the declarations of the libm functions that `code` and those helpers call; empty
+        when it needs none.
+    """
     called = [name for name in FLOAT_HELPERS if re.search(rf"\b{prefix}{name}\(", code)]
     helpers = [FLOAT_HELPERS[name].format(inline=inline, prefix=prefix) for name in called]
     needed = libmvec_functions("\n".join([code, *helpers]))
