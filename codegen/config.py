@@ -54,6 +54,13 @@ def xla_contractions() -> bool:
     return os.environ.get("TENSORDSL_XLA_CONTRACTIONS", "1") not in ("", "0")
 
 
+def fuse_programs() -> bool:
+    """`TENSORDSL_FUSE`: programs recompute their large and elementwise intermediates inside
+    the statements that read them (`codegen.fusion`) unless set to "0"; "0" runs every
+    statement as its own kernel and stores every intermediate (to compare, or to debug)."""
+    return os.environ.get("TENSORDSL_FUSE", "1") not in ("", "0")
+
+
 CPU_CALLS = ("ffi", "callback")
 
 

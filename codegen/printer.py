@@ -29,6 +29,7 @@ from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
 from codegen import vecmath
+from codegen.affine import INDEX_LIMIT
 from codegen.functions import CeilDiv, FloorDiv, helper_functions
 
 
@@ -100,6 +101,14 @@ class CPrinter(C99CodePrinter):
         return str(super()._print(expr, **kwargs))
 
     # -- atoms ---------------------------------------------------------------------------
+
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        if abs(expr) <= INDEX_LIMIT:
+            return str(super()._print_Integer(expr))
+        if self._index_mode:  # the translator refuses such offsets and coefficients
+            raise ValueError(f"{expr} is beyond the int64 index arithmetic of generated code")
+        # A value: an exact decimal floating literal (an integer literal would wrap).
+        return f"{expr}.0{self._get_literal_suffix(real)}"
 
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         if expr.name in self.scalars:

@@ -43,9 +43,9 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_L_forward_53b8c4c6(
         {
             for (idx_t j = 0; j < P0; ++j) {
                 const float val_ = in_X[i*s_X_0 + j];
-                if (val_ > acc_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+                if (val_ > acc_ || val_ != val_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
             }
         }
-        out_[i] = (acc_ == -INFINITY ? -INFINITY : acc_ + logf(acc_b_));
+        out_[i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);
     }
 }
