@@ -5,10 +5,11 @@ waits on them. glibc also ships vector variants (libmvec, `_ZGVdN8v_expf` for AV
 but declares them (`#pragma omp declare simd`) only under `-ffast-math`. The generated C
 declares the ones it calls itself, so GCC calls the vector variant from a vectorised loop
 and the scalar one elsewhere (-lmvec links them; `codegen.build` defines `TDSL_LIBMVEC` when
-it does). Without libmvec (another C library, another architecture) the declarations drop
-out and the calls stay scalar libm calls. Which functions have a variant, from which glibc
-version, and the maximum error the tests measure is the `libmvec` and `float32_ulps`
-columns of `codegen.functions.FUNCTIONS`; float64 keeps libm.
+it does; GCC vectorises the calls only with `-fno-math-errno`, a base flag). Without libmvec
+(another C library, another architecture) the declarations drop out and the calls stay
+scalar libm calls. Which functions have a variant, from which glibc version, and the
+maximum error the tests assert are the `libmvec` and `float32_ulps` columns of
+`codegen.functions.FUNCTIONS`; float64 keeps libm.
 
 `sigmoid` and `softplus` are helpers written so that their loops vectorise: one division
 and selects between values computed anyway (with GCC's default `-ftrapping-math`, a `?:`
