@@ -1,7 +1,8 @@
 """Compile generated C, load it with ctypes, cache it in memory and on disk.
 
 The disk cache lives under `config.cache_dir()/c/`, one shared object per key (sha256 of the
-source text, compiler flags, compiler version and `CACHE_VERSION`). Every write goes to a
+source text, compiler flags, compiler version and `CACHE_VERSION`); another `Toolchain` (the
+CUDA emulator's C++ compiler) has its own folder. Every write goes to a
 temporary file first and is moved into place with `os.replace`, so two processes building
 the same kernel at once both succeed. Shapes are run-time parameters: a new shape never
 recompiles.
@@ -112,6 +113,13 @@ def compile_flags() -> tuple[str, ...]:
     return (*BASE_FLAGS, *_openmp_flags(cc), *vector_math, *debug, *config.extra_cflags())
 
 
+def _c_toolchain() -> Toolchain:
+    """The C compiler with `compile_flags()`, linking libmvec where they define it."""
+    flags = compile_flags()
+    libraries = ("-lmvec", "-lm") if LIBMVEC_DEFINE in flags else ("-lm",)
+    return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
+
+
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     with os.fdopen(fd, "wb") as handle:
@@ -120,7 +128,11 @@ def _atomic_write(path: pathlib.Path, data: bytes) -> None:
 
 
 def compile_c(
-    text: str, *, key: object = None, include_dirs: Sequence[pathlib.Path] = ()
+    text: str,
+    *,
+    key: object = None,
+    include_dirs: Sequence[pathlib.Path] = (),
+    toolchain: Toolchain | None = None,
 ) -> pathlib.Path:
     """Compile C source `text` into a cached shared object and return its path.
 
@@ -128,26 +140,27 @@ def compile_c(
         text: the C source.
         key: anything else the shared object depends on (headers outside the source).
         include_dirs: extra header folders (`-I`).
+        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
 
     Raises:
         BuildError: when the compiler fails; the message gives the kept source's path.
     """
-    cc = config.c_compiler()
-    flags = (*compile_flags(), *(f"-I{folder}" for folder in include_dirs))
+    tool = toolchain or _c_toolchain()
+    cc = tool.compiler
+    flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = config.cache_dir() / "c" / digest[:2]
+    folder = config.cache_dir() / tool.folder / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
     if library.exists():
         STATS["disk_hits"] += 1
         return library
-    source = folder / f"{digest}.c"
+    source = folder / f"{digest}{tool.suffix}"
     _atomic_write(source, text.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
     os.close(fd)
-    libraries = ("-lmvec",) if LIBMVEC_DEFINE in flags else ()
-    command = [cc, *flags, "-o", tmp, str(source), *libraries, "-lm"]
+    command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
     if config.debug():
         print("tensordsl: " + " ".join(command), file=sys.stderr)
     STATS["compiles"] += 1
@@ -155,16 +168,28 @@ def compile_c(
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as error:
         os.unlink(tmp)
-        raise BuildError(f"cannot run the C compiler {cc!r} ({error}); set TENSORDSL_CC") from None
+        raise BuildError(f"cannot run the compiler {cc!r} ({error}); set {tool.knob}") from None
     if done.returncode != 0:
         os.unlink(tmp)
         raise BuildError(
-            "tensordsl bug: the C compiler rejected generated code.\n"
+            "tensordsl bug: the compiler rejected generated code.\n"
             f"  generated source kept at {source}\n  command: {' '.join(command)}\n"
             + done.stderr[-4000:]
         )
     os.replace(tmp, library)
     return library
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler command, its flags, the knob that sets it and its cache folder."""
+
+    compiler: str
+    flags: tuple[str, ...]
+    knob: str
+    folder: str = "c"
+    suffix: str = ".c"
+    libraries: tuple[str, ...] = ("-lm",)
 
 
 @dataclass(frozen=True)

@@ -77,9 +77,35 @@ def factor_term(term: Term, free: Sequence[sympy.Symbol]) -> Term:
 
 
 def factor_sums(nest: LoopNest, /) -> LoopNest:
-    """`nest` with `factor_term` applied to every term of a sum; a pure contraction stays as
-    it is (XLA's dot computes it whole, see `codegen.contraction`)."""
-    if nest.reduction != "sum" or contraction(nest) is not None:
+    """`nest` with `factor_term` applied to every term of a sum (a pure contraction stays as
+    it is: XLA's dot computes it whole, see `codegen.contraction`), and the factors of every
+    nested sum that do not read its index taken out of it."""
+    if contraction(nest) is not None:
         return nest
-    terms = tuple(factor_term(t, nest.free_indices) for t in nest.terms)
+    terms = nest.terms
+    if nest.reduction == "sum":
+        terms = tuple(factor_term(t, nest.free_indices) for t in terms)
+    terms = tuple(dataclasses.replace(t, body=invariant_factors_out(t.body)) for t in terms)
     return dataclasses.replace(nest, terms=terms)
+
+
+def invariant_factors_out(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` with every nested sum's factors that do not read its index moved out of it:
+    `sum_d(scale*Q[i, d]*K[j, d])` is `scale*sum_d(Q[i, d]*K[j, d])`.
+
+    >>> from codegen.ir import index_symbol, scalar_symbol, tensor_base
+    >>> i, d = index_symbol("i"), index_symbol("d")
+    >>> invariant_factors_out(Reduce("sum", scalar_symbol("s") * tensor_base("Q")[i, d], d, 0, 3))
+    s*sum_d(Q[i, d])
+    """
+    if not expr.args:
+        return expr
+    expr = expr.func(*(invariant_factors_out(a) for a in expr.args))
+    if not isinstance(expr, Reduce) or expr.reduction != "sum":
+        return expr
+    factors = sympy.Mul.make_args(expr.body)
+    outside = [f for f in factors if expr.index not in f.free_symbols]
+    if not outside or len(outside) == len(factors):
+        return expr
+    inside = sympy.Mul(*(f for f in factors if expr.index in f.free_symbols))
+    return sympy.Mul(*outside) * Reduce("sum", inside, expr.index, expr.start, expr.stop)

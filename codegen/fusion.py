@@ -12,6 +12,13 @@ is read, as a nested reduction when it reduces). The rule, per intermediate:
 * otherwise (a row statistic such as a mean or a logsumexp, or a max/min/prod, whose
   gradient through a nested reduction is not derived): stored.
 
+Pure contractions run as XLA's dot (`codegen.contraction`), faster than any loop nest we
+generate, so recomputing never costs one: an intermediate is stored when a reader is a pure
+contraction (the MLP's `Y[b,o] := A[b,u] * W2[u,o]` keeps reading a stored GELU output `A`),
+and a pure contraction is recomputed only inside readers that reduce over its result
+(attention's scores inside the logsumexp and the weighted sum), never inside an elementwise
+one (the MLP's `H[b,u] := X[b,f] * W1[f,u]` stays a dot).
+
 The stored nests then go through the passes of single statements (guards as loop bounds,
 sum factorisation), so a causal mask inside inlined scores still bounds the loops.
 
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.contraction import contraction
 from codegen.factor import factor_sums
 from codegen.guards import bound_guards, identity_of
 from codegen.inline import inline
@@ -58,8 +66,17 @@ def _reduces(nest: LoopNest) -> bool:
     return any(t.reduced for t in nest.terms)
 
 
-def _inline_it(nest: LoopNest, outputs: Sequence[str], sizes: Mapping[str, int]) -> bool:
+def _inline_it(
+    nest: LoopNest,
+    readers: Sequence[LoopNest],
+    outputs: Sequence[str],
+    sizes: Mapping[str, int],
+) -> bool:
     if nest.output in outputs:
+        return False
+    if any(contraction(r) is not None for r in readers):
+        return False
+    if contraction(nest) is not None and not all(_reduces(r) for r in readers):
         return False
     if len(nest.terms) > 1 and nest.reduction != "sum":
         return False  # its terms could not be added inside a reader
@@ -104,10 +121,11 @@ def fuse(
     expanded: dict[str, LoopNest] = {}  # intermediates to recompute, in terms of stored ones
     stored: list[LoopNest] = []
     inlined: list[str] = []
-    for nest in statements:
+    for n, nest in enumerate(statements):
         for name in [n for n in nest.operand_names if n in expanded]:
             nest = inline(nest, expanded[name])
-        if _inline_it(nest, outputs, sizes):
+        readers = [r for r in statements[n + 1 :] if nest.output in r.operand_names]
+        if _inline_it(nest, readers, outputs, sizes):
             expanded[nest.output] = _raw(nest)
             inlined.append(nest.output)
             continue

@@ -40,59 +40,59 @@ void tdsl_dX_forward_4101be36(void *out, const void *const *operands, const int6
     const int64_t P5 = params[5];
     const int64_t P6 = params[6];
     const int64_t work_ = params[7];
-    const int64_t pa_ = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
-    const int64_t pe_ = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, pa_), P2);
-    const int64_t pt_ = tdsl_tiles(0, pa_, pe_, P2, 32);
+    const int64_t ta_p = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
+    const int64_t te_p = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p), P2);
+    const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, P2, 32);
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t pi_ = 0; pi_ < pt_; ++pi_) {
+    for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
         int64_t wn_;
-        const int64_t p0_ = tdsl_tile(pi_, 0, pa_, pe_, P2, 32, &wn_);
-        if (P0 + p0_ + 1 >= 0 && P1 - p0_ - wn_ >= 0) {
+        const int64_t o_p = tdsl_tile(ti_p, 0, ta_p, te_p, P2, 32, &wn_);
+        if (P0 + o_p + 1 >= 0 && P1 - o_p - wn_ >= 0) {
             if (wn_ == 32) {
                 float acc_[32];
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < 32; ++w_) {
-                    const int64_t p = p0_ + w_;
+                    const int64_t v_p = o_p + w_;
                     acc_[w_] = 0;
                 }
                 {
-                    for (int64_t k = 0; k < P5; ++k) {
-                        const float t0_ = in_W[k];
+                    for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                        const float t0_ = in_W[v_k];
                         #pragma omp simd
                         for (int64_t w_ = 0; w_ < 32; ++w_) {
-                            const int64_t p = p0_ + w_;
-                            const float val_ = t0_*in_dY[-k + p];
+                            const int64_t v_p = o_p + w_;
+                            const float val_ = t0_*in_dY[-v_k + v_p];
                             acc_[w_] += val_;
                         }
                     }
                 }
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < 32; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    out_[p] = acc_[w_];
+                    const int64_t v_p = o_p + w_;
+                    out_[v_p] = acc_[w_];
                 }
             } else {
                 float acc_[32];
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                    const int64_t p = p0_ + w_;
+                    const int64_t v_p = o_p + w_;
                     acc_[w_] = 0;
                 }
                 {
-                    for (int64_t k = 0; k < P5; ++k) {
-                        const float t1_ = in_W[k];
+                    for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                        const float t1_ = in_W[v_k];
                         #pragma omp simd
                         for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t p = p0_ + w_;
-                            const float val_ = t1_*in_dY[-k + p];
+                            const int64_t v_p = o_p + w_;
+                            const float val_ = t1_*in_dY[-v_k + v_p];
                             acc_[w_] += val_;
                         }
                     }
                 }
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    out_[p] = acc_[w_];
+                    const int64_t v_p = o_p + w_;
+                    out_[v_p] = acc_[w_];
                 }
             }
         } else {
@@ -100,17 +100,17 @@ void tdsl_dX_forward_4101be36(void *out, const void *const *operands, const int6
                 float acc_[32];
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < 32; ++w_) {
-                    const int64_t p = p0_ + w_;
+                    const int64_t v_p = o_p + w_;
                     acc_[w_] = 0;
                 }
                 {
-                    for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
-                        const float t0_ = in_W[k];
+                    for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                        const float t0_ = in_W[v_k];
                         #pragma omp simd
                         for (int64_t w_ = 0; w_ < 32; ++w_) {
-                            const int64_t p = p0_ + w_;
-                            if ((-k + p >= 0) && (P1 + k - p - 1 >= 0)) {
-                                const float val_ = t0_*in_dY[-k + p];
+                            const int64_t v_p = o_p + w_;
+                            if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
+                                const float val_ = t0_*in_dY[-v_k + v_p];
                                 acc_[w_] += val_;
                             }
                         }
@@ -118,24 +118,24 @@ void tdsl_dX_forward_4101be36(void *out, const void *const *operands, const int6
                 }
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < 32; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    out_[p] = acc_[w_];
+                    const int64_t v_p = o_p + w_;
+                    out_[v_p] = acc_[w_];
                 }
             } else {
                 float acc_[32];
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                    const int64_t p = p0_ + w_;
+                    const int64_t v_p = o_p + w_;
                     acc_[w_] = 0;
                 }
                 {
-                    for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
-                        const float t1_ = in_W[k];
+                    for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                        const float t1_ = in_W[v_k];
                         #pragma omp simd
                         for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t p = p0_ + w_;
-                            if ((-k + p >= 0) && (P1 + k - p - 1 >= 0)) {
-                                const float val_ = t1_*in_dY[-k + p];
+                            const int64_t v_p = o_p + w_;
+                            if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
+                                const float val_ = t1_*in_dY[-v_k + v_p];
                                 acc_[w_] += val_;
                             }
                         }
@@ -143,8 +143,8 @@ void tdsl_dX_forward_4101be36(void *out, const void *const *operands, const int6
                 }
                 #pragma omp simd
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    out_[p] = acc_[w_];
+                    const int64_t v_p = o_p + w_;
+                    out_[v_p] = acc_[w_];
                 }
             }
         }

@@ -38,14 +38,14 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_dX_grad_X_fe7cb748(
     const idx_t P2 = (idx_t)P2_;
     for (idx_t e_ = (idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x; e_ < P2; e_ += (idx_t)gridDim.x*(idx_t)blockDim.x) {
         idx_t q_ = e_;
-        const idx_t p = 0 + (q_);
+        const idx_t v_p = 0 + (q_);
         float acc_ = 0;
         {
-            for (idx_t k = tdsl_imax(0, P0 + P1 + p); k < tdsl_imin(P1, p + 1); ++k) {
-                const float val_ = in_W[k]*in_dY[-k + p];
+            for (idx_t v_k = tdsl_imax(0, P0 + P1 + v_p); v_k < tdsl_imin(P1, v_p + 1); ++v_k) {
+                const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
                 acc_ += val_;
             }
         }
-        out_[p] = acc_;
+        out_[v_p] = acc_;
     }
 }

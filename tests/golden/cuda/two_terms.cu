@@ -35,26 +35,26 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_dX_grad_X_8bec2a9a(
     const idx_t P0 = (idx_t)P0_;
     for (idx_t e_ = (idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x; e_ < P0; e_ += (idx_t)gridDim.x*(idx_t)blockDim.x) {
         idx_t q_ = e_;
-        const idx_t p = 0 + (q_);
+        const idx_t v_p = 0 + (q_);
         float acc_ = 0;
         {
-            if ((p - 2 >= 0)) {
-                const float val_ = in_dY[p - 2];
+            if ((v_p - 2 >= 0)) {
+                const float val_ = in_dY[v_p - 2];
                 acc_ += val_;
             }
         }
         {
-            if ((P0 - p - 3 >= 0)) {
-                const float val_ = in_dY[p];
+            if ((P0 - v_p - 3 >= 0)) {
+                const float val_ = in_dY[v_p];
                 acc_ += val_;
             }
         }
         {
-            if ((p - 1 >= 0) && (P0 - p - 2 >= 0)) {
-                const float val_ = -2*in_dY[p - 1];
+            if ((v_p - 1 >= 0) && (P0 - v_p - 2 >= 0)) {
+                const float val_ = -2*in_dY[v_p - 1];
                 acc_ += val_;
             }
         }
-        out_[p] = acc_;
+        out_[v_p] = acc_;
     }
 }
