@@ -59,7 +59,7 @@ def test_libmvec_rows_print_as_the_functions_they_declare() -> None:
     x = sympy.Symbol("x", real=True)
     for name, spec in FUNCTIONS.items():
         if spec.libmvec is not None:
-            assert CPrinter("float").doprint(spec.build(x)) == f"{name}f(x)"
+            assert CPrinter("float").doprint(spec.build(x)).startswith(f"{name}f(")
             assert vecmath.libmvec_functions(f"y = {name}f(x);") == [name]
 
 
