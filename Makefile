@@ -25,6 +25,7 @@ bench-layers:
 	$(PY) -m benchmarks.gpt_block
 	$(PY) -m benchmarks.gaussian
 	$(PY) -m benchmarks.attention
+	$(PY) -m benchmarks.vector_math
 
 # Smoke runs at tiny sizes (< 60 s each); they write nothing.
 bench-quick:
@@ -32,6 +33,7 @@ bench-quick:
 	$(PY) -m benchmarks.gpt_block --quick
 	$(PY) -m benchmarks.gaussian --quick
 	$(PY) -m benchmarks.attention --quick
+	$(PY) -m benchmarks.vector_math --quick
 
 golden:
 	TENSORDSL_UPDATE_GOLDEN=1 $(PY) -m pytest tests -k golden

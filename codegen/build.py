@@ -79,11 +79,45 @@ def _openmp_flags(cc: str) -> tuple[str, ...]:
     return ("-fopenmp",) if ok else ("-fopenmp-simd",)
 
 
+#: Defined when glibc's vector math library links: generated C then declares the float math
+#: functions it calls `omp declare simd` (codegen/vecmath.py), and `-lmvec` links them.
+LIBMVEC_DEFINE = "-DTDSL_LIBMVEC"
+
+
+@functools.lru_cache(maxsize=8)
+def _libmvec_flags(cc: str) -> tuple[str, ...]:
+    """`LIBMVEC_DEFINE` when a vectorised `expf` links to libmvec here (detected once)."""
+    probe = (
+        "#include <math.h>\n#pragma omp declare simd notinbranch\nfloat expf(float);\n"
+        "void f(float *x, int n) {\n#pragma omp simd\n"
+        "    for (int i = 0; i < n; ++i) x[i] = expf(x[i]);\n}\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        src = pathlib.Path(tmp) / "probe.c"
+        src.write_text(probe)
+        library = str(pathlib.Path(tmp) / "p.so")
+        command = [cc, *BASE_FLAGS, *_openmp_flags(cc), str(src), "-o", library]
+        command += ["-Wl,-z,defs", "-lmvec", "-lm"]  # every symbol resolved, libmvec's too
+        try:
+            ok = subprocess.run(command, capture_output=True, check=False).returncode == 0
+        except OSError:
+            ok = False
+    return (LIBMVEC_DEFINE,) if ok else ()
+
+
 def compile_flags() -> tuple[str, ...]:
     """All flags the compiler is called with (part of the cache key)."""
     cc = config.c_compiler()
     debug = ("-g",) if config.debug() else ()
-    return (*BASE_FLAGS, *_openmp_flags(cc), *debug, *config.extra_cflags())
+    vector_math = _libmvec_flags(cc)
+    return (*BASE_FLAGS, *_openmp_flags(cc), *vector_math, *debug, *config.extra_cflags())
+
+
+def _c_toolchain() -> Toolchain:
+    """The C compiler with `compile_flags()`, linking libmvec where they define it."""
+    flags = compile_flags()
+    libraries = ("-lmvec", "-lm") if LIBMVEC_DEFINE in flags else ("-lm",)
+    return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
@@ -111,7 +145,7 @@ def compile_c(
     Raises:
         BuildError: when the compiler fails; the message gives the kept source's path.
     """
-    tool = toolchain or Toolchain(config.c_compiler(), compile_flags(), "TENSORDSL_CC")
+    tool = toolchain or _c_toolchain()
     cc = tool.compiler
     flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))

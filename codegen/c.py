@@ -129,7 +129,7 @@ def _assemble(
         "#include <math.h>",
         "#include <stdint.h>",
         "",
-        e.printer.helpers(),
+        e.printer.helpers("\n".join(body)),
     ]
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)

@@ -31,6 +31,7 @@ class CudaPrinter(CPrinter):
 
     int_type = "idx_t"
     inline = "static __device__ __forceinline__"
+    vector_math = False  # CUDA's own math functions
 
 
 class CudaEmitter(Emitter[GpuSchedule]):

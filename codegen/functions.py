@@ -4,8 +4,12 @@ Each row gives the surface name, the number of arguments, how to build its sympy
 form that is differentiated and printed), the sympy function class that form is made of when
 it has its own (printers and the reference back end key their spelling by it), whether the
 generated code calls a helper of its own for it (`tdsl_<name>`, see `codegen.printer`), the
-reference implementation (a dotted path, resolved lazily so that codegen never imports JAX)
-and a safe test domain (every argument in it gives a finite, smooth value).
+reference implementation (a dotted path, resolved lazily so that codegen never imports JAX),
+a safe test domain (every argument in it gives a finite, smooth value), the glibc version
+whose libmvec has a float32 vector variant of the libm function of the same name (generated
+C declares it `omp declare simd`, see `codegen.vecmath`), and the maximum error of float32
+generated C against float64, in ulps, that `tests/cpu/test_vector_math.py` asserts over the
+function's whole domain and docs/backends.md documents.
 
 >>> FUNCTIONS["sigmoid"].build(sympy.Symbol("x"))
 sigmoid(x)
@@ -111,6 +115,8 @@ class FunctionSpec:
     reference: str  # dotted path of the jax implementation, e.g. "jax.nn.sigmoid"
     domain: tuple[float, float]  # where every argument is safe and smooth for tests
     helper: bool = False  # printed as a call to the generated code's `tdsl_<name>`
+    libmvec: tuple[int, int] | None = None  # glibc (major, minor) with `<name>f`'s variant
+    float32_ulps: float | None = None  # tested maximum error of float32 generated C
 
     @property
     def function(self) -> type | None:
@@ -128,26 +134,33 @@ def _row(
     domain: tuple[float, float] = (-2.0, 2.0),
     *,
     helper: bool = False,
+    libmvec: tuple[int, int] | None = None,
+    ulps: float | None = None,
 ) -> tuple[str, FunctionSpec]:
-    return name, FunctionSpec(name, arity, build, reference, domain, helper)
+    return name, FunctionSpec(name, arity, build, reference, domain, helper, libmvec, ulps)
+
+
+# glibc's libmvec: exp, log, sin, cos since 2.22, the others since 2.35; its stated accuracy
+# is 4 ulp. sigmoid and softplus are helpers over expf and log1pf (codegen.vecmath).
+_OLD, _NEW = (2, 22), (2, 35)
 
 
 FUNCTIONS: dict[str, FunctionSpec] = dict(
     [
-        _row("exp", 1, sympy.exp, "jax.numpy.exp"),
-        _row("log", 1, sympy.log, "jax.numpy.log", (0.5, 3.0)),
-        _row("log1p", 1, log1p, "jax.numpy.log1p", (-0.5, 2.0)),
-        _row("expm1", 1, expm1, "jax.numpy.expm1"),
+        _row("exp", 1, sympy.exp, "jax.numpy.exp", libmvec=_OLD, ulps=4),
+        _row("log", 1, sympy.log, "jax.numpy.log", (0.5, 3.0), libmvec=_OLD, ulps=4),
+        _row("log1p", 1, log1p, "jax.numpy.log1p", (-0.5, 2.0), libmvec=_NEW, ulps=4),
+        _row("expm1", 1, expm1, "jax.numpy.expm1", libmvec=_NEW, ulps=4),
         _row("sqrt", 1, sympy.sqrt, "jax.numpy.sqrt", (0.5, 3.0)),
         _row("rsqrt", 1, lambda x: 1 / sympy.sqrt(x), "jax.lax.rsqrt", (0.5, 3.0)),
-        _row("tanh", 1, sympy.tanh, "jax.numpy.tanh"),
-        _row("sigmoid", 1, sigmoid, "jax.nn.sigmoid", helper=True),
-        _row("softplus", 1, softplus, "jax.nn.softplus", helper=True),
+        _row("tanh", 1, sympy.tanh, "jax.numpy.tanh", libmvec=_NEW, ulps=4),
+        _row("sigmoid", 1, sigmoid, "jax.nn.sigmoid", helper=True, ulps=6),
+        _row("softplus", 1, softplus, "jax.nn.softplus", helper=True, ulps=6),
         _row("relu", 1, lambda x: select(x > 0, x, sympy.Integer(0)), "jax.nn.relu"),
-        _row("sin", 1, sympy.sin, "jax.numpy.sin"),
-        _row("cos", 1, sympy.cos, "jax.numpy.cos"),
+        _row("sin", 1, sympy.sin, "jax.numpy.sin", libmvec=_OLD, ulps=4),
+        _row("cos", 1, sympy.cos, "jax.numpy.cos", libmvec=_OLD, ulps=4),
         _row("abs", 1, sympy.Abs, "jax.numpy.abs"),
-        _row("erf", 1, sympy.erf, "jax.scipy.special.erf"),
+        _row("erf", 1, sympy.erf, "jax.scipy.special.erf", libmvec=_NEW, ulps=4),
         _row("min", 2, lambda a, b: select(a <= b, a, b), "jax.numpy.minimum"),
         _row("max", 2, lambda a, b: select(a >= b, a, b), "jax.numpy.maximum"),
         _row("where", 3, select, "jax.numpy.where"),

@@ -34,6 +34,7 @@ import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
+from codegen import vecmath
 from codegen.affine import INDEX_LIMIT
 from codegen.functions import CeilDiv, FloorDiv, helper_functions
 from codegen.ir import scalar_symbol
@@ -78,6 +79,8 @@ class CPrinter(C99CodePrinter):
     int_type = "int64_t"
     helper_prefix = "tdsl_"
     inline = "static inline"
+    #: float32 libm calls vectorise through glibc's libmvec (codegen/vecmath.py)
+    vector_math = True
 
     def __init__(
         self,
@@ -234,21 +237,28 @@ class CPrinter(C99CodePrinter):
 
     # -- helpers the printed code calls ---------------------------------------------------
 
-    def helpers(self) -> str:
-        """C definitions of the helper functions printed expressions may call."""
+    def helpers(self, code: str = "") -> str:
+        """C definitions of the helper functions printed expressions may call; with
+        `vector_math` in float32, the declarations and helpers that C text `code` needs."""
         f, i, inline, p = self.float_type, self.int_type, self.inline, self.helper_prefix
         sfx = "f" if f == "float" else ""
+        common = [
+            f"{inline} {i} {p}floordiv({i} a, {i} b) {{",
+            "    /* rounds towards -inf, also for negative a or b */",
+            f"    {i} q = a / b;",
+            "    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;",
+            "}",
+            f"{inline} {i} {p}ceildiv({i} a, {i} b) {{ return -{p}floordiv(-a, b); }}",
+            f"{inline} {i} {p}imin({i} a, {i} b) {{ return a < b ? a : b; }}",
+            f"{inline} {i} {p}imax({i} a, {i} b) {{ return a > b ? a : b; }}",
+            f"{inline} {f} {p}sign({f} x) {{ return ({f})((x > 0) - (x < 0)); }}",
+        ]
+        if self.vector_math and f == "float":
+            vector = vecmath.float_helpers(code, inline=inline, prefix=p)
+            return "\n".join([*common, vector] if vector else common)
         return "\n".join(
             [
-                f"{inline} {i} {p}floordiv({i} a, {i} b) {{",
-                "    /* rounds towards -inf, also for negative a or b */",
-                f"    {i} q = a / b;",
-                "    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;",
-                "}",
-                f"{inline} {i} {p}ceildiv({i} a, {i} b) {{ return -{p}floordiv(-a, b); }}",
-                f"{inline} {i} {p}imin({i} a, {i} b) {{ return a < b ? a : b; }}",
-                f"{inline} {i} {p}imax({i} a, {i} b) {{ return a > b ? a : b; }}",
-                f"{inline} {f} {p}sign({f} x) {{ return ({f})((x > 0) - (x < 0)); }}",
+                *common,
                 f"{inline} {f} {p}sigmoid({f} x) {{",
                 f"    /* stable: exp of a non-positive number only */"
                 f"\n    {f} e = exp{sfx}(-fabs{sfx}(x));",

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import sympy
 
+from codegen import vecmath
 from codegen.functions import FUNCTIONS
+from codegen.printer import CPrinter
 from codegen.reductions import REDUCTIONS, USER_REDUCTIONS
 from tensordsl import grad, partitioning, reference
 
@@ -50,3 +52,16 @@ def test_function_rows_are_consistent(name):
         assert isinstance(built, spec.function)
         assert spec.function in reference._FUNCTIONS
     assert not spec.helper or spec.function is not None
+
+
+def test_libmvec_rows_print_as_the_functions_they_declare() -> None:
+    # codegen/vecmath.py declares `<name>f` `omp declare simd` for each libmvec row
+    x = sympy.Symbol("x", real=True)
+    for name, spec in FUNCTIONS.items():
+        if spec.libmvec is not None:
+            assert CPrinter("float").doprint(spec.build(x)).startswith(f"{name}f(")
+            assert vecmath.libmvec_functions(f"y = {name}f(x);") == [name]
+
+
+def test_float32_helpers_are_the_helper_rows() -> None:
+    assert set(vecmath.FLOAT_HELPERS) == {n for n, spec in FUNCTIONS.items() if spec.helper}

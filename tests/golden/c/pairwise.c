@@ -15,14 +15,6 @@ static inline int64_t tdsl_ceildiv(int64_t a, int64_t b) { return -tdsl_floordiv
 static inline int64_t tdsl_imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t tdsl_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline float tdsl_sign(float x) { return (float)((x > 0) - (x < 0)); }
-static inline float tdsl_sigmoid(float x) {
-    /* stable: exp of a non-positive number only */
-    float e = expf(-fabsf(x));
-    return x >= 0 ? 1 / (1 + e) : e / (1 + e);
-}
-static inline float tdsl_softplus(float x) {
-    return fmaxf(x, 0) + log1pf(expf(-fabsf(x)));
-}
 /* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
  * chunks of at most S in [s, a), in [a, e) and in [e, z). */
 static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
