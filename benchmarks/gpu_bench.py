@@ -50,6 +50,14 @@ CASES = [
         lambda X: jax.nn.logsumexp(X, axis=1),
     ),
     ("row max 8192x8192", "M[i] := X[i,j]", "max", [(8192, 8192)], lambda X: jnp.max(X, axis=1)),
+    ("full sum 2^26 (split)", "s := X[i]", "sum", [(2**26,)], jnp.sum),
+    (
+        "full logsumexp 8192x8192 (split)",
+        "s := X[i,j]",
+        "logsumexp",
+        [(8192, 8192)],
+        jax.nn.logsumexp,
+    ),
 ]
 
 

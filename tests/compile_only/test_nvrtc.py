@@ -47,11 +47,13 @@ def emit(named: Named, dtype: str = "float32", schedule: GpuSchedule | None = No
 
 def check_ptx(source: CudaSource, arch: str = "compute_80") -> None:
     ptx = nvrtc.compile_source(source.text, arch=arch).ptx
-    assert f".entry {source.entry}(" in ptx
-    params = nvrtc.ptx_parameters(ptx, source.entry)
-    # The launcher passes the output and operand pointers then int64 parameters: 64-bit each.
-    assert len(params) == source.argument_count, (params, source.argument_count)
-    assert set(params) <= {".u64", ".s64"}, params
+    for kernel in source.passes:
+        assert f".entry {kernel.entry}(" in ptx
+        params = nvrtc.ptx_parameters(ptx, kernel.entry)
+        # The launcher passes the output, operand and scratch pointers then int64 parameters:
+        # 64-bit each, the same for every kernel of the source.
+        assert len(params) == source.argument_count, (params, source.argument_count)
+        assert set(params) <= {".u64", ".s64"}, params
 
 
 @pytest.mark.parametrize("named", NESTS, ids=lambda n: n.id)
