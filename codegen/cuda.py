@@ -143,18 +143,22 @@ def emit_cuda(
     Args:
         nest: the loop nest.
         dtypes: numpy dtype name of each operand and of `nest.output`.
-        schedule: the thread mapping; `choose_gpu_schedule` when None.
+        schedule: the thread mapping; `choose_gpu_schedule(..., kernel=True)` when None (a
+            pure contraction gets a kernel too: the "xla" strategy is the runner's).
         role: the nest's role in its kernel ("forward", "grad_A", ...), used in the name.
 
     Returns:
         The `CudaSource`.
 
     Raises:
-        ValueError: when the schedule does not fit the nest or a dtype is unsupported.
+        ValueError: when the schedule does not fit the nest, generates no kernel ("xla") or
+            a dtype is unsupported.
     """
     check_dtypes(nest, dtypes, STORAGE)
-    schedule = schedule or choose_gpu_schedule(nest, dtypes)
+    schedule = schedule or choose_gpu_schedule(nest, dtypes, kernel=True)
     validate_gpu(nest, schedule)
+    if schedule.strategy not in STRATEGY_EMITTERS:
+        raise ValueError(f"the {schedule.strategy} strategy generates no kernel")
     e = CudaEmitter(nest, dtypes, schedule)
     entry = entry_name(nest, dtypes, schedule, role)
     grid, block = _launch(e)

@@ -30,14 +30,18 @@ Strategies (`GpuSchedule.strategy`):
   as an extra output of the launch). The second kernel, one block, combines the partial
   states in slice order: deterministic, no atomics. With one slice the first kernel writes
   the output and the second is not launched.
+* ``"xla"`` -- a pure contraction (`codegen.contraction`): no kernel is generated, the runner
+  calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on the CPU.
 
 Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
 shapes are not known when the kernel is compiled).
 
-The heuristic (`choose_gpu_schedule`): no free index -> ``split`` (``block`` when no term
-has a reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds
-do not depend on and that some access does not use -> ``tile`` with 4 rows; else ``thread``.
+The heuristic (`choose_gpu_schedule`): a pure contraction of floats -> ``xla``, unless the
+caller asks for a generated kernel (a loop order, `kernel=True`,
+`TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
+reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
+not depend on and that some access does not use -> ``tile`` with 4 rows; else ``thread``.
 
 >>> from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
 >>> from codegen.ir import tensor_base
@@ -46,7 +50,9 @@ do not depend on and that some access does not use -> ``tile`` with 4 rows; else
 >>> matmul = LoopNest("C", (Range(i, 0, extent_symbol("A", 0)), Range(j, 0, extent_symbol("B", 1))),
 ...     (Term(A[i, k] * B[k, j], (Range(k, 0, extent_symbol("A", 1)),)),),
 ...     (Operand("A", 2), Operand("B", 2)))
->>> s = choose_gpu_schedule(matmul)
+>>> choose_gpu_schedule(matmul).strategy
+'xla'
+>>> s = choose_gpu_schedule(matmul, kernel=True)
 >>> s.strategy, s.row, s.vector, s.rows, s.cols
 ('smem', 'i', 'j', 4, 4)
 """
@@ -58,6 +64,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from codegen.contraction import contraction, xla_contraction
 from codegen.ir import LoopNest
 from codegen.loop_order import (
     LoopOrder,
@@ -67,7 +74,7 @@ from codegen.loop_order import (
     validate_order,
 )
 
-GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split")
+GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "xla")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
 SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
 
@@ -91,6 +98,8 @@ class GpuSchedule(LoopOrder):
     def describe(self) -> str:
         """One line for the header comment of generated code."""
         parts = [f"strategy={self.strategy}", super().describe()]
+        if self.strategy == "xla":
+            return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
         if self.strategy == "tile":
             parts.append(f"tile={self.row}x1={self.rows}x1")
         if self.strategy == "smem":
@@ -153,6 +162,8 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
         raise ValueError("rows, cols, tile_k and blocks must be positive")
     if schedule.strategy == "split" and free:
         raise ValueError("the split strategy is for full reductions (no free index)")
+    if schedule.strategy == "xla" and contraction(nest) is None:
+        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
     bounded = bound_indices(nest, schedule)
     if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
         raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")
@@ -177,20 +188,26 @@ def choose_gpu_schedule(
     *,
     index_type: str = "int32",
     loop_order: Sequence[str] | None = None,
+    kernel: bool = False,
 ) -> GpuSchedule:
     """The heuristic GPU schedule of `nest` (see the module docstring).
 
     Args:
         nest: the loop nest.
-        dtypes: numpy dtype names (unused for now; kept for symmetry with the CPU).
+        dtypes: numpy dtype names of the operands and output (a pure contraction of floats
+            runs as XLA's dot).
         index_type: "int32" (default) or "int64" when a tensor may reach 2^31 elements.
         loop_order: index names fixing the order of free and reduced loops, as on the CPU.
+            A loop order asks for a generated kernel.
+        kernel: True for a generated kernel even where XLA would compute the nest.
 
     Returns:
         A valid `GpuSchedule`.
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
+    if not kernel and loop_order is None and xla_contraction(nest, dtypes):
+        return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
     base = GpuSchedule(free, reduced, index_type=index_type)
     if not free:
         strategy = "split" if any(reduced) else "block"
@@ -217,9 +234,9 @@ def choose_gpu_schedule(
 
 
 def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
-    """The heuristic's pick, the thread fallback, block and split schedules and small
+    """The heuristic's kernel, the thread fallback, block and split schedules and small
     variants."""
-    pick = choose_gpu_schedule(nest)
+    pick = choose_gpu_schedule(nest, kernel=True)
     free, reduced = pick.free_order, pick.reduced_order
     picks = [
         pick,

@@ -203,6 +203,7 @@ def test_emulated_backend_under_jit_grad_and_vmap(monkeypatch, mode: str, order:
     monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", order)
     monkeypatch.setenv("TENSORDSL_GPU_CALL", mode)
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")  # the matmul's kernel, not XLA's dot
     k = td.kernel(MATMUL, backend="cuda")
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(37, 29)), rng.normal(size=(29, 41))
