@@ -2,11 +2,15 @@
 
 Median of CUDA-event timings (cupy.cuda.Event on the current stream) after warm-up. Prints a
 table and appends it to benchmarks/RESULTS.md with the GPU name and the date. Needs a GPU.
+Pure contractions run as generated kernels here (`TENSORDSL_XLA_CONTRACTIONS=0`, unless set
+otherwise): by default the cuda back end gives them to XLA's dot, which would be XLA timed
+against itself.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import pathlib
 import statistics
 
@@ -50,6 +54,14 @@ CASES = [
         lambda X: jax.nn.logsumexp(X, axis=1),
     ),
     ("row max 8192x8192", "M[i] := X[i,j]", "max", [(8192, 8192)], lambda X: jnp.max(X, axis=1)),
+    ("full sum 2^26 (split)", "s := X[i]", "sum", [(2**26,)], jnp.sum),
+    (
+        "full logsumexp 8192x8192 (split)",
+        "s := X[i,j]",
+        "logsumexp",
+        [(8192, 8192)],
+        jax.nn.logsumexp,
+    ),
 ]
 
 
@@ -72,6 +84,7 @@ def timed(function, *args, warmup: int = 3, repeats: int = 15) -> float:
 
 
 def main() -> None:
+    os.environ.setdefault("TENSORDSL_XLA_CONTRACTIONS", "0")  # our matmul kernel, not XLA's
     runners.RUNNERS.setdefault("cuda", run_cuda)
     rng = np.random.default_rng(0)
     rows = [

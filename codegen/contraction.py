@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen import config
 from codegen.ir import LoopNest, extent_symbol
 
 _LETTERS = string.ascii_lowercase + string.ascii_uppercase
@@ -108,3 +109,11 @@ def fits(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> bool:
         if expr.xreplace(worst) < 0:
             return False
     return True
+
+
+def xla_contraction(nest: LoopNest, dtypes: Mapping[str, str] | None = None) -> bool:
+    """Whether the schedules give `nest` the ``"xla"`` strategy: a pure contraction of floats
+    (every dtype, when given), and XLA contractions not switched off
+    (`TENSORDSL_XLA_CONTRACTIONS=0`)."""
+    floats = dtypes is None or all(d.startswith(("float", "bfloat")) for d in dtypes.values())
+    return floats and config.xla_contractions() and contraction(nest) is not None

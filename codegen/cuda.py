@@ -3,17 +3,22 @@
 Calling convention of the generated kernel (what `tensordsl.gpu` passes, in this order)::
 
     extern "C" __global__ void tdsl_<output>_<role>_<hash8>(
-        OUT *out_, const T0 *in_0, ..., long long P0_, long long P1_, ...);
+        OUT *out_, const T0 *in_0, ..., [unsigned char *ws_,] long long P0_, ...);
 
 * `out_`: the C-contiguous output buffer, fully written;
 * one pointer per operand in `nest.operands` order (a scalar operand is a pointer to its one
   element on the device); never written;
+* `ws_`, only where `CudaSource.workspace` is not 0: that many bytes of scratch space, which
+  the launch declares as an extra output (never allocated per call);
 * one 64-bit integer per entry of `CudaSource.parameters`: the same host parameters as the
   C back end computes (hoisted extent expressions, strides), from `codegen.emitter`.
 
-Pointers and parameters are all 64-bit scalars (`.param .u64` in PTX). The launch grid is
-`CudaSource.grid` (expressions of extents, evaluated and clamped on the host) and the block
-is `CudaSource.block`. Half-precision inputs are read as float (`__half2float`,
+Pointers and parameters are all 64-bit scalars (`.param .u64` in PTX). A source holds one
+kernel per `CudaSource.passes` (two for the split strategy: `<entry>` then
+`<entry>_combine`), launched in that order on one stream with the same arguments, each with
+its own grid (expressions of extents, evaluated and clamped on the host; a pass after the
+first whose grid has no block is not launched); the block is `CudaSource.block`.
+Half-precision inputs are read as float (`__half2float`,
 `__bfloat162float`); accumulation is in float, or double when float64 is involved.
 
 >>> from tensordsl.lower import lower
@@ -42,6 +47,7 @@ from codegen.cuda_schedule import (
     validate_gpu,
 )
 from codegen.cuda_smem import smem
+from codegen.cuda_split import combine_grid, combine_partials, partial_count, split
 from codegen.cuda_strategies import block_reduce, thread, tile
 from codegen.emitter import Lines, accumulation_type, block_lines, check_dtypes, entry_name
 from codegen.functions import CeilDiv
@@ -52,22 +58,44 @@ from codegen.reductions import default_dtypes
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 
+Grid = tuple[sympy.Expr, sympy.Expr, sympy.Expr]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One kernel of a source: its entry point and launch grid (expressions of extents)."""
+
+    entry: str
+    grid: Grid
+
+
 @dataclass(frozen=True)
 class CudaSource:
-    """Generated CUDA for one nest: text, entry point, host parameters and launch shape."""
+    """Generated CUDA for one nest: text, kernels, host parameters, launch shape, scratch."""
 
     text: str
-    entry: str
+    passes: tuple[Pass, ...]  # launched in order, with the same arguments and block
     parameters: tuple[tuple[str, sympy.Expr], ...]  # (name, expression of extents)
-    grid: tuple[sympy.Expr, sympy.Expr, sympy.Expr]  # expressions of extents, clamped on host
     block: tuple[int, int, int]
     operands: tuple[str, ...]  # pointer arguments after the output, in order
     schedule: GpuSchedule
+    workspace: sympy.Expr = sympy.Integer(0)  # bytes of scratch space (`ws_`); 0: none
+
+    @property
+    def entry(self) -> str:
+        """The first kernel's entry point."""
+        return self.passes[0].entry
+
+    @property
+    def grid(self) -> Grid:
+        """The first kernel's grid."""
+        return self.passes[0].grid
 
     @property
     def argument_count(self) -> int:
-        """Kernel arguments: output, operands, parameters."""
-        return 1 + len(self.operands) + len(self.parameters)
+        """Kernel arguments: output, operands, workspace (if any), parameters."""
+        scratch = 0 if self.workspace == 0 else 1
+        return 1 + len(self.operands) + scratch + len(self.parameters)
 
 
 STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
@@ -75,6 +103,11 @@ STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
     "tile": tile,
     "smem": smem,
     "block": block_reduce,
+    "split": split,
+}
+#: Strategies of two kernels: the second one's body and grid.
+SECOND_PASSES: dict[str, tuple[Callable[[CudaEmitter], Lines], Callable[[CudaEmitter], Grid]]] = {
+    "split": (combine_partials, combine_grid),
 }
 
 
@@ -90,6 +123,8 @@ def _launch(e: CudaEmitter) -> tuple[tuple[sympy.Expr, sympy.Expr, sympy.Expr], 
             e.count(batch, {}),
         )
         return grid, (t, t, 1)
+    if s.strategy == "split":
+        return (partial_count(e), one, one), (s.threads, 1, 1)
     tiles = {rn: s.rows} if s.strategy == "tile" else {}
     total = e.count(s.free_order, tiles)
     x = total if s.strategy == "block" else CeilDiv(total, s.threads)
@@ -108,25 +143,34 @@ def emit_cuda(
     Args:
         nest: the loop nest.
         dtypes: numpy dtype name of each operand and of `nest.output`.
-        schedule: the thread mapping; `choose_gpu_schedule` when None.
+        schedule: the thread mapping; `choose_gpu_schedule(..., kernel=True)` when None (a
+            pure contraction gets a kernel too: the "xla" strategy is the runner's).
         role: the nest's role in its kernel ("forward", "grad_A", ...), used in the name.
 
     Returns:
         The `CudaSource`.
 
     Raises:
-        ValueError: when the schedule does not fit the nest or a dtype is unsupported.
+        ValueError: when the schedule does not fit the nest, generates no kernel ("xla") or
+            a dtype is unsupported.
     """
     check_dtypes(nest, dtypes, STORAGE)
-    schedule = schedule or choose_gpu_schedule(nest, dtypes)
+    schedule = schedule or choose_gpu_schedule(nest, dtypes, kernel=True)
     validate_gpu(nest, schedule)
+    if schedule.strategy not in STRATEGY_EMITTERS:
+        raise ValueError(f"the {schedule.strategy} strategy generates no kernel")
     e = CudaEmitter(nest, dtypes, schedule)
-    body = STRATEGY_EMITTERS[schedule.strategy](e)
-    grid, block = _launch(e)
-    params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
     entry = entry_name(nest, dtypes, schedule, role)
-    text = _assemble(e, entry, params, body, block)
-    return CudaSource(text, entry, tuple(params), grid, block, nest.operand_names, schedule)
+    grid, block = _launch(e)
+    kernels = [(Pass(entry, grid), STRATEGY_EMITTERS[schedule.strategy](e))]
+    if schedule.strategy in SECOND_PASSES:
+        body, second_grid = SECOND_PASSES[schedule.strategy]
+        kernels.append((Pass(f"{entry}_combine", second_grid(e)), body(e)))
+    params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
+    text = _assemble(e, [(p.entry, lines) for p, lines in kernels], params, block)
+    passes = tuple(p for p, _ in kernels)
+    operands = nest.operand_names
+    return CudaSource(text, passes, tuple(params), block, operands, schedule, e.workspace)
 
 
 _MATH_CONSTANTS = {
@@ -156,20 +200,34 @@ def _prelude(body: str) -> Lines:
 
 
 def _assemble(
-    e: CudaEmitter, entry: str, params: list[tuple[str, sympy.Expr]], body: Lines, block: Any
+    e: CudaEmitter,
+    kernels: list[tuple[str, Lines]],
+    params: list[tuple[str, sympy.Expr]],
+    block: Any,
 ) -> str:
-    nest = e.nest
+    """The source: the header, then each (entry, body) kernel with the same arguments."""
     head = e.header()
     if "float16" in e.dtypes.values():
         head.append("#include <cuda_fp16.h>")
     if "bfloat16" in e.dtypes.values():
         head.append("#include <cuda_bf16.h>")
     head += [
-        *_prelude("\n".join(body)),
+        *_prelude("\n".join(line for _, body in kernels for line in body)),
         f"typedef {INDEX_TYPES[e.schedule.index_type]} idx_t;",
         "",
         e.printer.helpers(),
     ]
+    lines = head
+    for entry, body in kernels:
+        lines += ["", *_kernel(e, entry, params, body, block)]
+    return "\n".join([*lines, ""])
+
+
+def _kernel(
+    e: CudaEmitter, entry: str, params: list[tuple[str, sympy.Expr]], body: Lines, block: Any
+) -> Lines:
+    """One `__global__` function: the arguments, the parameters as `idx_t`, the body."""
+    nest = e.nest
     arguments = [f"{STORAGE[e.dtypes[nest.output]]} *__restrict__ out_"]
     prologue: Lines = []
     for op in nest.operands:
@@ -180,6 +238,8 @@ def _assemble(
             prologue.append(f"const {e.f} {name} = {e.load(op.name).format(pointer + '[0]')};")
         else:
             arguments.append(f"const {ctype} *__restrict__ {name}")
+    if e.workspace != 0:
+        arguments.append("unsigned char *__restrict__ ws_")
     arguments += [f"long long {name}_" for name, _ in params]
     prologue += [f"const idx_t {name} = (idx_t){name}_;" for name, _ in params]
     threads = block[0] * block[1] * block[2]
@@ -188,7 +248,7 @@ def _assemble(
         + ",\n    ".join(arguments)
         + ")"
     )
-    return "\n".join([*head, "", *block_lines(signature, [*prologue, *body]), ""])
+    return block_lines(signature, [*prologue, *body])
 
 
 def cuda_source(
@@ -198,4 +258,4 @@ def cuda_source(
     return emit_cuda(nest, dtypes=dtypes or default_dtypes(nest), role=role).text
 
 
-__all__ = ["CudaPrinter", "CudaSource", "accumulation_type", "cuda_source", "emit_cuda"]
+__all__ = ["CudaPrinter", "CudaSource", "Pass", "accumulation_type", "cuda_source", "emit_cuda"]

@@ -43,6 +43,15 @@ class CudaEmitter(Emitter[GpuSchedule]):
     storage = STORAGE
     half_to_float = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
     float_to_half = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
+    #: Bytes of scratch space the kernels of the source share (an expression of extents);
+    #: 0: none. A strategy asks for it with `scratch`.
+    workspace: sympy.Expr = sympy.Integer(0)
+
+    def scratch(self, size: sympy.Expr) -> str:
+        """Ask for `size` bytes of scratch space (an expression of extents), passed to every
+        kernel of the source after the operands; the C name of its pointer."""
+        self.workspace = size
+        return "ws_"
 
     def free_range(self, name: str) -> Range:
         return next(r for r in self.nest.free if r.index.name == name)

@@ -9,12 +9,16 @@
  * launch runs the kernel on the calling thread. Everything else (attributes, checks,
  * argument packing, poisoning) is shared, so the CPU tests exercise it.
  *
- * Attributes of a call: image (u8 array), image_id (s64: a digest of image and entry, the
- * module cache key), entry (string), grid and block (s64 x 3), shared (s64), params (s64
- * array: the kernel's 64-bit parameters), poison (s32: fill the output with 0xff bytes
- * first), order (s32: emulator scheduling order), dtypes (string: numpy dtype names of the
- * output then each operand). Kernel arguments, as codegen/cuda.py declares them: the output
- * pointer, one pointer per operand, then each parameter as a 64-bit integer.
+ * Attributes of a call: image (u8 array), image_id (s64: a digest of image and entries, the
+ * module cache key), entry (string: the entry points of the kernels to launch, in order,
+ * separated by spaces), grid (s64 x 3 per entry), block (s64 x 3), shared (s64), params
+ * (s64 array: the kernels' 64-bit parameters), scratch (s32, default 0: how many outputs
+ * after the first are scratch space), poison (s32: fill the outputs with 0xff bytes first),
+ * order (s32: emulator scheduling order), dtypes (string: numpy dtype names of the output,
+ * each operand, each scratch output). Every kernel gets the same arguments, as
+ * codegen/cuda.py declares them: the output pointer, one pointer per operand, one per
+ * scratch output, then each parameter as a 64-bit integer. The kernels run one after
+ * another on the stream, so a later one reads what an earlier one wrote to scratch space.
  */
 #include <dlfcn.h>
 
@@ -48,11 +52,29 @@ struct Call {
     const uint8_t *image = nullptr;
     size_t image_size = 0;
     int64_t image_id = 0, shared = 0;
-    std::string entry, dtypes;
+    std::string entry, dtypes; /* entry: the entry points, separated by spaces */
+    std::vector<std::string> entries;
     const int64_t *grid = nullptr, *block = nullptr, *params = nullptr;
-    size_t params_size = 0;
-    int32_t poison = 0, order = 0;
+    size_t grid_size = 0, params_size = 0;
+    int32_t scratch = 0, poison = 0, order = 0;
 };
+
+/* An output buffer: where, and how many bytes (poisoned before the launch when asked). */
+struct Output {
+    void *data;
+    size_t bytes;
+};
+
+std::vector<std::string> words(const std::string &text) {
+    std::vector<std::string> found;
+    for (size_t start = 0; start <= text.size();) {
+        size_t end = text.find(' ', start);
+        if (end == std::string::npos) end = text.size();
+        found.push_back(text.substr(start, end - start));
+        start = end + 1;
+    }
+    return found;
+}
 
 /* ---- the CUDA driver, opened with dlopen ---- */
 
@@ -108,77 +130,99 @@ std::string cuda_failure(CUresult status, const char *what) {
 /* ---- one launch path, two drivers ---- */
 
 std::mutex cache_mutex;
-std::map<std::tuple<void *, int64_t>, void *> functions; /* (context, image_id) -> function */
+/* (context, image_id) -> the function of each entry; the emulator's context is null */
+std::map<std::tuple<void *, int64_t>, std::vector<void *>> functions;
 
-std::string cuda_function(const Call &call, void *stream, CUcontext *context, void **function) {
+std::string cuda_functions(const Call &call, void *stream, CUcontext *context,
+                           std::vector<void *> *found) {
     const CudaDriver &d = cuda_driver();
     if (!d.error.empty()) return d.error;
     CUresult status = d.stream_context(static_cast<CUstream>(stream), context);
     if (status != CUDA_SUCCESS) return cuda_failure(status, "cuStreamGetCtx");
     std::lock_guard<std::mutex> hold(cache_mutex);
-    void *&found = functions[{*context, call.image_id}];
-    if (found != nullptr) {
-        *function = found;
+    std::vector<void *> &cached = functions[{*context, call.image_id}];
+    if (!cached.empty()) {
+        *found = cached;
         return "";
     }
     CUmodule module;
     d.push(*context);
     status = d.load(&module, call.image);
-    CUfunction loaded = nullptr;
-    if (status == CUDA_SUCCESS) status = d.function(&loaded, module, call.entry.c_str());
+    std::vector<void *> loaded;
+    for (size_t n = 0; status == CUDA_SUCCESS && n < call.entries.size(); ++n) {
+        CUfunction function = nullptr;
+        status = d.function(&function, module, call.entries[n].c_str());
+        loaded.push_back(function);
+    }
     CUcontext popped;
     d.pop(&popped);
     if (status != CUDA_SUCCESS) return cuda_failure(status, "loading the kernel's CUBIN");
-    *function = found = loaded;
+    *found = cached = loaded;
     return "";
 }
 
-std::string cuda_launch(const Call &call, void *stream, void *out, size_t out_bytes,
+std::string cuda_launch(const Call &call, void *stream, const std::vector<Output> &outputs,
                         void **arguments) {
     CUcontext context;
-    void *function = nullptr;
-    std::string error = cuda_function(call, stream, &context, &function);
+    std::vector<void *> kernels;
+    std::string error = cuda_functions(call, stream, &context, &kernels);
     if (!error.empty()) return error;
     const CudaDriver &d = cuda_driver();
     d.push(context);
     CUresult status = CUDA_SUCCESS;
-    if (call.poison)
-        status = d.memset(reinterpret_cast<CUdeviceptr>(out), 0xff, out_bytes,
-                          static_cast<CUstream>(stream));
-    if (status == CUDA_SUCCESS)
-        status = d.launch(static_cast<CUfunction>(function), unsigned(call.grid[0]),
-                          unsigned(call.grid[1]), unsigned(call.grid[2]),
-                          unsigned(call.block[0]), unsigned(call.block[1]),
-                          unsigned(call.block[2]), unsigned(call.shared),
-                          static_cast<CUstream>(stream), arguments, nullptr);
+    for (size_t n = 0; call.poison && status == CUDA_SUCCESS && n < outputs.size(); ++n)
+        status = d.memset(reinterpret_cast<CUdeviceptr>(outputs[n].data), 0xff,
+                          outputs[n].bytes, static_cast<CUstream>(stream));
+    for (size_t n = 0; status == CUDA_SUCCESS && n < kernels.size(); ++n) {
+        const int64_t *grid = call.grid + 3 * n;
+        status = d.launch(static_cast<CUfunction>(kernels[n]), unsigned(grid[0]),
+                          unsigned(grid[1]), unsigned(grid[2]), unsigned(call.block[0]),
+                          unsigned(call.block[1]), unsigned(call.block[2]),
+                          unsigned(call.shared), static_cast<CUstream>(stream), arguments,
+                          nullptr);
+    }
     CUcontext popped;
     d.pop(&popped);
     return status == CUDA_SUCCESS ? "" : cuda_failure(status, "cuLaunchKernel");
 }
 
-std::string emulated_launch(const Call &call, void *, void *out, size_t out_bytes,
-                            void **arguments) {
-    const EmulatedKernel *kernel = nullptr;
-    {
-        std::lock_guard<std::mutex> hold(cache_mutex);
-        void *&found = functions[{nullptr, call.image_id}];
-        if (found == nullptr) {
-            std::string path(reinterpret_cast<const char *>(call.image), call.image_size);
-            void *library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-            if (library == nullptr) return std::string("cannot open ") + path;
-            found = dlsym(library, ("tdsl_emu_kernel_" + call.entry).c_str());
-            if (found == nullptr) return path + " has no kernel " + call.entry;
+std::string emulated_kernels(const Call &call, std::vector<void *> *found) {
+    std::lock_guard<std::mutex> hold(cache_mutex);
+    std::vector<void *> &cached = functions[{nullptr, call.image_id}];
+    if (cached.empty()) {
+        std::string path(reinterpret_cast<const char *>(call.image), call.image_size);
+        void *library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (library == nullptr) return std::string("cannot open ") + path;
+        std::vector<void *> loaded;
+        for (const std::string &entry : call.entries) {
+            loaded.push_back(dlsym(library, ("tdsl_emu_kernel_" + entry).c_str()));
+            if (loaded.back() == nullptr) return path + " has no kernel " + entry;
         }
-        kernel = static_cast<const EmulatedKernel *>(found);
+        cached = loaded;
     }
-    if (call.poison) memset(out, 0xff, out_bytes);
-    char error[16384] = "";
-    int status = kernel->launch(kernel, reinterpret_cast<const long long *>(call.grid),
-                                reinterpret_cast<const long long *>(call.block), call.shared,
-                                arguments, call.order, error, sizeof error);
-    std::string text = status == 0 ? "" : error;
-    std::string named = call.entry + ": "; /* the handler names the entry itself */
-    return text.compare(0, named.size(), named) == 0 ? text.substr(named.size()) : text;
+    *found = cached;
+    return "";
+}
+
+std::string emulated_launch(const Call &call, void *, const std::vector<Output> &outputs,
+                            void **arguments) {
+    std::vector<void *> kernels;
+    std::string failed = emulated_kernels(call, &kernels);
+    if (!failed.empty()) return failed;
+    for (size_t n = 0; call.poison && n < outputs.size(); ++n)
+        memset(outputs[n].data, 0xff, outputs[n].bytes);
+    for (size_t n = 0; n < kernels.size(); ++n) {
+        auto *kernel = static_cast<const EmulatedKernel *>(kernels[n]);
+        char error[16384] = "";
+        int status = kernel->launch(kernel, reinterpret_cast<const long long *>(call.grid + 3 * n),
+                                    reinterpret_cast<const long long *>(call.block), call.shared,
+                                    arguments, call.order, error, sizeof error);
+        if (status == 0) continue;
+        std::string text = error;
+        std::string named = call.entries[n] + ": "; /* the handler names the entries itself */
+        return text.compare(0, named.size(), named) == 0 ? text.substr(named.size()) : text;
+    }
+    return "";
 }
 
 /* ---- the FFI call frame ---- */
@@ -219,7 +263,7 @@ std::string read_attributes(const XLA_FFI_Attrs &attrs, Call *call) {
         if (attrs.types[a] == XLA_FFI_AttrType_STRING) {
             auto *text = static_cast<const XLA_FFI_ByteSpan *>(value);
             std::string s(text->ptr, text->len);
-            if (named(name, "entry")) call->entry = s, found |= 1;
+            if (named(name, "entry")) call->entry = s, call->entries = words(s), found |= 1;
             if (named(name, "dtypes")) call->dtypes = s, found |= 2;
         } else if (attrs.types[a] == XLA_FFI_AttrType_ARRAY) {
             auto *array = static_cast<const XLA_FFI_Array *>(value);
@@ -228,7 +272,8 @@ std::string read_attributes(const XLA_FFI_Attrs &attrs, Call *call) {
             if (named(name, "image") && array->dtype == XLA_FFI_DataType_U8)
                 call->image = static_cast<const uint8_t *>(array->data),
                 call->image_size = array->size, found |= 4;
-            if (named(name, "grid") && s64 && array->size == 3) call->grid = data, found |= 8;
+            if (named(name, "grid") && s64)
+                call->grid = data, call->grid_size = array->size, found |= 8;
             if (named(name, "block") && s64 && array->size == 3) call->block = data, found |= 16;
             if (named(name, "params") && s64)
                 call->params = data, call->params_size = array->size, found |= 32;
@@ -240,16 +285,20 @@ std::string read_attributes(const XLA_FFI_Attrs &attrs, Call *call) {
                 if (named(name, "shared")) call->shared = v, found |= 128;
             } else if (scalar->dtype == XLA_FFI_DataType_S32) {
                 int32_t v = *static_cast<const int32_t *>(scalar->value);
+                if (named(name, "scratch")) call->scratch = v;
                 if (named(name, "poison")) call->poison = v;
                 if (named(name, "order")) call->order = v;
             }
         }
     }
     static const char *required[] = {"entry (string)", "dtypes (string)", "image (u8 array)",
-                                     "grid (3 x s64)", "block (3 x s64)", "params (s64 array)",
-                                     "image_id (s64)", "shared (s64)"};
+                                     "grid (3 x s64 per entry)", "block (3 x s64)",
+                                     "params (s64 array)", "image_id (s64)", "shared (s64)"};
     for (int bit = 0; bit < 8; ++bit)
         if (!(found >> bit & 1)) return std::string("missing attribute ") + required[bit];
+    if (call->grid_size != 3 * call->entries.size())
+        return "grid has " + std::to_string(call->grid_size) + " values for " +
+               std::to_string(call->entries.size()) + " entries; expected 3 per entry";
     return "";
 }
 
@@ -257,43 +306,55 @@ XLA_FFI_DataType dtype_code(const std::string &name) {
     static const std::map<std::string, XLA_FFI_DataType> codes = {
         {"float32", XLA_FFI_DataType_F32}, {"float64", XLA_FFI_DataType_F64},
         {"float16", XLA_FFI_DataType_F16}, {"bfloat16", XLA_FFI_DataType_BF16},
-        {"int32", XLA_FFI_DataType_S32},   {"int64", XLA_FFI_DataType_S64}};
+        {"int32", XLA_FFI_DataType_S32},   {"int64", XLA_FFI_DataType_S64},
+        {"uint8", XLA_FFI_DataType_U8}};
     auto found = codes.find(name);
     return found == codes.end() ? XLA_FFI_DataType_INVALID : found->second;
 }
 
+/* The kernels' pointer arguments: the output, the operands, the scratch outputs. */
+std::vector<XLA_FFI_Buffer *> pointer_buffers(const XLA_FFI_CallFrame *frame) {
+    std::vector<XLA_FFI_Buffer *> found{static_cast<XLA_FFI_Buffer *>(frame->rets.rets[0])};
+    for (int64_t n = 0; n < frame->args.size; ++n)
+        found.push_back(static_cast<XLA_FFI_Buffer *>(frame->args.args[n]));
+    for (int64_t n = 1; n < frame->rets.size; ++n)
+        found.push_back(static_cast<XLA_FFI_Buffer *>(frame->rets.rets[n]));
+    return found;
+}
+
 /* The buffers' element types against `dtypes`; an error message or "". */
 std::string check_buffers(const XLA_FFI_CallFrame *frame, const Call &call) {
-    std::vector<std::string> names;
-    for (size_t start = 0; start <= call.dtypes.size();) {
-        size_t end = call.dtypes.find(' ', start);
-        if (end == std::string::npos) end = call.dtypes.size();
-        names.push_back(call.dtypes.substr(start, end - start));
-        start = end + 1;
-    }
-    if (frame->rets.size != 1 || frame->args.size + 1 != int64_t(names.size()))
-        return "expected " + std::to_string(names.size() - 1) + " operands and 1 output";
+    std::vector<std::string> names = words(call.dtypes);
+    int64_t operands = int64_t(names.size()) - 1 - call.scratch;
+    if (frame->rets.size != 1 + call.scratch || frame->args.size != operands)
+        return "expected " + std::to_string(operands) + " operands, 1 output and " +
+               std::to_string(call.scratch) + " scratch outputs";
+    std::vector<XLA_FFI_Buffer *> buffers = pointer_buffers(frame);
     for (size_t n = 0; n < names.size(); ++n) {
-        auto *buffer = static_cast<const XLA_FFI_Buffer *>(
-            n == 0 ? frame->rets.rets[0] : frame->args.args[n - 1]);
-        if (buffer->dtype != dtype_code(names[n]))
-            return (n == 0 ? std::string("the output") : "operand " + std::to_string(n - 1)) +
-                   " is not " + names[n];
+        if (buffers[n]->dtype == dtype_code(names[n])) continue;
+        std::string what = n == 0                    ? std::string("the output")
+                           : int64_t(n) <= operands ? "operand " + std::to_string(n - 1)
+                                                     : "scratch output " + std::to_string(n - 1 - operands);
+        return what + " is not " + names[n];
     }
     return "";
 }
 
 size_t buffer_bytes(const XLA_FFI_Buffer *buffer) {
-    size_t size = buffer->dtype == XLA_FFI_DataType_F16 || buffer->dtype == XLA_FFI_DataType_BF16
-                      ? 2
-                      : buffer->dtype == XLA_FFI_DataType_F64 || buffer->dtype == XLA_FFI_DataType_S64
-                            ? 8
-                            : 4;
+    size_t size = 4;
+    switch (buffer->dtype) {
+    case XLA_FFI_DataType_U8: size = 1; break;
+    case XLA_FFI_DataType_F16:
+    case XLA_FFI_DataType_BF16: size = 2; break;
+    case XLA_FFI_DataType_F64:
+    case XLA_FFI_DataType_S64: size = 8; break;
+    default: break;
+    }
     for (int64_t d = 0; d < buffer->rank; ++d) size *= size_t(buffer->dims[d]);
     return size;
 }
 
-using Launcher = std::string (*)(const Call &, void *, void *, size_t, void **);
+using Launcher = std::string (*)(const Call &, void *, const std::vector<Output> &, void **);
 
 XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, Launcher launcher, bool needs_stream) {
     if (frame->extension_start != nullptr &&
@@ -315,17 +376,19 @@ XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, Launcher launcher, bool needs_st
         if (failed != nullptr) return failed;
         stream = args.stream;
     }
-    /* Arguments as the kernel declares them: out, operands..., then int64 parameters. */
-    size_t count = 1 + size_t(frame->args.size);
+    /* Arguments as the kernels declare them: out, operands, scratch, then int64 parameters. */
+    std::vector<XLA_FFI_Buffer *> buffers = pointer_buffers(frame);
+    size_t count = buffers.size();
     std::vector<void *> pointers(count), arguments(count + call.params_size);
-    auto *out = static_cast<XLA_FFI_Buffer *>(frame->rets.rets[0]);
-    pointers[0] = out->data;
-    for (size_t n = 1; n < count; ++n)
-        pointers[n] = static_cast<XLA_FFI_Buffer *>(frame->args.args[n - 1])->data;
-    for (size_t n = 0; n < count; ++n) arguments[n] = &pointers[n];
+    for (size_t n = 0; n < count; ++n) pointers[n] = buffers[n]->data, arguments[n] = &pointers[n];
     for (size_t n = 0; n < call.params_size; ++n)
         arguments[count + n] = const_cast<int64_t *>(&call.params[n]);
-    error = launcher(call, stream, out->data, buffer_bytes(out), arguments.data());
+    std::vector<Output> outputs;
+    for (int64_t n = 0; n < frame->rets.size; ++n) {
+        auto *buffer = static_cast<XLA_FFI_Buffer *>(frame->rets.rets[n]);
+        outputs.push_back({buffer->data, buffer_bytes(buffer)});
+    }
+    error = launcher(call, stream, outputs, arguments.data());
     if (error.empty()) return nullptr;
     return ffi_error(frame->api, "tensordsl " + call.entry + ": " + error,
                      XLA_FFI_Error_Code_INTERNAL);

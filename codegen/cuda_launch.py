@@ -14,10 +14,10 @@ every kernel. It exports two handlers with one launch path:
 `launch_attributes` builds a call's attributes; codegen never imports JAX, so registering
 the handlers with XLA happens in tensordsl/gpu.py.
 
->>> attributes = launch_attributes(b"image", "tdsl_f", grid=(4, 1, 1), block=(256, 1, 1),
-...     params=[10, 3], dtypes=["float32", "float32"], poison=True)
+>>> attributes = launch_attributes(b"image", [("tdsl_f", (4, 1, 1)), ("tdsl_f_combine", (1, 1, 1))],
+...     block=(256, 1, 1), params=[10, 3], dtypes=["float32", "float32", "uint8"], scratch=1)
 >>> attributes["entry"], attributes["grid"].tolist(), attributes["dtypes"]
-('tdsl_f', [4, 1, 1], 'float32 float32')
+('tdsl_f tdsl_f_combine', [4, 1, 1, 1, 1, 1], 'float32 float32 uint8')
 """
 
 from __future__ import annotations
@@ -99,12 +99,12 @@ def image_id(image: bytes, entry: str) -> int:
 
 def launch_attributes(
     image: bytes,
-    entry: str,
+    passes: Sequence[tuple[str, Sequence[int]]],
     *,
-    grid: Sequence[int],
     block: Sequence[int],
     params: Sequence[int],
     dtypes: Sequence[str],
+    scratch: int = 0,
     shared: int = 0,
     poison: bool = False,
     order: int = 0,
@@ -113,22 +113,27 @@ def launch_attributes(
 
     Args:
         image: the CUBIN (CUDA) or the emulator library's path (emulated).
-        entry: the kernel's name.
-        grid, block: launch dimensions.
-        params: the kernel's 64-bit integer parameters.
-        dtypes: numpy dtype names of the output, then of each operand.
+        passes: (entry, grid) of each kernel of the image to launch, in order.
+        block: the block of every launch.
+        params: the kernels' 64-bit integer parameters.
+        dtypes: numpy dtype names of the kernels' pointer arguments: the output, each
+            operand, each scratch buffer.
+        scratch: how many of the call's outputs after the first are scratch space (passed
+            to the kernels after the operands).
         shared: dynamic shared memory in bytes.
-        poison: fill the output with 0xff bytes before the launch.
+        poison: fill the outputs with 0xff bytes before the launch.
         order: the emulator's scheduling order (0 forward, 1 reverse).
     """
+    entries = " ".join(entry for entry, _ in passes)
     return {
         "image": np.frombuffer(image, np.uint8),
-        "image_id": np.int64(image_id(image, entry)),
-        "entry": entry,
-        "grid": np.array(grid, np.int64),
+        "image_id": np.int64(image_id(image, entries)),
+        "entry": entries,
+        "grid": np.array([n for _, grid in passes for n in grid], np.int64),
         "block": np.array(block, np.int64),
         "shared": np.int64(shared),
         "params": np.array(params, np.int64),
+        "scratch": np.int32(scratch),
         "poison": np.int32(poison),
         "order": np.int32(order),
         "dtypes": " ".join(dtypes),

@@ -18,18 +18,30 @@ Strategies (`GpuSchedule.strategy`):
   16 x 16 threads compute a ``16*rows x 16*cols`` output tile (4 x 4 per thread), staging
   ``tile_k``-deep tiles of `a` and `b` along the innermost reduced index through shared
   memory. Other free indices (batch) go on `blockIdx.z`.
-* ``"block"`` -- few outputs with a long reduction (full reductions to a scalar): one block
-  per output element, the innermost reduced loop of every term strided across the block's
-  `threads` threads, partial states combined by a shared-memory tree (deterministic order).
-  Each output uses one block: there is no second cross-block pass.
+* ``"block"`` -- few outputs with a long reduction: one block per output element, the
+  innermost reduced loop of every term strided across the block's `threads` threads, partial
+  states combined by a shared-memory tree (deterministic order).
+* ``"split"`` -- a full reduction (no free index) over many blocks, in two kernels
+  (`codegen.cuda_split`). The first cuts the outermost reduced loop of every term into
+  slices, as many as give every thread an iteration (with one reduced loop; with more,
+  every row of threads, a row being as wide as the innermost loop) and at most `blocks`;
+  each block reduces its slices with its threads and a shared-memory tree and writes each
+  slice's partial state to a workspace buffer (passed to the kernel: scratch space declared
+  as an extra output of the launch). The second kernel, one block, combines the partial
+  states in slice order: deterministic, no atomics. With one slice the first kernel writes
+  the output and the second is not launched.
+* ``"xla"`` -- a pure contraction (`codegen.contraction`): no kernel is generated, the runner
+  calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on the CPU.
 
 Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
 shapes are not known when the kernel is compiled).
 
-The heuristic (`choose_gpu_schedule`): no free index -> ``block``; contraction-shaped ->
-``smem``; a second-to-last free index that bounds do not depend on and that some access
-does not use -> ``tile`` with 4 rows; else ``thread``.
+The heuristic (`choose_gpu_schedule`): a pure contraction of floats -> ``xla``, unless the
+caller asks for a generated kernel (a loop order, `kernel=True`,
+`TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
+reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
+not depend on and that some access does not use -> ``tile`` with 4 rows; else ``thread``.
 
 >>> from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
 >>> from codegen.ir import tensor_base
@@ -38,7 +50,9 @@ does not use -> ``tile`` with 4 rows; else ``thread``.
 >>> matmul = LoopNest("C", (Range(i, 0, extent_symbol("A", 0)), Range(j, 0, extent_symbol("B", 1))),
 ...     (Term(A[i, k] * B[k, j], (Range(k, 0, extent_symbol("A", 1)),)),),
 ...     (Operand("A", 2), Operand("B", 2)))
->>> s = choose_gpu_schedule(matmul)
+>>> choose_gpu_schedule(matmul).strategy
+'xla'
+>>> s = choose_gpu_schedule(matmul, kernel=True)
 >>> s.strategy, s.row, s.vector, s.rows, s.cols
 ('smem', 'i', 'j', 4, 4)
 """
@@ -46,10 +60,11 @@ does not use -> ``tile`` with 4 rows; else ``thread``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 
+from codegen.contraction import contraction, xla_contraction
 from codegen.ir import LoopNest
 from codegen.loop_order import (
     LoopOrder,
@@ -59,7 +74,7 @@ from codegen.loop_order import (
     validate_order,
 )
 
-GPU_STRATEGIES = ("thread", "tile", "smem", "block")
+GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "xla")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
 SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
 
@@ -69,17 +84,22 @@ class GpuSchedule(LoopOrder):
     """Thread/block mapping of one nest (see the module docstring)."""
 
     strategy: str = "thread"
-    threads: int = 256  # threads per block (thread, tile, block)
+    threads: int = 256  # threads per block (thread, tile, block, split)
     row: str | None = None
     vector: str | None = None
     rows: int = 1
     cols: int = 1
     tile_k: int = 16
     index_type: str = "int32"
+    #: split: the most blocks (slices) of the first kernel. Only host-side values (the
+    #: grid, the workspace) depend on it, so it is left out of the repr that entry names hash.
+    blocks: int = field(default=1024, repr=False)
 
     def describe(self) -> str:
         """One line for the header comment of generated code."""
         parts = [f"strategy={self.strategy}", super().describe()]
+        if self.strategy == "xla":
+            return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
         if self.strategy == "tile":
             parts.append(f"tile={self.row}x1={self.rows}x1")
         if self.strategy == "smem":
@@ -89,6 +109,8 @@ class GpuSchedule(LoopOrder):
             )
         else:
             parts.append(f"threads={self.threads}")
+        if self.strategy == "split":
+            parts.append(f"blocks<={self.blocks}")
         parts.append(f"index={self.index_type}")
         return " ".join(parts)
 
@@ -136,8 +158,12 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     threads = schedule.threads
     if threads < 32 or threads > 1024 or threads & (threads - 1):
         raise ValueError("threads must be a power of two in [32, 1024]")
-    if schedule.rows < 1 or schedule.cols < 1 or schedule.tile_k < 1:
-        raise ValueError("rows, cols and tile_k must be positive")
+    if min(schedule.rows, schedule.cols, schedule.tile_k, schedule.blocks) < 1:
+        raise ValueError("rows, cols, tile_k and blocks must be positive")
+    if schedule.strategy == "split" and free:
+        raise ValueError("the split strategy is for full reductions (no free index)")
+    if schedule.strategy == "xla" and contraction(nest) is None:
+        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
     bounded = bound_indices(nest, schedule)
     if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
         raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")
@@ -162,23 +188,30 @@ def choose_gpu_schedule(
     *,
     index_type: str = "int32",
     loop_order: Sequence[str] | None = None,
+    kernel: bool = False,
 ) -> GpuSchedule:
     """The heuristic GPU schedule of `nest` (see the module docstring).
 
     Args:
         nest: the loop nest.
-        dtypes: numpy dtype names (unused for now; kept for symmetry with the CPU).
+        dtypes: numpy dtype names of the operands and output (a pure contraction of floats
+            runs as XLA's dot).
         index_type: "int32" (default) or "int64" when a tensor may reach 2^31 elements.
         loop_order: index names fixing the order of free and reduced loops, as on the CPU.
+            A loop order asks for a generated kernel.
+        kernel: True for a generated kernel even where XLA would compute the nest.
 
     Returns:
         A valid `GpuSchedule`.
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
+    if not kernel and loop_order is None and xla_contraction(nest, dtypes):
+        return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
     base = GpuSchedule(free, reduced, index_type=index_type)
     if not free:
-        return GpuSchedule(free, reduced, strategy="block", index_type=index_type)
+        strategy = "split" if any(reduced) else "block"
+        return GpuSchedule(free, reduced, strategy=strategy, index_type=index_type)
     bounded = bound_indices(nest, base)
     vector = free[-1]
     if vector not in bounded:
@@ -201,13 +234,15 @@ def choose_gpu_schedule(
 
 
 def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
-    """The heuristic's pick, the thread fallback, a block schedule and small variants."""
-    pick = choose_gpu_schedule(nest)
+    """The heuristic's kernel, the thread fallback, block and split schedules and small
+    variants."""
+    pick = choose_gpu_schedule(nest, kernel=True)
     free, reduced = pick.free_order, pick.reduced_order
     picks = [
         pick,
         GpuSchedule(free, reduced, "thread", threads=64),
         GpuSchedule(free, reduced, "block", threads=32),
+        GpuSchedule(free, reduced, "split", threads=32, blocks=3, index_type="int64"),
         GpuSchedule(tuple(reversed(free)), tuple(tuple(reversed(o)) for o in reduced)),
         GpuSchedule(
             free,

@@ -1,4 +1,5 @@
-"""The thread, tile and block strategies of the CUDA emitter (see `codegen.cuda_schedule`)."""
+"""The thread, tile and block strategies of the CUDA emitter (see `codegen.cuda_schedule`),
+and the shared-memory tree that block and split combine states with."""
 
 from __future__ import annotations
 
@@ -55,31 +56,43 @@ def tile(e: CudaEmitter) -> Lines:
     return _per_element(e, flat, "(idx_t)gridDim.x*(idx_t)blockDim.x", body, {rn: s.rows})
 
 
+def shared_states(e: CudaEmitter) -> Lines:
+    """The shared arrays of `tree_lines`: one per state variable, one element per thread."""
+    threads, (ta, tb) = e.schedule.threads, e.state_types()
+    decls = [f"__shared__ {ta} sa_[{threads}];"]
+    if len(e.reducer.init) > 1:
+        decls.append(f"__shared__ {tb} sb_[{threads}];")
+    return decls
+
+
+def tree_lines(e: CudaEmitter) -> Lines:
+    """Combine the block's states `acc_` by a shared-memory tree (deterministic order);
+    thread 0 ends with the block's state. Ends with a barrier: `sa_` may be reused."""
+    a, b = e.names()
+    states = len(e.reducer.init)
+    shared = [f"sa_[threadIdx.x] = {a};"] + ([f"sb_[threadIdx.x] = {b};"] if states > 1 else [])
+    combine = e.fmt(e.reducer.combine, (a, b), ("sa_[threadIdx.x + h_]", "sb_[threadIdx.x + h_]"))
+    return [
+        *shared,
+        "__syncthreads();",
+        *block_lines(
+            f"for (int h_ = {e.schedule.threads // 2}; h_ > 0; h_ >>= 1)",
+            [*block_lines("if (threadIdx.x < h_)", [combine, *shared]), "__syncthreads();"],
+        ),
+    ]
+
+
 def block_reduce(e: CudaEmitter) -> Lines:
     """One block per output element; partial states combined by a shared-memory tree."""
-    s = e.schedule
     body = [*e.declare()]
     for n, term in enumerate(e.nest.terms):
         if not term.reduced:
             body += block_lines("if (threadIdx.x == 0)", e.term_lines(n))
             continue
         body += e.term_lines(n, step=("(idx_t)threadIdx.x", "(idx_t)blockDim.x"))
-    a, b = e.names()
-    ta, tb = e.state_types()
-    states = len(e.reducer.init)
-    shared = [f"sa_[threadIdx.x] = {a};"] + ([f"sb_[threadIdx.x] = {b};"] if states > 1 else [])
-    combine = e.fmt(e.reducer.combine, (a, b), ("sa_[threadIdx.x + h_]", "sb_[threadIdx.x + h_]"))
     body += [
-        *shared,
-        "__syncthreads();",
-        *block_lines(
-            f"for (int h_ = {s.threads // 2}; h_ > 0; h_ >>= 1)",
-            [*block_lines("if (threadIdx.x < h_)", [combine, *shared]), "__syncthreads();"],
-        ),
+        *tree_lines(e),
         *block_lines("if (threadIdx.x == 0)", [e.store_line("")]),
         "__syncthreads(); /* sa_ is reused by the next output element */",
     ]
-    decls = [f"__shared__ {ta} sa_[{s.threads}];"]
-    if states > 1:
-        decls.append(f"__shared__ {tb} sb_[{s.threads}];")
-    return decls + _per_element(e, "(idx_t)blockIdx.x", "(idx_t)gridDim.x", body)
+    return shared_states(e) + _per_element(e, "(idx_t)blockIdx.x", "(idx_t)gridDim.x", body)

@@ -273,13 +273,19 @@ class Emitter(Generic[S]):
         return [*lines, f"const {self.f} {loop.symbol.name} = {result};"]
 
     def term_lines(
-        self, n: int, *, first: tuple[str, str] | None = None, step: tuple[str, str] | None = None
+        self,
+        n: int,
+        *,
+        first: tuple[str, str] | None = None,
+        step: tuple[str, str] | None = None,
+        first_step: tuple[str, str] | None = None,
     ) -> Lines:
         """Term `n` folded into the scalar state `acc_`: its reduced loops (see `loops` for
-        `first` and `step`), each sub-expression at the outermost loop where its indices are
-        bound (level 0 is outside the term's loops), in a block of its own."""
+        `first`, `step` and `first_step`), each sub-expression at the outermost loop where
+        its indices are bound (level 0 is outside the term's loops), in a block of its own."""
         plan = self.plan(n, [[], *self.reduced_levels(n)])
-        loops = self.loops(n, self.fold_lines(n, plan, ""), first=first, step=step, plan=plan)
+        fold = self.fold_lines(n, plan, "")
+        loops = self.loops(n, fold, first=first, step=step, first_step=first_step, plan=plan)
         return ["{", *indent_lines(self.level_lines(plan, 0, loops)), "}"]
 
     def fold_lines(self, n: int, plan: Plan, sub: str) -> Lines:
@@ -311,12 +317,14 @@ class Emitter(Generic[S]):
         step: tuple[str, str] | None = None,
         plan: Plan | Sequence[Plan] | None = None,
         level: int = 1,
+        first_step: tuple[str, str] | None = None,
     ) -> Lines:
         """Term `n`'s reduced loops around `inner`, outermost first, down to `stop_at`.
 
         `first` replaces the outermost loop's bounds; with `step = (offset, stride)` the
-        innermost loop starts `offset` after its lower bound and advances by `stride`. With a
-        `plan`, the body of the loop at depth d starts with the plan's level `level + d`.
+        innermost loop starts `offset` after its lower bound and advances by `stride`, and
+        `first_step` does the same for the outermost loop where it is not the innermost. With
+        a `plan`, the body of the loop at depth d starts with the plan's level `level + d`.
         """
         order = self.term_order(n)
         bounds: LoopBounds = self.bounds[n]
@@ -328,8 +336,10 @@ class Emitter(Generic[S]):
             if depth == 0 and first is not None:
                 lo, hi = first
             name, kind = self.printer.index(r), self.index_type
-            if step is not None and depth == len(order) - 1:
-                head = f"for ({kind} {name} = {lo} + {step[0]}; {name} < {hi}; {name} += {step[1]})"
+            strided = step if depth == len(order) - 1 else first_step if depth == 0 else None
+            if strided is not None:
+                offset, stride = strided
+                head = f"for ({kind} {name} = {lo} + {offset}; {name} < {hi}; {name} += {stride})"
             else:
                 head = f"for ({kind} {name} = {lo}; {name} < {hi}; ++{name})"
             if plan is not None:

@@ -138,17 +138,21 @@ def compile_flags() -> tuple[str, ...]:
 
 
 def translation_unit(kernels: Sequence[tuple[str, str]]) -> str:
-    """One C++ unit for `kernels`, pairs of (CUDA text, entry name)."""
+    """One C++ unit for `kernels`, pairs of (CUDA text, entry name); a text with several
+    entries (the passes of one source) is compiled once, in one namespace."""
     lines = ["/* tensordsl CUDA emulator unit (codegen/emulate.py) */", '#include "cuda_emu.h"']
-    for n, (text, entry) in enumerate(kernels):
-        space = f"tdsl_k{n}"
-        dynamic = {
-            m["name"]: f"thread_local {m['type']} {m['name']}"
-            f"[TDSL_EMU_MAX_SHARED / sizeof({m['type']})] __attribute__((aligned(16)));"
-            for m in _DYNAMIC_SHARED.finditer(text)
-        }
-        lines += [f"namespace {space} {{", f'#line 1 "{entry}.cu"', text]
-        lines += ['#line 1 "emulator launchers"', *dynamic.values(), "}"]
+    spaces: dict[str, str] = {}
+    for text, entry in kernels:
+        space = spaces.get(text)
+        if space is None:
+            space = spaces[text] = f"tdsl_k{len(spaces)}"
+            dynamic = {
+                m["name"]: f"thread_local {m['type']} {m['name']}"
+                f"[TDSL_EMU_MAX_SHARED / sizeof({m['type']})] __attribute__((aligned(16)));"
+                for m in _DYNAMIC_SHARED.finditer(text)
+            }
+            lines += [f"namespace {space} {{", f'#line 1 "{entry}.cu"', text]
+            lines += ['#line 1 "emulator launchers"', *dynamic.values(), "}"]
         lines.append(f"TDSL_EMU_KERNEL({space}, {entry})")
     return "\n".join(lines) + "\n"
 
@@ -293,23 +297,33 @@ def build(
         jobs: compiler calls run at once.
 
     Returns:
-        One `EmulatedKernel` per pair, in order.
+        One `EmulatedKernel` per pair, in order. The entries asked for with one text come
+        from one library (the emulated launch handler opens one per source).
     """
     wanted = list(kernels)
-    with _LOCK:
-        missing = list(dict.fromkeys(k for k in wanted if k not in _KERNELS))
+    by_text: dict[str, list[tuple[str, str]]] = {}
+    for pair in dict.fromkeys(wanted):
+        by_text.setdefault(pair[0], []).append(pair)
+    with _LOCK:  # a text with a missing entry is built again with all its entries
+        groups = [g for g in by_text.values() if any(k not in _KERNELS for k in g)]
     units: list[list[tuple[str, str]]] = []
     entries: list[set[str]] = []  # an entry is a C symbol: once per unit
-    for text, entry in missing:
+    for group in groups:
+        names = {entry for _, entry in group}
         n = next(
-            (n for n, u in enumerate(units) if len(u) < per_unit and entry not in entries[n]), None
+            (
+                n
+                for n, u in enumerate(units)
+                if len(u) + len(group) <= per_unit and not names & entries[n]
+            ),
+            None,
         )
         if n is None:
             units.append([])
             entries.append(set())
             n = len(units) - 1
-        units[n].append((text, entry))
-        entries[n].add(entry)
+        units[n] += group
+        entries[n] |= names
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         libraries = list(pool.map(lambda u: compile_unit(translation_unit(u)), units))
     for unit, library in zip(units, libraries, strict=True):

@@ -37,7 +37,8 @@ class NvrtcError(RuntimeError):
 
 @dataclass(frozen=True)
 class Compiled:
-    """The result of one compilation: PTX text or CUBIN bytes, the log and ptxas figures."""
+    """The result of one compilation: PTX text or CUBIN bytes, the log and ptxas figures
+    (the most registers and all spills over the source's kernels)."""
 
     binary: bytes  # PTX (text, as bytes) for compute_XX targets, CUBIN for sm_XX
     log: str
@@ -122,13 +123,16 @@ def compile_source(
         nvrtc.destroyProgram(program)
     if isinstance(binary, str):
         binary = binary.encode()
-    figures = _PTXAS.search(log)
+    # Over every kernel of the source: the most registers, all spills.
+    figures = [
+        {k: int(v) for k, v in m.groupdict().items() if k != "entry"} for m in _PTXAS.finditer(log)
+    ]
     compiled = Compiled(
         bytes(binary).rstrip(b"\0"),
         log,
-        int(figures["registers"]) if figures else None,
-        int(figures["stores"]) if figures else None,
-        int(figures["loads"]) if figures else None,
+        max(f["registers"] for f in figures) if figures else None,
+        sum(f["stores"] for f in figures) if figures else None,
+        sum(f["loads"] for f in figures) if figures else None,
     )
     with _LOCK:
         _MEMORY[key] = compiled

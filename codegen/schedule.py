@@ -66,9 +66,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen import config
 from codegen.affine import affine_parts
-from codegen.contraction import contraction
+from codegen.contraction import contraction, xla_contraction
 from codegen.ir import LoopNest, Reduce, accesses
 from codegen.loop_order import (
     LoopOrder,
@@ -210,12 +209,6 @@ def _dot_schedule(
     )
 
 
-def _xla_contraction(nest: LoopNest, dtypes: Mapping[str, str] | None) -> bool:
-    """A pure contraction of floats, and XLA contractions not switched off."""
-    floats = dtypes is None or all(d.startswith(("float", "bfloat")) for d in dtypes.values())
-    return floats and config.xla_contractions() and contraction(nest) is not None
-
-
 def choose_cpu_schedule(
     nest: LoopNest,
     dtypes: Mapping[str, str] | None = None,
@@ -241,7 +234,7 @@ def choose_cpu_schedule(
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
-    if not kernel and loop_order is None and _xla_contraction(nest, dtypes):
+    if not kernel and loop_order is None and xla_contraction(nest, dtypes):
         return Schedule(free, reduced, strategy="xla")
     if not free:
         return Schedule(free, reduced, strategy="split")

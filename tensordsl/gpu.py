@@ -1,7 +1,8 @@
 """The CUDA runner: a generated kernel launched on XLA's stream, or emulated on the CPU.
 
-At trace time (shapes are static) the CUDA is emitted and the host parameters and launch
-grid are computed, then one of three paths runs it, chosen by `codegen/config.py`:
+At trace time (shapes are static) the CUDA is emitted and the host parameters, the grid of
+each kernel and the size of its scratch space are computed, then one of three paths runs
+it, chosen by `codegen/config.py`:
 
 * `TENSORDSL_GPU_CALL=ffi` (default): `jax.ffi.ffi_call` to the launch handler of
   codegen/cuda_ffi.cc. The kernel is compiled by NVRTC to a CUBIN for the device now; XLA
@@ -15,8 +16,13 @@ grid are computed, then one of three paths runs it, chosen by `codegen/config.py
   twin through `ffi_call`, or `buffer_callback` and ctypes. `jit`, `grad` and `vmap` work as
   on a GPU; this is how the CUDA back end is tested and debugged without one.
 
+A source may hold several kernels (the split strategy's two passes), launched one after
+another with the same arguments; scratch space they share is an extra output of the call
+(`jax.ffi.ffi_call` and `buffer_callback` allocate it with the output), dropped afterwards.
 Nothing is compiled, allocated or synchronised per call. CuPy is imported only by the
-callback path.
+callback path. A pure contraction of floats (the "xla" strategy of
+`codegen.cuda_schedule`) runs as XLA's dot (`tensordsl.xla_dot`), cuBLAS on a GPU, as on the
+CPU.
 """
 
 from __future__ import annotations
@@ -33,16 +39,20 @@ import numpy as np
 
 from codegen import config, cuda_launch, emulate
 from codegen.cuda import GRID_LIMITS, CudaSource, emit_cuda
-from codegen.cuda_schedule import GpuSchedule
+from codegen.cuda_schedule import GpuSchedule, choose_gpu_schedule
 from codegen.extents import output_shape
 from codegen.host import host_function
 from codegen.ir import LoopNest
 from tensordsl.errors import UnsupportedError
+from tensordsl.xla_dot import run_contraction
 
 _LOCK = threading.Lock()
-_KERNELS: dict[tuple[Any, ...], Any] = {}  # (source text, device id) -> cupy.RawKernel
+_MODULES: dict[tuple[Any, ...], Any] = {}  # (source text, device id) -> cupy.RawModule
 #: FFI targets registered with XLA in this process.
 REGISTERED: set[str] = set()
+
+
+Grid = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -51,9 +61,32 @@ class Launch:
 
     source: CudaSource
     params: tuple[int, ...]
-    grid: tuple[int, int, int]
+    grids: tuple[Grid, ...]  # one per kernel of `source.passes`; (0, 0, 0): not launched
     result: jax.ShapeDtypeStruct
     dtypes: tuple[str, ...]  # numpy names: the output, then each operand
+    workspace: int = 0  # bytes of scratch space: an extra output of the call when not 0
+
+    @property
+    def grid(self) -> Grid:
+        """The first kernel's grid."""
+        return self.grids[0]
+
+    @property
+    def passes(self) -> tuple[tuple[str, Grid], ...]:
+        """(entry, grid) of each kernel to launch, in order."""
+        found = zip(self.source.passes, self.grids, strict=True)
+        return tuple((p.entry, grid) for p, grid in found if grid[0] > 0)
+
+    @property
+    def outputs(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """The call's outputs: the result, then the scratch space, if any."""
+        scratch = jax.ShapeDtypeStruct((self.workspace,), np.uint8)
+        return (self.result, scratch) if self.workspace else (self.result,)
+
+    @property
+    def pointer_dtypes(self) -> tuple[str, ...]:
+        """numpy names of the kernels' pointer arguments: output, operands, scratch."""
+        return (*self.dtypes, *("uint8" for _ in self.outputs[1:]))
 
 
 def prepare(
@@ -72,25 +105,40 @@ def prepare(
         all_shapes[op.name] = tuple(np.shape(value))
     out_shape = output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
-    out_dtype = jnp.dtype(dtype)
-    dtypes = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
-    dtypes[nest.output] = out_dtype.name
+    dtypes = _dtypes(nest, operands, dtype)
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
-    params, grid = _host_values(source, all_shapes)
-    order = (out_dtype.name, *(dtypes[op.name] for op in nest.operands))
-    return Launch(source, params, grid, jax.ShapeDtypeStruct(out_shape, out_dtype), order)
+    params, grids, workspace = _host_values(source, all_shapes)
+    order = (dtypes[nest.output], *(dtypes[op.name] for op in nest.operands))
+    result = jax.ShapeDtypeStruct(out_shape, jnp.dtype(dtype))
+    return Launch(source, params, grids, result, order, workspace)
+
+
+def _dtypes(nest: LoopNest, operands: Sequence[Any], dtype: Any) -> dict[str, str]:
+    """numpy dtype names of the operands and the output."""
+    found = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
+    found[nest.output] = jnp.dtype(dtype).name
+    return found
 
 
 def _host_values(
     source: CudaSource, shapes: Mapping[str, Sequence[int]]
-) -> tuple[tuple[int, ...], tuple[int, int, int]]:
-    """The int64 parameters and the clamped grid, computed like the C back end does."""
-    host = host_function((*source.parameters, *(("grid", g) for g in source.grid)))
-    values = host(shapes)
+) -> tuple[tuple[int, ...], tuple[Grid, ...], int]:
+    """The int64 parameters, each kernel's clamped grid and the scratch bytes, computed like
+    the C back end does. The first kernel gets at least one block; a later one whose grid
+    is empty is not launched (all zeros)."""
+    grids = [("grid", g) for p in source.passes for g in p.grid]
+    host = host_function((*source.parameters, *grids, ("workspace", source.workspace)))
+    values = [int(v) for v in host(shapes)]
     count = len(source.parameters)
-    params = tuple(int(v) for v in values[:count])
-    grid = tuple(max(1, min(int(v), limit)) for v, limit in zip(values[count:], GRID_LIMITS))
-    return params, grid  # type: ignore[return-value]
+    found: list[Grid] = []
+    for n in range(len(source.passes)):
+        grid = values[count + 3 * n : count + 3 * n + 3]
+        if n and min(grid) < 1:
+            found.append((0, 0, 0))
+            continue
+        x, y, z = (max(1, min(v, top)) for v, top in zip(grid, GRID_LIMITS, strict=True))
+        found.append((x, y, z))
+    return tuple(values[:count]), tuple(found), values[-1]
 
 
 def run_cuda(
@@ -101,9 +149,18 @@ def run_cuda(
     *,
     schedule: GpuSchedule | None = None,
 ) -> jax.Array:
-    """Run `nest` with CUDA (a `runners.Runner`; `schedule` for tests)."""
-    launch = prepare(nest, operands, shapes, dtype, schedule)
+    """Run `nest` with CUDA, or XLA's dot for the "xla" strategy (a `runners.Runner`;
+    `schedule` for tests)."""
     order = config.cuda_emulate()
+    if order is None:
+        _gpus()  # no GPU is an error, also where XLA would run the nest
+    schedule = schedule or choose_gpu_schedule(nest, _dtypes(nest, operands, dtype))
+    if schedule.strategy == "xla":
+        found = run_contraction(nest, operands, shapes, dtype)
+        if found is not None:
+            return found
+        schedule = None  # the shapes do not fit an einsum: the heuristic's kernel
+    launch = prepare(nest, operands, shapes, dtype, schedule)
     if order is not None:
         return _run_emulated(launch, operands, order)
     if config.gpu_call() == "ffi":
@@ -133,39 +190,49 @@ def _ffi_call(
 ) -> jax.Array:
     attributes = cuda_launch.launch_attributes(
         image,
-        launch.source.entry,
-        grid=launch.grid,
+        launch.passes,
         block=launch.source.block,
         params=launch.params,
-        dtypes=launch.dtypes,
+        dtypes=launch.pointer_dtypes,
+        scratch=len(launch.outputs) - 1,
         poison=config.poison_outputs(),
         order=order,
     )
     # "sequential": a batched call is a loop of unbatched ones, so the attributes stay right.
-    call = jax.ffi.ffi_call(target, launch.result, vmap_method="sequential")
-    return call(*operands, **attributes)
+    call = jax.ffi.ffi_call(target, launch.outputs, vmap_method="sequential")
+    return call(*operands, **attributes)[0]
+
+
+def _buffer_call(callback: Any, launch: Launch, operands: Sequence[jax.Array]) -> jax.Array:
+    """`buffer_callback` with the launch's outputs; `callback(ctx, outputs, *args)`."""
+    from jax.experimental.buffer_callback import buffer_callback
+
+    call = buffer_callback(callback, launch.outputs, vmap_method="sequential")
+    return call(*operands)[0]
 
 
 def _run_emulated(launch: Launch, operands: Sequence[jax.Array], order: str) -> jax.Array:
-    """The kernel on the CPU through the emulator (FFI handler, or callback and ctypes)."""
-    kernel = emulate.kernel(launch.source.text, launch.source.entry)
+    """The kernels on the CPU through the emulator (FFI handler, or callback and ctypes)."""
+    text = launch.source.text
+    built = emulate.build([(text, p.entry) for p in launch.source.passes])  # one library
     code = emulate.ORDERS[order]
     if config.gpu_call() == "ffi" and cuda_launch.unavailable_reason() is None:
         target = _register("tdsl_cuda_launch_emulated", "cpu")
-        return _ffi_call(target, launch, operands, str(kernel.library).encode(), code)
+        return _ffi_call(target, launch, operands, str(built[0].library).encode(), code)
+    kernels = {k.entry: k for k in built}
     poison = config.poison_outputs()
     params = [np.int64(p) for p in launch.params]
 
-    def callback(ctx: Any, out: Any, *args: Any) -> None:
-        target = np.asarray(out)
+    def callback(ctx: Any, outputs: Any, *args: Any) -> None:
+        out, *scratch = (np.asarray(o) for o in outputs)
         if poison:
-            target.fill(np.nan if np.issubdtype(target.dtype, np.inexact) else -1)
-        arrays = [np.asarray(a) for a in args]
-        kernel(launch.grid, launch.source.block, (target, *arrays, *params), order=order)
+            for array in (out, *scratch):
+                array.reshape(-1).view(np.uint8).fill(0xFF)  # NaN, or -1
+        arguments = (out, *(np.asarray(a) for a in args), *scratch, *params)
+        for entry, grid in launch.passes:
+            kernels[entry](grid, launch.source.block, arguments, order=order)
 
-    from jax.experimental.buffer_callback import buffer_callback
-
-    return buffer_callback(callback, launch.result, vmap_method="sequential")(*operands)
+    return _buffer_call(callback, launch, operands)
 
 
 def _gpus() -> list[Any]:
@@ -215,40 +282,48 @@ class _XlaStream:
         return (0, self.pointer)
 
 
-def _raw_kernel(source: CudaSource, device: int) -> Any:
-    """The compiled CuPy RawKernel of `source` on `device` (compiled once, thread-safe)."""
+def _raw_kernels(source: CudaSource, device: int) -> dict[str, Any]:
+    """The compiled CuPy kernel of each pass of `source` on `device`, by entry (compiled
+    once per source and device, thread-safe)."""
     from codegen import nvrtc
 
     key = (source.text, device)
     with _LOCK:
-        kernel = _KERNELS.get(key)
-        if kernel is None:
+        module = _MODULES.get(key)
+        if module is None:
             cupy = _cupy()
             options = ("--std=c++17", *(f"-I{d}" for d in nvrtc.include_dirs()))
-            kernel = cupy.RawKernel(source.text, source.entry, options=options, backend="nvrtc")
+            module = cupy.RawModule(code=source.text, options=options, backend="nvrtc")
             with cupy.cuda.Device(device):
-                kernel.compile()  # at trace time, never inside the callback
-            _KERNELS[key] = kernel
-        return kernel
+                module.compile()  # at trace time, never inside the callback
+            _MODULES[key] = module
+        with _cupy().cuda.Device(device):
+            return {p.entry: module.get_function(p.entry) for p in source.passes}
 
 
 def _run_callback(launch: Launch, operands: Sequence[jax.Array]) -> jax.Array:
-    """`buffer_callback` launching a CuPy RawKernel on XLA's stream (Python per call)."""
-    from jax.experimental.buffer_callback import buffer_callback
-
+    """`buffer_callback` launching CuPy kernels on XLA's stream (Python per call)."""
     source = launch.source
-    kernels = {d.local_hardware_id: _raw_kernel(source, d.local_hardware_id) for d in _gpus()}
+    kernels = {d.local_hardware_id: _raw_kernels(source, d.local_hardware_id) for d in _gpus()}
     params = [np.int64(p) for p in launch.params]
     poison = config.poison_outputs()
+    sizes = [int(np.prod(o.shape)) * o.dtype.itemsize for o in launch.outputs]
 
-    def callback(ctx: Any, out: Any, *args: Any) -> None:
+    def callback(ctx: Any, outputs: Any, *args: Any) -> None:
         cupy = _cupy()
-        pointers = [np.uint64(b.__cuda_array_interface__["data"][0]) for b in (out, *args)]
-        device = out.__dlpack_device__()[1]
-        with cupy.cuda.Device(device), cupy.cuda.Stream.from_external(_XlaStream(int(ctx.stream))):
+        out, *scratch = (_pointer(o) for o in outputs)
+        device = outputs[0].__dlpack_device__()[1]
+        stream = int(ctx.stream)
+        with cupy.cuda.Device(device), cupy.cuda.Stream.from_external(_XlaStream(stream)):
             if poison:
-                size = int(np.prod(launch.result.shape)) * launch.result.dtype.itemsize
-                cupy.cuda.runtime.memsetAsync(int(pointers[0]), 0xFF, size, int(ctx.stream))
-            kernels[device](launch.grid, source.block, (*pointers, *params))
+                for pointer, size in zip((out, *scratch), sizes, strict=True):
+                    cupy.cuda.runtime.memsetAsync(int(pointer), 0xFF, size, stream)
+            arguments = (out, *(_pointer(a) for a in args), *scratch, *params)
+            for entry, grid in launch.passes:
+                kernels[device][entry](grid, source.block, arguments)
 
-    return buffer_callback(callback, launch.result, vmap_method="sequential")(*operands)
+    return _buffer_call(callback, launch, operands)
+
+
+def _pointer(buffer: Any) -> np.uint64:
+    return np.uint64(buffer.__cuda_array_interface__["data"][0])

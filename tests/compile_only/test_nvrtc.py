@@ -47,11 +47,13 @@ def emit(named: Named, dtype: str = "float32", schedule: GpuSchedule | None = No
 
 def check_ptx(source: CudaSource, arch: str = "compute_80") -> None:
     ptx = nvrtc.compile_source(source.text, arch=arch).ptx
-    assert f".entry {source.entry}(" in ptx
-    params = nvrtc.ptx_parameters(ptx, source.entry)
-    # The launcher passes the output and operand pointers then int64 parameters: 64-bit each.
-    assert len(params) == source.argument_count, (params, source.argument_count)
-    assert set(params) <= {".u64", ".s64"}, params
+    for kernel in source.passes:
+        assert f".entry {kernel.entry}(" in ptx
+        params = nvrtc.ptx_parameters(ptx, kernel.entry)
+        # The launcher passes the output, operand and scratch pointers then int64 parameters:
+        # 64-bit each, the same for every kernel of the source.
+        assert len(params) == source.argument_count, (params, source.argument_count)
+        assert set(params) <= {".u64", ".s64"}, params
 
 
 @pytest.mark.parametrize("named", NESTS, ids=lambda n: n.id)
@@ -110,7 +112,7 @@ def test_other_dtypes_compile(name: str, dtype: str) -> None:
 def test_every_candidate_schedule_compiles(name: str) -> None:
     named = BY_ID[name]
     schedules = candidate_gpu_schedules(named.nest)
-    assert choose_gpu_schedule(named.nest) in schedules
+    assert choose_gpu_schedule(named.nest, kernel=True) in schedules
     assert len({s.strategy for s in schedules}) >= 2
     for schedule in schedules:
         check_ptx(emit(named, schedule=schedule))
@@ -118,7 +120,7 @@ def test_every_candidate_schedule_compiles(name: str) -> None:
 
 def test_int64_indices_switch() -> None:
     named = BY_ID["matmul-forward"]
-    schedule = choose_gpu_schedule(named.nest, index_type="int64")
+    schedule = choose_gpu_schedule(named.nest, index_type="int64", kernel=True)
     source = emit(named, schedule=schedule)
     assert "typedef long long idx_t;" in source.text
     check_ptx(source)

@@ -3,7 +3,8 @@
 An `Instance` is one nest (a corpus forward, an auxiliary nest such as a saved argmax, or a
 gradient nest) with float64 operand values: the corpus inputs, the reference's auxiliary
 results and a random cotangent, as `jax_bind` would pass them. `run` launches its CUDA
-kernel for a dtype, schedule and scheduling order through the emulator (outputs poisoned);
+kernels (one per pass of the source, sharing its scratch space) for a dtype, schedule and
+scheduling order through the emulator (outputs and scratch poisoned);
 `expected` evaluates the nest with the reference back end in float64 on the same inputs
 rounded to that dtype. `build_all` compiles many kernels in a few translation units first:
 compiling dominates the emulator's cost.
@@ -115,25 +116,43 @@ def launch(inst: Instance, dtype: str, schedule: GpuSchedule | None = None) -> g
     return gpu.prepare(inst.nest, inst.arrays(dtype), inst.shapes, inst.out_dtype(dtype), schedule)
 
 
+def _kernels(la: gpu.Launch) -> list[tuple[str, str]]:
+    """(text, entry) of every kernel of the launch's source."""
+    return [(la.source.text, p.entry) for p in la.source.passes]
+
+
 def build_all(launches: Iterable[gpu.Launch]) -> None:
-    """Compile every launch's kernel, many per compiler call, two calls at once."""
-    emulate.build([(la.source.text, la.source.entry) for la in launches], per_unit=60, jobs=2)
+    """Compile every launch's kernels, many per compiler call, two calls at once."""
+    emulate.build([k for la in launches for k in _kernels(la)], per_unit=60, jobs=2)
 
 
 def run(inst: Instance, la: gpu.Launch, dtype: str, order: str = "forward") -> np.ndarray:
     """Launch `la` under the emulator on the instance's operands; the output, poisoned first.
+    Returns the output."""
+    return run_arrays(la, inst.arrays(dtype), order, inst.id)
 
-    Each operand and the output sit between `MARGIN` poisoned elements: a read outside an
-    operand that reaches the result gives NaN, a write outside the output fails here.
+
+def run_arrays(
+    la: gpu.Launch, arrays: Sequence[np.ndarray], order: str = "forward", what: str = ""
+) -> np.ndarray:
+    """Launch `la`'s kernels in order under the emulator on `arrays`; the output.
+
+    Each operand, the output and the scratch space sit between `MARGIN` poisoned elements:
+    a read outside an operand that reaches the result gives NaN, a write outside the output
+    or the scratch space fails here. The output and the scratch space start poisoned.
     """
-    out_dtype = jnp.dtype(inst.out_dtype(dtype))
+    out_dtype = la.result.dtype
     out, out_buffer = _guarded(np.full(la.result.shape, _poison_value(out_dtype), out_dtype))
-    operands = [_guarded(a)[0] for a in inst.arrays(dtype)]
-    kernel = emulate.kernel(la.source.text, la.source.entry)
+    scratch, scratch_buffer = _guarded(np.full(la.workspace, 0xFF, np.uint8))
+    operands = [_guarded(a)[0] for a in arrays]
+    kernels = dict(zip([e for _, e in _kernels(la)], emulate.build(_kernels(la)), strict=True))
     params = [np.int64(p) for p in la.params]
-    kernel(la.grid, la.source.block, (out, *operands, *params), order=order)
-    margins = np.concatenate([out_buffer[:MARGIN], out_buffer[-MARGIN:]])
-    assert _is_poison(margins).all(), f"{inst.id}: the kernel wrote outside its output"
+    arguments = (out, *operands, *([scratch] if la.workspace else []), *params)
+    for entry, grid in la.passes:
+        kernels[entry](grid, la.source.block, arguments, order=order)
+    for name, buffer in (("output", out_buffer), ("scratch space", scratch_buffer)):
+        margins = np.concatenate([buffer[:MARGIN], buffer[-MARGIN:]])
+        assert _is_poison(margins).all(), f"{what}: the kernel wrote outside its {name}"
     return out
 
 
@@ -141,12 +160,14 @@ MARGIN = 64
 
 
 def _poison_value(dtype: np.dtype) -> object:
+    if np.issubdtype(dtype, np.unsignedinteger):
+        return np.iinfo(dtype).max  # all bits set, like -1
     return -1 if np.issubdtype(dtype, np.integer) else np.nan
 
 
 def _is_poison(values: np.ndarray) -> np.ndarray:
     if np.issubdtype(values.dtype, np.integer):
-        return values == -1
+        return values == _poison_value(values.dtype)
     return np.isnan(np.asarray(values, np.float64))
 
 

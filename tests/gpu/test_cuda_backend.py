@@ -59,6 +59,7 @@ TOLERANCE = emulated.TOLERANCE
 @pytest.fixture(autouse=True)
 def _cuda_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")  # these test generated kernels
     if EMULATED:
         monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
 

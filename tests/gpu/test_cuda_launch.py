@@ -43,6 +43,18 @@ extern "C" __global__ void stuck(double *out, const double *x) {
     if (threadIdx.x == 0) return;
     __syncwarp();
 }"""
+# Two passes sharing scratch space: the first writes a value per block, the second sums them.
+PASSES = """
+extern "C" __global__ void partial(double *out, const double *x, unsigned char *ws, long long n) {
+    double *part = (double *)ws;
+    if (threadIdx.x == 0) part[blockIdx.x] = x[blockIdx.x] * (blockIdx.x + 1);
+}
+extern "C" __global__ void total(double *out, const double *x, unsigned char *ws, long long n) {
+    const double *part = (const double *)ws;
+    double sum = 0;
+    for (long long b = 0; b < n; ++b) sum += part[b];
+    if (threadIdx.x == 0) out[0] = sum;
+}"""
 
 
 @pytest.fixture(autouse=True)
@@ -54,16 +66,28 @@ def _on_the_cpu():
 
 @pytest.fixture(scope="module")
 def kernels() -> dict[str, emulate.EmulatedKernel]:
-    built = emulate.build([(RECORD, "record"), (SILENT, "silent"), (STUCK, "stuck")])
+    built = emulate.build(
+        [
+            (RECORD, "record"),
+            (SILENT, "silent"),
+            (STUCK, "stuck"),
+            (PASSES, "partial"),
+            (PASSES, "total"),
+        ]
+    )
     return {k.entry: k for k in built}
 
 
 def call(kernel, result, operands, dtypes, params=(), grid=(2, 1, 1), block=(32, 1, 1), **kw):
+    return call_passes([(kernel, grid)], result, operands, dtypes, params, block, **kw)
+
+
+def call_passes(passes, result, operands, dtypes, params=(), block=(32, 1, 1), **kw):
+    """`ffi_call` to the emulated handler launching `(kernel, grid)` pairs in order."""
     target = gpu._register("tdsl_cuda_launch_emulated", "cpu")
     attributes = cuda_launch.launch_attributes(
-        str(kernel.library).encode(),
-        kernel.entry,
-        grid=grid,
+        str(passes[0][0].library).encode(),
+        [(kernel.entry, grid) for kernel, grid in passes],
         block=block,
         params=params,
         dtypes=dtypes,
@@ -119,13 +143,42 @@ def test_poison_fills_the_output_first(kernels) -> None:
     [
         (["float64", "float32"], "operand 0 is not float32"),
         (["float32", "float64"], "the output is not float32"),
-        (["float64"], "expected 0 operands and 1 output"),
+        (["float64"], "expected 0 operands, 1 output and 0 scratch outputs"),
     ],
 )
 def test_mismatched_buffers_are_an_error(kernels, dtypes, message: str) -> None:
     result = jax.ShapeDtypeStruct((2,), jnp.float64)
     with pytest.raises(Exception, match=message):
         jax.block_until_ready(call(kernels["silent"], result, [jnp.ones(2)], dtypes))
+
+
+def test_passes_run_in_order_and_share_scratch_outputs(kernels) -> None:
+    x = jnp.array([1.5, -2.0, 4.0])
+    result = (jax.ShapeDtypeStruct((1,), jnp.float64), jax.ShapeDtypeStruct((24,), jnp.uint8))
+    passes = [(kernels["partial"], (3, 1, 1)), (kernels["total"], (1, 1, 1))]
+    dtypes = ["float64", "float64", "uint8"]
+    out, scratch = call_passes(passes, result, [x], dtypes, [3], scratch=1, poison=True)
+    assert float(out[0]) == 1.5 - 4.0 + 12.0
+    np.testing.assert_array_equal(np.asarray(scratch).view(np.float64), [1.5, -4.0, 12.0])
+    with pytest.raises(Exception, match="scratch output 0 is not float32"):
+        jax.block_until_ready(
+            call_passes(passes, result, [x], [*dtypes[:2], "float32"], [3], scratch=1)
+        )
+
+
+def test_a_grid_is_needed_for_every_pass(kernels) -> None:
+    result = jax.ShapeDtypeStruct((2,), jnp.float64)
+    attributes = cuda_launch.launch_attributes(
+        str(kernels["silent"].library).encode(),
+        [("silent", (1, 1, 1)), ("silent", (1, 1, 1))],
+        block=(32, 1, 1),
+        params=[],
+        dtypes=["float64", "float64"],
+    )
+    attributes["grid"] = attributes["grid"][:4]
+    target = gpu._register("tdsl_cuda_launch_emulated", "cpu")
+    with pytest.raises(Exception, match="grid has 4 values for 2 entries; expected 3 per entry"):
+        jax.block_until_ready(jax.ffi.ffi_call(target, result)(jnp.ones(2), **attributes))
 
 
 def test_a_deadlock_is_an_error_through_xla(kernels) -> None:
@@ -150,6 +203,7 @@ def test_emulated_backend_under_jit_grad_and_vmap(monkeypatch, mode: str, order:
     monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", order)
     monkeypatch.setenv("TENSORDSL_GPU_CALL", mode)
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")  # the matmul's kernel, not XLA's dot
     k = td.kernel(MATMUL, backend="cuda")
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(37, 29)), rng.normal(size=(29, 41))

@@ -2,11 +2,11 @@
 
 * every forward, auxiliary and gradient nest with the heuristic's schedule in float32, in
   both scheduling orders (all kernels compiled in a few translation units);
-* a representative subset (every GPU strategy: thread, tile, smem, block; int32 and int64
-  indices; one and two reduction states; integer outputs and inputs; several terms;
+* a representative subset (every GPU strategy: thread, tile, smem, block, split; int32 and
+  int64 indices; one and two reduction states; integer outputs and inputs; several terms;
   constraint bounds) with every candidate schedule, in float32, float64, float16 and
   bfloat16, both orders, inputs longer than the corpus's so that several blocks and tiles
-  run; in float64 also with a grid of at most 2 x 2 x 2 blocks (every loop is grid-stride).
+  run; in float64 also with grids of at most 2 x 2 x 2 blocks (every loop is grid-stride).
 
 `TENSORDSL_EMULATOR_FULL=1` (`make test-emulator-full`) runs the subset's matrix on every
 nest. Needs a C++ compiler and the CUDA headers, no GPU.
@@ -37,8 +37,8 @@ SUBSET = {
     "matmul-grad_A": 3,
     "conv2d_channels-forward": 1,  # smem with a batch index on blockIdx.z
     "logsumexp_rows-forward": 3,  # two reduction states
-    "logsumexp_full-forward": 3,  # block, two states
-    "full_inner_product-forward": 3,  # block
+    "logsumexp_full-forward": 3,  # split (and block), two states
+    "full_inner_product-forward": 3,  # split (and block)
     "row_max-argument": 3,  # integer output
     "row_max-grad_X": 3,  # integer input compared with indices
     "conv1d_valid-grad_X": 3,  # constraint bounds
@@ -90,7 +90,8 @@ def test_every_schedule_dtype_and_order(nest_id: str, dtype: str, every_schedule
     want = emulated.expected(inst, dtype)
     for schedule in schedules:
         launch = emulated.launch(inst, dtype, schedule)
-        small = dataclasses.replace(launch, grid=tuple(min(g, 2) for g in launch.grid))
+        grids = tuple(tuple(min(g, 2) for g in grid) for grid in launch.grids)
+        small = dataclasses.replace(launch, grids=grids)
         got = emulated.run(inst, small, dtype)
         emulated.assert_close(got, want, dtype, f"{nest_id} {schedule.describe()} grid<=2")
 
@@ -101,6 +102,6 @@ def test_the_subset_covers_every_strategy_and_index_type() -> None:
         for nest_id in SUBSET
         for s in candidate_gpu_schedules(instance(nest_id).nest)
     }
-    strategies = {"thread", "tile", "smem", "block"}
+    strategies = {"thread", "tile", "smem", "block", "split"}
     assert {(s, i) for s in strategies for i in ("int32",)} <= found
-    assert {s for s, i in found if i == "int64"} >= {"thread", "smem", "block"}
+    assert {s for s, i in found if i == "int64"} >= {"thread", "smem", "split"}

@@ -20,6 +20,7 @@ CASES = ("causal_attention", "relative_bias_attention", "layernorm", "softmax")
 @pytest.fixture(autouse=True)
 def _cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")  # these test generated kernels
     if EMULATED:
         monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
 

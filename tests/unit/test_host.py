@@ -71,7 +71,25 @@ def test_cuda_host_values_clamp_the_grid() -> None:
     grids = []
     for x in (2, 1000, 2**45):  # an empty output, a few blocks, more blocks than CUDA allows
         shapes = {"X": (x,), "W": (3,), "Y": (max(0, x - 2),)}
-        params, grid = _host_values(source, shapes)
+        params, (grid,), workspace = _host_values(source, shapes)
         assert [int(p) for p in params] == list(host_function(source.parameters).values(shapes))
+        assert workspace == 0
         grids.append(grid[0])
     assert grids == [1, math.ceil(998 / source.block[0]), GRID_LIMITS[0]]
+
+
+def test_split_host_values_size_the_scratch_space_and_skip_an_empty_second_pass() -> None:
+    from codegen.cuda import emit_cuda
+    from tensordsl.gpu import _host_values
+    from tensordsl.lower import lower
+    from tensordsl.parse import parse
+
+    nest = lower(parse("s := X[i]"), reduce="logsumexp").nest
+    source = emit_cuda(nest, dtypes={"X": "float64", "s": "float64"})
+    assert source.schedule.strategy == "split" and source.schedule.threads == 256
+    assert [p.entry for p in source.passes] == [source.entry, f"{source.entry}_combine"]
+    for n, parts in ((0, 1), (256, 1), (257, 2), (256 * 5 + 1, 6), (10**9, 1024)):
+        params, grids, workspace = _host_values(source, {"X": (n,), "s": ()})
+        assert grids[0] == (parts, 1, 1) and params[-1] == parts
+        assert grids[1] == ((1, 1, 1) if parts > 1 else (0, 0, 0))  # (0, 0, 0): not launched
+        assert workspace == parts * (8 + 8)  # two float64 states per slice
