@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from codegen.factor import factor_sums
 from codegen.guards import bound_guards
-from codegen.ir import LoopNest, Operand, Term, index_symbol
+from codegen.ir import LoopNest, Operand, Range, Term, index_symbol
 from codegen.reductions import USER_REDUCTIONS
 from tensordsl.errors import ReductionError, close_match
 from tensordsl.parse import Span, Statement
@@ -39,6 +39,13 @@ class Lowered:
     index_spans: tuple[tuple[str, Span], ...]  # first occurrence of every index
     explicit: frozenset[str]  # indices whose range came from `ranges=`
     operand_spans: tuple[tuple[str, Span], ...] = ()  # first use of every operand
+    # every index's range as inferred, before the nest passes (guards as bounds, factored
+    # sums) narrow or nest them: free indices first, then reduced ones
+    ranges: tuple[Range, ...] = ()
+
+    @property
+    def reduced_ranges(self) -> tuple[Range, ...]:
+        return self.ranges[len(self.nest.free) :]
 
     def index_span(self, name: str) -> Span | None:
         return dict(self.index_spans).get(name)
@@ -103,10 +110,12 @@ def lower(
     reduction = _reduction(statement, reduce)
     translation = translate(statement)
     found = index_ranges(translation, ranges, statement.source)
+    free = tuple(found[n] for n in translation.free)
+    reduced = tuple(found[n] for n in translation.reduced)
     nest = LoopNest(
         output=statement.output,
-        free=tuple(found[n] for n in translation.free),
-        terms=(Term(translation.body, tuple(found[n] for n in translation.reduced)),),
+        free=free,
+        terms=(Term(translation.body, reduced),),
         operands=tuple(Operand(name, rank) for name, rank in translation.operands),
         reduction=reduction,
     )
@@ -118,4 +127,5 @@ def lower(
         translation.index_spans,
         frozenset(ranges or ()),
         tuple(translation.operand_spans.items()),
+        free + reduced,
     )

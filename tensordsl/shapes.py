@@ -68,7 +68,7 @@ def _check_ranks(
 
 def _check_agreement(lowered: Lowered, extents: Mapping[sympy.Symbol, int]) -> None:
     src = lowered.statement.source
-    for r in (*lowered.nest.free, *lowered.nest.terms[0].reduced):
+    for r in lowered.ranges:
         name = r.index.name
         uses = lowered.unshifted_uses(name)
         if name in lowered.explicit or len(uses) != sum(
@@ -94,11 +94,11 @@ def _evaluate_ranges(
 ) -> dict[str, tuple[int, int]]:
     src = lowered.statement.source
     values: dict[str, tuple[int, int]] = {}
-    for r in (*lowered.nest.free, *lowered.nest.terms[0].reduced):
+    for r in lowered.ranges:
         start, stop = (int(e.xreplace(extents)) for e in (r.start, r.stop))
         values[r.index.name] = (start, stop)
         plain = r.start == 0 and r.stop.is_Symbol
-        if r in lowered.nest.free and (stop < start or (stop == start and not plain)):
+        if r not in lowered.reduced_ranges and (stop < start or (stop == start and not plain)):
             used = sorted(str(s) for s in (r.start.free_symbols | r.stop.free_symbols))
             given = ", ".join(
                 f"{s} = {extents[sympy.Symbol(s, integer=True, nonnegative=True)]}" for s in used

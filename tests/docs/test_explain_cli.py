@@ -124,8 +124,7 @@ def test_explain_of_a_program_has_a_section_per_statement(capsys):
     out, _ = _explain(capsys, program, "--shapes", "X=10", "W=3", "--source", "c")
     headings = [
         "inputs     X, W   outputs D",
-        "program of 2 statements, run in order, each as its own kernel (every intermediate is "
-        "stored)",
+        "program of 2 statements, run in order; intermediates are recomputed where read",
         "  C: shape (-W.shape[0] + X.shape[0] + 1,)   intermediate",
         "statement 1 (line 1): C[i] := X[i+k] * W[k]",
         "  gradient of W",
