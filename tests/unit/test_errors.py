@@ -55,6 +55,7 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
     "scalar_as_tensor": ("Y[i] := a * a[i]", {}, None, UnknownNameError),
     "index_as_tensor": ("Y[i] := X[i] * i[i]", {}, None, UnknownNameError),
     "division_by_zero": ("Y[i] := X[i] / 0", {}, None, ExpressionError),
+    "nested_too_deeply": ("Y[i] := " + "-(" * 33 + "X[i]" + ")" * 33, {}, None, ParseError),
     "disagreeing_extents": (
         "C[i,j] := A[i,k] * B[k,j]",
         {},
