@@ -11,6 +11,7 @@
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
+    InputError,
     ParseError,
     RangeError,
     ReductionError,
@@ -25,6 +26,7 @@ from tensordsl.kernel import Kernel, kernel
 __all__ = [
     "ExpressionError",
     "IndexExpressionError",
+    "InputError",
     "Kernel",
     "ParseError",
     "RangeError",
