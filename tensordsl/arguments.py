@@ -10,6 +10,8 @@ Nothing the user passed is modified.
 {'k': 3}
 >>> shape_table({"X": [np.int64(2), 3]}, "Y[i] := X[i,j]")
 {'X': (2, 3)}
+>>> computed_dtype(np.uint8), computed_dtype(np.float16)
+(dtype('int32'), dtype('float16'))
 """
 
 from __future__ import annotations
@@ -139,6 +141,27 @@ def input_array(name: str, value: Any, source: str) -> Any:
             hint="run the real and imaginary parts through separate kernels",
         )
     return value
+
+
+def computed_dtype(dtype: Any) -> np.dtype:
+    """The dtype the back ends read an input of `dtype` in (they all read the same).
+
+    Floats, int32 and int64 stay. bool and other integers become the smallest signed integer
+    type holding all their values, int32 or int64 (with `jax_enable_x64`), so that they still
+    compare exactly with indices; where there is none (uint64, or uint32 without x64) they
+    become the default float type, as jnp promotes them with a signed integer.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    dtype = np.dtype(dtype)
+    if dtype != np.bool_ and not np.issubdtype(dtype, np.integer):
+        return dtype
+    for signed in (np.dtype(np.int32), np.dtype(np.int64)):
+        available = jax.dtypes.canonicalize_dtype(signed) == signed
+        if available and np.can_cast(dtype, signed, casting="safe"):
+            return signed
+    return np.dtype(jnp.result_type(float))
 
 
 def _describe(value: Any) -> str:

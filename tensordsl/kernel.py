@@ -170,6 +170,9 @@ class Kernel:
         out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
         if not jnp.issubdtype(out_dtype, jnp.inexact):
             out_dtype = jnp.result_type(float)
+        # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
+        computed = [arguments.computed_dtype(v.dtype) for v in values]
+        values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
         backend = self._backend()
         return jax_bind.call_nest(
             self.nest,

@@ -142,3 +142,27 @@ def test_source_target_is_checked() -> None:
     with pytest.raises(td.UnknownNameError, match="unknown target 'cu'") as error:
         kernel().source("cu")
     assert error.value.hint == "did you mean 'cuda'?"
+
+
+@pytest.mark.parametrize("x64", [True, False])
+def test_integer_inputs_are_read_as_a_type_that_holds_them(x64: bool) -> None:
+    import jax
+
+    from tensordsl.arguments import computed_dtype
+
+    float_type = "float64" if x64 else "float32"
+    expected = {
+        "bool": "int32",
+        "int8": "int32",
+        "uint8": "int32",
+        "int16": "int32",
+        "uint16": "int32",
+        "int32": "int32",
+        "uint32": "int64" if x64 else float_type,
+        "uint64": float_type,
+        "float16": "float16",
+        "bfloat16": "bfloat16",
+        "float32": "float32",
+    }
+    with jax.enable_x64(x64):
+        assert {d: computed_dtype(d).name for d in expected} == expected
