@@ -3,10 +3,10 @@
 The disk cache lives under `config.cache_dir()/c/`, one shared object per key (sha256 of the
 source text, compiler flags, compiler version and `CACHE_VERSION`). Every write goes to a
 temporary file first and is moved into place with `os.replace`, so two processes building
-the same kernel at once both succeed and a build that dies half way leaves no entry. An entry
-is checked before and after loading (codegen/loading.py) and rebuilt once when it is damaged.
-A cache folder that cannot be created or written is replaced, with one warning, by a private
-temporary folder. Shapes are run-time parameters: a new shape never recompiles.
+the same kernel at once both succeed and a build that dies half way leaves no entry. An
+entry is checked before and after loading and rebuilt once when it is damaged; a cache
+folder that cannot be written is replaced by a private one (codegen/disk_cache.py). Shapes
+are run-time parameters: a new shape never recompiles.
 
 When the compiler fails, a one-line program is compiled with the same command: if that fails
 too, the user's compiler setting (`TENSORDSL_CC`, `TENSORDSL_CFLAGS`) is at fault and a
@@ -20,13 +20,11 @@ headers are missing or the handler does not build, the kernel is built alone and
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import hashlib
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,7 +37,7 @@ from typing import Any
 import numpy as np
 import sympy
 
-from codegen import config, ffi, loading
+from codegen import config, disk_cache, ffi
 from codegen.c import CSource, emit_c
 from codegen.ir import LoopNest, extent_of
 from codegen.schedule import Schedule
@@ -91,50 +89,6 @@ def compile_flags() -> tuple[str, ...]:
     return (*BASE_FLAGS, *_openmp_flags(cc), *debug, *config.extra_cflags())
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
-
-
-def _writable(folder: pathlib.Path) -> bool:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError:
-        return False
-    return True
-
-
-@functools.lru_cache(maxsize=8)
-def cache_folder(configured: pathlib.Path) -> pathlib.Path:
-    """`configured` when it can be created and written, else a private temporary folder
-    (warned about once per configured folder).
-
-    Raises:
-        config.SettingError: no temporary folder can be made either.
-    """
-    if _writable(configured / "c"):
-        return configured
-    try:
-        private = pathlib.Path(tempfile.mkdtemp(prefix="tensordsl-cache-"))
-    except OSError as error:
-        raise config.SettingError(
-            f"the kernel cache folder {configured} (TENSORDSL_CACHE_DIR) cannot be written, "
-            f"and no temporary folder can be made either ({error})"
-        ) from None
-    atexit.register(shutil.rmtree, private, ignore_errors=True)
-    warnings.warn(
-        f"tensordsl: the kernel cache folder {configured} cannot be created or written; "
-        f"using the private folder {private} for this process (set TENSORDSL_CACHE_DIR to "
-        "a writable folder to keep compiled kernels between runs)",
-        stacklevel=4,
-    )
-    return private
-
-
 def compile_c(
     text: str,
     *,
@@ -158,14 +112,14 @@ def compile_c(
     flags = (*compile_flags(), *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = cache_folder(config.cache_dir()) / "c" / digest[:2]
+    folder = disk_cache.usable_folder(config.cache_dir()) / "c" / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
     if library.exists() and not rebuild:
         STATS["disk_hits"] += 1
         return library
     source = folder / f"{digest}.c"
-    _atomic_write(source, text.encode())
+    disk_cache.atomic_write(source, text.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
     os.close(fd)
     command = [cc, *flags, "-o", tmp, str(source), "-lm"]
@@ -358,7 +312,7 @@ def build_c(
         dump = config.dump_dir()
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
-            _atomic_write(dump / f"{source.entry}.c", source.text.encode())
+            disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
         loaded, library, has_handler = _load_nest(nest, source, dtypes)
         function = getattr(loaded, source.entry)
         function.restype = None
@@ -377,7 +331,7 @@ def _load_nest(
     for rebuild in (False, True):
         library, has_handler = _compile_nest(nest, source, dtypes, rebuild=rebuild)
         symbols = (source.entry, *((ffi.handler_name(source.entry),) if has_handler else ()))
-        loaded = loading.load(library, symbols)
+        loaded = disk_cache.load(library, symbols)
         if loaded is not None:
             return loaded, library, has_handler
     raise BuildError(

@@ -1,4 +1,9 @@
-"""Load a compiled kernel's shared object, or say that the file is damaged.
+"""The disk cache of compiled kernels: a usable folder, atomic writes, and entries checked
+before they are used.
+
+Every write goes to a temporary name in the same folder and is renamed into place, so a
+reader never sees half a file. A folder that cannot be created or written is replaced, with
+one warning, by a private temporary folder.
 
 A damaged cache entry (a truncated or emptied file, another kernel's file in its place)
 must never crash the process. A truncated library must not even reach `dlopen`: glibc maps
@@ -19,11 +24,19 @@ same path).
 from __future__ import annotations
 
 import _ctypes
+import atexit
 import ctypes
+import functools
+import os
 import pathlib
+import shutil
 import struct
 import sys
+import tempfile
+import warnings
 from collections.abc import Sequence
+
+from codegen.config import SettingError
 
 _PT_LOAD = 1
 #: e_ident's class byte -> (header layout, program header layout, offset and size fields).
@@ -31,6 +44,52 @@ _LAYOUTS = {
     1: ("16sHHIIIIIHHHHHH", "IIIIIIII", (1, 4)),  # ELF32: p_offset, p_filesz
     2: ("16sHHIQQQIHHHHHH", "IIQQQQQQ", (2, 5)),  # ELF64: p_offset, p_filesz
 }
+
+
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
+    """Write `data` to a temporary file next to `path`, then rename it to `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def _writable(folder: pathlib.Path) -> bool:
+    """Whether `folder` exists or can be made, and takes a new file (tried, not guessed)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=8)
+def usable_folder(configured: pathlib.Path) -> pathlib.Path:
+    """`configured` when it can be created and written, else a private temporary folder
+    (warned about once per configured folder).
+
+    Raises:
+        SettingError: no temporary folder can be made either.
+    """
+    if _writable(configured / "c"):
+        return configured
+    try:
+        private = pathlib.Path(tempfile.mkdtemp(prefix="tensordsl-cache-"))
+    except OSError as error:
+        raise SettingError(
+            f"the kernel cache folder {configured} (TENSORDSL_CACHE_DIR) cannot be written, "
+            f"and no temporary folder can be made either ({error})"
+        ) from None
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    warnings.warn(
+        f"tensordsl: the kernel cache folder {configured} cannot be created or written; "
+        f"using the private folder {private} for this process (set TENSORDSL_CACHE_DIR to "
+        "a writable folder to keep compiled kernels between runs)",
+        stacklevel=4,
+    )
+    return private
 
 
 def complete(path: pathlib.Path) -> bool:
