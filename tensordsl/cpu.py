@@ -67,7 +67,8 @@ def run_c(
     schedule: Schedule | None = None,
 ) -> jax.Array:
     """Run `nest` with compiled C on the CPU; `shapes` covers every tensor the nest names."""
-    dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
+    # The operands' own dtypes: result_type would widen a weakly typed int32 to int64.
+    dtypes = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = jnp.dtype(dtype).name
     compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
     result = jax.ShapeDtypeStruct(reference.output_shape(nest, shapes), jnp.dtype(dtype))

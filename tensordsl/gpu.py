@@ -102,7 +102,8 @@ def run_cuda(
     out_shape = reference.output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
     out_dtype = jnp.dtype(dtype)
-    dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
+    # The operands' own dtypes: result_type would widen a weakly typed int32 to int64.
+    dtypes = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = out_dtype.name
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
     params, grid = _host_values(source, all_shapes)

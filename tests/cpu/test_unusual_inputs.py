@@ -70,6 +70,20 @@ def test_kernels_whose_only_inputs_are_scalars_differentiate(backend: str) -> No
     np.testing.assert_allclose(np.asarray(grads), expected, rtol=1e-12)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("source", ["s := alpha", "Y[i] := alpha * (i + 1)"])
+def test_max_of_python_scalars_differentiates(backend: str, source: str) -> None:
+    # Found by the differential fuzzer: the saved argmax of weakly typed inputs is a weak
+    # int32, which the C runner took for int64 (the FFI handler refused the call).
+    alpha = float(np.random.default_rng(5).uniform(0.5, 2.0))
+    ranges = {"i": 3} if "i" in source else None
+    k = td.kernel(source, reduce="max", ranges=ranges, backend=backend)
+    weights = np.arange(1.0, 4.0) if "i" in source else 1.0
+    grad = jax.grad(lambda a: jnp.sum(k(a) * weights))(alpha)
+    expected = np.sum(weights * np.arange(1.0, 4.0)) if "i" in source else 1.0
+    np.testing.assert_allclose(float(grad), expected, rtol=1e-12)
+
+
 INTEGER_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 
 
