@@ -62,6 +62,11 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
     sympy.ITE: jnp.where,
 }
 
+#: Functions of real numbers: their arguments are computed in the body's float type (an
+#: index used as a value is an integer, and jax.nn.sigmoid refuses integers).
+_REAL_FUNCTIONS = (sympy.exp, sympy.log, log1p, expm1, sympy.tanh, sympy.sin, sympy.cos)
+_REAL_FUNCTIONS += (sympy.erf, sigmoid, softplus)
+
 _IDENTITY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf, "logsumexp": -np.inf}
 
 
@@ -121,6 +126,8 @@ class _Evaluator:
             return self.power(expr, args[0])
         if isinstance(expr, sympy.Piecewise):
             return self.piecewise(expr)
+        if isinstance(expr, _REAL_FUNCTIONS):
+            args = [jnp.asarray(a, self.dtype) for a in args]
         return _FUNCTIONS[type(expr)](*args)
 
     def symbol(self, symbol: sympy.Symbol) -> Any:
