@@ -1,6 +1,6 @@
 PY ?= python
 
-.PHONY: test lint type bench golden demo fuzz sanitize
+.PHONY: test lint type bench bench-layers bench-quick golden demo fuzz sanitize
 
 test:
 	$(PY) -m pytest
@@ -11,8 +11,22 @@ lint:
 type:
 	$(PY) -m mypy
 
-bench:
+bench: bench-layers
 	$(PY) -m benchmarks.run_cpu
+
+# The layer-level benchmarks (issues 14, 15): each rewrites only its own marked section of
+# RESULTS.md, and run_cpu keeps those sections when it rewrites the rest, so order is free.
+bench-layers:
+	$(PY) -m benchmarks.gpt_block
+	$(PY) -m benchmarks.gaussian
+	$(PY) -m benchmarks.attention
+
+# Smoke runs at tiny sizes (< 60 s each); they write nothing.
+bench-quick:
+	$(PY) -m benchmarks.run_cpu --quick --no-memory
+	$(PY) -m benchmarks.gpt_block --quick
+	$(PY) -m benchmarks.gaussian --quick
+	$(PY) -m benchmarks.attention --quick
 
 golden:
 	TENSORDSL_UPDATE_GOLDEN=1 $(PY) -m pytest tests -k golden

@@ -50,11 +50,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import tensordsl as td
+from benchmarks.common import markers, write_section
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
-BEGIN = "<!-- call_overhead: begin (python -m benchmarks.call_overhead rewrites this) -->"
-END = "<!-- call_overhead: end -->"
+BEGIN, END = markers("call_overhead")
 
 N = 4
 CHAIN = 100
@@ -322,17 +322,6 @@ selects `buffer_callback`, which is also used for a kernel whose FFI handler did
 """
 
 
-def write_section(path: pathlib.Path, text: str) -> None:
-    """Replace the text between our markers in `path` (append it when they are missing)."""
-    old = path.read_text() if path.exists() else ""
-    start, end = old.find(BEGIN), old.find(END)
-    if start >= 0 and end > start:
-        new = old[:start] + text.rstrip("\n") + old[end + len(END) :]
-    else:
-        new = old.rstrip("\n") + ("\n\n" if old else "") + text
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short smoke run, writes nothing")
@@ -349,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(found))
     print(compile_line(info))
     if not options.quick:
-        write_section(RESULTS_MD, section(found, info))
+        write_section(RESULTS_MD, "call_overhead", section(found, info))
         print(f"\nwrote the call-overhead section of {RESULTS_MD}", file=sys.stderr)
     return 0
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import tensordsl as td
-from tensordsl import jax_bind
+from tensordsl import runners
 from tensordsl.gpu import run_cuda
 
 RESULTS = pathlib.Path(__file__).parent / "RESULTS.md"
@@ -72,7 +72,7 @@ def timed(function, *args, warmup: int = 3, repeats: int = 15) -> float:
 
 
 def main() -> None:
-    jax_bind.RUNNERS.setdefault("cuda", run_cuda)
+    runners.RUNNERS.setdefault("cuda", run_cuda)
     rng = np.random.default_rng(0)
     rows = [
         "| kernel | ours fwd ms | XLA fwd ms | ours fwd+bwd ms | XLA fwd+bwd ms |",

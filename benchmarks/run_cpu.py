@@ -30,14 +30,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import gc
 import json
 import math
 import os
 import pathlib
-import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +45,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.common import (
+    MIN_REPS,
+    ROUNDS,
+    child_env,
+    close,
+    machine,
+    mib,
+    peak_rss_growth,
+    ratio,
+    short,
+    summary,
+    time_rounds,
+    verdict,
+)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 RESULTS_JSON = ROOT / "benchmarks" / "results" / "cpu.json"
@@ -55,10 +67,6 @@ RESULTS_JSON = ROOT / "benchmarks" / "results" / "cpu.json"
 OURS = "tensordsl C"
 XLA = "XLA"
 NUMPY = "numpy BLAS"
-
-MIN_REPS = 7
-MAX_REPS = 48
-ROUNDS = 3
 
 #: Targets from issue 4.
 MATMUL_FWD_TARGET = 1.5  # ours / XLA, forward
@@ -203,75 +211,7 @@ def jitted(fwd: Callable[..., Any], ct: Any, n_inputs: int) -> tuple[Any, Any]:
     return jax.jit(fwd), jax.jit(jax.value_and_grad(loss, argnums=argnums))
 
 
-# --------------------------------------------------------------------------- checking
-
-
-def _close(got: Any, want: Any, tol: float) -> tuple[bool, float]:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return False, math.inf
-    scale = float(np.max(np.abs(want))) if want.size else 0.0
-    err = float(np.max(np.abs(got - want))) / max(scale, 1e-30) if want.size else 0.0
-    ok = bool(np.allclose(got, want, rtol=tol, atol=tol * max(scale, 1e-30)))
-    return ok, err
-
-
-def _short(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".replace("\n", " ").replace("|", "/")
-    return text if len(text) < 160 else text[:157] + "..."
-
-
-# --------------------------------------------------------------------------- timing
-
-
-def _time_once(fn: Callable[..., Any], args: list[Any]) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
-
-
-def time_rounds(
-    fns: dict[tuple[str, str], Callable[..., Any]],
-    args: dict[str, list[Any]],
-    budget_s: float,
-    settle_s: float,
-) -> dict[tuple[str, str], list[float]]:
-    """Warm up each function twice, then time them in ROUNDS rounds of short blocks.
-
-    Each block starts with untimed calls for `settle_s` seconds (at least one): right after
-    XLA's thread pool has been busy, the OpenMP threads of the C kernels stall for ~10 ms a
-    call for about 0.1 s on this 2-core machine, and OpenBLAS threads do likewise. The rounds
-    spread slow drifts in machine load over all implementations alike.
-    """
-    estimate = 0.0
-    for key, fn in fns.items():
-        _time_once(fn, args[key[0]])
-        estimate += _time_once(fn, args[key[0]])
-    reps = int(min(MAX_REPS, max(MIN_REPS, budget_s / max(estimate, 1e-9))))
-    per_block = math.ceil(reps / ROUNDS)
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
-    for _ in range(ROUNDS):
-        for key, fn in fns.items():
-            settle_until = time.perf_counter() + settle_s
-            _time_once(fn, args[key[0]])
-            while time.perf_counter() < settle_until:
-                _time_once(fn, args[key[0]])
-            for _ in range(per_block):
-                times[key].append(_time_once(fn, args[key[0]]))
-    return times
-
-
 # --------------------------------------------------------------------------- memory
-
-
-def _proc_status() -> dict[str, int]:
-    values = {}
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, rest = line.split(":", 1)
-                values[key] = int(rest.split()[0]) * 1024
-    return values
 
 
 def memory_child(case_name: str, impl: str, mode: str, quick: bool) -> dict[str, Any]:
@@ -294,15 +234,7 @@ def memory_child(case_name: str, impl: str, mode: str, quick: bool) -> dict[str,
         def call() -> Any:
             return jax.block_until_ready(compiled(*xs))
 
-    call()  # warm-up: first-run allocations (thread pools, caches) are not the kernel's
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")  # reset VmHWM to the current RSS
-    before = _proc_status()["VmRSS"]
-    result = call()
-    peak = _proc_status()["VmHWM"]
-    del result
-    return {"peak_growth": max(peak - before, 0)}
+    return {"peak_growth": peak_rss_growth(call)}
 
 
 def measure_memory(
@@ -312,9 +244,7 @@ def measure_memory(
     results: dict[tuple[str, str, str], int | str] = {}
     pending = list(jobs)
     running: list[tuple[tuple[str, str, str], subprocess.Popen[str]]] = []
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
+    env = child_env()
     while pending or running:
         while pending and len(running) < workers:
             job = pending.pop(0)
@@ -362,23 +292,23 @@ def run_case(case: Case, budget_s: float, settle_s: float) -> dict[str, Any]:
         ours = implementations(case)[OURS]
         our_fwd, our_both = jitted(ours, ct, len(xs))
         got = our_fwd(*xs)
-        ok, err = _close(got, want_out, 1e-4)
+        ok, err = close(got, want_out, 1e-4)
         if ok:
             fns[(OURS, "fwd")] = our_fwd
         else:
             errors[OURS]["fwd"] = f"error: output differs from jnp (max rel err {err:.1e})"
     except Exception as error:  # noqa: BLE001 - reported in the table
-        errors[OURS]["fwd"] = "error: " + _short(error)
+        errors[OURS]["fwd"] = "error: " + short(error)
         our_both = None
     if our_both is not None and "fwd" not in errors[OURS]:
         try:
             got_val, got_grads = our_both(*xs)
             bad = []
             for name, g, w in zip(ours.inputs, got_grads, want_grads):
-                ok, err = _close(g, w, 1e-3)
+                ok, err = close(g, w, 1e-3)
                 if not ok:
                     bad.append(f"d{name} (max rel err {err:.1e})")
-            ok_val, err_val = _close(got_val, want_val, 1e-3)
+            ok_val, err_val = close(got_val, want_val, 1e-3)
             if not ok_val:
                 bad.append(f"loss (rel err {err_val:.1e})")
             if bad:
@@ -386,7 +316,7 @@ def run_case(case: Case, budget_s: float, settle_s: float) -> dict[str, Any]:
             else:
                 fns[(OURS, "fwd+bwd")] = our_both
         except Exception as error:  # noqa: BLE001 - reported in the table
-            errors[OURS]["fwd+bwd"] = "error: " + _short(error)
+            errors[OURS]["fwd+bwd"] = "error: " + short(error)
     elif "fwd" in errors[OURS]:
         errors[OURS]["fwd+bwd"] = "not run (forward failed)"
     fns[(XLA, "fwd")] = ref_fwd
@@ -394,7 +324,7 @@ def run_case(case: Case, budget_s: float, settle_s: float) -> dict[str, Any]:
     args[OURS] = args[XLA] = xs
     if case.numpy_fwd is not None:
         np_args = [np.asarray(x) for x in xs]
-        ok, err = _close(case.numpy_fwd(*np_args), want_out, 1e-4)
+        ok, err = close(case.numpy_fwd(*np_args), want_out, 1e-4)
         assert ok, f"numpy reference disagrees with jnp ({err})"
         fns[(NUMPY, "fwd")] = case.numpy_fwd
         args[NUMPY] = np_args
@@ -405,13 +335,7 @@ def run_case(case: Case, budget_s: float, settle_s: float) -> dict[str, Any]:
         entry: dict[str, Any] = {}
         for mode in ("fwd", "fwd+bwd"):
             if (impl, mode) in times:
-                ts = sorted(times[(impl, mode)])
-                entry[mode] = {
-                    "median_s": statistics.median(ts),
-                    "p25_s": ts[len(ts) // 4],
-                    "p75_s": ts[(3 * len(ts)) // 4],
-                    "reps": len(ts),
-                }
+                entry[mode] = summary(times[(impl, mode)])
             elif mode in errors.get(impl, {}):
                 entry[mode] = {"error": errors[impl][mode]}
             else:
@@ -436,14 +360,6 @@ def _cell_time(entry: Any) -> str:
     return f"{entry['median_s'] * 1e3:.2f}"
 
 
-def _mib(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, str):
-        return value
-    return f"{value / 2**20:.1f}"
-
-
 def bwd_ratio(row: dict[str, Any], impl: str) -> float | None:
     fwd, both = _median(row, impl, "fwd"), _median(row, impl, "fwd+bwd")
     if fwd is None or both is None:
@@ -456,12 +372,6 @@ def ours_over_xla(row: dict[str, Any], mode: str) -> float | None:
     if ours is None or xla is None:
         return None
     return ours / xla
-
-
-def _ratio(value: float | None) -> str:
-    if value is None:
-        return ""
-    return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.2g}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -484,20 +394,16 @@ def table(rows: list[dict[str, Any]]) -> str:
                         label,
                         _cell_time(entry["fwd"]),
                         _cell_time(entry["fwd+bwd"]),
-                        _ratio(bwd_ratio(row, impl)),
-                        _ratio(ours_over_xla(row, "fwd")) if is_ours else "",
-                        _ratio(ours_over_xla(row, "fwd+bwd")) if is_ours else "",
-                        _mib(mem.get("fwd")),
-                        _mib(mem.get("fwd+bwd")),
+                        ratio(bwd_ratio(row, impl)),
+                        ratio(ours_over_xla(row, "fwd")) if is_ours else "",
+                        ratio(ours_over_xla(row, "fwd+bwd")) if is_ours else "",
+                        mib(mem.get("fwd")),
+                        mib(mem.get("fwd+bwd")),
                     ]
                 )
                 + " |"
             )
     return "\n".join(lines)
-
-
-def _verdict(ok: bool | None) -> str:
-    return "not measured" if ok is None else ("**met**" if ok else "**missed**")
 
 
 def targets(rows: list[dict[str, Any]]) -> str:
@@ -508,14 +414,14 @@ def targets(rows: list[dict[str, Any]]) -> str:
             r = ours_over_xla(row, "fwd")
             ok = None if r is None else r <= MATMUL_FWD_TARGET
             out.append(
-                f"- {row['case']}: forward within {MATMUL_FWD_TARGET}x of XLA — {_verdict(ok)} "
-                f"(ours/XLA = {_ratio(r) or 'n/a'})"
+                f"- {row['case']}: forward within {MATMUL_FWD_TARGET}x of XLA — {verdict(ok)} "
+                f"(ours/XLA = {ratio(r) or 'n/a'})"
             )
     # 2. backward at most 2.5x our forward, every case
     met, missed = [], []
     for row in rows:
         r = bwd_ratio(row, OURS)
-        text = f"{row['case']} {_ratio(r) or 'n/a'}"
+        text = f"{row['case']} {ratio(r) or 'n/a'}"
         (met if r is not None and r <= BWD_TARGET else missed).append(text)
     out.append(
         f"- backward at most {BWD_TARGET}x our forward ((fwd+bwd - fwd) / fwd): "
@@ -531,8 +437,8 @@ def targets(rows: list[dict[str, Any]]) -> str:
             r = ours_over_xla(row, mode)
             ok = None if r is None else r < 1.0
             out.append(
-                f"- {row['case']}: {mode} faster than the jnp version — {_verdict(ok)} "
-                f"(ours/XLA = {_ratio(r) or 'n/a'})"
+                f"- {row['case']}: {mode} faster than the jnp version — {verdict(ok)} "
+                f"(ours/XLA = {ratio(r) or 'n/a'})"
             )
         mem = row.get("memory", {})
         limit = MEMORY_OUTPUT_FACTOR * row["out_bytes"]
@@ -542,36 +448,11 @@ def targets(rows: list[dict[str, Any]]) -> str:
             ok = None if not isinstance(ours, int) else ours <= limit
             out.append(
                 f"- {row['case']}: {mode} peak memory O(output), read as at most "
-                f"{MEMORY_OUTPUT_FACTOR}x the output ({_mib(limit)} MiB; the i*j*k tensor is "
-                f"{_mib(row['big_intermediate'])} MiB) — {_verdict(ok)} "
-                f"(ours {_mib(ours)} MiB, jnp {_mib(xla)} MiB)"
+                f"{MEMORY_OUTPUT_FACTOR}x the output ({mib(limit)} MiB; the i*j*k tensor is "
+                f"{mib(row['big_intermediate'])} MiB) — {verdict(ok)} "
+                f"(ours {mib(ours)} MiB, jnp {mib(xla)} MiB)"
             )
     return "\n".join(out)
-
-
-def machine() -> dict[str, Any]:
-    model, cpus = platform.processor() or "unknown", str(os.cpu_count())
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "Model name":
-                model = value.strip()
-            elif key.strip() == "CPU(s)":
-                cpus = value.strip()
-    except OSError:
-        pass
-    info: dict[str, Any] = {"model": model, "cpus": cpus, "jax": jax.__version__}
-    info["numpy"] = np.__version__
-    info["python"] = platform.python_version()
-    try:
-        from codegen import build, config
-
-        info["cc"] = build.compiler_version(config.c_compiler())
-        info["cflags"] = " ".join(build.compile_flags())
-    except Exception as error:  # noqa: BLE001 - informational only
-        info["cc"] = f"unknown ({_short(error)})"
-    return info
 
 
 def write_results(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.affine import affine_parts
 from codegen.functions import CeilDiv, FloorDiv
 from codegen.ir import Term, extent_of
 
@@ -31,18 +32,6 @@ class LoopBounds:
     starts: dict[sympy.Symbol, sympy.Expr]
     stops: dict[sympy.Symbol, sympy.Expr]
     free_tests: tuple[sympy.Expr, ...]  # each must be >= 0, else the term contributes nothing
-
-
-def affine_parts(expr: sympy.Expr, indices: Sequence[sympy.Symbol]) -> dict[sympy.Symbol, int]:
-    """The integer coefficient of each of `indices` in the affine `expr`."""
-    expanded = sympy.expand(expr)
-    coefficients = {}
-    for index in indices:
-        coefficient = expanded.coeff(index)
-        if coefficient != 0:
-            assert coefficient.is_Integer, f"non-integer coefficient of {index} in {expr}"
-            coefficients[index] = int(coefficient)
-    return coefficients
 
 
 def loop_bounds(term: Term, order: Sequence[sympy.Symbol]) -> LoopBounds:

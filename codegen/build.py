@@ -35,16 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import sympy
 
 from codegen import config, disk_cache, ffi
 from codegen.c import CSource, emit_c
-from codegen.ir import LoopNest, extent_of
-from codegen.schedule import Schedule
+from codegen.host import HostFunction, host_function
+from codegen.ir import LoopNest
+from codegen.reductions import default_dtypes
+from codegen.schedule import Schedule, choose_cpu_schedule
 
 CACHE_VERSION = 1
-BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11")
-INT64_MAX = (1 << 63) - 1
+#: -fno-math-errno: libm calls never set errno, so the compiler may hoist and vectorise them
+#: (NaN and inf results unchanged); see benchmarks/RESULTS.md, GPT-style block.
+BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11")
 
 #: Counters for tests and diagnostics: compiler runs, disk-cache hits.
 STATS = {"compiles": 0, "disk_hits": 0}
@@ -194,8 +196,7 @@ class CompiledNest:
     source: CSource
     library: pathlib.Path
     function: Callable[..., None] = field(repr=False)
-    parameters: Callable[..., tuple[int, ...]] = field(repr=False)
-    extent_names: tuple[tuple[str, int], ...] = ()
+    host: HostFunction = field(repr=False)
     #: The XLA FFI handler in the same library (a ctypes function), or None without one.
     ffi_handler: Any = field(default=None, repr=False, compare=False)
 
@@ -225,13 +226,11 @@ class CompiledNest:
     def host_parameters(self, extents: Mapping[str, Sequence[int]]) -> np.ndarray:
         """The int64 `params` array for one call."""
         try:
-            values = [int(extents[name][axis]) for name, axis in self.extent_names]
+            return self.host(extents)
         except (KeyError, IndexError) as error:
             raise ValueError(
                 f"extents {dict(extents)} miss {error} for {self.nest.output}"
             ) from None
-        params = self.parameters(*values)
-        return np.array([min(max(int(p), -INT64_MAX), INT64_MAX) for p in params], np.int64)
 
     def __call__(
         self,
@@ -247,31 +246,6 @@ class CompiledNest:
         params = self.host_parameters(full)
         pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))
         self.function(out.ctypes.data, pointers, params.ctypes.data)
-
-
-def _parameter_function(
-    source: CSource,
-) -> tuple[Callable[..., tuple[int, ...]], tuple[tuple[str, int], ...]]:
-    """A host function from extent values to the `params` array, and its argument order."""
-    found: set[sympy.Basic] = set()
-    for _, expr in source.parameters:
-        found.update(s for s in expr.free_symbols if extent_of(s) is not None)
-    ordered = sorted(found, key=str)
-    args = [sympy.Symbol(f"e{n}", integer=True) for n in range(len(ordered))]
-    renamed = [
-        expr.xreplace(dict(zip(ordered, args, strict=True))) for _, expr in source.parameters
-    ]
-    table = {
-        "FloorDiv": lambda a, b: a // b,
-        "CeilDiv": lambda a, b: -(-a // b),
-        "Min": min,
-        "Max": max,
-        "floor": lambda a: a,
-        "ceiling": lambda a: a,
-    }
-    compute = sympy.lambdify(args, renamed, modules=[table, "math"])
-    names = tuple(extent_of(s) for s in ordered)
-    return (lambda *v: tuple(compute(*v))), names  # type: ignore[return-value]
 
 
 def build_c(
@@ -295,6 +269,7 @@ def build_c(
     Raises:
         BuildError: when the compiler rejects the generated code (a tensordsl bug).
     """
+    schedule = schedule or choose_cpu_schedule(nest, dtypes, kernel=True)
     memory_key = (
         nest,
         tuple(sorted(dtypes.items())),
@@ -318,8 +293,8 @@ def build_c(
         function.restype = None
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         handler = getattr(loaded, ffi.handler_name(source.entry)) if has_handler else None
-        parameters, names = _parameter_function(source)
-        compiled = CompiledNest(nest, source, library, function, parameters, names, handler)
+        host = host_function(source.parameters)
+        compiled = CompiledNest(nest, source, library, function, host, handler)
         _MEMORY[memory_key] = compiled
         return compiled
 
@@ -368,13 +343,6 @@ def clear_memory_cache() -> None:
     """Forget every loaded kernel (the disk cache stays)."""
     with _LOCK:
         _MEMORY.clear()
-
-
-def default_dtypes(nest: LoopNest, dtype: str = "float32") -> dict[str, str]:
-    """`dtype` for every operand and the output (int64 for an argmax/argmin output)."""
-    dtypes = {name: dtype for name in nest.operand_names}
-    dtypes[nest.output] = "int64" if nest.reduction in ("argmax", "argmin") else dtype
-    return dtypes
 
 
 def c_source(nest: LoopNest, dtypes: Mapping[str, str] | None = None, role: str = "forward") -> str:

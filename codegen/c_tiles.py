@@ -12,30 +12,56 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.bounds import affine_parts
-from codegen.c_emitter import Emitter, Lines, block_lines, indent_lines
+from codegen.affine import affine_parts
+from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import extent_of
-from codegen.schedule import term_order
+from codegen.schedule import Schedule
+from codegen.staging import Plan
+
+CEmitter = Emitter[Schedule]
 
 
-def _lanes(e: Emitter, rn: str, wn: str, inner: Lines, simd: bool = True) -> Lines:
-    """Loops over the register tile: rows (if any) outside, simd lanes inside."""
+def _lanes(
+    e: CEmitter,
+    rn: str,
+    wn: str,
+    inner: Lines,
+    simd: bool = True,
+    plan: Plan | None = None,
+    level: int = 0,
+    around: tuple[Lines, Lines] = ([], []),
+) -> Lines:
+    """Loops over the register tile: rows (if any) outside, simd lanes inside. With a `plan`,
+    the row loop's body starts with the plan's level `level` and the lane loop's with the
+    next one (or the lane loop's with `level` when there is no row). `around` are lines of
+    the lane loop before and after its level (outside that level's tests)."""
     s = e.schedule
     vec = e.printer.index(sympy.Symbol(s.vector or "", integer=True))
-    lines = block_lines(
-        f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", [f"const int64_t {vec} = {vec}0_ + w_;", *inner]
-    )
+    vector_level = level + 1 if s.row else level
+    if plan is not None:
+        inner = e.level_lines(plan, vector_level, inner, simd=simd)
+    lane = [f"const int64_t {vec} = {vec}0_ + w_;", *around[0], *inner, *around[1]]
+    lines = block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", lane)
     # Fully unrolled tile loops keep the accumulators in registers.
     lines = (["#pragma omp simd"] if simd else [f"#pragma GCC unroll {s.width}"]) + lines
     if s.row is None:
         return lines
     row = e.printer.index(sympy.Symbol(s.row, integer=True))
+    if plan is not None:
+        lines = e.level_lines(plan, level, lines)
     return [f"#pragma GCC unroll {s.rows}"] + block_lines(
         f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"const int64_t {row} = {row}0_ + r_;", *lines]
     )
 
 
-TileBody = Callable[[Emitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
+def _lane_levels(e: CEmitter) -> list[list[sympy.Symbol]]:
+    """The levels of the tile's row (if any) and vector lanes."""
+    s = e.schedule
+    names = [s.row, s.vector] if s.row else [s.vector]
+    return [[sympy.Symbol(name or "", integer=True)] for name in names]
+
+
+TileBody = Callable[[CEmitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
 
 
 @dataclass(frozen=True)
@@ -43,15 +69,15 @@ class _TilePaths:
     """Interior tiles run `interior` unmasked; other tiles run `edge` with per-lane tests."""
 
     condition: tuple[str, ...]  # C conditions (>= 0 tests) of an interior tile
-    interior: Emitter
-    edge: Emitter
+    interior: CEmitter
+    edge: CEmitter
     tests: tuple[tuple[sympy.Expr, ...], ...]  # per term, per-lane tests of the edge path
     #: Per tiled index: the interior conditions on that index's tile start alone (with a
     #: tile width of one), whose other symbols are extents.
     alone: dict[sympy.Symbol, tuple[sympy.Expr, ...]]
 
 
-def _tile_paths(e: Emitter) -> _TilePaths:
+def _tile_paths(e: CEmitter) -> _TilePaths:
     """Split each term's constraints on the tiled indices into a tile test and lane tests.
 
     A constraint `c >= 0` that mentions a tiled index holds for a whole tile (and every
@@ -122,7 +148,7 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
 
 
 def _interior_range(
-    e: Emitter, x: sympy.Symbol, conditions: Sequence[sympy.Expr]
+    e: CEmitter, x: sympy.Symbol, conditions: Sequence[sympy.Expr]
 ) -> tuple[str, str]:
     """C expressions of `[a, e)`: the tile starts `x0` of one-wide tiles that satisfy every
     condition (each `c(x0) >= 0`, affine in `x0`)."""
@@ -143,7 +169,7 @@ def _interior_range(
     return low or "", high or ""
 
 
-def _tiled(e: Emitter, body: TileBody) -> Lines:
+def _tiled(e: CEmitter, body: TileBody) -> Lines:
     """Tile loops over the row and vector indices.
 
     Along each tiled index the tiles start where the interior conditions on that index alone
@@ -201,61 +227,99 @@ def _either(check: str, yes: Lines, no: Lines) -> Lines:
     return [f"if ({check}) {{", *indent_lines(yes), "} else {", *indent_lines(no), "}"]
 
 
-def tile(e: Emitter) -> Lines:
+def tile(e: CEmitter) -> Lines:
     dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
+    lanes = _lane_levels(e)
 
-    def body(p: Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+    def body(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         if not any(t.reduced for t in p.nest.terms):
-            # Elementwise: each lane computes and stores its element (no accumulator tile).
-            lane = [*p.declare()]
-            for n in range(len(p.nest.terms)):
-                lane += ["{", *indent_lines(p.guarded(n, p.term_body(n, "", tests[n]))), "}"]
-            return _lanes(p, rn, wn, [*lane, p.store_line()])
+            return _elementwise(p, rn, wn, tests)
         lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, p.init(sub))]
         for n in range(len(p.nest.terms)):
-            lane = _lanes(p, rn, wn, p.term_body(n, sub, tests[n]))
-            lines += p.guarded(n, p.loops(n, lane))
+            levels = [[], *p.reduced_levels(n), *lanes]
+            plan = p.plan(n, levels, tests[n])
+            first_lane = len(levels) - len(lanes)
+            lane = _lanes(p, rn, wn, p.fold_lines(n, plan, sub), plan=plan, level=first_lane)
+            loops = p.loops(n, lane, plan=plan)
+            lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
         return lines + _lanes(p, rn, wn, [p.store_line(sub)])
 
     return _tiled(e, body)
 
 
-def dot(e: Emitter) -> Lines:
+def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+    """Each lane computes and stores its element (no accumulator tile). One term's row-only
+    sub-expressions are computed once per row, unless a test outside the lane guards them
+    (every lane must still store its element); several terms are evaluated per lane."""
+    lanes = _lane_levels(p)
+    if len(p.nest.terms) == 1:
+        plan = p.plan(0, [[], *lanes], tests[0])
+        if not any(plan.tests[:-1]):
+            around = ([*p.declare()], [p.store_line()])
+            lines = _lanes(p, rn, wn, p.fold_lines(0, plan, ""), plan=plan, level=1, around=around)
+            return p.level_lines(plan, 0, lines)
+    lane = [*p.declare()]
+    for n in range(len(p.nest.terms)):
+        plan = p.plan(n, [[sym for level in lanes for sym in level]], tests[n])
+        lane += ["{", *indent_lines(p.level_lines(plan, 0, p.fold_lines(n, plan, ""))), "}"]
+    return _lanes(p, rn, wn, [*lane, p.store_line()])
+
+
+def dot(e: CEmitter) -> Lines:
     s = e.schedule
     lanes = s.lanes
     dims = f"[{s.rows}][{s.width}][{lanes}]" if s.row else f"[{s.width}][{lanes}]"
     sub = "[r_][w_]" if s.row else "[w_]"
+    tile_levels = _lane_levels(e)
 
-    def body(p: Emitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+    def body(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         init = block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", p.init(sub + "[l_]"))
         lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, init, simd=False)]
         for n in range(len(p.nest.terms)):
-            order = term_order(p.nest, s, n)
+            order = p.term_order(n)
             u = p.printer.index(order[-1])
             lo, hi = p.idx(p.bounds[n].starts[order[-1]]), p.idx(p.bounds[n].stops[order[-1]])
-            vector = [
-                "#pragma omp simd",
-                *block_lines(
-                    f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)",
-                    [f"const int64_t {u} = {u}0_ + l_;", *p.term_body(n, sub + "[l_]", tests[n])],
+            outer = [[], *p.reduced_levels(n, len(order) - 1)]
+            # The vector part: dot-product lanes over the innermost reduced index u.
+            plan = p.plan(n, [*outer, *tile_levels, [order[-1]]], tests[n])
+            lane = [
+                f"const int64_t {u} = {u}0_ + l_;",
+                *p.level_lines(
+                    plan,
+                    len(outer) + len(tile_levels),
+                    p.fold_lines(n, plan, sub + "[l_]"),
+                    simd=True,
                 ),
             ]
+            vector = [
+                "#pragma omp simd",
+                *block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", lane),
+            ]
+            vector = _lanes(p, rn, wn, vector, simd=False, plan=plan, level=len(outer))
+            # The rest of u, one value at a time.
+            rest_plan = p.plan(n, [*outer, [order[-1]], *tile_levels], tests[n])
+            rest_lanes = _lanes(
+                p,
+                rn,
+                wn,
+                p.fold_lines(n, rest_plan, sub + "[0]"),
+                simd=False,
+                plan=rest_plan,
+                level=len(outer) + 1,
+            )
             rest = block_lines(
                 f"for (int64_t {u} = {u}0_; {u} < {hi}; ++{u})",
-                _lanes(p, rn, wn, p.term_body(n, sub + "[0]", tests[n]), simd=False),
+                p.level_lines(rest_plan, len(outer), rest_lanes),
             )
             inner = [
                 f"int64_t {u}0_ = {lo};",
-                *block_lines(
-                    f"for (; {u}0_ + {lanes} <= {hi}; {u}0_ += {lanes})",
-                    _lanes(p, rn, wn, vector, simd=False),
-                ),
+                *block_lines(f"for (; {u}0_ + {lanes} <= {hi}; {u}0_ += {lanes})", vector),
                 *rest,
             ]
-            lines += p.guarded(
-                n, p.loops(n, ["{", *indent_lines(inner), "}"], stop_at=len(order) - 1)
-            )
+            plans = [plan, rest_plan]
+            loops = p.loops(n, ["{", *indent_lines(inner), "}"], stop_at=len(order) - 1, plan=plans)
+            lines += ["{", *indent_lines(p.level_lines(plans, 0, loops)), "}"]
         combine = p.fmt(p.reducer.combine, p.names("tot_"), p.names("acc_", sub + "[l_]"))
         store = [
             *p.declare("tot_"),

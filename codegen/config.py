@@ -64,6 +64,12 @@ def poison_outputs() -> bool:
     return os.environ.get("TENSORDSL_POISON_OUTPUTS", "0") not in ("", "0")
 
 
+def xla_contractions() -> bool:
+    """`TENSORDSL_XLA_CONTRACTIONS`: pure contractions run as XLA's dot (`jnp.einsum`) unless
+    set to "0"; "0" generates a kernel for them too (to compare, or to test the kernels)."""
+    return os.environ.get("TENSORDSL_XLA_CONTRACTIONS", "1") not in ("", "0")
+
+
 CPU_CALLS = ("ffi", "callback")
 
 

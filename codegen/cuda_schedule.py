@@ -51,7 +51,13 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.ir import LoopNest
-from codegen.schedule import bound_indices, choose_cpu_schedule, valid_unique
+from codegen.loop_order import (
+    LoopOrder,
+    bound_indices,
+    default_loop_order,
+    valid_unique,
+    validate_order,
+)
 
 GPU_STRATEGIES = ("thread", "tile", "smem", "block")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
@@ -59,11 +65,9 @@ SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
 
 
 @dataclass(frozen=True)
-class GpuSchedule:
+class GpuSchedule(LoopOrder):
     """Thread/block mapping of one nest (see the module docstring)."""
 
-    free_order: tuple[str, ...]
-    reduced_order: tuple[tuple[str, ...], ...]
     strategy: str = "thread"
     threads: int = 256  # threads per block (thread, tile, block)
     row: str | None = None
@@ -75,8 +79,7 @@ class GpuSchedule:
 
     def describe(self) -> str:
         """One line for the header comment of generated code."""
-        parts = [f"strategy={self.strategy}", f"free={','.join(self.free_order) or '-'}"]
-        parts.append("reduced=" + ";".join(",".join(o) or "-" for o in self.reduced_order))
+        parts = [f"strategy={self.strategy}", super().describe()]
         if self.strategy == "tile":
             parts.append(f"tile={self.row}x1={self.rows}x1")
         if self.strategy == "smem":
@@ -124,15 +127,8 @@ def _names_used(nest: LoopNest, index: str) -> bool:
 
 def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
-    free = tuple(s.name for s in nest.free_indices)
-    if sorted(schedule.free_order) != sorted(free):
-        raise ValueError(f"free order {schedule.free_order} is not a permutation of {free}")
-    if len(schedule.reduced_order) != len(nest.terms):
-        raise ValueError(f"{len(schedule.reduced_order)} reduced orders, {len(nest.terms)} terms")
-    for order, term in zip(schedule.reduced_order, nest.terms, strict=True):
-        names = sorted(s.name for s in term.reduced_indices)
-        if sorted(order) != names:
-            raise ValueError(f"reduced order {order} is not a permutation of {names}")
+    validate_order(nest, schedule)
+    free = schedule.free_order
     if schedule.strategy not in GPU_STRATEGIES:
         raise ValueError(f"unknown strategy {schedule.strategy!r}; expected {GPU_STRATEGIES}")
     if schedule.index_type not in INDEX_TYPES:
@@ -142,7 +138,7 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
         raise ValueError("threads must be a power of two in [32, 1024]")
     if schedule.rows < 1 or schedule.cols < 1 or schedule.tile_k < 1:
         raise ValueError("rows, cols and tile_k must be positive")
-    bounded = bound_indices(nest, schedule)  # type: ignore[arg-type]
+    bounded = bound_indices(nest, schedule)
     if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
         raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")
     if schedule.strategy == "smem":
@@ -178,12 +174,12 @@ def choose_gpu_schedule(
     Returns:
         A valid `GpuSchedule`.
     """
-    cpu = choose_cpu_schedule(nest, dtypes, loop_order=loop_order)
-    free, reduced = cpu.free_order, cpu.reduced_order
+    order = default_loop_order(nest, loop_order)
+    free, reduced = order.free_order, order.reduced_order
     base = GpuSchedule(free, reduced, index_type=index_type)
     if not free:
         return GpuSchedule(free, reduced, strategy="block", index_type=index_type)
-    bounded = bound_indices(nest, base)  # type: ignore[arg-type]
+    bounded = bound_indices(nest, base)
     vector = free[-1]
     if vector not in bounded:
         for row in reversed(free[:-1]):

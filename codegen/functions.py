@@ -1,8 +1,11 @@
 """The scalar-function table: one row per function of the language.
 
 Each row gives the surface name, the number of arguments, how to build its sympy form (the
-form that is differentiated and printed), the reference implementation (a dotted path,
-resolved lazily so that codegen never imports JAX) and a safe test domain.
+form that is differentiated and printed), the sympy function class that form is made of when
+it has its own (printers and the reference back end key their spelling by it), whether the
+generated code calls a helper of its own for it (`tdsl_<name>`, see `codegen.printer`), the
+reference implementation (a dotted path, resolved lazily so that codegen never imports JAX)
+and a safe test domain (every argument in it gives a finite, smooth value).
 
 >>> FUNCTIONS["sigmoid"].build(sympy.Symbol("x"))
 sigmoid(x)
@@ -107,6 +110,14 @@ class FunctionSpec:
     build: Callable[..., sympy.Expr]
     reference: str  # dotted path of the jax implementation, e.g. "jax.nn.sigmoid"
     domain: tuple[float, float]  # where every argument is safe and smooth for tests
+    helper: bool = False  # printed as a call to the generated code's `tdsl_<name>`
+
+    @property
+    def function(self) -> type | None:
+        """The sympy function class `build` makes; None when it builds arithmetic (`sqrt` is
+        a power) or a Piecewise (`relu`, `where`)."""
+        build = self.build
+        return build if isinstance(build, type) and issubclass(build, sympy.Function) else None
 
 
 def _row(
@@ -115,8 +126,10 @@ def _row(
     build: Callable[..., sympy.Expr],
     reference: str,
     domain: tuple[float, float] = (-2.0, 2.0),
+    *,
+    helper: bool = False,
 ) -> tuple[str, FunctionSpec]:
-    return name, FunctionSpec(name, arity, build, reference, domain)
+    return name, FunctionSpec(name, arity, build, reference, domain, helper)
 
 
 FUNCTIONS: dict[str, FunctionSpec] = dict(
@@ -128,8 +141,8 @@ FUNCTIONS: dict[str, FunctionSpec] = dict(
         _row("sqrt", 1, sympy.sqrt, "jax.numpy.sqrt", (0.5, 3.0)),
         _row("rsqrt", 1, lambda x: 1 / sympy.sqrt(x), "jax.lax.rsqrt", (0.5, 3.0)),
         _row("tanh", 1, sympy.tanh, "jax.numpy.tanh"),
-        _row("sigmoid", 1, sigmoid, "jax.nn.sigmoid"),
-        _row("softplus", 1, softplus, "jax.nn.softplus"),
+        _row("sigmoid", 1, sigmoid, "jax.nn.sigmoid", helper=True),
+        _row("softplus", 1, softplus, "jax.nn.softplus", helper=True),
         _row("relu", 1, lambda x: select(x > 0, x, sympy.Integer(0)), "jax.nn.relu"),
         _row("sin", 1, sympy.sin, "jax.numpy.sin"),
         _row("cos", 1, sympy.cos, "jax.numpy.cos"),
@@ -141,6 +154,16 @@ FUNCTIONS: dict[str, FunctionSpec] = dict(
         _row("pow", 2, sympy.Pow, "jax.numpy.power", (0.5, 2.0)),
     ]
 )
+
+
+def helper_functions(prefix: str) -> dict[str, str]:
+    """sympy printer `user_functions`: each helper row's class name -> `<prefix><name>`."""
+    return {
+        spec.function.__name__: prefix + spec.name
+        for spec in FUNCTIONS.values()
+        if spec.helper and spec.function is not None
+    }
+
 
 #: Function classes that may appear in a lowered body, beyond sympy's arithmetic.
 CUSTOM_FUNCTIONS = (sigmoid, softplus, log1p, expm1, FloorDiv, CeilDiv)

@@ -40,10 +40,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import sympy
+from sympy.core.symbol import Str
 
-#: Reductions a nest may use. argmax/argmin give the position of the first extreme value in
-#: iteration order, as a flat index over the reduced ranges (row-major in `Term.reduced`).
-REDUCTIONS = ("sum", "max", "min", "prod", "logsumexp", "argmax", "argmin")
+from codegen.reductions import REDUCTIONS
 
 _EXTENT_NAME = re.compile(r"^(?P<tensor>.+)\.shape\[(?P<axis>\d+)\]$")
 
@@ -76,6 +75,63 @@ def extent_of(symbol: sympy.Basic) -> tuple[str, int] | None:
     if match is None:
         return None
     return match["tensor"], int(match["axis"])
+
+
+class Reduce(sympy.Expr):
+    """A nested reduction inside a body: `reduction` over `index` in `[start, stop)` of `body`.
+
+    Programs inline an intermediate that has its own reduction this way
+    (`S[i, j] = sum_d Q[i, d]*K[j, d]` inside `exp(S[i, j] - L[i])`). `index` is bound: it is
+    not among the free symbols, and the emitters compute the reduction in a loop of its own.
+
+    >>> i, d = index_symbol("i"), index_symbol("d")
+    >>> r = Reduce("sum", tensor_base("Q")[i, d], d, 0, extent_symbol("Q", 1))
+    >>> r, sorted(map(str, r.free_symbols))
+    (sum_d(Q[i, d]), ['Q', 'Q.shape[1]', 'i'])
+    """
+
+    is_real = True
+
+    def __new__(
+        cls, reduction: str | Str, body: object, index: object, start: object, stop: object
+    ) -> Reduce:
+        name = reduction if isinstance(reduction, Str) else Str(reduction)
+        args = (name, *(sympy.sympify(a) for a in (body, index, start, stop)))
+        return sympy.Expr.__new__(cls, *args)  # type: ignore[return-value]
+
+    @property
+    def reduction(self) -> str:
+        return str(self.args[0].name)  # type: ignore[attr-defined]
+
+    @property
+    def body(self) -> sympy.Expr:
+        return self.args[1]  # type: ignore[return-value]
+
+    @property
+    def index(self) -> sympy.Symbol:
+        return self.args[2]  # type: ignore[return-value]
+
+    @property
+    def start(self) -> sympy.Expr:
+        return self.args[3]  # type: ignore[return-value]
+
+    @property
+    def stop(self) -> sympy.Expr:
+        return self.args[4]  # type: ignore[return-value]
+
+    @property
+    def free_symbols(self) -> set[sympy.Basic]:
+        # sympy counts an access among its free symbols: drop those that read the bound index.
+        inner = {s for s in self.body.free_symbols if self.index not in s.free_symbols}
+        return inner | self.start.free_symbols | self.stop.free_symbols
+
+    def _eval_derivative(self, symbol: sympy.Symbol) -> sympy.Expr:
+        if symbol not in self.free_symbols:
+            return sympy.Integer(0)
+        raise NotImplementedError("gradients through a nested reduction are derived by grad.py")
+
+    def _sympystr(self, printer: sympy.printing.StrPrinter) -> str:
+        return f"{self.reduction}_{self.index}({printer._print(self.body)})"
 
 
 @dataclass(frozen=True)
@@ -134,6 +190,8 @@ class LoopNest:
     free: tuple[Range, ...]
     terms: tuple[Term, ...]
     operands: tuple[Operand, ...]
+    #: A key of `codegen.reductions.REDUCTIONS`. argmax/argmin give the position of the
+    #: extreme value as a flat index over the reduced ranges (row-major in `Term.reduced`).
     reduction: str = "sum"
 
     def __post_init__(self) -> None:

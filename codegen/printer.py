@@ -28,7 +28,7 @@ import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
-from codegen.functions import CeilDiv, FloorDiv
+from codegen.functions import CeilDiv, FloorDiv, helper_functions
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,9 @@ class CPrinter(C99CodePrinter):
     ) -> None:
         assert float_type in ("float", "double"), float_type
         alias = float32 if float_type == "float" else float64
-        super().__init__({"type_aliases": {real: alias}})
+        super().__init__(
+            {"type_aliases": {real: alias}, "user_functions": helper_functions(self.helper_prefix)}
+        )
         self.float_type = float_type
         self.tensors = dict(tensors or {})
         self.scalars = dict(scalars or {})
@@ -140,12 +142,6 @@ class CPrinter(C99CodePrinter):
 
     def _print_CeilDiv(self, expr: CeilDiv) -> str:
         return self._helper("ceildiv", expr, index=True)
-
-    def _print_sigmoid(self, expr: sympy.Expr) -> str:
-        return self._helper("sigmoid", expr)
-
-    def _print_softplus(self, expr: sympy.Expr) -> str:
-        return self._helper("softplus", expr)
 
     def _print_sign(self, expr: sympy.Expr) -> str:
         return self._helper("sign", expr)

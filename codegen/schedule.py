@@ -17,10 +17,13 @@ Strategies (`Schedule.strategy`):
   each kept as ``lanes`` vector partial sums over the innermost reduced index
   (``#pragma omp simd``);
 * ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
-  number of chunks reduced in parallel and combined in order (deterministic).
+  number of chunks reduced in parallel and combined in order (deterministic);
+* ``"xla"`` -- a pure contraction (`codegen.contraction`): no kernel is generated, the runner
+  calls XLA's dot (`jnp.einsum`), which is faster for those than a generated loop nest.
 
 The heuristic (`choose_cpu_schedule`):
 
+0. a pure contraction -> ``xla``, unless the caller asks for a generated kernel;
 1. no free index -> ``split``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
@@ -48,7 +51,9 @@ count has not been measured yet; `OMP_NUM_THREADS=1` is the workaround on a load
 >>> matmul = LoopNest("C", (Range(i, 0, extent_symbol("A", 0)), Range(j, 0, extent_symbol("B", 1))),
 ...     (Term(A[i, k] * B[k, j], (Range(k, 0, extent_symbol("A", 1)),)),),
 ...     (Operand("A", 2), Operand("B", 2)))
->>> s = choose_cpu_schedule(matmul)
+>>> choose_cpu_schedule(matmul).strategy
+'xla'
+>>> s = choose_cpu_schedule(matmul, kernel=True)
 >>> s.strategy, s.free_order, s.row, s.vector
 ('tile', ('i', 'j'), 'i', 'j')
 """
@@ -56,25 +61,32 @@ count has not been measured yet; `OMP_NUM_THREADS=1` is the workaround on a load
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import sympy
 
-from codegen.bounds import affine_parts, loop_bounds
-from codegen.ir import LoopNest, Term, accesses
+from codegen import config
+from codegen.affine import affine_parts
+from codegen.contraction import contraction
+from codegen.ir import LoopNest, accesses
+from codegen.loop_order import (
+    LoopOrder,
+    default_loop_order,
+    valid_unique,
+    validate_order,
+)
+from codegen.reductions import REDUCTIONS
 
-STRATEGIES = ("scalar", "tile", "dot", "split")
-SIMD_REDUCTIONS = ("sum", "max", "min", "prod", "argmax", "argmin")
+STRATEGIES = ("scalar", "tile", "dot", "split", "xla")
+#: Strategies that generate a kernel (``"xla"`` calls XLA instead).
+KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split")
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(LoopOrder):
     """Loop order and parallel/vector mapping of one nest (see the module docstring)."""
 
-    free_order: tuple[str, ...]
-    reduced_order: tuple[tuple[str, ...], ...]
     strategy: str = "scalar"
     parallel: bool = True
     row: str | None = None
@@ -88,14 +100,15 @@ class Schedule:
 
     def describe(self) -> str:
         """One line for the header comment of generated code."""
-        parts = [f"strategy={self.strategy}", f"free={','.join(self.free_order) or '-'}"]
-        parts.append("reduced=" + ";".join(",".join(o) or "-" for o in self.reduced_order))
+        parts = [f"strategy={self.strategy}", super().describe()]
         if self.strategy in ("tile", "dot"):
             parts.append(f"tile={self.row or '-'}x{self.vector}={self.rows}x{self.width}")
         if self.strategy == "dot":
             parts.append(f"lanes={self.lanes}")
         if self.strategy == "split":
             parts.append(f"chunks={self.chunks}")
+        if self.strategy == "xla":
+            return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
         parts.append(f"parallel={'yes' if self.parallel else 'no'}")
         if self.small is not None:
             parts.append(f"| if {self.vector} < {self.width}: {self.small.describe()}")
@@ -113,42 +126,18 @@ def _symbols(nest: LoopNest) -> dict[str, sympy.Symbol]:
     return found
 
 
-def term_order(nest: LoopNest, schedule: Schedule, n: int) -> tuple[sympy.Symbol, ...]:
-    """The reduced indices of term `n` in the schedule's loop order (outermost first)."""
-    by_name = {s.name: s for s in nest.terms[n].reduced_indices}
-    return tuple(by_name[name] for name in schedule.reduced_order[n])
-
-
-def bound_indices(nest: LoopNest, schedule: Schedule) -> frozenset[str]:
-    """Free indices that some reduced loop bound or per-element test depends on."""
-    used: set[str] = set()
-    for n, term in enumerate(nest.terms):
-        bounds = loop_bounds(term, term_order(nest, schedule, n))
-        for expr in (*bounds.starts.values(), *bounds.stops.values(), *bounds.free_tests):
-            used.update(s.name for s in expr.free_symbols)
-    return frozenset(used) & set(_names(nest.free_indices))
-
-
 def validate(nest: LoopNest, schedule: Schedule) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
-    free = _names(nest.free_indices)
-    if sorted(schedule.free_order) != sorted(free):
-        raise ValueError(f"free loop order {schedule.free_order} is not a permutation of {free}")
-    if len(schedule.reduced_order) != len(nest.terms):
-        raise ValueError(
-            f"{len(schedule.reduced_order)} reduced orders for {len(nest.terms)} terms"
-        )
-    for order, term in zip(schedule.reduced_order, nest.terms, strict=True):
-        if sorted(order) != sorted(_names(term.reduced_indices)):
-            raise ValueError(
-                f"reduced loop order {order} is not a permutation of {_names(term.reduced_indices)}"
-            )
+    validate_order(nest, schedule)
+    free = schedule.free_order
     if schedule.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {schedule.strategy!r}; expected one of {STRATEGIES}")
     if min(schedule.rows, schedule.width, schedule.chunks, schedule.lanes) < 1:
         raise ValueError("rows, width, chunks and lanes must be positive")
     if schedule.strategy == "split" and free:
         raise ValueError("the split strategy is for full reductions (no free index)")
+    if schedule.strategy == "xla" and contraction(nest) is None:
+        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
     if schedule.small is not None:
@@ -166,29 +155,10 @@ def _validate_tile(nest: LoopNest, schedule: Schedule) -> None:
         )
     if schedule.row is None and schedule.rows != 1:
         raise ValueError("rows > 1 needs a row index")
-    if schedule.strategy == "dot" and nest.reduction not in SIMD_REDUCTIONS:
+    if schedule.strategy == "dot" and not REDUCTIONS[nest.reduction].simd:
         raise ValueError(f"the dot strategy does not support the reduction {nest.reduction}")
     if schedule.strategy == "dot" and any(not order for order in schedule.reduced_order):
         raise ValueError("the dot strategy needs a reduced index in every term")
-
-
-def _last_axis_uses(term: Term) -> dict[str, int]:
-    """How often each index is the last axis (contiguous) of an access in the term."""
-    counts: dict[str, int] = {}
-    for access in accesses(term.body):
-        for name in _names(tuple(access.indices[-1].free_symbols)):
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def _reduced_order(term: Term) -> tuple[str, ...]:
-    names = list(_names(term.reduced_indices))
-    if not names:
-        return ()
-    counts = _last_axis_uses(term)
-    innermost = max(reversed(names), key=lambda name: counts.get(name, 0))
-    names.remove(innermost)
-    return (*names, innermost)
 
 
 def _vector_friendly(nest: LoopNest, name: str) -> bool:
@@ -223,7 +193,7 @@ def _windowed(nest: LoopNest) -> frozenset[str]:
 def _dot_schedule(
     nest: LoopNest, free: tuple[str, ...], reduced: tuple[tuple[str, ...], ...], wide: bool
 ) -> Schedule | None:
-    if not all(reduced) or nest.reduction not in SIMD_REDUCTIONS:
+    if not all(reduced) or not REDUCTIONS[nest.reduction].simd:
         return None
     # 4 x 4 dot products of one vector register each (8 float / 4 double lanes): 16
     # accumulator registers plus 8 loads per step (measured best of 2..6 x 3..8 x 8..16).
@@ -240,11 +210,18 @@ def _dot_schedule(
     )
 
 
+def _xla_contraction(nest: LoopNest, dtypes: Mapping[str, str] | None) -> bool:
+    """A pure contraction of floats, and XLA contractions not switched off."""
+    floats = dtypes is None or all(d.startswith(("float", "bfloat")) for d in dtypes.values())
+    return floats and config.xla_contractions() and contraction(nest) is not None
+
+
 def choose_cpu_schedule(
     nest: LoopNest,
     dtypes: Mapping[str, str] | None = None,
     *,
     loop_order: Sequence[str] | None = None,
+    kernel: bool = False,
 ) -> Schedule:
     """The heuristic schedule of `nest` on the CPU (see the module docstring).
 
@@ -253,7 +230,8 @@ def choose_cpu_schedule(
         dtypes: numpy dtype names of the operands and output (tile widths depend on them).
         loop_order: optional index names fixing the order of the free loops and of each
             term's reduced loops (outermost first); indices not named keep their place after
-            the named ones.
+            the named ones. A loop order asks for a generated kernel.
+        kernel: True for a generated kernel even where XLA would compute the nest.
 
     Returns:
         A valid `Schedule`.
@@ -261,10 +239,10 @@ def choose_cpu_schedule(
     Raises:
         ValueError: when `loop_order` names an unknown index or repeats one.
     """
-    free = _names(nest.free_indices)
-    reduced = tuple(_reduced_order(t) for t in nest.terms)
-    if loop_order is not None:
-        free, reduced = _apply_loop_order(nest, tuple(loop_order), free, reduced)
+    order = default_loop_order(nest, loop_order)
+    free, reduced = order.free_order, order.reduced_order
+    if not kernel and loop_order is None and _xla_contraction(nest, dtypes):
+        return Schedule(free, reduced, strategy="xla")
     if not free:
         return Schedule(free, reduced, strategy="split")
     wide = _wide(dtypes, nest)
@@ -278,8 +256,8 @@ def choose_cpu_schedule(
             # A window offset (`dW[o, c, k]`) is often short: then dot products over the
             # long reduced axis, tiled over two free indices that are no window offsets.
             plain = [name for name in free if name not in windowed]
-            order = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
-            small = _dot_schedule(nest, order, reduced, wide) if plain else None
+            dot_free = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
+            small = _dot_schedule(nest, dot_free, reduced, wide) if plain else None
         return Schedule(
             free,
             reduced,
@@ -293,32 +271,11 @@ def choose_cpu_schedule(
     return _dot_schedule(nest, free, reduced, wide) or Schedule(free, reduced)
 
 
-def _apply_loop_order(
-    nest: LoopNest,
-    loop_order: tuple[str, ...],
-    free: tuple[str, ...],
-    reduced: tuple[tuple[str, ...], ...],
-) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
-    known = set(free).union(*map(set, reduced))
-    unknown = [name for name in loop_order if name not in known]
-    if unknown or len(set(loop_order)) != len(loop_order):
-        raise ValueError(
-            f"loop_order {loop_order} must name distinct indices of the nest "
-            f"{sorted(known)}; unknown: {unknown}"
-        )
-
-    def reorder(names: tuple[str, ...]) -> tuple[str, ...]:
-        named = [n for n in loop_order if n in names]
-        return (*named, *(n for n in names if n not in named))
-
-    return reorder(free), tuple(reorder(order) for order in reduced)
-
-
 def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
-    """Every schedule the heuristic could pick for `nest`, plus the scalar fallback."""
+    """Every kernel schedule the heuristic could pick for `nest`, plus the scalar fallback."""
     picks = [
-        choose_cpu_schedule(nest, {"out": "float32"}),
-        choose_cpu_schedule(nest, {"out": "float64"}),
+        choose_cpu_schedule(nest, {"out": "float32"}, kernel=True),
+        choose_cpu_schedule(nest, {"out": "float64"}, kernel=True),
     ]
     free = _names(nest.free_indices)
     reduced = tuple(_names(t.reduced_indices) for t in nest.terms)
@@ -341,18 +298,3 @@ def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
             )
         )
     return valid_unique(nest, picks, validate)
-
-
-def valid_unique(
-    nest: LoopNest, picks: Sequence[Any], check: Callable[[LoopNest, Any], None]
-) -> tuple:
-    """The schedules of `picks` that `check` accepts for `nest`, first occurrences only."""
-    unique: list[Any] = []
-    for schedule in picks:
-        try:
-            check(nest, schedule)
-        except ValueError:
-            continue
-        if schedule not in unique:
-            unique.append(schedule)
-    return tuple(unique)

@@ -113,6 +113,8 @@ def explain_command(args: argparse.Namespace) -> int:
         print(f"built (c, {args.dtype})")
         for name, elapsed in seconds.items():
             print(f"  {name}: {elapsed:.2f} s")
+    if args.time:
+        print(k.profile(shapes, dtype=args.dtype, reps=args.reps))
     if args.source_target:
         for name, text in k.source(args.source_target).items():
             print(f"--- {name} ({args.source_target}) ---")
@@ -179,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain.add_argument(
         "--build", action="store_true", help="compile every C nest now and report the time"
     )
+    explain.add_argument(
+        "--time", action="store_true", help="time every C nest alone on --shapes (all inputs)"
+    )
+    explain.add_argument("--reps", type=int, default=7, help="calls per nest for --time")
     args = parser.parse_args(argv)
     from tensordsl.errors import TensorDSLError
 

@@ -29,9 +29,10 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from codegen import config
 from codegen.build import CompiledNest, build_c
+from codegen.extents import output_shape
 from codegen.ir import LoopNest
-from codegen.schedule import Schedule
-from tensordsl import reference
+from codegen.schedule import Schedule, choose_cpu_schedule
+from tensordsl.xla_dot import run_contraction
 
 _REGISTER_LOCK = threading.Lock()
 #: FFI targets registered with XLA in this process (name -> handler address).
@@ -66,12 +67,19 @@ def run_c(
     dtype: Any,
     schedule: Schedule | None = None,
 ) -> jax.Array:
-    """Run `nest` with compiled C on the CPU; `shapes` covers every tensor the nest names."""
+    """Run `nest` on the CPU (compiled C, or XLA's dot for the "xla" strategy); `shapes`
+    covers every tensor the nest names."""
     # The operands' own dtypes: result_type would widen a weakly typed int32 to int64.
     dtypes = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = jnp.dtype(dtype).name
+    schedule = schedule or choose_cpu_schedule(nest, dtypes)
+    if schedule.strategy == "xla":
+        found = run_contraction(nest, operands, shapes, dtype)
+        if found is not None:
+            return found
+        schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
     compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
-    result = jax.ShapeDtypeStruct(reference.output_shape(nest, shapes), jnp.dtype(dtype))
+    result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.dtype(dtype))
     extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
     poison = config.poison_outputs()
     # Shapes are static per trace, so the kernel's parameter array is a constant of the call.

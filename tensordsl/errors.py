@@ -1,8 +1,10 @@
 """The errors a user sees, and how their messages are laid out.
 
-Every mistake in user input raises a `TensorDSLError` subclass. Messages follow STYLE.md:
-what is wrong on one line, the source with a caret (or tildes) under the offending text,
-what was expected, and a close-match hint where one exists.
+Every mistake in user input raises a `TensorDSLError` subclass (also a `ValueError`, or a
+`NotImplementedError` for valid input that is not supported). Every message has the layout of
+`format_error`: what is wrong on one line; the source, with a caret (or tildes) under the
+offending text; `expected ...`, what was expected; and `hint: ...`, a close match where one
+exists. The goldens in `tests/golden/errors` pin the wording.
 
 >>> print(format_error("unknown function 'expp'", "Y[i] := expp(X[i])", (8, 12),
 ...                    expected="a function such as exp or log", hint=close_match("expp", ["exp"])))
@@ -49,7 +51,7 @@ def format_error(
     expected: str | None = None,
     hint: str | None = None,
 ) -> str:
-    """Lay out an error message as STYLE.md asks.
+    """Lay out an error message: what, the underlined source, what was expected, a hint.
 
     Args:
         what: one line saying what is wrong.

@@ -27,6 +27,7 @@ import sympy
 
 from codegen.bounds import loop_bounds
 from codegen.ir import LoopNest, Range, Term, extent_of, extent_symbol
+from codegen.reductions import POSITION_DTYPE, REDUCTIONS
 from codegen.source import expr_source, output_source
 from tensordsl import grad
 
@@ -149,8 +150,8 @@ def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
 def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> dict[str, str]:
     """The generated code of every nest of a kernel, for `target` "c" or "cuda".
 
-    Every tensor is taken as `dtype`, except argmax/argmin positions (int32, as the JAX
-    binding passes them).
+    Every tensor is taken as `dtype`, except argmax/argmin positions (`POSITION_DTYPE`, as the
+    JAX binding passes them).
     """
     if target == "c":
         from codegen.build import c_source as emit
@@ -167,15 +168,14 @@ def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> di
 
 def _dtypes(nest: LoopNest, positions: set[str], dtype: str) -> dict[str, str]:
     """The dtype of every tensor of `nest` as the JAX binding passes them."""
-    dtypes = {t: ("int32" if t in positions else dtype) for t in nest.operand_names}
-    dtypes[nest.output] = "int32" if nest.output in positions else dtype
+    dtypes = {t: (POSITION_DTYPE if t in positions else dtype) for t in nest.operand_names}
+    dtypes[nest.output] = POSITION_DTYPE if nest.output in positions else dtype
     return dtypes
 
 
 def _positions(nest: LoopNest) -> set[str]:
-    return {
-        a.output for a in grad.auxiliary_nests(nest).values() if a.reduction in ("argmax", "argmin")
-    }
+    auxiliary = grad.auxiliary_nests(nest).values()
+    return {a.output for a in auxiliary if REDUCTIONS[a.reduction].positional}
 
 
 def range_lines(nest: LoopNest, shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[str]:

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from codegen.build import INT64_MAX, _parameter_function
 from codegen.cuda import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda_schedule import GpuSchedule
+from codegen.extents import output_shape
+from codegen.host import host_function
 from codegen.ir import LoopNest
-from tensordsl import reference
 from tensordsl.errors import UnsupportedError
 
 _LOCK = threading.Lock()
@@ -76,11 +75,10 @@ def _gpus() -> list[Any]:
 
 def _host_values(source: CudaSource, shapes: Mapping[str, Sequence[int]]) -> tuple[list, tuple]:
     """The int64 parameters and the clamped grid, computed like the C back end does."""
-    exprs = (*source.parameters, *(("grid", g) for g in source.grid))
-    compute, names = _parameter_function(SimpleNamespace(parameters=exprs))  # type: ignore[arg-type]
-    values = compute(*(int(shapes[name][axis]) for name, axis in names))
+    host = host_function((*source.parameters, *(("grid", g) for g in source.grid)))
+    values = host(shapes)
     count = len(source.parameters)
-    params = [np.int64(min(max(int(v), -INT64_MAX), INT64_MAX)) for v in values[:count]]
+    params = [np.int64(v) for v in values[:count]]
     grid = tuple(max(1, min(int(v), limit)) for v, limit in zip(values[count:], GRID_LIMITS))
     return params, grid
 
@@ -93,13 +91,13 @@ def run_cuda(
     *,
     schedule: GpuSchedule | None = None,
 ) -> jax.Array:
-    """Run `nest` on the GPU as a buffer_callback (a `jax_bind.Runner`; `schedule` for tests)."""
+    """Run `nest` on the GPU as a buffer_callback (a `runners.Runner`; `schedule` for tests)."""
     from jax.experimental.buffer_callback import buffer_callback
 
     all_shapes = dict(shapes)
     for op, value in zip(nest.operands, operands, strict=True):
         all_shapes[op.name] = tuple(np.shape(value))
-    out_shape = reference.output_shape(nest, all_shapes)
+    out_shape = output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
     out_dtype = jnp.dtype(dtype)
     # The operands' own dtypes: result_type would widen a weakly typed int32 to int64.

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
 
+from codegen.affine import NotAffine, affine_parts
 from codegen.functions import FloorDiv, indicator
 from codegen.ir import (
     LoopNest,
@@ -98,54 +100,6 @@ def _names(nest: LoopNest, wrt: str) -> _Names:
     )
 
 
-def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
-    """The nests the forward pass must also compute for the gradients of `nest`.
-
-    Keys are roles ("argument", "finite_prod", "zero_count", "inf_count"); each nest's output
-    has the name the gradient nests use for it.
-    """
-    if nest.reduction not in ("max", "min", "prod"):
-        return {}
-    names = _names(nest, "_")
-    (term,) = nest.terms
-    if nest.reduction in ("max", "min"):
-        return {
-            ARGUMENT: LoopNest(
-                names.argument, nest.free, nest.terms, nest.operands, "arg" + nest.reduction
-            )
-        }
-    if nest.reduction == "prod":
-        body = term.body
-        saved = {
-            FINITE_PROD: (names.finite_prod, _regular(body), "prod"),
-            ZERO_COUNT: (names.zero_count, indicator(sympy.Eq(body, 0)), "sum"),
-            INF_COUNT: (names.inf_count, indicator(_is_infinite(body)), "sum"),
-        }
-        return {
-            role: LoopNest(
-                name,
-                nest.free,
-                (Term(value, term.reduced, term.constraints, term.guard),),
-                nest.operands,
-                reduction,
-            )
-            for role, (name, value, reduction) in saved.items()
-        }
-    return {}
-
-
-def _is_infinite(x: sympy.Expr) -> sympy.Basic:
-    """`x` is +-inf: the only nonzero values equal to their double (sympy keeps the test)."""
-    return sympy.And(sympy.Ne(x, 0), sympy.Eq(x, 2 * x))
-
-
-def _regular(x: sympy.Expr) -> sympy.Expr:
-    """The factor as the finite product counts it: 1 for 0, the sign for +-inf, else x."""
-    return sympy.Piecewise(
-        (sympy.Integer(1), sympy.Eq(x, 0)), (sympy.sign(x), _is_infinite(x)), (x, True)
-    )
-
-
 def _fresh_names(taken: set[str]) -> itertools.chain:
     singles = ("p", "q", "s", "t", "u", "v", "w")
     numbered = (f"{base}{n}" for n in itertools.count(1) for base in singles)
@@ -176,18 +130,13 @@ def _occurrences(expr: sympy.Basic, wrt: str) -> list[sympy.Indexed]:
 
 
 def _affine(expr: sympy.Expr, loop: list[sympy.Symbol], where: sympy.Basic) -> dict:
-    coefficients = {}
-    expanded = sympy.expand(expr)
-    for v in loop:
-        c = expanded.coeff(v)
-        if c != 0:
-            if not c.is_Integer or c.has(*loop):
-                raise UnsupportedError(
-                    f"the gradient cannot solve the access {where}: index {v} has the "
-                    f"non-integer coefficient {c} after a change of variables"
-                )
-            coefficients[v] = int(c)
-    return coefficients
+    try:
+        return affine_parts(expr, loop)
+    except NotAffine as error:
+        raise UnsupportedError(
+            f"the gradient cannot solve the access {where}: index {error.index} has the "
+            f"non-integer coefficient {error.coefficient} after a change of variables"
+        ) from None
 
 
 @dataclass
@@ -291,34 +240,122 @@ def _simplify_constraints(constraints) -> list[sympy.Expr]:
     return kept
 
 
-def _scale(nest: LoopNest, names: _Names) -> sympy.Expr:
-    """The factor multiplying df/dA: the cotangent, adjusted for the reduction."""
-    out_access = _saved(names.cotangent, nest)
-    saved = _saved(nest.output, nest)
-    if nest.reduction == "sum":
-        return out_access
-    (term,) = nest.terms
-    if nest.reduction == "logsumexp":
-        return out_access * sympy.exp(term.body - saved)
-    if nest.reduction in ("max", "min"):
-        argument = _saved(names.argument, nest)
-        return sympy.Piecewise(
-            (out_access, sympy.Eq(_flat_position(term), argument)), (sympy.Integer(0), True)
+def _no_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
+    return {}
+
+
+def _extreme_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
+    """max/min: the position of the winning iteration (an argmax/argmin nest)."""
+    return {
+        ARGUMENT: LoopNest(
+            names.argument, nest.free, nest.terms, nest.operands, "arg" + nest.reduction
         )
-    if nest.reduction == "prod":
-        return out_access * _other_factors(term.body, names, nest)
-    raise UnsupportedError(f"no gradient for the reduction '{nest.reduction}'")
+    }
 
 
-def _other_factors(x: sympy.Expr, names: _Names, nest: LoopNest) -> sympy.Expr:
-    """The product of the factors other than `x`, as IEEE arithmetic gives it: the finite
-    ones divided by x's regular part, times inf if another factor is infinite, times 0 if
-    another is zero (so 0 * inf is NaN, as in jnp)."""
+def _prod_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
+    """prod: the product of the finite nonzero factors (an infinite one counts as its sign),
+    the number of zero factors and the number of infinite ones."""
+    (term,) = nest.terms
+    body = term.body
+    saved = {
+        FINITE_PROD: (names.finite_prod, _regular(body), "prod"),
+        ZERO_COUNT: (names.zero_count, indicator(sympy.Eq(body, 0)), "sum"),
+        INF_COUNT: (names.inf_count, indicator(_is_infinite(body)), "sum"),
+    }
+    return {
+        role: LoopNest(
+            name,
+            nest.free,
+            (Term(value, term.reduced, term.constraints, term.guard),),
+            nest.operands,
+            reduction,
+        )
+        for role, (name, value, reduction) in saved.items()
+    }
+
+
+def _is_infinite(x: sympy.Expr) -> sympy.Basic:
+    """`x` is +-inf: the only nonzero values equal to their double (sympy keeps the test)."""
+    return sympy.And(sympy.Ne(x, 0), sympy.Eq(x, 2 * x))
+
+
+def _regular(x: sympy.Expr) -> sympy.Expr:
+    """The factor as the finite product counts it: 1 for 0, the sign for +-inf, else x."""
+    return sympy.Piecewise(
+        (sympy.Integer(1), sympy.Eq(x, 0)), (sympy.sign(x), _is_infinite(x)), (x, True)
+    )
+
+
+def _sum_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    return _saved(names.cotangent, nest)
+
+
+def _logsumexp_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    """`dY * exp(f - Y)`, with the saved output Y."""
+    (term,) = nest.terms
+    return _saved(names.cotangent, nest) * sympy.exp(term.body - _saved(nest.output, nest))
+
+
+def _extreme_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    """`dY` at the saved winning position, 0 elsewhere."""
+    (term,) = nest.terms
+    argument = _saved(names.argument, nest)
+    return sympy.Piecewise(
+        (_saved(names.cotangent, nest), sympy.Eq(_flat_position(term), argument)),
+        (sympy.Integer(0), True),
+    )
+
+
+def _prod_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    """`dY` times the product of the other factors as IEEE arithmetic gives it: the finite
+    ones divided by this factor's regular part, times inf if another factor is infinite,
+    times 0 if another is zero (so 0 * inf is NaN, as in jnp); never dividing by 0 or inf."""
+    (term,) = nest.terms
+    x = term.body
     finite = _saved(names.finite_prod, nest) / _regular(x)
     other_zeros = _saved(names.zero_count, nest) - indicator(sympy.Eq(x, 0))
     other_infinities = _saved(names.inf_count, nest) - indicator(_is_infinite(x))
     infinite = sympy.Piecewise((sympy.oo, other_infinities > 0), (sympy.Integer(1), True))
-    return finite * infinite * indicator(sympy.Eq(other_zeros, 0))
+    others = finite * infinite * indicator(sympy.Eq(other_zeros, 0))
+    return _saved(names.cotangent, nest) * others
+
+
+def _no_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
+    raise UnsupportedError(f"no gradient for the reduction '{nest.reduction}'")
+
+
+@dataclass(frozen=True)
+class GradientRule:
+    """How the gradient of a reduction is formed.
+
+    `auxiliary` gives the nests the forward pass must also compute (by role); `scale` the
+    factor multiplying `df/dA` in every gradient term (the cotangent, adjusted).
+    """
+
+    auxiliary: Callable[[LoopNest, _Names], dict[str, LoopNest]]
+    scale: Callable[[LoopNest, _Names], sympy.Expr]
+
+
+#: One rule per row of `codegen.reductions.REDUCTIONS`.
+GRADIENT_RULES: dict[str, GradientRule] = {
+    "sum": GradientRule(_no_auxiliary, _sum_scale),
+    "max": GradientRule(_extreme_auxiliary, _extreme_scale),
+    "min": GradientRule(_extreme_auxiliary, _extreme_scale),
+    "prod": GradientRule(_prod_auxiliary, _prod_scale),
+    "logsumexp": GradientRule(_no_auxiliary, _logsumexp_scale),
+    "argmax": GradientRule(_no_auxiliary, _no_scale),
+    "argmin": GradientRule(_no_auxiliary, _no_scale),
+}
+
+
+def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
+    """The nests the forward pass must also compute for the gradients of `nest`.
+
+    Keys are roles ("argument", "finite_prod", "zero_count", "inf_count"); each nest's output
+    has the name the gradient nests use for it.
+    """
+    return GRADIENT_RULES[nest.reduction].auxiliary(nest, _names(nest, "_"))
 
 
 def _saved(name: str, nest: LoopNest) -> sympy.Expr:
@@ -377,7 +414,7 @@ def gradient(nest: LoopNest, wrt: str) -> Gradient:
     names = _names(nest, wrt)
     rank = nest.operand(wrt).rank
     free = _free_indices(nest, wrt)
-    scale = _scale(nest, names)
+    scale = GRADIENT_RULES[nest.reduction].scale(nest, names)
     terms = []
     for term in nest.terms:
         occurrences = _occurrences(term.body, wrt) if rank else [scalar_symbol(wrt)]

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -28,41 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
+from codegen.extents import output_shape
 from codegen.ir import LoopNest
-from tensordsl import grad, partitioning, private_jax, reference
+from codegen.reductions import POSITION_DTYPE, REDUCTIONS
+from tensordsl import grad, partitioning, private_jax
 from tensordsl.batching import batch_nest
 from tensordsl.errors import UnsupportedError
 
 Shapes = Mapping[str, tuple[int, ...]]
-#: A runner executes a nest without differentiation:
-#: (nest, operands, shapes, out dtype, schedule or None).
-Runner = Callable[[LoopNest, Sequence[jax.Array], Shapes, Any, Any], jax.Array]
-
-
-def run_reference(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
-) -> jax.Array:
-    """The reference back end as a runner."""
-    return reference.evaluate(nest, dict(zip(nest.operand_names, operands)), shapes, dtype)
-
-
-def _run_c(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
-) -> jax.Array:
-    from tensordsl.cpu import run_c
-
-    return run_c(nest, operands, shapes, dtype, schedule)
-
-
-def _run_cuda(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
-) -> jax.Array:
-    from tensordsl.gpu import run_cuda
-
-    return run_cuda(nest, operands, shapes, dtype, schedule=schedule)
-
-
-RUNNERS: dict[str, Runner] = {"reference": run_reference, "c": _run_c, "cuda": _run_cuda}
 
 FORWARD_MODE = (
     "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian, jax.linearize "
@@ -94,7 +67,7 @@ def call_nest(
     Args:
         nest: the loop nest.
         operands: one array per operand.
-        backend: a key of `RUNNERS`.
+        backend: a key of `runners.RUNNERS`.
         shapes: shapes of the tensors the nest names that are not operands (a gradient
             nest's own output, forward tensors whose extents bound its loops).
         out_dtype: the output dtype.
@@ -137,7 +110,7 @@ def _bind(primitive: Any, operands: Sequence[Any], **params: Any) -> jax.Array:
 
 def _output_shape(*operands: Any, nest: LoopNest, extents: tuple, **_: Any) -> tuple[int, ...]:
     n = len(nest.operands)
-    return reference.output_shape(nest, partitioning.tensor_shapes(nest, operands[:n], extents))
+    return output_shape(nest, partitioning.tensor_shapes(nest, operands[:n], extents))
 
 
 def _output_dtype(*operands: Any, out_dtype: str, **_: Any) -> Any:
@@ -209,13 +182,13 @@ def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[st
     """Run the nests that the gradients of a max/min/prod reduction need."""
     found = {}
     for role, aux in grad.auxiliary_nests(nest).items():
-        integer = aux.reduction in ("argmax", "argmin")
+        positional = REDUCTIONS[aux.reduction].positional
         found[role] = call_nest(
             aux,
             values,
             backend=params["backend"],
             shapes=dict(params["extents"]),
-            out_dtype="int32" if integer else params["out_dtype"],
+            out_dtype=POSITION_DTYPE if positional else params["out_dtype"],
         )
     return found
 

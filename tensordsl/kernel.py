@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,17 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir import LoopNest
-from tensordsl import arguments, jax_bind
+from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import (
     ScheduleError,
     ShapeError,
     UnknownNameError,
     close_match,
 )
-from tensordsl.lower import Lowered, check_shapes, lower
+from tensordsl.lower import Lowered, lower
 from tensordsl.parse import parse
-
-BACKENDS = ("auto", "reference", "c", "cuda")
+from tensordsl.shapes import check_shapes
 
 
 class Kernel:
@@ -64,11 +62,11 @@ class Kernel:
         self.source_text = source = arguments.source_text(source)
         extents = arguments.extents(ranges, source)
         self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=extents)
-        if backend not in BACKENDS:
+        if backend not in runners.BACKENDS:
             raise UnknownNameError(
                 f"unknown backend '{backend}'",
-                expected="one of " + ", ".join(BACKENDS),
-                hint=close_match(backend, BACKENDS),
+                expected="one of " + ", ".join(runners.BACKENDS),
+                hint=close_match(backend, runners.BACKENDS),
             )
         nograd = arguments.names(nograd, option="nograd")
         for name in nograd:
@@ -134,6 +132,38 @@ class Kernel:
             )
         return generated_sources(self.nest, target)
 
+    def profile(
+        self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
+    ) -> Any:
+        """Time every C nest a forward+backward pass runs, each alone, on these input shapes.
+
+        Args:
+            shapes: the shape of every input by name (a scalar's shape is `()`).
+            dtype: "float32" (default) or "float64", for every input.
+            reps: calls per nest after a warm-up; the median is reported.
+
+        Returns:
+            A `tensordsl.timing.Profile`: `.timings` (name, schedule, seconds per nest) and a
+            table as `str()`. See docs/backends.md, "Which nest is slow".
+
+        Raises:
+            ShapeError, RangeError: as for a call with arrays of these shapes.
+        """
+        from tensordsl.timing import profile_nests
+
+        if dtype not in ("float32", "float64"):
+            raise UnknownNameError(
+                f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
+            )
+        return profile_nests(
+            self.nest,
+            self.check_shapes(shapes),
+            dtype=dtype,
+            schedule=self.schedule,
+            nograd=self.nograd,
+            reps=reps,
+        )
+
     def _bind(self, args: tuple, kwargs: dict) -> list[Any]:
         names = self.inputs
         if args and kwargs:
@@ -173,7 +203,7 @@ class Kernel:
         # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
-        backend = self._backend()
+        backend = runners.resolve_backend(self.backend)
         return jax_bind.call_nest(
             self.nest,
             values,
@@ -183,13 +213,6 @@ class Kernel:
             nograd=self.nograd,
             schedule=self.schedule if backend == "c" else None,
         )
-
-    def _backend(self) -> str:
-        if self.backend != "auto":
-            return self.backend
-        if jax.default_backend() == "gpu" and importlib.util.find_spec("cupy") is not None:
-            return "cuda"
-        return "c"
 
 
 def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: str) -> Any:

@@ -45,10 +45,13 @@ import sympy
 from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, custom_partitioning
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from codegen.extents import output_shape
 from codegen.ir import LoopNest, extent_of, extent_symbol
+from codegen.reductions import REDUCTIONS
+from tensordsl.runners import RUNNERS
 
-#: The cross-device combine of partial results of each reduction over split reduced axes;
-#: reductions not listed keep their reduced axes whole.
+#: The cross-device combines a reduction names (`Reduction.cross_device`): how partial results
+#: over split reduced axes combine. Reductions with none keep their reduced axes whole.
 COMBINES = {
     "sum": lambda x, axes: jax.lax.psum(x, axes),
     "max": lambda x, axes: jax.lax.pmax(x, axes),
@@ -198,7 +201,9 @@ def _split_extent(
     bound = extent_of(rng.stop)
     if index in other or rng.start != 0 or bound is None:
         return False
-    if kind == "reduced" and (len(nest.terms) > 1 or nest.reduction not in COMBINES):
+    if kind == "reduced" and (
+        len(nest.terms) > 1 or REDUCTIONS[nest.reduction].cross_device is None
+    ):
         return False
     if kind == "reduced" and not any(p >= 0 for p, _ in sites):
         return False
@@ -259,8 +264,6 @@ def _run_local(
     schedule: Any,
 ) -> jax.Array:
     """The back end's runner on the operands as given (whole, or one device's shards)."""
-    from tensordsl.jax_bind import RUNNERS
-
     return RUNNERS[backend](
         nest, operands, tensor_shapes(nest, operands, extents), out_dtype, schedule
     )
@@ -291,7 +294,9 @@ def _partitioned(run: Any, plan: ShardingPlan, extents: tuple) -> Any:
 
         def per_device(*operands: jax.Array) -> jax.Array:
             out = run(*operands, extents=local_extents)
-            return COMBINES[plan.reduction](out, reduced) if reduced else out
+            if not reduced:
+                return out
+            return COMBINES[REDUCTIONS[plan.reduction].cross_device or ""](out, reduced)
 
         operand_shardings = tuple(_sharding(mesh, names, split) for names in plan.operands)
         return mesh, per_device, _sharding(mesh, plan.output, split), operand_shardings
@@ -378,7 +383,5 @@ def output_sharding(*avals: Any, nest: LoopNest, extents: tuple, **_: Any) -> Na
     shapes = {name: shape for name, shape in extents}
     for op, aval in zip(nest.operands, operands):
         shapes[op.name] = aval.shape
-    from tensordsl.reference import output_shape
-
     result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.float32)
     return _sharding(mesh, plan.output, _choose(plan, mesh, operands, result, extents))

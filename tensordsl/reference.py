@@ -17,6 +17,7 @@ memory-hungry on purpose: it is the test oracle, and because it is plain jax.num
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,27 +25,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sympy
-from sympy.codegen.cfunctions import expm1, log1p
 
-from codegen.functions import CeilDiv, FloorDiv, sigmoid, softplus
-from codegen.ir import LoopNest, Range, Term, extent_symbol
+from codegen.extents import evaluate_int, extent_values
+from codegen.functions import FUNCTIONS, CeilDiv, FloorDiv
+from codegen.ir import LoopNest, Range, Term
+from codegen.reductions import REDUCTIONS
 
 Shapes = Mapping[str, tuple[int, ...]]
 
-# sympy function class -> jax implementation. Pow, Piecewise and the logic are handled below.
+
+def _resolve(path: str) -> Callable[..., Any]:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+# sympy function class -> jax implementation: the language's functions from their table, then
+# the operations that only derivations and index arithmetic produce. Pow, Piecewise and the
+# arithmetic are handled by `_Evaluator`.
 _FUNCTIONS: dict[type, Callable[..., Any]] = {
-    sympy.exp: jnp.exp,
-    sympy.log: jnp.log,
-    log1p: jnp.log1p,
-    expm1: jnp.expm1,
-    sympy.tanh: jnp.tanh,
-    sympy.sin: jnp.sin,
-    sympy.cos: jnp.cos,
-    sympy.Abs: jnp.abs,
+    **{s.function: _resolve(s.reference) for s in FUNCTIONS.values() if s.function is not None},
     sympy.sign: jnp.sign,
-    sympy.erf: jax.scipy.special.erf,
-    sigmoid: jax.nn.sigmoid,
-    softplus: jax.nn.softplus,
     FloorDiv: jnp.floor_divide,
     CeilDiv: lambda a, b: -jnp.floor_divide(-a, b),
     sympy.Mod: jnp.mod,
@@ -62,36 +62,9 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
     sympy.ITE: jnp.where,
 }
 
-#: Functions of real numbers: their arguments are computed in the body's float type (an
-#: index used as a value is an integer, and jax.nn.sigmoid refuses integers).
-_REAL_FUNCTIONS = (sympy.exp, sympy.log, log1p, expm1, sympy.tanh, sympy.sin, sympy.cos)
-_REAL_FUNCTIONS += (sympy.erf, sigmoid, softplus)
-
-_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf, "logsumexp": -np.inf}
-
-
-def extent_values(nest: LoopNest, shapes: Shapes) -> dict[sympy.Symbol, int]:
-    """The value of every extent symbol of `nest`, from the shapes of the tensors it names."""
-    values = {}
-    for name in nest.extent_tensors():
-        for axis, n in enumerate(shapes[name]):
-            values[extent_symbol(name, axis)] = int(n)
-    return values
-
-
-def evaluate_int(expr: sympy.Expr, extents: Mapping[sympy.Symbol, int]) -> int:
-    """An expression of extents, evaluated to an integer."""
-    value = sympy.sympify(sympy.sympify(expr).xreplace(extents))
-    assert value.is_Integer, f"not an integer after substitution: {expr} -> {value}"
-    return int(value)
-
-
-def output_shape(nest: LoopNest, shapes: Shapes) -> tuple[int, ...]:
-    """The shape of the nest's output for the given tensor shapes."""
-    extents = extent_values(nest, shapes)
-    return tuple(
-        max(0, evaluate_int(r.stop, extents) - evaluate_int(r.start, extents)) for r in nest.free
-    )
+#: The language's functions take their arguments in the body's float type (an index used
+#: as a value is an integer, and jax.nn.sigmoid refuses integers).
+_REAL_FUNCTIONS = tuple(s.function for s in FUNCTIONS.values() if s.function is not None)
 
 
 class _Evaluator:
@@ -195,29 +168,41 @@ def _term_values(
     return body, mask
 
 
-def _reduce(reduction: str, body: Any, mask: Any, axes: tuple[int, ...]) -> Any:
-    if reduction in ("argmax", "argmin"):
+def _position(pick: Callable[..., Any], fill: float) -> Callable[..., Any]:
+    """argmax/argmin as a flat position over the reduced axes; -1 where none counts."""
+
+    def reduce(body: Any, mask: Any, axes: tuple[int, ...]) -> Any:
         free_shape = body.shape[: body.ndim - len(axes)]
         flat = body.reshape(free_shape + (-1,))
         flat_mask = mask.reshape(free_shape + (-1,))
         if flat.shape[-1] == 0:
             return jnp.full(free_shape, -1, jnp.int32)
-        fill = -np.inf if reduction == "argmax" else np.inf
-        pick = jnp.argmax if reduction == "argmax" else jnp.argmin
         position = pick(jnp.where(flat_mask, flat, fill), axis=-1).astype(jnp.int32)
         return jnp.where(flat_mask.any(axis=-1), position, -1)
-    masked = jnp.where(mask, body, _IDENTITY[reduction])
-    if reduction == "sum":
-        return masked.sum(axis=axes)
-    if reduction == "prod":
-        return masked.prod(axis=axes)
-    if reduction == "max":
-        return masked.max(axis=axes, initial=-np.inf)
-    if reduction == "min":
-        return masked.min(axis=axes, initial=np.inf)
-    if not axes:
-        return masked
-    return jax.scipy.special.logsumexp(masked, axis=axes)
+
+    return reduce
+
+
+def _masked(name: str, reduce: Callable[..., Any]) -> Callable[..., Any]:
+    """Reduction `name` of the body where `mask` holds (elsewhere the reduction's identity)."""
+    identity = REDUCTIONS[name].identity
+    return lambda body, mask, axes: reduce(jnp.where(mask, body, identity), axes)
+
+
+def _logsumexp(values: Any, axes: tuple[int, ...]) -> Any:
+    return jax.scipy.special.logsumexp(values, axis=axes) if axes else values
+
+
+#: One entry per row of `codegen.reductions.REDUCTIONS`: (body, mask, reduced axes) -> result.
+REDUCE: dict[str, Callable[..., Any]] = {
+    "sum": _masked("sum", lambda v, axes: v.sum(axis=axes)),
+    "max": _masked("max", lambda v, axes: v.max(axis=axes, initial=-np.inf)),
+    "min": _masked("min", lambda v, axes: v.min(axis=axes, initial=np.inf)),
+    "prod": _masked("prod", lambda v, axes: v.prod(axis=axes)),
+    "logsumexp": _masked("logsumexp", _logsumexp),
+    "argmax": _position(jnp.argmax, -np.inf),
+    "argmin": _position(jnp.argmin, np.inf),
+}
 
 
 def compute_dtype(dtype: Any) -> Any:
@@ -249,7 +234,7 @@ def evaluate(
     if dtype is None:
         dtype = values_dtype
     # The body is computed in the output's type, except for argmax/argmin (an int output).
-    work = values_dtype if nest.reduction in ("argmax", "argmin") else dtype
+    work = values_dtype if REDUCTIONS[nest.reduction].positional else dtype
     shapes = dict(shapes)
     values = []
     for op in nest.operands:
@@ -273,8 +258,8 @@ def _evaluate(
     for term in nest.terms:
         body, mask = _term_values(nest, term, operands, extents, work)
         axes = tuple(range(len(nest.free), len(nest.free) + len(term.reduced)))
-        value = _reduce(nest.reduction, body, mask, axes)
+        value = REDUCE[nest.reduction](body, mask, axes)
         result = value if result is None else result + value
-    if nest.reduction in ("argmax", "argmin"):
+    if REDUCTIONS[nest.reduction].positional:
         return jnp.asarray(result)
     return jnp.asarray(result).astype(dtype)

@@ -36,6 +36,8 @@ MATMUL = "C[i,j] := A[i,k] * B[k,j]"
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    # The matmul here is about how a generated kernel is called, not XLA's own dot.
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
 
 
 def kernel(case):

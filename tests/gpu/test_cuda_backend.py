@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from codegen.cuda_schedule import candidate_gpu_schedules
-from tensordsl import jax_bind
+from tensordsl import jax_bind, runners
 from tests.corpus import CORPUS, CORPUS_BY_NAME, Case, make_inputs
 
 
@@ -33,7 +33,7 @@ TOLERANCE = {"float32": 2e-4, "float64": 1e-10, "float16": 2e-2, "bfloat16": 5e-
 def _cuda_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     from tensordsl.gpu import run_cuda
 
-    monkeypatch.setitem(jax_bind.RUNNERS, "cuda", run_cuda)
+    monkeypatch.setitem(runners.RUNNERS, "cuda", run_cuda)
 
 
 @functools.cache

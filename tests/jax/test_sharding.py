@@ -26,6 +26,13 @@ pytestmark = pytest.mark.skipif(
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
 
+@pytest.fixture(autouse=True)
+def _generated_kernels(monkeypatch):
+    """These tests are about how the generated kernels are partitioned: the dense layers here
+    are pure contractions, which would otherwise run as XLA's own (partitioned) dots."""
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
+
+
 def mesh() -> jax.sharding.Mesh:
     return jax.make_mesh((4,), ("d",), axis_types=(AxisType.Auto,))
 

@@ -21,8 +21,9 @@ from tensordsl.errors import (
     TensorDSLError,
     UnknownNameError,
 )
-from tensordsl.lower import check_shapes, lower
+from tensordsl.lower import lower
 from tensordsl.parse import parse
+from tensordsl.shapes import check_shapes
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "errors"
 

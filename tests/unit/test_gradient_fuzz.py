@@ -1,4 +1,4 @@
-"""hypothesis: random expressions; generated gradients (custom_vjp) equal jax.grad of jnp."""
+"""hypothesis: random expressions; generated gradients (nest_p) equal jax.grad of jnp."""
 
 import jax
 import jax.numpy as jnp

@@ -10,8 +10,9 @@ import sympy
 from codegen.functions import FloorDiv
 from codegen.ir import Operand, extent_symbol, index_symbol, scalar_symbol, tensor_base
 from tensordsl.errors import RangeError, ReductionError, ShapeError, TensorDSLError
-from tensordsl.lower import check_shapes, lower
+from tensordsl.lower import lower
 from tensordsl.parse import parse
+from tensordsl.shapes import check_shapes
 
 
 def low(source: str, **options):

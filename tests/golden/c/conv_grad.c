@@ -63,54 +63,13 @@ void tdsl_dX_forward_2fa59fb6(void *out, const void *const *operands, const int6
                     const int64_t p = p0_ + w_;
                     acc_[w_] = 0;
                 }
-                for (int64_t k = 0; k < P5; ++k) {
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t p = p0_ + w_;
-                        const float val_ = in_W[k]*in_dY[-k + p];
-                        acc_[w_] += val_;
-                    }
-                }
-                #pragma omp simd
-                for (int64_t w_ = 0; w_ < 32; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    out_[p] = acc_[w_];
-                }
-            } else {
-                float acc_[32];
-                #pragma omp simd
-                for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    acc_[w_] = 0;
-                }
-                for (int64_t k = 0; k < P5; ++k) {
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t p = p0_ + w_;
-                        const float val_ = in_W[k]*in_dY[-k + p];
-                        acc_[w_] += val_;
-                    }
-                }
-                #pragma omp simd
-                for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    out_[p] = acc_[w_];
-                }
-            }
-        } else {
-            if (wn_ == 32) {
-                float acc_[32];
-                #pragma omp simd
-                for (int64_t w_ = 0; w_ < 32; ++w_) {
-                    const int64_t p = p0_ + w_;
-                    acc_[w_] = 0;
-                }
-                for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t p = p0_ + w_;
-                        if (-k + p >= 0 && P1 + k - p - 1 >= 0) {
-                            const float val_ = in_W[k]*in_dY[-k + p];
+                {
+                    for (int64_t k = 0; k < P5; ++k) {
+                        const float t0_ = in_W[k];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 32; ++w_) {
+                            const int64_t p = p0_ + w_;
+                            const float val_ = t0_*in_dY[-k + p];
                             acc_[w_] += val_;
                         }
                     }
@@ -127,13 +86,66 @@ void tdsl_dX_forward_2fa59fb6(void *out, const void *const *operands, const int6
                     const int64_t p = p0_ + w_;
                     acc_[w_] = 0;
                 }
-                for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t p = p0_ + w_;
-                        if (-k + p >= 0 && P1 + k - p - 1 >= 0) {
-                            const float val_ = in_W[k]*in_dY[-k + p];
+                {
+                    for (int64_t k = 0; k < P5; ++k) {
+                        const float t1_ = in_W[k];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t p = p0_ + w_;
+                            const float val_ = t1_*in_dY[-k + p];
                             acc_[w_] += val_;
+                        }
+                    }
+                }
+                #pragma omp simd
+                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                    const int64_t p = p0_ + w_;
+                    out_[p] = acc_[w_];
+                }
+            }
+        } else {
+            if (wn_ == 32) {
+                float acc_[32];
+                #pragma omp simd
+                for (int64_t w_ = 0; w_ < 32; ++w_) {
+                    const int64_t p = p0_ + w_;
+                    acc_[w_] = 0;
+                }
+                {
+                    for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
+                        const float t0_ = in_W[k];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 32; ++w_) {
+                            const int64_t p = p0_ + w_;
+                            if ((-k + p >= 0) && (P1 + k - p - 1 >= 0)) {
+                                const float val_ = t0_*in_dY[-k + p];
+                                acc_[w_] += val_;
+                            }
+                        }
+                    }
+                }
+                #pragma omp simd
+                for (int64_t w_ = 0; w_ < 32; ++w_) {
+                    const int64_t p = p0_ + w_;
+                    out_[p] = acc_[w_];
+                }
+            } else {
+                float acc_[32];
+                #pragma omp simd
+                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                    const int64_t p = p0_ + w_;
+                    acc_[w_] = 0;
+                }
+                {
+                    for (int64_t k = tdsl_imax(0, P6 + p0_ + 1); k < tdsl_imin(P5, p0_ + 32); ++k) {
+                        const float t1_ = in_W[k];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t p = p0_ + w_;
+                            if ((-k + p >= 0) && (P1 + k - p - 1 >= 0)) {
+                                const float val_ = t1_*in_dY[-k + p];
+                                acc_[w_] += val_;
+                            }
                         }
                     }
                 }

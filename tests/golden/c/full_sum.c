@@ -51,10 +51,12 @@ void tdsl_s_forward_20635daf(void *out, const void *const *operands, const int64
         float acc_ = 0;
         {
             const int64_t lo_ = 0, len_ = tdsl_imax(P0 - lo_, 0);
-            for (int64_t i = lo_ + len_*c_/64; i < lo_ + len_*(c_ + 1)/64; ++i) {
-                for (int64_t j = 0; j < P1; ++j) {
-                    const float val_ = in_A[i*s_A_0 + j]*in_B[i*s_B_0 + j];
-                    acc_ += val_;
+            {
+                for (int64_t i = lo_ + len_*c_/64; i < lo_ + len_*(c_ + 1)/64; ++i) {
+                    for (int64_t j = 0; j < P1; ++j) {
+                        const float val_ = in_A[i*s_A_0 + j]*in_B[i*s_B_0 + j];
+                        acc_ += val_;
+                    }
                 }
             }
         }

@@ -47,9 +47,11 @@ void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64
     for (int64_t i = 0; i < P1; ++i) {
         float acc_ = -INFINITY;
         float acc_b_ = 0;
-        for (int64_t k = 0; k < P0; ++k) {
-            const float val_ = 3*in_A[i*s_A_0 + k];
-            if (val_ > acc_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+        {
+            for (int64_t k = 0; k < P0; ++k) {
+                const float val_ = 3*in_A[i*s_A_0 + k];
+                if (val_ > acc_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+            }
         }
         out_[i] = (acc_ == -INFINITY ? -INFINITY : acc_ + logf(acc_b_));
     }

@@ -71,15 +71,18 @@ void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64
                         acc_[r_][w_] = 0;
                     }
                 }
-                for (int64_t k = 0; k < P2; ++k) {
-                    #pragma GCC unroll 6
-                    for (int64_t r_ = 0; r_ < 6; ++r_) {
-                        const int64_t i = i0_ + r_;
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 32; ++w_) {
-                            const int64_t j = j0_ + w_;
-                            const float val_ = in_A[i*s_A_0 + k]*in_B[k*s_B_0 + j];
-                            acc_[r_][w_] += val_;
+                {
+                    for (int64_t k = 0; k < P2; ++k) {
+                        #pragma GCC unroll 6
+                        for (int64_t r_ = 0; r_ < 6; ++r_) {
+                            const int64_t i = i0_ + r_;
+                            const float t0_ = in_A[i*s_A_0 + k];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                const int64_t j = j0_ + w_;
+                                const float val_ = t0_*in_B[k*s_B_0 + j];
+                                acc_[r_][w_] += val_;
+                            }
                         }
                     }
                 }
@@ -103,15 +106,18 @@ void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64
                         acc_[r_][w_] = 0;
                     }
                 }
-                for (int64_t k = 0; k < P2; ++k) {
-                    #pragma GCC unroll 6
-                    for (int64_t r_ = 0; r_ < rn_; ++r_) {
-                        const int64_t i = i0_ + r_;
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t j = j0_ + w_;
-                            const float val_ = in_A[i*s_A_0 + k]*in_B[k*s_B_0 + j];
-                            acc_[r_][w_] += val_;
+                {
+                    for (int64_t k = 0; k < P2; ++k) {
+                        #pragma GCC unroll 6
+                        for (int64_t r_ = 0; r_ < rn_; ++r_) {
+                            const int64_t i = i0_ + r_;
+                            const float t1_ = in_A[i*s_A_0 + k];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t j = j0_ + w_;
+                                const float val_ = t1_*in_B[k*s_B_0 + j];
+                                acc_[r_][w_] += val_;
+                            }
                         }
                     }
                 }

@@ -65,48 +65,53 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                 }
             }
             {
-                int64_t k0_ = 0;
-                for (; k0_ + 8 <= P1; k0_ += 8) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < 4; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 8; ++l_) {
-                            const int64_t k = k0_ + l_;
-                            const float val_ = in_A[i*s_A_0 + k]*in_x[k];
-                            acc_[w_][l_] += val_;
+                {
+                    int64_t k0_ = 0;
+                    for (; k0_ + 8 <= P1; k0_ += 8) {
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < 4; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            #pragma omp simd
+                            for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                const int64_t k = k0_ + l_;
+                                const float val_ = in_A[i*s_A_0 + k]*in_x[k];
+                                acc_[w_][l_] += val_;
+                            }
                         }
                     }
-                }
-                for (int64_t k = k0_; k < P1; ++k) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < 4; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        const float val_ = in_A[i*s_A_0 + k]*in_x[k];
-                        acc_[w_][0] += val_;
+                    for (int64_t k = k0_; k < P1; ++k) {
+                        const float t0_ = in_x[k];
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < 4; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            const float val_ = t0_*in_A[i*s_A_0 + k];
+                            acc_[w_][0] += val_;
+                        }
                     }
                 }
             }
             {
-                int64_t j0_ = 0;
-                for (; j0_ + 8 <= P2; j0_ += 8) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < 4; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 8; ++l_) {
-                            const int64_t j = j0_ + l_;
-                            const float val_ = 2*in_B[j*s_B_0 + i];
-                            acc_[w_][l_] += val_;
+                {
+                    int64_t j0_ = 0;
+                    for (; j0_ + 8 <= P2; j0_ += 8) {
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < 4; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            #pragma omp simd
+                            for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                const int64_t j = j0_ + l_;
+                                const float val_ = 2*in_B[j*s_B_0 + i];
+                                acc_[w_][l_] += val_;
+                            }
                         }
                     }
-                }
-                for (int64_t j = j0_; j < P2; ++j) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < 4; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        const float val_ = 2*in_B[j*s_B_0 + i];
-                        acc_[w_][0] += val_;
+                    for (int64_t j = j0_; j < P2; ++j) {
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < 4; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            const float val_ = 2*in_B[j*s_B_0 + i];
+                            acc_[w_][0] += val_;
+                        }
                     }
                 }
             }
@@ -129,48 +134,53 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                 }
             }
             {
-                int64_t k0_ = 0;
-                for (; k0_ + 8 <= P1; k0_ += 8) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 8; ++l_) {
-                            const int64_t k = k0_ + l_;
-                            const float val_ = in_A[i*s_A_0 + k]*in_x[k];
-                            acc_[w_][l_] += val_;
+                {
+                    int64_t k0_ = 0;
+                    for (; k0_ + 8 <= P1; k0_ += 8) {
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            #pragma omp simd
+                            for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                const int64_t k = k0_ + l_;
+                                const float val_ = in_A[i*s_A_0 + k]*in_x[k];
+                                acc_[w_][l_] += val_;
+                            }
                         }
                     }
-                }
-                for (int64_t k = k0_; k < P1; ++k) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        const float val_ = in_A[i*s_A_0 + k]*in_x[k];
-                        acc_[w_][0] += val_;
+                    for (int64_t k = k0_; k < P1; ++k) {
+                        const float t1_ = in_x[k];
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            const float val_ = t1_*in_A[i*s_A_0 + k];
+                            acc_[w_][0] += val_;
+                        }
                     }
                 }
             }
             {
-                int64_t j0_ = 0;
-                for (; j0_ + 8 <= P2; j0_ += 8) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        #pragma omp simd
-                        for (int64_t l_ = 0; l_ < 8; ++l_) {
-                            const int64_t j = j0_ + l_;
-                            const float val_ = 2*in_B[j*s_B_0 + i];
-                            acc_[w_][l_] += val_;
+                {
+                    int64_t j0_ = 0;
+                    for (; j0_ + 8 <= P2; j0_ += 8) {
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            #pragma omp simd
+                            for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                const int64_t j = j0_ + l_;
+                                const float val_ = 2*in_B[j*s_B_0 + i];
+                                acc_[w_][l_] += val_;
+                            }
                         }
                     }
-                }
-                for (int64_t j = j0_; j < P2; ++j) {
-                    #pragma GCC unroll 4
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t i = i0_ + w_;
-                        const float val_ = 2*in_B[j*s_B_0 + i];
-                        acc_[w_][0] += val_;
+                    for (int64_t j = j0_; j < P2; ++j) {
+                        #pragma GCC unroll 4
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t i = i0_ + w_;
+                            const float val_ = 2*in_B[j*s_B_0 + i];
+                            acc_[w_][0] += val_;
+                        }
                     }
                 }
             }

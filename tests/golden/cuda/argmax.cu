@@ -40,10 +40,12 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_M_argument_argument_5d5c9
         const idx_t i = 0 + (q_);
         float acc_ = -INFINITY;
         long long acc_b_ = -1;
-        for (idx_t j = 0; j < P0; ++j) {
-            const float val_ = in_X[i*s_X_0 + j];
-            const idx_t pos_ = j;
-            { const int t_ = (acc_b_ < 0 || val_ > acc_ || (val_ != val_ && acc_ == acc_) || ((val_ == acc_ || (val_ != val_ && acc_ != acc_)) && pos_ < acc_b_)); acc_ = t_ ? val_ : acc_; acc_b_ = t_ ? pos_ : acc_b_; }
+        {
+            for (idx_t j = 0; j < P0; ++j) {
+                const float val_ = in_X[i*s_X_0 + j];
+                const idx_t pos_ = j;
+                { const int t_ = (acc_b_ < 0 || val_ > acc_ || (val_ != val_ && acc_ == acc_) || ((val_ == acc_ || (val_ != val_ && acc_ != acc_)) && pos_ < acc_b_)); acc_ = t_ ? val_ : acc_; acc_b_ = t_ ? pos_ : acc_b_; }
+            }
         }
         out_[i] = (int)(acc_b_);
     }

@@ -40,9 +40,11 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_dX_grad_X_069c7044(
         idx_t q_ = e_;
         const idx_t p = 0 + (q_);
         float acc_ = 0;
-        for (idx_t k = tdsl_imax(0, P0 + P1 + p); k < tdsl_imin(P1, p + 1); ++k) {
-            const float val_ = in_W[k]*in_dY[-k + p];
-            acc_ += val_;
+        {
+            for (idx_t k = tdsl_imax(0, P0 + P1 + p); k < tdsl_imin(P1, p + 1); ++k) {
+                const float val_ = in_W[k]*in_dY[-k + p];
+                acc_ += val_;
+            }
         }
         out_[p] = acc_;
     }

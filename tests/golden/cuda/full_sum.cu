@@ -42,10 +42,12 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_s_forward_d2bdc5ac(
     for (idx_t e_ = (idx_t)blockIdx.x; e_ < 1; e_ += (idx_t)gridDim.x) {
         idx_t q_ = e_;
         float acc_ = 0;
-        for (idx_t i = 0; i < P1; ++i) {
-            for (idx_t j = 0 + (idx_t)threadIdx.x; j < P0; j += (idx_t)blockDim.x) {
-                const float val_ = in_X[i*s_X_0 + j]*in_Y[i*s_Y_0 + j];
-                acc_ += val_;
+        {
+            for (idx_t i = 0; i < P1; ++i) {
+                for (idx_t j = 0 + (idx_t)threadIdx.x; j < P0; j += (idx_t)blockDim.x) {
+                    const float val_ = in_X[i*s_X_0 + j]*in_Y[i*s_Y_0 + j];
+                    acc_ += val_;
+                }
             }
         }
         sa_[threadIdx.x] = acc_;

@@ -40,9 +40,11 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_L_forward_53b8c4c6(
         const idx_t i = 0 + (q_);
         float acc_ = -INFINITY;
         float acc_b_ = 0;
-        for (idx_t j = 0; j < P0; ++j) {
-            const float val_ = in_X[i*s_X_0 + j];
-            if (val_ > acc_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+        {
+            for (idx_t j = 0; j < P0; ++j) {
+                const float val_ = in_X[i*s_X_0 + j];
+                if (val_ > acc_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+            }
         }
         out_[i] = (acc_ == -INFINITY ? -INFINITY : acc_ + logf(acc_b_));
     }

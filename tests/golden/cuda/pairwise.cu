@@ -55,12 +55,15 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_D_forward_6c9ba07b(
             const idx_t i = i0_ + r_;
             acc_[r_] = 0;
         }
-        for (idx_t k = 0; k < P1; ++k) {
-            #pragma unroll
-            for (int r_ = 0; r_ < 4; ++r_) {
-                const idx_t i = tdsl_imin(i0_ + r_, P0 - 1);
-                const float val_ = ((in_W[k*s_W_0 + i] - in_X[k*s_X_0 + j])*(in_W[k*s_W_0 + i] - in_X[k*s_X_0 + j]));
-                acc_[r_] += val_;
+        {
+            for (idx_t k = 0; k < P1; ++k) {
+                const float t0_ = -in_X[k*s_X_0 + j];
+                #pragma unroll
+                for (int r_ = 0; r_ < 4; ++r_) {
+                    const idx_t i = tdsl_imin(i0_ + r_, P0 - 1);
+                    const float val_ = ((t0_ + in_W[k*s_W_0 + i])*(t0_ + in_W[k*s_W_0 + i]));
+                    acc_[r_] += val_;
+                }
             }
         }
         #pragma unroll

@@ -37,17 +37,23 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_dX_grad_X_aba49778(
         idx_t q_ = e_;
         const idx_t p = 0 + (q_);
         float acc_ = 0;
-        if (p - 2 >= 0) {
-            const float val_ = in_dY[p - 2];
-            acc_ += val_;
+        {
+            if ((p - 2 >= 0)) {
+                const float val_ = in_dY[p - 2];
+                acc_ += val_;
+            }
         }
-        if (P0 - p - 3 >= 0) {
-            const float val_ = in_dY[p];
-            acc_ += val_;
+        {
+            if ((P0 - p - 3 >= 0)) {
+                const float val_ = in_dY[p];
+                acc_ += val_;
+            }
         }
-        if (p - 1 >= 0 && P0 - p - 2 >= 0) {
-            const float val_ = -2*in_dY[p - 1];
-            acc_ += val_;
+        {
+            if ((p - 1 >= 0) && (P0 - p - 2 >= 0)) {
+                const float val_ = -2*in_dY[p - 1];
+                acc_ += val_;
+            }
         }
         out_[p] = acc_;
     }

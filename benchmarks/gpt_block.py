@@ -1,0 +1,407 @@
+"""GPT-style block: tensordsl kernels next to jax.numpy, forward and forward+backward.
+
+Run from the repository root:
+
+    python -m benchmarks.gpt_block            # full sizes; rewrites its RESULTS.md section
+    python -m benchmarks.gpt_block --quick    # tiny sizes, smoke run (< 60 s); writes nothing
+
+The block (benchmarks/layers.py): pre-LayerNorm, causal multi-head attention, GELU MLP,
+float32, at (B=4, T=64, D=64, H=4) and (B=4, T=256, D=128, H=4). Per size and implementation:
+
+* forward: `jax.jit(block)(params, x)`;
+* forward+backward: `jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)` with
+  `loss = sum(block(params, x) * ct)`, `ct` a fixed random cotangent: the gradient of every
+  parameter and of the input;
+* before any timing, our output, loss and every gradient are checked against jax.numpy's;
+* times: medians, implementations in turns (benchmarks/common.py `time_rounds`);
+* the row "tensordsl kernels, -fmath-errno" builds the same kernels with `-fmath-errno`
+  appended to the compiler flags (what the flags were before `-fno-math-errno` became a base
+  flag), timed in the same turns (not in --quick);
+* first `jit(value_and_grad)` call of the small block, each in a fresh process: cold (empty
+  `TENSORDSL_CACHE_DIR`), warm (a second process on that cache) and a 12-layer stack warm;
+  jax.numpy's first calls for comparison. --quick runs our warm ones only, on tiny sizes;
+* the slowest nests of the largest block, each timed alone (`block_profile`, also
+  `python -m benchmarks.profile_nests --gpt`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from benchmarks import layers
+from benchmarks.common import (
+    RESULTS_MD,
+    by_implementation,
+    child_env,
+    finish_run,
+    header,
+    markers,
+    median_of,
+    mismatches,
+    ms,
+    over,
+    ratio,
+    run_child,
+    short,
+    start_run,
+    time_rounds,
+    verdict,
+    write_outputs,
+)
+from benchmarks.layers import BlockSize
+
+NAME = "gpt_block"
+JNP, OURS = "jax.numpy", "tensordsl kernels"
+MODES = ("fwd", "fwd+bwd")
+ERRNO = "tensordsl kernels, -fmath-errno"
+SIZES = (BlockSize(4, 64, 64, 4), BlockSize(4, 256, 128, 4))
+QUICK_SIZES = (BlockSize(2, 16, 16, 2),)
+STACK, QUICK_STACK = 12, 2
+PROFILE_REPS = 5
+
+#: Targets from issue 14.
+WITHIN_JNP = 1.5
+BWD_OVER_FWD = 3.0
+COLD_S, WARM_S, STACK_WARM_S = 10.0, 1.0, 1.5
+
+
+@contextlib.contextmanager
+def extra_cflags(flags: str) -> Iterator[None]:
+    """Append `flags` to `TENSORDSL_CFLAGS` while kernels are built (traced and lowered)."""
+    old = os.environ.get("TENSORDSL_CFLAGS")
+    os.environ["TENSORDSL_CFLAGS"] = f"{old or ''} {flags}".strip()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TENSORDSL_CFLAGS", None)
+        else:
+            os.environ["TENSORDSL_CFLAGS"] = old
+
+
+def block_of(impl: str) -> Callable[..., Any]:
+    return layers.IMPLEMENTATIONS[OURS if impl == ERRNO else impl]
+
+
+def inputs(size: BlockSize, layers_count: int = 1) -> tuple[Any, Any, Any]:
+    """Parameters (one dict, or a list for a stack), input and cotangent, fixed by the size."""
+    rng = np.random.default_rng(size.batch * 1000 + size.seq + size.width + size.heads)
+    params = [layers.init_params(size, rng) for _ in range(layers_count)]
+    x = layers.init_input(size, rng)
+    ct = rng.standard_normal(x.shape).astype(np.float32)
+    return (params[0] if layers_count == 1 else params), x, ct
+
+
+def jitted(block: Callable[..., Any], ct: Any) -> tuple[Any, Any]:
+    # A new function object per call: each implementation gets its own trace and kernels.
+    forward = jax.jit(lambda params, x: block(params, x))
+    both = jax.jit(jax.value_and_grad(layers.loss_of(block, ct), argnums=(0, 1)))
+    return forward, both
+
+
+def _builds() -> int:
+    from codegen import build
+
+    return build.STATS["compiles"] + build.STATS["disk_hits"]
+
+
+def check(impl: str, fns: tuple[Any, Any], args: list[Any], want: tuple[Any, Any]) -> dict:
+    """Run both functions once (this builds the kernels) and compare with jax.numpy's results.
+
+    Returns {"fwd": error, "fwd+bwd": error} for what failed, and "builds": kernels built.
+    """
+    failed: dict[str, Any] = {}
+    before = _builds()
+    with extra_cflags("-fmath-errno") if impl == ERRNO else contextlib.nullcontext():
+        for mode, fn, expected, tol in zip(MODES, fns, want, (1e-4, 1e-3)):
+            try:
+                bad = mismatches(fn(*args), expected, tol)
+                if bad:
+                    failed[mode] = "error: differs from jax.numpy: " + ", ".join(bad[:3])
+            except Exception as error:  # noqa: BLE001 - reported in the table
+                failed[mode] = "error: " + short(error)
+    failed["builds"] = _builds() - before
+    return failed
+
+
+def run_size(size: BlockSize, impls: tuple[str, ...], budget: float, settle: float) -> dict:
+    params, x, ct = inputs(size)
+    args = [jax.device_put(params), jax.device_put(x)]
+    reference = jitted(layers.block_jnp, ct)
+    want = (reference[0](*args), reference[1](*args))
+    row: dict[str, Any] = {"size": str(size), "impls": {}, "builds": {}}
+    fns, failed = {}, {}
+    for impl in impls:
+        pair = reference if impl == JNP else jitted(block_of(impl), ct)
+        failed[impl] = check(impl, pair, args, want) if impl != JNP else {}
+        row["builds"][impl] = failed[impl].pop("builds", 0)
+        for mode, fn in zip(MODES, pair):
+            if mode not in failed[impl]:
+                fns[(impl, mode)] = fn
+    times = time_rounds(fns, dict.fromkeys(impls, args), budget, settle)
+    row["impls"] = by_implementation(times, failed, impls, MODES)
+    return row
+
+
+def block_profile(size: BlockSize, reps: int) -> Any:
+    """Every C nest of the block's forward and backward, timed alone (`tensordsl.timing`)."""
+    from tensordsl.explain import kernel_nests
+    from tensordsl.timing import profile_jaxpr
+
+    params, x, ct = inputs(size)
+    loss = layers.loss_of(layers.block_kernels, ct)
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(params, x).jaxpr
+    names = {
+        nest: f"{name}/{role}"
+        for name, kernel in layers.kernels("c").items()
+        for role, nest in kernel_nests(kernel.nest).items()
+    }
+    return profile_jaxpr(jaxpr, names, reps=reps, dtype="float32")
+
+
+def slowest_nests(profile: Any, count: int = 10) -> str:
+    """The `count` nests with the largest best time, as a Markdown table."""
+    lines = [
+        "| nest (kernel/role) | best ms | median ms | share of all nests | schedule |",
+        "|---|--:|--:|--:|---|",
+    ]
+    total = profile.total_best
+    for t in sorted(profile.timings, key=lambda t: -t.best)[:count]:
+        lines.append(
+            f"| {t.name} | {t.best * 1e3:.2f} | {t.seconds * 1e3:.2f} | {t.best / total:.1%} "
+            f"| `{t.schedule}` |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- first calls
+
+
+def compile_child(payload: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: seconds of the first (and second) jit(value_and_grad) call."""
+    from codegen import build
+
+    size = BlockSize(*payload["size"])
+    params, x, ct = inputs(size, payload["layers"])
+    block = block_of(payload["impl"])
+    model = block if payload["layers"] == 1 else layers.stack(block)
+    fn = jax.jit(jax.value_and_grad(layers.loss_of(model, ct), argnums=(0, 1)))
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(params, x))
+        seconds.append(time.perf_counter() - start)
+    return {"first_s": seconds[0], "second_s": seconds[1], **build.STATS}
+
+
+def first_calls(quick: bool) -> list[dict[str, Any]]:
+    """Cold, warm and stacked first calls, each in a fresh process, one after another."""
+    size = QUICK_SIZES[0] if quick else SIZES[0]
+    stack = QUICK_STACK if quick else STACK
+    cache = tempfile.mkdtemp(prefix="tensordsl-cold-")
+    jobs = [] if quick else [(OURS, 1, "cold (empty cache)")]
+    jobs += [(OURS, 1, "warm (disk cache)"), (OURS, stack, "warm (disk cache)")]
+    jobs += [] if quick else [(JNP, 1, ""), (JNP, stack, "")]
+    found = []
+    for impl, count, cache_state in jobs:
+        payload = {"impl": impl, "layers": count, "size": dataclasses.astuple(size)}
+        env = child_env({"TENSORDSL_CACHE_DIR": cache}) if not quick else child_env()
+        argv = ["--compile-child", json.dumps(payload)]
+        result = run_child(f"benchmarks.{NAME}", argv, env)
+        found.append({**payload, "size": str(size), "cache": cache_state, **result})
+    return found
+
+
+# --------------------------------------------------------------------------- report
+
+
+def bwd_over_fwd(row: dict[str, Any], impl: str) -> float | None:
+    fwd, both = median_of(row, impl, "fwd"), median_of(row, impl, "fwd+bwd")
+    return None if fwd is None or both is None else (both - fwd) / fwd
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| block | implementation | fwd ms | fwd+bwd ms | bwd/fwd | /jnp fwd | /jnp fwd+bwd "
+        "| kernels built |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        for impl, entry in row["impls"].items():
+            ratios = [over(median_of(row, impl, m), median_of(row, JNP, m)) for m in MODES]
+            cells = [row["size"], impl, ms(entry["fwd"]), ms(entry["fwd+bwd"])]
+            cells += [ratio(bwd_over_fwd(row, impl))]
+            cells += ["", ""] if impl == JNP else [ratio(ratios[0]), ratio(ratios[1])]
+            cells += [str(row["builds"].get(impl, "")) if impl != JNP else ""]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def calls_table(calls: list[dict[str, Any]]) -> str:
+    lines = [
+        "| implementation | layers | kernel cache | first call s | second call s "
+        "| C compiles | disk-cache hits |",
+        "|---|--:|---|--:|--:|--:|--:|",
+    ]
+    for c in calls:
+        if "error" in c:
+            lines.append(f"| {c['impl']} | {c['layers']} | {c['cache']} | {c['error']} | | | |")
+            continue
+        counts = ["", ""] if c["impl"] == JNP else [str(c["compiles"]), str(c["disk_hits"])]
+        lines.append(
+            f"| {c['impl']} | {c['layers']} | {c['cache'] or 'n/a'} | {c['first_s']:.2f} "
+            f"| {c['second_s']:.3f} | " + " | ".join(counts) + " |"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict[str, Any]], calls: list[dict[str, Any]]) -> str:
+    out = []
+    for row in rows:
+        for mode in MODES:
+            r = over(median_of(row, OURS, mode), median_of(row, JNP, mode))
+            ok = None if r is None else r <= WITHIN_JNP
+            out.append(
+                f"- {row['size']}: {mode} within {WITHIN_JNP}x of jnp — {verdict(ok)} "
+                f"(ours/jnp = {ratio(r) or 'n/a'})"
+            )
+        r = bwd_over_fwd(row, OURS)
+        ok = None if r is None else r <= BWD_OVER_FWD
+        out.append(
+            f"- {row['size']}: backward at most {BWD_OVER_FWD}x our forward — {verdict(ok)} "
+            f"((fwd+bwd - fwd) / fwd = {ratio(r) or 'n/a'})"
+        )
+    limits = {(1, "cold"): COLD_S, (1, "warm"): WARM_S, (STACK, "warm"): STACK_WARM_S}
+    for c in calls:
+        key = (c["layers"], c["cache"].split(" ")[0])
+        if c["impl"] != OURS or key not in limits:
+            continue
+        seconds = c.get("first_s")
+        ok = None if seconds is None else seconds <= limits[key]
+        got = "n/a" if seconds is None else f"{seconds:.2f} s"
+        out.append(
+            f"- first jit(value_and_grad), {c['layers']} layer(s), {c['cache']}: at most "
+            f"{limits[key]:g} s — {verdict(ok)} ({got})"
+        )
+    return "\n".join(out)
+
+
+def errno_effect(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for row in rows:
+        if ERRNO not in row["impls"]:
+            continue
+        parts = []
+        for mode in MODES:
+            before, after = median_of(row, ERRNO, mode), median_of(row, OURS, mode)
+            if before is not None and after is not None:
+                parts.append(f"{mode} {before * 1e3:.3g} -> {after * 1e3:.3g} ms")
+        lines.append(f"- {row['size']}: " + ", ".join(parts))
+    return "\n".join(lines) or "- not measured in this run"
+
+
+def section(
+    rows: list[dict[str, Any]], calls: list[dict[str, Any]], nests: tuple[str, str], info: dict
+) -> str:
+    begin, end = markers(NAME)
+    return f"""{begin}
+## GPT-style block (issue 14)
+
+Generated by `python -m benchmarks.{NAME}` (benchmarks/{NAME}.py; the block is in
+benchmarks/layers.py); the text between the {NAME} markers is rewritten by that script.
+
+{header(info)}
+
+Pre-LayerNorm, causal multi-head attention, GELU (tanh) MLP, float32. tensordsl:
+{len(layers.KERNELS)} single-statement kernels (LayerNorm mean, variance and normalisation, QKV
+projection, scores with the causal mask as `where(j <= i, ...)`, logsumexp, weighted sum,
+output projection, MLP up with bias, GELU, MLP down with bias; residual sums in jnp). fwd+bwd is
+`jax.value_and_grad` of `sum(block(params, x) * ct)` w.r.t. every parameter and `x`; bwd/fwd is
+(fwd+bwd - fwd) / fwd. Medians of `time.perf_counter()` around `jax.block_until_ready`, every
+function under `jax.jit`, implementations in turns (3 rounds); every output, loss and gradient
+was checked against jax.numpy's (rtol 1e-4 forward, 1e-3 gradients, relative to the largest
+magnitude) before it was timed. "kernels built": C kernels built by that row's first calls
+(compiled or read from the disk cache; 0 where an earlier size built them: shapes are
+run-time arguments). "-fmath-errno": the same kernels built with `-fmath-errno` after
+the flags above, i.e. the flags before `-fno-math-errno` became a base flag.
+
+{table(rows)}
+
+Effect of `-fno-math-errno` (-fmath-errno -> -fno-math-errno, same run):
+{errno_effect(rows)}
+
+First `jax.jit(jax.value_and_grad(...))` call, block {calls[0]["size"] if calls else "n/a"}, each
+line a fresh Python process run after the previous one; "cold": an empty
+`TENSORDSL_CACHE_DIR`, "warm": the next process on that cache. The first call includes
+tracing, building the kernels and XLA's compilation; jax.numpy's first call is given for scale.
+
+{calls_table(calls)}
+
+### Slowest nests, {nests[0]}
+
+Every C nest of the block's forward+backward timed alone (`python -m benchmarks.profile_nests
+--gpt`, `tensordsl.timing`): {PROFILE_REPS} calls each on random inputs, outside JAX; "best"
+is the fastest call, "share" its part of the sum of all nests' best times (a nest run twice,
+like LayerNorm's, is listed twice).
+
+{nests[1]}
+
+### Targets (issue 14)
+
+{targets(rows, calls)}
+
+Raw numbers: `benchmarks/results/{NAME}.json`.
+{end}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, smoke run")
+    parser.add_argument("--out", help="Markdown file to write the section into")
+    parser.add_argument("--no-first-calls", action="store_true", help="skip the compile timing")
+    parser.add_argument("--no-errno-row", action="store_true", help="skip -fmath-errno")
+    parser.add_argument("--compile-child", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.compile_child:
+        print(json.dumps(compile_child(json.loads(options.compile_child))))
+        return 0
+    info = start_run()
+    errno = not (options.quick or options.no_errno_row)
+    impls = (JNP, OURS, ERRNO) if errno else (JNP, OURS)
+    budget, settle = (0.3, 0.02) if options.quick else (10.0, 0.3)
+    rows = []
+    for size in QUICK_SIZES if options.quick else SIZES:
+        print(f"... {size}", file=sys.stderr, flush=True)
+        rows.append(run_size(size, impls, budget, settle))
+    print(table(rows))
+    profiled = (QUICK_SIZES if options.quick else SIZES)[-1]
+    profile = block_profile(profiled, PROFILE_REPS)
+    print(slowest_nests(profile))
+    calls = [] if options.no_first_calls else first_calls(options.quick)
+    print(calls_table(calls))
+    finish_run(info)
+    print(targets(rows, calls))
+    nests = (str(profiled), slowest_nests(profile))
+    per_nest = [(t.name, t.best, t.seconds, t.schedule) for t in profile.timings]
+    data = {"machine": info, "rows": rows, "first_calls": calls}
+    data["nests"] = {"size": str(profiled), "nests": per_nest}
+    out = options.out or (None if options.quick else RESULTS_MD)
+    write_outputs(out, NAME, section(rows, calls, nests, info), data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

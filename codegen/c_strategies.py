@@ -1,0 +1,52 @@
+"""The scalar and split strategies of the C emitter (see `codegen.schedule`)."""
+
+from __future__ import annotations
+
+from codegen.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
+from codegen.schedule import Schedule
+
+
+def scalar(e: Emitter[Schedule]) -> Lines:
+    """One output element at a time: the free loops, then each term's reduced loops."""
+    body = [*e.declare()]
+    for n in range(len(e.nest.terms)):
+        body += e.term_lines(n)
+    lines = [*body, e.store_line("")]
+    free = e.free_symbols()
+    for r in reversed(free):
+        lines = block_lines(e.free_loop(r), lines)
+    return e.parallel(len(free)) + lines
+
+
+def split(e: Emitter[Schedule]) -> Lines:
+    """A full reduction: the outermost reduced loop in fixed chunks, combined in order."""
+    chunks = e.schedule.chunks
+    dims = f"[{chunks}]"
+    lines = [*e.declare("part_", dims)]
+    chunk = [*e.declare()]
+    for n, term in enumerate(e.nest.terms):
+        if not term.reduced:
+            chunk += block_lines("if (c_ == 0)", e.term_lines(n))
+            continue
+        first = e.term_order(n)[0]
+        lo, hi = e.idx(e.bounds[n].starts[first]), e.idx(e.bounds[n].stops[first])
+        part = (f"lo_ + len_*c_/{chunks}", f"lo_ + len_*(c_ + 1)/{chunks}")
+        chunk += [
+            "{",
+            *indent_lines(
+                [
+                    f"const int64_t lo_ = {lo}, len_ = tdsl_imax({hi} - lo_, 0);",
+                    *e.term_lines(n, first=part),
+                ]
+            ),
+            "}",
+        ]
+    states = len(e.reducer.init)
+    pairs = list(zip(e.names("part_", "[c_]"), e.names(), strict=True))[:states]
+    chunk += [f"{p} = {a};" for p, a in pairs]
+    if e.schedule.parallel:
+        lines.append(f"#pragma omp parallel for schedule(static) if(work_ >= {PARALLEL_WORK})")
+    lines += block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", chunk)
+    combine = e.fmt(e.reducer.combine, e.names(), e.names("part_", "[c_]"))
+    lines += [*e.declare(), *block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", [combine])]
+    return [*lines, e.store_line()]

@@ -1,0 +1,152 @@
+"""The reductions table: one row per reduction a loop nest may use.
+
+Every module that treats reductions differently reads this table (or keys a table of its own
+by the same names, which `tests/unit/test_tables.py` checks): the language accepts the
+`user` rows; the C and CUDA emitters print the templates; the CPU schedule gives the `simd`
+rows vector lanes; the reference back end and the gradient rules have one entry per row; the
+sharding plan splits a reduced axis only for rows with a `cross_device` combine.
+
+C templates: `{a}`/`{b}` are the reduction state (a value, and a second value or a position),
+`{v}` the value of one iteration, `{pos}` its flat position, `{oa}`/`{ob}` another state to
+fold in, `{exp}`/`{log}` the math functions of the accumulation type.
+
+>>> REDUCTIONS["logsumexp"].identity, REDUCTIONS["argmax"].positional
+(-inf, True)
+>>> USER_REDUCTIONS
+('sum', 'max', 'min', 'prod', 'logsumexp')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from codegen.ir import LoopNest
+
+#: The dtype of a saved argmax/argmin position (the JAX binding allocates it).
+POSITION_DTYPE = "int32"
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One reduction (see the module docstring for the template placeholders)."""
+
+    name: str
+    user: bool  # users may ask for it; the others are internal to gradients
+    identity: float  # the value that leaves the result unchanged
+    init: tuple[str, ...]  # C initial value of each state variable
+    update: str  # fold `{v}` (at `{pos}`) into the state
+    combine: str  # fold another state `{oa}`/`{ob}` into the state
+    result: str  # the output value of a final state
+    positional: bool = False  # the result is the position `{b}` (an integer), not a value
+    simd: bool = False  # independent lanes combined at the end give the same result
+    cross_device: str | None = None  # how results over a split reduced axis combine
+
+
+# argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
+# the smaller position. The state only depends on the set of values seen, not their order,
+# so every schedule (lanes, chunks, threads) agrees. Branch-free, so lane loops vectorise.
+_ARG_TAKE = (
+    "({b} < 0 || {v} {op} {a} || ({v} != {v} && {a} == {a}) "
+    "|| (({v} == {a} || ({v} != {v} && {a} != {a})) && {pos} < {b}))"
+)
+_ARG = "{{ const int t_ = " + _ARG_TAKE + "; {a} = t_ ? {v} : {a}; {b} = t_ ? {pos} : {b}; }}"
+_ARG_COMBINE = (
+    "{{ const int t_ = {ob} >= 0 && "
+    + _ARG_TAKE.replace("{v}", "{oa}").replace("{pos}", "{ob}")
+    + "; {a} = t_ ? {oa} : {a}; {b} = t_ ? {ob} : {b}; }}"
+)
+
+
+def _positional(name: str, op: str, init: str) -> Reduction:
+    return Reduction(
+        name,
+        user=False,
+        identity=math.nan,
+        init=(init, "-1"),
+        update=_ARG.replace("{op}", op),
+        combine=_ARG_COMBINE.replace("{op}", op),
+        result="{b}",
+        positional=True,
+        simd=True,
+    )
+
+
+def _rows(rows: Iterable[Reduction]) -> dict[str, Reduction]:
+    return {row.name: row for row in rows}
+
+
+REDUCTIONS: Mapping[str, Reduction] = _rows(
+    [
+        Reduction(
+            "sum",
+            user=True,
+            identity=0.0,
+            init=("0",),
+            update="{a} += {v};",
+            combine="{a} += {oa};",
+            result="{a}",
+            simd=True,
+            cross_device="sum",
+        ),
+        Reduction(
+            "max",
+            user=True,
+            identity=-math.inf,
+            init=("-INFINITY",),
+            update="{a} = {v} > {a} ? {v} : {a};",
+            combine="{a} = {oa} > {a} ? {oa} : {a};",
+            result="{a}",
+            simd=True,
+            cross_device="max",
+        ),
+        Reduction(
+            "min",
+            user=True,
+            identity=math.inf,
+            init=("INFINITY",),
+            update="{a} = {v} < {a} ? {v} : {a};",
+            combine="{a} = {oa} < {a} ? {oa} : {a};",
+            result="{a}",
+            simd=True,
+            cross_device="min",
+        ),
+        Reduction(
+            "prod",
+            user=True,
+            identity=1.0,
+            init=("1",),
+            update="{a} *= {v};",
+            combine="{a} *= {oa};",
+            result="{a}",
+            simd=True,
+        ),
+        Reduction(
+            "logsumexp",
+            user=True,
+            identity=-math.inf,
+            init=("-INFINITY", "0"),
+            update="if ({v} > {a}) {{ {b} = {b}*{exp}({a} - {v}) + 1; {a} = {v}; }} "
+            "else if ({v} > -INFINITY) {{ {b} += {exp}({v} - {a}); }}",
+            combine="if ({oa} > {a}) {{ {b} = {b}*{exp}({a} - {oa}) + {ob}; {a} = {oa}; }} "
+            "else if ({oa} > -INFINITY) {{ {b} += {ob}*{exp}({oa} - {a}); }}",
+            result="({a} == -INFINITY ? -INFINITY : {a} + {log}({b}))",
+            cross_device="logsumexp",
+        ),
+        _positional("argmax", ">", "-INFINITY"),
+        _positional("argmin", "<", "INFINITY"),
+    ]
+)
+
+#: The reductions users may ask for, in the order error messages list them.
+USER_REDUCTIONS = tuple(name for name, row in REDUCTIONS.items() if row.user)
+
+
+def default_dtypes(nest: LoopNest, dtype: str = "float32") -> dict[str, str]:
+    """`dtype` for every operand and the output; a positional output is `POSITION_DTYPE`."""
+    dtypes = dict.fromkeys(nest.operand_names, dtype)
+    dtypes[nest.output] = POSITION_DTYPE if REDUCTIONS[nest.reduction].positional else dtype
+    return dtypes

@@ -1,0 +1,94 @@
+"""`k.profile(shapes)` and `python -m tensordsl explain ... --time`: every C nest of a forward
+and backward pass, timed alone, with its schedule (the structure is checked, not the times)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+import codegen.build
+import tensordsl as td
+from codegen import config
+from tensordsl.cli import main
+from tensordsl.explain import kernel_nests
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+CONV = "Y[i] := X[i+k] * W[k]"
+ROW = re.compile(r"^  (\w+) +(\d+\.\d{3}) +(\d+\.\d{3}) +(\d+\.\d)%  (strategy=\S+ .*)$")
+
+
+def _rows(text: str) -> list[tuple[str, ...]]:
+    return [m.groups() for m in map(ROW.match, text.splitlines()) if m]
+
+
+def test_profile_times_every_nest_in_the_order_value_and_grad_runs_them():
+    k = td.kernel(CONV)
+    report = k.profile({"X": (40,), "W": (3,)}, reps=3)
+    assert [t.name for t in report.timings] == ["forward", "grad_X", "grad_W"]
+    assert [t.nest for t in report.timings] == list(kernel_nests(k.nest).values())
+    for t in report.timings:
+        assert t.reps == 3
+        assert 0 < t.best <= t.seconds
+        assert t.schedule.startswith("strategy=")
+    lines = str(report).splitlines()
+    assert lines[0].startswith("timings (c, float32; 3 calls of each nest alone")
+    assert lines[1].split() == ["nest", "median", "ms", "best", "ms", "share", "schedule"]
+    rows = _rows(str(report))
+    assert [r[0] for r in rows] == ["forward", "grad_X", "grad_W"]
+    assert sum(float(r[3]) for r in rows) == pytest.approx(100, abs=0.2)
+    assert re.match(r"^  total +\d+\.\d{3} +\d+\.\d{3}$", lines[-1])
+
+
+def test_profile_includes_saved_nests_and_skips_nograd_inputs():
+    report = td.kernel("(max) M[i] := X[i,j]").profile({"X": (5, 7)}, dtype="float64", reps=1)
+    assert [t.name for t in report.timings] == ["forward", "aux_argument", "grad_X"]
+    assert str(report).startswith("timings (c, float64; 1 call of each")
+    k = td.kernel("Y[i] := alpha * X[i,j]", nograd=("alpha",))
+    report = k.profile({"alpha": (), "X": (4, 6)}, reps=1)
+    assert [t.name for t in report.timings] == ["forward", "grad_X"]
+
+
+def test_profile_times_a_contraction_as_xla_runs_it_and_a_kernel_where_asked(monkeypatch):
+    shapes = {"A": (6, 5), "B": (5, 4)}
+    heuristic = td.kernel("C[i,j] := A[i,k] * B[k,j]")
+    assert all(t.schedule.startswith("strategy=xla") for t in heuristic.profile(shapes).timings)
+    ordered = td.kernel("C[i,j] := A[i,k] * B[k,j]", loop_order=("i", "j", "k"))
+    built = []
+    real_build = codegen.build.build_c
+
+    def recording_build(nest, **options):
+        built.append(nest)
+        return real_build(nest, **options)
+
+    monkeypatch.setattr(codegen.build, "build_c", recording_build)
+    timings = ordered.profile(shapes, reps=1).timings
+    strategies = [t.schedule.split()[0] for t in timings]
+    assert strategies == ["strategy=tile", "strategy=xla", "strategy=xla"]
+    assert built == [ordered.nest]
+
+
+def test_profile_reports_shape_and_dtype_mistakes():
+    k = td.kernel(CONV)
+    with pytest.raises(td.ShapeError, match="no array given for 'W'"):
+        k.profile({"X": (40,)})
+    with pytest.raises(td.RangeError):
+        k.profile({"X": (2,), "W": (3,)})
+    with pytest.raises(td.UnknownNameError, match="unknown dtype 'int8' for profile"):
+        k.profile({"X": (40,), "W": (3,)}, dtype="int8")
+
+
+def test_explain_time_prints_the_timings_after_the_schedules(capsys):
+    assert main(["explain", CONV, "--shapes", "X=40", "W=3", "--time", "--reps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("schedules (float32)") < out.index("timings (c, float32; 2 calls")
+    assert [r[0] for r in _rows(out)] == ["forward", "grad_X", "grad_W"]
+
+
+def test_explain_time_without_every_shape_is_a_user_error(capsys):
+    assert main(["explain", CONV, "--time"]) == 2
+    assert "no array given for 'X'" in capsys.readouterr().err

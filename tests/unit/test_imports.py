@@ -1,0 +1,123 @@
+"""The import structure: stages import only stages before them.
+
+* no import circle among the modules of `tensordsl/` and `codegen/`, counting the imports
+  inside functions (a lazy import still ties two modules together);
+* `codegen/` (the compiler) imports neither JAX nor `tensordsl` (the binding above it);
+* the production back ends take shapes from the IR, not from the test oracle `reference`.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("tensordsl", "codegen")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the packages (not the package `__init__`s, the public surface)."""
+    return {
+        f"{package}.{path.stem}": path
+        for package in PACKAGES
+        for path in sorted((ROOT / package).glob("*.py"))
+        if path.stem != "__init__"
+    }
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    """Dotted names imported anywhere in `tree` (functions included, TYPE_CHECKING not)."""
+    found: set[str] = set()
+    for node in ast.iter_child_nodes(tree):
+        if _type_checking_only(node):
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        found |= _imported(node)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the packages it imports."""
+    modules = _modules()
+    return {
+        name: {m for m in _imported(ast.parse(path.read_text())) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a list of modules (first == last), or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_a_lazy_circle() -> None:
+    graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.y"}}
+    assert find_cycle(graph) == ["a.y", "a.z", "a.y"]
+    assert find_cycle({"a.x": {"a.y"}, "a.y": set()}) is None
+    lazy = "def f():\n    from a.y import g\n"
+    assert "a.y" in _imported(ast.parse(lazy))
+    typing_only = "if TYPE_CHECKING:\n    from a.y import g\n"
+    assert not _imported(ast.parse(typing_only))
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph()
+    assert graph["tensordsl.kernel"] >= {"tensordsl.lower", "tensordsl.runners"}  # sanity
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or ())
+
+
+def test_codegen_never_imports_tensordsl() -> None:
+    graph = import_graph()
+    for name in (m for m in graph if m.startswith("codegen.")):
+        tree = ast.parse(_modules()[name].read_text())
+        assert not {m for m in _imported(tree) if m.split(".")[0] == "tensordsl"}, name
+
+
+@pytest.mark.parametrize("runner", ["cpu", "gpu", "partitioning", "jax_bind"])
+def test_production_back_ends_do_not_import_the_oracle(runner: str) -> None:
+    assert "tensordsl.reference" not in import_graph()[f"tensordsl.{runner}"]
+
+
+def test_importing_codegen_loads_neither_jax_nor_tensordsl() -> None:
+    names = sorted(m for m in _modules() if m.startswith("codegen."))
+    script = (
+        "import sys\n"
+        + "".join(f"import {name}\n" for name in names)
+        + "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'tensordsl'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert len(names) > 10
+    assert done.stdout.strip() == "[]", done.stdout

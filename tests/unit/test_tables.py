@@ -1,0 +1,52 @@
+"""The per-concept tables agree: every table keyed by reduction or function names has one
+entry per row of its source table, and every row's columns are usable."""
+
+import importlib
+
+import numpy as np
+import pytest
+import sympy
+
+from codegen.functions import FUNCTIONS
+from codegen.reductions import REDUCTIONS, USER_REDUCTIONS
+from tensordsl import grad, partitioning, reference
+
+
+def test_reduction_tables_have_the_same_keys():
+    assert set(reference.REDUCE) == set(REDUCTIONS)
+    assert set(grad.GRADIENT_RULES) == set(REDUCTIONS)
+    combines = {row.cross_device for row in REDUCTIONS.values()} - {None}
+    assert combines == set(partitioning.COMBINES)
+
+
+def test_user_reductions_are_the_user_rows():
+    assert USER_REDUCTIONS == ("sum", "max", "min", "prod", "logsumexp")
+    assert all(not REDUCTIONS[name].positional for name in USER_REDUCTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduction_identity_is_neutral_for_the_reference(name):
+    row = REDUCTIONS[name]
+    if row.positional:
+        pytest.skip("a position has no neutral value")
+    values = np.array([[0.75, -1.5]])
+    with_identity = np.array([[0.75, -1.5, row.identity]])
+    mask = np.ones_like(values, bool)
+    got = reference.REDUCE[name](with_identity, np.ones_like(with_identity, bool), (1,))
+    want = reference.REDUCE[name](values, mask, (1,))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_function_rows_are_consistent(name):
+    spec = FUNCTIONS[name]
+    module, _, attribute = spec.reference.rpartition(".")
+    assert callable(getattr(importlib.import_module(module), attribute))
+    low, high = spec.domain
+    assert low < high
+    args = [sympy.Symbol(f"x{n}", real=True) for n in range(spec.arity)]
+    built = spec.build(*args)
+    if spec.function is not None:
+        assert isinstance(built, spec.function)
+        assert spec.function in reference._FUNCTIONS
+    assert not spec.helper or spec.function is not None
