@@ -10,6 +10,7 @@ interceptor finds no real function when jaxlib (C++) is loaded later and aborts.
 A canary kernel that reads past its buffer is run first: if ASan does not report it, the
 tier is not working and nothing else runs. Reports go to `<folder>/asan.*` and
 `<folder>/ubsan.*`; UBSan reports and continues, ASan stops the process at its first error.
+Pure contractions are generated as kernels too (`TENSORDSL_XLA_CONTRACTIONS=0`).
 The exit status is 0 only when the tests pass and no report was written.
 """
 
@@ -58,6 +59,7 @@ def environment(folder: pathlib.Path) -> dict[str, str]:
         "UBSAN_OPTIONS": f"print_stacktrace=1:log_path={folder / 'ubsan'}",
         "TENSORDSL_CFLAGS": f"{os.environ.get('TENSORDSL_CFLAGS', '')} {SANITIZE_FLAGS}".strip(),
         "TENSORDSL_CACHE_DIR": str(folder / "cache"),
+        "TENSORDSL_XLA_CONTRACTIONS": "0",  # pure contractions as kernels too, not XLA's dot
     }
 
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 import tensordsl as td
 from codegen import config
 from codegen.build import BuildError, clear_memory_cache
+from tensordsl import reference
 from tests.fuzzing import Draw, draws, examples, first_extremum, inputs_for, long_run
 
 pytestmark = pytest.mark.skipif(
@@ -34,10 +35,12 @@ TOLERANCE = {"float64": 1e-9, "float32": 2e-3}
 
 @pytest.fixture(scope="module", autouse=True)
 def _cold_cache(tmp_path_factory: pytest.TempPathFactory):
-    """A fresh kernel cache (the short run's time is measured cold) and poisoned outputs."""
+    """A fresh kernel cache (the short run's time is measured cold), poisoned outputs, and
+    generated kernels for pure contractions too (not XLA's dot)."""
     settings_ = {
         "TENSORDSL_CACHE_DIR": str(tmp_path_factory.mktemp("fuzz-cache")),
         "TENSORDSL_POISON_OUTPUTS": "1",
+        "TENSORDSL_XLA_CONTRACTIONS": "0",
     }
     with mock.patch.dict(os.environ, settings_):
         clear_memory_cache()
@@ -48,8 +51,6 @@ def _cold_cache(tmp_path_factory: pytest.TempPathFactory):
 def reference_output(k: td.Kernel, values: dict) -> jax.Array:
     """The float64 oracle: the reference back end, or for max/min one whose gradient goes
     to the first extremum (tensordsl's tie rule)."""
-    from tensordsl import reference
-
     shapes = {name: np.shape(v) for name, v in values.items()}
     operands = {name: jnp.asarray(v, jnp.float64) for name, v in values.items()}
     if k.nest.reduction in ("max", "min"):
