@@ -1,12 +1,13 @@
 """Compile generated C, load it with ctypes, cache it in memory and on disk.
 
 The disk cache lives under `config.cache_dir()/c/`, one shared object per key (sha256 of the
-source text, compiler flags, compiler version and `CACHE_VERSION`). Every write goes to a
-temporary file first and is moved into place with `os.replace`, so two processes building
-the same kernel at once both succeed and a build that dies half way leaves no entry. An
-entry is checked before and after loading and rebuilt once when it is damaged; a cache
-folder that cannot be written is replaced by a private one (codegen/disk_cache.py). Shapes
-are run-time parameters: a new shape never recompiles.
+source text, compiler flags, compiler version and `CACHE_VERSION`); another `Toolchain` (the
+CUDA emulator's C++ compiler) has its own folder. Every write goes to a temporary file
+first and is moved into place with `os.replace`, so two processes building the same kernel
+at once both succeed and a build that dies half way leaves no entry. An entry is checked
+before and after loading and rebuilt once when it is damaged; a cache folder that cannot be
+written is replaced by a private one (codegen/disk_cache.py). Shapes are run-time
+parameters: a new shape never recompiles.
 
 When the compiler fails, a one-line program is compiled with the same command: if that fails
 too, the user's compiler setting (`TENSORDSL_CC`, `TENSORDSL_CFLAGS`) is at fault and a
@@ -96,6 +97,7 @@ def compile_c(
     *,
     key: object = None,
     include_dirs: Sequence[pathlib.Path] = (),
+    toolchain: Toolchain | None = None,
     rebuild: bool = False,
 ) -> pathlib.Path:
     """Compile C source `text` into a cached shared object and return its path.
@@ -104,34 +106,36 @@ def compile_c(
         text: the C source.
         key: anything else the shared object depends on (headers outside the source).
         include_dirs: extra header folders (`-I`).
+        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
         rebuild: compile even when the entry exists (it was found damaged).
 
     Raises:
         BuildError: when the compiler rejects the source; the message gives its path.
         config.SettingError: when the compiler fails on a one-line program too.
     """
-    cc = config.c_compiler()
-    flags = (*compile_flags(), *(f"-I{folder}" for folder in include_dirs))
+    tool = toolchain or Toolchain(config.c_compiler(), compile_flags(), "TENSORDSL_CC")
+    cc = tool.compiler
+    flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = disk_cache.usable_folder(config.cache_dir()) / "c" / digest[:2]
+    folder = disk_cache.usable_folder(config.cache_dir()) / tool.folder / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
     if library.exists() and not rebuild:
         STATS["disk_hits"] += 1
         return library
-    source = folder / f"{digest}.c"
+    source = folder / f"{digest}{tool.suffix}"
     disk_cache.atomic_write(source, text.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
     os.close(fd)
-    command = [cc, *flags, "-o", tmp, str(source), "-lm"]
+    command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
     STATS["compiles"] += 1
     try:
-        _run_compiler(command, flags)
+        _run_compiler(command, tool, flags)
         os.replace(tmp, library)
     except BuildError as error:
         raise BuildError(
-            "tensordsl bug: the C compiler rejected generated code.\n"
+            "tensordsl bug: the compiler rejected generated code.\n"
             f"  generated source kept at {source}\n{error}"
         ) from None
     finally:
@@ -140,7 +144,7 @@ def compile_c(
     return library
 
 
-def _run_compiler(command: list[str], flags: tuple[str, ...]) -> None:
+def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -> None:
     """Run the compiler; a failure is the user's setting when a one-line program fails too.
 
     Raises:
@@ -153,39 +157,52 @@ def _run_compiler(command: list[str], flags: tuple[str, ...]) -> None:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as error:
         raise config.SettingError(
-            f"cannot run the C compiler {command[0]!r} ({error}); "
-            "set TENSORDSL_CC to a C compiler command"
+            f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob} to a "
+            "compiler command"
         ) from None
     if done.returncode == 0:
         return
-    failure = _setting_failure(command[0], flags)
+    failure = _setting_failure(tool, flags)
     if failure is not None:
         raise config.SettingError(failure)
     raise BuildError(f"  command: {' '.join(command)}\n{done.stderr[-4000:].rstrip()}")
 
 
 @functools.lru_cache(maxsize=8)
-def _setting_failure(cc: str, flags: tuple[str, ...]) -> str | None:
+def _setting_failure(tool: Toolchain, flags: tuple[str, ...]) -> str | None:
     """Why the compiler setting fails on a one-line program, or None when it works."""
     with tempfile.TemporaryDirectory() as tmp:
-        source = pathlib.Path(tmp) / "probe.c"
+        source = pathlib.Path(tmp) / f"probe{tool.suffix}"
         source.write_text("int tdsl_probe(void) { return 0; }\n")
-        command = [cc, *flags, "-o", str(pathlib.Path(tmp) / "probe.so"), str(source), "-lm"]
+        output = str(pathlib.Path(tmp) / "probe.so")
+        command = [tool.compiler, *flags, "-o", output, str(source), *tool.libraries]
         try:
             done = subprocess.run(command, capture_output=True, text=True, check=False)
         except OSError as error:
-            return f"cannot run the C compiler {cc!r} ({error}); set TENSORDSL_CC"
+            return f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob}"
     if done.returncode == 0:
         return None
     lines = [
-        "the C compiler setting fails on a one-line program: "
-        f"TENSORDSL_CC={os.environ.get('TENSORDSL_CC', '')!r}, "
+        "the compiler setting fails on a one-line program: "
+        f"{tool.knob}={os.environ.get(tool.knob, '')!r}, "
         f"TENSORDSL_CFLAGS={os.environ.get('TENSORDSL_CFLAGS', '')!r}",
         f"  command: {' '.join(command)}",
         *done.stderr[-4000:].rstrip().splitlines(),
-        "expected TENSORDSL_CC to name a C compiler and TENSORDSL_CFLAGS to hold flags it takes",
+        f"expected {tool.knob} to name a compiler and TENSORDSL_CFLAGS to hold flags it takes",
     ]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler command, its flags, the knob that sets it and its cache folder."""
+
+    compiler: str
+    flags: tuple[str, ...]
+    knob: str
+    folder: str = "c"
+    suffix: str = ".c"
+    libraries: tuple[str, ...] = ("-lm",)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from tensordsl.errors import (
     UnsupportedError,
 )
 from tensordsl.kernel import Kernel, kernel
+from tensordsl.program_kernel import ProgramKernel
 
 __all__ = [
     "ExpressionError",
@@ -29,6 +30,7 @@ __all__ = [
     "InputError",
     "Kernel",
     "ParseError",
+    "ProgramKernel",
     "RangeError",
     "ReductionError",
     "ScheduleError",

@@ -164,6 +164,13 @@ def computed_dtype(dtype: Any) -> np.dtype:
     return np.dtype(jnp.result_type(float))
 
 
+def computed_input(name: str, value: Any, source: str) -> Any:
+    """`input_array`, in the dtype the back ends read it in (`computed_dtype`)."""
+    array = input_array(name, value, source)
+    dtype = computed_dtype(array.dtype)
+    return array if dtype == array.dtype else array.astype(dtype)
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -19,6 +19,8 @@ from tensordsl.errors import (
 )
 from tensordsl.lower import Lowered, lower
 from tensordsl.parse import parse
+from tensordsl.program import is_program
+from tensordsl.program_kernel import ProgramKernel
 from tensordsl.shapes import check_shapes
 
 
@@ -239,13 +241,14 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     return schedule
 
 
-OPTIONS = ("reduce", "ranges", "backend", "nograd", "schedule", "loop_order")
+OPTIONS = ("reduce", "ranges", "backend", "nograd", "schedule", "loop_order", "outputs")
 
 
-def kernel(source: str, **options: Any) -> Kernel:
+def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     """Parse and check an index expression; nothing is compiled until the first call.
 
-    See `Kernel` for the options.
+    See `Kernel` for the options. A source of several statements (or `outputs=`) gives a
+    `tensordsl.program_kernel.ProgramKernel`.
     """
     for name in options:
         if name not in OPTIONS:
@@ -254,4 +257,6 @@ def kernel(source: str, **options: Any) -> Kernel:
                 expected="options " + ", ".join(OPTIONS),
                 hint=close_match(name, OPTIONS),
             )
+    if is_program(source) or "outputs" in options:
+        return ProgramKernel(source, **options)
     return Kernel(source, **options)

@@ -147,7 +147,7 @@ def test_a_failing_compiler_is_the_users_setting(cache: pathlib.Path, monkeypatc
 
 def test_a_missing_compiler_is_the_users_setting(cache: pathlib.Path, monkeypatch) -> None:
     monkeypatch.setenv("TENSORDSL_CC", "/nonexistent/cc")
-    with pytest.raises(SettingError, match="cannot run the C compiler '/nonexistent/cc'"):
+    with pytest.raises(SettingError, match="cannot run the compiler '/nonexistent/cc'"):
         build_c(scaled(np.random.default_rng().uniform(1, 2)), dtypes=DTYPES)
 
 
