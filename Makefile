@@ -1,6 +1,6 @@
 PY ?= python
 
-.PHONY: test test-emulator-full lint type bench bench-layers bench-quick golden demo
+.PHONY: test test-emulator-full lint type bench bench-layers bench-quick golden demo fuzz sanitize
 
 test:
 	$(PY) -m pytest
@@ -40,3 +40,12 @@ golden:
 
 demo:
 	$(PY) -m tensordsl demo
+
+# Long fuzzing runs (the suite runs a few examples of each fuzzer); see docs/testing.md.
+fuzz:
+	TENSORDSL_FUZZ_EXAMPLES=$${TENSORDSL_FUZZ_EXAMPLES:-300} $(PY) -m pytest -p no:cacheprovider \
+		tests/cpu/test_differential_fuzz.py tests/unit/test_parser_fuzz.py --hypothesis-show-statistics
+
+# The corpus and its gradients with every kernel built with ASan and UBSan; see docs/testing.md.
+sanitize:
+	$(PY) -m tests.sanitize

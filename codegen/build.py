@@ -2,10 +2,16 @@
 
 The disk cache lives under `config.cache_dir()/c/`, one shared object per key (sha256 of the
 source text, compiler flags, compiler version and `CACHE_VERSION`); another `Toolchain` (the
-CUDA emulator's C++ compiler) has its own folder. Every write goes to a
-temporary file first and is moved into place with `os.replace`, so two processes building
-the same kernel at once both succeed. Shapes are run-time parameters: a new shape never
-recompiles.
+CUDA emulator's C++ compiler) has its own folder. Every write goes to a temporary file
+first and is moved into place with `os.replace`, so two processes building the same kernel
+at once both succeed and a build that dies half way leaves no entry. An entry is checked
+before and after loading and rebuilt once when it is damaged; a cache folder that cannot be
+written is replaced by a private one (codegen/disk_cache.py). Shapes are run-time
+parameters: a new shape never recompiles.
+
+When the compiler fails, a one-line program is compiled with the same command: if that fails
+too, the user's compiler setting (`TENSORDSL_CC`, `TENSORDSL_CFLAGS`) is at fault and a
+`config.SettingError` shows the command; otherwise the generated code is (a `BuildError`).
 
 When jaxlib's FFI headers are present, each shared object also holds an XLA FFI handler for
 its entry point (codegen/ffi.py), so that JAX can call the kernel without Python; if the
@@ -31,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from codegen import config, ffi
+from codegen import config, disk_cache, ffi
 from codegen.c import CSource, emit_c
 from codegen.host import HostFunction, host_function
 from codegen.ir import LoopNest
@@ -120,19 +126,13 @@ def _c_toolchain() -> Toolchain:
     return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
-
-
 def compile_c(
     text: str,
     *,
     key: object = None,
     include_dirs: Sequence[pathlib.Path] = (),
     toolchain: Toolchain | None = None,
+    rebuild: bool = False,
 ) -> pathlib.Path:
     """Compile C source `text` into a cached shared object and return its path.
 
@@ -141,43 +141,90 @@ def compile_c(
         key: anything else the shared object depends on (headers outside the source).
         include_dirs: extra header folders (`-I`).
         toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
+        rebuild: compile even when the entry exists (it was found damaged).
 
     Raises:
-        BuildError: when the compiler fails; the message gives the kept source's path.
+        BuildError: when the compiler rejects the source; the message gives its path.
+        config.SettingError: when the compiler fails on a one-line program too.
     """
     tool = toolchain or _c_toolchain()
     cc = tool.compiler
     flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = config.cache_dir() / tool.folder / digest[:2]
+    folder = disk_cache.usable_folder(config.cache_dir()) / tool.folder / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
-    if library.exists():
+    if library.exists() and not rebuild:
         STATS["disk_hits"] += 1
         return library
     source = folder / f"{digest}{tool.suffix}"
-    _atomic_write(source, text.encode())
+    disk_cache.atomic_write(source, text.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
     os.close(fd)
     command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
+    STATS["compiles"] += 1
+    try:
+        _run_compiler(command, tool, flags)
+        os.replace(tmp, library)
+    except BuildError as error:
+        raise BuildError(
+            "tensordsl bug: the compiler rejected generated code.\n"
+            f"  generated source kept at {source}\n{error}"
+        ) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return library
+
+
+def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -> None:
+    """Run the compiler; a failure is the user's setting when a one-line program fails too.
+
+    Raises:
+        BuildError: the compiler rejects this source (the message: command and output).
+        config.SettingError: the compiler cannot be run, or fails on any source.
+    """
     if config.debug():
         print("tensordsl: " + " ".join(command), file=sys.stderr)
-    STATS["compiles"] += 1
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as error:
-        os.unlink(tmp)
-        raise BuildError(f"cannot run the compiler {cc!r} ({error}); set {tool.knob}") from None
-    if done.returncode != 0:
-        os.unlink(tmp)
-        raise BuildError(
-            "tensordsl bug: the compiler rejected generated code.\n"
-            f"  generated source kept at {source}\n  command: {' '.join(command)}\n"
-            + done.stderr[-4000:]
-        )
-    os.replace(tmp, library)
-    return library
+        raise config.SettingError(
+            f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob} to a "
+            "compiler command"
+        ) from None
+    if done.returncode == 0:
+        return
+    failure = _setting_failure(tool, flags)
+    if failure is not None:
+        raise config.SettingError(failure)
+    raise BuildError(f"  command: {' '.join(command)}\n{done.stderr[-4000:].rstrip()}")
+
+
+@functools.lru_cache(maxsize=8)
+def _setting_failure(tool: Toolchain, flags: tuple[str, ...]) -> str | None:
+    """Why the compiler setting fails on a one-line program, or None when it works."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = pathlib.Path(tmp) / f"probe{tool.suffix}"
+        source.write_text("int tdsl_probe(void) { return 0; }\n")
+        output = str(pathlib.Path(tmp) / "probe.so")
+        command = [tool.compiler, *flags, "-o", output, str(source), *tool.libraries]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+        except OSError as error:
+            return f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob}"
+    if done.returncode == 0:
+        return None
+    lines = [
+        "the compiler setting fails on a one-line program: "
+        f"{tool.knob}={os.environ.get(tool.knob, '')!r}, "
+        f"TENSORDSL_CFLAGS={os.environ.get('TENSORDSL_CFLAGS', '')!r}",
+        f"  command: {' '.join(command)}",
+        *done.stderr[-4000:].rstrip().splitlines(),
+        f"expected {tool.knob} to name a compiler and TENSORDSL_CFLAGS to hold flags it takes",
+    ]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -291,9 +338,8 @@ def build_c(
         dump = config.dump_dir()
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
-            (dump / f"{source.entry}.c").write_text(source.text)
-        library, has_handler = _compile_nest(nest, source, dtypes)
-        loaded = ctypes.CDLL(str(library))
+            disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
+        loaded, library, has_handler = _load_nest(nest, source, dtypes)
         function = getattr(loaded, source.entry)
         function.restype = None
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -304,8 +350,23 @@ def build_c(
         return compiled
 
 
-def _compile_nest(
+def _load_nest(
     nest: LoopNest, source: CSource, dtypes: Mapping[str, str]
+) -> tuple[ctypes.CDLL, pathlib.Path, bool]:
+    """Compile (or find) and load `source`; a damaged cache entry is rebuilt once."""
+    for rebuild in (False, True):
+        library, has_handler = _compile_nest(nest, source, dtypes, rebuild=rebuild)
+        symbols = (source.entry, *((ffi.handler_name(source.entry),) if has_handler else ()))
+        loaded = disk_cache.load(library, symbols)
+        if loaded is not None:
+            return loaded, library, has_handler
+    raise BuildError(
+        f"tensordsl bug: {library} was just built but does not load or lacks {symbols}"
+    )
+
+
+def _compile_nest(
+    nest: LoopNest, source: CSource, dtypes: Mapping[str, str], rebuild: bool = False
 ) -> tuple[pathlib.Path, bool]:
     """Compile `source` with its FFI handler when possible; say whether the handler is in."""
     folder = ffi.include_dir()
@@ -317,15 +378,16 @@ def _compile_nest(
             len(source.parameters),
         )
         key = ("xla_ffi", ffi.header_digest())
+        text = source.text + "\n" + handler
         try:
-            return compile_c(source.text + "\n" + handler, key=key, include_dirs=(folder,)), True
+            return compile_c(text, key=key, include_dirs=(folder,), rebuild=rebuild), True
         except BuildError as error:
             warnings.warn(
                 f"tensordsl: the XLA FFI handler of {source.entry} did not build; "
                 f"JAX calls this kernel through buffer_callback instead.\n{error}",
                 stacklevel=3,
             )
-    return compile_c(source.text), False
+    return compile_c(source.text, rebuild=rebuild), False
 
 
 def clear_memory_cache() -> None:

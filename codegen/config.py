@@ -11,8 +11,16 @@ import pathlib
 import shlex
 
 
+class SettingError(ValueError):
+    """A `TENSORDSL_*` variable whose value cannot be used; the message names it."""
+
+
 def cache_dir() -> pathlib.Path:
-    """Where compiled kernels are cached: `TENSORDSL_CACHE_DIR`, else the user cache dir."""
+    """Where compiled kernels are cached: `TENSORDSL_CACHE_DIR`, else the user cache dir.
+
+    codegen/build.py falls back to a private temporary folder, with one warning, when this
+    one cannot be created or written.
+    """
     explicit = os.environ.get("TENSORDSL_CACHE_DIR")
     if explicit:
         return pathlib.Path(explicit)
@@ -38,8 +46,16 @@ def c_compiler() -> str:
 
 
 def extra_cflags() -> tuple[str, ...]:
-    """`TENSORDSL_CFLAGS`: extra compiler flags, split like a shell would."""
-    return tuple(shlex.split(os.environ.get("TENSORDSL_CFLAGS", "")))
+    """`TENSORDSL_CFLAGS`: extra compiler flags, split like a shell would.
+
+    Raises:
+        SettingError: the value does not split (an unbalanced quote).
+    """
+    value = os.environ.get("TENSORDSL_CFLAGS", "")
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as error:
+        raise SettingError(f"TENSORDSL_CFLAGS={value!r}: {error}") from None
 
 
 def poison_outputs() -> bool:
@@ -70,11 +86,11 @@ def cpu_call() -> str:
     GIL per call). "ffi" falls back to "callback" for a kernel whose handler did not build.
 
     Raises:
-        ValueError: for any other value.
+        SettingError: for any other value.
     """
     value = os.environ.get("TENSORDSL_CPU_CALL", "").strip().lower() or "ffi"
     if value not in CPU_CALLS:
-        raise ValueError(f"TENSORDSL_CPU_CALL={value!r}: expected one of {', '.join(CPU_CALLS)}")
+        raise SettingError(f"TENSORDSL_CPU_CALL={value!r}: expected one of {', '.join(CPU_CALLS)}")
     return value
 
 

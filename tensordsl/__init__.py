@@ -11,6 +11,7 @@
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
+    InputError,
     ParseError,
     RangeError,
     ReductionError,
@@ -26,6 +27,7 @@ from tensordsl.program_kernel import ProgramKernel
 __all__ = [
     "ExpressionError",
     "IndexExpressionError",
+    "InputError",
     "Kernel",
     "ParseError",
     "ProgramKernel",

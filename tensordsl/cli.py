@@ -61,12 +61,22 @@ DEMO = (
 
 
 def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """`NAME=D1xD2...` items (`NAME=()` for a scalar) as a dict of shapes."""
+    from tensordsl.errors import ShapeError
+
     shapes = {}
     for item in items:
         name, _, dims = item.partition("=")
-        if not name or not dims:
-            raise SystemExit(f"--shapes expects NAME=D1xD2..., got {item!r}")
-        shapes[name] = tuple(int(d) for d in dims.split("x")) if dims != "()" else ()
+        parts = dims.split("x") if dims != "()" else []
+        if not name or not dims or not all(part.isdigit() for part in parts):
+            raise ShapeError(
+                f"--shapes {item!r} is not NAME=D1xD2...",
+                expected="a name, '=' and extents (ints >= 0) joined by 'x', "
+                "as in W=64x2048, or NAME=() for a scalar",
+            )
+        if name in shapes:
+            raise ShapeError(f"--shapes gives '{name}' twice", expected="one shape per input")
+        shapes[name] = tuple(int(part) for part in parts)
     return shapes
 
 
@@ -91,9 +101,7 @@ def explain_command(args: argparse.Namespace) -> int:
     if isinstance(k, ProgramKernel):
         return _explain_program(k, args, shapes)
     if shapes:
-        from tensordsl.shapes import check_shapes
-
-        check_shapes(k._lowered, shapes)
+        k.check_shapes(shapes)
     print(f"statement  {args.source}")
     print(f"parsed     {k.nest}")
     print(f"inputs     {', '.join(k.inputs)}   output {k.output}   reduction {k.nest.reduction}")

@@ -69,7 +69,8 @@ def run_c(
 ) -> jax.Array:
     """Run `nest` on the CPU (compiled C, or XLA's dot for the "xla" strategy); `shapes`
     covers every tensor the nest names."""
-    dtypes = {op.name: jnp.dtype(jnp.result_type(v)).name for op, v in zip(nest.operands, operands)}
+    # The operands' own dtypes: result_type would widen a weakly typed int32 to int64.
+    dtypes = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
     dtypes[nest.output] = jnp.dtype(dtype).name
     schedule = schedule or choose_cpu_schedule(nest, dtypes)
     if schedule.strategy == "xla":

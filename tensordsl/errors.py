@@ -23,6 +23,8 @@ from collections.abc import Iterable
 
 def close_match(word: str, candidates: Iterable[str]) -> str | None:
     """A `did you mean 'x'?` hint for the candidate closest to `word`, if any is close."""
+    if not isinstance(word, str):
+        return None  # what the user passed may be of any type
     found = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
     return f"did you mean '{found[0]}'?" if found else None
 
@@ -139,6 +141,10 @@ class RangeError(TensorDSLError, ValueError):
 
 class ShapeError(TensorDSLError, ValueError):
     """The wrong rank or number of arguments."""
+
+
+class InputError(TensorDSLError, ValueError):
+    """An input of a call that is not an array of real numbers (None, a string, ragged)."""
 
 
 class ReductionError(TensorDSLError, ValueError):

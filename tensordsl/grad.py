@@ -13,8 +13,11 @@ Reductions other than sum:
   reduced indices, in the order they appear) whose value equals the output; the forward
   saves that position (an `argmax`/`argmin` nest) and the gradient tests it.
 * logsumexp: `dA = dY * exp(f - Y) * df/dA`, using the saved output Y.
-* prod: the product of the other factors, from two saved nests (the product of the nonzero
-  factors and the number of zero factors), so a zero factor never causes a division by 0.
+* prod: the product of the other factors, as `jax.grad(jnp.prod)` gives it, from three
+  saved nests: the product of the finite nonzero factors (an infinite one counts as its
+  sign), the number of zero factors and the number of infinite ones. A zero or infinite
+  factor is never divided by: `[2, inf, 1]` gives `[inf, 2, inf]`, `[0, inf, 3]` gives
+  `[inf, 0, nan]`. A NaN factor's own gradient is NaN (jnp: the product of the others).
 
 >>> from tensordsl.lower import lower
 >>> from tensordsl.parse import parse
@@ -34,7 +37,7 @@ import sympy
 
 from codegen.affine import NotAffine, affine_parts
 from codegen.factor import factor_sums
-from codegen.functions import FloorDiv
+from codegen.functions import FloorDiv, indicator
 from codegen.guards import bound_guards
 from codegen.ir import (
     LoopNest,
@@ -52,7 +55,7 @@ from tensordsl.errors import UnsupportedError
 
 #: Roles of a gradient nest's operands.
 COTANGENT, OUTPUT = "cotangent", "output"
-ARGUMENT, NONZERO_PROD, ZERO_COUNT = "argument", "nonzero_prod", "zero_count"
+ARGUMENT, FINITE_PROD, ZERO_COUNT, INF_COUNT = "argument", "finite_prod", "zero_count", "inf_count"
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Gradient:
 
     `roles` maps each operand of `nest` to "cotangent", "output", "input" (a forward
     operand of the same name), or the name of an auxiliary nest of the forward
-    ("argument", "nonzero_prod", "zero_count"; see `auxiliary_nests`).
+    ("argument", "finite_prod", "zero_count", "inf_count"; see `auxiliary_nests`).
     """
 
     nest: LoopNest
@@ -83,8 +86,9 @@ class _Names:
     cotangent: str
     gradient: str
     argument: str
-    nonzero_prod: str
+    finite_prod: str
     zero_count: str
+    inf_count: str
 
 
 def _names(nest: LoopNest, wrt: str) -> _Names:
@@ -93,8 +97,9 @@ def _names(nest: LoopNest, wrt: str) -> _Names:
         cotangent=_unique("d" + nest.output, taken),
         gradient=_unique("d" + wrt, taken),
         argument=_unique(nest.output + "_argument", taken),
-        nonzero_prod=_unique(nest.output + "_nonzero_prod", taken),
+        finite_prod=_unique(nest.output + "_finite_prod", taken),
         zero_count=_unique(nest.output + "_zero_count", taken),
+        inf_count=_unique(nest.output + "_inf_count", taken),
     )
 
 
@@ -351,27 +356,37 @@ def _extreme_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
 
 
 def _prod_auxiliary(nest: LoopNest, names: _Names) -> dict[str, LoopNest]:
-    """prod: the product of the nonzero factors and the number of zero factors."""
+    """prod: the product of the finite nonzero factors (an infinite one counts as its sign),
+    the number of zero factors and the number of infinite ones."""
     (term,) = nest.terms
-    is_zero = sympy.Eq(term.body, 0)
-    factor = sympy.Piecewise((sympy.Integer(1), is_zero), (term.body, True))
-    count = sympy.Piecewise((sympy.Integer(1), is_zero), (sympy.Integer(0), True))
-    return {
-        NONZERO_PROD: LoopNest(
-            names.nonzero_prod,
-            nest.free,
-            (Term(factor, term.reduced, term.constraints, term.guard),),
-            nest.operands,
-            "prod",
-        ),
-        ZERO_COUNT: LoopNest(
-            names.zero_count,
-            nest.free,
-            (Term(count, term.reduced, term.constraints, term.guard),),
-            nest.operands,
-            "sum",
-        ),
+    body = term.body
+    saved = {
+        FINITE_PROD: (names.finite_prod, _regular(body), "prod"),
+        ZERO_COUNT: (names.zero_count, indicator(sympy.Eq(body, 0)), "sum"),
+        INF_COUNT: (names.inf_count, indicator(_is_infinite(body)), "sum"),
     }
+    return {
+        role: LoopNest(
+            name,
+            nest.free,
+            (Term(value, term.reduced, term.constraints, term.guard),),
+            nest.operands,
+            reduction,
+        )
+        for role, (name, value, reduction) in saved.items()
+    }
+
+
+def _is_infinite(x: sympy.Expr) -> sympy.Basic:
+    """`x` is +-inf: the only nonzero values equal to their double (sympy keeps the test)."""
+    return sympy.And(sympy.Ne(x, 0), sympy.Eq(x, 2 * x))
+
+
+def _regular(x: sympy.Expr) -> sympy.Expr:
+    """The factor as the finite product counts it: 1 for 0, the sign for +-inf, else x."""
+    return sympy.Piecewise(
+        (sympy.Integer(1), sympy.Eq(x, 0)), (sympy.sign(x), _is_infinite(x)), (x, True)
+    )
 
 
 def _sum_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
@@ -395,14 +410,16 @@ def _extreme_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
 
 
 def _prod_scale(nest: LoopNest, names: _Names) -> sympy.Expr:
-    """`dY` times the product of the other factors, never dividing by zero."""
+    """`dY` times the product of the other factors as IEEE arithmetic gives it: the finite
+    ones divided by this factor's regular part, times inf if another factor is infinite,
+    times 0 if another is zero (so 0 * inf is NaN, as in jnp); never dividing by 0 or inf."""
     (term,) = nest.terms
-    nonzero, zeros = _saved(names.nonzero_prod, nest), _saved(names.zero_count, nest)
-    others = sympy.Piecewise(
-        (nonzero / term.body, sympy.Eq(zeros, 0)),
-        (nonzero, sympy.And(sympy.Eq(zeros, 1), sympy.Eq(term.body, 0))),
-        (sympy.Integer(0), True),
-    )
+    x = term.body
+    finite = _saved(names.finite_prod, nest) / _regular(x)
+    other_zeros = _saved(names.zero_count, nest) - indicator(sympy.Eq(x, 0))
+    other_infinities = _saved(names.inf_count, nest) - indicator(_is_infinite(x))
+    infinite = sympy.Piecewise((sympy.oo, other_infinities > 0), (sympy.Integer(1), True))
+    others = finite * infinite * indicator(sympy.Eq(other_zeros, 0))
     return _saved(names.cotangent, nest) * others
 
 
@@ -437,8 +454,8 @@ GRADIENT_RULES: dict[str, GradientRule] = {
 def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
     """The nests the forward pass must also compute for the gradients of `nest`.
 
-    Keys are roles ("argument", "nonzero_prod", "zero_count"); each nest's output has the
-    name the gradient nests use for it.
+    Keys are roles ("argument", "finite_prod", "zero_count", "inf_count"); each nest's output
+    has the name the gradient nests use for it.
     """
     return GRADIENT_RULES[nest.reduction].auxiliary(nest, _names(nest, "_"))
 
@@ -470,8 +487,9 @@ def _operands(nest: LoopNest, terms: tuple[Term, ...], names: _Names) -> tuple:
     candidates += [(nest.output, OUTPUT, len(nest.free))]
     candidates += [
         (names.argument, ARGUMENT, len(nest.free)),
-        (names.nonzero_prod, NONZERO_PROD, len(nest.free)),
+        (names.finite_prod, FINITE_PROD, len(nest.free)),
         (names.zero_count, ZERO_COUNT, len(nest.free)),
+        (names.inf_count, INF_COUNT, len(nest.free)),
     ]
     operands, roles = [], []
     for name, role, rank in candidates:

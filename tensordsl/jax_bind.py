@@ -82,6 +82,16 @@ def call_nest(
     extents = _frozen(
         {n: s for n, s in shapes.items() if n in nest.extent_tensors() and n not in operand_names}
     )
+    if not operands:
+        # JAX's abstract evaluation needs an operand; with none there is nothing to batch or
+        # differentiate, so the runner is traced as is.
+        return partitioning.run_nest(
+            nest=nest,
+            backend=backend,
+            extents=extents,
+            out_dtype=jnp.dtype(out_dtype).name,
+            schedule=schedule,
+        )
     return _bind(
         nest_p,
         operands,

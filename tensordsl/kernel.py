@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir import LoopNest
-from tensordsl import jax_bind, runners
+from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import (
     ScheduleError,
     ShapeError,
@@ -34,10 +34,13 @@ class Kernel:
         ranges: an extent (`{"k": 3}`) or an explicit `range` per index.
         backend: "auto" (default: cuda on a CUDA GPU with CuPy, else c), "reference",
             "c" or "cuda".
-        nograd: inputs that never get a gradient.
+        nograd: inputs that never get a gradient: one name or a tuple of names.
         schedule: a `codegen.schedule.Schedule` for the forward nest on the C back end (the
             CUDA back end and all gradient nests use their heuristics).
         loop_order: index names, outermost first, for the forward nest on the C back end.
+
+    Raises:
+        TensorDSLError: a subclass naming the mistake in the source or an option.
 
     >>> import numpy as np
     >>> k = kernel("C[i,j] := A[i,k] * B[k,j]", backend="reference")
@@ -54,18 +57,20 @@ class Kernel:
         reduce: str | None = None,
         ranges: Mapping[str, int | range] | None = None,
         backend: str = "auto",
-        nograd: tuple[str, ...] = (),
+        nograd: str | tuple[str, ...] | None = (),
         schedule: Any = None,
-        loop_order: tuple[str, ...] | None = None,
+        loop_order: str | tuple[str, ...] | None = None,
     ):
-        self.source_text = source
-        self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=ranges)
+        self.source_text = source = arguments.source_text(source)
+        extents = arguments.extents(ranges, source)
+        self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=extents)
         if backend not in runners.BACKENDS:
             raise UnknownNameError(
                 f"unknown backend '{backend}'",
                 expected="one of " + ", ".join(runners.BACKENDS),
                 hint=close_match(backend, runners.BACKENDS),
             )
+        nograd = arguments.names(nograd, option="nograd")
         for name in nograd:
             if name not in self.inputs:
                 raise UnknownNameError(
@@ -99,15 +104,34 @@ class Kernel:
         return self.explain()
 
     def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
-        """The forward nest and every gradient nest, with their ranges, readable."""
+        """The forward nest and every gradient nest, with their ranges, readable.
+
+        `shapes` (one per input) are checked as a call checks its inputs' shapes.
+        """
         from tensordsl.explain import explain
 
+        if shapes is not None:
+            shapes = self.check_shapes(shapes)
         return explain(self.nest, shapes=shapes)
+
+    def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        """`shapes` as int tuples, checked as a call would check its inputs' shapes."""
+        table = arguments.shape_table(shapes, self.source_text)
+        arguments.unknown_names(table, self.inputs, self.source_text)
+        check_shapes(self._lowered, table)
+        return table
 
     def source(self, target: str = "c") -> dict[str, str]:
         """Generated code for every nest, as a dict from nest name to source text."""
         from tensordsl.explain import generated_sources
 
+        targets = ("c", "cuda")
+        if target not in targets:
+            raise UnknownNameError(
+                f"unknown target '{target}'",
+                expected="one of " + ", ".join(targets),
+                hint=close_match(target, targets),
+            )
         return generated_sources(self.nest, target)
 
     def profile(
@@ -133,9 +157,13 @@ class Kernel:
             raise UnknownNameError(
                 f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
             )
-        check_shapes(self._lowered, shapes)
         return profile_nests(
-            self.nest, shapes, dtype=dtype, schedule=self.schedule, nograd=self.nograd, reps=reps
+            self.nest,
+            self.check_shapes(shapes),
+            dtype=dtype,
+            schedule=self.schedule,
+            nograd=self.nograd,
+            reps=reps,
         )
 
     def _bind(self, args: tuple, kwargs: dict) -> list[Any]:
@@ -147,14 +175,7 @@ class Kernel:
                 expected=f"{len(names)} inputs: " + ", ".join(names),
             )
         if kwargs:
-            unknown = [n for n in kwargs if n not in names]
-            if unknown:
-                raise UnknownNameError(
-                    f"'{unknown[0]}' is not an input of the kernel",
-                    self.source_text,
-                    expected="inputs " + ", ".join(names),
-                    hint=close_match(unknown[0], names),
-                )
+            arguments.unknown_names(kwargs, names, self.source_text)
             missing = [n for n in names if n not in kwargs]
             if missing:
                 raise ShapeError(
@@ -172,12 +193,18 @@ class Kernel:
         return list(args)
 
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
-        values = [_as_array(v) for v in self._bind(args, kwargs)]
+        values = [
+            arguments.input_array(name, value, self.source_text)
+            for name, value in zip(self.inputs, self._bind(args, kwargs))
+        ]
         shapes = {name: tuple(np.shape(v)) for name, v in zip(self.inputs, values)}
         check_shapes(self._lowered, shapes)
         out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
         if not jnp.issubdtype(out_dtype, jnp.inexact):
             out_dtype = jnp.result_type(float)
+        # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
+        computed = [arguments.computed_dtype(v.dtype) for v in values]
+        values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
         backend = runners.resolve_backend(self.backend)
         return jax_bind.call_nest(
             self.nest,
@@ -194,11 +221,18 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     """The user's schedule or loop order for the forward nest, checked now."""
     if schedule is None and loop_order is None:
         return None
-    from codegen.schedule import choose_cpu_schedule, validate
+    from codegen.schedule import Schedule, choose_cpu_schedule, validate
 
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise ScheduleError(
+            f"schedule= must be a codegen.schedule.Schedule, got {type(schedule).__name__}",
+            source,
+            expected="a Schedule, e.g. from codegen.schedule.candidate_schedules(k.nest)",
+        )
+    order = arguments.names(loop_order, option="loop_order")
     try:
         if schedule is None:
-            schedule = choose_cpu_schedule(nest, loop_order=tuple(loop_order))
+            schedule = choose_cpu_schedule(nest, loop_order=order)
         validate(nest, schedule)
     except ValueError as error:
         raise ScheduleError(
@@ -207,11 +241,7 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     return schedule
 
 
-def _as_array(value: Any) -> Any:
-    """JAX arrays and tracers pass through; NumPy arrays and Python scalars become arrays."""
-    if isinstance(value, jax.Array):
-        return value
-    return jnp.asarray(value)
+OPTIONS = ("reduce", "ranges", "backend", "nograd", "schedule", "loop_order", "outputs")
 
 
 def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
@@ -220,6 +250,13 @@ def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     See `Kernel` for the options. A source of several statements (or `outputs=`) gives a
     `tensordsl.program_kernel.ProgramKernel`.
     """
+    for name in options:
+        if name not in OPTIONS:
+            raise UnknownNameError(
+                f"td.kernel has no option '{name}'",
+                expected="options " + ", ".join(OPTIONS),
+                hint=close_match(name, OPTIONS),
+            )
     if is_program(source) or "outputs" in options:
         return ProgramKernel(source, **options)
     return Kernel(source, **options)

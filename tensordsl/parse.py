@@ -11,7 +11,9 @@ Grammar (lowest precedence first)::
     primary    := NUMBER [NAME-started power]                # `2i` is 2 * i
                 | NAME [ '[' args ']' | '(' args ')' ] | '(' expr ')'
 
-Every node carries `span`, the `(start, stop)` character offsets of its text.
+Every node carries `span`, the `(start, stop)` character offsets of its text. A statement
+nests at most `MAX_DEPTH` levels (parentheses, index lists, function calls, signs, powers and
+operators each count one), so that no later stage runs out of Python's recursion limit.
 
 >>> s = parse("C[i,j] := A[i,k] * B[k,j]")
 >>> s.output, [i.name for i in s.indices], s.body.op
@@ -23,6 +25,8 @@ Unary(op='-', operand=Binary(op='**', ...), span=(14, 23))
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
@@ -30,6 +34,10 @@ from typing import Union
 from tensordsl.errors import IndexExpressionError, ParseError
 
 Span = tuple[int, int]
+
+#: The deepest nesting a statement may have; deeper trees would exhaust Python's recursion
+#: limit in lowering, differentiation or printing (nested calls fail from about 120 levels).
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,37 @@ class _Parser:
         self.source = source
         self.tokens = tokenize(source)
         self.pos = 0
+        self.depth = 0  # enclosing parentheses, index and argument lists, signs, exponents
+        self.heights: dict[int, int] = {}  # id(node) -> height of its syntax tree
+
+    def too_deep(self, span: Span) -> ParseError:
+        return ParseError(
+            f"the statement nests more than {MAX_DEPTH} levels deep",
+            self.source,
+            span,
+            expected=f"at most {MAX_DEPTH} nested parentheses, index lists, function calls, "
+            "signs, powers and operators",
+            hint="split it into several kernels, or compute part of it with jax.numpy",
+        )
+
+    @contextmanager
+    def nested(self, token: Token) -> Iterator[None]:
+        """One level deeper (a parenthesis, index or argument list, sign or exponent)."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.too_deep(token.span)
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def node(self, node: Expr, at: Span, *children: Expr) -> Expr:
+        """Record `node`'s height; `at` is where to point when it is one level too deep."""
+        height = 1 + max((self.heights.get(id(c), 0) for c in children), default=0)
+        if height > MAX_DEPTH:
+            raise self.too_deep(at)
+        self.heights[id(node)] = height
+        return node
 
     @property
     def peek(self) -> Token:
@@ -211,13 +250,13 @@ class _Parser:
 
     def arguments(self, open_: str, close: str, context: str) -> tuple[tuple[Expr, ...], int]:
         """`open_ expr, expr close`; returns the expressions and the end offset."""
-        self.expect(open_, context)
         items: list[Expr] = []
-        if not self.at(close):
-            items.append(self.expr())
-            while self.at(","):
-                self.next()
+        with self.nested(self.expect(open_, context)):
+            if not self.at(close):
                 items.append(self.expr())
+                while self.at(","):
+                    self.next()
+                    items.append(self.expr())
         if not self.at(close):
             raise self.fail(context, f"',' or '{close}'")
         return tuple(items), self.next().span[1]
@@ -225,42 +264,49 @@ class _Parser:
     def expr(self) -> Expr:
         left = self.sum()
         if self.at(*_COMPARISONS):
-            op = self.next().text
+            token = self.next()
             right = self.sum()
             if self.at(*_COMPARISONS):
                 raise self.fail("after a comparison", "parentheses: comparisons do not chain")
-            return Compare(op, left, right, (left.span[0], right.span[1]))
+            compare = Compare(token.text, left, right, (left.span[0], right.span[1]))
+            return self.node(compare, token.span, left, right)
         return left
 
     def sum(self) -> Expr:
         left = self.product()
         while self.at("+", "-"):
-            op = self.next().text
+            token = self.next()
             right = self.product()
-            left = Binary(op, left, right, (left.span[0], right.span[1]))
+            binary = Binary(token.text, left, right, (left.span[0], right.span[1]))
+            left = self.node(binary, token.span, left, right)
         return left
 
     def product(self) -> Expr:
         left = self.unary()
         while self.at("*", "/"):
-            op = self.next().text
+            token = self.next()
             right = self.unary()
-            left = Binary(op, left, right, (left.span[0], right.span[1]))
+            binary = Binary(token.text, left, right, (left.span[0], right.span[1]))
+            left = self.node(binary, token.span, left, right)
         return left
 
     def unary(self) -> Expr:
         if self.at("-", "+"):
             token = self.next()
-            operand = self.unary()
-            return Unary(token.text, operand, (token.span[0], operand.span[1]))
+            with self.nested(token):
+                operand = self.unary()
+            unary = Unary(token.text, operand, (token.span[0], operand.span[1]))
+            return self.node(unary, token.span, operand)
         return self.power()
 
     def power(self) -> Expr:
         base = self.primary()
         if self.at("**", "^"):
-            self.next()
-            exponent = self.unary()
-            return Binary("**", base, exponent, (base.span[0], exponent.span[1]))
+            token = self.next()
+            with self.nested(token):
+                exponent = self.unary()
+            power = Binary("**", base, exponent, (base.span[0], exponent.span[1]))
+            return self.node(power, token.span, base, exponent)
         return base
 
     def primary(self) -> Expr:
@@ -270,13 +316,14 @@ class _Parser:
             number = Number(token.text, token.span)
             if self.peek.kind == "name" and self.peek.span[0] == token.span[1]:
                 factor = self.power()  # `2i^2` is 2 * i^2
-                return Binary("*", number, factor, (token.span[0], factor.span[1]))
+                product = Binary("*", number, factor, (token.span[0], factor.span[1]))
+                return self.node(product, token.span, factor)
             return number
         if token.kind == "name":
             return self.named()
         if self.at("("):
-            self.next()
-            inner = self.expr()
+            with self.nested(self.next()):
+                inner = self.expr()
             if not self.at(")"):
                 raise self.fail("inside parentheses", "')'")
             self.next()
@@ -294,10 +341,12 @@ class _Parser:
                     (token.span[0], end),
                     expected=f"one index list, as in '{token.text}[i, j]'",
                 )
-            return Access(token.text, indices, (token.span[0], end), token.span)
+            access = Access(token.text, indices, (token.span[0], end), token.span)
+            return self.node(access, token.span, *indices)
         if self.at("("):
             args, end = self.arguments("(", ")", f"in the arguments of '{token.text}'")
-            return Call(token.text, args, (token.span[0], end), token.span)
+            call = Call(token.text, args, (token.span[0], end), token.span)
+            return self.node(call, token.span, *args)
         return Name(token.text, token.span)
 
 

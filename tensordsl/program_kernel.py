@@ -35,7 +35,7 @@ from codegen.extents import evaluate_int, extent_values
 from codegen.fusion import Fused, fuse, nested_ranges
 from codegen.ir import LoopNest
 from codegen.program import Program, live_statements
-from tensordsl import jax_bind, runners
+from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import ShapeError, UnknownNameError, UnsupportedError, close_match
 from tensordsl.program import LoweredProgram, check_program_shapes, line_of, lower_program
 from tensordsl.program_grad import FusedProgram
@@ -71,9 +71,9 @@ class ProgramKernel:
         schedule: Any = None,
         loop_order: tuple[str, ...] | None = None,
     ):
-        self.source_text = source
+        self.source_text = source = arguments.source_text(source)
         self._lowered: LoweredProgram = lower_program(
-            source, outputs=outputs, reduce=reduce, ranges=ranges
+            source, outputs=outputs, reduce=reduce, ranges=arguments.extents(ranges, source)
         )
         if backend not in runners.BACKENDS:
             raise UnknownNameError(
@@ -81,6 +81,7 @@ class ProgramKernel:
                 expected="one of " + ", ".join(runners.BACKENDS),
                 hint=close_match(backend, runners.BACKENDS),
             )
+        nograd = arguments.names(nograd, option="nograd")
         for name in nograd:
             if name not in self.inputs:
                 raise UnknownNameError(
@@ -224,7 +225,11 @@ class ProgramKernel:
         }
 
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
-        values = [_as_array(v) for v in bind_inputs(self.inputs, self.source_text, args, kwargs)]
+        given = bind_inputs(self.inputs, self.source_text, args, kwargs)
+        values = [
+            arguments.computed_input(name, value, self.source_text)
+            for name, value in zip(self.inputs, given)
+        ]
         check_program_shapes(
             self._lowered, {name: np.shape(v) for name, v in zip(self.inputs, values)}
         )
@@ -351,7 +356,3 @@ def bind_inputs(
         if name not in kwargs:
             raise ShapeError(f"missing input '{name}'", source, expected=listing)
     return [kwargs[name] for name in names]
-
-
-def _as_array(value: Any) -> Any:
-    return value if isinstance(value, jax.Array) else jnp.asarray(value)

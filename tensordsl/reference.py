@@ -63,6 +63,10 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
     sympy.ITE: jnp.where,
 }
 
+#: The language's functions take their arguments in the body's float type (an index used
+#: as a value is an integer, and jax.nn.sigmoid refuses integers).
+_REAL_FUNCTIONS = tuple(s.function for s in FUNCTIONS.values() if s.function is not None)
+
 
 class _Evaluator:
     """Turns sympy expressions into jax arrays over one term's iteration grid."""
@@ -100,6 +104,8 @@ class _Evaluator:
             return self.power(expr, args[0])
         if isinstance(expr, sympy.Piecewise):
             return self.piecewise(expr)
+        if isinstance(expr, _REAL_FUNCTIONS):
+            args = [jnp.asarray(a, self.dtype) for a in args]
         return _FUNCTIONS[type(expr)](*args)
 
     def symbol(self, symbol: sympy.Symbol) -> Any:

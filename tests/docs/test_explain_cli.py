@@ -119,6 +119,24 @@ def test_demo_checks_every_kernel_and_shows_build_progress(capsys):
         assert re.search(rf"^{re.escape(name)} .* \d\.\de[-+]\d\d ", captured.out, re.M)
 
 
+@pytest.mark.parametrize("item", ["X=10xfoo", "X=", "=10", "X=-1", "X=10x", "X", "X=1e3"])
+def test_explain_reports_bad_shapes_without_a_traceback(capsys, item):
+    assert main(["explain", CONV, "--shapes", item, "W=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ShapeError: --shapes"), err
+    assert repr(item) in err
+
+
+def test_explain_reports_a_shape_given_twice(capsys):
+    assert main(["explain", CONV, "--shapes", "X=10", "W=3", "X=11"]) == 2
+    assert "gives 'X' twice" in capsys.readouterr().err
+
+
+def test_explain_reports_a_shape_of_no_input(capsys):
+    assert main(["explain", CONV, "--shapes", "X=10", "W=3", "V=3"]) == 2
+    assert "UnknownNameError: 'V' is not an input" in capsys.readouterr().err
+
+
 def test_explain_of_a_program_has_a_section_per_statement(capsys):
     program = "C[i] := X[i+k] * W[k]; D[i] := C[i+1] - C[i]  # a shifted difference"
     out, _ = _explain(capsys, program, "--shapes", "X=10", "W=3", "--source", "c")

@@ -56,6 +56,7 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
     "scalar_as_tensor": ("Y[i] := a * a[i]", {}, None, UnknownNameError),
     "index_as_tensor": ("Y[i] := X[i] * i[i]", {}, None, UnknownNameError),
     "division_by_zero": ("Y[i] := X[i] / 0", {}, None, ExpressionError),
+    "nested_too_deeply": ("Y[i] := " + "-(" * 33 + "X[i]" + ")" * 33, {}, None, ParseError),
     "offset_beyond_int64": ("Y[i] := X[i+18446744073709551616]", {}, None, IndexExpressionError),
     "coefficient_beyond_int64": (
         "Y[i] := X[9223372036854775808*i]",

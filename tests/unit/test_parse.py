@@ -6,7 +6,17 @@ import pytest
 
 from tensordsl.errors import ParseError
 from tensordsl.lower import lower
-from tensordsl.parse import Access, Binary, Call, Compare, Name, Number, Unary, parse
+from tensordsl.parse import (
+    MAX_DEPTH,
+    Access,
+    Binary,
+    Call,
+    Compare,
+    Name,
+    Number,
+    Unary,
+    parse,
+)
 
 
 def show(node) -> str:
@@ -155,3 +165,47 @@ ROUND_TRIP_KNOWN_BAD = [
 def test_round_trip(source: str, options: dict) -> None:
     nest = lower(parse(source), **options).nest
     assert lower(parse(str(nest)), **options).nest == nest
+
+
+#: Statements nested far beyond the limit, one per construct that nests.
+TOO_DEEP = {
+    "parentheses": "Y[i] := " + "(" * 2000 + "X[i]" + ")" * 2000,
+    "calls": "Y[i] := " + "exp(" * 300 + "X[i]" + ")" * 300,
+    "two_arguments": "Y[i] := " + "max(X[i], " * 300 + "X[i]" + ")" * 300,
+    "signs": "Y[i] := " + "-" * 2000 + "X[i]",
+    "powers": "Y[i] := X[i]" + "^1" * 2000,
+    "index": "Y[i] := X[" + "(" * 2000 + "i" + ")" * 2000 + "]",
+    "output_index": "Y[" + "(" * 2000 + "i" + ")" * 2000 + "] := X[i]",
+    "long_sum": "Y[i] := " + " + ".join(["X[i]"] * 3000),
+    "long_product": "Y[i] := " + " * ".join(["X[i]"] * 3000),
+}
+
+
+@pytest.mark.parametrize("name", TOO_DEEP)
+def test_nesting_beyond_the_limit_is_a_parse_error(name: str) -> None:
+    with pytest.raises(ParseError, match=f"nests more than {MAX_DEPTH} levels") as error:
+        parse(TOO_DEEP[name])
+    start, stop = error.value.span
+    assert 0 <= start < stop <= len(TOO_DEEP[name])
+
+
+#: Statements at the limit: each is parsed, lowered, differentiated and emitted.
+AT_THE_LIMIT = {
+    "parentheses": "Y[i] := " + "(" * (MAX_DEPTH - 1) + "X[i]" + ")" * (MAX_DEPTH - 1),
+    "calls": "Y[i] := " + "tanh(" * (MAX_DEPTH - 2) + "X[i]" + ")" * (MAX_DEPTH - 2),
+    "signs": "Y[i] := " + "-" * (MAX_DEPTH - 2) + "X[i]",
+    "long_sum": "Y[i] := " + " + ".join(f"{n}*X[i+{n}]" for n in range(MAX_DEPTH - 2)),
+    "mixed": "Y[i] := "
+    + "".join("(X[i] * " if n % 2 else "exp(" for n in range(MAX_DEPTH // 2 - 1))
+    + "X[i]"
+    + ")" * (MAX_DEPTH // 2 - 1),
+}
+
+
+@pytest.mark.parametrize("name", AT_THE_LIMIT)
+def test_nesting_at_the_limit_goes_through_every_stage(name: str) -> None:
+    from tensordsl.kernel import kernel
+
+    k = kernel(AT_THE_LIMIT[name])
+    assert k.explain().startswith("forward")
+    assert set(k.source("c")) == {"forward", "grad_X"}

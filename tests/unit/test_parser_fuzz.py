@@ -1,4 +1,7 @@
-"""Fuzz the front end: any text parses and lowers, or raises a TensorDSLError; nothing else."""
+"""Fuzz the front end: any text gives a kernel through `td.kernel`, or a TensorDSLError;
+never another exception. Arbitrary text, a soup of the grammar's tokens, and near misses
+(corpus statements with tokens deleted, inserted, replaced or swapped); a statement that
+gives a kernel is also differentiated (`explain` derives every gradient nest)."""
 
 from __future__ import annotations
 
@@ -8,9 +11,12 @@ import sympy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import tensordsl as td
 from tensordsl.errors import TensorDSLError
 from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.parse import parse, tokenize
+from tests.corpus import CORPUS
+from tests.fuzzing import examples
 
 ALPHABET = "ABXYWijk ()[],:=+-*/^<>=!.e0123456789_$"
 TOKENS = [
@@ -47,12 +53,15 @@ TOKENS = [
     "(max)",
     " ",
 ]
-SETTINGS = settings(max_examples=300, deadline=None)
+SETTINGS = settings(max_examples=examples(300), deadline=None)
 
 
-def parses_or_fails_cleanly(source: str) -> None:
+def parses_or_fails_cleanly(source: str, reduce: str | None = None, explain: bool = False) -> None:
+    """`td.kernel(source)` gives a kernel (which explains itself) or a TensorDSLError."""
     with contextlib.suppress(TensorDSLError):
-        lower(parse(source))
+        k = td.kernel(source, reduce=reduce, backend="reference")
+        if explain:
+            k.explain()
 
 
 @SETTINGS
@@ -71,6 +80,40 @@ def test_token_soup(tokens: list[str]) -> None:
 @given(st.lists(st.sampled_from(TOKENS), max_size=20))
 def test_token_soup_after_a_statement_head(tokens: list[str]) -> None:
     parses_or_fails_cleanly("Y[i] := X[i] " + "".join(tokens))
+
+
+#: Valid statements to start near misses from.
+STATEMENTS = sorted({case.source for case in CORPUS})
+EDITS = ("delete", "insert", "replace", "swap", "duplicate")
+
+
+@st.composite
+def near_misses(draw: st.DrawFn) -> str:
+    """A corpus statement with one to three token edits, joined with or without spaces."""
+    source = draw(st.sampled_from(STATEMENTS))
+    tokens = [t.text for t in tokenize(source) if t.kind != "end"]
+    for _ in range(draw(st.integers(1, 3))):
+        edit = draw(st.sampled_from(EDITS))
+        at = draw(st.integers(0, max(len(tokens) - 1, 0)))
+        other = draw(st.sampled_from(TOKENS + tokens))
+        if edit == "delete" and tokens:
+            del tokens[at]
+        elif edit == "insert":
+            tokens.insert(at, other)
+        elif edit == "replace" and tokens:
+            tokens[at] = other
+        elif edit == "swap" and len(tokens) > 1:
+            there = draw(st.integers(0, len(tokens) - 1))
+            tokens[at], tokens[there] = tokens[there], tokens[at]
+        elif tokens:
+            tokens.insert(at, tokens[at])
+    return draw(st.sampled_from(["", " "])).join(tokens)
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(near_misses(), st.sampled_from([None, "sum", "max", "prod", "logsumexp", "mean"]))
+def test_near_misses_of_corpus_statements(source: str, reduce: str | None) -> None:
+    parses_or_fails_cleanly(source, reduce, explain=True)
 
 
 INDICES = st.sampled_from(["i", "j", "k"])

@@ -1,0 +1,176 @@
+"""What a user passes to `td.kernel`, a kernel call and `explain`, checked and normalised.
+
+Obvious forms are accepted and put in one form (a NumPy integer is an `int`, a single name is
+a tuple of one name); anything else raises the `TensorDSLError` of the argument's subject.
+Nothing the user passed is modified.
+
+>>> names("W2", option="nograd")
+('W2',)
+>>> extents({"k": np.int64(3)}, "Y[i] := X[i+k]")
+{'k': 3}
+>>> shape_table({"X": [np.int64(2), 3]}, "Y[i] := X[i,j]")
+{'X': (2, 3)}
+>>> computed_dtype(np.uint8), computed_dtype(np.float16)
+(dtype('int32'), dtype('float16'))
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from tensordsl.errors import (
+    InputError,
+    ParseError,
+    RangeError,
+    ScheduleError,
+    ShapeError,
+    TensorDSLError,
+    UnknownNameError,
+    UnsupportedError,
+    close_match,
+)
+
+#: The error class of each option that takes names.
+_NAME_ERRORS: dict[str, type[TensorDSLError]] = {
+    "nograd": UnknownNameError,
+    "loop_order": ScheduleError,
+}
+
+
+def source_text(source: Any) -> str:
+    """The statement itself; anything but a string is refused."""
+    if not isinstance(source, str):
+        raise ParseError(
+            f"the source must be a string, got {type(source).__name__}",
+            expected="one statement, as in td.kernel('Y[i] := X[i,k] * W[k]')",
+        )
+    return source
+
+
+def _is_integer(value: Any) -> bool:
+    """Python and NumPy integers; bools are not extents."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def names(value: Any, *, option: str) -> tuple[str, ...]:
+    """One name or an iterable of names, as a tuple; None is no names."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    items = tuple(value) if isinstance(value, Iterable) else None
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise _NAME_ERRORS[option](
+            f"{option}= must be a name or a tuple of names, got {value!r}",
+            expected=f"as in {option}='W' or {option}=('W', 'b')",
+        )
+    return items
+
+
+def extents(ranges: Any, source: str) -> dict[str, Any] | None:
+    """`ranges=` as a new dict, with NumPy integers as ints (the lowering checks the rest)."""
+    if ranges is None:
+        return None
+    if not isinstance(ranges, Mapping):
+        raise RangeError(
+            f"ranges= must be a dict from index name to extent, got {type(ranges).__name__}",
+            source,
+            expected="as in ranges={'k': 3, 'j': range(-1, 2)}",
+            hint="dict(...) of the pairs" if isinstance(ranges, list | tuple) else None,
+        )
+    return {name: int(v) if _is_integer(v) else v for name, v in ranges.items()}
+
+
+def _shape(name: Any, value: Any, source: str) -> tuple[int, ...]:
+    dims = tuple(value) if isinstance(value, list | tuple) else None
+    if dims is None or not all(_is_integer(d) and d >= 0 for d in dims):
+        raise ShapeError(
+            f"shapes[{name!r}] is {value!r}",
+            source,
+            expected="a tuple of extents (ints >= 0), as in (3, 4), or () for a scalar",
+        )
+    return tuple(int(d) for d in dims)
+
+
+def shape_table(shapes: Any, source: str) -> dict[str, tuple[int, ...]]:
+    """`shapes=` as a new dict of int tuples."""
+    if not isinstance(shapes, Mapping):
+        raise ShapeError(
+            f"shapes= must be a dict from input name to shape, got {type(shapes).__name__}",
+            source,
+            expected="as in shapes={'X': (3, 4), 'W': (4,)}",
+        )
+    return {name: _shape(name, value, source) for name, value in shapes.items()}
+
+
+def unknown_names(given: Iterable[Any], inputs: tuple[str, ...], source: str) -> None:
+    """Refuse a name that is not an input of the kernel."""
+    unknown = [name for name in given if name not in inputs]
+    if unknown:
+        raise UnknownNameError(
+            f"'{unknown[0]}' is not an input of the kernel",
+            source,
+            expected="inputs " + (", ".join(inputs) or "none"),
+            hint=close_match(unknown[0], inputs),
+        )
+
+
+def input_array(name: str, value: Any, source: str) -> Any:
+    """An input as a JAX array (JAX arrays and tracers pass through), real numbers only."""
+    import jax
+    import jax.numpy as jnp
+
+    if not isinstance(value, jax.Array):
+        try:
+            value = jnp.asarray(value)
+        except (TypeError, ValueError):
+            raise InputError(
+                f"input '{name}' is not an array of numbers: {_describe(value)}",
+                source,
+                expected="a NumPy or JAX array, a Python number or a nested list of numbers",
+            ) from None
+    if jnp.issubdtype(value.dtype, jnp.complexfloating):
+        raise UnsupportedError(
+            f"input '{name}' is complex ({value.dtype}); kernels compute with real numbers",
+            source,
+            expected="a real array",
+            hint="run the real and imaginary parts through separate kernels",
+        )
+    return value
+
+
+def computed_dtype(dtype: Any) -> np.dtype:
+    """The dtype the back ends read an input of `dtype` in (they all read the same).
+
+    Floats, int32 and int64 stay. bool and other integers become the smallest signed integer
+    type holding all their values, int32 or int64 (with `jax_enable_x64`), so that they still
+    compare exactly with indices; where there is none (uint64, or uint32 without x64) they
+    become the default float type, as jnp promotes them with a signed integer.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    dtype = np.dtype(dtype)
+    if dtype != np.bool_ and not np.issubdtype(dtype, np.integer):
+        return dtype
+    for signed in (np.dtype(np.int32), np.dtype(np.int64)):
+        available = jax.dtypes.canonicalize_dtype(signed) == signed
+        if available and np.can_cast(dtype, signed, casting="safe"):
+            return signed
+    return np.dtype(jnp.result_type(float))
+
+
+def computed_input(name: str, value: Any, source: str) -> Any:
+    """`input_array`, in the dtype the back ends read it in (`computed_dtype`)."""
+    array = input_array(name, value, source)
+    dtype = computed_dtype(array.dtype)
+    return array if dtype == array.dtype else array.astype(dtype)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

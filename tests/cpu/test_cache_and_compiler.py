@@ -1,0 +1,170 @@
+"""The disk cache and the compiler settings: damaged entries are rebuilt, an unusable cache
+folder falls back to a private one, and a broken compiler setting is the user's, not a bug."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import sympy
+
+from codegen import build, config
+from codegen.build import BuildError, build_c, clear_memory_cache, compile_c
+from codegen.config import SettingError
+from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+DTYPES = {"A": "float64", "Y": "float64"}
+
+
+def scaled(constant: float) -> LoopNest:
+    """`Y[i] = A[i] * constant`: a distinct kernel (and cache entry) per constant."""
+    i = index_symbol("i")
+    return LoopNest(
+        "Y",
+        (Range(i, 0, extent_symbol("A", 0)),),
+        (Term(tensor_base("A")[i] * sympy.Float(constant)),),
+        (Operand("A", 1),),
+    )
+
+
+def run(nest: LoopNest, constant: float) -> None:
+    """Build `nest` and check its numbers against NumPy."""
+    values = np.random.default_rng(1).normal(size=7)
+    out = np.full(7, np.nan)
+    build_c(nest, dtypes=DTYPES)(out, [values], {})
+    np.testing.assert_allclose(out, values * constant, rtol=1e-15)
+
+
+@pytest.fixture
+def cache(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path / "cache"))
+    clear_memory_cache()
+    yield tmp_path / "cache"
+    clear_memory_cache()
+
+
+def _damage(library: pathlib.Path, other: pathlib.Path, how: str) -> None:
+    data = library.read_bytes()
+    damaged = {
+        "truncated": data[: len(data) // 2],
+        "one_byte_short": data[:-1],
+        "emptied": b"",
+        "garbage": os.urandom(len(data)),
+        "another_kernel": other.read_bytes(),
+    }[how]
+    library.write_bytes(damaged)
+
+
+@pytest.mark.parametrize(
+    "how", ["truncated", "one_byte_short", "emptied", "garbage", "another_kernel"]
+)
+def test_a_damaged_cache_entry_is_rebuilt_once(
+    cache: pathlib.Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    constant, other = np.random.default_rng().uniform(1, 2, size=2)
+    nest = scaled(constant)
+    library = build_c(nest, dtypes=DTYPES).library
+    other_library = build_c(scaled(other), dtypes=DTYPES).library
+    # A copy of the cache that this process has not loaded yet (the loader reuses an open
+    # library of the same path), with the entry damaged.
+    copy = cache.parent / "copy"
+    shutil.copytree(cache, copy)
+    _damage(copy / library.relative_to(cache), copy / other_library.relative_to(cache), how)
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(copy))
+    clear_memory_cache()
+    compiles = build.STATS["compiles"]
+    run(nest, constant)
+    assert build.STATS["compiles"] == compiles + 1
+    clear_memory_cache()
+    run(nest, constant)  # the rebuilt entry is whole: a disk hit
+    assert build.STATS["compiles"] == compiles + 1
+
+
+def test_a_failed_build_leaves_no_entry(cache: pathlib.Path, monkeypatch) -> None:
+    # A compiler that writes half an output and fails: nothing must stay in the cache.
+    script = cache.parent / "half-cc"
+    script.write_text(
+        '#!/bin/sh\nout=""; while [ $# -gt 0 ]; do [ "$1" = -o ] && out="$2"; shift; done\n'
+        'printf "\\177ELF half" > "$out"; exit 1\n'
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("TENSORDSL_CC", str(script))
+    with pytest.raises(SettingError):
+        compile_c("int tdsl_half(void) { return 1; }\n")
+    assert not list(cache.glob("c/*/*.so")) and not list(cache.glob("c/*/*.tmp"))
+
+
+def _unusable(where: str, tmp_path: pathlib.Path) -> str:
+    if where == "a_file":
+        (tmp_path / "file").write_text("not a folder")
+        return str(tmp_path / "file")
+    if where == "under_a_file":
+        (tmp_path / "file").write_text("not a folder")
+        return str(tmp_path / "file" / "cache")
+    if where == "read_only":
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o500)
+        return str(folder)
+    return "/proc/tensordsl-cache"
+
+
+@pytest.mark.parametrize("where", ["a_file", "under_a_file", "under_proc", "read_only"])
+def test_an_unusable_cache_folder_falls_back_with_one_warning(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    if where == "read_only" and os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    path = _unusable(where, tmp_path)
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", path)
+    clear_memory_cache()
+    constants = np.random.default_rng().uniform(1, 2, size=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for constant in constants:
+            run(scaled(constant), constant)
+    messages = [str(w.message) for w in caught if "TENSORDSL_CACHE_DIR" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert path in messages[0] and "private" in messages[0]
+    clear_memory_cache()
+
+
+def test_a_failing_compiler_is_the_users_setting(cache: pathlib.Path, monkeypatch) -> None:
+    monkeypatch.setenv("TENSORDSL_CC", "false")
+    with pytest.raises(SettingError, match="TENSORDSL_CC='false'") as error:
+        build_c(scaled(np.random.default_rng().uniform(1, 2)), dtypes=DTYPES)
+    assert "tensordsl bug" not in str(error.value)
+    assert "command: false " in str(error.value)
+
+
+def test_a_missing_compiler_is_the_users_setting(cache: pathlib.Path, monkeypatch) -> None:
+    monkeypatch.setenv("TENSORDSL_CC", "/nonexistent/cc")
+    with pytest.raises(SettingError, match="cannot run the compiler '/nonexistent/cc'"):
+        build_c(scaled(np.random.default_rng().uniform(1, 2)), dtypes=DTYPES)
+
+
+def test_bad_cflags_are_the_users_setting(cache: pathlib.Path, monkeypatch) -> None:
+    monkeypatch.setenv("TENSORDSL_CFLAGS", "-fno-such-flag-tdsl")
+    with pytest.raises(SettingError, match="TENSORDSL_CFLAGS='-fno-such-flag-tdsl'") as error:
+        build_c(scaled(np.random.default_rng().uniform(1, 2)), dtypes=DTYPES)
+    assert "-fno-such-flag-tdsl" in str(error.value).split("command:")[1]
+
+
+@pytest.mark.parametrize("flags", ['-DNAME="x', "-O2 '-g"])
+def test_unbalanced_quotes_in_cflags_name_the_variable(monkeypatch, flags: str) -> None:
+    monkeypatch.setenv("TENSORDSL_CFLAGS", flags)
+    with pytest.raises(SettingError, match="TENSORDSL_CFLAGS=.*No closing quotation"):
+        config.extra_cflags()
+
+
+def test_generated_code_the_compiler_rejects_is_still_a_bug(cache: pathlib.Path) -> None:
+    with pytest.raises(BuildError, match="tensordsl bug"):
+        compile_c("int broken(void) { return }\n")

@@ -1,0 +1,209 @@
+"""Differential fuzzing: random statements on the C back end against the reference back end
+in float64, and every gradient against `jax.grad` of the reference; outputs poisoned,
+inputs checked unchanged.
+
+A short deterministic run is part of the suite; `make fuzz` runs many more examples
+(`TENSORDSL_FUZZ_EXAMPLES`). Every case a run finds is kept below in `FOUND` (as a strict
+xfail instead while its fix belongs to other work). Issue 13's items 1-3 (generated names,
+NaN in max/min/logsumexp, integers beyond int64) are kept as explicit cases: they were
+strict xfails until main fixed them, and the generator still stays away from them
+(tests/fuzzing.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+import tensordsl as td
+from codegen import config
+from codegen.build import clear_memory_cache
+from tensordsl import reference
+from tests.fuzzing import Draw, draws, examples, first_extremum, inputs_for, long_run
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+TOLERANCE = {"float64": 1e-9, "float32": 2e-3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cold_cache(tmp_path_factory: pytest.TempPathFactory):
+    """A fresh kernel cache (the short run's time is measured cold), poisoned outputs, and
+    generated kernels for pure contractions too (not XLA's dot)."""
+    settings_ = {
+        "TENSORDSL_CACHE_DIR": str(tmp_path_factory.mktemp("fuzz-cache")),
+        "TENSORDSL_POISON_OUTPUTS": "1",
+        "TENSORDSL_XLA_CONTRACTIONS": "0",
+    }
+    with mock.patch.dict(os.environ, settings_):
+        clear_memory_cache()
+        yield
+    clear_memory_cache()
+
+
+def reference_output(k: td.Kernel, values: dict) -> jax.Array:
+    """The float64 oracle: the reference back end, or for max/min one whose gradient goes
+    to the first extremum (tensordsl's tie rule)."""
+    shapes = {name: np.shape(v) for name, v in values.items()}
+    operands = {name: jnp.asarray(v, jnp.float64) for name, v in values.items()}
+    if k.nest.reduction in ("max", "min"):
+        return first_extremum(k.nest, operands, shapes)
+    return reference.evaluate(k.nest, operands, shapes, jnp.float64)
+
+
+def close(got, want, dtype: str, what: str) -> None:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, what
+    finite = want[np.isfinite(want)]
+    scale = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
+    tolerance = TOLERANCE[dtype]
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * scale, err_msg=what)
+
+
+def check(case: Draw) -> None:
+    """Run one drawn case; see the module docstring for what is checked."""
+    try:
+        k = td.kernel(case.source, reduce=case.reduce, ranges=dict(case.ranges), backend="c")
+    except td.TensorDSLError:
+        assume(False)  # e.g. an index that only a comparison uses: a clean user error
+        return
+    names = k.inputs
+    values = {name: inputs_for(case)[name] for name in names}
+    cast = {n: v if isinstance(v, float) else jnp.asarray(v, case.dtype) for n, v in values.items()}
+    kept = {n: np.array(v) for n, v in cast.items()}
+    try:
+        got = k(**cast)
+    except td.RangeError:
+        assume(False)  # an inferred range that is empty for these extents: a clean error
+        return
+    # The oracle sees the same (rounded) inputs, in float64.
+    rounded = {n: np.asarray(v, np.float64) for n, v in cast.items()}
+    want = reference_output(k, rounded)
+    close(got, want, case.dtype, f"forward of {case}")
+    for name in names:
+        np.testing.assert_array_equal(np.asarray(cast[name]), kept[name], err_msg=name)
+    _check_gradients(k, case, cast, rounded, np.shape(want))
+
+
+def _check_gradients(k: td.Kernel, case: Draw, cast: dict, rounded: dict, shape) -> None:
+    names = k.inputs
+    if not names or 0 in shape or not np.all(np.isfinite(np.asarray(k(**cast)))):
+        return  # nothing to differentiate, or -inf identities of empty reductions
+    cotangent = np.random.default_rng(case.seed + 1).normal(size=shape)
+
+    def ours(*values):
+        return jnp.vdot(k(**dict(zip(names, values))), cotangent.astype(case.dtype))
+
+    def truth(*values):
+        return jnp.vdot(reference_output(k, dict(zip(names, values))), cotangent)
+
+    argnums = tuple(range(len(names)))
+    got = jax.grad(ours, argnums)(*(cast[n] for n in names))
+    want = jax.grad(truth, argnums)(*(jnp.asarray(rounded[n]) for n in names))
+    for name, g, w in zip(names, got, want):
+        close(g, w, case.dtype, f"gradient of {name} in {case}")
+
+
+FUZZ = settings(
+    max_examples=examples(8),
+    deadline=None,
+    derandomize=not long_run(),
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@FUZZ
+@given(draws())
+def test_random_statements_match_the_reference(case: Draw) -> None:
+    check(case)
+
+
+#: Every case a fuzz run found, with what it found; each passes now.
+FOUND = [
+    # The saved argmax of weakly typed inputs (a weak int32) was compiled for int64 and the
+    # FFI handler refused the call (tensordsl/cpu.py).
+    Draw("s := alpha", "max", (), (("alpha", ()),), "float64", 516),
+    # In the fuzzer: the max oracle reshaped an empty output with -1.
+    Draw("Y[i] := A[i]", "max", (), (("A", (0,)),), "float64", 0),
+    # The reference back end refused sigmoid of an index, an integer (tensordsl/reference.py).
+    Draw(
+        "s := where(A[i, j] != max(-2.0 + 4.0*sigmoid(j), -2.0 + 4.0*sigmoid(A[i, i])), (3)^3,"
+        " A[i, i])",
+        "prod",
+        (),
+        (("A", (1, 1)),),
+        "float64",
+        0,
+    ),
+    # The C emitter declared an integer CSE temporary as cse0 and used it as ix_cse0 (the
+    # kernel did not compile); fixed on main by the staging of term bodies.
+    Draw("s := (i / (2 + sin(C[i+1, i])))", "max", (), (("C", (2, 1)),), "float64", 0),
+    Draw("s := (i / (2 + sin(A[i+1])))", "logsumexp", (("i", 3),), (("A", (4,)),), "float64", 5395),
+    Draw("s := i * C[i+1, i]", "max", (), (("C", (6, 6)),), "float64", 0),
+    Draw(
+        "s := where(A[i, j] == (A[j, j])^2, softplus(-2.0 + 4.0*sigmoid((alpha - A[i, j]))),"
+        " ((i / (2 + sin(A[j, i]))))^2)",
+        "logsumexp",
+        (),
+        (("A", (3, 3)), ("alpha", ())),
+        "float32",
+        3314,
+    ),
+    Draw(
+        "s := where((A[2i] - A[2i]) < -A[i+i], A[i+i], (((i + 0.5) - 3)"
+        " - tanh(-2.0 + 4.0*sigmoid(A[i]))))",
+        "prod",
+        (),
+        (("A", (4,)),),
+        "float32",
+        2895,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FOUND, ids=lambda case: f"{case.reduce} {case.source}")
+def test_cases_the_fuzzer_found(case: Draw) -> None:
+    check(case)
+
+
+# ---- Issue 13, items 1-3: found before the fuzzer, fixed by other work; kept as cases ----
+
+
+def run_both(source: str, *args, **options) -> tuple[np.ndarray, np.ndarray]:
+    """The C back end's result and the reference's, in float64."""
+    c = td.kernel(source, backend="c", **options)(*args)
+    return np.asarray(c), np.asarray(td.kernel(source, backend="reference", **options)(*args))
+
+
+def test_scalar_named_like_a_generated_name() -> None:
+    X = np.random.default_rng(0).uniform(1, 2, 5)
+    got, want = run_both("Y[i] := X[i] * P0", X, 2.0)  # P0 < len(X): no read out of bounds
+    np.testing.assert_allclose(got, want)
+
+
+def test_index_named_like_a_generated_name() -> None:
+    X = np.random.default_rng(1).uniform(1, 2, 5)
+    got, want = run_both("Y[P0] := X[P0] * 2", X)
+    np.testing.assert_allclose(got, want)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "logsumexp"])
+def test_nan_propagates_through_max_min_logsumexp(reduce: str) -> None:
+    X = np.array([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [0.5, -1.0, 2.0]])
+    got, want = run_both("Y[i] := X[i,j]", X, reduce=reduce)
+    np.testing.assert_allclose(got, want, equal_nan=True)
+
+
+def test_integer_literal_beyond_int64() -> None:
+    X = np.random.default_rng(2).uniform(1, 2, 4)
+    got = td.kernel("Y[i] := X[i]*1000000000000000000000000000000", backend="c")(X)
+    np.testing.assert_allclose(np.asarray(got), X * 1e30)
