@@ -10,7 +10,7 @@ import pytest
 import sympy
 
 from codegen.functions import CeilDiv, FloorDiv
-from codegen.host import INT64_MAX, host_function
+from codegen.host import INT64_MAX, compiled_host_function, host_function
 from codegen.ir import extent_symbol
 
 n, k = extent_symbol("X", 0), extent_symbol("W", 1)
@@ -75,3 +75,13 @@ def test_cuda_host_values_clamp_the_grid() -> None:
         assert [int(p) for p in params] == list(host_function(source.parameters).values(shapes))
         grids.append(grid[0])
     assert grids == [1, math.ceil(998 / source.block[0]), GRID_LIMITS[0]]
+
+
+def test_rebuilt_from_its_source_and_renamed() -> None:
+    host = host_function(PARAMETERS)
+    again = compiled_host_function(host.names, host.extents, host.source)
+    shapes = {"X": (29, 7), "W": (5, 3)}
+    assert again == host and again.values(shapes) == host.values(shapes) == tuple(expected(29, 3))
+    renamed = host.renamed({"X": "dX"})
+    assert renamed.extents == (("W", 1), ("dX", 0))
+    assert renamed.values({"dX": (29,), "W": (5, 3)}) == host.values(shapes)
