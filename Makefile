@@ -1,9 +1,14 @@
 PY ?= python
 
-.PHONY: test lint type bench bench-layers bench-quick golden demo
+.PHONY: test test-emulator-full lint type bench bench-layers bench-quick golden demo
 
 test:
 	$(PY) -m pytest
+
+# Every candidate GPU schedule, dtype and scheduling order of every corpus nest, and the
+# whole corpus through JAX, under the CUDA emulator (tests/gpu; much longer than `test`).
+test-emulator-full:
+	TENSORDSL_EMULATOR_FULL=1 $(PY) -m pytest tests/gpu
 
 lint:
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

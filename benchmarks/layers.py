@@ -158,9 +158,58 @@ def block_kernels(params: dict[str, Any], x: Any, backend: str = "c") -> Any:
     return y + k["mlp_down"](A=hidden, W=params["w_down"], c=params["c_down"])
 
 
+#: The block as programs: LayerNorm, attention and the MLP are one kernel each (several
+#: statements; see docs/language.md, "Programs"). The causal mask is `-inf`, and the scores
+#: are recomputed inside the logsumexp and the weighted sum, never stored.
+PROGRAMS = {
+    "layer_norm": """
+        M[b,t] := X[b,t,f] / F
+        V[b,t] := (X[b,t,f] - M[b,t])^2 / F
+        N[b,t,f] := (X[b,t,f] - M[b,t]) * rsqrt(V[b,t] + eps) * g[f] + beta[f]
+    """,
+    "attention": """
+        S[b,h,i,j] := Q[b,h,i,e] * K[b,h,j,e] * scale + where(j <= i, 0, -inf)
+        (logsumexp) L[b,h,i] := S[b,h,i,j]
+        O[b,h,i,e] := exp(S[b,h,i,j] - L[b,h,i]) * V[b,h,j,e]
+    """,
+    "mlp": (
+        "H[b,t,u] := N[b,t,f] * W1[f,u]\n"
+        f"A[b,t,u] := 0.5 * (H[b,t,u] + c1[u]) * (1 + tanh({GELU_C} * ((H[b,t,u] + c1[u]) "
+        "+ 0.044715 * (H[b,t,u] + c1[u])^3)))\n"
+        "Y[b,t,o] := A[b,t,u] * W2[u,o]\n"
+        "Z[b,t,o] := Y[b,t,o] + c2[o]"
+    ),
+}
+
+
+@functools.lru_cache(maxsize=4)
+def programs(backend: str = "c") -> dict[str, Any]:
+    """The block's programs for `backend` (built once; compiled on first call)."""
+    import tensordsl as td
+
+    return {name: td.kernel(source, backend=backend) for name, source in PROGRAMS.items()}
+
+
+def block_programs(params: dict[str, Any], x: Any, backend: str = "c") -> Any:
+    k, p = kernels(backend), programs(backend)
+
+    def layer_norm(x: Any, g: Any, b: Any) -> Any:
+        return p["layer_norm"](X=x, F=_f32(x.shape[-1]), eps=_f32(EPS), g=g, beta=b)
+
+    n = layer_norm(x, params["ln1_g"], params["ln1_b"])
+    q, key, v = k["qkv_projection"](N=n, W=params["w_qkv"])
+    scale = _f32(1 / math.sqrt(q.shape[-1]))
+    attended = p["attention"](Q=q, K=key, scale=scale, V=v)
+    y = x + k["out_projection"](A=attended, W=params["w_out"])
+    n = layer_norm(y, params["ln2_g"], params["ln2_b"])
+    w_up, c_up, w_down, c_down = (params[n] for n in ("w_up", "c_up", "w_down", "c_down"))
+    return y + p["mlp"](N=n, W1=w_up, c1=c_up, W2=w_down, c2=c_down)
+
+
 IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
     "jax.numpy": block_jnp,
     "tensordsl kernels": block_kernels,
+    "tensordsl programs": block_programs,
 }
 
 

@@ -2,11 +2,13 @@
 integer coefficients" means.
 
 An index expression `c1*i1 + ... + cn*in + constant` is affine when every coefficient `c` is
-an integer and the constant is free of the indices (and not a fraction). Three callers use
-this module: the translator of a statement's accesses (`tensordsl/translate.py`, which
-builds each index expression with `combine` so that nothing non-affine is ever built), the
-change of variables of a gradient (`tensordsl/grad.py`) and the loop bounds of a term
-(`codegen/bounds.py`), which read the coefficients with `affine_parts`.
+an integer and the constant is free of the indices (and not a fraction); generated code does
+index arithmetic in int64, so integer coefficients and constants are at most `INDEX_LIMIT`
+in magnitude. Three callers use this module: the translator of a statement's accesses
+(`tensordsl/translate.py`, which builds each index expression with `combine` so that nothing
+non-affine is ever built), the change of variables of a gradient (`tensordsl/grad.py`) and
+the loop bounds of a term (`codegen/bounds.py`), which read the coefficients with
+`affine_parts`.
 
 >>> i, k = sympy.Symbol("i", integer=True), sympy.Symbol("k", integer=True)
 >>> as_affine(2 * (i + 1) - k, (i, k))
@@ -25,21 +27,26 @@ from dataclasses import dataclass
 import sympy
 
 #: Why an expression is not affine with integer coefficients.
-PRODUCT, DIVISION, POWER, FUNCTION, NON_INTEGER = (
+PRODUCT, DIVISION, POWER, FUNCTION, NON_INTEGER, NOT_INT64 = (
     "product",
     "division",
     "power",
     "function",
     "non-integer",
+    "beyond int64",
 )
+#: The largest magnitude of an integer constant in the index arithmetic of generated code:
+#: int64, made symmetric because C has no literal for -2**63 (`-9223372036854775808` is the
+#: negation of an unsigned constant).
+INDEX_LIMIT = 2**63 - 1
 #: The largest constant exponent `combine` evaluates (larger powers are not index arithmetic).
 MAX_EXPONENT = 64
 
 
 class NotAffine(ValueError):
     """`expr` is not affine in `indices`; `reason` says why (PRODUCT, DIVISION, POWER,
-    FUNCTION, NON_INTEGER); for NON_INTEGER, `index` and `coefficient` say where (`index`
-    is None for the constant)."""
+    FUNCTION, NON_INTEGER, NOT_INT64); for NON_INTEGER and NOT_INT64, `index` and
+    `coefficient` say where (`index` is None for the constant)."""
 
     def __init__(
         self,
@@ -112,7 +119,14 @@ def as_affine(expr: sympy.Expr, indices: Sequence[sympy.Symbol]) -> Affine:
     """`expr` as an `Affine` in `indices` (its coefficients in the order of `indices`).
 
     Raises:
-        NotAffine: `expr` is not affine in `indices` with integer coefficients.
+        NotAffine: `expr` is not affine in `indices` with integer coefficients, or an integer
+            coefficient or constant is larger than `INDEX_LIMIT` in magnitude (NOT_INT64).
+
+    >>> i = sympy.Symbol("i", integer=True)
+    >>> as_affine(i + 2**64, (i,))
+    Traceback (most recent call last):
+    ...
+    codegen.affine.NotAffine: i + 18446744073709551616 is not affine in (i,): beyond int64 ...
     """
     expanded = sympy.expand(expr)
     coefficients = affine_parts(expanded, indices)
@@ -122,6 +136,12 @@ def as_affine(expr: sympy.Expr, indices: Sequence[sympy.Symbol]) -> Affine:
             raise NotAffine(_reason(term, indices), expr, indices)
     if constant.is_integer is False:
         raise NotAffine(NON_INTEGER, expr, indices, None, constant)
+    integers = [(index, sympy.Integer(c)) for index, c in coefficients.items()]
+    if constant.is_Integer:
+        integers.append((None, constant))
+    for index, value in integers:
+        if abs(value) > INDEX_LIMIT:
+            raise NotAffine(NOT_INT64, expr, indices, index, value)
     return Affine(tuple(coefficients.items()), constant)
 
 

@@ -65,20 +65,22 @@ def hoist_parameters(
     """Replace each largest sub-expression of extents alone by a parameter symbol.
 
     The host evaluates parameters once per call, so generated code sees plain integers.
-    `params` maps each hoisted expression to its symbol and is extended in place.
+    `params` maps each hoisted expression to its symbol and is extended in place. Parameters
+    are `sympy.Dummy`s (sympy prints them `_P0`, the C printer `P0`), so that no symbol of the
+    user's, an index named `P0` say, is ever taken for one.
 
     >>> from codegen.ir import extent_symbol, index_symbol
     >>> params = {}
     >>> n, k, i = extent_symbol("X", 0), extent_symbol("W", 0), index_symbol("i")
     >>> hoist_parameters(sympy.Min(i + 1, n - k + 1), params)
-    Min(P0, i + 1)
+    Min(_P0, i + 1)
     >>> params
-    {-W.shape[0] + X.shape[0] + 1: P0}
+    {-W.shape[0] + X.shape[0] + 1: _P0}
     """
     symbols = expr.free_symbols
     if symbols and all(extent_of(s) is not None for s in symbols) and not expr.is_Symbol:
         if expr not in params:
-            params[expr] = sympy.Symbol(f"{prefix}{len(params)}", integer=True)
+            params[expr] = sympy.Dummy(f"{prefix}{len(params)}", integer=True)
         return params[expr]
     if not expr.args or isinstance(expr, sympy.IndexedBase):
         return expr

@@ -1,14 +1,15 @@
 """Compile generated C, load it with ctypes, cache it in memory and on disk.
 
 The disk cache lives under `config.cache_dir()/c/`, one shared object per key (sha256 of the
-source text, compiler flags, compiler version and `CACHE_VERSION`). Every write goes to a
+source text, compiler flags, compiler version and `CACHE_VERSION`); another `Toolchain` (the
+CUDA emulator's C++ compiler) has its own folder. Every write goes to a
 temporary file first and is moved into place with `os.replace`, so two processes building
 the same kernel at once both succeed. Shapes are run-time parameters: a new shape never
 recompiles.
 
 What is compiled is the nest's canonical form (`codegen.ir.canonical`: tensors and indices
-renamed by position), so nests that differ only in their names share one shared object,
-whichever was built first. A kernel record (codegen/trace_cache.py) remembers, for a nest
+renamed by position), so nests that differ only in their names share one shared object
+(and its results do not depend on which of them was built first). A kernel record (codegen/trace_cache.py) remembers, for a nest
 as written and for its canonical form, the shared object, its entry point and its host
 function, so that a process finding the record loads the kernel without emitting C.
 
@@ -88,6 +89,7 @@ def compile_c(
     key: object = None,
     include_dirs: Sequence[pathlib.Path] = (),
     rebuild: bool = False,
+    toolchain: Toolchain | None = None,
 ) -> pathlib.Path:
     """Compile C source `text` into a cached shared object and return its path.
 
@@ -96,25 +98,27 @@ def compile_c(
         key: anything else the shared object depends on (headers outside the source).
         include_dirs: extra header folders (`-I`).
         rebuild: compile even when the entry exists (it was found damaged).
+        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
 
     Raises:
         BuildError: when the compiler fails; the message gives the kept source's path.
     """
-    cc = config.c_compiler()
-    flags = (*compile_flags(), *(f"-I{folder}" for folder in include_dirs))
+    tool = toolchain or Toolchain(config.c_compiler(), compile_flags(), "TENSORDSL_CC")
+    cc = tool.compiler
+    flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = config.cache_dir() / "c" / digest[:2]
+    folder = config.cache_dir() / tool.folder / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
     if library.exists() and not rebuild:
         _count("disk_hits")
         return library
-    source = folder / f"{digest}.c"
+    source = folder / f"{digest}{tool.suffix}"
     trace_cache.atomic_write(source, text.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
     os.close(fd)
-    command = [cc, *flags, "-o", tmp, str(source), "-lm"]
+    command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
     if config.debug():
         print("tensordsl: " + " ".join(command), file=sys.stderr)
     _count("compiles")
@@ -122,16 +126,28 @@ def compile_c(
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as error:
         os.unlink(tmp)
-        raise BuildError(f"cannot run the C compiler {cc!r} ({error}); set TENSORDSL_CC") from None
+        raise BuildError(f"cannot run the compiler {cc!r} ({error}); set {tool.knob}") from None
     if done.returncode != 0:
         os.unlink(tmp)
         raise BuildError(
-            "tensordsl bug: the C compiler rejected generated code.\n"
+            "tensordsl bug: the compiler rejected generated code.\n"
             f"  generated source kept at {source}\n  command: {' '.join(command)}\n"
             + done.stderr[-4000:]
         )
     os.replace(tmp, library)
     return library
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler command, its flags, the knob that sets it and its cache folder."""
+
+    compiler: str
+    flags: tuple[str, ...]
+    knob: str
+    folder: str = "c"
+    suffix: str = ".c"
+    libraries: tuple[str, ...] = ("-lm",)
 
 
 @dataclass(frozen=True)

@@ -36,21 +36,23 @@ def _lanes(
     next one (or the lane loop's with `level` when there is no row). `around` are lines of
     the lane loop before and after its level (outside that level's tests)."""
     s = e.schedule
-    vec = e.printer.index(sympy.Symbol(s.vector or "", integer=True))
+    vector = sympy.Symbol(s.vector or "", integer=True)
+    vec, vec0 = e.printer.index(vector), e.tile_name("o", vector)
     vector_level = level + 1 if s.row else level
     if plan is not None:
         inner = e.level_lines(plan, vector_level, inner, simd=simd)
-    lane = [f"const int64_t {vec} = {vec}0_ + w_;", *around[0], *inner, *around[1]]
+    lane = [f"const int64_t {vec} = {vec0} + w_;", *around[0], *inner, *around[1]]
     lines = block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", lane)
     # Fully unrolled tile loops keep the accumulators in registers.
     lines = (["#pragma omp simd"] if simd else [f"#pragma GCC unroll {s.width}"]) + lines
     if s.row is None:
         return lines
-    row = e.printer.index(sympy.Symbol(s.row, integer=True))
+    row_index = sympy.Symbol(s.row, integer=True)
+    row, row0 = e.printer.index(row_index), e.tile_name("o", row_index)
     if plan is not None:
         lines = e.level_lines(plan, level, lines)
     return [f"#pragma GCC unroll {s.rows}"] + block_lines(
-        f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"const int64_t {row} = {row}0_ + r_;", *lines]
+        f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [f"const int64_t {row} = {row0} + r_;", *lines]
     )
 
 
@@ -91,11 +93,8 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
     tiled = {x: sizes[x.name] for x in e.nest.free_indices if x.name in sizes}
     starts, widths = {}, {}
     for x in tiled:
-        start = e.printer.index(x) + "0_"
-        width = "rn_" if x.name == s.row else "wn_"
-        e.printer.parameters.update((start, width))
-        starts[x] = sympy.Symbol(start, integer=True)
-        widths[x] = sympy.Symbol(width, integer=True, positive=True)
+        starts[x] = e.tile_symbol("o", x)
+        widths[x] = sympy.Dummy("rn_" if x.name == s.row else "wn_", integer=True, positive=True)
     condition: list[str] = []
     alone: dict[sympy.Symbol, list[sympy.Expr]] = {x: [] for x in tiled}
     inner, edge, tests = [], [], []
@@ -152,7 +151,7 @@ def _interior_range(
 ) -> tuple[str, str]:
     """C expressions of `[a, e)`: the tile starts `x0` of one-wide tiles that satisfy every
     condition (each `c(x0) >= 0`, affine in `x0`)."""
-    x0 = sympy.Symbol(e.printer.index(x) + "0_", integer=True)
+    x0 = e.tile_symbol("o", x)
     lows, highs = [], []
     for c in conditions:
         a = affine_parts(c, (x0,))[x0]
@@ -183,21 +182,23 @@ def _tiled(e: CEmitter, body: TileBody) -> Lines:
     grid, tile, full = [], [], []
     for x in (x for x in free if x.name in (s.row, s.vector)):
         size, width = (s.rows, "rn_") if x.name == s.row else (s.width, "wn_")
-        name = e.printer.index(x)
+        first, last, count, number, origin = (
+            e.tile_name(role, x) for role in ("ta", "te", "nt", "ti", "o")
+        )
         r = next(r for r in e.nest.free if r.index == x)
         lo, hi = e.idx(r.start), e.idx(r.stop)
         low, high = _interior_range(e, x, paths.alone[x])
         a = f"tdsl_imin(tdsl_imax({low}, {lo}), {hi})" if low else lo
-        end = f"tdsl_imin(tdsl_imax({high}, {name}a_), {hi})" if high else hi
+        end = f"tdsl_imin(tdsl_imax({high}, {first}), {hi})" if high else hi
         grid += [
-            f"const int64_t {name}a_ = {a};",
-            f"const int64_t {name}e_ = {end};",
-            f"const int64_t {name}t_ = tdsl_tiles({lo}, {name}a_, {name}e_, {hi}, {size});",
+            f"const int64_t {first} = {a};",
+            f"const int64_t {last} = {end};",
+            f"const int64_t {count} = tdsl_tiles({lo}, {first}, {last}, {hi}, {size});",
         ]
         tile += [
             f"int64_t {width};",
-            f"const int64_t {name}0_ = "
-            f"tdsl_tile({name}i_, {lo}, {name}a_, {name}e_, {hi}, {size}, &{width});",
+            f"const int64_t {origin} = "
+            f"tdsl_tile({number}, {lo}, {first}, {last}, {hi}, {size}, &{width});",
         ]
         full.append(f"{width} == {size}")
     check = " && ".join(full)
@@ -214,9 +215,9 @@ def _tiled(e: CEmitter, body: TileBody) -> Lines:
     lines = [*tile, *interior]
     for x in reversed(free):
         if x.name in (s.row, s.vector):
-            name = e.printer.index(x)
+            number, count = e.tile_name("ti", x), e.tile_name("nt", x)
             lines = block_lines(
-                f"for (int64_t {name}i_ = 0; {name}i_ < {name}t_; ++{name}i_)", lines
+                f"for (int64_t {number} = 0; {number} < {count}; ++{number})", lines
             )
         else:
             lines = block_lines(e.free_loop(x), lines)
@@ -278,13 +279,13 @@ def dot(e: CEmitter) -> Lines:
         lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, init, simd=False)]
         for n in range(len(p.nest.terms)):
             order = p.term_order(n)
-            u = p.printer.index(order[-1])
+            u, u0 = p.printer.index(order[-1]), p.tile_name("o", order[-1])
             lo, hi = p.idx(p.bounds[n].starts[order[-1]]), p.idx(p.bounds[n].stops[order[-1]])
             outer = [[], *p.reduced_levels(n, len(order) - 1)]
             # The vector part: dot-product lanes over the innermost reduced index u.
             plan = p.plan(n, [*outer, *tile_levels, [order[-1]]], tests[n])
             lane = [
-                f"const int64_t {u} = {u}0_ + l_;",
+                f"const int64_t {u} = {u0} + l_;",
                 *p.level_lines(
                     plan,
                     len(outer) + len(tile_levels),
@@ -309,12 +310,12 @@ def dot(e: CEmitter) -> Lines:
                 level=len(outer) + 1,
             )
             rest = block_lines(
-                f"for (int64_t {u} = {u}0_; {u} < {hi}; ++{u})",
+                f"for (int64_t {u} = {u0}; {u} < {hi}; ++{u})",
                 p.level_lines(rest_plan, len(outer), rest_lanes),
             )
             inner = [
-                f"int64_t {u}0_ = {lo};",
-                *block_lines(f"for (; {u}0_ + {lanes} <= {hi}; {u}0_ += {lanes})", vector),
+                f"int64_t {u0} = {lo};",
+                *block_lines(f"for (; {u0} + {lanes} <= {hi}; {u0} += {lanes})", vector),
                 *rest,
             ]
             plans = [plan, rest_plan]

@@ -71,6 +71,13 @@ def build_jobs() -> int:
     return int(value)
 
 
+def fuse_programs() -> bool:
+    """`TENSORDSL_FUSE`: programs recompute their large and elementwise intermediates inside
+    the statements that read them (`codegen.fusion`) unless set to "0"; "0" runs every
+    statement as its own kernel and stores every intermediate (to compare, or to debug)."""
+    return os.environ.get("TENSORDSL_FUSE", "1") not in ("", "0")
+
+
 CPU_CALLS = ("ffi", "callback")
 
 
@@ -85,4 +92,51 @@ def cpu_call() -> str:
     value = os.environ.get("TENSORDSL_CPU_CALL", "").strip().lower() or "ffi"
     if value not in CPU_CALLS:
         raise ValueError(f"TENSORDSL_CPU_CALL={value!r}: expected one of {', '.join(CPU_CALLS)}")
+    return value
+
+
+def cxx_compiler() -> str:
+    """`TENSORDSL_CXX`: the C++ compiler of the CUDA emulator (default "g++")."""
+    return os.environ.get("TENSORDSL_CXX") or "g++"
+
+
+def cuda_home() -> pathlib.Path | None:
+    """`TENSORDSL_CUDA_HOME`: a CUDA toolkit folder whose include/ the emulator and the GPU
+    launch handler compile against (default: the CUDA wheels, then /usr/local/cuda)."""
+    value = os.environ.get("TENSORDSL_CUDA_HOME")
+    return pathlib.Path(value) if value else None
+
+
+EMULATE_ORDERS = {"0": None, "": None, "1": "forward", "forward": "forward", "reverse": "reverse"}
+
+
+def cuda_emulate() -> str | None:
+    """`TENSORDSL_CUDA_EMULATE`: run `backend="cuda"` through the CUDA emulator on the CPU:
+    "1" or "forward" (threads and blocks in order), "reverse" (in reverse order, so that a
+    missing barrier changes the result); None when unset or "0".
+
+    Raises:
+        ValueError: for any other value.
+    """
+    value = os.environ.get("TENSORDSL_CUDA_EMULATE", "").strip().lower()
+    if value not in EMULATE_ORDERS:
+        expected = ", ".join(repr(v) for v in EMULATE_ORDERS if v)
+        raise ValueError(f"TENSORDSL_CUDA_EMULATE={value!r}: expected one of {expected}")
+    return EMULATE_ORDERS[value]
+
+
+GPU_CALLS = ("ffi", "callback")
+
+
+def gpu_call() -> str:
+    """`TENSORDSL_GPU_CALL`: how JAX launches a CUDA kernel: "ffi" (default), an XLA FFI
+    handler that launches the NVRTC-compiled cubin through the CUDA driver on XLA's stream,
+    or "callback", a `buffer_callback` that launches a CuPy RawKernel (Python per call).
+
+    Raises:
+        ValueError: for any other value.
+    """
+    value = os.environ.get("TENSORDSL_GPU_CALL", "").strip().lower() or "ffi"
+    if value not in GPU_CALLS:
+        raise ValueError(f"TENSORDSL_GPU_CALL={value!r}: expected one of {', '.join(GPU_CALLS)}")
     return value

@@ -43,9 +43,10 @@ from codegen.cuda_schedule import (
 )
 from codegen.cuda_smem import smem
 from codegen.cuda_strategies import block_reduce, thread, tile
-from codegen.emitter import Lines, accumulation_type, block_lines, c_name, check_dtypes, entry_name
+from codegen.emitter import Lines, accumulation_type, block_lines, check_dtypes, entry_name
 from codegen.functions import CeilDiv
 from codegen.ir import LoopNest
+from codegen.printer import c_name
 from codegen.reductions import default_dtypes
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -174,8 +175,9 @@ def _assemble(
     for op in nest.operands:
         ctype, name = STORAGE[e.dtypes[op.name]], f"in_{c_name(op.name)}"
         if op.is_scalar:
-            arguments.append(f"const {ctype} *__restrict__ {name}_ptr_")
-            prologue.append(f"const {e.f} {name} = {e.load(op.name).format(name + '_ptr_[0]')};")
+            pointer = f"ptr_{c_name(op.name)}"  # generated: outside the users' in_ names
+            arguments.append(f"const {ctype} *__restrict__ {pointer}")
+            prologue.append(f"const {e.f} {name} = {e.load(op.name).format(pointer + '[0]')};")
         else:
             arguments.append(f"const {ctype} *__restrict__ {name}")
     arguments += [f"long long {name}_" for name, _ in params]

@@ -62,7 +62,7 @@ class CudaEmitter(Emitter[GpuSchedule]):
                 size = f"tdsl_ceildiv({size}, {tiles[name]})"
             digit = "q_" if pos == len(names) - 1 else f"q_ % {size}"
             scale = f"*{tiles[name]}" if name in tiles else ""
-            var = f"{sym}0_" if name in tiles else sym
+            var = self.tile_name("o", r.index) if name in tiles else sym
             lines.append(f"const idx_t {var} = {self.idx(r.start)} + ({digit}){scale};")
             if pos != len(names) - 1:
                 lines.append(f"q_ /= {size};")

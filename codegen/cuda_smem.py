@@ -20,13 +20,16 @@ def smem(e: CudaEmitter) -> Lines:
     a_part, b_part = split_contraction(e.nest, rn, vn)  # type: ignore[misc]
     free = {name: e.free_range(name) for name in (rn, vn)}
     row, col = e.printer.index(free[rn].index), e.printer.index(free[vn].index)
+    row0, col0 = e.tile_name("o", free[rn].index), e.tile_name("o", free[vn].index)
     row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
     order = e.term_order(0)
-    k = e.printer.index(order[-1])
+    k, k0 = e.printer.index(order[-1]), e.tile_name("o", order[-1])
     bounds = e.bounds[0]
     k_lo, k_hi = e.idx(bounds.starts[order[-1]]), e.idx(bounds.stops[order[-1]])
 
-    def stage(part: sympy.Expr, array: str, width: int, index: str, stop: str) -> Lines:
+    def stage(
+        part: sympy.Expr, array: str, width: int, index: str, origin: str, stop: str
+    ) -> Lines:
         """Load a `tk x width` tile of `part` into shared memory (zero outside the ranges)."""
         contiguous_k = any(
             order[-1] in access.indices[-1].free_symbols for access in part.atoms(sympy.Indexed)
@@ -36,8 +39,8 @@ def smem(e: CudaEmitter) -> Lines:
         inner = [
             f"const int t_ = tid_ + {t * t}*l_;",
             f"const int kk_ = {kk.format(tk=tk, w=width)}, xx_ = {xx.format(tk=tk, w=width)};",
-            f"const idx_t {index} = {index}0_ + xx_;",
-            f"const idx_t {k} = {k}0_ + kk_;",
+            f"const idx_t {index} = {origin} + xx_;",
+            f"const idx_t {k} = {k0} + kk_;",
             f"{array}[kk_][xx_] = ({index} < {stop} && {k} < hi_) ? ({value}) : ({e.f})0;",
         ]
         count = -(-tk * width // (t * t))
@@ -52,10 +55,10 @@ def smem(e: CudaEmitter) -> Lines:
         *(f"acc_[{r}][{c}] += a_[{r}]*b_[{c}];" for r in range(s.rows) for c in range(s.cols)),
     ]
     k_loop = block_lines(
-        f"for (idx_t {k}0_ = lo_; {k}0_ < hi_; {k}0_ += {tk})",
+        f"for (idx_t {k0} = lo_; {k0} < hi_; {k0} += {tk})",
         [
-            *stage(a_part, "As_", tm, row, row_stop),
-            *stage(b_part, "Bs_", tn, col, col_stop),
+            *stage(a_part, "As_", tm, row, row0, row_stop),
+            *stage(b_part, "Bs_", tn, col, col0, col_stop),
             "__syncthreads();",
             "#pragma unroll",
             *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", product),
@@ -71,8 +74,8 @@ def smem(e: CudaEmitter) -> Lines:
                 "{",
                 *indent_lines(
                     [
-                        f"const idx_t {row} = {row}0_ + ty_ + {t * r};",
-                        f"const idx_t {col} = {col}0_ + tx_ + {t * c};",
+                        f"const idx_t {row} = {row0} + ty_ + {t * r};",
+                        f"const idx_t {col} = {col0} + tx_ + {t * c};",
                         *block_lines(
                             f"if ({row} < {row_stop} && {col} < {col_stop})",
                             [e.store_line(f"[{r}][{c}]")],
@@ -82,8 +85,8 @@ def smem(e: CudaEmitter) -> Lines:
                 "}",
             ]
     tile = [
-        f"const idx_t {row}0_ = {e.idx(free[rn].start)} + by_*{tm};",
-        f"const idx_t {col}0_ = {e.idx(free[vn].start)} + bx_*{tn};",
+        f"const idx_t {row0} = {e.idx(free[rn].start)} + by_*{tm};",
+        f"const idx_t {col0} = {e.idx(free[vn].start)} + bx_*{tn};",
         f"{e.f} acc_[{s.rows}][{s.cols}];",
         *block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)",

@@ -33,12 +33,12 @@ def tile(e: CudaEmitter) -> Lines:
     s = e.schedule
     rn = s.row or ""
     r = e.free_range(rn)
-    row = e.printer.index(r.index)
+    row, row0 = e.printer.index(r.index), e.tile_name("o", r.index)
     stop = e.idx(r.stop)
     dims, sub = f"[{s.rows}]", "[r_]"
 
     def lanes(inner: Lines, clamp: bool) -> Lines:
-        value = f"tdsl_imin({row}0_ + r_, {stop} - 1)" if clamp else f"{row}0_ + r_"
+        value = f"tdsl_imin({row0} + r_, {stop} - 1)" if clamp else f"{row0} + r_"
         return ["#pragma unroll"] + block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)", [f"const idx_t {row} = {value};", *inner]
         )

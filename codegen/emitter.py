@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
@@ -22,7 +21,7 @@ from codegen import staging
 from codegen.bounds import LoopBounds, hoist_parameters, loop_bounds
 from codegen.ir import LoopNest, Term, extent_of, extent_symbol
 from codegen.loop_order import LoopOrder, term_order
-from codegen.printer import CPrinter, TensorView
+from codegen.printer import CPrinter, TensorView, c_name
 from codegen.reductions import REDUCTIONS, Reduction
 from codegen.staging import Assign, Loop, Plan, Statement
 
@@ -60,10 +59,6 @@ def accumulation_type(dtypes: Mapping[str, str]) -> str:
     return "double" if "float64" in dtypes.values() else "float"
 
 
-def c_name(name: str) -> str:
-    return re.sub(r"\W", "_", name)
-
-
 def indent_lines(lines: Sequence[str], levels: int = 1) -> Lines:
     return ["    " * levels + line if line else line for line in lines]
 
@@ -93,6 +88,7 @@ class Emitter(Generic[S]):
         self.named: list[tuple[str, sympy.Expr]] = []  # strides and work, after the P's
         self.reducer = REDUCTIONS[nest.reduction]
         self.temporaries = 0  # temporaries t0_, t1_, ... named so far (see `plan`)
+        self.tile_symbols: dict[tuple[str, str], sympy.Dummy] = {}
         tensors, scalars = {}, {}
         for op in nest.operands:
             if op.is_scalar:
@@ -133,10 +129,21 @@ class Emitter(Generic[S]):
         bare = {s: s for s in expr.free_symbols if extent_of(s) is not None}
         for symbol in sorted(bare, key=str):
             bare[symbol] = self.params.setdefault(
-                symbol, sympy.Symbol(f"P{len(self.params)}", integer=True)
+                symbol, sympy.Dummy(f"P{len(self.params)}", integer=True)
             )
-        self.printer.parameters.update(sym.name for sym in self.params.values())
         return expr.xreplace(bare)
+
+    def tile_symbol(self, role: str, index: sympy.Symbol) -> sympy.Dummy:
+        """A generated integer variable about a tiled `index` (`o` its tile's origin, ...),
+        one per role and index: `<role>_<index>`, outside the users' `v_` namespace."""
+        key = (role, index.name)
+        if key not in self.tile_symbols:
+            self.tile_symbols[key] = sympy.Dummy(f"{role}_{c_name(index.name)}", integer=True)
+        return self.tile_symbols[key]
+
+    def tile_name(self, role: str, index: sympy.Symbol) -> str:
+        """The C name of `tile_symbol(role, index)`."""
+        return self.tile_symbol(role, index).name
 
     def stride(self, name: str, extents: Sequence[sympy.Expr]) -> tuple[str | None, ...]:
         """Register the row-major strides of a tensor; the last axis is contiguous."""
@@ -239,7 +246,7 @@ class Emitter(Generic[S]):
         for statement in statements:
             if isinstance(statement, Assign):
                 value = self.printer.doprint(statement.expr)
-                lines.append(f"const {self.f} {statement.symbol} = {value};")
+                lines.append(f"const {self.f} {statement.symbol.name} = {value};")
             else:
                 lines += self.nested_lines(statement, simd)
         return lines
@@ -248,22 +255,22 @@ class Emitter(Generic[S]):
         """A nested reduction: its state, its loop (`#pragma omp simd` for sums outside a
         simd loop), its result."""
         reducer = REDUCTIONS[loop.reduction]
-        state = (f"{loop.symbol}a", f"{loop.symbol}b")
+        state = (f"{loop.symbol.name}a", f"{loop.symbol.name}b")
         kinds = self.state_types(reducer)
         lines = [f"{kind} {name} = {init};" for kind, name, init in zip(kinds, state, reducer.init)]
         name = self.printer.index(loop.index)
         lo, hi = self.printer.index(loop.start), self.printer.index(loop.stop)
         body = [
             *self.statement_lines(loop.inner, True),
-            f"const {self.f} v_ = {self.printer.doprint(loop.value)};",
-            self.fmt(reducer.update, state).replace("val_", "v_"),
+            f"const {self.f} nv_ = {self.printer.doprint(loop.value)};",
+            self.fmt(reducer.update, state).replace("val_", "nv_"),
         ]
         if not simd and loop.reduction == "sum":
             lines.append(f"#pragma omp simd reduction(+:{state[0]})")
         head = f"for ({self.index_type} {name} = {lo}; {name} < {hi}; ++{name})"
         lines += block_lines(head, body)
         result = self.fmt(reducer.result, state)
-        return [*lines, f"const {self.f} {loop.symbol} = {result};"]
+        return [*lines, f"const {self.f} {loop.symbol.name} = {result};"]
 
     def term_lines(
         self, n: int, *, first: tuple[str, str] | None = None, step: tuple[str, str] | None = None

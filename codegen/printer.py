@@ -6,15 +6,21 @@ class attribute, so a CUDA printer overrides a few attributes and nothing else.
 Two printing modes: *value* mode (the default, the body's arithmetic in the accumulation
 type) and *index* mode (int64 arithmetic on loop indices and host parameters). An integer
 sub-expression met in value mode is printed in index mode and cast once, so `x*i` prints as
-`x*((float)(i))`.
+`x*((float)(v_i))`.
+
+Names: every name that comes from the user lives in a namespace of its own in generated code
+(`c_identifier`): indices print as `v_<name>`, tensors and scalars as `in_<name>`; every name
+the code generator makes is a `sympy.Dummy` (host parameters `P0`, tile origins, temporaries
+`t0_`) or a plain C name, and none starts with `v_` or `in_`. So no user name, whatever it
+is (`P0`, `acc_`, `int64_t`), can meet a generated one.
 
 >>> from codegen.ir import index_symbol, tensor_base
 >>> i, k = index_symbol("i"), index_symbol("k")
 >>> p = CPrinter("float", tensors={"A": TensorView("in_A", ("s_A_0", None), "{}")})
 >>> p.doprint(sympy.exp(tensor_base("A")[i, k]) * i)
-'((float)(i))*expf(in_A[i*s_A_0 + k])'
+'((float)(v_i))*expf(in_A[v_i*s_A_0 + v_k])'
 >>> p.doprint(sympy.Piecewise((1.5, i > k), (0, True)))
-'((i > k) ? 1.5F : 0)'
+'((v_i > v_k) ? 1.5F : 0)'
 """
 
 from __future__ import annotations
@@ -28,7 +34,25 @@ import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
+from codegen.affine import INDEX_LIMIT
 from codegen.functions import CeilDiv, FloorDiv, helper_functions
+from codegen.ir import scalar_symbol
+
+
+def c_name(name: str) -> str:
+    """`name` with every character C does not allow in an identifier replaced by `_`."""
+    return re.sub(r"\W", "_", name)
+
+
+def c_identifier(symbol: sympy.Symbol, scalars: Mapping[sympy.Symbol, str] = {}) -> str:  # noqa: B006
+    """The C name of a symbol: a generated one (a `sympy.Dummy`) by its own name, a scalar
+    input by its variable, a user's index (or an index bound inside a nested reduction) as
+    `v_<name>`."""
+    if isinstance(symbol, sympy.Dummy):
+        return symbol.name
+    if symbol in scalars:
+        return scalars[symbol]
+    return f"v_{c_name(symbol.name)}"
 
 
 @dataclass(frozen=True)
@@ -52,8 +76,6 @@ class CPrinter(C99CodePrinter):
     """sympy's C99 printer for tensordsl bodies in `float` or `double` arithmetic."""
 
     int_type = "int64_t"
-    #: Names the emitted code uses for its own variables; indices matching are renamed.
-    internal_names = re.compile(r"^(in_|s_|ix_|cse\d+$|P\d+$|(out|operands|params)$)|_$")
     helper_prefix = "tdsl_"
     inline = "static inline"
 
@@ -71,8 +93,7 @@ class CPrinter(C99CodePrinter):
         )
         self.float_type = float_type
         self.tensors = dict(tensors or {})
-        self.scalars = dict(scalars or {})
-        self.parameters: set[str] = set()  # host parameters (P0, ...), printed as they are
+        self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
         self._index_mode = False
 
     # -- modes ---------------------------------------------------------------------------
@@ -98,14 +119,18 @@ class CPrinter(C99CodePrinter):
 
     # -- atoms ---------------------------------------------------------------------------
 
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        if abs(expr) <= INDEX_LIMIT:
+            return str(super()._print_Integer(expr))
+        if self._index_mode:  # the translator refuses such offsets and coefficients
+            raise ValueError(f"{expr} is beyond the int64 index arithmetic of generated code")
+        # A value: an exact decimal floating literal (an integer literal would wrap).
+        return f"{expr}.0{self._get_literal_suffix(real)}"
+
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
-        if expr.name in self.scalars:
-            return self.scalars[expr.name]
-        if expr.name in self.parameters:
-            return expr.name
-        if expr.is_integer and self.internal_names.search(expr.name):
-            return f"ix_{expr.name}"  # an index named like a variable of the generated code
-        return str(super()._print_Symbol(expr))
+        return c_identifier(expr, self.scalars)
+
+    _print_Dummy = _print_Symbol
 
     def _print_Indexed(self, expr: sympy.Indexed) -> str:
         view = self.tensors[str(expr.base.name)]

@@ -75,6 +75,35 @@ def _positional(name: str, op: str, init: str) -> Reduction:
     )
 
 
+# max/min, as jnp.max/min: NaN propagates. A NaN value is taken, and a NaN state is kept
+# because no comparison with NaN holds. Branch-free selects, so lane loops vectorise.
+_EXTREMUM = "{a} = ({v} {op} {a} || {v} != {v}) ? {v} : {a};"
+
+
+def _extremum(name: str, op: str, identity: float, init: str) -> Reduction:
+    return Reduction(
+        name,
+        user=True,
+        identity=identity,
+        init=(init,),
+        update=_EXTREMUM.replace("{op}", op),
+        combine=_EXTREMUM.replace("{op}", op).replace("{v}", "{oa}"),
+        result="{a}",
+        simd=True,
+        cross_device=name,
+    )
+
+
+# logsumexp: the state is the largest value `{a}` and the sum `{b}` of exp(value - {a}); `{w}`
+# is the weight of the value `{v}` folded in (1, or another state's sum). As
+# jax.nn.logsumexp: NaN propagates (it becomes `{a}` and stays, as for max); a result of
+# +-inf is `{a}` itself (the sum is then not needed: inf - inf would make it NaN).
+_LSE = (
+    "if ({v} > {a} || {v} != {v}) {{ {b} = {b}*{exp}({a} - {v}) + {w}; {a} = {v}; }} "
+    "else if ({v} > -INFINITY) {{ {b} += {w}*{exp}({v} - {a}); }}"
+)
+
+
 def _rows(rows: Iterable[Reduction]) -> dict[str, Reduction]:
     return {row.name: row for row in rows}
 
@@ -92,28 +121,8 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             simd=True,
             cross_device="sum",
         ),
-        Reduction(
-            "max",
-            user=True,
-            identity=-math.inf,
-            init=("-INFINITY",),
-            update="{a} = {v} > {a} ? {v} : {a};",
-            combine="{a} = {oa} > {a} ? {oa} : {a};",
-            result="{a}",
-            simd=True,
-            cross_device="max",
-        ),
-        Reduction(
-            "min",
-            user=True,
-            identity=math.inf,
-            init=("INFINITY",),
-            update="{a} = {v} < {a} ? {v} : {a};",
-            combine="{a} = {oa} < {a} ? {oa} : {a};",
-            result="{a}",
-            simd=True,
-            cross_device="min",
-        ),
+        _extremum("max", ">", -math.inf, "-INFINITY"),
+        _extremum("min", "<", math.inf, "INFINITY"),
         Reduction(
             "prod",
             user=True,
@@ -129,11 +138,9 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             user=True,
             identity=-math.inf,
             init=("-INFINITY", "0"),
-            update="if ({v} > {a}) {{ {b} = {b}*{exp}({a} - {v}) + 1; {a} = {v}; }} "
-            "else if ({v} > -INFINITY) {{ {b} += {exp}({v} - {a}); }}",
-            combine="if ({oa} > {a}) {{ {b} = {b}*{exp}({a} - {oa}) + {ob}; {a} = {oa}; }} "
-            "else if ({oa} > -INFINITY) {{ {b} += {ob}*{exp}({oa} - {a}); }}",
-            result="({a} == -INFINITY ? -INFINITY : {a} + {log}({b}))",
+            update=_LSE.replace("{w}*", "").replace("{w}", "1"),
+            combine=_LSE.replace("{v}", "{oa}").replace("{w}", "{ob}"),
+            result="({a} > -INFINITY && {a} < INFINITY ? {a} + {log}({b}) : {a})",
             cross_device="logsumexp",
         ),
         _positional("argmax", ">", "-INFINITY"),

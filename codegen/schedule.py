@@ -69,7 +69,7 @@ import sympy
 from codegen import config
 from codegen.affine import affine_parts
 from codegen.contraction import contraction
-from codegen.ir import LoopNest, accesses
+from codegen.ir import LoopNest, Reduce, accesses
 from codegen.loop_order import (
     LoopOrder,
     default_loop_order,
@@ -258,17 +258,34 @@ def choose_cpu_schedule(
             plain = [name for name in free if name not in windowed]
             dot_free = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
             small = _dot_schedule(nest, dot_free, reduced, wide) if plain else None
+        # Costly work per row (a nested reduction, an exp) is done once per tile width of the
+        # vector axis: wider tiles (4 x 64 floats) do it fewer times.
+        costly = _costly_per_row(nest, vector)
         return Schedule(
             free,
             reduced,
             strategy="tile",
             row=row,
             vector=vector,
-            rows=6 if row else 1,
-            width=16 if wide else 32,
+            rows=(4 if costly else 6) if row else 1,
+            width=(32 if costly else 16) if wide else (64 if costly else 32),
             small=small,
         )
     return _dot_schedule(nest, free, reduced, wide) or Schedule(free, reduced)
+
+
+def _costly_per_row(nest: LoopNest, vector: str) -> bool:
+    """Whether some term computes a nested reduction or a function call that does not read
+    the vector index (so the tile computes it once per row and tile)."""
+    for term in nest.terms:
+        if not term.reduced:
+            continue
+        for node in sympy.preorder_traversal(term.body):
+            if isinstance(node, Reduce | sympy.Function) and not any(
+                s.name == vector for s in node.free_symbols if isinstance(s, sympy.Symbol)
+            ):
+                return True
+    return False
 
 
 def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:

@@ -68,6 +68,12 @@ class SourcePrinter(StrPrinter):
     def _print_Float(self, expr: sympy.Float) -> str:
         return repr(float(expr))
 
+    def _print_Infinity(self, expr: Any) -> str:
+        return "inf"
+
+    def _print_NegativeInfinity(self, expr: Any) -> str:
+        return "-inf"
+
     def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
         (value, condition), *rest = expr.args
         if not rest:
@@ -113,6 +119,22 @@ def output_source(nest: LoopNest) -> str:
     return f"{nest.output}[{', '.join(r.index.name for r in nest.free)}]"
 
 
+def constraint_source(constraint: sympy.Expr) -> str:
+    """`c >= 0` as a comparison of its negative and positive parts: `i - j` is `j <= i`.
+
+    >>> from codegen.ir import index_symbol
+    >>> i, j = index_symbol("i"), index_symbol("j")
+    >>> constraint_source(i - j + 2)
+    'j <= i + 2'
+    """
+    positive, negative = [], []
+    for part in sympy.Add.make_args(sympy.expand(constraint)):
+        coefficient, _ = part.as_coeff_Mul()
+        (negative if coefficient < 0 else positive).append(part)
+    high, low = sympy.Add(*positive), -sympy.Add(*negative)
+    return f"{expr_source(low)} <= {expr_source(high)}"
+
+
 def nest_source(nest: LoopNest) -> str:
     """The nest as source: one statement per term."""
     prefix = "" if nest.reduction == "sum" else f"({nest.reduction}) "
@@ -120,5 +142,7 @@ def nest_source(nest: LoopNest) -> str:
     lines = []
     for n, term in enumerate(nest.terms):
         op = ":=" if n == 0 else "+="
-        lines.append(f"{prefix}{lhs} {op} {expr_source(term.body, nest.operand_names)}")
+        # Constraints read back as guards: `(j <= i)` factors.
+        guards = "".join(f"*({constraint_source(c)})" for c in term.constraints)
+        lines.append(f"{prefix}{lhs} {op} {expr_source(term.body, nest.operand_names)}{guards}")
     return "\n".join(lines)

@@ -19,8 +19,8 @@ lane at level 3:
 >>> p = plan(sympy.exp(S[i, j] - L[i]) * V[j, e], [[], [j], [i], [e]])
 >>> [[str(s) for s in level] for level in p.statements]
 [[], [], ['t0_ = exp(-L[i] + S[i, j])'], []]
->>> p.value
-t0_*V[j, e]
+>>> p.value  # temporaries are sympy Dummies, which sympy prints with a leading _
+_t0_*V[j, e]
 
 Statements at a level are computed unconditionally once that level's tests hold: every
 access of a body is in bounds over the term's iteration space (the call-time checks), so a
@@ -48,7 +48,7 @@ class Assign:
     expr: sympy.Expr
 
     def __str__(self) -> str:
-        return f"{self.symbol} = {self.expr}"
+        return f"{self.symbol.name} = {self.expr}"
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Loop:
     value: sympy.Expr
 
     def __str__(self) -> str:
-        return f"{self.symbol} = {self.reduction}_{self.index}({self.value})"
+        return f"{self.symbol.name} = {self.reduction}_{self.index}({self.value})"
 
 
 Statement = Assign | Loop
@@ -184,7 +184,7 @@ class _Planner:
         return bool(node.xreplace(stand_in).is_integer)
 
     def fresh(self) -> sympy.Symbol:
-        symbol = sympy.Symbol(f"t{self.count}_", real=True)
+        symbol = sympy.Dummy(f"t{self.count}_", real=True)  # generated: no user name meets it
         self.count += 1
         return symbol
 

@@ -9,7 +9,8 @@
 #
 # One rule to keep in mind: **the reduction applies to the whole right-hand side**.
 # `Y[b,j] := relu(X[b,k] * W[k,j])` is `sum_k relu(X[b,k]*W[k,j])`, not `relu(X @ W)`. A
-# nonlinearity of a sum is therefore two kernels, or a kernel and a `jax.numpy` call.
+# nonlinearity of a sum is therefore two statements: two kernels, a kernel and a `jax.numpy`
+# call, or one kernel of two statements (a *program*, below).
 
 # %%
 import jax
@@ -145,6 +146,48 @@ assert_close(
     layer_norm(rows),
     (rows - rows.mean(1, keepdims=True)) / np.sqrt(rows.var(1, keepdims=True) + 1e-5),
 )
+
+# %% [markdown]
+# ## Layers as programs: several statements in one kernel
+#
+# A kernel may hold several statements, each with its own reduction; later ones read earlier
+# ones' outputs. LayerNorm is then one kernel, and so is causal attention, written as its
+# definition: scores, their logsumexp, the weighted sum. At each call, intermediates that are
+# larger than every input and output (the `(H, T, T)` scores) are recomputed where they are
+# read instead of stored, forwards and backwards; the causal mask bounds the loops. The
+# explain tool says what runs for given shapes.
+
+# %%
+layer_norm_program = td.kernel("""
+    M[b] := X[b,f] / F
+    V[b] := (X[b,f] - M[b])^2 / F
+    N[b,f] := (X[b,f] - M[b]) * rsqrt(V[b] + eps)
+""")
+assert_close(layer_norm_program(rows, 9.0, 1e-5), layer_norm(rows))
+
+causal_attention = td.kernel("""
+    S[h,i,j] := Q[h,i,d] * K[h,j,d] * scale + where(j <= i, 0, -inf)
+    (logsumexp) L[h,i] := S[h,i,j]
+    O[h,i,e] := exp(S[h,i,j] - L[h,i]) * V[h,j,e]
+""")
+
+
+def causal_attention_reference(Q, K, V, scale):
+    S = jnp.einsum("hid,hjd->hij", Q, K) * scale
+    S = jnp.where(jnp.tril(jnp.ones(S.shape[1:], bool)), S, -jnp.inf)
+    return jnp.einsum("hij,hje->hie", jax.nn.softmax(S, axis=-1), V)
+
+
+Q, K, V = (rng.normal(size=(2, 12, 4)) for _ in range(3))
+assert_close(causal_attention(Q, K, 0.5, V), causal_attention_reference(Q, K, V, 0.5))
+ours = jax.grad(lambda q, k, v: causal_attention(q, k, 0.5, v).sum(), (0, 1, 2))(Q, K, V)
+theirs = jax.grad(lambda q, k, v: causal_attention_reference(q, k, v, 0.5).sum(), (0, 1, 2))(
+    Q, K, V
+)
+for got, want in zip(ours, theirs):
+    assert_close(got, want)
+shapes = {"Q": Q.shape, "K": K.shape, "scale": (), "V": V.shape}
+print(next(line for line in causal_attention.explain(shapes).splitlines() if "fused" in line))
 
 # %% [markdown]
 # ## A small model, trained end to end

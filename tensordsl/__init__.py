@@ -21,12 +21,14 @@ from tensordsl.errors import (
     UnsupportedError,
 )
 from tensordsl.kernel import Kernel, kernel
+from tensordsl.program_kernel import ProgramKernel
 
 __all__ = [
     "ExpressionError",
     "IndexExpressionError",
     "Kernel",
     "ParseError",
+    "ProgramKernel",
     "RangeError",
     "ReductionError",
     "ScheduleError",

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from tensordsl.program_kernel import ProgramKernel
+
 DEMO = (
     (
         "matmul",
@@ -86,6 +88,8 @@ def explain_command(args: argparse.Namespace) -> int:
 
     k = kernel(args.source, reduce=args.reduce)
     shapes = _parse_shapes(args.shapes)
+    if isinstance(k, ProgramKernel):
+        return _explain_program(k, args, shapes)
     if shapes:
         from tensordsl.shapes import check_shapes
 
@@ -114,18 +118,41 @@ def explain_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain_program(k: ProgramKernel, args: argparse.Namespace, shapes: dict) -> int:
+    """`explain` for a program: its summary and each statement's nests, schedules, code."""
+    from tensordsl.explain import build_nests, schedule_lines
+
+    print(f"inputs     {', '.join(k.inputs)}   outputs {', '.join(k.outputs)}")
+    print(k.explain(shapes=shapes or None))
+    for n, nest in enumerate(k.program.statements):
+        print(f"schedules of statement {n + 1}, {nest.output} ({args.dtype})")
+        print("\n".join("  " + line for line in schedule_lines(nest, dtype=args.dtype)))
+        if args.build:
+            seconds = build_nests(nest, dtype=args.dtype, progress=_progress("  "))
+            print(
+                f"built (c, {args.dtype}) "
+                + ", ".join(f"{m}: {t:.2f} s" for m, t in seconds.items())
+            )
+    for name, profile in k.profile(shapes, dtype=args.dtype, reps=args.reps) if args.time else ():
+        print(f"statement {name}: {profile}")
+    for name, text in k.source(args.source_target).items() if args.source_target else ():
+        print(f"--- {name} ({args.source_target}) ---")
+        print(text)
+    return 0
+
+
 def demo_command(args: argparse.Namespace) -> int:
     import jax
 
     from tensordsl.explain import build_nests
-    from tensordsl.kernel import kernel
+    from tensordsl.kernel import Kernel
 
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(0)
     print(f"{'kernel':<20} {'source':<34} {'fwd err':>9} {'grad err':>9} {'fwd+bwd ms':>10}")
     failures = 0
     for name, source, reduce, shapes, expected in DEMO:
-        k = kernel(source, reduce=reduce)
+        k = Kernel(source, reduce=reduce)
         inputs = [rng.normal(size=shapes[n]) for n in k.inputs]
         # Compile every nest first (a cache hit takes milliseconds), reporting each build.
         build_nests(k.nest, dtype="float64", progress=_progress(f"{name}: "))

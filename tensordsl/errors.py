@@ -42,6 +42,13 @@ def _underline(source: str, span: tuple[int, int]) -> list[str]:
     return [f"  {line}", f"  {pad}{marker}"]
 
 
+def _source_lines(source: str) -> list[str]:
+    """Every line of the source (a program has several), without blank lines around them."""
+    lines = source.split("\n")
+    text = [n for n, line in enumerate(lines) if line.strip()]
+    return lines[text[0] : text[-1] + 1] if text else lines[:1]
+
+
 def format_error(
     what: str,
     source: str | None = None,
@@ -70,7 +77,7 @@ def format_error(
     lines = [what]
     if source is not None:
         if span is None:
-            lines.append(f"  {source}")
+            lines.extend(f"  {line}" for line in _source_lines(source))
         else:
             lines.extend(_underline(source, span))
     if expected:

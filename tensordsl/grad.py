@@ -20,7 +20,7 @@ Reductions other than sum:
 >>> from tensordsl.parse import parse
 >>> nest = lower(parse("Y[i] := X[i+k] * W[k]")).nest
 >>> print(gradient(nest, "X").nest)
-dX[p] := dY[p - k]*W[k]
+dX[p] := dY[p - k]*W[k]*(k <= p)*(p + W.shape[0] <= k + dX.shape[0])
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ import sympy
 
 from codegen import config, trace_cache
 from codegen.affine import NotAffine, affine_parts
+from codegen.factor import factor_sums
 from codegen.functions import FloorDiv
+from codegen.guards import bound_guards
 from codegen.ir import (
     LoopNest,
     Operand,
     Range,
+    Reduce,
     Term,
     extent_of,
     extent_symbol,
@@ -109,12 +112,14 @@ def _free_indices(nest: LoopNest, wrt: str) -> tuple[sympy.Symbol, ...]:
     """Readable names for the gradient's free indices: A's index names where they are bare."""
     rank = nest.operand(wrt).rank
     first = next((a for t in nest.terms for a in _occurrences(t.body, wrt)), None)
-    taken = {s.name for e in nest.expressions() for s in e.free_symbols}
+    taken = _names_in(nest)
+    # An index bound by a nested reduction names nothing outside it.
+    bound = {r.index for t in nest.terms for r in _reductions(t.body)}
     fresh = _fresh_names(taken)
     names: list[str] = []
     for axis in range(rank):
         index = first.indices[axis] if first is not None else None
-        if isinstance(index, sympy.Symbol) and index.name not in names:
+        if isinstance(index, sympy.Symbol) and index.name not in names and index not in bound:
             names.append(index.name)
         else:
             names.append(next(fresh))
@@ -186,15 +191,16 @@ def _term_gradient(
     wrt_rank: int,
 ) -> Term | None:
     """The gradient term of one occurrence (an Indexed access, or a scalar symbol)."""
-    stand_in = sympy.Dummy("a", real=True)
-    derivative = sympy.diff(term.body.xreplace({occurrence: stand_in}), stand_in)
-    derivative = derivative.xreplace({stand_in: occurrence})
-    # sign(x)' = 2*DiracDelta(x): zero wherever it is defined, as in JAX.
-    derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
+    derivative, lifted, occurrence = _derivative(term.body, occurrence, _names_in(nest))
     if derivative == 0:
         return None
-    loop = {r.index: sympy.Dummy(r.index.name, integer=True) for r in nest.free + term.reduced}
-    ranges = {loop[r.index]: r for r in nest.free + term.reduced}
+    reduced = term.reduced + lifted
+    shortcut = _saved_output_shortcut(nest, term, occurrence, derivative, lifted)
+    if shortcut is not None:
+        # The saved output already holds the reduction, its bounds and guards included.
+        derivative, reduced, term = shortcut, (), _without_reduced(term)
+    loop = {r.index: sympy.Dummy(r.index.name, integer=True) for r in nest.free + reduced}
+    ranges = {loop[r.index]: r for r in nest.free + reduced}
     solver = _Solver(ranges, {}, [], [])
     if wrt_rank:
         access = occurrence.xreplace(loop)
@@ -223,6 +229,102 @@ def _term_gradient(
         tuple(_simplify_constraints(c.xreplace(names) for c in constraints)),
         guard.xreplace(names),
     )
+
+
+def _derivative(
+    body: sympy.Expr, occurrence: sympy.Basic, taken: set[str]
+) -> tuple[sympy.Expr, tuple[Range, ...], sympy.Basic]:
+    """d body / d occurrence, the indices of the nested reductions around the occurrence,
+    lifted to loops of the gradient term (`d/dQ[i, p]` of `f(sum_d Q[i, d]*K[j, d])` is
+    `f'(...) * K[j, d]` at `d = p`: the term loops over d and the solver eliminates it),
+    and the occurrence with those indices renamed as lifted."""
+    around = [r for r in _reductions(body) if occurrence in r.body.atoms(type(occurrence))]
+    if not around:
+        stand_in = sympy.Dummy("a", real=True)
+        derivative = sympy.diff(body.xreplace({occurrence: stand_in}), stand_in)
+        derivative = derivative.xreplace({stand_in: occurrence})
+        # sign(x)' = 2*DiracDelta(x): zero wherever it is defined, as in JAX.
+        derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
+        return derivative, (), occurrence
+    nested = around[0]  # the outermost: `_reductions` lists outer ones first
+    stand_in = sympy.Dummy("r", real=True)
+    outer = sympy.diff(body.xreplace({nested: stand_in}), stand_in).xreplace({stand_in: nested})
+    if nested.reduction == "sum":
+        weight: sympy.Expr = sympy.Integer(1)
+    elif nested.reduction == "logsumexp":
+        weight = sympy.exp(nested.body - nested)
+    else:
+        raise UnsupportedError(
+            f"no gradient through a nested '{nested.reduction}' reduction (only sum and "
+            "logsumexp): store that intermediate instead of recomputing it"
+        )
+    name = next(_fresh_names(taken | {nested.index.name}))
+    taken.add(name)
+    index = index_symbol(name)
+    lifted_body = nested.body.xreplace({nested.index: index})
+    lifted_weight = weight.xreplace({nested.index: index})
+    renamed = occurrence.xreplace({nested.index: index})
+    inner, deeper, renamed = _derivative(lifted_body, renamed, taken)
+    lifted = (Range(index, nested.start, nested.stop), *deeper)
+    return outer * lifted_weight * inner, lifted, renamed
+
+
+def _reductions(expr: sympy.Basic) -> list[Reduce]:
+    """The nested reductions in `expr`, outer ones before those inside them."""
+    found: list[Reduce] = []
+
+    def walk(node: sympy.Basic) -> None:
+        if isinstance(node, Reduce) and node not in found:
+            found.append(node)
+        for arg in node.args:
+            walk(arg)
+
+    walk(expr)
+    return found
+
+
+def _names_in(nest: LoopNest) -> set[str]:
+    """Every symbol name a nest uses, bound indices of nested reductions included."""
+    names = {s.name for e in nest.expressions() for s in e.free_symbols if hasattr(s, "name")}
+    for term in nest.terms:
+        names |= {r.index.name for r in _reductions(term.body)}
+        names |= {r.index.name for r in term.reduced}
+    return names | {r.index.name for r in nest.free}
+
+
+def _saved_output_shortcut(
+    nest: LoopNest,
+    term: Term,
+    occurrence: sympy.Basic,
+    derivative: sympy.Expr,
+    lifted: tuple[Range, ...],
+) -> sympy.Expr | None:
+    """`g * Y` when `d body / d occurrence = g * body` with g free of the reduced indices:
+    then the sum over them of `g * body` is `g * Y`, the saved output, and the gradient
+    skips the whole reduction (attention's `dL[i] = -sum_e dO[i, e] * O[i, e]`, O(N d)
+    where recomputing the weights would cost O(N^2 d))."""
+    if nest.reduction != "sum" or len(nest.terms) != 1 or lifted or not term.reduced:
+        return None
+    reduced = set(term.reduced_indices)
+    if isinstance(occurrence, sympy.Indexed) and occurrence.free_symbols & reduced:
+        return None
+    try:
+        ratio = sympy.cancel(derivative / term.body)
+    except (sympy.PolynomialError, TypeError, ValueError):
+        return None
+    if ratio.free_symbols & reduced or any(
+        a.free_symbols & reduced for a in ratio.atoms(sympy.Indexed, Reduce)
+    ):
+        return None
+    return ratio * _saved(nest.output, nest)
+
+
+def _without_reduced(term: Term) -> Term:
+    """`term` without its reduced indices and the constraints and guard that mention them."""
+    reduced = set(term.reduced_indices)
+    constraints = tuple(c for c in term.constraints if not c.free_symbols & reduced)
+    guard = term.guard if not term.guard.free_symbols & reduced else sympy.true
+    return Term(term.body, (), constraints, guard)
 
 
 def _simplify_constraints(constraints) -> list[sympy.Expr]:
@@ -442,11 +544,37 @@ def _derive_gradient(nest: LoopNest, wrt: str) -> Gradient:
     gradient_nest = LoopNest(
         output=names.gradient,
         free=tuple(Range(p, 0, extent_symbol(names.gradient, d)) for d, p in enumerate(free)),
-        terms=tuple(terms),
+        terms=merge_terms(tuple(terms)),
         operands=operands,
         reduction="sum",
     )
-    return Gradient(gradient_nest, wrt, roles)
+    return Gradient(factor_sums(bound_guards(gradient_nest)), wrt, roles)
+
+
+def merge_terms(terms: tuple[Term, ...]) -> tuple[Term, ...]:
+    """Summed terms over the same reduced ranges and constraints as one term, so that the
+    emitters compute what they share once (the three terms `p == 0, 1, 2` of a gradient
+    with respect to `X[i, 0]`, `X[i, 1]`, `X[i, 2]`, say): a guard that differs between them
+    moves into the body as a `where`."""
+    groups: dict[tuple, list[Term]] = {}
+    for term in terms:
+        groups.setdefault((term.reduced, term.constraints), []).append(term)
+    merged = []
+    for (reduced, constraints), group in groups.items():
+        if len(group) == 1:
+            merged.append(group[0])
+            continue
+        guards = {t.guard for t in group}
+        if len(guards) == 1:
+            body = sympy.Add(*(t.body for t in group))
+            merged.append(Term(body, reduced, constraints, group[0].guard))
+            continue
+        parts = [
+            t.body if t.guard == sympy.true else sympy.Piecewise((t.body, t.guard), (0, True))
+            for t in group
+        ]
+        merged.append(Term(sympy.Add(*parts), reduced, constraints))
+    return tuple(merged)
 
 
 def _rename_extents(term: Term, extents: dict) -> Term:

@@ -19,6 +19,8 @@ from tensordsl.errors import (
 )
 from tensordsl.lower import Lowered, lower
 from tensordsl.parse import parse
+from tensordsl.program import is_program
+from tensordsl.program_kernel import ProgramKernel
 from tensordsl.shapes import check_shapes
 
 
@@ -216,9 +218,12 @@ def _as_array(value: Any) -> Any:
     return jnp.asarray(value)
 
 
-def kernel(source: str, **options: Any) -> Kernel:
+def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     """Parse and check an index expression; nothing is compiled until the first call.
 
-    See `Kernel` for the options.
+    See `Kernel` for the options. A source of several statements (or `outputs=`) gives a
+    `tensordsl.program_kernel.ProgramKernel`.
     """
+    if is_program(source) or "outputs" in options:
+        return ProgramKernel(source, **options)
     return Kernel(source, **options)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from codegen.factor import factor_sums
+from codegen.guards import bound_guards
 from codegen.ir import LoopNest, Operand, Term, index_symbol
 from codegen.reductions import USER_REDUCTIONS
 from tensordsl.errors import ReductionError, close_match
@@ -108,6 +110,7 @@ def lower(
         operands=tuple(Operand(name, rank) for name, rank in translation.operands),
         reduction=reduction,
     )
+    nest = factor_sums(bound_guards(nest))
     return Lowered(
         nest,
         statement,

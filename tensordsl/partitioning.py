@@ -54,8 +54,8 @@ from tensordsl.runners import RUNNERS
 #: over split reduced axes combine. Reductions with none keep their reduced axes whole.
 COMBINES = {
     "sum": lambda x, axes: jax.lax.psum(x, axes),
-    "max": lambda x, axes: jax.lax.pmax(x, axes),
-    "min": lambda x, axes: jax.lax.pmin(x, axes),
+    "max": lambda x, axes: _propagating_nan(jax.lax.pmax, x, axes),
+    "min": lambda x, axes: _propagating_nan(jax.lax.pmin, x, axes),
     "logsumexp": lambda x, axes: _logsumexp_combine(x, axes),
 }
 
@@ -360,6 +360,13 @@ def _local_extents(plan: ShardingPlan, mesh: Any, split: dict, extents: tuple) -
             tensor, axis = factor.divide
             shapes[tensor][axis] //= math.prod(mesh.shape[n] for n in split[factor.name])
     return tuple((name, tuple(shape)) for name, shape in shapes.items())
+
+
+def _propagating_nan(reduce: Any, x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """`reduce` (pmax or pmin) with jnp's rule that NaN propagates: XLA's cross-device max and
+    min drop NaN (so does jnp.max of a sharded array on CPU), so NaN travels as a flag."""
+    any_nan = jax.lax.pmax(jnp.isnan(x).astype(jnp.int32), axes) > 0
+    return jnp.where(any_nan, jnp.nan, reduce(x, axes))
 
 
 def _logsumexp_combine(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:

@@ -28,8 +28,9 @@ import sympy
 
 from codegen.extents import evaluate_int, extent_values
 from codegen.functions import FUNCTIONS, CeilDiv, FloorDiv
-from codegen.ir import LoopNest, Range, Term
+from codegen.ir import LoopNest, Range, Reduce, Term
 from codegen.reductions import REDUCTIONS
+from tensordsl.errors import UnsupportedError
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -77,7 +78,9 @@ class _Evaluator:
 
     def __call__(self, expr: sympy.Basic) -> Any:
         if expr.is_Integer:
-            return int(expr)
+            # Beyond JAX's integers, an integer can only be a value (a derivative's
+            # coefficient, say): `_check_index_width` keeps index arithmetic within them.
+            return int(expr) if abs(expr) <= _integer_max() else float(expr)
         if expr.is_Number or expr in (sympy.pi, sympy.E):
             return float(expr)
         if expr is sympy.true or expr is sympy.false:
@@ -86,6 +89,8 @@ class _Evaluator:
             return self.symbol(expr)
         if isinstance(expr, sympy.Indexed):
             return self.access(expr)
+        if isinstance(expr, Reduce):
+            return self.nested(expr)
         args = [self(a) for a in expr.args] if not isinstance(expr, sympy.Piecewise) else []
         if isinstance(expr, sympy.Add):
             return functools.reduce(lambda a, b: a + b, args)
@@ -123,6 +128,18 @@ class _Evaluator:
         if exponent.is_Integer:
             return jnp.asarray(base, self.dtype) ** int(exponent)
         return jnp.power(base, self(exponent))
+
+    def nested(self, node: Reduce) -> Any:
+        """A nested reduction: its body over one more (last) axis for its index, reduced."""
+        start, stop = (evaluate_int(x, self.extents) for x in (node.start, node.stop))
+        ndim = max((jnp.ndim(a) for a in self.grid.values()), default=0)
+        grid = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
+        index = jnp.arange(start, max(start, stop)).reshape((1,) * ndim + (-1,))
+        grid[node.index] = index
+        body = _Evaluator(grid, self.operands, self.extents, self.dtype)(node.body)
+        shape = jnp.broadcast_shapes(jnp.shape(body), index.shape)
+        body = jnp.broadcast_to(jnp.asarray(body, self.dtype), shape)
+        return REDUCE[node.reduction](body, jnp.ones(shape, bool), (ndim,))
 
     def piecewise(self, expr: sympy.Piecewise) -> Any:
         result = None
@@ -237,7 +254,33 @@ def evaluate(
         values.append(value)
     needed = nest.extent_tensors()
     frozen = tuple(sorted((n, tuple(int(d) for d in s)) for n, s in shapes.items() if n in needed))
+    _check_index_width(nest, extent_values(nest, dict(frozen)))
     return _evaluate(nest, frozen, jnp.dtype(dtype).name, jnp.dtype(work).name, *values)
+
+
+def _integer_max() -> int:
+    """The largest integer of JAX's integer type: int64 with `jax_enable_x64`, else int32."""
+    return int(np.iinfo(jax.dtypes.canonicalize_dtype(np.int64)).max)
+
+
+def _check_index_width(nest: LoopNest, extents: Mapping[sympy.Symbol, int]) -> None:
+    """Raise UnsupportedError when the index arithmetic needs integers that JAX's default
+    32-bit integers (without `jax_enable_x64`) cannot hold."""
+    if _integer_max() > np.iinfo(np.int32).max:
+        return  # int64: the call-time shape checks keep index arithmetic within it
+    bounds = [r.start for r in nest.free] + [r.stop for r in nest.free]
+    bounds += [b for term in nest.terms for r in term.reduced for b in (r.start, r.stop)]
+    largest = max((abs(evaluate_int(b, extents)) for b in bounds), default=0)
+    for term in nest.terms:
+        reads = [i for read in term.body.atoms(sympy.Indexed) for i in read.indices]
+        for expr in (*reads, term.guard, *term.constraints):
+            largest = max([largest, *(abs(int(n)) for n in expr.atoms(sympy.Integer))])
+    if largest > np.iinfo(np.int32).max:
+        raise UnsupportedError(
+            f"the reference back end computes indices with JAX's 32-bit integers, and "
+            f"'{nest.output}' needs index values of magnitude {largest}",
+            expected="jax.config.update('jax_enable_x64', True), or backend='c'",
+        )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))

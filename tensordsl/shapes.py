@@ -1,8 +1,8 @@
 """Call-time shape checks: concrete shapes against a lowered statement.
 
 Ranks, agreeing extents for every index used unshifted, non-empty ranges of free indices,
-and every read inside its array; each failure names the index, the extents and where they
-came from.
+index arithmetic within int64, and every read inside its array; each failure names the
+index, the extents and where they came from.
 
 >>> from tensordsl.lower import lower
 >>> from tensordsl.parse import parse
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import sympy
 
-from codegen.affine import Affine
+from codegen.affine import INDEX_LIMIT, Affine
 from codegen.ir import extent_symbol, index_symbol
 from tensordsl.errors import RangeError, ShapeError
 from tensordsl.lower import Lowered
@@ -113,6 +113,50 @@ def _evaluate_ranges(
     return values
 
 
+_INT64 = (
+    "index values and index arithmetic of magnitude at most 2**63 - 1 "
+    "(generated code computes indices in int64)"
+)
+
+
+def _magnitude(affine: Affine, values: Mapping[str, tuple[int, int]]) -> int:
+    """The largest magnitude the int64 arithmetic of `affine` can reach over the ranges: that
+    of each term, and of the partial sums in whatever order C adds them (with two terms, the
+    sum is the whole expression; with more, the sum of the terms' magnitudes bounds it)."""
+    terms = [abs(int(affine.constant))]
+    for index, c in affine.coefficients:
+        start, stop = values[index.name]
+        terms.append(0 if stop <= start else abs(c) * max(abs(start), abs(stop - 1)))
+    if len(terms) > 2:
+        return sum(terms)
+    interval = _interval(affine, values) or (0, 0)
+    return max(*terms, *map(abs, interval))
+
+
+def _check_int64(lowered: Lowered, values: Mapping[str, tuple[int, int]]) -> None:
+    src = lowered.statement.source
+    for name, (start, stop) in values.items():
+        if max(abs(start), abs(stop)) > INDEX_LIMIT:
+            raise RangeError(
+                f"index '{name}' runs over [{start}, {stop}) for these shapes, beyond int64",
+                src,
+                lowered.index_span(name),
+                expected=_INT64,
+            )
+    for access in lowered.accesses:
+        for affine in access.axes:
+            magnitude = _magnitude(affine, values)
+            if magnitude > INDEX_LIMIT:
+                text = src[access.span[0] : access.span[1]]
+                raise RangeError(
+                    f"the index arithmetic of '{text}' may leave int64 for these shapes: "
+                    f"its terms add up to {magnitude} in magnitude",
+                    src,
+                    access.span,
+                    expected=_INT64,
+                )
+
+
 def _check_reads(
     lowered: Lowered, extents: Mapping[sympy.Symbol, int], values: Mapping[str, tuple[int, int]]
 ) -> None:
@@ -151,7 +195,8 @@ def check_shapes(
 
     Raises:
         ShapeError: an operand is missing or has the wrong rank.
-        RangeError: extents that disagree, an empty range of a free index, a read out of bounds.
+        RangeError: extents that disagree, an empty range of a free index, index arithmetic
+            beyond int64, a read out of bounds.
 
     >>> from tensordsl.lower import lower
     >>> from tensordsl.parse import parse
@@ -165,5 +210,6 @@ def check_shapes(
     extents = _check_ranks(lowered, shapes)
     _check_agreement(lowered, extents)
     values = _evaluate_ranges(lowered, extents)
+    _check_int64(lowered, values)
     _check_reads(lowered, extents, values)
     return extents

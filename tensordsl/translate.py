@@ -27,6 +27,7 @@ from codegen.affine import (
     DIVISION,
     FUNCTION,
     NON_INTEGER,
+    NOT_INT64,
     POWER,
     PRODUCT,
     Affine,
@@ -99,6 +100,8 @@ _RELATIONS = {
     "!=": sympy.Ne,
 }
 _NOT_FINITE = (sympy.zoo, sympy.oo, -sympy.oo, sympy.nan, sympy.I)
+#: The IEEE infinity literal: `-inf` in a mask (`where(j <= i, 0, -inf)`), never a scalar input.
+INFINITY = "inf"
 _AFFINE_EXAMPLE = "an affine expression of indices with integer coefficients, such as 'i+k', '2i+1'"
 
 
@@ -234,17 +237,21 @@ class _Translator:
         """`build()`, turning sympy's complaints and non-finite values into user errors."""
         text = _text(self.src, node.span)
         try:
-            result = build()
+            result = _large_integers_as_floats(build())
         except (TypeError, ValueError, ArithmeticError, RecursionError) as err:
             raise self.fail(
                 f"cannot evaluate '{text}': {err}", node, "an expression with a finite real value"
             ) from None
         floats = result.atoms(sympy.Float) if isinstance(result, sympy.Basic) else ()
-        if any(result.has(v) for v in _NOT_FINITE) or any(not math.isfinite(f) for f in floats):
+        # Written infinities stay (`-inf`); an undefined value (`inf - inf`, `1/0`) never does.
+        infinite = any(isinstance(n, Name) and n.name == INFINITY for n in _walk(node))
+        bad = [v for v in _NOT_FINITE if not (infinite and v in (sympy.oo, -sympy.oo))]
+        if any(result.has(v) for v in bad) or any(not math.isfinite(f) for f in floats):
+            kind = "real number or infinity" if infinite else "finite real number"
             raise self.fail(
-                f"'{text}' is not a finite real number",
+                f"'{text}' is not a {kind}",
                 node,
-                "an expression with a finite real value",
+                f"an expression with a {'real' if infinite else 'finite real'} value",
             )
         return result
 
@@ -252,6 +259,8 @@ class _Translator:
         if isinstance(node, Number):
             return self.checked(node, lambda: _number(node.text))
         if isinstance(node, Name):
+            if node.name == INFINITY:
+                return sympy.oo
             if node.name in self.indices:
                 return index_symbol(node.name)
             self.register(node.name, 0, node.span)
@@ -337,6 +346,8 @@ class _Translator:
         try:
             return as_affine(expr, [index_symbol(n) for n in names])
         except NotAffine as error:
+            if error.reason == NOT_INT64:
+                raise self.not_int64(node, error) from None
             if error.reason != NON_INTEGER:
                 raise self.not_affine(node, _NOT_AFFINE[error.reason]) from None
             raise IndexExpressionError(
@@ -346,6 +357,18 @@ class _Translator:
                 expected=_AFFINE_EXAMPLE,
             ) from None
 
+    def not_int64(self, node: Expr, error: NotAffine) -> IndexExpressionError:
+        where = "offset" if error.index is None else "coefficient"
+        of = "" if error.index is None else f" of '{error.index}'"
+        return IndexExpressionError(
+            f"index expression '{_text(self.src, node.span)}' has {where} "
+            f"{error.coefficient}{of}, beyond int64",
+            self.src,
+            node.span,
+            expected="offsets and coefficients of magnitude at most 2**63 - 1 "
+            "(generated code computes indices in int64)",
+        )
+
     def index_expr(self, node: Expr, whole: Expr) -> sympy.Expr:
         """The sympy form of (part of) the index expression `whole`, built by the rules of
         `codegen.affine.combine`."""
@@ -354,6 +377,8 @@ class _Translator:
                 raise self.not_affine(whole, f"'{node.text}' is not an integer")
             return sympy.Integer(int(node.text))
         if isinstance(node, Name):
+            if node.name == INFINITY:
+                raise self.not_affine(whole, f"'{INFINITY}' is infinity, not an index")
             return index_symbol(node.name)
         if isinstance(node, Unary):
             operand = self.index_expr(node.operand, whole)
@@ -376,6 +401,29 @@ class _Translator:
             whole.span,
             expected=_AFFINE_EXAMPLE,
         )
+
+
+#: Integer constants of this magnitude or more in values (not in index expressions) are
+#: floating-point constants: generated code computes integer values in int64 (where they
+#: would wrap), and JAX's default integers are 32-bit.
+LARGE_INTEGER = 2**31
+
+
+def _large_integers_as_floats(expr: Any) -> Any:
+    """`expr` with every integer constant of at least `LARGE_INTEGER` in magnitude, outside
+    tensor accesses, replaced by a sympy Float of the same value."""
+    if not isinstance(expr, sympy.Basic):
+        return expr
+    large = {}
+    walk = sympy.preorder_traversal(expr)
+    for node in walk:
+        if isinstance(node, sympy.Indexed):
+            walk.skip()  # index expressions keep exact integers
+        elif node.is_Integer and abs(node) >= LARGE_INTEGER:
+            large[node] = sympy.Float(node)
+    if not large:
+        return expr
+    return expr.xreplace({**large, **{read: read for read in expr.atoms(sympy.Indexed)}})
 
 
 def _number(text: str) -> sympy.Expr:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import pytest
 
 from codegen import nvrtc
 from codegen.cuda import CudaSource, emit_cuda
 from codegen.cuda_schedule import GpuSchedule, candidate_gpu_schedules, choose_gpu_schedule
+from tensordsl.lower import lower
+from tensordsl.parse import parse
 from tests.compile_only.nests import Named, all_nests, dtypes
 
 pytestmark = pytest.mark.skipif(
@@ -158,3 +161,19 @@ def test_saved_positions_compare_as_integers(name: str) -> None:
     assert "(float)in_M_argument" not in source.text
     assert "((idx_t)in_M_argument[" in source.text
     check_ptx(source)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "Y[i] := X[i] * 1000000000000000000000000000000 + i * 18446744073709551616",
+        "Y[i] := X[i + 9223372036854775807] * (i < 100000000000000000000)",
+    ],
+)
+def test_large_integers_compile_as_floats_and_int64(statement: str) -> None:
+    # Values at or above 2**63 are floating-point literals (NVRTC accepts an integer literal
+    # beyond 64 bits without a word); index offsets fit in int64.
+    source = emit_cuda(lower(parse(statement)).nest, dtypes={"X": "float32", "Y": "float32"})
+    check_ptx(source)
+    body = source.text[source.text.index("*/") :]  # the header shows the statement as typed
+    assert max(int(n) for n in re.findall(r"(?<![\w.])\d+(?![\w.])", body)) < 2**63

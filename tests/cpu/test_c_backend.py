@@ -210,7 +210,7 @@ def test_tiles_over_constrained_indices(strategy: str, width: int) -> None:
     source = emit_c(
         case.nest, dtypes=dict.fromkeys(["dY", "W", "dX"], "float32"), schedule=schedule
     )
-    assert "p0_ - " in source.text  # the interior-tile test
+    assert "o_p - " in source.text  # the interior-tile test
     out, expected = run_case(case, "float64", schedule)
     check(out, expected, "float64")
 

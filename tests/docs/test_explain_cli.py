@@ -117,3 +117,27 @@ def test_demo_checks_every_kernel_and_shows_build_progress(capsys):
     for name in ("matmul", "pairwise distances", "1-D convolution", "logsumexp rows"):
         assert f"{name}: [1/" in captured.err
         assert re.search(rf"^{re.escape(name)} .* \d\.\de[-+]\d\d ", captured.out, re.M)
+
+
+def test_explain_of_a_program_has_a_section_per_statement(capsys):
+    program = "C[i] := X[i+k] * W[k]; D[i] := C[i+1] - C[i]  # a shifted difference"
+    out, _ = _explain(capsys, program, "--shapes", "X=10", "W=3", "--source", "c")
+    headings = [
+        "inputs     X, W   outputs D",
+        "program of 2 statements, run in order, each as its own kernel (every intermediate is "
+        "stored)",
+        "  C: shape (-W.shape[0] + X.shape[0] + 1,)   intermediate",
+        "statement 1 (line 1): C[i] := X[i+k] * W[k]",
+        "  gradient of W",
+        "statement 2 (line 1): D[i] := C[i+1] - C[i]",
+        "    D[i] = -C[i] + C[i + 1]",
+        "      i in [0, 7)",
+        "  gradient of C",
+        "schedules of statement 1, C (float32)",
+        "schedules of statement 2, D (float32)",
+        "--- C.forward (c) ---",
+        "--- D.grad_C (c) ---",
+    ]
+    positions = [out.find(h) for h in headings]
+    assert -1 not in positions, [h for h, p in zip(headings, positions) if p < 0]
+    assert positions == sorted(positions)

@@ -185,6 +185,25 @@ def test_logsumexp_combine_with_empty_blocks(rng):
     close(got, jax.nn.logsumexp(jnp.asarray(x), axis=1))
 
 
+@pytest.mark.parametrize(
+    ("reduce", "reference"), REDUCTIONS[1:], ids=[r[0] for r in REDUCTIONS[1:]]
+)
+def test_nan_and_infinities_cross_the_device_combine(reduce, reference):
+    # Each device reduces two columns: NaN in one device's block, in two, everywhere; with
+    # +inf in another block; infinities alone. NaN propagates, as in jnp.
+    x = np.random.default_rng(7).normal(size=(7, 8))
+    x[0, 1] = np.nan
+    x[1, [2, 5]] = np.nan
+    x[2, :] = np.nan
+    x[3, [0, 7]] = [np.inf, np.nan]
+    x[4, [3, 4]] = [np.nan, -np.inf]
+    x[5, 3] = np.inf
+    x[6, :] = -np.inf
+    k = td.kernel("Y[i] := X[i,k]", reduce=reduce, backend="c")
+    got = jax.jit(k)(shard(jnp.asarray(x), None, "d"))
+    close(got, reference(jnp.asarray(x)))
+
+
 def test_split_reduced_index_of_prod_is_gathered(rng):
     k = td.kernel("Y[i] := X[i,k]", reduce="prod", backend="c")
     x = jnp.asarray(rng.normal(size=(6, 8)))

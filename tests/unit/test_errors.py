@@ -56,6 +56,13 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
     "scalar_as_tensor": ("Y[i] := a * a[i]", {}, None, UnknownNameError),
     "index_as_tensor": ("Y[i] := X[i] * i[i]", {}, None, UnknownNameError),
     "division_by_zero": ("Y[i] := X[i] / 0", {}, None, ExpressionError),
+    "offset_beyond_int64": ("Y[i] := X[i+18446744073709551616]", {}, None, IndexExpressionError),
+    "coefficient_beyond_int64": (
+        "Y[i] := X[9223372036854775808*i]",
+        {},
+        None,
+        IndexExpressionError,
+    ),
     "disagreeing_extents": (
         "C[i,j] := A[i,k] * B[k,j]",
         {},
@@ -65,6 +72,13 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
     "wrong_rank": ("C[i,j] := A[i,k] * B[k,j]", {}, {"A": (2, 3, 1), "B": (3, 5)}, ShapeError),
     "scalar_given_array": ("Y[i] := a * X[i]", {}, {"a": (3,), "X": (3,)}, ShapeError),
     "kernel_longer_than_signal": ("Y[i] := X[i+k] * W[k]", {}, {"X": (3,), "W": (6,)}, RangeError),
+    "index_beyond_int64": ("Y[i] := X[i-9223372036854775807]", {}, {"X": (4,)}, RangeError),
+    "index_arithmetic_beyond_int64": (
+        "Y[i] := X[i+j-4611686018427387904] * W[j]",
+        {},
+        {"X": (4,), "W": (3,)},
+        RangeError,
+    ),
     "out_of_bounds_explicit": (
         "Y[i] := X[i+j] * W[j+1]",
         {"ranges": {"j": range(-1, 2)}},

@@ -45,47 +45,47 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
     const int64_t s_A_0 = params[3];
     const int64_t s_A_1 = params[4];
     const int64_t work_ = params[5];
-    const int64_t ia_ = 0;
-    const int64_t ie_ = P0;
-    const int64_t it_ = tdsl_tiles(0, ia_, ie_, P0, 4);
+    const int64_t ta_i = 0;
+    const int64_t te_i = P0;
+    const int64_t nt_i = tdsl_tiles(0, ta_i, te_i, P0, 4);
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t ii_ = 0; ii_ < it_; ++ii_) {
+    for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
         int64_t wn_;
-        const int64_t i0_ = tdsl_tile(ii_, 0, ia_, ie_, P0, 4, &wn_);
+        const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 4, &wn_);
         if (wn_ == 4) {
             float acc_[4][8];
             int64_t acc_b_[4][8];
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < 4; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     acc_[w_][l_] = -INFINITY;
                     acc_b_[w_][l_] = -1;
                 }
             }
             {
-                for (int64_t j = 0; j < P2; ++j) {
+                for (int64_t v_j = 0; v_j < P2; ++v_j) {
                     {
-                        int64_t k0_ = 0;
-                        for (; k0_ + 8 <= P1; k0_ += 8) {
+                        int64_t o_k = 0;
+                        for (; o_k + 8 <= P1; o_k += 8) {
                             #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < 4; ++w_) {
-                                const int64_t i = i0_ + w_;
+                                const int64_t v_i = o_i + w_;
                                 #pragma omp simd
                                 for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                    const int64_t k = k0_ + l_;
-                                    const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                                    const int64_t pos_ = P1*j + k;
+                                    const int64_t v_k = o_k + l_;
+                                    const float val_ = in_A[v_i*s_A_0 + v_j*s_A_1 + v_k];
+                                    const int64_t pos_ = P1*v_j + v_k;
                                     { const int t_ = (acc_b_[w_][l_] < 0 || val_ > acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] == acc_[w_][l_]) || ((val_ == acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] != acc_[w_][l_])) && pos_ < acc_b_[w_][l_])); acc_[w_][l_] = t_ ? val_ : acc_[w_][l_]; acc_b_[w_][l_] = t_ ? pos_ : acc_b_[w_][l_]; }
                                 }
                             }
                         }
-                        for (int64_t k = k0_; k < P1; ++k) {
+                        for (int64_t v_k = o_k; v_k < P1; ++v_k) {
                             #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < 4; ++w_) {
-                                const int64_t i = i0_ + w_;
-                                const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                                const int64_t pos_ = P1*j + k;
+                                const int64_t v_i = o_i + w_;
+                                const float val_ = in_A[v_i*s_A_0 + v_j*s_A_1 + v_k];
+                                const int64_t pos_ = P1*v_j + v_k;
                                 { const int t_ = (acc_b_[w_][0] < 0 || val_ > acc_[w_][0] || (val_ != val_ && acc_[w_][0] == acc_[w_][0]) || ((val_ == acc_[w_][0] || (val_ != val_ && acc_[w_][0] != acc_[w_][0])) && pos_ < acc_b_[w_][0])); acc_[w_][0] = t_ ? val_ : acc_[w_][0]; acc_b_[w_][0] = t_ ? pos_ : acc_b_[w_][0]; }
                             }
                         }
@@ -94,48 +94,48 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
             }
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < 4; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 float tot_ = -INFINITY;
                 int64_t tot_b_ = -1;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     { const int t_ = acc_b_[w_][l_] >= 0 && (tot_b_ < 0 || acc_[w_][l_] > tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ == tot_) || ((acc_[w_][l_] == tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ != tot_)) && acc_b_[w_][l_] < tot_b_)); tot_ = t_ ? acc_[w_][l_] : tot_; tot_b_ = t_ ? acc_b_[w_][l_] : tot_b_; }
                 }
-                out_[i] = (int32_t)(tot_b_);
+                out_[v_i] = (int32_t)(tot_b_);
             }
         } else {
             float acc_[4][8];
             int64_t acc_b_[4][8];
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     acc_[w_][l_] = -INFINITY;
                     acc_b_[w_][l_] = -1;
                 }
             }
             {
-                for (int64_t j = 0; j < P2; ++j) {
+                for (int64_t v_j = 0; v_j < P2; ++v_j) {
                     {
-                        int64_t k0_ = 0;
-                        for (; k0_ + 8 <= P1; k0_ += 8) {
+                        int64_t o_k = 0;
+                        for (; o_k + 8 <= P1; o_k += 8) {
                             #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                const int64_t i = i0_ + w_;
+                                const int64_t v_i = o_i + w_;
                                 #pragma omp simd
                                 for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                    const int64_t k = k0_ + l_;
-                                    const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                                    const int64_t pos_ = P1*j + k;
+                                    const int64_t v_k = o_k + l_;
+                                    const float val_ = in_A[v_i*s_A_0 + v_j*s_A_1 + v_k];
+                                    const int64_t pos_ = P1*v_j + v_k;
                                     { const int t_ = (acc_b_[w_][l_] < 0 || val_ > acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] == acc_[w_][l_]) || ((val_ == acc_[w_][l_] || (val_ != val_ && acc_[w_][l_] != acc_[w_][l_])) && pos_ < acc_b_[w_][l_])); acc_[w_][l_] = t_ ? val_ : acc_[w_][l_]; acc_b_[w_][l_] = t_ ? pos_ : acc_b_[w_][l_]; }
                                 }
                             }
                         }
-                        for (int64_t k = k0_; k < P1; ++k) {
+                        for (int64_t v_k = o_k; v_k < P1; ++v_k) {
                             #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                const int64_t i = i0_ + w_;
-                                const float val_ = in_A[i*s_A_0 + j*s_A_1 + k];
-                                const int64_t pos_ = P1*j + k;
+                                const int64_t v_i = o_i + w_;
+                                const float val_ = in_A[v_i*s_A_0 + v_j*s_A_1 + v_k];
+                                const int64_t pos_ = P1*v_j + v_k;
                                 { const int t_ = (acc_b_[w_][0] < 0 || val_ > acc_[w_][0] || (val_ != val_ && acc_[w_][0] == acc_[w_][0]) || ((val_ == acc_[w_][0] || (val_ != val_ && acc_[w_][0] != acc_[w_][0])) && pos_ < acc_b_[w_][0])); acc_[w_][0] = t_ ? val_ : acc_[w_][0]; acc_b_[w_][0] = t_ ? pos_ : acc_b_[w_][0]; }
                             }
                         }
@@ -144,13 +144,13 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
             }
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 float tot_ = -INFINITY;
                 int64_t tot_b_ = -1;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     { const int t_ = acc_b_[w_][l_] >= 0 && (tot_b_ < 0 || acc_[w_][l_] > tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ == tot_) || ((acc_[w_][l_] == tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ != tot_)) && acc_b_[w_][l_] < tot_b_)); tot_ = t_ ? acc_[w_][l_] : tot_; tot_b_ = t_ ? acc_b_[w_][l_] : tot_b_; }
                 }
-                out_[i] = (int32_t)(tot_b_);
+                out_[v_i] = (int32_t)(tot_b_);
             }
         }
     }

@@ -52,9 +52,9 @@ void tdsl_s_forward_20635daf(void *out, const void *const *operands, const int64
         {
             const int64_t lo_ = 0, len_ = tdsl_imax(P0 - lo_, 0);
             {
-                for (int64_t i = lo_ + len_*c_/64; i < lo_ + len_*(c_ + 1)/64; ++i) {
-                    for (int64_t j = 0; j < P1; ++j) {
-                        const float val_ = in_A[i*s_A_0 + j]*in_B[i*s_B_0 + j];
+                for (int64_t v_i = lo_ + len_*c_/64; v_i < lo_ + len_*(c_ + 1)/64; ++v_i) {
+                    for (int64_t v_j = 0; v_j < P1; ++v_j) {
+                        const float val_ = in_A[v_i*s_A_0 + v_j]*in_B[v_i*s_B_0 + v_j];
                         acc_ += val_;
                     }
                 }

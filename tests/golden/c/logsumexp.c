@@ -44,15 +44,15 @@ void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64
     const int64_t s_A_0 = params[2];
     const int64_t work_ = params[3];
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t i = 0; i < P1; ++i) {
+    for (int64_t v_i = 0; v_i < P1; ++v_i) {
         float acc_ = -INFINITY;
         float acc_b_ = 0;
         {
-            for (int64_t k = 0; k < P0; ++k) {
-                const float val_ = 3*in_A[i*s_A_0 + k];
-                if (val_ > acc_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+            for (int64_t v_k = 0; v_k < P0; ++v_k) {
+                const float val_ = 3*in_A[v_i*s_A_0 + v_k];
+                if (val_ > acc_ || val_ != val_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
             }
         }
-        out_[i] = (acc_ == -INFINITY ? -INFINITY : acc_ + logf(acc_b_));
+        out_[v_i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);
     }
 }

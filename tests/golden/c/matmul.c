@@ -47,40 +47,40 @@ void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64
     const int64_t s_B_0 = params[4];
     const int64_t s_OUT_0 = params[5];
     const int64_t work_ = params[6];
-    const int64_t ia_ = 0;
-    const int64_t ie_ = P0;
-    const int64_t it_ = tdsl_tiles(0, ia_, ie_, P0, 6);
-    const int64_t ja_ = 0;
-    const int64_t je_ = P1;
-    const int64_t jt_ = tdsl_tiles(0, ja_, je_, P1, 32);
+    const int64_t ta_i = 0;
+    const int64_t te_i = P0;
+    const int64_t nt_i = tdsl_tiles(0, ta_i, te_i, P0, 6);
+    const int64_t ta_j = 0;
+    const int64_t te_j = P1;
+    const int64_t nt_j = tdsl_tiles(0, ta_j, te_j, P1, 32);
     #pragma omp parallel for collapse(2) schedule(static) if(work_ >= 65536)
-    for (int64_t ii_ = 0; ii_ < it_; ++ii_) {
-        for (int64_t ji_ = 0; ji_ < jt_; ++ji_) {
+    for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
+        for (int64_t ti_j = 0; ti_j < nt_j; ++ti_j) {
             int64_t rn_;
-            const int64_t i0_ = tdsl_tile(ii_, 0, ia_, ie_, P0, 6, &rn_);
+            const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 6, &rn_);
             int64_t wn_;
-            const int64_t j0_ = tdsl_tile(ji_, 0, ja_, je_, P1, 32, &wn_);
+            const int64_t o_j = tdsl_tile(ti_j, 0, ta_j, te_j, P1, 32, &wn_);
             if (rn_ == 6 && wn_ == 32) {
                 float acc_[6][32];
                 #pragma GCC unroll 6
                 for (int64_t r_ = 0; r_ < 6; ++r_) {
-                    const int64_t i = i0_ + r_;
+                    const int64_t v_i = o_i + r_;
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t j = j0_ + w_;
+                        const int64_t v_j = o_j + w_;
                         acc_[r_][w_] = 0;
                     }
                 }
                 {
-                    for (int64_t k = 0; k < P2; ++k) {
+                    for (int64_t v_k = 0; v_k < P2; ++v_k) {
                         #pragma GCC unroll 6
                         for (int64_t r_ = 0; r_ < 6; ++r_) {
-                            const int64_t i = i0_ + r_;
-                            const float t0_ = in_A[i*s_A_0 + k];
+                            const int64_t v_i = o_i + r_;
+                            const float t0_ = in_A[v_i*s_A_0 + v_k];
                             #pragma omp simd
                             for (int64_t w_ = 0; w_ < 32; ++w_) {
-                                const int64_t j = j0_ + w_;
-                                const float val_ = t0_*in_B[k*s_B_0 + j];
+                                const int64_t v_j = o_j + w_;
+                                const float val_ = t0_*in_B[v_k*s_B_0 + v_j];
                                 acc_[r_][w_] += val_;
                             }
                         }
@@ -88,34 +88,34 @@ void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64
                 }
                 #pragma GCC unroll 6
                 for (int64_t r_ = 0; r_ < 6; ++r_) {
-                    const int64_t i = i0_ + r_;
+                    const int64_t v_i = o_i + r_;
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t j = j0_ + w_;
-                        out_[i*s_OUT_0 + j] = acc_[r_][w_];
+                        const int64_t v_j = o_j + w_;
+                        out_[v_i*s_OUT_0 + v_j] = acc_[r_][w_];
                     }
                 }
             } else {
                 float acc_[6][32];
                 #pragma GCC unroll 6
                 for (int64_t r_ = 0; r_ < rn_; ++r_) {
-                    const int64_t i = i0_ + r_;
+                    const int64_t v_i = o_i + r_;
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t j = j0_ + w_;
+                        const int64_t v_j = o_j + w_;
                         acc_[r_][w_] = 0;
                     }
                 }
                 {
-                    for (int64_t k = 0; k < P2; ++k) {
+                    for (int64_t v_k = 0; v_k < P2; ++v_k) {
                         #pragma GCC unroll 6
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
-                            const int64_t i = i0_ + r_;
-                            const float t1_ = in_A[i*s_A_0 + k];
+                            const int64_t v_i = o_i + r_;
+                            const float t1_ = in_A[v_i*s_A_0 + v_k];
                             #pragma omp simd
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                const int64_t j = j0_ + w_;
-                                const float val_ = t1_*in_B[k*s_B_0 + j];
+                                const int64_t v_j = o_j + w_;
+                                const float val_ = t1_*in_B[v_k*s_B_0 + v_j];
                                 acc_[r_][w_] += val_;
                             }
                         }
@@ -123,11 +123,11 @@ void tdsl_C_forward_9b0e2d54(void *out, const void *const *operands, const int64
                 }
                 #pragma GCC unroll 6
                 for (int64_t r_ = 0; r_ < rn_; ++r_) {
-                    const int64_t i = i0_ + r_;
+                    const int64_t v_i = o_i + r_;
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t j = j0_ + w_;
-                        out_[i*s_OUT_0 + j] = acc_[r_][w_];
+                        const int64_t v_j = o_j + w_;
+                        out_[v_i*s_OUT_0 + v_j] = acc_[r_][w_];
                     }
                 }
             }

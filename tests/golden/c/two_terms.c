@@ -48,43 +48,43 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
     const int64_t s_A_0 = params[3];
     const int64_t s_B_0 = params[4];
     const int64_t work_ = params[5];
-    const int64_t ia_ = 0;
-    const int64_t ie_ = P0;
-    const int64_t it_ = tdsl_tiles(0, ia_, ie_, P0, 4);
+    const int64_t ta_i = 0;
+    const int64_t te_i = P0;
+    const int64_t nt_i = tdsl_tiles(0, ta_i, te_i, P0, 4);
     #pragma omp parallel for schedule(static) if(work_ >= 65536)
-    for (int64_t ii_ = 0; ii_ < it_; ++ii_) {
+    for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
         int64_t wn_;
-        const int64_t i0_ = tdsl_tile(ii_, 0, ia_, ie_, P0, 4, &wn_);
+        const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 4, &wn_);
         if (wn_ == 4) {
             float acc_[4][8];
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < 4; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     acc_[w_][l_] = 0;
                 }
             }
             {
                 {
-                    int64_t k0_ = 0;
-                    for (; k0_ + 8 <= P1; k0_ += 8) {
+                    int64_t o_k = 0;
+                    for (; o_k + 8 <= P1; o_k += 8) {
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t i = i0_ + w_;
+                            const int64_t v_i = o_i + w_;
                             #pragma omp simd
                             for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t k = k0_ + l_;
-                                const float val_ = in_A[i*s_A_0 + k]*in_x[k];
+                                const int64_t v_k = o_k + l_;
+                                const float val_ = in_A[v_i*s_A_0 + v_k]*in_x[v_k];
                                 acc_[w_][l_] += val_;
                             }
                         }
                     }
-                    for (int64_t k = k0_; k < P1; ++k) {
-                        const float t0_ = in_x[k];
+                    for (int64_t v_k = o_k; v_k < P1; ++v_k) {
+                        const float t0_ = in_x[v_k];
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            const float val_ = t0_*in_A[i*s_A_0 + k];
+                            const int64_t v_i = o_i + w_;
+                            const float val_ = t0_*in_A[v_i*s_A_0 + v_k];
                             acc_[w_][0] += val_;
                         }
                     }
@@ -92,24 +92,24 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
             }
             {
                 {
-                    int64_t j0_ = 0;
-                    for (; j0_ + 8 <= P2; j0_ += 8) {
+                    int64_t o_j = 0;
+                    for (; o_j + 8 <= P2; o_j += 8) {
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t i = i0_ + w_;
+                            const int64_t v_i = o_i + w_;
                             #pragma omp simd
                             for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t j = j0_ + l_;
-                                const float val_ = 2*in_B[j*s_B_0 + i];
+                                const int64_t v_j = o_j + l_;
+                                const float val_ = 2*in_B[v_j*s_B_0 + v_i];
                                 acc_[w_][l_] += val_;
                             }
                         }
                     }
-                    for (int64_t j = j0_; j < P2; ++j) {
+                    for (int64_t v_j = o_j; v_j < P2; ++v_j) {
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            const float val_ = 2*in_B[j*s_B_0 + i];
+                            const int64_t v_i = o_i + w_;
+                            const float val_ = 2*in_B[v_j*s_B_0 + v_i];
                             acc_[w_][0] += val_;
                         }
                     }
@@ -117,43 +117,43 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
             }
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < 4; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 float tot_ = 0;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     tot_ += acc_[w_][l_];
                 }
-                out_[i] = tot_;
+                out_[v_i] = tot_;
             }
         } else {
             float acc_[4][8];
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     acc_[w_][l_] = 0;
                 }
             }
             {
                 {
-                    int64_t k0_ = 0;
-                    for (; k0_ + 8 <= P1; k0_ += 8) {
+                    int64_t o_k = 0;
+                    for (; o_k + 8 <= P1; o_k += 8) {
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t i = i0_ + w_;
+                            const int64_t v_i = o_i + w_;
                             #pragma omp simd
                             for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t k = k0_ + l_;
-                                const float val_ = in_A[i*s_A_0 + k]*in_x[k];
+                                const int64_t v_k = o_k + l_;
+                                const float val_ = in_A[v_i*s_A_0 + v_k]*in_x[v_k];
                                 acc_[w_][l_] += val_;
                             }
                         }
                     }
-                    for (int64_t k = k0_; k < P1; ++k) {
-                        const float t1_ = in_x[k];
+                    for (int64_t v_k = o_k; v_k < P1; ++v_k) {
+                        const float t1_ = in_x[v_k];
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            const float val_ = t1_*in_A[i*s_A_0 + k];
+                            const int64_t v_i = o_i + w_;
+                            const float val_ = t1_*in_A[v_i*s_A_0 + v_k];
                             acc_[w_][0] += val_;
                         }
                     }
@@ -161,24 +161,24 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
             }
             {
                 {
-                    int64_t j0_ = 0;
-                    for (; j0_ + 8 <= P2; j0_ += 8) {
+                    int64_t o_j = 0;
+                    for (; o_j + 8 <= P2; o_j += 8) {
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t i = i0_ + w_;
+                            const int64_t v_i = o_i + w_;
                             #pragma omp simd
                             for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t j = j0_ + l_;
-                                const float val_ = 2*in_B[j*s_B_0 + i];
+                                const int64_t v_j = o_j + l_;
+                                const float val_ = 2*in_B[v_j*s_B_0 + v_i];
                                 acc_[w_][l_] += val_;
                             }
                         }
                     }
-                    for (int64_t j = j0_; j < P2; ++j) {
+                    for (int64_t v_j = o_j; v_j < P2; ++v_j) {
                         #pragma GCC unroll 4
                         for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t i = i0_ + w_;
-                            const float val_ = 2*in_B[j*s_B_0 + i];
+                            const int64_t v_i = o_i + w_;
+                            const float val_ = 2*in_B[v_j*s_B_0 + v_i];
                             acc_[w_][0] += val_;
                         }
                     }
@@ -186,12 +186,12 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
             }
             #pragma GCC unroll 4
             for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t i = i0_ + w_;
+                const int64_t v_i = o_i + w_;
                 float tot_ = 0;
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     tot_ += acc_[w_][l_];
                 }
-                out_[i] = tot_;
+                out_[v_i] = tot_;
             }
         }
     }

@@ -37,16 +37,16 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_M_argument_argument_5d5c9
     const idx_t s_X_0 = (idx_t)s_X_0_;
     for (idx_t e_ = (idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x; e_ < P1; e_ += (idx_t)gridDim.x*(idx_t)blockDim.x) {
         idx_t q_ = e_;
-        const idx_t i = 0 + (q_);
+        const idx_t v_i = 0 + (q_);
         float acc_ = -INFINITY;
         long long acc_b_ = -1;
         {
-            for (idx_t j = 0; j < P0; ++j) {
-                const float val_ = in_X[i*s_X_0 + j];
-                const idx_t pos_ = j;
+            for (idx_t v_j = 0; v_j < P0; ++v_j) {
+                const float val_ = in_X[v_i*s_X_0 + v_j];
+                const idx_t pos_ = v_j;
                 { const int t_ = (acc_b_ < 0 || val_ > acc_ || (val_ != val_ && acc_ == acc_) || ((val_ == acc_ || (val_ != val_ && acc_ != acc_)) && pos_ < acc_b_)); acc_ = t_ ? val_ : acc_; acc_b_ = t_ ? pos_ : acc_b_; }
             }
         }
-        out_[i] = (int)(acc_b_);
+        out_[v_i] = (int)(acc_b_);
     }
 }

@@ -65,11 +65,11 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
     const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;
     for (idx_t bz_ = blockIdx.z; bz_ < P7; bz_ += gridDim.z) {
         idx_t q_ = bz_;
-        const idx_t y = 0 + (q_);
+        const idx_t v_y = 0 + (q_);
         for (idx_t by_ = blockIdx.y; by_ < P5; by_ += gridDim.y) {
             for (idx_t bx_ = blockIdx.x; bx_ < P6; bx_ += gridDim.x) {
-                const idx_t o0_ = 0 + by_*64;
-                const idx_t x0_ = 0 + bx_*64;
+                const idx_t o_o = 0 + by_*64;
+                const idx_t o_x = 0 + bx_*64;
                 float acc_[4][4];
                 for (int r_ = 0; r_ < 4; ++r_) {
                     for (int c_ = 0; c_ < 4; ++c_) {
@@ -77,19 +77,19 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
                     }
                 }
                 float a_[4], b_[4];
-                for (idx_t c = 0; c < P4; ++c) {
-                    for (idx_t dy = 0; dy < P3; ++dy) {
+                for (idx_t v_c = 0; v_c < P4; ++v_c) {
+                    for (idx_t v_dy = 0; v_dy < P3; ++v_dy) {
                         {
                             const idx_t lo_ = 0, hi_ = P2;
-                            for (idx_t dx0_ = lo_; dx0_ < hi_; dx0_ += 16) {
+                            for (idx_t o_dx = lo_; o_dx < hi_; o_dx += 16) {
                                 #pragma unroll
                                 for (int l_ = 0; l_ < 4; ++l_) {
                                     const int t_ = tid_ + 256*l_;
                                     if (t_ < 1024) {
                                         const int kk_ = t_ % 16, xx_ = t_ / 16;
-                                        const idx_t o = o0_ + xx_;
-                                        const idx_t dx = dx0_ + kk_;
-                                        As_[kk_][xx_] = (o < P0 && dx < hi_) ? (in_K[o*s_K_0 + c*s_K_1 + dy*s_K_2 + dx]) : (float)0;
+                                        const idx_t v_o = o_o + xx_;
+                                        const idx_t v_dx = o_dx + kk_;
+                                        As_[kk_][xx_] = (v_o < P0 && v_dx < hi_) ? (in_K[v_o*s_K_0 + v_c*s_K_1 + v_dy*s_K_2 + v_dx]) : (float)0;
                                     }
                                 }
                                 #pragma unroll
@@ -97,9 +97,9 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
                                     const int t_ = tid_ + 256*l_;
                                     if (t_ < 1024) {
                                         const int kk_ = t_ % 16, xx_ = t_ / 16;
-                                        const idx_t x = x0_ + xx_;
-                                        const idx_t dx = dx0_ + kk_;
-                                        Bs_[kk_][xx_] = (x < P1 && dx < hi_) ? (in_I[c*s_I_0 + (dy + y)*s_I_1 + dx + x]) : (float)0;
+                                        const idx_t v_x = o_x + xx_;
+                                        const idx_t v_dx = o_dx + kk_;
+                                        Bs_[kk_][xx_] = (v_x < P1 && v_dx < hi_) ? (in_I[v_c*s_I_0 + (v_dy + v_y)*s_I_1 + v_dx + v_x]) : (float)0;
                                     }
                                 }
                                 __syncthreads();
@@ -136,115 +136,115 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 0;
-                    const idx_t x = x0_ + tx_ + 0;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[0][0];
+                    const idx_t v_o = o_o + ty_ + 0;
+                    const idx_t v_x = o_x + tx_ + 0;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][0];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 0;
-                    const idx_t x = x0_ + tx_ + 16;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[0][1];
+                    const idx_t v_o = o_o + ty_ + 0;
+                    const idx_t v_x = o_x + tx_ + 16;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][1];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 0;
-                    const idx_t x = x0_ + tx_ + 32;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[0][2];
+                    const idx_t v_o = o_o + ty_ + 0;
+                    const idx_t v_x = o_x + tx_ + 32;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][2];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 0;
-                    const idx_t x = x0_ + tx_ + 48;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[0][3];
+                    const idx_t v_o = o_o + ty_ + 0;
+                    const idx_t v_x = o_x + tx_ + 48;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][3];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 16;
-                    const idx_t x = x0_ + tx_ + 0;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[1][0];
+                    const idx_t v_o = o_o + ty_ + 16;
+                    const idx_t v_x = o_x + tx_ + 0;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][0];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 16;
-                    const idx_t x = x0_ + tx_ + 16;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[1][1];
+                    const idx_t v_o = o_o + ty_ + 16;
+                    const idx_t v_x = o_x + tx_ + 16;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][1];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 16;
-                    const idx_t x = x0_ + tx_ + 32;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[1][2];
+                    const idx_t v_o = o_o + ty_ + 16;
+                    const idx_t v_x = o_x + tx_ + 32;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][2];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 16;
-                    const idx_t x = x0_ + tx_ + 48;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[1][3];
+                    const idx_t v_o = o_o + ty_ + 16;
+                    const idx_t v_x = o_x + tx_ + 48;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][3];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 32;
-                    const idx_t x = x0_ + tx_ + 0;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[2][0];
+                    const idx_t v_o = o_o + ty_ + 32;
+                    const idx_t v_x = o_x + tx_ + 0;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][0];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 32;
-                    const idx_t x = x0_ + tx_ + 16;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[2][1];
+                    const idx_t v_o = o_o + ty_ + 32;
+                    const idx_t v_x = o_x + tx_ + 16;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][1];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 32;
-                    const idx_t x = x0_ + tx_ + 32;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[2][2];
+                    const idx_t v_o = o_o + ty_ + 32;
+                    const idx_t v_x = o_x + tx_ + 32;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][2];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 32;
-                    const idx_t x = x0_ + tx_ + 48;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[2][3];
+                    const idx_t v_o = o_o + ty_ + 32;
+                    const idx_t v_x = o_x + tx_ + 48;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][3];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 48;
-                    const idx_t x = x0_ + tx_ + 0;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[3][0];
+                    const idx_t v_o = o_o + ty_ + 48;
+                    const idx_t v_x = o_x + tx_ + 0;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][0];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 48;
-                    const idx_t x = x0_ + tx_ + 16;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[3][1];
+                    const idx_t v_o = o_o + ty_ + 48;
+                    const idx_t v_x = o_x + tx_ + 16;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][1];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 48;
-                    const idx_t x = x0_ + tx_ + 32;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[3][2];
+                    const idx_t v_o = o_o + ty_ + 48;
+                    const idx_t v_x = o_x + tx_ + 32;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][2];
                     }
                 }
                 {
-                    const idx_t o = o0_ + ty_ + 48;
-                    const idx_t x = x0_ + tx_ + 48;
-                    if (o < P0 && x < P1) {
-                        out_[o*s_OUT_0 + y*s_OUT_1 + x] = acc_[3][3];
+                    const idx_t v_o = o_o + ty_ + 48;
+                    const idx_t v_x = o_x + tx_ + 48;
+                    if (v_o < P0 && v_x < P1) {
+                        out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][3];
                     }
                 }
             }

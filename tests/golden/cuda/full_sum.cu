@@ -43,9 +43,9 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_s_forward_d2bdc5ac(
         idx_t q_ = e_;
         float acc_ = 0;
         {
-            for (idx_t i = 0; i < P1; ++i) {
-                for (idx_t j = 0 + (idx_t)threadIdx.x; j < P0; j += (idx_t)blockDim.x) {
-                    const float val_ = in_X[i*s_X_0 + j]*in_Y[i*s_Y_0 + j];
+            for (idx_t v_i = 0; v_i < P1; ++v_i) {
+                for (idx_t v_j = 0 + (idx_t)threadIdx.x; v_j < P0; v_j += (idx_t)blockDim.x) {
+                    const float val_ = in_X[v_i*s_X_0 + v_j]*in_Y[v_i*s_Y_0 + v_j];
                     acc_ += val_;
                 }
             }

@@ -37,15 +37,15 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_L_forward_53b8c4c6(
     const idx_t s_X_0 = (idx_t)s_X_0_;
     for (idx_t e_ = (idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x; e_ < P1; e_ += (idx_t)gridDim.x*(idx_t)blockDim.x) {
         idx_t q_ = e_;
-        const idx_t i = 0 + (q_);
+        const idx_t v_i = 0 + (q_);
         float acc_ = -INFINITY;
         float acc_b_ = 0;
         {
-            for (idx_t j = 0; j < P0; ++j) {
-                const float val_ = in_X[i*s_X_0 + j];
-                if (val_ > acc_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+            for (idx_t v_j = 0; v_j < P0; ++v_j) {
+                const float val_ = in_X[v_i*s_X_0 + v_j];
+                if (val_ > acc_ || val_ != val_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
             }
         }
-        out_[i] = (acc_ == -INFINITY ? -INFINITY : acc_ + logf(acc_b_));
+        out_[v_i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);
     }
 }

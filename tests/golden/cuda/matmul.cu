@@ -52,8 +52,8 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_C_forward_3cc97cb2(
     for (idx_t bz_ = blockIdx.z; bz_ < 1; bz_ += gridDim.z) {
         for (idx_t by_ = blockIdx.y; by_ < P3; by_ += gridDim.y) {
             for (idx_t bx_ = blockIdx.x; bx_ < P4; bx_ += gridDim.x) {
-                const idx_t i0_ = 0 + by_*64;
-                const idx_t j0_ = 0 + bx_*64;
+                const idx_t o_i = 0 + by_*64;
+                const idx_t o_j = 0 + bx_*64;
                 float acc_[4][4];
                 for (int r_ = 0; r_ < 4; ++r_) {
                     for (int c_ = 0; c_ < 4; ++c_) {
@@ -63,15 +63,15 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_C_forward_3cc97cb2(
                 float a_[4], b_[4];
                 {
                     const idx_t lo_ = 0, hi_ = P2;
-                    for (idx_t k0_ = lo_; k0_ < hi_; k0_ += 16) {
+                    for (idx_t o_k = lo_; o_k < hi_; o_k += 16) {
                         #pragma unroll
                         for (int l_ = 0; l_ < 4; ++l_) {
                             const int t_ = tid_ + 256*l_;
                             if (t_ < 1024) {
                                 const int kk_ = t_ % 16, xx_ = t_ / 16;
-                                const idx_t i = i0_ + xx_;
-                                const idx_t k = k0_ + kk_;
-                                As_[kk_][xx_] = (i < P0 && k < hi_) ? (in_A[i*s_A_0 + k]) : (float)0;
+                                const idx_t v_i = o_i + xx_;
+                                const idx_t v_k = o_k + kk_;
+                                As_[kk_][xx_] = (v_i < P0 && v_k < hi_) ? (in_A[v_i*s_A_0 + v_k]) : (float)0;
                             }
                         }
                         #pragma unroll
@@ -79,9 +79,9 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_C_forward_3cc97cb2(
                             const int t_ = tid_ + 256*l_;
                             if (t_ < 1024) {
                                 const int kk_ = t_ / 64, xx_ = t_ % 64;
-                                const idx_t j = j0_ + xx_;
-                                const idx_t k = k0_ + kk_;
-                                Bs_[kk_][xx_] = (j < P1 && k < hi_) ? (in_B[k*s_B_0 + j]) : (float)0;
+                                const idx_t v_j = o_j + xx_;
+                                const idx_t v_k = o_k + kk_;
+                                Bs_[kk_][xx_] = (v_j < P1 && v_k < hi_) ? (in_B[v_k*s_B_0 + v_j]) : (float)0;
                             }
                         }
                         __syncthreads();
@@ -116,115 +116,115 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_C_forward_3cc97cb2(
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 0;
-                    const idx_t j = j0_ + tx_ + 0;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[0][0];
+                    const idx_t v_i = o_i + ty_ + 0;
+                    const idx_t v_j = o_j + tx_ + 0;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[0][0];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 0;
-                    const idx_t j = j0_ + tx_ + 16;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[0][1];
+                    const idx_t v_i = o_i + ty_ + 0;
+                    const idx_t v_j = o_j + tx_ + 16;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[0][1];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 0;
-                    const idx_t j = j0_ + tx_ + 32;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[0][2];
+                    const idx_t v_i = o_i + ty_ + 0;
+                    const idx_t v_j = o_j + tx_ + 32;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[0][2];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 0;
-                    const idx_t j = j0_ + tx_ + 48;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[0][3];
+                    const idx_t v_i = o_i + ty_ + 0;
+                    const idx_t v_j = o_j + tx_ + 48;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[0][3];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 16;
-                    const idx_t j = j0_ + tx_ + 0;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[1][0];
+                    const idx_t v_i = o_i + ty_ + 16;
+                    const idx_t v_j = o_j + tx_ + 0;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[1][0];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 16;
-                    const idx_t j = j0_ + tx_ + 16;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[1][1];
+                    const idx_t v_i = o_i + ty_ + 16;
+                    const idx_t v_j = o_j + tx_ + 16;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[1][1];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 16;
-                    const idx_t j = j0_ + tx_ + 32;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[1][2];
+                    const idx_t v_i = o_i + ty_ + 16;
+                    const idx_t v_j = o_j + tx_ + 32;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[1][2];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 16;
-                    const idx_t j = j0_ + tx_ + 48;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[1][3];
+                    const idx_t v_i = o_i + ty_ + 16;
+                    const idx_t v_j = o_j + tx_ + 48;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[1][3];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 32;
-                    const idx_t j = j0_ + tx_ + 0;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[2][0];
+                    const idx_t v_i = o_i + ty_ + 32;
+                    const idx_t v_j = o_j + tx_ + 0;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[2][0];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 32;
-                    const idx_t j = j0_ + tx_ + 16;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[2][1];
+                    const idx_t v_i = o_i + ty_ + 32;
+                    const idx_t v_j = o_j + tx_ + 16;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[2][1];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 32;
-                    const idx_t j = j0_ + tx_ + 32;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[2][2];
+                    const idx_t v_i = o_i + ty_ + 32;
+                    const idx_t v_j = o_j + tx_ + 32;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[2][2];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 32;
-                    const idx_t j = j0_ + tx_ + 48;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[2][3];
+                    const idx_t v_i = o_i + ty_ + 32;
+                    const idx_t v_j = o_j + tx_ + 48;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[2][3];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 48;
-                    const idx_t j = j0_ + tx_ + 0;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[3][0];
+                    const idx_t v_i = o_i + ty_ + 48;
+                    const idx_t v_j = o_j + tx_ + 0;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[3][0];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 48;
-                    const idx_t j = j0_ + tx_ + 16;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[3][1];
+                    const idx_t v_i = o_i + ty_ + 48;
+                    const idx_t v_j = o_j + tx_ + 16;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[3][1];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 48;
-                    const idx_t j = j0_ + tx_ + 32;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[3][2];
+                    const idx_t v_i = o_i + ty_ + 48;
+                    const idx_t v_j = o_j + tx_ + 32;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[3][2];
                     }
                 }
                 {
-                    const idx_t i = i0_ + ty_ + 48;
-                    const idx_t j = j0_ + tx_ + 48;
-                    if (i < P0 && j < P1) {
-                        out_[i*s_OUT_0 + j] = acc_[3][3];
+                    const idx_t v_i = o_i + ty_ + 48;
+                    const idx_t v_j = o_j + tx_ + 48;
+                    if (v_i < P0 && v_j < P1) {
+                        out_[v_i*s_OUT_0 + v_j] = acc_[3][3];
                     }
                 }
             }

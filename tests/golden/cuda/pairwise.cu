@@ -46,31 +46,31 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_D_forward_6c9ba07b(
     const idx_t s_OUT_0 = (idx_t)s_OUT_0_;
     for (idx_t e_ = (idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x; e_ < P2; e_ += (idx_t)gridDim.x*(idx_t)blockDim.x) {
         idx_t q_ = e_;
-        const idx_t j = 0 + (q_ % P3);
+        const idx_t v_j = 0 + (q_ % P3);
         q_ /= P3;
-        const idx_t i0_ = 0 + (q_)*4;
+        const idx_t o_i = 0 + (q_)*4;
         float acc_[4];
         #pragma unroll
         for (int r_ = 0; r_ < 4; ++r_) {
-            const idx_t i = i0_ + r_;
+            const idx_t v_i = o_i + r_;
             acc_[r_] = 0;
         }
         {
-            for (idx_t k = 0; k < P1; ++k) {
-                const float t0_ = -in_X[k*s_X_0 + j];
+            for (idx_t v_k = 0; v_k < P1; ++v_k) {
+                const float t0_ = -in_X[v_k*s_X_0 + v_j];
                 #pragma unroll
                 for (int r_ = 0; r_ < 4; ++r_) {
-                    const idx_t i = tdsl_imin(i0_ + r_, P0 - 1);
-                    const float val_ = ((t0_ + in_W[k*s_W_0 + i])*(t0_ + in_W[k*s_W_0 + i]));
+                    const idx_t v_i = tdsl_imin(o_i + r_, P0 - 1);
+                    const float val_ = ((t0_ + in_W[v_k*s_W_0 + v_i])*(t0_ + in_W[v_k*s_W_0 + v_i]));
                     acc_[r_] += val_;
                 }
             }
         }
         #pragma unroll
         for (int r_ = 0; r_ < 4; ++r_) {
-            const idx_t i = i0_ + r_;
-            if (i < P0) {
-                out_[i*s_OUT_0 + j] = acc_[r_];
+            const idx_t v_i = o_i + r_;
+            if (v_i < P0) {
+                out_[v_i*s_OUT_0 + v_j] = acc_[r_];
             }
         }
     }

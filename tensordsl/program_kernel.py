@@ -1,0 +1,350 @@
+"""`td.kernel` for programs: several statements in one callable.
+
+`ProgramKernel` is what `td.kernel` returns for a source of several statements (or with
+`outputs=`). A call checks the inputs' shapes against every statement, then `run_program`
+runs the statements in order, each through `jax_bind.call_nest` (the same primitive as a
+one-statement kernel), so `jit`, `grad` (second order included) and `vmap` work through
+JAX's own chaining on every back end. This execution is unfused: every intermediate the
+outputs need is computed and stored in full, as separate kernels would.
+
+>>> import numpy as np
+>>> softmax = ProgramKernel('''
+...     (max) M[i] := X[i,j]
+...     Z[i] := exp(X[i,j] - M[i])
+...     P[i,j] := exp(X[i,j] - M[i]) / Z[i]
+... ''', backend="reference")
+>>> softmax.inputs, softmax.outputs
+(('X',), ('P',))
+>>> np.round(softmax(np.log(np.array([[1.0, 3.0], [2.0, 2.0]]))), 3).tolist()
+[[0.25, 0.75], [0.5, 0.5]]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from codegen import config
+from codegen.extents import evaluate_int, extent_values
+from codegen.fusion import Fused, fuse, nested_ranges
+from codegen.ir import LoopNest
+from codegen.program import Program, live_statements
+from tensordsl import jax_bind, runners
+from tensordsl.errors import ShapeError, UnknownNameError, UnsupportedError, close_match
+from tensordsl.program import LoweredProgram, check_program_shapes, line_of, lower_program
+
+__all__ = ["ProgramKernel", "run_program"]
+
+
+class ProgramKernel:
+    """Statements run in order as one kernel; the outputs of earlier ones feed later ones.
+
+    Args:
+        source: statements separated by newlines or `;`, `#` comments.
+        outputs: the statement outputs returned, as a tuple in this order; by default the
+            last statement's output, returned as one array.
+        reduce: the reduction of statements without a prefix ("sum" by default).
+        ranges: an extent or `range` per index, for every statement that has the index.
+        backend: "auto", "reference", "c" or "cuda", for every statement.
+        nograd: inputs that never get a gradient.
+
+    Raises:
+        TensorDSLError: a subclass naming the mistake, underlined in the program source.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        outputs: Sequence[str] | str | None = None,
+        reduce: str | None = None,
+        ranges: Mapping[str, int | range] | None = None,
+        backend: str = "auto",
+        nograd: tuple[str, ...] = (),
+        schedule: Any = None,
+        loop_order: tuple[str, ...] | None = None,
+    ):
+        self.source_text = source
+        self._lowered: LoweredProgram = lower_program(
+            source, outputs=outputs, reduce=reduce, ranges=ranges
+        )
+        if backend not in runners.BACKENDS:
+            raise UnknownNameError(
+                f"unknown backend '{backend}'",
+                expected="one of " + ", ".join(runners.BACKENDS),
+                hint=close_match(backend, runners.BACKENDS),
+            )
+        for name in nograd:
+            if name not in self.inputs:
+                raise UnknownNameError(
+                    f"nograd names '{name}', which is not an input of the program",
+                    source,
+                    expected="one of " + ", ".join(self.inputs),
+                    hint=close_match(name, self.inputs),
+                )
+        if schedule is not None or loop_order is not None:
+            raise UnsupportedError(
+                "schedule= and loop_order= apply to kernels of one statement",
+                expected="no schedule for a program (each statement uses the heuristic's)",
+            )
+        self.backend = backend
+        self.nograd = frozenset(nograd)
+
+    @property
+    def program(self) -> Program:
+        """The program IR: every statement's nest, the inputs, outputs and shapes."""
+        return self._lowered.program
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The names no statement defines, in order of first appearance (scalars included)."""
+        return self.program.input_names
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.program.outputs
+
+    def __repr__(self) -> str:
+        return f"tensordsl.kernel({self.source_text!r}, outputs={self.outputs!r})"
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def statement_text(self, n: int) -> str:
+        """The source text of statement `n` (0-based)."""
+        start, stop = self._lowered.statements[n].statement.span
+        return self.source_text[start:stop]
+
+    def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+        """The program's inputs, outputs and shapes, then each statement's nests; with
+        `shapes`, also what runs for them: which intermediates are recomputed inside which
+        statements, and the fused nests with their gradient nests.
+
+        `shapes` (one per input) are checked as a call checks them; bounds are then numbers.
+        """
+        from tensordsl.explain import explain
+
+        known = None if shapes is None else check_program_shapes(self._lowered, shapes)
+        lines = self._summary()
+        for n, low in enumerate(self._lowered.statements):
+            start = low.statement.span[0]
+            lines.append(
+                f"statement {n + 1} (line {line_of(self.source_text, start)}): "
+                + self.statement_text(n)
+            )
+            text = explain(low.nest, shapes=known)
+            lines += ["  " + line for line in text.split("\n")]
+        if shapes is not None:
+            lines += self._fused_lines({op.name: shapes[op.name] for op in self.program.inputs})
+        return "\n".join(lines)
+
+    def _fused_lines(self, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+        from tensordsl.explain import explain
+
+        live = live_statements(self.program)
+        if not config.fuse_programs():
+            return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"]
+        fused = fuse_program(live, self.program.outputs, self.program.concrete_shapes(shapes))
+        stored = [nest.output for nest in fused.stored]
+        lines = [
+            f"fused for these shapes: {', '.join(stored)} run as {len(stored)} kernel(s); "
+            + (
+                f"{', '.join(fused.inlined)} recomputed where read, never stored"
+                if fused.inlined
+                else "every intermediate stored"
+            )
+        ]
+        for nest in fused.stored:
+            lines.append(f"fused statement {nest.output}")
+            lines += ["  " + line for line in explain(nest).split("\n")]
+        return lines
+
+    def _summary(self) -> list[str]:
+        program = self.program
+        live = {nest.output for nest in live_statements(program)}
+        lines = [
+            f"program of {len(program.statements)} statements, run in order; intermediates "
+            "are recomputed where read when elementwise or larger than every input and "
+            "output (explain(shapes) says which), otherwise stored",
+            f"  inputs   {', '.join(self.inputs)}",
+            f"  outputs  {', '.join(self.outputs)}",
+        ]
+        for name, shape in program.shapes:
+            role = "output" if name in self.outputs else "intermediate"
+            role = role if name in live else "unused (not run)"
+            dims = ", ".join(str(n) for n in shape)
+            lines.append(f"  {name}: shape ({dims}{',' * (len(shape) == 1)})   {role}")
+        return lines
+
+    def profile(
+        self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
+    ) -> tuple[tuple[str, Any], ...]:
+        """Time every C nest of every statement the outputs need, each alone (see
+        `Kernel.profile`): `(statement output, tensordsl.timing.Profile)` in order.
+
+        Every operand of a statement, intermediates included, is random, of the shape the
+        inputs' `shapes` give it; program inputs in `nograd` get no gradient nest.
+        """
+        from tensordsl.timing import profile_nests
+
+        if dtype not in ("float32", "float64"):
+            raise UnknownNameError(
+                f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
+            )
+        known = check_program_shapes(self._lowered, shapes)
+        return tuple(
+            (
+                nest.output,
+                profile_nests(
+                    nest,
+                    known,
+                    dtype=dtype,
+                    nograd=self.nograd & set(nest.operand_names),
+                    reps=reps,
+                ),
+            )
+            for nest in live_statements(self.program)
+        )
+
+    def source(self, target: str = "c") -> dict[str, str]:
+        """Generated code for every nest of every statement: `"<output>.<nest name>"` keys."""
+        from tensordsl.explain import generated_sources
+
+        return {
+            f"{low.nest.output}.{name}": text
+            for low in self._lowered.statements
+            for name, text in generated_sources(low.nest, target).items()
+        }
+
+    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
+        values = [_as_array(v) for v in bind_inputs(self.inputs, self.source_text, args, kwargs)]
+        check_program_shapes(
+            self._lowered, {name: np.shape(v) for name, v in zip(self.inputs, values)}
+        )
+        results = run_program(
+            self.program,
+            dict(zip(self.inputs, values)),
+            backend=runners.resolve_backend(self.backend),
+            nograd=self.nograd,
+        )
+        return results if self._lowered.returns_tuple else results[0]
+
+
+def run_program(
+    program: Program,
+    values: Mapping[str, Any],
+    *,
+    backend: str,
+    nograd: frozenset[str] = frozenset(),
+) -> tuple[jax.Array, ...]:
+    """Run the statements the outputs need, in order, each as its own `nest_p`.
+
+    Args:
+        program: the program.
+        values: an array per input, by name (shapes already checked).
+        backend: a key of `runners.RUNNERS`.
+        nograd: inputs that get no gradient.
+
+    Returns:
+        The outputs, in `program.outputs` order.
+    """
+    known = dict(values)
+    for nest in compiled_statements(program, known, backend):
+        operands = [known[name] for name in nest.operand_names]
+        known[nest.output] = jax_bind.call_nest(
+            nest,
+            operands,
+            backend=backend,
+            shapes={},
+            out_dtype=_output_dtype(operands),
+            nograd=nograd & set(nest.operand_names),
+        )
+    return tuple(known[name] for name in program.outputs)
+
+
+def compiled_statements(
+    program: Program, values: Mapping[str, Any], backend: str
+) -> tuple[LoopNest, ...]:
+    """The nests a call runs, in order: the live statements fused for these shapes
+    (`codegen.fusion`) on every back end, so that they all agree; as written (statements in
+    order as separate kernels) where `TENSORDSL_FUSE=0`.
+
+    Raises:
+        UnsupportedError: a recomputed intermediate reduces over an empty range (its masks were
+            turned into loop bounds assuming it does not).
+    """
+    live = live_statements(program)
+    if not config.fuse_programs():
+        return live
+    shapes = program.concrete_shapes({op.name: np.shape(values[op.name]) for op in program.inputs})
+    fused = fuse_program(live, program.outputs, shapes)
+    for nest in fused.stored:
+        for nested in nested_ranges(nest):
+            length = evaluate_int(nested.stop - nested.start, extent_values(nest, shapes))
+            if length < 1:
+                raise UnsupportedError(
+                    f"statement '{nest.output}' recomputes a sum over the empty range of "
+                    f"'{nested.index}' ({nested.start} to {nested.stop})",
+                    expected="non-empty reduced ranges in a fused program, or TENSORDSL_FUSE=0",
+                )
+    return fused.stored
+
+
+@functools.lru_cache(maxsize=256)
+def _fused(live: tuple[LoopNest, ...], outputs: tuple[str, ...], sizes: tuple) -> Fused:
+    return fuse(live, outputs=outputs, sizes=dict(sizes))
+
+
+def fuse_program(
+    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: Mapping[str, Sequence[int]]
+) -> Fused:
+    """`codegen.fusion.fuse` of the live statements, cached per sizes."""
+    sizes = tuple(sorted((name, math.prod(shape)) for name, shape in shapes.items()))
+    return _fused(live, outputs, sizes)
+
+
+def _output_dtype(operands: Sequence[Any]) -> Any:
+    """As a one-statement kernel: the operands' result type, a float for integer operands."""
+    dtype = jnp.result_type(*operands) if operands else jnp.result_type(float)
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
+
+
+def bind_inputs(
+    names: Sequence[str], source: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> list[Any]:
+    """The inputs in `names` order, given all by position or all by name."""
+    listing = "inputs " + ", ".join(names)
+    if args and kwargs:
+        raise ShapeError(
+            "pass the inputs either all by position or all by name", source, expected=listing
+        )
+    if not kwargs:
+        if len(args) != len(names):
+            raise ShapeError(
+                f"the kernel takes {len(names)} input{'s' * (len(names) != 1)}, got {len(args)}",
+                source,
+                expected=listing,
+            )
+        return list(args)
+    for name in kwargs:
+        if name not in names:
+            raise UnknownNameError(
+                f"'{name}' is not an input of the kernel",
+                source,
+                expected=listing,
+                hint=close_match(name, names),
+            )
+    for name in names:
+        if name not in kwargs:
+            raise ShapeError(f"missing input '{name}'", source, expected=listing)
+    return [kwargs[name] for name in names]
+
+
+def _as_array(value: Any) -> Any:
+    return value if isinstance(value, jax.Array) else jnp.asarray(value)

@@ -1,0 +1,148 @@
+"""The program corpus on the C back end: values, gradients, jit, vmap and second order."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+import pytest
+
+import tensordsl as td
+from codegen import config
+from tensordsl.cli import main
+from tests.corpus import make_inputs
+from tests.program_checks import check_gradients, check_values, program_kernel
+from tests.programs import PROGRAMS, PROGRAMS_BY_NAME, directional_derivative
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+
+
+@pytest.mark.parametrize("case", PROGRAMS, ids=lambda c: c.name)
+def test_values(case):
+    check_values(case, "c", "float64")
+
+
+#: float32 builds other nests; a few programs keep the tier fast.
+FLOAT32 = ("softmax", "layernorm", "causal_attention")
+
+
+@pytest.mark.parametrize("name", FLOAT32)
+def test_values_in_float32(name):
+    check_values(PROGRAMS_BY_NAME[name], "c", "float32")
+
+
+@pytest.mark.parametrize("case", PROGRAMS, ids=lambda c: c.name)
+def test_gradients_against_central_differences(case):
+    check_gradients(case, "c")
+
+
+def test_gradients_of_a_vmapped_program_under_jit():
+    """vmap over a batch axis of every input, then grad, all jitted: the per-example
+    gradients against central differences of each example."""
+    case = PROGRAMS_BY_NAME["rmsnorm"]
+    batch = [make_inputs(case, seed) for seed in range(3)]
+    stacked = {n: np.stack([np.asarray(b[n]) for b in batch]) for n in case.args}
+
+    def per_example(stacked_inputs):
+        return jax.vmap(lambda inputs: program_kernel(case, "c")(**inputs))(stacked_inputs)
+
+    rng = np.random.default_rng(5)
+    cotangent = rng.normal(size=np.shape(per_example(stacked)))
+    gradients = jax.jit(jax.grad(lambda inputs: jnp.sum(per_example(inputs) * cotangent)))(stacked)
+    for n, inputs in enumerate(batch):
+        for name in case.args:
+            direction = rng.normal(size=np.shape(inputs[name]))
+            want = directional_derivative(case, inputs, (cotangent[n],), name, direction)
+            got = float(np.sum(np.asarray(gradients[name][n]) * direction))
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{name}, example {n}")
+
+
+def test_second_order_gradients():
+    """A small nonlinear program (few nests to compile); the corpus's rmsnorm is checked to
+    second order on the reference back end."""
+    k = td.kernel("A[b,j] := tanh(X[b,j]) * c[j]; s := A[b,j] * A[b,j]", backend="c")
+    rng = np.random.default_rng(4)
+    X, c = rng.normal(size=(3, 4)), rng.normal(size=4)
+    jax.test_util.check_grads(jax.jit(k), [X, c], order=2, modes=["rev"], atol=1e-5, rtol=1e-5)
+
+
+MASKED_ROW = """
+    S[i,j] := Q[i,d] * K[j,d] + where(j < i, 0, -inf)
+    (logsumexp) L[i] := S[i,j]
+    O[i,e] := exp(S[i,j] - L[i]) * V[j,e]
+"""
+
+
+def test_a_fully_masked_row_agrees_with_the_reference():
+    rng = np.random.default_rng(2)
+    Q, K, V = (rng.normal(size=(5, 3)) for _ in range(3))
+    ours = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="c")(Q, K, V)
+    truth = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="reference")(Q, K, V)
+    for got, want in zip(ours, truth):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
+    # The mask bounds the loops: row 0 sums over nothing (O = 0, L = -inf), and no other row
+    # sees a NaN; its gradients are finite too.
+    assert np.asarray(ours[1])[0] == -np.inf and (np.asarray(ours[0])[0] == 0).all()
+    assert np.isfinite(np.asarray(ours[0])).all()
+    k = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="c")
+    grads = jax.grad(lambda *a: jnp.sum(k(*a)[0] * 1.5), argnums=(0, 1, 2))(Q, K, V)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+def test_unfused_programs_keep_the_nan_of_a_fully_masked_row(monkeypatch):
+    # Statements run as separate kernels: exp(-inf - (-inf)) is NaN in the masked row only.
+    monkeypatch.setenv("TENSORDSL_FUSE", "0")
+    rng = np.random.default_rng(2)
+    Q, K, V = (rng.normal(size=(5, 3)) for _ in range(3))
+    O, L = td.kernel(MASKED_ROW, outputs=("O", "L"), backend="c")(Q, K, V)
+    assert np.isnan(np.asarray(O)[0]).all() and np.isfinite(np.asarray(O)[1:]).all()
+
+
+def test_profile_times_the_nests_of_every_statement_the_outputs_need(capsys):
+    k = td.kernel("C[i] := X[i+k] * W[k]; U[i] := X[i] * 2; D[i] := C[i+1] - C[i]")
+    report = k.profile({"X": (40,), "W": (3,)}, reps=1)
+    assert [(name, [t.name for t in p.timings]) for name, p in report] == [
+        ("C", ["forward", "grad_X", "grad_W"]),
+        ("D", ["forward", "grad_C"]),
+    ]
+    assert all(t.seconds > 0 for _, p in report for t in p.timings)
+    source = "C[i] := X[i+k] * W[k]; D[i] := C[i+1] - C[i]"
+    assert main(["explain", source, "--shapes", "X=40", "W=3", "--time", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("schedules of statement 2") < out.index("statement C: timings (c, float32")
+    assert out.index("statement C: timings") < out.index("statement D: timings (c, float32")
+
+
+def test_attention_never_materialises_the_scores():
+    # Forward and backward under jit: no buffer of the (B, H, T, T) scores anywhere, neither
+    # XLA's nor an intermediate of ours; the scores are recomputed inside L's and O's nests
+    # and inside every gradient nest.
+    from tensordsl.program_kernel import compiled_statements
+
+    case = PROGRAMS_BY_NAME["causal_attention"]
+    k = td.kernel(case.source, outputs=("O", "L"), backend="c")
+    b, h, t, d = 1, 2, 40, 4
+    rng = np.random.default_rng(5)
+    Q, K, V = (jnp.asarray(rng.normal(size=(b, h, t, d))) for _ in range(3))
+    ct = jnp.asarray(rng.normal(size=(b, h, t, d)))
+
+    def loss(Q, K, V):
+        O, L = k(Q, K, 0.5, V)
+        return jnp.sum(O * ct) + jnp.sum(L)
+
+    values = {"Q": Q, "K": K, "scale": jnp.asarray(0.5), "V": V}
+    assert [n.output for n in compiled_statements(k.program, values, "c")] == ["L", "O"]
+    hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(Q, K, V).compile().as_text()
+    assert f"[{b},{h},{t},{t}]" not in hlo
+    assert "custom-call" in hlo
