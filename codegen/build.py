@@ -8,10 +8,11 @@ the same kernel at once both succeed. Shapes are run-time parameters: a new shap
 recompiles.
 
 What is compiled is the nest's canonical form (`codegen.ir.canonical`: tensors and indices
-renamed by position), so nests that differ only in their names share one shared object
-(and its results do not depend on which of them was built first). A kernel record (codegen/trace_cache.py) remembers, for a nest
-as written and for its canonical form, the shared object, its entry point and its host
-function, so that a process finding the record loads the kernel without emitting C.
+renamed by position), so nests that differ only in their names share one shared object (and
+its results do not depend on which of them was built first). A kernel record
+(codegen/trace_cache.py) remembers, for a nest as written and for its canonical form, the
+shared object, its entry point and its host function, so that a process finding the record
+loads the kernel without emitting C.
 
 Builds run once per kernel however many threads ask (codegen/once.py), and `prefetch_c`
 starts one in a background thread (`TENSORDSL_BUILD_JOBS` of them at once): the binding

@@ -11,8 +11,9 @@ A warm process should only load what an earlier one built. Two kinds of entries 
   its canonical form (`codegen.ir.canonical`: tensors and indices renamed by position), so
   that a nest which differs from a built one only in its names shares its library. Host
   functions are stored with canonical tensor names and renamed for the nest that loads them.
-* memos (`memo/<namespace>/<2 hex>/<digest>.pickle`): a value derived from IR, pickled (the
-  gradient nests, `tensordsl.grad.gradient`).
+* memos (`memo/<namespace>/<2 hex>/<digest>.pickle`): a value computed once, pickled (the
+  gradient nests of `tensordsl.grad.gradient`; the compiler's version line and OpenMP flags,
+  codegen/compiler.py).
 
 A key is the sha256 of the complete text of its parts (`key_text`: every field of every
 dataclass, sympy expressions in `srepr`, so equal texts mean equal values) and of a version:
@@ -218,19 +219,16 @@ def _clashes(nest: LoopNest, tensors: Mapping[str, str], indices: Mapping[str, s
     return False
 
 
-#: The fields of `Schedule` that `rename_schedule` knows: index names, the rest numbers and
-#: strategy names. A new field turns canonical records off until it is added here.
-_RENAMED_FIELDS = frozenset({"free_order", "reduced_order", "row", "vector", "small"}) | {
-    "strategy",
-    "parallel",
-    "rows",
-    "width",
-    "chunks",
-    "lanes",
-}
+#: The fields of `Schedule` that `rename_schedule` knows: those naming indices (renamed) and
+#: the others (numbers, a strategy). A new field turns canonical forms off until it is added.
+_RENAMED_FIELDS = frozenset(
+    ("free_order", "reduced_order", "row", "vector", "small")
+    + ("strategy", "parallel", "rows", "width", "chunks", "lanes")
+)
 
 
 def schedule_fields() -> frozenset[str]:
+    """The names of `Schedule`'s fields."""
     from codegen.schedule import Schedule
 
     return frozenset(f.name for f in dataclasses.fields(Schedule))
