@@ -246,3 +246,13 @@ def test_schedule_renaming_knows_every_field() -> None:
     renamed = trace_cache.rename_schedule(schedule, {"i": "i0", "j": "i1", "k": "r0"})
     assert (renamed.free_order, renamed.reduced_order) == (("i0", "i1"), (("r0",),))
     assert (renamed.row, renamed.vector, renamed.strategy) == ("i0", "i1", "tile")
+
+
+def test_build_jobs_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENSORDSL_BUILD_JOBS", "3")
+    assert config.build_jobs() == 3
+    monkeypatch.setenv("TENSORDSL_BUILD_JOBS", "")
+    assert config.build_jobs() >= 1
+    monkeypatch.setenv("TENSORDSL_BUILD_JOBS", "many")
+    with pytest.raises(ValueError, match="TENSORDSL_BUILD_JOBS='many': expected a number of jobs"):
+        config.build_jobs()
