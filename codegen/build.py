@@ -4,7 +4,7 @@ The disk cache lives under `config.cache_dir()/c/`, one shared object per key (s
 source text, compiler flags, compiler version and `CACHE_VERSION`); another `Toolchain` (the
 CUDA emulator's C++ compiler) has its own folder. Every write goes to a temporary file
 first and is moved into place with `os.replace`, so two processes building the same kernel
-at once both succeed and a build that dies half way leaves no entry. An entry is checked
+at once both succeed and a build that dies half way leaves no entry. A library is checked
 before and after loading and rebuilt once when it is damaged; a cache folder that cannot be
 written is replaced by a private one (codegen/disk_cache.py). Shapes are run-time
 parameters: a new shape never recompiles.
@@ -12,6 +12,18 @@ parameters: a new shape never recompiles.
 When the compiler fails, a one-line program is compiled with the same command: if that fails
 too, the user's compiler setting (`TENSORDSL_CC`, `TENSORDSL_CFLAGS`) is at fault and a
 `config.SettingError` shows the command; otherwise the generated code is (a `BuildError`).
+
+What is compiled is the nest's canonical form (`codegen.ir.canonical`: tensors and indices
+renamed by position), so nests that differ only in their names share one shared object (and
+its results do not depend on which of them was built first). A kernel record
+(codegen/trace_cache.py) remembers, for a nest as written and for its canonical form, the
+shared object, its entry point and its host function, so that a process finding the record
+loads the kernel without emitting C.
+
+Builds run once per kernel however many threads ask (codegen/once.py), and `prefetch_c`
+starts one in a background thread (`TENSORDSL_BUILD_JOBS` of them at once): the binding
+starts every kernel of a traced function while it is traced, so independent compiles run in
+parallel with each other and with the rest of the trace.
 
 When jaxlib's FFI headers are present, each shared object also holds an XLA FFI handler for
 its entry point (codegen/ffi.py), so that JAX can call the kernel without Python; if the
@@ -22,6 +34,7 @@ headers are missing or the handler does not build, the kernel is built alone and
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import os
@@ -31,92 +44,52 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-import numpy as np
-
-from codegen import config, disk_cache, ffi
+from codegen import config, disk_cache, ffi, trace_cache
 from codegen.c import CSource, emit_c
-from codegen.host import HostFunction, host_function
-from codegen.ir import LoopNest
+from codegen.compiled import CompiledNest
+from codegen.compiler import LIBMVEC_DEFINE, compiler_version, libmvec_flags, openmp_flags
+from codegen.emitter import STORAGE, check_dtypes, entry_name
+from codegen.host import compiled_host_function, host_function
+from codegen.ir import LoopNest, canonical_names
+from codegen.once import OnceMap
 from codegen.reductions import default_dtypes
-from codegen.schedule import Schedule, choose_cpu_schedule
+from codegen.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 
 CACHE_VERSION = 1
 #: -fno-math-errno: libm calls never set errno, so the compiler may hoist and vectorise them
 #: (NaN and inf results unchanged); see benchmarks/RESULTS.md, GPT-style block.
 BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11")
 
-#: Counters for tests and diagnostics: compiler runs, disk-cache hits.
-STATS = {"compiles": 0, "disk_hits": 0}
+#: Counters for tests and diagnostics: compiler runs, kernels loaded from the disk cache
+#: without compiling, kernels that took the library another nest of the same canonical form
+#: built or loaded in this process, C sources emitted.
+STATS = {"compiles": 0, "disk_hits": 0, "shared": 0, "emitted": 0}
 
-_LOCK = threading.RLock()
-_MEMORY: dict[tuple[object, ...], CompiledNest] = {}
+_STATS_LOCK = threading.Lock()
+_BUILT: OnceMap[CompiledNest] = OnceMap()  # by request
+_EMITTED: OnceMap[trace_cache.KernelRecord] = OnceMap()  # by canonical record digest
+_WARNED: set[_Request] = set()
+
+
+def _count(name: str) -> None:
+    with _STATS_LOCK:
+        STATS[name] += 1
 
 
 class BuildError(RuntimeError):
     """The C compiler rejected generated code: a tensordsl bug."""
 
 
-@functools.lru_cache(maxsize=8)
-def compiler_version(cc: str) -> str:
-    """The first line of `cc --version` (part of the cache key)."""
-    try:
-        done = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False)
-    except OSError:
-        return "missing"
-    return done.stdout.splitlines()[0] if done.stdout else "unknown"
-
-
-@functools.lru_cache(maxsize=8)
-def _openmp_flags(cc: str) -> tuple[str, ...]:
-    """`-fopenmp` when it compiles and links here, else SIMD pragmas only (detected once)."""
-    probe = "#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = pathlib.Path(tmp) / "probe.c"
-        src.write_text(probe)
-        command = [cc, *BASE_FLAGS, "-fopenmp", str(src), "-o", str(pathlib.Path(tmp) / "p.so")]
-        try:
-            ok = subprocess.run(command, capture_output=True, check=False).returncode == 0
-        except OSError:
-            ok = False
-    return ("-fopenmp",) if ok else ("-fopenmp-simd",)
-
-
-#: Defined when glibc's vector math library links: generated C then declares the float math
-#: functions it calls `omp declare simd` (codegen/vecmath.py), and `-lmvec` links them.
-LIBMVEC_DEFINE = "-DTDSL_LIBMVEC"
-
-
-@functools.lru_cache(maxsize=8)
-def _libmvec_flags(cc: str) -> tuple[str, ...]:
-    """`LIBMVEC_DEFINE` when a vectorised `expf` links to libmvec here (detected once)."""
-    probe = (
-        "#include <math.h>\n#pragma omp declare simd notinbranch\nfloat expf(float);\n"
-        "void f(float *x, int n) {\n#pragma omp simd\n"
-        "    for (int i = 0; i < n; ++i) x[i] = expf(x[i]);\n}\n"
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        src = pathlib.Path(tmp) / "probe.c"
-        src.write_text(probe)
-        library = str(pathlib.Path(tmp) / "p.so")
-        command = [cc, *BASE_FLAGS, *_openmp_flags(cc), str(src), "-o", library]
-        command += ["-Wl,-z,defs", "-lmvec", "-lm"]  # every symbol resolved, libmvec's too
-        try:
-            ok = subprocess.run(command, capture_output=True, check=False).returncode == 0
-        except OSError:
-            ok = False
-    return (LIBMVEC_DEFINE,) if ok else ()
-
-
 def compile_flags() -> tuple[str, ...]:
     """All flags the compiler is called with (part of the cache key)."""
     cc = config.c_compiler()
     debug = ("-g",) if config.debug() else ()
-    vector_math = _libmvec_flags(cc)
-    return (*BASE_FLAGS, *_openmp_flags(cc), *vector_math, *debug, *config.extra_cflags())
+    openmp = openmp_flags(cc, BASE_FLAGS)
+    vector_math = libmvec_flags(cc, (*BASE_FLAGS, *openmp))
+    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *config.extra_cflags())
 
 
 def _c_toolchain() -> Toolchain:
@@ -131,8 +104,8 @@ def compile_c(
     *,
     key: object = None,
     include_dirs: Sequence[pathlib.Path] = (),
-    toolchain: Toolchain | None = None,
     rebuild: bool = False,
+    toolchain: Toolchain | None = None,
 ) -> pathlib.Path:
     """Compile C source `text` into a cached shared object and return its path.
 
@@ -140,8 +113,8 @@ def compile_c(
         text: the C source.
         key: anything else the shared object depends on (headers outside the source).
         include_dirs: extra header folders (`-I`).
-        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
         rebuild: compile even when the entry exists (it was found damaged).
+        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
 
     Raises:
         BuildError: when the compiler rejects the source; the message gives its path.
@@ -156,14 +129,14 @@ def compile_c(
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
     if library.exists() and not rebuild:
-        STATS["disk_hits"] += 1
+        _count("disk_hits")
         return library
     source = folder / f"{digest}{tool.suffix}"
     disk_cache.atomic_write(source, text.encode())
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
     os.close(fd)
     command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
-    STATS["compiles"] += 1
+    _count("compiles")
     try:
         _run_compiler(command, tool, flags)
         os.replace(tmp, library)
@@ -240,63 +213,45 @@ class Toolchain:
 
 
 @dataclass(frozen=True)
-class CompiledNest:
-    """A compiled nest: call it with the output, the operands and the extents."""
+class _Settings:
+    """What a build reads from the environment, read once per request."""
+
+    compiler: str
+    version: str
+    flags: tuple[str, ...]
+    cache_dir: str
+    ffi_headers: str
+
+
+def _settings() -> _Settings:
+    cc = config.c_compiler()
+    folder = ffi.include_dir()
+    headers = f"{folder} {ffi.header_digest()}" if folder is not None else "none"
+    folder = str(disk_cache.usable_folder(config.cache_dir()))
+    return _Settings(cc, compiler_version(cc), compile_flags(), folder, headers)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One kernel to build: the key of the in-memory cache."""
 
     nest: LoopNest
-    source: CSource
-    library: pathlib.Path
-    function: Callable[..., None] = field(repr=False)
-    host: HostFunction = field(repr=False)
-    #: The XLA FFI handler in the same library (a ctypes function), or None without one.
-    ffi_handler: Any = field(default=None, repr=False, compare=False)
+    dtypes: tuple[tuple[str, str], ...]
+    schedule: Schedule
+    role: str
+    settings: _Settings
 
-    @property
-    def ffi_target(self) -> str:
-        """A name for the FFI handler unique to the loaded library: the entry name and a digest
-        of the library's path (its file name is the digest of its content; two cache folders
-        give two loaded copies, and XLA refuses one name for two handler addresses)."""
-        digest = hashlib.sha256(str(self.library).encode()).hexdigest()[:16]
-        return f"{self.source.entry}_{digest}"
 
-    def all_extents(
-        self,
-        operand_shapes: Sequence[Sequence[int]],
-        out_shape: Sequence[int],
-        extents: Mapping[str, Sequence[int]],
-    ) -> dict[str, Sequence[int]]:
-        """The shape of every tensor the nest names: operands, output and `extents`."""
-        names = self.nest.operand_names
-        if len(operand_shapes) != len(names):
-            raise ValueError(f"expected {len(names)} operands {names}, got {len(operand_shapes)}")
-        full: dict[str, Sequence[int]] = dict(zip(names, operand_shapes, strict=True))
-        full[self.nest.output] = out_shape
-        full.update(extents)
-        return full
+@functools.lru_cache(maxsize=4096)
+def _heuristic(nest: LoopNest, dtypes: tuple[tuple[str, str], ...]) -> Schedule:
+    return choose_cpu_schedule(nest, dict(dtypes), kernel=True)
 
-    def host_parameters(self, extents: Mapping[str, Sequence[int]]) -> np.ndarray:
-        """The int64 `params` array for one call."""
-        try:
-            return self.host(extents)
-        except (KeyError, IndexError) as error:
-            raise ValueError(
-                f"extents {dict(extents)} miss {error} for {self.nest.output}"
-            ) from None
 
-    def __call__(
-        self,
-        out: np.ndarray,
-        operands: Sequence[np.ndarray],
-        extents: Mapping[str, Sequence[int]],
-    ) -> None:
-        """Compute the nest into `out` (C-contiguous, fully written); operands are read only."""
-        full = self.all_extents([np.shape(a) for a in operands], out.shape, extents)
-        for array in (out, *operands):
-            if not array.flags.c_contiguous:
-                raise ValueError("operands and output must be C-contiguous")
-        params = self.host_parameters(full)
-        pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))
-        self.function(out.ctypes.data, pointers, params.ctypes.data)
+def _request(
+    nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule | None, role: str
+) -> _Request:
+    items = tuple(sorted(dtypes.items()))
+    return _Request(nest, items, schedule or _heuristic(nest, items), role, _settings())
 
 
 def build_c(
@@ -319,81 +274,187 @@ def build_c(
 
     Raises:
         BuildError: when the compiler rejects the generated code (a tensordsl bug).
+        ValueError: when the schedule does not fit the nest or a dtype is unsupported.
     """
-    schedule = schedule or choose_cpu_schedule(nest, dtypes, kernel=True)
-    memory_key = (
-        nest,
-        tuple(sorted(dtypes.items())),
-        schedule,
-        role,
-        compile_flags(),
-        str(config.cache_dir()),
-        str(ffi.include_dir()),
+    request = _request(nest, dtypes, schedule, role)
+    compiled = _BUILT.get(request, functools.partial(_build, request))
+    if compiled.warning is not None and request not in _WARNED:
+        _WARNED.add(request)
+        warnings.warn(compiled.warning, stacklevel=2)
+    return compiled
+
+
+def prefetch_c(
+    nest: LoopNest,
+    *,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None = None,
+    role: str = "forward",
+) -> None:
+    """Start building `nest` in a background thread, as `build_c` would build it, so that a
+    later `build_c` finds it built (or waits for it). Nothing when `TENSORDSL_BUILD_JOBS` is 0.
+    Errors are raised by that `build_c`."""
+    jobs = config.build_jobs()
+    if jobs < 1:
+        return
+    request = _request(nest, dtypes, schedule, role)
+
+    def still_wanted() -> bool:
+        return _settings() == request.settings
+
+    _BUILT.start(
+        request, functools.partial(_build, request), still_wanted=still_wanted, workers=jobs
     )
-    with _LOCK:
-        hit = _MEMORY.get(memory_key)
-        if hit is not None:
-            return hit
-        source = emit_c(nest, dtypes=dtypes, schedule=schedule, role=role)
-        dump = config.dump_dir()
-        if dump is not None:
-            dump.mkdir(parents=True, exist_ok=True)
-            disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
-        loaded, library, has_handler = _load_nest(nest, source, dtypes)
-        function = getattr(loaded, source.entry)
-        function.restype = None
-        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        handler = getattr(loaded, ffi.handler_name(source.entry)) if has_handler else None
-        host = host_function(source.parameters)
-        compiled = CompiledNest(nest, source, library, function, host, handler)
-        _MEMORY[memory_key] = compiled
+
+
+def _build(request: _Request) -> CompiledNest:
+    """Load the request's kernel from its record, else from its canonical form's record,
+    else emit, compile and record it; a library that does not load is built again."""
+    nest, dtypes, settings = request.nest, dict(request.dtypes), request.settings
+    folder = pathlib.Path(settings.cache_dir)
+    exact = trace_cache.record_digest(nest, dtypes, request.schedule, request.role, settings)
+    # With a dump folder, every kernel is generated (and dumped) again, not read back.
+    record = None if config.dump_dir() else trace_cache.read_record(folder, exact)
+    compiled = None if record is None else _load(nest, record)
+    if compiled is not None:
+        _count("disk_hits")
         return compiled
+    for rebuild in (record is not None, True):
+        shared = _shared_record(request, rebuild=rebuild)
+        compiled = _load(nest, shared)
+        if compiled is not None:
+            trace_cache.write_record(folder, exact, shared)
+            return compiled
+    raise BuildError(f"tensordsl bug: {shared.library} was just built but does not load")
 
 
-def _load_nest(
-    nest: LoopNest, source: CSource, dtypes: Mapping[str, str]
-) -> tuple[ctypes.CDLL, pathlib.Path, bool]:
-    """Compile (or find) and load `source`; a damaged cache entry is rebuilt once."""
-    for rebuild in (False, True):
-        library, has_handler = _compile_nest(nest, source, dtypes, rebuild=rebuild)
-        symbols = (source.entry, *((ffi.handler_name(source.entry),) if has_handler else ()))
-        loaded = disk_cache.load(library, symbols)
-        if loaded is not None:
-            return loaded, library, has_handler
-    raise BuildError(
-        f"tensordsl bug: {library} was just built but does not load or lacks {symbols}"
+def _shared_record(request: _Request, *, rebuild: bool) -> trace_cache.KernelRecord:
+    """The record of the request's canonical form, with the nest's own name: read, or made
+    by emitting and compiling it once however many requests share that form."""
+    nest, dtypes, schedule = request.nest, dict(request.dtypes), request.schedule
+    _check(nest, dtypes, schedule)
+    form = trace_cache.canonical_form(nest, dtypes, schedule)
+    emitted = form or (nest, dtypes, schedule)
+    digest = trace_cache.record_digest(*emitted, request.role, request.settings)
+    folder = pathlib.Path(request.settings.cache_dir)
+
+    made_here = []
+
+    def make() -> trace_cache.KernelRecord:
+        made_here.append(True)
+        fresh = rebuild or config.dump_dir() is not None
+        found = None if fresh else trace_cache.read_record(folder, digest)
+        if found is not None:
+            _count("disk_hits")
+            return found
+        to_canonical = {} if form else canonical_names(nest)[0]
+        made = _emit(request.role, *emitted, to_canonical=to_canonical, rebuild=rebuild)
+        trace_cache.write_record(folder, digest, made)
+        return made
+
+    record = _EMITTED.get((digest, rebuild), make)
+    if not made_here:
+        _count("shared")
+    name = entry_name(nest, dtypes, schedule, request.role)
+    warning = record.warning and record.warning.replace(record.name, name)
+    return dataclasses.replace(record, name=name, warning=warning)
+
+
+def _check(nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule) -> None:
+    """`emit_c`'s checks, on the nest as written (its errors name the user's tensors)."""
+    check_dtypes(nest, dtypes, STORAGE)
+    validate(nest, schedule)
+    if schedule.strategy not in KERNEL_STRATEGIES:
+        raise ValueError(f"the {schedule.strategy} strategy generates no C")
+
+
+def _emit(
+    role: str,
+    nest: LoopNest,
+    dtypes: Mapping[str, str],
+    schedule: Schedule,
+    *,
+    to_canonical: Mapping[str, str],
+    rebuild: bool,
+) -> trace_cache.KernelRecord:
+    """Emit and compile `nest` (a canonical form, where the request's has one)."""
+    source = emit_c(nest, dtypes=dtypes, schedule=schedule, role=role)
+    _count("emitted")
+    dump = config.dump_dir()
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
+    library, error = _compile_nest(nest, source, dtypes, rebuild)
+    warning = error and (
+        f"tensordsl: the XLA FFI handler of {source.entry} did not build; "
+        f"JAX calls this kernel through buffer_callback instead.\n{error}"
+    )
+    host = host_function(source.parameters)
+    return trace_cache.KernelRecord(
+        name=source.entry,
+        entry=source.entry,
+        library=str(library),
+        handler=ffi.include_dir() is not None and error is None,
+        host_names=host.names,
+        host_extents=host.renamed(to_canonical).extents,
+        host_source=host.source,
+        warning=warning,
+    )
+
+
+def _load(nest: LoopNest, record: trace_cache.KernelRecord) -> CompiledNest | None:
+    """`record`'s kernel for `nest`, or None when its library does not load."""
+    symbols = (record.entry, *((ffi.handler_name(record.entry),) if record.handler else ()))
+    loaded = disk_cache.load(pathlib.Path(record.library), symbols)
+    if loaded is None:
+        return None
+    try:
+        host = compiled_host_function(record.host_names, record.host_extents, record.host_source)
+    except Exception:  # noqa: BLE001 - a damaged record is rebuilt, never a crash
+        return None
+    function = getattr(loaded, record.entry)
+    handler = getattr(loaded, ffi.handler_name(record.entry)) if record.handler else None
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    to_nest = {new: old for old, new in canonical_names(nest)[0].items()}
+    return CompiledNest(
+        nest,
+        record.name,
+        record.entry,
+        pathlib.Path(record.library),
+        function,
+        host.renamed(to_nest),
+        handler,
+        record.warning,
     )
 
 
 def _compile_nest(
-    nest: LoopNest, source: CSource, dtypes: Mapping[str, str], rebuild: bool = False
-) -> tuple[pathlib.Path, bool]:
-    """Compile `source` with its FFI handler when possible; say whether the handler is in."""
+    nest: LoopNest, source: CSource, dtypes: Mapping[str, str], rebuild: bool
+) -> tuple[pathlib.Path, str | None]:
+    """Compile `source` with its FFI handler when possible; the error text when that failed."""
     folder = ffi.include_dir()
-    if folder is not None:
-        handler = ffi.handler_source(
-            source.entry,
-            [dtypes[name] for name in nest.operand_names],
-            dtypes[nest.output],
-            len(source.parameters),
-        )
-        key = ("xla_ffi", ffi.header_digest())
-        text = source.text + "\n" + handler
-        try:
-            return compile_c(text, key=key, include_dirs=(folder,), rebuild=rebuild), True
-        except BuildError as error:
-            warnings.warn(
-                f"tensordsl: the XLA FFI handler of {source.entry} did not build; "
-                f"JAX calls this kernel through buffer_callback instead.\n{error}",
-                stacklevel=3,
-            )
-    return compile_c(source.text, rebuild=rebuild), False
+    if folder is None:
+        return compile_c(source.text, rebuild=rebuild), None
+    handler = ffi.handler_source(
+        source.entry,
+        [dtypes[name] for name in nest.operand_names],
+        dtypes[nest.output],
+        len(source.parameters),
+    )
+    key = ("xla_ffi", ffi.header_digest())
+    text = source.text + "\n" + handler
+    try:
+        return compile_c(text, key=key, include_dirs=(folder,), rebuild=rebuild), None
+    except BuildError as error:
+        return compile_c(source.text, rebuild=rebuild), str(error)
 
 
 def clear_memory_cache() -> None:
     """Forget every loaded kernel (the disk cache stays)."""
-    with _LOCK:
-        _MEMORY.clear()
+    _BUILT.clear()
+    _EMITTED.clear()
+    _WARNED.clear()
 
 
 def c_source(nest: LoopNest, dtypes: Mapping[str, str] | None = None, role: str = "forward") -> str:

@@ -70,6 +70,23 @@ def xla_contractions() -> bool:
     return os.environ.get("TENSORDSL_XLA_CONTRACTIONS", "1") not in ("", "0")
 
 
+def build_jobs() -> int:
+    """`TENSORDSL_BUILD_JOBS`: how many C kernels may build at once in background threads,
+    started while a function is traced (default: the CPUs this process may run on); "0"
+    builds each kernel only when it is first needed. Read when a build starts; the pool's
+    size is fixed by the first background build.
+
+    Raises:
+        ValueError: for anything but a number of jobs, 0 or more.
+    """
+    value = os.environ.get("TENSORDSL_BUILD_JOBS", "").strip()
+    if not value:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if not value.isdigit():
+        raise ValueError(f"TENSORDSL_BUILD_JOBS={value!r}: expected a number of jobs, 0 or more")
+    return int(value)
+
+
 def fuse_programs() -> bool:
     """`TENSORDSL_FUSE`: programs recompute their large and elementwise intermediates inside
     the statements that read them (`codegen.fusion`) unless set to "0"; "0" runs every

@@ -48,6 +48,7 @@ _LAYOUTS = {
 
 def atomic_write(path: pathlib.Path, data: bytes) -> None:
     """Write `data` to a temporary file next to `path`, then rename it to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)

@@ -16,11 +16,13 @@ tensor it names, they become integers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 
 import sympy
 
-from codegen.ir import LoopNest, extent_symbol
+from codegen.host import host_function
+from codegen.ir import LoopNest, extent_of, extent_symbol
 
 Shapes = Mapping[str, Sequence[int]]
 
@@ -43,7 +45,14 @@ def evaluate_int(expr: sympy.Expr, extents: Mapping[sympy.Symbol, int]) -> int:
 
 def output_shape(nest: LoopNest, shapes: Shapes) -> tuple[int, ...]:
     """The shape of the nest's output for the given tensor shapes (an empty range gives 0)."""
-    extents = extent_values(nest, shapes)
-    return tuple(
-        max(0, evaluate_int(r.stop, extents) - evaluate_int(r.start, extents)) for r in nest.free
-    )
+    return tuple(max(0, int(n)) for n in _output_extents(nest)(shapes))
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_extents(nest: LoopNest) -> Callable[[Shapes], Sequence[int]]:
+    """The extents of the output's axes from tensor shapes, made once per nest (JAX's abstract
+    evaluation asks at every call): read directly where each is one axis of a tensor."""
+    axes = [extent_of(r.stop) if r.start == 0 else None for r in nest.free]
+    if all(axis is not None for axis in axes):
+        return lambda shapes: [shapes[name][axis] for name, axis in axes]  # type: ignore[misc]
+    return host_function([(f"n{d}", r.stop - r.start) for d, r in enumerate(nest.free)]).values

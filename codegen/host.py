@@ -17,11 +17,13 @@ array([8, 5])
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import sympy
+from sympy.printing.pycode import PythonCodePrinter
 
 from codegen.ir import extent_of
 
@@ -36,6 +38,7 @@ _HOST_FUNCTIONS: dict[str, Callable[..., int]] = {
     "floor": lambda a: a,
     "ceiling": lambda a: a,
 }
+_NAMESPACE = {**vars(math), **_HOST_FUNCTIONS}
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class HostFunction:
     names: tuple[str, ...]  # one per value, in order
     extents: tuple[tuple[str, int], ...]  # (tensor, axis) of each extent read, in order
     compute: Callable[..., tuple[int, ...]] = field(repr=False, compare=False)
+    #: `compute` as Python source (a lambda of one argument per extent): what a cache stores.
+    source: str = field(default="", repr=False)
 
     def values(self, shapes: Mapping[str, Sequence[int]]) -> tuple[int, ...]:
         """The exact values (Python ints) for `shapes`, which name every tensor read.
@@ -58,6 +63,11 @@ class HostFunction:
         """The values as an int64 array, each clamped to [-INT64_MAX, INT64_MAX]."""
         clamped = [min(max(int(v), -INT64_MAX), INT64_MAX) for v in self.values(shapes)]
         return np.array(clamped, np.int64)
+
+    def renamed(self, tensors: Mapping[str, str]) -> HostFunction:
+        """The same function reading the extents of renamed tensors (`{old: new}`)."""
+        extents = tuple((tensors.get(name, name), axis) for name, axis in self.extents)
+        return replace(self, extents=extents)
 
 
 def host_function(parameters: Sequence[tuple[str, sympy.Expr]]) -> HostFunction:
@@ -75,9 +85,26 @@ def host_function(parameters: Sequence[tuple[str, sympy.Expr]]) -> HostFunction:
         found.update(s for s in expr.free_symbols if extent_of(s) is not None)
     ordered = sorted(found, key=str)
     args = [sympy.Symbol(f"e{n}", integer=True) for n in range(len(ordered))]
-    renamed = [expr.xreplace(dict(zip(ordered, args, strict=True))) for _, expr in parameters]
-    compute = sympy.lambdify(args, renamed, modules=[_HOST_FUNCTIONS, "math"])
-    extents = tuple(e for s in ordered if (e := extent_of(s)) is not None)
-    return HostFunction(
-        tuple(name for name, _ in parameters), extents, lambda *values: tuple(compute(*values))
+    renaming = dict(zip(ordered, args, strict=True))
+    # The printer lambdify uses, with the same settings: Python integers stay exact.
+    printer = PythonCodePrinter(
+        {
+            "fully_qualified_modules": False,
+            "inline": True,
+            "allow_unknown_functions": True,
+            "user_functions": {name: name for name in _HOST_FUNCTIONS},
+        }
     )
+    values = "".join(f"{printer.doprint(expr.xreplace(renaming))}, " for _, expr in parameters)
+    source = f"lambda {', '.join(map(str, args))}: ({values})"
+    extents = tuple(e for s in ordered if (e := extent_of(s)) is not None)
+    return compiled_host_function(tuple(name for name, _ in parameters), extents, source)
+
+
+def compiled_host_function(
+    names: Sequence[str], extents: Sequence[tuple[str, int]], source: str
+) -> HostFunction:
+    """A `HostFunction` from its parts, `source` as `host_function` wrote it (a cache stores
+    the parts: no sympy work to load them)."""
+    compute = eval(source, dict(_NAMESPACE))  # noqa: S307 - our own generated expression
+    return HostFunction(tuple(names), tuple((t, int(a)) for t, a in extents), compute, source)

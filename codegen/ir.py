@@ -222,14 +222,21 @@ class LoopNest:
             yield from term.expressions()
 
     def extent_tensors(self) -> frozenset[str]:
-        """Names of the tensors whose extents the nest refers to (operands or not)."""
+        """Names of the tensors whose extents the nest refers to (operands or not).
+
+        Computed once per nest (every call through JAX asks for it)."""
+        known = self.__dict__.get("_extent_tensors")
+        if known is not None:
+            return known
         names = set()
         for expr in self.expressions():
             for sym in expr.free_symbols:
                 found = extent_of(sym)
                 if found is not None:
                     names.add(found[0])
-        return frozenset(names)
+        # Not a field: equality, hashing and `replace` ignore it; frozen, so set directly.
+        object.__setattr__(self, "_extent_tensors", frozenset(names))
+        return self.__dict__["_extent_tensors"]
 
     @property
     def declares_output_shape(self) -> bool:
@@ -251,7 +258,9 @@ def accesses(expr: sympy.Basic) -> tuple[sympy.Indexed, ...]:
 def rename(nest: LoopNest, /, *, tensors: dict[str, str], indices: dict[str, str]) -> LoopNest:
     """Rename tensors/scalars (and their extents) and indices throughout a nest."""
     mapping: dict[sympy.Basic, sympy.Basic] = {}
-    for expr in nest.expressions():
+    # Loop indices too: a free index need not appear in any expression (`dX[b, f] = dM[b]`).
+    loops = (*nest.free_indices, *(s for t in nest.terms for s in t.reduced_indices))
+    for expr in (*nest.expressions(), *loops):
         for sym in expr.free_symbols:
             ext = extent_of(sym)
             if ext is not None and ext[0] in tensors:
@@ -305,6 +314,12 @@ def canonical(nest: LoopNest) -> LoopNest:
     >>> str(canonical(n))
     'OUT[i0] := T0[i0, r0]'
     """
+    tensors, indices = canonical_names(nest)
+    return rename(nest, tensors=tensors, indices=indices)
+
+
+def canonical_names(nest: LoopNest) -> tuple[dict[str, str], dict[str, str]]:
+    """The renaming `canonical` applies: `{tensor: new name}`, `{index: new name}`."""
     tensors = {op.name: f"T{n}" for n, op in enumerate(nest.operands)}
     tensors[nest.output] = "OUT"
     for name in sorted(nest.extent_tensors() - set(tensors)):
@@ -316,4 +331,4 @@ def canonical(nest: LoopNest) -> LoopNest:
             reduced_names.setdefault(sym.name, f"r{len(reduced_names)}")
     # Any other integer symbol (a stray index) keeps its name; rename() leaves it alone.
     indices.update(reduced_names)
-    return rename(nest, tensors=tensors, indices=indices)
+    return tensors, indices

@@ -18,6 +18,7 @@ Both read inputs where they are and write the output fully in place; nothing is 
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from codegen import config
 from codegen.build import CompiledNest, build_c
+from codegen.build import prefetch_c as prefetch_kernel
 from codegen.extents import output_shape
 from codegen.ir import LoopNest
 from codegen.schedule import Schedule, choose_cpu_schedule
@@ -46,7 +48,7 @@ def register_ffi_target(compiled: CompiledNest) -> str:
     means one handler, and a name is registered at most once per process.
     """
     if compiled.ffi_handler is None:
-        raise ValueError(f"{compiled.source.entry} was built without an FFI handler")
+        raise ValueError(f"{compiled.name} was built without an FFI handler")
     name = compiled.ffi_target
     with _REGISTER_LOCK:
         if name not in REGISTERED:
@@ -60,6 +62,36 @@ def _address(compiled: CompiledNest) -> int:
     return int(ctypes.cast(compiled.ffi_handler, ctypes.c_void_p).value or 0)
 
 
+def kernel_dtypes(nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any) -> dict[str, str]:
+    """The dtype name of every operand and of the output: the operands' own dtypes
+    (`jnp.result_type` would widen a weakly typed int32 to int64)."""
+    dtypes = {op.name: jnp.dtype(d).name for op, d in zip(nest.operands, operand_dtypes)}
+    dtypes[nest.output] = jnp.dtype(dtype).name
+    return dtypes
+
+
+@functools.lru_cache(maxsize=4096)
+def _heuristic(nest: LoopNest, dtypes: tuple[tuple[str, str], ...], xla: bool) -> Schedule:
+    """The heuristic's schedule, chosen once per nest, dtypes and XLA-contraction setting."""
+    return choose_cpu_schedule(nest, dict(dtypes), kernel=not xla)
+
+
+def _schedule(nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule | None) -> Schedule:
+    items = tuple(sorted(dtypes.items()))
+    return schedule or _heuristic(nest, items, config.xla_contractions())
+
+
+def prefetch_c(
+    nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, schedule: Schedule | None
+) -> None:
+    """Start building the kernel `run_c` will need for `nest`, in the background
+    (`codegen.build.prefetch_c`); nothing for the "xla" strategy."""
+    dtypes = kernel_dtypes(nest, operand_dtypes, dtype)
+    schedule = _schedule(nest, dtypes, schedule)
+    if schedule.strategy != "xla":
+        prefetch_kernel(nest, dtypes=dtypes, schedule=schedule)
+
+
 def run_c(
     nest: LoopNest,
     operands: Sequence[jax.Array],
@@ -69,15 +101,14 @@ def run_c(
 ) -> jax.Array:
     """Run `nest` on the CPU (compiled C, or XLA's dot for the "xla" strategy); `shapes`
     covers every tensor the nest names."""
-    # The operands' own dtypes: result_type would widen a weakly typed int32 to int64.
-    dtypes = {op.name: jnp.dtype(v.dtype).name for op, v in zip(nest.operands, operands)}
-    dtypes[nest.output] = jnp.dtype(dtype).name
-    schedule = schedule or choose_cpu_schedule(nest, dtypes)
+    own = [v.dtype if hasattr(v, "dtype") else jnp.result_type(v) for v in operands]
+    dtypes = kernel_dtypes(nest, own, dtype)
+    schedule = _schedule(nest, dtypes, schedule)
     if schedule.strategy == "xla":
         found = run_contraction(nest, operands, shapes, dtype)
         if found is not None:
             return found
-        schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
+        schedule = _heuristic(nest, tuple(sorted(dtypes.items())), False)
     compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
     result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.dtype(dtype))
     extents = {name: shape for name, shape in shapes.items() if name not in dtypes}

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
 
+from codegen import config, trace_cache
 from codegen.affine import NotAffine, affine_parts
 from codegen.factor import factor_sums
 from codegen.functions import FloorDiv, indicator
@@ -503,6 +505,9 @@ def _operands(nest: LoopNest, terms: tuple[Term, ...], names: _Names) -> tuple:
 def gradient(nest: LoopNest, wrt: str) -> Gradient:
     """The gradient nest of `nest` with respect to its operand `wrt`.
 
+    Derived once per process and kept on disk for the next one (codegen/trace_cache.py,
+    keyed by the nest, `wrt` and the sources of tensordsl/ and codegen/).
+
     Args:
         nest: a loop nest (forward or itself a gradient nest).
         wrt: the name of one of its operands.
@@ -513,6 +518,21 @@ def gradient(nest: LoopNest, wrt: str) -> Gradient:
     Raises:
         UnsupportedError: an access whose index map cannot be solved in gather form.
     """
+    return trace_cache.memo(
+        config.cache_dir(),
+        "gradient",
+        (nest, wrt),
+        lambda: _derive_gradient(nest, wrt),
+        version=trace_cache.source_version(*_SOURCES),
+        expected=Gradient,
+    )
+
+
+_SOURCES = (pathlib.Path(__file__).resolve().parent, pathlib.Path(trace_cache.__file__).parent)
+
+
+def _derive_gradient(nest: LoopNest, wrt: str) -> Gradient:
+    """The gradient nest, derived (see `gradient`)."""
     names = _names(nest, wrt)
     rank = nest.operand(wrt).rank
     free = _free_indices(nest, wrt)

@@ -31,7 +31,7 @@ from jax.interpreters import ad, batching, mlir
 from codegen.extents import output_shape
 from codegen.ir import LoopNest
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
-from tensordsl import grad, partitioning, private_jax
+from tensordsl import grad, partitioning, private_jax, runners
 from tensordsl.batching import batch_nest
 from tensordsl.errors import UnsupportedError
 
@@ -117,8 +117,17 @@ def _output_dtype(*operands: Any, out_dtype: str, **_: Any) -> Any:
     return jnp.dtype(out_dtype)
 
 
+def _nest_output_shape(*operands: Any, **params: Any) -> tuple[int, ...]:
+    # Every nest_p equation of a traced function is evaluated abstractly here, before any is
+    # lowered: its kernel starts building now, in the background, in parallel with the rest.
+    dtypes = [op.dtype for op in operands]
+    p = params
+    runners.prefetch(p["backend"], p["nest"], dtypes, p["out_dtype"], p["schedule"])
+    return _output_shape(*operands, **params)
+
+
 nest_p = private_jax.primitive(
-    "tensordsl_nest", _output_shape, _output_dtype, partitioning.output_sharding
+    "tensordsl_nest", _nest_output_shape, _output_dtype, partitioning.output_sharding
 )
 tangent_p = private_jax.primitive(
     "tensordsl_tangent", _output_shape, _output_dtype, partitioning.output_sharding

@@ -52,6 +52,18 @@ def _run_cuda(
 
 RUNNERS: dict[str, Runner] = {"reference": run_reference, "c": _run_c, "cuda": _run_cuda}
 
+
+def prefetch(
+    backend: str, nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, schedule: Any
+) -> None:
+    """Start building the kernel that `backend`'s runner will need for `nest`, in the
+    background (the C back end; nothing for the others)."""
+    if backend == "c":
+        from tensordsl.cpu import prefetch_c
+
+        prefetch_c(nest, operand_dtypes, dtype, schedule)
+
+
 #: The back-end names a kernel accepts: "auto" or a key of RUNNERS.
 BACKENDS = ("auto", *RUNNERS)
 

@@ -10,7 +10,7 @@ import pytest
 import sympy
 
 from codegen.functions import CeilDiv, FloorDiv
-from codegen.host import INT64_MAX, host_function
+from codegen.host import INT64_MAX, compiled_host_function, host_function
 from codegen.ir import extent_symbol
 
 n, k = extent_symbol("X", 0), extent_symbol("W", 1)
@@ -93,3 +93,13 @@ def test_split_host_values_size_the_scratch_space_and_skip_an_empty_second_pass(
         assert grids[0] == (parts, 1, 1) and params[-1] == parts
         assert grids[1] == ((1, 1, 1) if parts > 1 else (0, 0, 0))  # (0, 0, 0): not launched
         assert workspace == parts * (8 + 8)  # two float64 states per slice
+
+
+def test_rebuilt_from_its_source_and_renamed() -> None:
+    host = host_function(PARAMETERS)
+    again = compiled_host_function(host.names, host.extents, host.source)
+    shapes = {"X": (29, 7), "W": (5, 3)}
+    assert again == host and again.values(shapes) == host.values(shapes) == tuple(expected(29, 3))
+    renamed = host.renamed({"X": "dX"})
+    assert renamed.extents == (("W", 1), ("dX", 0))
+    assert renamed.values({"dX": (29,), "W": (5, 3)}) == host.values(shapes)

@@ -248,7 +248,7 @@ def test_nograd_inputs_of_a_program_get_zero_gradients():
     ("options", "error", "match"),
     [
         ({"reduce": 3}, td.ReductionError, "unknown reduction '3'"),
-        ({"ranges": [("i", 3)]}, td.RangeError, "ranges= is a list"),
+        ({"ranges": [("i", 3)]}, td.RangeError, "ranges= must be a dict .* got list"),
         ({"outputs": 3}, td.UnknownNameError, "outputs= is 3"),
         ({"outputs": ()}, td.UnknownNameError, r"outputs= is \(\)"),
         ({"outputs": ("B", 2)}, td.UnknownNameError, "outputs= names 2"),
