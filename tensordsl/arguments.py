@@ -119,6 +119,30 @@ def unknown_names(given: Iterable[Any], inputs: tuple[str, ...], source: str) ->
         )
 
 
+def bind(
+    names: tuple[str, ...], source: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> list[Any]:
+    """The inputs in `names` order, given all by position or all by name."""
+    listing = "inputs " + ", ".join(names)
+    if args and kwargs:
+        raise ShapeError(
+            "pass the inputs either all by position or all by name", source, expected=listing
+        )
+    if not kwargs:
+        if len(args) != len(names):
+            raise ShapeError(
+                f"the kernel takes {len(names)} input{'s' * (len(names) != 1)}, got {len(args)}",
+                source,
+                expected=listing,
+            )
+        return list(args)
+    unknown_names(kwargs, names, source)
+    for name in names:
+        if name not in kwargs:
+            raise ShapeError(f"missing input '{name}'", source, expected=listing)
+    return [kwargs[name] for name in names]
+
+
 def input_array(name: str, value: Any, source: str) -> Any:
     """An input as a JAX array (JAX arrays and tracers pass through), real numbers only."""
     import jax

@@ -29,7 +29,7 @@ from codegen.bounds import loop_bounds
 from codegen.ir import LoopNest, Range, Term, extent_of, extent_symbol
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
 from codegen.source import expr_source, output_source
-from tensordsl import grad
+from tensordsl import grad, gradient_rules
 
 
 def _body_source(body: sympy.Expr, first: str | None) -> str:
@@ -122,12 +122,12 @@ def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = No
         Several lines of text.
     """
     lines = ["forward"] + ["  " + line for line in nest_lines(nest, shapes=shapes)]
-    for role, aux in grad.auxiliary_nests(nest).items():
+    for role, aux in gradient_rules.auxiliary_nests(nest).items():
         lines.append(f"saved for the gradients ({role})")
         lines += ["  " + line for line in nest_lines(aux, shapes=shapes)]
     for op in nest.operands:
         gradient = grad.gradient(nest, op.name)
-        cotangent = next(n for n, r in gradient.roles if r == grad.COTANGENT)
+        cotangent = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
         aliases = {gradient.nest.output: op.name, cotangent: nest.output}
         lines.append(f"gradient of {op.name}")
         lines += [
@@ -140,7 +140,7 @@ def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = No
 def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
     """Every nest a kernel may run: "forward", the auxiliary nests, and "grad_<input>"."""
     nests = {"forward": nest}
-    for role, aux in grad.auxiliary_nests(nest).items():
+    for role, aux in gradient_rules.auxiliary_nests(nest).items():
         nests[f"aux_{role}"] = aux
     for op in nest.operands:
         nests[f"grad_{op.name}"] = grad.gradient(nest, op.name).nest
@@ -174,7 +174,7 @@ def _dtypes(nest: LoopNest, positions: set[str], dtype: str) -> dict[str, str]:
 
 
 def _positions(nest: LoopNest) -> set[str]:
-    auxiliary = grad.auxiliary_nests(nest).values()
+    auxiliary = gradient_rules.auxiliary_nests(nest).values()
     return {a.output for a in auxiliary if REDUCTIONS[a.reduction].positional}
 
 

@@ -31,7 +31,7 @@ from jax.interpreters import ad, batching, mlir
 from codegen.extents import output_shape
 from codegen.ir import LoopNest
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
-from tensordsl import grad, partitioning, private_jax, runners
+from tensordsl import grad, gradient_rules, partitioning, private_jax, runners
 from tensordsl.batching import batch_nest
 from tensordsl.errors import UnsupportedError
 
@@ -190,7 +190,7 @@ ad.primitive_jvps[nest_p] = _jvp
 def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[str, jax.Array]:
     """Run the nests that the gradients of a max/min/prod reduction need."""
     found = {}
-    for role, aux in grad.auxiliary_nests(nest).items():
+    for role, aux in gradient_rules.auxiliary_nests(nest).items():
         positional = REDUCTIONS[aux.reduction].positional
         found[role] = call_nest(
             aux,
@@ -212,8 +212,8 @@ def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
     if type(cotangent) is ad.Zero:
         return [*nonlinear, *(None for _ in linear_in)]
     by_role = dict(zip(roles, args[n + 1 : n + 1 + len(roles)]))
-    by_role[grad.COTANGENT] = cotangent
-    by_role[grad.OUTPUT] = output
+    by_role[gradient_rules.COTANGENT] = cotangent
+    by_role[gradient_rules.OUTPUT] = output
     values = dict(zip(nest.operand_names, primals))
     gradients = [
         _gradient(nest, name, values, by_role, params, tuple(np.shape(output)))
@@ -245,7 +245,7 @@ def _gradient(
     """Run the gradient nest of operand `wrt`."""
     gradient = grad.gradient(nest, wrt)
     operands = [values[name] if role == "input" else by_role[role] for name, role in gradient.roles]
-    cotangent_name = next(n for n, r in gradient.roles if r == grad.COTANGENT)
+    cotangent_name = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
     shapes = dict(params["extents"])
     shapes[nest.output] = output_shape
     shapes[cotangent_name] = output_shape

@@ -13,7 +13,6 @@ from codegen.ir import LoopNest
 from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import (
     ScheduleError,
-    ShapeError,
     UnknownNameError,
     close_match,
 )
@@ -167,36 +166,12 @@ class Kernel:
             reps=reps,
         )
 
-    def _bind(self, args: tuple, kwargs: dict) -> list[Any]:
-        names = self.inputs
-        if args and kwargs:
-            raise ShapeError(
-                "pass the inputs either all by position or all by name",
-                self.source_text,
-                expected=f"{len(names)} inputs: " + ", ".join(names),
-            )
-        if kwargs:
-            arguments.unknown_names(kwargs, names, self.source_text)
-            missing = [n for n in names if n not in kwargs]
-            if missing:
-                raise ShapeError(
-                    f"missing input '{missing[0]}'",
-                    self.source_text,
-                    expected="inputs " + ", ".join(names),
-                )
-            return [kwargs[n] for n in names]
-        if len(args) != len(names):
-            raise ShapeError(
-                f"the kernel takes {len(names)} input{'s' * (len(names) != 1)}, got {len(args)}",
-                self.source_text,
-                expected="inputs " + ", ".join(names),
-            )
-        return list(args)
-
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
         values = [
             arguments.input_array(name, value, self.source_text)
-            for name, value in zip(self.inputs, self._bind(args, kwargs))
+            for name, value in zip(
+                self.inputs, arguments.bind(self.inputs, self.source_text, args, kwargs)
+            )
         ]
         shapes = {name: tuple(np.shape(v)) for name, v in zip(self.inputs, values)}
         checked = tuple(shapes.items())

@@ -33,7 +33,7 @@ from codegen.factor import factor_sums
 from codegen.guards import bound_guards
 from codegen.ir import LoopNest, rename
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
-from tensordsl import grad
+from tensordsl import grad, gradient_rules
 from tensordsl.jax_bind import call_nest, is_differentiable
 
 
@@ -172,8 +172,8 @@ class FusedProgram:
         """The values a gradient nest of `nest` reads by role: cotangent, output, saved
         auxiliary results (the argmax of a max, ...), computed again here."""
         operands = [values[name] for name in nest.operand_names]
-        by_role = {grad.COTANGENT: dy, grad.OUTPUT: values[nest.output]}
-        for role, aux in grad.auxiliary_nests(nest).items():
+        by_role = {gradient_rules.COTANGENT: dy, gradient_rules.OUTPUT: values[nest.output]}
+        for role, aux in gradient_rules.auxiliary_nests(nest).items():
             positional = REDUCTIONS[aux.reduction].positional
             by_role[role] = call_nest(
                 aux,

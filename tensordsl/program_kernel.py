@@ -36,7 +36,7 @@ from codegen.fusion import Fused, fuse, nested_ranges
 from codegen.ir import LoopNest
 from codegen.program import Program, live_statements
 from tensordsl import arguments, jax_bind, runners
-from tensordsl.errors import ShapeError, UnknownNameError, UnsupportedError, close_match
+from tensordsl.errors import UnknownNameError, UnsupportedError, close_match
 from tensordsl.program import LoweredProgram, check_program_shapes, line_of, lower_program
 from tensordsl.program_grad import FusedProgram
 
@@ -225,7 +225,7 @@ class ProgramKernel:
         }
 
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
-        given = bind_inputs(self.inputs, self.source_text, args, kwargs)
+        given = arguments.bind(self.inputs, self.source_text, args, kwargs)
         values = [
             arguments.computed_input(name, value, self.source_text)
             for name, value in zip(self.inputs, given)
@@ -325,34 +325,3 @@ def _output_dtype(operands: Sequence[Any]) -> Any:
     """As a one-statement kernel: the operands' result type, a float for integer operands."""
     dtype = jnp.result_type(*operands) if operands else jnp.result_type(float)
     return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
-
-
-def bind_inputs(
-    names: Sequence[str], source: str, args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> list[Any]:
-    """The inputs in `names` order, given all by position or all by name."""
-    listing = "inputs " + ", ".join(names)
-    if args and kwargs:
-        raise ShapeError(
-            "pass the inputs either all by position or all by name", source, expected=listing
-        )
-    if not kwargs:
-        if len(args) != len(names):
-            raise ShapeError(
-                f"the kernel takes {len(names)} input{'s' * (len(names) != 1)}, got {len(args)}",
-                source,
-                expected=listing,
-            )
-        return list(args)
-    for name in kwargs:
-        if name not in names:
-            raise UnknownNameError(
-                f"'{name}' is not an input of the kernel",
-                source,
-                expected=listing,
-                hint=close_match(name, names),
-            )
-    for name in names:
-        if name not in kwargs:
-            raise ShapeError(f"missing input '{name}'", source, expected=listing)
-    return [kwargs[name] for name in names]

@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 
 from codegen.ir import LoopNest
-from tensordsl import grad
+from tensordsl import grad, gradient_rules
 from tensordsl.errors import TensorDSLError
 from tensordsl.lower import lower
 from tensordsl.parse import parse
@@ -46,7 +46,7 @@ def all_nests() -> tuple[Named, ...]:
         nest = forward(case)
         integer = frozenset(n for n, a in case.args.items() if a.integer)
         found.append(Named(case.name, "forward", nest, integer))
-        for role, aux in grad.auxiliary_nests(nest).items():
+        for role, aux in gradient_rules.auxiliary_nests(nest).items():
             found.append(Named(case.name, role, aux, integer))
         if not case.differentiable:
             continue
@@ -59,7 +59,7 @@ def all_nests() -> tuple[Named, ...]:
                 continue
             roles = dict(gradient.roles)
             # The saved argmax/argmin position is int32 (jax_bind._auxiliaries); counts are floats.
-            aux_int = {n for n, r in roles.items() if r == grad.ARGUMENT}
+            aux_int = {n for n, r in roles.items() if r == gradient_rules.ARGUMENT}
             found.append(
                 Named(case.name, f"grad_{op.name}", gradient.nest, integer | frozenset(aux_int))
             )

@@ -11,7 +11,7 @@ import pytest
 from codegen import nvrtc
 from codegen.cuda import emit_cuda
 from codegen.ir import LoopNest
-from tensordsl import grad
+from tensordsl import grad, gradient_rules
 from tensordsl.program import lower_program
 from tests.programs import PROGRAMS_BY_NAME
 
@@ -31,7 +31,7 @@ def program_nests() -> list[tuple[str, LoopNest, frozenset[str]]]:
         integer = frozenset(name for name, arg in case.args.items() if arg.integer)
         for nest in lower_program(case.source, outputs=case.outputs).program.statements:
             found.append((f"{case.name}-{nest.output}-forward", nest, integer))
-            for role, aux in grad.auxiliary_nests(nest).items():
+            for role, aux in gradient_rules.auxiliary_nests(nest).items():
                 found.append((f"{case.name}-{nest.output}-{role}", aux, integer))
             for op in nest.operands:
                 if op.name not in integer:

@@ -23,7 +23,7 @@ import numpy as np
 from codegen import emulate
 from codegen.cuda_schedule import GpuSchedule
 from codegen.ir import LoopNest
-from tensordsl import gpu, grad, reference
+from tensordsl import gpu, grad, gradient_rules, reference
 from tensordsl.errors import TensorDSLError
 from tensordsl.lower import lower
 from tensordsl.parse import parse
@@ -77,16 +77,16 @@ def instances(case: Case, seed: int = 3) -> tuple[Instance, ...]:
     shapes = {n: np.shape(v) for n, v in inputs.items()}
     found = [Instance(case.name, "forward", nest, inputs, {}, case.expected)]
     by_role: dict = {}
-    for role, aux in grad.auxiliary_nests(nest).items():
+    for role, aux in gradient_rules.auxiliary_nests(nest).items():
         found.append(Instance(case.name, role, aux, inputs, {}))
         by_role[role] = np.asarray(reference.evaluate(aux, inputs, shapes))
     if not case.differentiable:
         return tuple(found)
     output = case.expected(**inputs)
     rng = np.random.default_rng(seed)
-    by_role[grad.OUTPUT] = output
+    by_role[gradient_rules.OUTPUT] = output
     sign = rng.choice([-1, 1], output.shape)
-    by_role[grad.COTANGENT] = rng.uniform(0.5, 1.5, output.shape) * sign
+    by_role[gradient_rules.COTANGENT] = rng.uniform(0.5, 1.5, output.shape) * sign
     for op in nest.operands:
         if case.args[op.name].integer:
             continue
@@ -96,7 +96,7 @@ def instances(case: Case, seed: int = 3) -> tuple[Instance, ...]:
             continue
         values = {n: inputs[n] if r == "input" else by_role[r] for n, r in gradient.roles}
         extents = dict(shapes)
-        cotangent = next(n for n, r in gradient.roles if r == grad.COTANGENT)
+        cotangent = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
         extents[cotangent] = extents[nest.output] = output.shape
         extents[gradient.nest.output] = shapes[op.name]
         named = {n: s for n, s in extents.items() if n not in values}

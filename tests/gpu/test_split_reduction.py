@@ -24,7 +24,7 @@ import tensordsl as td
 from codegen import cuda_launch, emulate
 from codegen.cuda_schedule import GpuSchedule, choose_gpu_schedule
 from codegen.ir import LoopNest
-from tensordsl import gpu, grad
+from tensordsl import gpu, gradient_rules
 from tensordsl.lower import lower
 from tensordsl.parse import parse
 from tests.gpu import emulated
@@ -47,7 +47,7 @@ def nest(reduction: str, rank: int) -> LoopNest:
     statement = "s := X[i]" if rank == 1 else "s := X[i,j]"
     if reduction.startswith("arg"):
         forward = lower(parse(statement), reduce=reduction[3:]).nest
-        return grad.auxiliary_nests(forward)["argument"]
+        return gradient_rules.auxiliary_nests(forward)["argument"]
     return lower(parse(statement), reduce=reduction).nest
 
 

@@ -7,7 +7,7 @@ import pytest
 import sympy
 
 from codegen.ir import Range
-from tensordsl import grad, reference
+from tensordsl import grad, gradient_rules, reference
 from tensordsl.lower import lower
 from tensordsl.parse import parse
 from tests.corpus import CORPUS, make_inputs
@@ -29,14 +29,14 @@ def run_gradient_nest(nest, wrt, inputs, output, cotangent):
     """Evaluate the gradient nest of `wrt` with the reference back end."""
     shapes = {n: np.shape(v) for n, v in inputs.items()}
     gradient = grad.gradient(nest, wrt)
-    by_role = {grad.COTANGENT: cotangent, grad.OUTPUT: output}
-    for role, aux in grad.auxiliary_nests(nest).items():
+    by_role = {gradient_rules.COTANGENT: cotangent, gradient_rules.OUTPUT: output}
+    for role, aux in gradient_rules.auxiliary_nests(nest).items():
         by_role[role] = reference.evaluate(aux, inputs, shapes)
     operands = {}
     for name, role in gradient.roles:
         operands[name] = inputs[name] if role == "input" else by_role[role]
     g_shapes = dict(shapes)
-    cotangent_name = next(n for n, r in gradient.roles if r == grad.COTANGENT)
+    cotangent_name = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
     g_shapes[cotangent_name] = g_shapes[nest.output] = np.shape(output)
     g_shapes[gradient.nest.output] = np.shape(inputs[wrt])
     return reference.evaluate(gradient.nest, operands, g_shapes, jnp.float64)

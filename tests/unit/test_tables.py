@@ -11,12 +11,12 @@ from codegen import vecmath
 from codegen.functions import FUNCTIONS
 from codegen.printer import CPrinter
 from codegen.reductions import REDUCTIONS, USER_REDUCTIONS
-from tensordsl import grad, partitioning, reference
+from tensordsl import gradient_rules, partitioning, reference
 
 
 def test_reduction_tables_have_the_same_keys():
     assert set(reference.REDUCE) == set(REDUCTIONS)
-    assert set(grad.GRADIENT_RULES) == set(REDUCTIONS)
+    assert set(gradient_rules.GRADIENT_RULES) == set(REDUCTIONS)
     combines = {row.cross_device for row in REDUCTIONS.values()} - {None}
     assert combines == set(partitioning.COMBINES)
 
