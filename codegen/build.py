@@ -225,8 +225,8 @@ class _Settings:
 
 def _settings() -> _Settings:
     cc = config.c_compiler()
-    folder = ffi.include_dir()
-    headers = f"{folder} {ffi.header_digest()}" if folder is not None else "none"
+    include = ffi.include_dir()
+    headers = f"{include} {ffi.header_digest()}" if include is not None else "none"
     folder = str(disk_cache.usable_folder(config.cache_dir()))
     return _Settings(cc, compiler_version(cc), compile_flags(), folder, headers)
 

@@ -6,6 +6,15 @@ from codegen.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_l
 from codegen.schedule import Schedule
 
 
+def omp_parallel(e: Emitter[Schedule], collapse: int) -> Lines:
+    """The OpenMP pragma over the `collapse` outermost free loops, when the schedule is
+    parallel (the work test keeps small nests on one thread)."""
+    if not e.schedule.parallel or collapse == 0:
+        return []
+    clause = f" collapse({collapse})" if collapse > 1 else ""
+    return [f"#pragma omp parallel for{clause} schedule(static) if(work_ >= {PARALLEL_WORK})"]
+
+
 def scalar(e: Emitter[Schedule]) -> Lines:
     """One output element at a time: the free loops, then each term's reduced loops."""
     body = [*e.declare()]
@@ -15,7 +24,7 @@ def scalar(e: Emitter[Schedule]) -> Lines:
     free = e.free_symbols()
     for r in reversed(free):
         lines = block_lines(e.free_loop(r), lines)
-    return e.parallel(len(free)) + lines
+    return omp_parallel(e, len(free)) + lines
 
 
 def split(e: Emitter[Schedule]) -> Lines:

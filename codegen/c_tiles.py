@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.affine import affine_parts
+from codegen.c_strategies import omp_parallel
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import extent_of
 from codegen.schedule import Schedule
@@ -159,7 +160,7 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
     use the tile's actual width (`rn_`, `wn_`), so a narrow tile can be interior too.
     """
     s = e.schedule
-    sizes = {s.vector: s.width, **({s.row: s.rows} if s.row else {})}
+    sizes: dict[str | None, int] = {s.vector: s.width, **({s.row: s.rows} if s.row else {})}
     tiled = {x: sizes[x.name] for x in e.nest.free_indices if x.name in sizes}
     starts, widths = {}, {}
     for x in tiled:
@@ -246,12 +247,12 @@ def _interior_range(
             lows.append(f"tdsl_ceildiv(-({rest}), {a})")
         else:
             highs.append(f"tdsl_floordiv({rest}, {-a}) + 1")
-    low, high = (lows or [None])[0], (highs or [None])[0]
+    low, high = (lows or [""])[0], (highs or [""])[0]
     for more in lows[1:]:
         low = f"tdsl_imax({low}, {more})"
     for more in highs[1:]:
         high = f"tdsl_imin({high}, {more})"
-    return low or "", high or ""
+    return low, high
 
 
 def _tiled(e: CEmitter, body: TileBody) -> Lines:
@@ -311,7 +312,7 @@ def _tiled(e: CEmitter, body: TileBody) -> Lines:
             )
         else:
             lines = block_lines(e.free_loop(x), lines)
-    return grid + e.parallel(len(free)) + lines
+    return grid + omp_parallel(e, len(free)) + lines
 
 
 def _either(check: str, yes: Lines, no: Lines) -> Lines:

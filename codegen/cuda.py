@@ -111,7 +111,9 @@ SECOND_PASSES: dict[str, tuple[Callable[[CudaEmitter], Lines], Callable[[CudaEmi
 }
 
 
-def _launch(e: CudaEmitter) -> tuple[tuple[sympy.Expr, sympy.Expr, sympy.Expr], tuple[int, ...]]:
+def _launch(
+    e: CudaEmitter,
+) -> tuple[tuple[sympy.Expr, sympy.Expr, sympy.Expr], tuple[int, int, int]]:
     s, one = e.schedule, sympy.Integer(1)
     rn, vn = s.row or "", s.vector or ""
     if s.strategy == "smem":

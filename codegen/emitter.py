@@ -378,12 +378,6 @@ class Emitter(Generic[S]):
             f"for ({kind} {name} = {self.idx(rng.start)}; {name} < {self.idx(rng.stop)}; ++{name})"
         )
 
-    def parallel(self, collapse: int) -> Lines:
-        if not self.schedule.parallel or collapse == 0:
-            return []
-        clause = f" collapse({collapse})" if collapse > 1 else ""
-        return [f"#pragma omp parallel for{clause} schedule(static) if(work_ >= {PARALLEL_WORK})"]
-
     def header(self) -> Lines:
         """The comment that opens every generated source: the nest, dtypes and schedule."""
         source = str(self.nest).replace("*/", "* /")

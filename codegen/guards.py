@@ -68,8 +68,8 @@ def _constraints(condition: sympy.Basic, indices: set[sympy.Symbol]) -> list[sym
         )
     if isinstance(low, sympy.Abs):  # abs(x) <= w: -w <= x <= w
         x = low.args[0]
-        found = [_pair(x, high, indices, strict), _pair(-x, high, indices, strict)]
-        return None if any(not f for f in found) else [c for f in found for c in f]
+        above, below = _pair(x, high, indices, strict), _pair(-x, high, indices, strict)
+        return [*above, *below] if above and below else None
     return _pair(low, high, indices, strict) or None
 
 
@@ -168,7 +168,8 @@ def _split_sum(term: Term, reduction: str, identity: sympy.Expr, indices) -> lis
     if reduction != "sum" or not isinstance(term.body, sympy.Add):
         return [term]
     reduced = set(term.reduced_indices)
-    guarded, rest = [], []
+    guarded: list[sympy.Expr] = []
+    rest: list[sympy.Expr] = []
     for part in term.body.args:
         bounded = _bound_term(dataclasses.replace(term, body=part), identity, indices)
         new = bounded.constraints[len(term.constraints) :]

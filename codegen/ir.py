@@ -97,27 +97,27 @@ class Reduce(sympy.Expr):
     ) -> Reduce:
         name = reduction if isinstance(reduction, Str) else Str(reduction)
         args = (name, *(sympy.sympify(a) for a in (body, index, start, stop)))
-        return sympy.Expr.__new__(cls, *args)  # type: ignore[return-value]
+        return sympy.Expr.__new__(cls, *args)
 
     @property
     def reduction(self) -> str:
-        return str(self.args[0].name)  # type: ignore[attr-defined]
+        return str(self.args[0].name)
 
     @property
     def body(self) -> sympy.Expr:
-        return self.args[1]  # type: ignore[return-value]
+        return self.args[1]
 
     @property
     def index(self) -> sympy.Symbol:
-        return self.args[2]  # type: ignore[return-value]
+        return self.args[2]
 
     @property
     def start(self) -> sympy.Expr:
-        return self.args[3]  # type: ignore[return-value]
+        return self.args[3]
 
     @property
     def stop(self) -> sympy.Expr:
-        return self.args[4]  # type: ignore[return-value]
+        return self.args[4]
 
     @property
     def free_symbols(self) -> set[sympy.Basic]:

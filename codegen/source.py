@@ -127,7 +127,8 @@ def constraint_source(constraint: sympy.Expr) -> str:
     >>> constraint_source(i - j + 2)
     'j <= i + 2'
     """
-    positive, negative = [], []
+    positive: list[str] = []
+    negative: list[str] = []
     for part in sympy.Add.make_args(sympy.expand(constraint)):
         coefficient, _ = part.as_coeff_Mul()
         (negative if coefficient < 0 else positive).append(part)

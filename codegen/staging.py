@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import sympy
 
 from codegen.ir import Reduce
 
-Node = sympy.Basic
+Node: TypeAlias = sympy.Basic  # a subexpression: any sympy node of a body
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ def unique_reduce_indices(body: sympy.Expr, taken: set[sympy.Symbol]) -> sympy.E
         done[node] = new
         return new
 
-    return rename(body)  # type: ignore[return-value]
+    return rename(body)
 
 
 def plan(
@@ -261,4 +262,4 @@ def plan(
     placed_tests: list[list[sympy.Basic]] = [[] for _ in levels]
     for test in tests:
         placed_tests[planner.home(test)[0]].append(test)
-    return Plan(statements, placed_tests, value, planner.count)  # type: ignore[arg-type]
+    return Plan(statements, placed_tests, value, planner.count)

@@ -197,15 +197,16 @@ def _term_gradient(
     guards = [g.xreplace(solver.substitution) for g in solver.guards]
     guard = sympy.And(rewrite(term.guard), *guards)
     taken = {s.name for s in free}
-    reduced, names = [], {}
+    kept: list[Range] = []
+    names = {}
     for dummy, r in solver.ranges.items():
         name = r.index.name if r.index.name not in taken else next(_fresh_names(taken))
         taken.add(name)
         names[dummy] = index_symbol(name)
-        reduced.append(Range(names[dummy], r.start, r.stop))
+        kept.append(Range(names[dummy], r.start, r.stop))
     return Term(
         body.xreplace(names),
-        tuple(reduced),
+        tuple(kept),
         tuple(_simplify_constraints(c.xreplace(names) for c in constraints)),
         guard.xreplace(names),
     )

@@ -31,7 +31,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from codegen.factor import factor_sums
 from codegen.guards import bound_guards
-from codegen.ir import LoopNest, rename
+from codegen.ir import LoopNest, Operand, rename
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl import grad, gradient_rules
 from tensordsl.jax_bind import call_nest, is_differentiable
@@ -68,7 +68,7 @@ def merge_gradients(nests: Sequence[LoopNest]) -> LoopNest:
         rename(n, tensors={}, indices={i.name: f for i, f in zip(n.free_indices, free)})
         for n in nests
     ]
-    operands = {}
+    operands: dict[str, Operand] = {}
     for nest in renamed:
         for op in nest.operands:
             operands.setdefault(op.name, op)
