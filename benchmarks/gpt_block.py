@@ -64,7 +64,7 @@ from benchmarks.common import (
 from benchmarks.layers import BlockSize
 
 NAME = "gpt_block"
-JNP, OURS = "jax.numpy", "tensordsl kernels"
+JNP, OURS, PROGRAMS = "jax.numpy", "tensordsl kernels", "tensordsl programs"
 MODES = ("fwd", "fwd+bwd")
 ERRNO = "tensordsl kernels, -fmath-errno"
 SIZES = (BlockSize(4, 64, 64, 4), BlockSize(4, 256, 128, 4))
@@ -292,19 +292,22 @@ def calls_table(calls: list[dict[str, Any]]) -> str:
 def targets(rows: list[dict[str, Any]], calls: list[dict[str, Any]]) -> str:
     out = []
     for row in rows:
-        for mode in MODES:
-            r = over(median_of(row, OURS, mode), median_of(row, JNP, mode))
-            ok = None if r is None else r <= WITHIN_JNP
+        for impl in (OURS, PROGRAMS):
+            if impl not in row["impls"]:
+                continue
+            for mode in MODES:
+                r = over(median_of(row, impl, mode), median_of(row, JNP, mode))
+                ok = None if r is None else r <= WITHIN_JNP
+                out.append(
+                    f"- {row['size']}, {impl}: {mode} within {WITHIN_JNP}x of jnp — "
+                    f"{verdict(ok)} (ours/jnp = {ratio(r) or 'n/a'})"
+                )
+            r = bwd_over_fwd(row, impl)
+            ok = None if r is None else r <= BWD_OVER_FWD
             out.append(
-                f"- {row['size']}: {mode} within {WITHIN_JNP}x of jnp — {verdict(ok)} "
-                f"(ours/jnp = {ratio(r) or 'n/a'})"
+                f"- {row['size']}, {impl}: backward at most {BWD_OVER_FWD}x our forward — "
+                f"{verdict(ok)} ((fwd+bwd - fwd) / fwd = {ratio(r) or 'n/a'})"
             )
-        r = bwd_over_fwd(row, OURS)
-        ok = None if r is None else r <= BWD_OVER_FWD
-        out.append(
-            f"- {row['size']}: backward at most {BWD_OVER_FWD}x our forward — {verdict(ok)} "
-            f"((fwd+bwd - fwd) / fwd = {ratio(r) or 'n/a'})"
-        )
     limits = {(1, "cold"): COLD_S, (1, "warm"): WARM_S, (STACK, "warm"): STACK_WARM_S}
     for c in calls:
         key = (c["layers"], c["cache"].split(" ")[0])
@@ -363,7 +366,10 @@ benchmarks/layers.py); the text between the {NAME} markers is rewritten by that 
 Pre-LayerNorm, causal multi-head attention, GELU (tanh) MLP, float32. tensordsl:
 {len(layers.KERNELS)} single-statement kernels (LayerNorm mean, variance and normalisation, QKV
 projection, scores with the causal mask as `where(j <= i, ...)`, logsumexp, weighted sum,
-output projection, MLP up with bias, GELU, MLP down with bias; residual sums in jnp). fwd+bwd is
+output projection, MLP up with bias, GELU, MLP down with bias; residual sums in jnp).
+"tensordsl programs": LayerNorm, attention (scores, logsumexp, weighted sum; the scores
+recomputed, never stored) and the MLP one program each (`layers.PROGRAMS`), the QKV and
+output projections single-statement kernels. fwd+bwd is
 `jax.value_and_grad` of `sum(block(params, x) * ct)` w.r.t. every parameter and `x`; bwd/fwd is
 (fwd+bwd - fwd) / fwd. Medians of `time.perf_counter()` around `jax.block_until_ready`, every
 function under `jax.jit`, implementations in turns (3 rounds); every output, loss and gradient
@@ -425,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     info = start_run()
     errno = not (options.quick or options.no_errno_row)
-    impls = (JNP, OURS, ERRNO) if errno else (JNP, OURS)
+    impls = (JNP, OURS, PROGRAMS, ERRNO) if errno else (JNP, OURS, PROGRAMS)
     budget, settle = (0.3, 0.02) if options.quick else (10.0, 0.3)
     rows = []
     for size in QUICK_SIZES if options.quick else SIZES:

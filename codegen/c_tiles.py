@@ -358,6 +358,90 @@ def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.E
     return _lanes(p, rn, wn, [*lane, p.store_line()])
 
 
+def _lanes_inside(
+    p: CEmitter,
+    n: int,
+    outer: list[list[sympy.Symbol]],
+    rn: str,
+    wn: str,
+    tests: Sequence[sympy.Expr],
+    sub: str,
+) -> tuple[Plan, Lines]:
+    """The dot strategy's lanes over `u` innermost: rows, then columns, then `u`'s lanes."""
+    order = p.term_order(n)
+    u, u0 = p.printer.index(order[-1]), p.tile_name("o", order[-1])
+    plan = p.plan(n, [*outer, *_lane_levels(p), [order[-1]]], tests)
+    level = len(outer) + len(_lane_levels(p))
+    lane = [
+        f"const int64_t {u} = {u0} + l_;",
+        *p.level_lines(plan, level, p.fold_lines(n, plan, sub + "[l_]"), simd=True),
+    ]
+    loop = f"for (int64_t l_ = 0; l_ < {p.schedule.lanes}; ++l_)"
+    vector = ["#pragma omp simd", *block_lines(loop, lane)]
+    return plan, _lanes(p, rn, wn, vector, simd=False, plan=plan, level=len(outer))
+
+
+def _lane_major(
+    p: CEmitter,
+    n: int,
+    outer: list[list[sympy.Symbol]],
+    rn: str,
+    wn: str,
+    tests: Sequence[sympy.Expr],
+    sub: str,
+) -> tuple[Plan, Lines] | None:
+    """The dot strategy's lanes when a function call depends on a row and `u` but not on the
+    column index: per row, one simd loop over `u`'s lanes computes what does not read the
+    column into lane arrays, then each column's simd loop reads them, so the call runs once
+    per (row, lane) for all the columns instead of once per column (the Gaussian kernel's
+    `dX[i, p]`: one `exp` per (i, j) for the three coordinates p). None when no such call
+    exists."""
+    s = p.schedule
+    order = p.term_order(n)
+    u, u0 = p.printer.index(order[-1]), p.tile_name("o", order[-1])
+    row_level = [[sympy.Symbol(s.row, integer=True)]] if s.row else []
+    column = sympy.Symbol(s.vector or "", integer=True)
+    numbered = p.temporaries
+    plan = p.plan(n, [*outer, *row_level, [order[-1]], [column]], tests)
+    lane_level = len(outer) + len(row_level)
+    shared = plan.statements[lane_level]
+    if not any(isinstance(st, Assign) and st.expr.has(sympy.Function) for st in shared):
+        p.temporaries = numbered  # the other form numbers its temporaries alike
+        return None
+    names = [st.symbol.name for st in shared]
+    lane = f"const int64_t {u} = {u0} + l_;"
+    loop = f"for (int64_t l_ = 0; l_ < {s.lanes}; ++l_)"
+    stores = [f"{name}lane[l_] = {name};" for name in names]  # `<t>a` is a nested state
+    first = [lane, *p.level_lines(plan, lane_level, stores, simd=True)]
+    reloads = [f"const {p.f} {name} = {name}lane[l_];" for name in names]
+    inner = [*reloads, *p.level_lines(plan, lane_level + 1, p.fold_lines(n, plan, sub + "[l_]"))]
+    conditions = plan.tests[lane_level]
+    if conditions:
+        inner = block_lines(f"if ({' && '.join(p.printer.doprint(t) for t in conditions)})", inner)
+    vec, vec0 = p.printer.index(column), p.tile_name("o", column)
+    column_body = [
+        f"const int64_t {vec} = {vec0} + w_;",
+        "#pragma omp simd",
+        *block_lines(loop, [lane, *inner]),
+    ]
+    lines = [
+        *(f"{p.f} {name}lane[{s.lanes}];" for name in names),
+        "#pragma omp simd",
+        *block_lines(loop, first),
+        f"#pragma GCC unroll {s.width}",
+        *block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", column_body),
+    ]
+    if s.row:
+        row_index = sympy.Symbol(s.row, integer=True)
+        row, row0 = p.printer.index(row_index), p.tile_name("o", row_index)
+        body = [f"const int64_t {row} = {row0} + r_;", *p.level_lines(plan, len(outer), lines)]
+        lines = [
+            f"#pragma GCC unroll {s.rows}",
+            *block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", body),
+        ]
+    return plan, lines
+
+
 def dot(e: CEmitter) -> Lines:
     s = e.schedule
     lanes = s.lanes
@@ -374,21 +458,9 @@ def dot(e: CEmitter) -> Lines:
             lo, hi = p.idx(p.bounds[n].starts[order[-1]]), p.idx(p.bounds[n].stops[order[-1]])
             outer = [[], *p.reduced_levels(n, len(order) - 1)]
             # The vector part: dot-product lanes over the innermost reduced index u.
-            plan = p.plan(n, [*outer, *tile_levels, [order[-1]]], tests[n])
-            lane = [
-                f"const int64_t {u} = {u0} + l_;",
-                *p.level_lines(
-                    plan,
-                    len(outer) + len(tile_levels),
-                    p.fold_lines(n, plan, sub + "[l_]"),
-                    simd=True,
-                ),
-            ]
-            vector = [
-                "#pragma omp simd",
-                *block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", lane),
-            ]
-            vector = _lanes(p, rn, wn, vector, simd=False, plan=plan, level=len(outer))
+            plan, vector = _lane_major(p, n, outer, rn, wn, tests[n], sub) or _lanes_inside(
+                p, n, outer, rn, wn, tests[n], sub
+            )
             # The rest of u, one value at a time.
             rest_plan = p.plan(n, [*outer, [order[-1]], *tile_levels], tests[n])
             rest_lanes = _lanes(

@@ -15,7 +15,8 @@ Strategies (`Schedule.strategy`):
 * ``"dot"`` -- dot-product-shaped nests (no free index is contiguous in the inputs): a
   register tile of ``rows x width`` dot products over the free indices `row` and `vector`,
   each kept as ``lanes`` vector partial sums over the innermost reduced index
-  (``#pragma omp simd``);
+  (``#pragma omp simd``). A function call that reads a row and the lanes but not the
+  column is computed per row in one simd loop into lane arrays that every column reads;
 * ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
   number of chunks reduced in parallel and combined in order (deterministic);
 * ``"xla"`` -- a pure contraction (`codegen.contraction`): no kernel is generated, the runner
@@ -32,7 +33,10 @@ The heuristic (`choose_cpu_schedule`):
    32 float / 16 double lanes). When `v` is a window offset (it shares an access axis with
    a reduced index, as `k` in `dW[o, c, k] = dY[o, i]*X[c, i + k]`) it is often short: the
    schedule then carries a ``small`` dot schedule over two other free indices, taken at run
-   time when `v`'s extent is below the tile width;
+   time when `v`'s extent is below the tile width. So does a tile whose costly work (a
+   function call, a nested reduction) does not read `v` while no access reads `v` either
+   (only tests select by it: the coordinates `p` of the Gaussian kernel's `dX[i, p]`):
+   the dot products there compute that work in vector lanes once for all the columns;
 4. otherwise, for sum/max/min/prod/argmax/argmin, ``dot`` with a 4 x 4 tile of dot products
    of 8 float / 4 double lanes (16 accumulator registers); else ``scalar``;
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
@@ -252,8 +256,12 @@ def choose_cpu_schedule(
             dot_free = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
             small = _dot_schedule(nest, dot_free, reduced, wide) if plain else None
         # Costly work per row (a nested reduction, an exp) is done once per tile width of the
-        # vector axis: wider tiles (4 x 64 floats) do it fewer times.
+        # vector axis: wider tiles (4 x 64 floats) do it fewer times. A vector axis shorter
+        # than the tile (the Gaussian kernel's coordinates, `dX[i, p]`) runs as dot products
+        # instead, whose lanes compute that work in vector form once for all the columns.
         costly = _costly_per_row(nest, vector)
+        if costly and small is None and not _reads(nest, vector):
+            small = _dot_schedule(nest, free, reduced, wide)
         return Schedule(
             free,
             reduced,
@@ -265,6 +273,17 @@ def choose_cpu_schedule(
             small=small,
         )
     return _dot_schedule(nest, free, reduced, wide) or Schedule(free, reduced)
+
+
+def _reads(nest: LoopNest, name: str) -> bool:
+    """Whether some access of `nest` reads the index `name` (else only tests select by it)."""
+    symbol = _symbols(nest)[name]
+    return any(
+        symbol in index.free_symbols
+        for term in nest.terms
+        for access in accesses(term.body)
+        for index in access.indices
+    )
 
 
 def _costly_per_row(nest: LoopNest, vector: str) -> bool:
