@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from codegen.contraction import contraction, xla_contraction
+from codegen.contraction import xla_contraction
 from codegen.ir import LoopNest
 from codegen.loop_order import (
     LoopOrder,
@@ -72,6 +72,7 @@ from codegen.loop_order import (
     default_loop_order,
     valid_unique,
     validate_order,
+    validate_shared_strategy,
 )
 
 GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "xla")
@@ -160,10 +161,7 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
         raise ValueError("threads must be a power of two in [32, 1024]")
     if min(schedule.rows, schedule.cols, schedule.tile_k, schedule.blocks) < 1:
         raise ValueError("rows, cols, tile_k and blocks must be positive")
-    if schedule.strategy == "split" and free:
-        raise ValueError("the split strategy is for full reductions (no free index)")
-    if schedule.strategy == "xla" and contraction(nest) is None:
-        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
+    validate_shared_strategy(nest, schedule.strategy, free)
     bounded = bound_indices(nest, schedule)
     if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
         raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import sympy
 
 from codegen.bounds import loop_bounds
+from codegen.contraction import contraction
 from codegen.ir import LoopNest, Term, accesses
 
 
@@ -58,6 +59,15 @@ def validate_order(nest: LoopNest, order: LoopOrder) -> None:
                 f"reduced loop order {reduced} is not a permutation of "
                 f"{_names(term.reduced_indices)}"
             )
+
+
+def validate_shared_strategy(nest: LoopNest, strategy: str, free: Sequence[str]) -> None:
+    """Raise ValueError when a strategy both back ends have does not fit the nest: split is
+    for full reductions, xla for pure contractions."""
+    if strategy == "split" and free:
+        raise ValueError("the split strategy is for full reductions (no free index)")
+    if strategy == "xla" and contraction(nest) is None:
+        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
 
 
 def term_order(nest: LoopNest, order: LoopOrder, n: int) -> tuple[sympy.Symbol, ...]:

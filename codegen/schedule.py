@@ -71,13 +71,14 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.affine import affine_parts
-from codegen.contraction import contraction, xla_contraction
+from codegen.contraction import xla_contraction
 from codegen.ir import LoopNest, Reduce, accesses
 from codegen.loop_order import (
     LoopOrder,
     default_loop_order,
     valid_unique,
     validate_order,
+    validate_shared_strategy,
 )
 from codegen.reductions import REDUCTIONS
 
@@ -137,10 +138,7 @@ def validate(nest: LoopNest, schedule: Schedule) -> None:
         raise ValueError(f"unknown strategy {schedule.strategy!r}; expected one of {STRATEGIES}")
     if min(schedule.rows, schedule.width, schedule.chunks, schedule.lanes) < 1:
         raise ValueError("rows, width, chunks and lanes must be positive")
-    if schedule.strategy == "split" and free:
-        raise ValueError("the split strategy is for full reductions (no free index)")
-    if schedule.strategy == "xla" and contraction(nest) is None:
-        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
+    validate_shared_strategy(nest, schedule.strategy, free)
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
     if schedule.small is not None:
