@@ -71,6 +71,32 @@ def names(value: Any, *, option: str) -> tuple[str, ...]:
     return items
 
 
+def backend(value: str, backends: tuple[str, ...]) -> str:
+    """`value` when it names one of `backends`."""
+    if value not in backends:
+        raise UnknownNameError(
+            f"unknown backend '{value}'",
+            expected="one of " + ", ".join(backends),
+            hint=close_match(value, backends),
+        )
+    return value
+
+
+def nograd(value: Any, inputs: tuple[str, ...], source: str, *, of: str) -> frozenset[str]:
+    """The `nograd=` option (one name or several) as a set of inputs of the kernel or program
+    (`of`)."""
+    found = names(value, option="nograd")
+    for name in found:
+        if name not in inputs:
+            raise UnknownNameError(
+                f"nograd names '{name}', which is not an input of the {of}",
+                source,
+                expected="one of " + ", ".join(inputs),
+                hint=close_match(name, inputs),
+            )
+    return frozenset(found)
+
+
 def extents(ranges: Any, source: str) -> dict[str, Any] | None:
     """`ranges=` as a new dict, with NumPy integers as ints (the lowering checks the rest)."""
     if ranges is None:

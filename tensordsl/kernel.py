@@ -63,23 +63,8 @@ class Kernel:
         self.source_text = source = arguments.source_text(source)
         extents = arguments.extents(ranges, source)
         self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=extents)
-        if backend not in runners.BACKENDS:
-            raise UnknownNameError(
-                f"unknown backend '{backend}'",
-                expected="one of " + ", ".join(runners.BACKENDS),
-                hint=close_match(backend, runners.BACKENDS),
-            )
-        nograd = arguments.names(nograd, option="nograd")
-        for name in nograd:
-            if name not in self.inputs:
-                raise UnknownNameError(
-                    f"nograd names '{name}', which is not an input of the kernel",
-                    source,
-                    expected="one of " + ", ".join(self.inputs),
-                    hint=close_match(name, self.inputs),
-                )
-        self.backend = backend
-        self.nograd = frozenset(nograd)
+        self.backend = arguments.backend(backend, runners.BACKENDS)
+        self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
 

@@ -203,12 +203,6 @@ def _statement_ranges(
     """`ranges=` split per statement: each statement gets the indices it has."""
     indices = [t.free + t.reduced for t in translations]
     every = sorted({name for names in indices for name in names})
-    if ranges is not None and not isinstance(ranges, Mapping):
-        raise RangeError(
-            f"ranges= is a {type(ranges).__name__}",
-            source,
-            expected="a dict from index names to an extent or a range, such as {'k': 3}",
-        )
     for name in ranges or {}:
         if name not in every:
             raise RangeError(

@@ -36,7 +36,7 @@ from codegen.fusion import Fused, fuse, nested_ranges
 from codegen.ir import LoopNest
 from codegen.program import Program, live_statements
 from tensordsl import arguments, jax_bind, runners
-from tensordsl.errors import UnknownNameError, UnsupportedError, close_match
+from tensordsl.errors import UnknownNameError, UnsupportedError
 from tensordsl.program import LoweredProgram, check_program_shapes, line_of, lower_program
 from tensordsl.program_grad import FusedProgram
 
@@ -75,28 +75,13 @@ class ProgramKernel:
         self._lowered: LoweredProgram = lower_program(
             source, outputs=outputs, reduce=reduce, ranges=arguments.extents(ranges, source)
         )
-        if backend not in runners.BACKENDS:
-            raise UnknownNameError(
-                f"unknown backend '{backend}'",
-                expected="one of " + ", ".join(runners.BACKENDS),
-                hint=close_match(backend, runners.BACKENDS),
-            )
-        nograd = arguments.names(nograd, option="nograd")
-        for name in nograd:
-            if name not in self.inputs:
-                raise UnknownNameError(
-                    f"nograd names '{name}', which is not an input of the program",
-                    source,
-                    expected="one of " + ", ".join(self.inputs),
-                    hint=close_match(name, self.inputs),
-                )
+        self.backend = arguments.backend(backend, runners.BACKENDS)
+        self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
                 expected="no schedule for a program (each statement uses the heuristic's)",
             )
-        self.backend = backend
-        self.nograd = frozenset(nograd)
 
     @property
     def program(self) -> Program:
