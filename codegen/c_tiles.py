@@ -48,18 +48,25 @@ def _lanes(
     lines = (["#pragma omp simd"] if simd else [f"#pragma GCC unroll {s.width}"]) + lines
     if s.row is None:
         return lines
-    row_index = sympy.Symbol(s.row, integer=True)
-    row, row0 = e.printer.index(row_index), e.tile_name("o", row_index)
-    declare_row = f"const int64_t {row} = {row0} + r_;"
     batched: Lines = []
     if plan is not None:
-        plan, batched = _batch_row_sums(e, plan, level, rn, declare_row)
+        plan, batched = _batch_row_sums(e, plan, level, rn, _declare_row(e))
         lines = e.level_lines(plan, level, lines)
-    return (
-        batched
-        + [f"#pragma GCC unroll {s.rows}"]
-        + block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [declare_row, *lines])
-    )
+    return batched + _row_loop(e, rn, lines)
+
+
+def _declare_row(e: CEmitter) -> str:
+    """The row index of the tile's row `r_`."""
+    row_index = sympy.Symbol(e.schedule.row or "", integer=True)
+    return f"const int64_t {e.printer.index(row_index)} = {e.tile_name('o', row_index)} + r_;"
+
+
+def _row_loop(e: CEmitter, rn: str, body: Lines) -> Lines:
+    """The tile's rows, unrolled, each binding its row index before `body`."""
+    return [
+        f"#pragma GCC unroll {e.schedule.rows}",
+        *block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [_declare_row(e), *body]),
+    ]
 
 
 def _batch_row_sums(
@@ -370,8 +377,9 @@ def _lanes_inside(
     """The dot strategy's lanes over `u` innermost: rows, then columns, then `u`'s lanes."""
     order = p.term_order(n)
     u, u0 = p.printer.index(order[-1]), p.tile_name("o", order[-1])
-    plan = p.plan(n, [*outer, *_lane_levels(p), [order[-1]]], tests)
-    level = len(outer) + len(_lane_levels(p))
+    tile_levels = _lane_levels(p)
+    plan = p.plan(n, [*outer, *tile_levels, [order[-1]]], tests)
+    level = len(outer) + len(tile_levels)
     lane = [
         f"const int64_t {u} = {u0} + l_;",
         *p.level_lines(plan, level, p.fold_lines(n, plan, sub + "[l_]"), simd=True),
@@ -432,13 +440,7 @@ def _lane_major(
         *block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", column_body),
     ]
     if s.row:
-        row_index = sympy.Symbol(s.row, integer=True)
-        row, row0 = p.printer.index(row_index), p.tile_name("o", row_index)
-        body = [f"const int64_t {row} = {row0} + r_;", *p.level_lines(plan, len(outer), lines)]
-        lines = [
-            f"#pragma GCC unroll {s.rows}",
-            *block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", body),
-        ]
+        lines = _row_loop(p, rn, p.level_lines(plan, len(outer), lines))
     return plan, lines
 
 

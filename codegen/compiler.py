@@ -65,17 +65,23 @@ def _version(cc: str) -> str:
     return done.stdout.splitlines()[0] if done.stdout else "unknown"
 
 
-def _openmp(cc: str, flags: tuple[str, ...]) -> tuple[str, ...]:
-    probe = "#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n"
+def _builds(cc: str, source: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> bool:
+    """Whether `cc` with `flags` compiles `source` into a shared object linked with
+    `libraries`."""
     with tempfile.TemporaryDirectory() as tmp:
         src = pathlib.Path(tmp) / "probe.c"
-        src.write_text(probe)
-        command = [cc, *flags, "-fopenmp", str(src), "-o", str(pathlib.Path(tmp) / "p.so")]
+        src.write_text(source)
+        output = str(pathlib.Path(tmp) / "p.so")
+        command = [cc, *flags, str(src), "-o", output, *libraries]
         try:
-            ok = subprocess.run(command, capture_output=True, check=False).returncode == 0
+            return subprocess.run(command, capture_output=True, check=False).returncode == 0
         except OSError:
-            ok = False
-    return ("-fopenmp",) if ok else ("-fopenmp-simd",)
+            return False
+
+
+def _openmp(cc: str, flags: tuple[str, ...]) -> tuple[str, ...]:
+    probe = "#include <omp.h>\nint f(void) { return omp_get_max_threads(); }\n"
+    return ("-fopenmp",) if _builds(cc, probe, (*flags, "-fopenmp")) else ("-fopenmp-simd",)
 
 
 def _libmvec(cc: str, flags: tuple[str, ...]) -> tuple[str, ...]:
@@ -84,13 +90,6 @@ def _libmvec(cc: str, flags: tuple[str, ...]) -> tuple[str, ...]:
         "void f(float *x, int n) {\n#pragma omp simd\n"
         "    for (int i = 0; i < n; ++i) x[i] = expf(x[i]);\n}\n"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        src = pathlib.Path(tmp) / "probe.c"
-        src.write_text(probe)
-        command = [cc, *flags, str(src), "-o", str(pathlib.Path(tmp) / "p.so")]
-        command += ["-Wl,-z,defs", "-lmvec", "-lm"]  # every symbol resolved, libmvec's too
-        try:
-            ok = subprocess.run(command, capture_output=True, check=False).returncode == 0
-        except OSError:
-            ok = False
-    return (LIBMVEC_DEFINE,) if ok else ()
+    # -z defs: every symbol resolved, libmvec's too.
+    linked = _builds(cc, probe, flags, ("-Wl,-z,defs", "-lmvec", "-lm"))
+    return (LIBMVEC_DEFINE,) if linked else ()
