@@ -65,8 +65,9 @@ def poison_outputs() -> bool:
 
 
 def xla_contractions() -> bool:
-    """`TENSORDSL_XLA_CONTRACTIONS`: pure contractions run as XLA's dot (`jnp.einsum`) unless
-    set to "0"; "0" generates a kernel for them too (to compare, or to test the kernels)."""
+    """`TENSORDSL_XLA_CONTRACTIONS`: contractions (with their elementwise companions,
+    `codegen.contraction.xla_plan`) run as XLA's dot (`jnp.einsum`) unless set to "0"; "0"
+    generates a kernel for them too (to compare, or to test the kernels)."""
     return os.environ.get("TENSORDSL_XLA_CONTRACTIONS", "1") not in ("", "0")
 
 

@@ -30,14 +30,15 @@ Strategies (`GpuSchedule.strategy`):
   as an extra output of the launch). The second kernel, one block, combines the partial
   states in slice order: deterministic, no atomics. With one slice the first kernel writes
   the output and the second is not launched.
-* ``"xla"`` -- a pure contraction (`codegen.contraction`): no kernel is generated, the runner
-  calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on the CPU.
+* ``"xla"`` -- a contraction with its elementwise companions (`codegen.contraction.xla_plan`):
+  no kernel is generated, the runner calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on
+  the CPU.
 
 Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
 shapes are not known when the kernel is compiled).
 
-The heuristic (`choose_gpu_schedule`): a pure contraction of floats -> ``xla``, unless the
+The heuristic (`choose_gpu_schedule`): a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
 reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
@@ -192,8 +193,8 @@ def choose_gpu_schedule(
 
     Args:
         nest: the loop nest.
-        dtypes: numpy dtype names of the operands and output (a pure contraction of floats
-            runs as XLA's dot).
+        dtypes: numpy dtype names of the operands and output (a nest of floats with an XLA
+            plan runs as XLA's dot).
         index_type: "int32" (default) or "int64" when a tensor may reach 2^31 elements.
         loop_order: index names fixing the order of free and reduced loops, as on the CPU.
             A loop order asks for a generated kernel.

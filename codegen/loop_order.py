@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import sympy
 
 from codegen.bounds import loop_bounds
-from codegen.contraction import contraction
+from codegen.contraction import xla_plan
 from codegen.ir import LoopNest, Term, accesses
 
 
@@ -63,11 +63,14 @@ def validate_order(nest: LoopNest, order: LoopOrder) -> None:
 
 def validate_shared_strategy(nest: LoopNest, strategy: str, free: Sequence[str]) -> None:
     """Raise ValueError when a strategy both back ends have does not fit the nest: split is
-    for full reductions, xla for pure contractions."""
+    for full reductions, xla for nests with an XLA plan (`codegen.contraction.xla_plan`)."""
     if strategy == "split" and free:
         raise ValueError("the split strategy is for full reductions (no free index)")
-    if strategy == "xla" and contraction(nest) is None:
-        raise ValueError("the xla strategy is for pure contractions (codegen.contraction)")
+    if strategy == "xla" and xla_plan(nest) is None:
+        raise ValueError(
+            "the xla strategy is for contractions and their elementwise companions "
+            "(codegen.contraction.xla_plan)"
+        )
 
 
 def term_order(nest: LoopNest, order: LoopOrder, n: int) -> tuple[sympy.Symbol, ...]:

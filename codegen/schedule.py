@@ -19,12 +19,14 @@ Strategies (`Schedule.strategy`):
   column is computed per row in one simd loop into lane arrays that every column reads;
 * ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
   number of chunks reduced in parallel and combined in order (deterministic);
-* ``"xla"`` -- a pure contraction (`codegen.contraction`): no kernel is generated, the runner
-  calls XLA's dot (`jnp.einsum`), which is faster for those than a generated loop nest.
+* ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
+  weights around attention's `sum_e dO*V`: `codegen.contraction.xla_plan`): no kernel is
+  generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for
+  those than a generated loop nest.
 
 The heuristic (`choose_cpu_schedule`):
 
-0. a pure contraction -> ``xla``, unless the caller asks for a generated kernel;
+0. a nest with an XLA plan -> ``xla``, unless the caller asks for a generated kernel;
 1. no free index -> ``split``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;

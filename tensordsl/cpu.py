@@ -34,7 +34,7 @@ from codegen.build import prefetch_c as prefetch_kernel
 from codegen.extents import output_shape
 from codegen.ir import LoopNest
 from codegen.schedule import Schedule, choose_cpu_schedule
-from tensordsl.xla_dot import run_contraction
+from tensordsl.xla_dot import run_xla
 
 _REGISTER_LOCK = threading.Lock()
 #: FFI targets registered with XLA in this process (name -> handler address).
@@ -99,13 +99,13 @@ def run_c(
     dtype: Any,
     schedule: Schedule | None = None,
 ) -> jax.Array:
-    """Run `nest` on the CPU (compiled C, or XLA's dot for the "xla" strategy); `shapes`
+    """Run `nest` on the CPU (compiled C, or XLA for the "xla" strategy); `shapes`
     covers every tensor the nest names."""
     own = [v.dtype if hasattr(v, "dtype") else jnp.result_type(v) for v in operands]
     dtypes = kernel_dtypes(nest, own, dtype)
     schedule = _schedule(nest, dtypes, schedule)
     if schedule.strategy == "xla":
-        found = run_contraction(nest, operands, shapes, dtype)
+        found = run_xla(nest, operands, shapes, dtype)
         if found is not None:
             return found
         schedule = _heuristic(nest, tuple(sorted(dtypes.items())), False)

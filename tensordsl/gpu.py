@@ -20,9 +20,9 @@ A source may hold several kernels (the split strategy's two passes), launched on
 another with the same arguments; scratch space they share is an extra output of the call
 (`jax.ffi.ffi_call` and `buffer_callback` allocate it with the output), dropped afterwards.
 Nothing is compiled, allocated or synchronised per call. CuPy is imported only by the
-callback path. A pure contraction of floats (the "xla" strategy of
-`codegen.cuda_schedule`) runs as XLA's dot (`tensordsl.xla_dot`), cuBLAS on a GPU, as on the
-CPU.
+callback path. A nest of floats with an XLA plan (the "xla" strategy of
+`codegen.cuda_schedule`) runs as XLA's dot and fused elementwise work (`tensordsl.xla_dot`),
+cuBLAS on a GPU, as on the CPU.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from codegen.extents import output_shape
 from codegen.host import host_function
 from codegen.ir import LoopNest
 from tensordsl.errors import UnsupportedError
-from tensordsl.xla_dot import run_contraction
+from tensordsl.xla_dot import run_xla
 
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[Any, ...], Any] = {}  # (source text, device id) -> cupy.RawModule
@@ -149,17 +149,17 @@ def run_cuda(
     *,
     schedule: GpuSchedule | None = None,
 ) -> jax.Array:
-    """Run `nest` with CUDA, or XLA's dot for the "xla" strategy (a `runners.Runner`;
+    """Run `nest` with CUDA, or XLA for the "xla" strategy (a `runners.Runner`;
     `schedule` for tests)."""
     order = config.cuda_emulate()
     if order is None:
         _gpus()  # no GPU is an error, also where XLA would run the nest
     schedule = schedule or choose_gpu_schedule(nest, _dtypes(nest, operands, dtype))
     if schedule.strategy == "xla":
-        found = run_contraction(nest, operands, shapes, dtype)
+        found = run_xla(nest, operands, shapes, dtype)
         if found is not None:
             return found
-        schedule = None  # the shapes do not fit an einsum: the heuristic's kernel
+        schedule = None  # the shapes do not fit the plan: the heuristic's kernel
     launch = prepare(nest, operands, shapes, dtype, schedule)
     if order is not None:
         return _run_emulated(launch, operands, order)

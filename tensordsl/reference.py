@@ -42,7 +42,7 @@ def _resolve(path: str) -> Callable[..., Any]:
 
 # sympy function class -> jax implementation: the language's functions from their table, then
 # the operations that only derivations and index arithmetic produce. Pow, Piecewise and the
-# arithmetic are handled by `_Evaluator`.
+# arithmetic are handled by `Evaluator`.
 _FUNCTIONS: dict[type, Callable[..., Any]] = {
     **{s.function: _resolve(s.reference) for s in FUNCTIONS.values() if s.function is not None},
     sympy.sign: jnp.sign,
@@ -68,7 +68,7 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
 _REAL_FUNCTIONS = tuple(s.function for s in FUNCTIONS.values() if s.function is not None)
 
 
-class _Evaluator:
+class Evaluator:
     """Turns sympy expressions into jax arrays over one term's iteration grid."""
 
     def __init__(
@@ -142,7 +142,7 @@ class _Evaluator:
         grid = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
         index = jnp.arange(start, max(start, stop)).reshape((1,) * ndim + (-1,))
         grid[node.index] = index
-        body = _Evaluator(grid, self.operands, self.extents, self.dtype)(node.body)
+        body = Evaluator(grid, self.operands, self.extents, self.dtype)(node.body)
         shape = jnp.broadcast_shapes(jnp.shape(body), index.shape)
         body = jnp.broadcast_to(jnp.asarray(body, self.dtype), shape)
         return REDUCE[node.reduction](body, jnp.ones(shape, bool), (ndim,))
@@ -155,7 +155,7 @@ class _Evaluator:
         return result
 
 
-def _grid(ranges: tuple[Range, ...], extents: Mapping[sympy.Symbol, int]) -> tuple[dict, tuple]:
+def grid(ranges: tuple[Range, ...], extents: Mapping[sympy.Symbol, int]) -> tuple[dict, tuple]:
     """One broadcastable index array per range, and the shape of the whole grid."""
     grid, lengths = {}, []
     for axis, r in enumerate(ranges):
@@ -167,17 +167,19 @@ def _grid(ranges: tuple[Range, ...], extents: Mapping[sympy.Symbol, int]) -> tup
     return grid, tuple(lengths)
 
 
-def _term_values(
+def term_values(
     nest: LoopNest,
     term: Term,
     operands: Mapping[str, Any],
     extents: Mapping[sympy.Symbol, int],
     dtype: Any,
+    evaluator: Callable[..., Evaluator] = Evaluator,
 ) -> tuple[Any, Any]:
-    """The body over the term's whole grid, and the mask of iterations that count."""
+    """The body over the term's whole grid, and the mask of iterations that count;
+    `evaluator(grid, operands, extents, dtype)` evaluates the expressions."""
     ranges = nest.free + term.reduced
-    grid, shape = _grid(ranges, extents)
-    evaluate = _Evaluator(grid, operands, extents, dtype)
+    points, shape = grid(ranges, extents)
+    evaluate = evaluator(points, operands, extents, dtype)
     mask = jnp.broadcast_to(jnp.asarray(evaluate(term.guard), bool), shape)
     for constraint in term.constraints:
         mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
@@ -299,7 +301,7 @@ def _evaluate(
     work = compute_dtype(work_dtype)
     result = None
     for term in nest.terms:
-        body, mask = _term_values(nest, term, operands, extents, work)
+        body, mask = term_values(nest, term, operands, extents, work)
         axes = tuple(range(len(nest.free), len(nest.free) + len(term.reduced)))
         value = REDUCE[nest.reduction](body, mask, axes)
         result = value if result is None else result + value

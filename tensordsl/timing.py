@@ -4,8 +4,8 @@ The nests are the ones `jax.value_and_grad` of the kernel runs on the C back end
 auxiliary nests, the gradient nest of every input), read off its jaxpr, so that every nest
 gets exactly the operands, extents and schedule the JAX binding gives it. Each is compiled
 (or taken from the cache) and called directly, outside JAX, on random inputs; a nest whose
-schedule is "xla" (a pure contraction) is timed as the jitted `jnp.einsum` the runner calls
-instead (its time includes JAX's dispatch). The time of a nest is the median (and the
+schedule is "xla" (`codegen.contraction.xla_plan`) is timed as the jitted XLA computation the
+runner calls instead (its time includes JAX's dispatch). The time of a nest is the median (and the
 fastest) of `reps` calls after one warm-up call.
 
 >>> import tensordsl as td
@@ -176,8 +176,8 @@ def profile_jaxpr(
 def _time_equation(
     eqn: Any, names: Mapping[LoopNest, str], reps: int, rng: np.random.Generator
 ) -> NestTiming:
-    """Time one nest as the C runner runs it: XLA's dot for the "xla" strategy where the
-    contraction fits the shapes, else the generated kernel (tensordsl/cpu.py `run_c`)."""
+    """Time one nest as the C runner runs it: XLA for the "xla" strategy where the
+    plan fits the shapes, else the generated kernel (tensordsl/cpu.py `run_c`)."""
     from codegen.schedule import choose_cpu_schedule
 
     nest: LoopNest = eqn.params["nest"]
@@ -203,15 +203,15 @@ def _time_equation(
 def _xla_call(
     nest: LoopNest, operands: list[np.ndarray], out: np.ndarray, extents: dict
 ) -> Callable[[], Any] | None:
-    """The contraction as a jitted `jnp.einsum` call, or None where it does not fit."""
-    from tensordsl.xla_dot import run_contraction
+    """The nest as the jitted XLA computation of its plan, or None where it does not fit."""
+    from tensordsl.xla_dot import run_xla
 
     shapes = {**extents, nest.output: out.shape}
     shapes.update({op.name: a.shape for op, a in zip(nest.operands, operands)})
     arrays = [jax.device_put(a) for a in operands]
-    if run_contraction(nest, arrays, shapes, out.dtype) is None:
+    if run_xla(nest, arrays, shapes, out.dtype) is None:
         return None
-    jitted = jax.jit(lambda *values: run_contraction(nest, values, shapes, out.dtype))
+    jitted = jax.jit(lambda *values: run_xla(nest, values, shapes, out.dtype))
     return lambda: jax.block_until_ready(jitted(*arrays))
 
 

@@ -200,7 +200,7 @@ def first_extremum(nest: LoopNest, operands: dict, shapes: dict) -> jax.Array:
     order (tensordsl's tie rule; jnp's max splits ties), so `jax.grad` of it is the oracle."""
     extents = reference.extent_values(nest, shapes)
     (term,) = nest.terms
-    body, mask = reference._term_values(nest, term, operands, extents, jnp.float64)
+    body, mask = reference.term_values(nest, term, operands, extents, jnp.float64)
     free_shape = body.shape[: len(nest.free)]
     count = int(np.prod(body.shape[len(nest.free) :]))  # not -1: the free shape may hold a 0
     flat, flat_mask = body.reshape(free_shape + (count,)), mask.reshape(free_shape + (count,))

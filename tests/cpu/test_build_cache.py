@@ -116,8 +116,10 @@ CHILD = (
 
 
 def child_stats(cache: pathlib.Path) -> dict[str, int]:
-    """Call the AFFINE kernel in a fresh process on `cache`; its build counters."""
+    """Call the AFFINE kernel in a fresh process on `cache`; its build counters (as a
+    generated kernel: a contraction plus a bias would otherwise run as XLA's dot)."""
     env = {**os.environ, "TENSORDSL_CACHE_DIR": str(cache), "JAX_ENABLE_X64": "1"}
+    env["TENSORDSL_XLA_CONTRACTIONS"] = "0"
     done = subprocess.run(
         [sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True
     )

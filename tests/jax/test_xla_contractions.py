@@ -1,4 +1,5 @@
-"""The "xla" strategy: pure contractions run as XLA's dot, everything else as kernels."""
+"""The "xla" strategy: contractions (alone, or with a bias, a mask or elementwise weights) run
+as XLA's dot, everything else as kernels."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +7,13 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.contraction import contraction
+from codegen.contraction import contraction, xla_plan
+from codegen.ir import Reduce
+from tensordsl import grad
 from tensordsl.lower import lower
 from tensordsl.parse import parse
+from tensordsl.reference import evaluate
+from tensordsl.xla_dot import run_xla
 
 
 def _nest(source, **options):
@@ -104,3 +109,129 @@ def test_explain_shows_the_strategy():
 
     lines = schedule_lines(_nest("C[i,j] := A[i,k] * B[k,j]"))
     assert any("strategy=xla" in line for line in lines)
+
+
+# ------------------------------------------------------------ contractions with companions
+
+
+@pytest.mark.parametrize(
+    ("source", "dots"),
+    [
+        ("Y[b,o] := X[b,f] * W[f,o] + c[o] * (f == 0)", [True, False]),  # bias
+        ("S[i,j] := where(j <= i, Q[i,e] * K[j,e] * s, -1e9)", [False]),  # masked scores
+        ("S[h,i,j] := where(i - j <= 2, Q[h,i,e] * K[h,j,e], -inf)", [False]),
+    ],
+)
+def test_contractions_with_elementwise_companions_have_a_plan(source, dots):
+    plan = xla_plan(_nest(source))
+    assert plan is not None and [d is not None for d in plan.dots] == dots
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "Y[i] := exp(X[i,k]) * W[k]",  # a function of an access inside the sum
+        "S[i,j] := where(j <= e, Q[i,e] * K[j,e], 0)",  # the condition reads the summed index
+        "Y[b,o] := X[b,f] * W[f,o] + c[o] * (f <= 5)",  # six reduced points: a loop
+        "(max) Y[i] := A[i,k] * B[k]",  # not a sum
+        "Y[i] := X[i] + c[i]",  # no dot at all
+    ],
+)
+def test_nests_that_need_a_loop_have_no_plan(source):
+    assert xla_plan(_nest(source)) is None
+
+
+def _random(rng, *shape):
+    return rng.normal(size=shape)
+
+
+def test_contraction_plus_bias_runs_as_a_dot_with_its_gradients():
+    rng = np.random.default_rng(4)
+    N, W, c = _random(rng, 2, 5, 6), _random(rng, 6, 7), _random(rng, 7)
+    k = td.kernel("H[b,t,u] := N[b,t,f] * W[f,u] + c[u] * (f == 0)", backend="c")
+    np.testing.assert_allclose(k(N, W, c), N @ W + c, rtol=1e-12)
+    assert "custom_call" not in _hlo(k, N, W, c)
+    weights = _random(rng, 2, 5, 7)
+
+    def loss(N, W, c):
+        return jnp.sum(k(N, W, c) * weights)
+
+    got = jax.grad(loss, argnums=(0, 1, 2))(N, W, c)
+    want = (weights @ W.T, np.einsum("btf,btu->fu", N, weights), weights.sum((0, 1)))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+    batched = jax.vmap(k, (None, 0, None))(N, np.stack([W, 2 * W]), c)
+    np.testing.assert_allclose(batched, np.stack([N @ W + c, N @ (2 * W) + c]), rtol=1e-12)
+    half = k(*(jnp.asarray(x, jnp.bfloat16) for x in (N, W, c)))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(half, np.float64), N @ W + c, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("masked", ["-1e9", "-inf"])
+def test_masked_scores_run_as_a_dot(masked):
+    rng = np.random.default_rng(5)
+    Q, K = _random(rng, 3, 6, 4), _random(rng, 3, 8, 4)
+    source = f"S[h,i,j] := where(j <= i, Q[h,i,e] * K[h,j,e] * s, {masked})"
+    k = td.kernel(source, backend="c")
+    got = np.asarray(k(Q, K, 0.25))
+    scores = 0.25 * np.einsum("hie,hje->hij", Q, K)
+    causal = np.arange(8)[None, None, :] <= np.arange(6)[None, :, None]
+    np.testing.assert_allclose(got, np.where(causal, scores, 4 * float(masked)), rtol=1e-12)
+    assert "custom_call" not in _hlo(lambda Q, K: k(Q, K, 0.25), Q, K)
+    # The same nest as the generated kernel agrees.
+    kernel = td.kernel(source, backend="c", loop_order=("h", "i", "j", "e"))
+    np.testing.assert_allclose(kernel(Q, K, 0.25), got, rtol=1e-12)
+
+
+def test_an_empty_summed_range_gives_zeros_not_nan():
+    rng = np.random.default_rng(6)
+    Q, K = _random(rng, 4, 0), _random(rng, 5, 0)
+    k = td.kernel("S[i,j] := where(j <= i, Q[i,e] * K[j,e], -inf)", backend="c")
+    np.testing.assert_array_equal(k(Q, K), np.zeros((4, 5)))
+
+
+def test_attention_weight_gradient_runs_its_nested_contraction_as_a_dot():
+    """dS = where(j <= i, exp(S - L) * sum_e dO*V, 0): an elementwise term over a nested sum."""
+    source = "O[b,i,e] := where(j <= i, exp(S[b,i,j] - L[b,i]), 0) * V[b,j,e]"
+    k = td.kernel(source, backend="c")
+    nest = _nest(source)
+    gradient = grad.gradient(nest, "S").nest
+    plan = xla_plan(gradient)
+    assert plan is not None and plan.dots == (None,)
+    rng = np.random.default_rng(7)
+    S, L, V = _random(rng, 2, 5, 5), _random(rng, 2, 5), _random(rng, 2, 5, 3)
+    dO = _random(rng, 2, 5, 3)
+    causal = np.arange(5)[None, None, :] <= np.arange(5)[None, :, None]
+    weights = np.where(causal, np.exp(S - L[..., None]), 0)
+    want = weights * np.einsum("bie,bje->bij", dO, V)
+    np.testing.assert_allclose(jax.vjp(lambda S: k(S, L, V), S)[1](dO)[0], want, rtol=1e-12)
+    values = {"S": S, "L": L, "V": V, "dO": dO}
+    operands = [jnp.asarray(values[op.name]) for op in gradient.operands]
+    shapes = {"S": S.shape, "L": L.shape, "V": V.shape, "dO": dO.shape, "O": dO.shape}
+    shapes[gradient.output] = S.shape
+    got = run_xla(gradient, operands, shapes, jnp.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(
+        evaluate(gradient, dict(zip(gradient.operand_names, operands)), shapes), want, rtol=1e-12
+    )
+
+
+@pytest.mark.parametrize("part", [range(1, 4), 4])
+def test_a_nested_contraction_over_part_of_an_axis_falls_back_to_the_kernel(part):
+    rng = np.random.default_rng(8)
+    Q, K = _random(rng, 4, 6), _random(rng, 5, 6)
+    k = td.kernel("S[i,j] := where(j <= i, Q[i,e] * K[j,e], -1e9)", ranges={"e": part}, backend="c")
+    used = slice(1, 4) if isinstance(part, range) else slice(0, part)
+    scores = Q[:, used] @ K[:, used].T
+    causal = np.arange(5)[None, :] <= np.arange(4)[:, None]
+    masked = -1e9 * len(range(6)[used])
+    np.testing.assert_allclose(k(Q, K), np.where(causal, scores, masked), rtol=1e-12)
+    assert "custom_call" in _hlo(k, Q, K)
+
+
+def test_a_nested_matrix_vector_product_stays_a_kernel():
+    """LayerNorm's mean gradient sums dN[b,t,f] * g[f]: memory-bound, no dot to win."""
+    nest = _nest("N[b,t,f] := (X[b,t,f] - M[b,t]) * rsqrt(V[b,t] + eps) * g[f] + beta[f]")
+    gradient = grad.gradient(nest, "M").nest
+    assert gradient.terms[0].body.atoms(Reduce)
+    assert xla_plan(gradient) is None
