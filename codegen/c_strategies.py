@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from codegen.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
+from codegen.ir import Reduce
 from codegen.schedule import Schedule
 
 
@@ -16,15 +17,36 @@ def omp_parallel(e: Emitter[Schedule], collapse: int) -> Lines:
 
 
 def scalar(e: Emitter[Schedule]) -> Lines:
-    """One output element at a time: the free loops, then each term's reduced loops."""
+    """One output element at a time: the free loops, then each term's reduced loops (in the
+    reduction's vectorised passes where it has them and the values are cheap to compute
+    again: no nested reduction)."""
     body = [*e.declare()]
-    for n in range(len(e.nest.terms)):
-        body += e.term_lines(n)
+    cheap = not any(term.body.atoms(Reduce) for term in e.nest.terms)
+    if e.reducer.passes and cheap:
+        body += _passes(e)
+    else:
+        for n in range(len(e.nest.terms)):
+            body += e.term_lines(n)
     lines = [*body, e.store_line("")]
     free = e.free_symbols()
     for r in reversed(free):
         lines = block_lines(e.free_loop(r), lines)
     return omp_parallel(e, len(free)) + lines
+
+
+def _passes(e: Emitter[Schedule]) -> Lines:
+    """Every term's loops once per pass of `Reduction.passes`, each a simd loop."""
+    state = e.names()
+    lines: Lines = []
+    for p in e.reducer.passes:
+        if p.before:
+            lines.append(e.fmt(p.before, state))
+        simd = e.fmt(p.simd, state)
+        part: Lines = []
+        for n in range(len(e.nest.terms)):
+            part += e.term_lines(n, update=p.update, simd=simd)
+        lines += block_lines(f"if ({e.fmt(p.only_if, state)})", part) if p.only_if else part
+    return lines
 
 
 def split(e: Emitter[Schedule]) -> Lines:

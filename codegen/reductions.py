@@ -31,6 +31,16 @@ POSITION_DTYPE = "int32"
 
 
 @dataclass(frozen=True)
+class Pass:
+    """One vectorised pass over a reduction's values (`Reduction.passes`)."""
+
+    update: str  # fold `{v}` into the state
+    simd: str  # the clauses of the innermost reduced loop's `#pragma omp simd`
+    before: str = ""  # a statement on the state before the pass
+    only_if: str = ""  # the pass runs where this condition on the state holds
+
+
+@dataclass(frozen=True)
 class Reduction:
     """One reduction (see the module docstring for the template placeholders)."""
 
@@ -44,6 +54,9 @@ class Reduction:
     positional: bool = False  # the result is the position `{b}` (an integer), not a value
     simd: bool = False  # independent lanes combined at the end give the same result
     cross_device: str | None = None  # how results over a split reduced axis combine
+    #: The same result from passes over the values, each a vectorised loop: the scalar
+    #: strategy uses them where a value is cheap to compute again (no nested reduction).
+    passes: tuple[Pass, ...] = ()
 
 
 # argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
@@ -104,6 +117,21 @@ _LSE = (
 )
 
 
+# logsumexp in two vectorised passes: the largest value (NaNs counted in `{b}` meanwhile,
+# since a max reduction skips them), then the sum of exp(value - largest) where the largest
+# is finite. The result template is the online update's. One libmvec exp per value instead
+# of a scalar call and a branch: the GPT block's row logsumexp, 1M values, 3.4 -> 0.6 ms.
+_LSE_PASSES = (
+    Pass("{a} = {v} > {a} ? {v} : {a}; {b} += {v} != {v};", "reduction(max:{a}) reduction(+:{b})"),
+    Pass(
+        "{b} += {exp}({v} - {a});",
+        "reduction(+:{b})",
+        before="if ({b} != 0) {{ {a} = NAN; }} {b} = 0;",
+        only_if="{a} > -INFINITY && {a} < INFINITY",
+    ),
+)
+
+
 def _rows(rows: Iterable[Reduction]) -> dict[str, Reduction]:
     return {row.name: row for row in rows}
 
@@ -142,6 +170,7 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             combine=_LSE.replace("{v}", "{oa}").replace("{w}", "{ob}"),
             result="({a} > -INFINITY && {a} < INFINITY ? {a} + {log}({b}) : {a})",
             cross_device="logsumexp",
+            passes=_LSE_PASSES,
         ),
         _positional("argmax", ">", "-INFINITY"),
         _positional("argmin", "<", "INFINITY"),

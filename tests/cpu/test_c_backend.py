@@ -306,3 +306,40 @@ def test_tile_grid_regions(taps: int) -> None:
         out = np.full(expected.shape, np.nan)
         build_c(case.nest, dtypes=dtypes, schedule=schedule)(out, operands, case.extents(arrays))
         check(out, expected, "float64")
+
+
+def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
+    """float64 logsumexp of each row, as jax.nn.logsumexp: NaN propagates, a row whose
+    largest value is +-inf gives it, otherwise shifted by the largest value."""
+    out = np.empty(len(x))
+    for n, row in enumerate(x.astype(np.float64)):
+        top = row.max() if row.size else -np.inf
+        if np.isnan(row).any():
+            out[n] = np.nan
+        elif not np.isfinite(top):
+            out[n] = top
+        else:
+            out[n] = top + np.log(np.exp(row - top).sum())
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_logsumexp_in_two_vectorised_passes_keeps_the_special_values(dtype: str) -> None:
+    """The scalar strategy computes a cheap logsumexp as a max pass and an exp-sum pass."""
+    nest = BY_NAME["logsumexp"].nest
+    dtypes = {"A": dtype, "Y": dtype}
+    scalar = Schedule(("i",), (("k",),))
+    assert "reduction(max:acc_)" in emit_c(nest, dtypes=dtypes, schedule=scalar).text
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(9, 37)) * 30
+    x[1, 5] = np.nan
+    x[2, 7] = np.inf
+    x[3] = -np.inf
+    x[4, ::2] = -np.inf
+    x[5, 3], x[5, 30] = np.nan, np.inf
+    x[6] += 1e4  # overflows exp without the shift
+    x[7, :] = -1e4
+    x = x.astype(dtype)
+    out = np.full(9, np.nan, dtype)
+    build_c(nest, dtypes=dtypes, schedule=scalar)(out, [x], {})
+    np.testing.assert_allclose(out, _logsumexp_rows(3 * x.astype(np.float64)), rtol=1e-5)

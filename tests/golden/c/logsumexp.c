@@ -47,9 +47,20 @@ void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64
         float acc_ = -INFINITY;
         float acc_b_ = 0;
         {
+            #pragma omp simd reduction(max:acc_) reduction(+:acc_b_)
             for (int64_t v_k = 0; v_k < P0; ++v_k) {
                 const float val_ = 3*in_A[v_i*s_A_0 + v_k];
-                if (val_ > acc_ || val_ != val_) { acc_b_ = acc_b_*expf(acc_ - val_) + 1; acc_ = val_; } else if (val_ > -INFINITY) { acc_b_ += expf(val_ - acc_); }
+                acc_ = val_ > acc_ ? val_ : acc_; acc_b_ += val_ != val_;
+            }
+        }
+        if (acc_b_ != 0) { acc_ = NAN; } acc_b_ = 0;
+        if (acc_ > -INFINITY && acc_ < INFINITY) {
+            {
+                #pragma omp simd reduction(+:acc_b_)
+                for (int64_t v_k = 0; v_k < P0; ++v_k) {
+                    const float val_ = 3*in_A[v_i*s_A_0 + v_k];
+                    acc_b_ += expf(val_ - acc_);
+                }
             }
         }
         out_[v_i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);
