@@ -22,6 +22,7 @@ Contraction(subscripts='ac,cb->ab', tensors=(1, 2), scalars=(0,), constant=2.0)
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -166,6 +167,7 @@ class XlaPlan:
     dots: tuple[Contraction | None, ...]
 
 
+@functools.lru_cache(maxsize=4096)
 def xla_plan(nest: LoopNest) -> XlaPlan | None:
     """The nest as XLA's dots and fused elementwise work, or None when some term needs a
     loop nest (a reduction over more than `SHORT` points that is not a contraction, a nested
