@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from codegen.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
-from codegen.ir import Reduce
 from codegen.schedule import Schedule
 
 
@@ -16,17 +15,16 @@ def omp_parallel(e: Emitter[Schedule], collapse: int) -> Lines:
     return [f"#pragma omp parallel for{clause} schedule(static) if(work_ >= {PARALLEL_WORK})"]
 
 
+#: Values a term computes at once into a buffer for a reduction with passes (logsumexp).
+CHUNK = 256
+
+
 def scalar(e: Emitter[Schedule]) -> Lines:
-    """One output element at a time: the free loops, then each term's reduced loops (in the
-    reduction's vectorised passes where it has them and the values are cheap to compute
-    again: no nested reduction)."""
+    """One output element at a time: the free loops, then each term's reduced loops (in
+    chunks with the reduction's vectorised passes where it has them)."""
     body = [*e.declare()]
-    cheap = not any(term.body.atoms(Reduce) for term in e.nest.terms)
-    if e.reducer.passes and cheap:
-        body += _passes(e)
-    else:
-        for n in range(len(e.nest.terms)):
-            body += e.term_lines(n)
+    for n, term in enumerate(e.nest.terms):
+        body += _chunked_term(e, n) if e.reducer.passes and term.reduced else e.term_lines(n)
     lines = [*body, e.store_line("")]
     free = e.free_symbols()
     for r in reversed(free):
@@ -34,17 +32,46 @@ def scalar(e: Emitter[Schedule]) -> Lines:
     return omp_parallel(e, len(free)) + lines
 
 
-def _passes(e: Emitter[Schedule]) -> Lines:
-    """Every term's loops once per pass of `Reduction.passes`, each a simd loop."""
-    state = e.names()
+def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
+    """Term `n` with its innermost reduced loop cut into chunks of `CHUNK` values: each
+    chunk's values computed once into a buffer (the identity where a test leaves one out),
+    reduced by `Reduction.passes` in simd loops over the buffer, and combined into the
+    state. logsumexp then calls one vectorised exp per value instead of a scalar exp and a
+    branch, and computes an expensive value (attention's scores) once."""
+    order = e.term_order(n)
+    plan = e.plan(n, [[], *e.reduced_levels(n)])
+    inner, kind = order[-1], e.index_type
+    j = e.printer.index(inner)
+    lo, hi = e.idx(e.bounds[n].starts[inner]), e.idx(e.bounds[n].stops[inner])
+    fold = e.fold_lines(n, plan, "", update=f"chunk_[{j} - c0_] = {{v}};")
+    values = [f"chunk_[{j} - c0_] = {e.reducer.init[0]};", *e.level_lines(plan, len(order), fold)]
+    chunk = [
+        f"const {kind} cn_ = tdsl_imin({CHUNK}, chi_ - c0_);",
+        *block_lines(f"for ({kind} {j} = c0_; {j} < c0_ + cn_; ++{j})", values),
+        *e.declare("c_"),
+        *_buffer_passes(e, ("c_", "c_b_")),
+        e.fmt(e.reducer.combine, e.names(), ("c_", "c_b_")),
+    ]
+    innermost = [
+        f"const {kind} clo_ = {lo}, chi_ = {hi};",
+        f"{e.f} chunk_[{CHUNK}];",
+        *block_lines(f"for ({kind} c0_ = clo_; c0_ < chi_; c0_ += {CHUNK})", chunk),
+    ]
+    loops = e.loops(n, innermost, stop_at=len(order) - 1, plan=plan)
+    return ["{", *indent_lines(e.level_lines(plan, 0, loops)), "}"]
+
+
+def _buffer_passes(e: Emitter[Schedule], state: tuple[str, str]) -> Lines:
+    """The reduction's passes over the `cn_` values of `chunk_` into `state`."""
     lines: Lines = []
     for p in e.reducer.passes:
         if p.before:
             lines.append(e.fmt(p.before, state))
-        simd = e.fmt(p.simd, state)
-        part: Lines = []
-        for n in range(len(e.nest.terms)):
-            part += e.term_lines(n, update=p.update, simd=simd)
+        loop = block_lines(
+            "for (int64_t q_ = 0; q_ < cn_; ++q_)",
+            [f"const {e.f} val_ = chunk_[q_];", e.fmt(p.update, state)],
+        )
+        part = [f"#pragma omp simd {e.fmt(p.simd, state)}", *loop]
         lines += block_lines(f"if ({e.fmt(p.only_if, state)})", part) if p.only_if else part
     return lines
 

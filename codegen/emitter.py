@@ -279,22 +279,18 @@ class Emitter(Generic[S]):
         first: tuple[str, str] | None = None,
         step: tuple[str, str] | None = None,
         first_step: tuple[str, str] | None = None,
-        update: str | None = None,
-        simd: str | None = None,
     ) -> Lines:
         """Term `n` folded into the scalar state `acc_`: its reduced loops (see `loops` for
-        `first`, `step`, `first_step` and `simd`), each sub-expression at the outermost loop
-        where its indices are bound (level 0 is outside the term's loops), in a block of its
-        own. `update` replaces the reduction's (a pass of `Reduction.passes`)."""
+        `first`, `step` and `first_step`), each sub-expression at the outermost loop where
+        its indices are bound (level 0 is outside the term's loops), in a block of its own."""
         plan = self.plan(n, [[], *self.reduced_levels(n)])
-        fold = self.fold_lines(n, plan, "", update)
-        loops = self.loops(
-            n, fold, first=first, step=step, first_step=first_step, plan=plan, simd=simd
-        )
+        fold = self.fold_lines(n, plan, "")
+        loops = self.loops(n, fold, first=first, step=step, first_step=first_step, plan=plan)
         return ["{", *indent_lines(self.level_lines(plan, 0, loops)), "}"]
 
     def fold_lines(self, n: int, plan: Plan, sub: str, update: str | None = None) -> Lines:
-        """At the innermost level: the body's value, folded into the state `acc<sub>`."""
+        """At the innermost level: the body's value, folded into the state `acc<sub>` (by
+        `update` instead of the reduction's own where given)."""
         lines = [f"const {self.f} val_ = {self.printer.doprint(plan.value)};"]
         if self.reducer.positional:
             lines.append(f"const {self.index_type} pos_ = {self.position(self.nest.terms[n])};")
@@ -323,7 +319,6 @@ class Emitter(Generic[S]):
         plan: Plan | Sequence[Plan] | None = None,
         level: int = 1,
         first_step: tuple[str, str] | None = None,
-        simd: str | None = None,
     ) -> Lines:
         """Term `n`'s reduced loops around `inner`, outermost first, down to `stop_at`.
 
@@ -331,7 +326,6 @@ class Emitter(Generic[S]):
         innermost loop starts `offset` after its lower bound and advances by `stride`, and
         `first_step` does the same for the outermost loop where it is not the innermost. With
         a `plan`, the body of the loop at depth d starts with the plan's level `level + d`.
-        `simd` (clauses) puts `#pragma omp simd` on the innermost loop.
         """
         order = self.term_order(n)
         bounds: LoopBounds = self.bounds[n]
@@ -352,8 +346,6 @@ class Emitter(Generic[S]):
             if plan is not None:
                 lines = self.level_lines(plan, level + depth, lines)
             lines = block_lines(head, lines)
-            if simd is not None and depth == len(order) - 1:
-                lines = [f"#pragma omp simd {simd}".rstrip(), *lines]
         return lines
 
     def reduced_levels(self, n: int, stop_at: int | None = None) -> list[list[sympy.Symbol]]:

@@ -54,8 +54,8 @@ class Reduction:
     positional: bool = False  # the result is the position `{b}` (an integer), not a value
     simd: bool = False  # independent lanes combined at the end give the same result
     cross_device: str | None = None  # how results over a split reduced axis combine
-    #: The same result from passes over the values, each a vectorised loop: the scalar
-    #: strategy uses them where a value is cheap to compute again (no nested reduction).
+    #: The same result from passes over a chunk of values, each a vectorised loop; chunk
+    #: results fold in by `combine` (the scalar strategy, `codegen.c_strategies`).
     passes: tuple[Pass, ...] = ()
 
 
@@ -117,10 +117,11 @@ _LSE = (
 )
 
 
-# logsumexp in two vectorised passes: the largest value (NaNs counted in `{b}` meanwhile,
-# since a max reduction skips them), then the sum of exp(value - largest) where the largest
-# is finite. The result template is the online update's. One libmvec exp per value instead
-# of a scalar call and a branch: the GPT block's row logsumexp, 1M values, 3.4 -> 0.6 ms.
+# logsumexp of a chunk of values in two vectorised passes: the largest value (NaNs counted
+# in `{b}` meanwhile, since a max reduction skips them), then the sum of exp(value -
+# largest) where the largest is finite; chunks combine by `combine`. One libmvec exp per
+# value instead of a scalar call and a branch: the GPT block's row logsumexp, 1M values,
+# 3.4 -> 0.4 ms.
 _LSE_PASSES = (
     Pass("{a} = {v} > {a} ? {v} : {a}; {b} += {v} != {v};", "reduction(max:{a}) reduction(+:{b})"),
     Pass(

@@ -324,22 +324,25 @@ def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_logsumexp_in_two_vectorised_passes_keeps_the_special_values(dtype: str) -> None:
-    """The scalar strategy computes a cheap logsumexp as a max pass and an exp-sum pass."""
+def test_logsumexp_in_vectorised_chunks_keeps_the_special_values(dtype: str) -> None:
+    """The scalar strategy computes logsumexp in chunks of values, each reduced by a max pass
+    and an exp-sum pass and combined; rows of 600 values span three chunks."""
     nest = BY_NAME["logsumexp"].nest
     dtypes = {"A": dtype, "Y": dtype}
     scalar = Schedule(("i",), (("k",),))
-    assert "reduction(max:acc_)" in emit_c(nest, dtypes=dtypes, schedule=scalar).text
+    assert "reduction(max:c_)" in emit_c(nest, dtypes=dtypes, schedule=scalar).text
     rng = np.random.default_rng(9)
-    x = rng.normal(size=(9, 37)) * 30
-    x[1, 5] = np.nan
+    x = rng.normal(size=(10, 600)) * 30
+    x[1, 400] = np.nan  # in the second chunk
     x[2, 7] = np.inf
     x[3] = -np.inf
     x[4, ::2] = -np.inf
-    x[5, 3], x[5, 30] = np.nan, np.inf
+    x[5, 3], x[5, 530] = np.nan, np.inf
     x[6] += 1e4  # overflows exp without the shift
     x[7, :] = -1e4
+    x[8, :256] = -np.inf  # a first chunk of -inf, then values
+    x[9, 300] = 500  # the largest value after the first chunk: rescales its sum
     x = x.astype(dtype)
-    out = np.full(9, np.nan, dtype)
+    out = np.full(10, np.nan, dtype)
     build_c(nest, dtypes=dtypes, schedule=scalar)(out, [x], {})
     np.testing.assert_allclose(out, _logsumexp_rows(3 * x.astype(np.float64)), rtol=1e-5)

@@ -47,20 +47,31 @@ void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64
         float acc_ = -INFINITY;
         float acc_b_ = 0;
         {
-            #pragma omp simd reduction(max:acc_) reduction(+:acc_b_)
-            for (int64_t v_k = 0; v_k < P0; ++v_k) {
-                const float val_ = 3*in_A[v_i*s_A_0 + v_k];
-                acc_ = val_ > acc_ ? val_ : acc_; acc_b_ += val_ != val_;
-            }
-        }
-        if (acc_b_ != 0) { acc_ = NAN; } acc_b_ = 0;
-        if (acc_ > -INFINITY && acc_ < INFINITY) {
-            {
-                #pragma omp simd reduction(+:acc_b_)
-                for (int64_t v_k = 0; v_k < P0; ++v_k) {
+            const int64_t clo_ = 0, chi_ = P0;
+            float chunk_[256];
+            for (int64_t c0_ = clo_; c0_ < chi_; c0_ += 256) {
+                const int64_t cn_ = tdsl_imin(256, chi_ - c0_);
+                for (int64_t v_k = c0_; v_k < c0_ + cn_; ++v_k) {
+                    chunk_[v_k - c0_] = -INFINITY;
                     const float val_ = 3*in_A[v_i*s_A_0 + v_k];
-                    acc_b_ += expf(val_ - acc_);
+                    chunk_[v_k - c0_] = val_;
                 }
+                float c_ = -INFINITY;
+                float c_b_ = 0;
+                #pragma omp simd reduction(max:c_) reduction(+:c_b_)
+                for (int64_t q_ = 0; q_ < cn_; ++q_) {
+                    const float val_ = chunk_[q_];
+                    c_ = val_ > c_ ? val_ : c_; c_b_ += val_ != val_;
+                }
+                if (c_b_ != 0) { c_ = NAN; } c_b_ = 0;
+                if (c_ > -INFINITY && c_ < INFINITY) {
+                    #pragma omp simd reduction(+:c_b_)
+                    for (int64_t q_ = 0; q_ < cn_; ++q_) {
+                        const float val_ = chunk_[q_];
+                        c_b_ += expf(val_ - c_);
+                    }
+                }
+                if (c_ > acc_ || c_ != c_) { acc_b_ = acc_b_*expf(acc_ - c_) + c_b_; acc_ = c_; } else if (c_ > -INFINITY) { acc_b_ += c_b_*expf(c_ - acc_); }
             }
         }
         out_[v_i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);

@@ -1,0 +1,60 @@
+"""The tile strategy computes a function call of the row level for all the tile's rows in one
+simd loop (`<t>r[r_]`) where the row level has no tests: attention's weights
+`exp(S - L)` once per (row, j) as a vector call, on full and partial tiles; rows with tests
+(the causal edge tiles) keep the call inside the row loop."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from codegen import config
+from codegen.build import build_c
+from codegen.c import emit_c
+from codegen.schedule import Schedule
+from tensordsl.lower import lower
+from tensordsl.parse import parse
+
+pytestmark = pytest.mark.skipif(shutil.which(config.c_compiler()) is None, reason="no C compiler")
+
+WEIGHTED = "O[i,e] := exp(scale * S[i,j] - L[i]) * V[j,e]"
+CAUSAL = "O[i,e] := where(j <= i, exp(scale * S[i,j] - L[i]), 0) * V[j,e]"
+
+
+def _weighted(S, L, V, scale, causal):
+    weights = np.exp(scale * S - L[:, None])
+    if causal:
+        weights = np.where(
+            np.arange(S.shape[1])[None, :] <= np.arange(S.shape[0])[:, None], weights, 0
+        )
+    return weights @ V
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("source", [WEIGHTED, CAUSAL], ids=["dense", "causal"])
+@pytest.mark.parametrize("shape", [(8, 13, 16), (7, 9, 5)], ids=["full-tiles", "partial-tiles"])
+def test_row_calls_are_computed_in_one_simd_loop(dtype, source, shape):
+    rows, columns, width = shape
+    nest = lower(parse(source)).nest
+    schedule = Schedule(
+        ("i", "e"), (("j",),), strategy="tile", row="i", vector="e", rows=4, width=8
+    )
+    dtypes = {name: dtype for name in [*nest.operand_names, nest.output]}
+    text = emit_c(nest, dtypes=dtypes, schedule=schedule).text
+    assert re.search(r"t\d+_r\[r_\] = exp", text), text
+    rng = np.random.default_rng(11)
+    S, V = rng.normal(size=(rows, columns)), rng.normal(size=(columns, width))
+    L = rng.normal(size=rows)
+    arrays = {"S": S, "L": L, "V": V, "scale": np.array(0.7)}
+    operands = [np.ascontiguousarray(arrays[n], dtype=dtype) for n in nest.operand_names]
+    out = np.full((rows, width), np.nan, dtype)
+    shapes = {n: a.shape for n, a in arrays.items()} | {"O": out.shape}
+    build_c(nest, dtypes=dtypes, schedule=schedule)(out, operands, shapes)
+    expected = _weighted(S, L, V, 0.7, source == CAUSAL)
+    tolerance = 2e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(
+        out, expected, rtol=tolerance, atol=tolerance * np.abs(expected).max()
+    )
