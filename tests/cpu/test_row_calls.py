@@ -58,3 +58,27 @@ def test_row_calls_are_computed_in_one_simd_loop(dtype, source, shape):
     np.testing.assert_allclose(
         out, expected, rtol=tolerance, atol=tolerance * np.abs(expected).max()
     )
+
+
+def test_a_shifted_read_under_the_row_tests_stays_in_the_row_loop():
+    """`L[i + 1]` is in bounds for the rows the tests let through, not for every row of an
+    edge tile: that call is not batched there (it still is on interior tiles)."""
+    nest = lower(parse("O[i,e] := where(j <= i, exp(S[i,j] - L[i+1]), 0) * V[j,e]")).nest
+    schedule = Schedule(
+        ("i", "e"), (("j",),), strategy="tile", row="i", vector="e", rows=4, width=8
+    )
+    dtypes = {name: "float64" for name in [*nest.operand_names, nest.output]}
+    batched = emit_c(nest, dtypes=dtypes, schedule=schedule).text.count("_r[r_] = exp(")
+    plain = lower(parse("O[i,e] := where(j <= i, exp(S[i,j] - L[i]), 0) * V[j,e]")).nest
+    everywhere = emit_c(plain, dtypes=dtypes, schedule=schedule).text.count("_r[r_] = exp(")
+    assert 0 < batched < everywhere  # interior tiles only
+    rng = np.random.default_rng(12)
+    S, L, V = rng.normal(size=(9, 11)), rng.normal(size=10), rng.normal(size=(11, 5))
+    operands = [{"S": S, "L": L, "V": V}[n] for n in nest.operand_names]
+    out = np.full((9, 5), np.nan)
+    build_c(nest, dtypes=dtypes, schedule=schedule)(
+        out, operands, {"S": S.shape, "L": L.shape, "V": V.shape, "O": out.shape}
+    )
+    causal = np.arange(11)[None, :] <= np.arange(9)[:, None]
+    expected = np.where(causal, np.exp(S - L[1:, None]), 0) @ V
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
