@@ -10,10 +10,21 @@ import shutil
 
 import numpy as np
 import pytest
+import sympy
 
 from codegen import config
 from codegen.build import build_c
 from codegen.c import emit_c
+from codegen.ir import (
+    LoopNest,
+    Operand,
+    Range,
+    Reduce,
+    Term,
+    extent_symbol,
+    index_symbol,
+    tensor_base,
+)
 from codegen.schedule import Schedule
 from tensordsl.lower import lower
 from tensordsl.parse import parse
@@ -81,4 +92,35 @@ def test_a_shifted_read_under_the_row_tests_stays_in_the_row_loop():
     )
     causal = np.arange(11)[None, :] <= np.arange(9)[:, None]
     expected = np.where(causal, np.exp(S - L[1:, None]), 0) @ V
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+
+
+def _shifted_sum_nest(shift: int) -> LoopNest:
+    """`O[i,e] = sum_{j <= i} exp(sum_d A[i - shift*j, d] * B[j, d]) * V[j, e]`, built by hand:
+    with `shift` = 1 the nested sum reads `A[i - j]`, in bounds only where the test holds."""
+    i, e, j, d = (index_symbol(n) for n in "iejd")
+    A, B, V = (tensor_base(n) for n in "ABV")
+    inner = Reduce("sum", A[i - shift * j, d] * B[j, d], d, 0, extent_symbol("A", 1))
+    term = Term(sympy.exp(inner) * V[j, e], (Range(j, 0, extent_symbol("B", 0)),), (i - j,))
+    free = (Range(i, 0, extent_symbol("A", 0)), Range(e, 0, extent_symbol("V", 1)))
+    return LoopNest("O", free, (term,), (Operand("A", 2), Operand("B", 2), Operand("V", 2)))
+
+
+def test_a_shifted_nested_sum_under_the_row_tests_is_not_batched():
+    schedule = Schedule(
+        ("i", "e"), (("j",),), strategy="tile", row="i", vector="e", rows=4, width=8
+    )
+    dtypes = {"A": "float64", "B": "float64", "V": "float64", "O": "float64"}
+    shifted = emit_c(_shifted_sum_nest(1), dtypes=dtypes, schedule=schedule).text
+    plain = emit_c(_shifted_sum_nest(0), dtypes=dtypes, schedule=schedule).text
+    assert 0 < shifted.count("a[r_] += ") < plain.count("a[r_] += ")  # interior tiles only
+    rng = np.random.default_rng(13)
+    A, B, V = rng.normal(size=(9, 3)), rng.normal(size=(9, 3)), rng.normal(size=(9, 5))
+    out = np.full((9, 5), np.nan)
+    shapes = {"A": A.shape, "B": B.shape, "V": V.shape, "O": out.shape}
+    build_c(_shifted_sum_nest(1), dtypes=dtypes, schedule=schedule)(out, [A, B, V], shapes)
+    expected = np.zeros((9, 5))
+    for row in range(9):
+        for col in range(row + 1):
+            expected[row] += np.exp(A[row - col] @ B[col]) * V[col]
     np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
