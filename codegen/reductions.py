@@ -35,7 +35,7 @@ class Pass:
     """One vectorised pass over a reduction's values (`Reduction.passes`)."""
 
     update: str  # fold `{v}` into the state
-    simd: str  # the clauses of the innermost reduced loop's `#pragma omp simd`
+    simd: str  # the clauses of the `#pragma omp simd` of the pass's loop
     before: str = ""  # a statement on the state before the pass
     only_if: str = ""  # the pass runs where this condition on the state holds
 
