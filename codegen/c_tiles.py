@@ -50,8 +50,8 @@ def _lanes(
         return lines
     batched: Lines = []
     if plan is not None:
-        plan, batched = _batch_row_sums(e, plan, level, rn, _declare_row(e))
-        plan, calls = _batch_row_calls(e, plan, level, rn)
+        plan, batched, sums = _batch_row_sums(e, plan, level, rn)
+        plan, calls = _batch_row_calls(e, plan, level, rn, sums)
         batched += calls
         lines = e.level_lines(plan, level, lines)
     return batched + _row_loop(e, rn, lines)
@@ -72,8 +72,8 @@ def _row_loop(e: CEmitter, rn: str, body: Lines) -> Lines:
 
 
 def _batch_row_sums(
-    e: CEmitter, plan: Plan, level: int, rn: str, declare_row: str
-) -> tuple[Plan, Lines]:
+    e: CEmitter, plan: Plan, level: int, rn: str
+) -> tuple[Plan, Lines, dict[sympy.Symbol, sympy.Expr]]:
     """The nested sums of the row level computed for all the tile's rows in one loop.
 
     A nested sum per row (attention's `sum_d Q[i, d]*K[j, d]` in a tile over `i`) is a chain
@@ -82,26 +82,24 @@ def _batch_row_sums(
     when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
     sums are computed outside the row level's tests, and the sums of masked rows go unused;
     under tests, only sums whose reads are plain accesses (`_plain`), in bounds for every row.
+    Also returns each batched sum's symbol with its array element.
     """
     statements = plan.statements[level]
     tested = bool(plan.tests[level])
     local = {st.symbol for st in statements}
     batched: Lines = []
     kept: list[Statement] = []
+    ready: dict[sympy.Symbol, sympy.Expr] = {}
     rows = e.schedule.rows
     for st in statements:
-        reads = set()
+        exprs = []
         if isinstance(st, Loop):
-            reads = st.value.free_symbols.union(
-                *(x.expr.free_symbols for x in st.inner if isinstance(x, Assign))
-            )
+            exprs = [st.value, *(x.expr for x in st.inner if isinstance(x, Assign))]
+        reads = set().union(*(x.free_symbols for x in exprs))
         if (
             not isinstance(st, Loop)
             or st.reduction != "sum"
-            or (
-                tested
-                and not _plain(st.value, *(x.expr for x in st.inner if isinstance(x, Assign)))
-            )
+            or (tested and not _plain(*exprs))
             or reads & local
             or any(isinstance(x, Loop) for x in st.inner)
         ):
@@ -111,7 +109,7 @@ def _batch_row_sums(
         index = e.printer.index(st.index)
         lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
         body = [
-            declare_row,
+            _declare_row(e),
             *e.statement_lines(st.inner, True),
             f"{state}[r_] += {e.printer.doprint(st.value)};",
         ]
@@ -127,17 +125,23 @@ def _batch_row_sums(
                 ],
             ),
         ]
-        kept.append(Assign(st.symbol, sympy.Dummy(f"{state}[r_]", real=True)))
-    if not batched:
-        return plan, []
-    statements_by_level = list(plan.statements)
-    statements_by_level[level] = kept
-    return dataclasses.replace(plan, statements=statements_by_level), batched
+        ready[st.symbol] = sympy.Dummy(f"{state}[r_]", real=True)
+        kept.append(Assign(st.symbol, ready[st.symbol]))
+    return (_with_level(plan, level, kept) if batched else plan), batched, ready
 
 
-def _batch_row_calls(e: CEmitter, plan: Plan, level: int, rn: str) -> tuple[Plan, Lines]:
+def _with_level(plan: Plan, level: int, statements: list[Statement]) -> Plan:
+    """`plan` with the statements of `level` replaced."""
+    by_level = list(plan.statements)
+    by_level[level] = statements
+    return dataclasses.replace(plan, statements=by_level)
+
+
+def _batch_row_calls(
+    e: CEmitter, plan: Plan, level: int, rn: str, sums: dict[sympy.Symbol, sympy.Expr]
+) -> tuple[Plan, Lines]:
     """The function calls of the row level computed for all the tile's rows in one simd
-    loop into `<t>r[r_]`, where they read nothing of that level but batched sums.
+    loop into `<t>r[r_]`, where they read nothing of that level but the batched `sums`.
 
     Attention's weights `exp(S[i, j] - L[i])` are one call per (row, j): unrolled over the
     rows they are scalar libm calls, in a simd loop one vector call (libmvec) for the rows
@@ -149,15 +153,11 @@ def _batch_row_calls(e: CEmitter, plan: Plan, level: int, rn: str) -> tuple[Plan
     statements = plan.statements[level]
     tested = bool(plan.tests[level])
     local = {st.symbol for st in statements}
-    ready: dict[sympy.Symbol, sympy.Expr] = {}
+    ready = dict(sums)
     kept: list[Statement] = []
     lines: Lines = []
     for st in statements:
-        if not isinstance(st, Assign):
-            kept.append(st)
-            continue
-        if isinstance(st.expr, sympy.Dummy) and st.expr.name.endswith("a[r_]"):
-            ready[st.symbol] = st.expr  # a batched sum
+        if not isinstance(st, Assign) or st.symbol in ready:
             kept.append(st)
             continue
         calls = [f for f in st.expr.atoms(sympy.Function) if not isinstance(f, sympy.Piecewise)]
@@ -177,11 +177,7 @@ def _batch_row_calls(e: CEmitter, plan: Plan, level: int, rn: str) -> tuple[Plan
         ]
         ready[st.symbol] = sympy.Dummy(f"{array}[r_]", real=True)
         kept.append(Assign(st.symbol, ready[st.symbol]))
-    if not lines:
-        return plan, []
-    statements_by_level = list(plan.statements)
-    statements_by_level[level] = kept
-    return dataclasses.replace(plan, statements=statements_by_level), lines
+    return (_with_level(plan, level, kept) if lines else plan), lines
 
 
 def _plain(*exprs: sympy.Expr) -> bool:
