@@ -68,7 +68,7 @@ def _buffer_passes(e: Emitter[Schedule], state: tuple[str, str]) -> Lines:
         if p.before:
             lines.append(e.fmt(p.before, state))
         loop = block_lines(
-            "for (int64_t q_ = 0; q_ < cn_; ++q_)",
+            f"for ({e.index_type} q_ = 0; q_ < cn_; ++q_)",
             [f"const {e.f} val_ = chunk_[q_];", e.fmt(p.update, state)],
         )
         part = [f"#pragma omp simd {e.fmt(p.simd, state)}", *loop]

@@ -160,11 +160,13 @@ SHORT = 4
 class XlaPlan:
     """A summed nest as XLA computes it, term by term: `dots[n]` is the einsum of a pure
     contraction term; any other term is evaluated elementwise over the free indices (and its
-    few reduced points) with its nested sums as einsums (`nested_contraction`) or, when their
-    body does not read their index, as a multiple of it."""
+    few reduced points) with its nested sums as einsums (`nested`, from
+    `nested_contraction`) or, when their body does not read their index, as a multiple of
+    it."""
 
     terms: tuple[Term, ...]
     dots: tuple[Contraction | None, ...]
+    nested: Mapping[Reduce, Contraction]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -194,7 +196,7 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
     free = [r.index for r in nest.free]
     terms: list[Term] = []
     dots: list[Contraction | None] = []
-    einsums = 0
+    einsums: dict[Reduce, Contraction] = {}
     for term in nest.terms:
         dot = term_contraction(nest, term)
         if dot is None:
@@ -205,15 +207,16 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
                 if short is None:
                     return None
                 term = short
-            plans = [nested_contraction(nest, n, free) for n in nested]
-            if not all(p is not None and matrix_product(p) for p in plans):
-                return None
-            einsums += len(nested)
-        else:
-            einsums += 1
+            for node in nested:
+                found = nested_contraction(nest, node, free)
+                if found is None or not matrix_product(found):
+                    return None
+                einsums[node] = found
         terms.append(term)
         dots.append(dot)
-    return XlaPlan(tuple(terms), tuple(dots)) if einsums else None
+    if not einsums and all(dot is None for dot in dots):
+        return None
+    return XlaPlan(tuple(terms), tuple(dots), einsums)
 
 
 def _short(term: Term) -> Term | None:

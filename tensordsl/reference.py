@@ -139,10 +139,10 @@ class Evaluator:
         """A nested reduction: its body over one more (last) axis for its index, reduced."""
         start, stop = (evaluate_int(x, self.extents) for x in (node.start, node.stop))
         ndim = max((jnp.ndim(a) for a in self.grid.values()), default=0)
-        grid = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
+        points = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
         index = jnp.arange(start, max(start, stop)).reshape((1,) * ndim + (-1,))
-        grid[node.index] = index
-        body = Evaluator(grid, self.operands, self.extents, self.dtype)(node.body)
+        points[node.index] = index
+        body = Evaluator(points, self.operands, self.extents, self.dtype)(node.body)
         shape = jnp.broadcast_shapes(jnp.shape(body), index.shape)
         body = jnp.broadcast_to(jnp.asarray(body, self.dtype), shape)
         return REDUCE[node.reduction](body, jnp.ones(shape, bool), (ndim,))
@@ -157,14 +157,14 @@ class Evaluator:
 
 def grid(ranges: tuple[Range, ...], extents: Mapping[sympy.Symbol, int]) -> tuple[dict, tuple]:
     """One broadcastable index array per range, and the shape of the whole grid."""
-    grid, lengths = {}, []
+    points, lengths = {}, []
     for axis, r in enumerate(ranges):
         start, stop = evaluate_int(r.start, extents), evaluate_int(r.stop, extents)
         lengths.append(max(0, stop - start))
         shape = [1] * len(ranges)
         shape[axis] = lengths[-1]
-        grid[r.index] = jnp.arange(start, start + lengths[-1]).reshape(shape)
-    return grid, tuple(lengths)
+        points[r.index] = jnp.arange(start, start + lengths[-1]).reshape(shape)
+    return points, tuple(lengths)
 
 
 def term_values(

@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import sympy
 
-from codegen.contraction import Contraction, fits, nested_contraction, xla_plan
-from codegen.extents import evaluate_int, output_shape
-from codegen.ir import LoopNest, Reduce, extent_symbol
+from codegen.contraction import Contraction, XlaPlan, fits, xla_plan
+from codegen.extents import evaluate_int, extent_values, output_shape
+from codegen.ir import LoopNest, Reduce
 from tensordsl.reference import REDUCE, Evaluator, compute_dtype, term_values
 
 
@@ -42,11 +42,7 @@ def run_xla(
         return None
     all_shapes = dict(shapes)
     all_shapes.update({op.name: tuple(jnp.shape(v)) for op, v in zip(nest.operands, operands)})
-    extents = {
-        extent_symbol(name, axis): int(n)
-        for name, shape in all_shapes.items()
-        for axis, n in enumerate(shape)
-    }
+    extents = extent_values(nest, all_shapes)
     out_dtype = jnp.dtype(dtype)
     work = compute_dtype(out_dtype)
     values = dict(zip(nest.operand_names, operands))
@@ -58,7 +54,7 @@ def run_xla(
                     return None
                 value = _dot(dot, operands, work)
             else:
-                value = _elementwise(nest, term, values, extents, work, all_shapes)
+                value = _elementwise(nest, plan, term, values, extents, work, all_shapes)
             result = value if result is None else result + value
     except _NoFit:
         return None
@@ -95,6 +91,7 @@ def _dot(plan: Contraction, operands: Sequence[Any], work: Any) -> jax.Array:
 
 def _elementwise(
     nest: LoopNest,
+    plan: XlaPlan,
     term: Any,
     values: Mapping[str, Any],
     extents: Mapping[sympy.Symbol, int],
@@ -109,7 +106,9 @@ def _elementwise(
     }
 
     def evaluator(grid: dict, operands: Any, extents: Any, dtype: Any) -> Evaluator:
-        return _XlaEvaluator(grid, operands, extents, dtype, nest=nest, spans=spans, shapes=shapes)
+        return _XlaEvaluator(
+            grid, operands, extents, dtype, nest=nest, plan=plan, spans=spans, shapes=shapes
+        )
 
     body, mask = term_values(nest, term, values, extents, work, evaluator)
     axes = tuple(range(len(nest.free), len(ranges)))
@@ -128,11 +127,12 @@ class _XlaEvaluator(Evaluator):
         dtype: Any,
         *,
         nest: LoopNest,
+        plan: XlaPlan,
         spans: dict[sympy.Symbol, tuple[int, int, int]],
         shapes: Mapping[str, tuple[int, ...]],
     ):
         super().__init__(grid, operands, extents, dtype)
-        self.nest, self.spans, self.shapes = nest, spans, shapes
+        self.nest, self.plan, self.spans, self.shapes = nest, plan, spans, shapes
 
     def _whole(self, index: sympy.Basic, length: int) -> bool:
         """Whether `index` is a grid index running over exactly `[0, length)`."""
@@ -165,13 +165,11 @@ class _XlaEvaluator(Evaluator):
         if node.index not in node.body.free_symbols:
             # A sum of a value that does not read its index: the value, times the points.
             return self(node.body) * length if length > 0 else jnp.zeros((), self.dtype)
-        plan = nested_contraction(self.nest, node, list(self.spans))
-        if plan is None or node.reduction != "sum":
-            raise _NoFit
+        plan = self.plan.nested[node]  # a sum from 0 (`nested_contraction`)
         for access in node.body.atoms(sympy.Indexed):
             for index, n in zip(access.indices, self.shapes[access.base.name]):
                 whole = length == n if index == node.index else self._whole(index, n)
-                if not whole or (index == node.index and node.start != 0):
+                if not whole:
                     raise _NoFit
         kept = [s for s in self.spans if s in node.body.free_symbols]
         operands = [self.operands[op.name] for op in self.nest.operands]
