@@ -141,8 +141,8 @@ def _explain_program(k: ProgramKernel, args: argparse.Namespace, shapes: dict) -
                 f"built (c, {args.dtype}) "
                 + ", ".join(f"{m}: {t:.2f} s" for m, t in seconds.items())
             )
-    for name, profile in k.profile(shapes, dtype=args.dtype, reps=args.reps) if args.time else ():
-        print(f"statement {name}: {profile}")
+    if args.time:
+        print(k.profile(shapes, dtype=args.dtype, reps=args.reps))
     for name, text in k.source(args.source_target).items() if args.source_target else ():
         print(f"--- {name} ({args.source_target}) ---")
         print(text)

@@ -2,10 +2,12 @@
 
 `ProgramKernel` is what `td.kernel` returns for a source of several statements (or with
 `outputs=`). A call checks the inputs' shapes against every statement, then `run_program`
-runs the statements in order, each through `jax_bind.call_nest` (the same primitive as a
-one-statement kernel), so `jit`, `grad` (second order included) and `vmap` work through
-JAX's own chaining on every back end. This execution is unfused: every intermediate the
-outputs need is computed and stored in full, as separate kernels would.
+fuses the statements for those shapes (`codegen.fusion`: large intermediates recomputed
+where read) and runs the fused nests as one differentiable function
+(`tensordsl.program_grad.FusedProgram`); with `TENSORDSL_FUSE=0`, each statement in order
+through `jax_bind.call_nest`, every intermediate stored. Every nest is the primitive of a
+one-statement kernel, so `jit`, `grad` (second order included) and `vmap` work on every
+back end.
 
 >>> import numpy as np
 >>> softmax = ProgramKernel('''
@@ -21,6 +23,7 @@ outputs need is computed and stored in full, as separate kernels would.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -171,33 +174,37 @@ class ProgramKernel:
 
     def profile(
         self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
-    ) -> tuple[tuple[str, Any], ...]:
-        """Time every C nest of every statement the outputs need, each alone (see
-        `Kernel.profile`): `(statement output, tensordsl.timing.Profile)` in order.
+    ) -> Any:
+        """Time every C nest a forward+backward call runs, each alone (see `Kernel.profile`):
+        the nests of the fused program for these shapes (the stored statements, their
+        auxiliary nests and every input's gradient nest), as a call runs them.
 
-        Every operand of a statement, intermediates included, is random, of the shape the
-        inputs' `shapes` give it; program inputs in `nograd` get no gradient nest.
+        Returns:
+            A `tensordsl.timing.Profile`; a stored statement's nest is named by its output,
+            a gradient nest by the gradient's name (`dQ`).
+
+        Raises:
+            ShapeError, RangeError: as for a call with arrays of these shapes.
         """
-        from tensordsl.timing import profile_nests
+        from tensordsl.timing import profile_jaxpr
 
         if dtype not in ("float32", "float64"):
             raise UnknownNameError(
                 f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
             )
-        known = check_program_shapes(self._lowered, shapes)
-        return tuple(
-            (
-                nest.output,
-                profile_nests(
-                    nest,
-                    known,
-                    dtype=dtype,
-                    nograd=self.nograd & set(nest.operand_names),
-                    reps=reps,
-                ),
-            )
-            for nest in live_statements(self.program)
-        )
+        check_program_shapes(self._lowered, shapes)
+
+        def loss(*values: Any) -> Any:
+            known = dict(zip(self.inputs, values))
+            results = run_program(self.program, known, backend="c", nograd=self.nograd)
+            return sum(jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact))
+
+        inputs = [jax.ShapeDtypeStruct(tuple(shapes[name]), dtype) for name in self.inputs]
+        argnums = tuple(n for n, name in enumerate(self.inputs) if name not in self.nograd)
+        traced = jax.value_and_grad(loss, argnums=argnums) if argnums else loss
+        with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
+            jaxpr = jax.make_jaxpr(traced)(*inputs).jaxpr
+        return profile_jaxpr(jaxpr, reps=reps, dtype=dtype)
 
     def source(self, target: str = "c") -> dict[str, str]:
         """Generated code for every nest of every statement: `"<output>.<nest name>"` keys."""
