@@ -77,6 +77,38 @@ def test_second_order_gradients():
     jax.test_util.check_grads(jax.jit(k), [X, c], order=2, modes=["rev"], atol=1e-5, rtol=1e-5)
 
 
+def _attention_float64(Q, K, V, scale):
+    """Causal attention in float64 jax.numpy: the scores stored, softmax by logsumexp."""
+    S = jnp.einsum("bhid,bhjd->bhij", Q, K) * scale
+    S = jnp.where(jnp.tril(jnp.ones(S.shape[-2:], bool)), S, -jnp.inf)
+    L = jax.nn.logsumexp(S, axis=-1)
+    return jnp.einsum("bhij,bhje->bhie", jnp.exp(S - L[..., None]), V), L
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_attention_at_head_width_64_fills_the_register_tiles(dtype):
+    # Head width 64 fills the 4x64 register tiles of the O, dQ, dK and dV nests (narrower
+    # heads only ever take the partial-tile code); T = 70 leaves a partial tile of rows and
+    # tiles across the diagonal. Outputs and all input gradients against float64 XLA.
+    k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"), backend="c")
+    rng = np.random.default_rng(7)
+    shape = (1, 2, 70, 64)
+    Q, K, V, dO = (rng.normal(size=shape) for _ in range(4))
+    dL = rng.normal(size=shape[:3])
+    want, vjp = jax.vjp(lambda q, k_, v: _attention_float64(q, k_, v, 0.125), Q, K, V)
+    want_grads = vjp((dO, dL))
+    cast = [np.asarray(a, dtype) for a in (Q, K, V, dO, dL)]
+    scale = np.asarray(0.125, dtype)
+    got, vjp = jax.vjp(lambda q, k_, v: k(q, k_, scale, v), *cast[:3])
+    got_grads = vjp(tuple(cast[3:]))
+    tolerance = 1e-5 if dtype == "float32" else 1e-11
+    for name, g, w in zip(("O", "L", "dQ", "dK", "dV"), (*got, *got_grads), (*want, *want_grads)):
+        w = np.asarray(w)
+        np.testing.assert_allclose(
+            np.asarray(g, np.float64), w, rtol=0, atol=tolerance * np.abs(w).max(), err_msg=name
+        )
+
+
 MASKED_ROW = """
     S[i,j] := Q[i,d] * K[j,d] + where(j < i, 0, -inf)
     (logsumexp) L[i] := S[i,j]
