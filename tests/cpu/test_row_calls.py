@@ -113,7 +113,8 @@ def test_a_shifted_nested_sum_under_the_row_tests_is_not_batched():
     dtypes = {"A": "float64", "B": "float64", "V": "float64", "O": "float64"}
     shifted = emit_c(_shifted_sum_nest(1), dtypes=dtypes, schedule=schedule).text
     plain = emit_c(_shifted_sum_nest(0), dtypes=dtypes, schedule=schedule).text
-    assert 0 < shifted.count("a[r_] += ") < plain.count("a[r_] += ")  # interior tiles only
+    batched = "a[4] = {"  # the rows' sums gathered after their loop
+    assert 0 < shifted.count(batched) < plain.count(batched)  # interior tiles only
     rng = np.random.default_rng(13)
     A, B, V = rng.normal(size=(9, 3)), rng.normal(size=(9, 3)), rng.normal(size=(9, 5))
     out = np.full((9, 5), np.nan)
