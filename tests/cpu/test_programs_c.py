@@ -87,7 +87,7 @@ def _attention_float64(Q, K, V, scale):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_attention_at_head_width_64_fills_the_register_tiles(dtype):
-    # Head width 64 fills the 4x64 register tiles of the O, dQ, dK and dV nests (narrower
+    # Head width 64 fills the 8x64 register tiles of the O, dQ, dK and dV nests (narrower
     # heads only ever take the partial-tile code); T = 70 leaves a partial tile of rows and
     # tiles across the diagonal. Outputs and all input gradients against float64 XLA.
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"), backend="c")
