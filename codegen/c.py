@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c_row_dots import ROW_DOT_HELPERS
 from codegen.c_strategies import scalar, split
 from codegen.c_tiles import TILE_HELPERS, dot, tile
 from codegen.emitter import (
@@ -134,6 +135,8 @@ def _assemble(
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)
     head.append(TILE_HELPERS)
+    if any("tdsl_hsum8(" in line for line in body):
+        head.append(ROW_DOT_HELPERS)
     prologue: Lines = []
     for n, op in enumerate(nest.operands):
         ctype = STORAGE[e.dtypes[op.name]]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.affine import affine_parts
+from codegen.c_row_dots import row_dot_lines
 from codegen.c_strategies import omp_parallel
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import extent_of
@@ -82,6 +83,7 @@ def _batch_row_sums(
     when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
     sums are computed outside the row level's tests, and the sums of masked rows go unused;
     under tests, only sums whose reads are plain accesses (`_plain`), in bounds for every row.
+    A dot product of two contiguous float32 rows runs in vectors (`codegen.c_row_dots`).
     Also returns each batched sum's symbol with its array element.
     """
     statements = plan.statements[level]
@@ -109,7 +111,9 @@ def _batch_row_sums(
         lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
         loop = f"for (int64_t {index} = {lo}; {index} < {hi}; ++{index})"
         inner = [_declare_row(e), *e.statement_lines(st.inner, True)]
-        batched += _row_sums_in_scalars(e, state, rn, loop, inner, e.printer.doprint(st.value))
+        batched += row_dot_lines(e, st, state, rn, _declare_row(e)) or _row_sums_in_scalars(
+            e, state, rn, loop, inner, e.printer.doprint(st.value)
+        )
         ready[st.symbol] = sympy.Dummy(f"{state}[r_]", real=True)
         kept.append(Assign(st.symbol, ready[st.symbol]))
     return (_with_level(plan, level, kept) if batched else plan), batched, ready

@@ -85,14 +85,15 @@ def _attention_float64(Q, K, V, scale):
     return jnp.einsum("bhij,bhje->bhie", jnp.exp(S - L[..., None]), V), L
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_attention_at_head_width_64_fills_the_register_tiles(dtype):
+@pytest.mark.parametrize("dtype, width", [("float32", 64), ("float64", 64), ("float32", 12)])
+def test_attention_fills_the_register_tiles(dtype, width):
     # Head width 64 fills the 8x64 register tiles of the O, dQ, dK and dV nests (narrower
     # heads only ever take the partial-tile code); T = 70 leaves a partial tile of rows and
-    # tiles across the diagonal. Outputs and all input gradients against float64 XLA.
+    # tiles across the diagonal. In float32 the rows' scores are vector dot products, with a
+    # tail for a width of 12. Outputs and all input gradients against float64 XLA.
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"), backend="c")
     rng = np.random.default_rng(7)
-    shape = (1, 2, 70, 64)
+    shape = (1, 2, 70, width)
     Q, K, V, dO = (rng.normal(size=shape) for _ in range(4))
     dL = rng.normal(size=shape[:3])
     want, vjp = jax.vjp(lambda q, k_, v: _attention_float64(q, k_, v, 0.125), Q, K, V)
