@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sympy
+
+from codegen.c_row_dots import DOT_ROWS, plain_reads, row_dot_lines
 from codegen.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
 from codegen.schedule import Schedule
+from codegen.staging import Assign, Loop, Plan, Statement
 
 
 def omp_parallel(e: Emitter[Schedule], collapse: int) -> Lines:
@@ -43,11 +47,19 @@ def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
     inner, kind = order[-1], e.index_type
     j = e.printer.index(inner)
     lo, hi = e.idx(e.bounds[n].starts[inner]), e.idx(e.bounds[n].stops[inner])
+    plan, dots = _batch_dots(e, plan, len(order), inner)
     fold = e.fold_lines(n, plan, "", update=f"chunk_[{j} - c0_] = {{v}};")
     values = [f"chunk_[{j} - c0_] = {e.reducer.init[0]};", *e.level_lines(plan, len(order), fold)]
+    if dots:
+        each = block_lines("for (int64_t r_ = 0; r_ < jn_; ++r_)", [_at_row(kind, j), *values])
+        head = f"for ({kind} j0_ = c0_; j0_ < c0_ + cn_; j0_ += {DOT_ROWS})"
+        bound = f"const {kind} jn_ = tdsl_imin({DOT_ROWS}, c0_ + cn_ - j0_);"
+        fill = block_lines(head, [bound, *dots, *each])
+    else:
+        fill = block_lines(f"for ({kind} {j} = c0_; {j} < c0_ + cn_; ++{j})", values)
     chunk = [
         f"const {kind} cn_ = tdsl_imin({CHUNK}, chi_ - c0_);",
-        *block_lines(f"for ({kind} {j} = c0_; {j} < c0_ + cn_; ++{j})", values),
+        *fill,
         *e.declare("c_"),
         *_buffer_passes(e, ("c_", "c_b_")),
         e.fmt(e.reducer.combine, e.names(), ("c_", "c_b_")),
@@ -59,6 +71,41 @@ def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
     ]
     loops = e.loops(n, innermost, stop_at=len(order) - 1, plan=plan)
     return ["{", *indent_lines(e.level_lines(plan, 0, loops)), "}"]
+
+
+def _at_row(kind: str, j: str) -> str:
+    """The value `j` of the reduced index for the row `r_` of a block from `j0_`."""
+    return f"const {kind} {j} = j0_ + r_;"
+
+
+def _batch_dots(
+    e: Emitter[Schedule], plan: Plan, level: int, inner: sympy.Symbol
+) -> tuple[Plan, Lines]:
+    """The nested dot products of the level of the innermost reduced index `inner` computed
+    for 8 consecutive values of it at once, in vectors (`codegen.c_row_dots`), into
+    `<t>a[r_]`: attention's logsumexp computes 8 scores `sum_e Q[i, e]*K[j, e]` together,
+    reading `Q[i, :]` once. A sum is batched where nothing else of the level feeds it, and
+    under the level's tests only when its reads are plain accesses (in bounds for every
+    value of `inner` in its range). Returns the plan with those sums replaced by reads of
+    the arrays, and the lines that compute them (empty if none)."""
+    statements = plan.statements[level]
+    tested = bool(plan.tests[level])
+    local = {st.symbol for st in statements}
+    lines: Lines = []
+    kept: list[Statement] = []
+    at_row = _at_row(e.index_type, e.printer.index(inner))
+    for st in statements:
+        state = f"{st.symbol.name}a"
+        dots = None
+        if isinstance(st, Loop) and not st.value.free_symbols & local:
+            plain = not tested or plain_reads(st.value)
+            dots = row_dot_lines(e, st, state, "jn_", inner.name, at_row) if plain else None
+        if dots is None:
+            kept.append(st)
+            continue
+        lines += dots
+        kept.append(Assign(st.symbol, sympy.Dummy(f"{state}[r_]", real=True)))
+    return (plan.with_level(level, kept) if lines else plan), lines
 
 
 def _buffer_passes(e: Emitter[Schedule], state: tuple[str, str]) -> Lines:

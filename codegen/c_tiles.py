@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.affine import affine_parts
-from codegen.c_row_dots import row_dot_lines
+from codegen.c_row_dots import DOT_ROWS, plain_reads, row_dot_lines
 from codegen.c_strategies import omp_parallel
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import extent_of
@@ -82,7 +82,7 @@ def _batch_row_sums(
     chains (measured on attention's weighted sum: 55 -> 36 ns per (i, j)). A sum is batched
     when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
     sums are computed outside the row level's tests, and the sums of masked rows go unused;
-    under tests, only sums whose reads are plain accesses (`_plain`), in bounds for every row.
+    under tests, only sums whose reads are plain accesses (`plain_reads`), in bounds for every row.
     A dot product of two contiguous float32 rows runs in vectors (`codegen.c_row_dots`).
     Also returns each batched sum's symbol with its array element.
     """
@@ -100,7 +100,7 @@ def _batch_row_sums(
         if (
             not isinstance(st, Loop)
             or st.reduction != "sum"
-            or (tested and not _plain(*exprs))
+            or (tested and not plain_reads(*exprs))
             or reads & local
             or any(isinstance(x, Loop) for x in st.inner)
         ):
@@ -111,12 +111,17 @@ def _batch_row_sums(
         lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
         loop = f"for (int64_t {index} = {lo}; {index} < {hi}; ++{index})"
         inner = [_declare_row(e), *e.statement_lines(st.inner, True)]
-        batched += row_dot_lines(e, st, state, rn, _declare_row(e)) or _row_sums_in_scalars(
+        vector = (
+            row_dot_lines(e, st, state, rn, e.schedule.row or "", _declare_row(e))
+            if e.schedule.rows == DOT_ROWS
+            else None
+        )
+        batched += vector or _row_sums_in_scalars(
             e, state, rn, loop, inner, e.printer.doprint(st.value)
         )
         ready[st.symbol] = sympy.Dummy(f"{state}[r_]", real=True)
         kept.append(Assign(st.symbol, ready[st.symbol]))
-    return (_with_level(plan, level, kept) if batched else plan), batched, ready
+    return (plan.with_level(level, kept) if batched else plan), batched, ready
 
 
 def _row_sums_in_scalars(
@@ -144,13 +149,6 @@ def _row_sums_in_scalars(
     ]
 
 
-def _with_level(plan: Plan, level: int, statements: list[Statement]) -> Plan:
-    """`plan` with the statements of `level` replaced."""
-    by_level = list(plan.statements)
-    by_level[level] = statements
-    return dataclasses.replace(plan, statements=by_level)
-
-
 def _batch_row_calls(
     e: CEmitter, plan: Plan, level: int, rn: str, sums: dict[sympy.Symbol, sympy.Expr]
 ) -> tuple[Plan, Lines]:
@@ -176,7 +174,7 @@ def _batch_row_calls(
             continue
         calls = [f for f in st.expr.atoms(sympy.Function) if not isinstance(f, sympy.Piecewise)]
         local_reads = st.expr.free_symbols & local
-        if not calls or not local_reads <= set(ready) or (tested and not _plain(st.expr)):
+        if not calls or not local_reads <= set(ready) or (tested and not plain_reads(st.expr)):
             kept.append(st)
             continue
         array = f"{st.symbol.name}r"
@@ -191,19 +189,7 @@ def _batch_row_calls(
         ]
         ready[st.symbol] = sympy.Dummy(f"{array}[r_]", real=True)
         kept.append(Assign(st.symbol, ready[st.symbol]))
-    return (_with_level(plan, level, kept) if lines else plan), lines
-
-
-def _plain(*exprs: sympy.Expr) -> bool:
-    """Whether every access in `exprs` indexes each axis by a bare index: in bounds for any
-    value of the indices in their ranges, which a row of a tile or a reduced loop never
-    leaves (a shifted read, `dY[p - k]`, may rely on a test instead)."""
-    return all(
-        isinstance(i, sympy.Symbol)
-        for expr in exprs
-        for access in expr.atoms(sympy.Indexed)
-        for i in access.indices
-    )
+    return (plan.with_level(level, kept) if lines else plan), lines
 
 
 def _lane_levels(e: CEmitter) -> list[list[sympy.Symbol]]:

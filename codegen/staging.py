@@ -31,7 +31,7 @@ wraps everything at its level and deeper.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeAlias
 
 import sympy
@@ -80,6 +80,12 @@ class Plan:
     tests: list[list[sympy.Basic]]
     value: sympy.Expr  # the body, in terms of the statements' symbols; at the last level
     next_temporary: int  # the number of the next temporary to name
+
+    def with_level(self, level: int, statements: list[Statement]) -> Plan:
+        """This plan with the statements of `level` replaced."""
+        by_level = list(self.statements)
+        by_level[level] = statements
+        return replace(self, statements=by_level)
 
 
 @dataclass
