@@ -82,8 +82,8 @@ def _batch_row_sums(
     chains (measured on attention's weighted sum: 55 -> 36 ns per (i, j)). A sum is batched
     when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
     sums are computed outside the row level's tests, and the sums of masked rows go unused;
-    under tests, only sums whose reads are plain accesses (`plain_reads`), in bounds for every row.
-    A dot product of two contiguous float32 rows runs in vectors (`codegen.c_row_dots`).
+    under tests, only sums whose reads are plain accesses (`plain_reads`), in bounds for
+    every row. A dot product of two contiguous float32 rows runs in vectors (`codegen.c_row_dots`).
     Also returns each batched sum's symbol with its array element.
     """
     statements = plan.statements[level]
@@ -107,26 +107,16 @@ def _batch_row_sums(
             kept.append(st)
             continue
         state = f"{st.symbol.name}a"
-        index = e.printer.index(st.index)
-        lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
-        loop = f"for (int64_t {index} = {lo}; {index} < {hi}; ++{index})"
-        inner = [_declare_row(e), *e.statement_lines(st.inner, True)]
-        vector = (
-            row_dot_lines(e, st, state, rn, e.schedule.row or "", _declare_row(e))
-            if e.schedule.rows == DOT_ROWS
-            else None
-        )
-        batched += vector or _row_sums_in_scalars(
-            e, state, rn, loop, inner, e.printer.doprint(st.value)
-        )
+        vector = None
+        if e.schedule.rows == DOT_ROWS:
+            vector = row_dot_lines(e, st, state, rn, e.schedule.row or "", _declare_row(e))
+        batched += vector or _row_sums_in_scalars(e, st, state, rn)
         ready[st.symbol] = sympy.Dummy(f"{state}[r_]", real=True)
         kept.append(Assign(st.symbol, ready[st.symbol]))
     return (plan.with_level(level, kept) if batched else plan), batched, ready
 
 
-def _row_sums_in_scalars(
-    e: CEmitter, state: str, rn: str, loop: str, inner: Lines, value: str
-) -> Lines:
+def _row_sums_in_scalars(e: CEmitter, st: Loop, state: str, rn: str) -> Lines:
     """The sums of the tile's rows in one scalar accumulator each (`<state><r>`), then
     gathered into `<state>[r_]`. GCC vectorises a simd reduction into an array
     (`reduction(+:a[:4])`) through memory; into scalars it keeps the partial sums in
@@ -134,6 +124,11 @@ def _row_sums_in_scalars(
     rows, the rows past the last compute the last row's sum again (its reads are in bounds;
     the row loop never reads those sums)."""
     rows = e.schedule.rows
+    index = e.printer.index(st.index)
+    lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
+    loop = f"for (int64_t {index} = {lo}; {index} < {hi}; ++{index})"
+    inner = [_declare_row(e), *e.statement_lines(st.inner, True)]
+    value = e.printer.doprint(st.value)
     names = [f"{state}{r}" for r in range(rows)]
     full = rn == str(rows)
     per_row = []
