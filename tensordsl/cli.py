@@ -143,7 +143,8 @@ def _explain_program(k: ProgramKernel, args: argparse.Namespace, shapes: dict) -
             )
     if args.time:
         print(k.profile(shapes, dtype=args.dtype, reps=args.reps))
-    for name, text in k.source(args.source_target).items() if args.source_target else ():
+    sources = k.source(args.source_target, shapes or None) if args.source_target else {}
+    for name, text in sources.items():
         print(f"--- {name} ({args.source_target}) ---")
         print(text)
     return 0

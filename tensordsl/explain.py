@@ -153,17 +153,25 @@ def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> di
     Every tensor is taken as `dtype`, except argmax/argmin positions (`POSITION_DTYPE`, as the
     JAX binding passes them).
     """
-    if target == "c":
-        from codegen.build import c_source as emit
-    elif target == "cuda":
-        from codegen.cuda import cuda_source as emit
-    else:
-        raise ValueError(f"unknown target {target!r}: expected 'c' or 'cuda'")
+    emit = source_emitter(target)
     positions = _positions(nest)
     sources = {}
     for name, n in kernel_nests(nest).items():
         sources[name] = emit(n, _dtypes(n, positions, dtype), role=name)
     return sources
+
+
+def source_emitter(target: str) -> Any:
+    """`emit(nest, dtypes, role=...)` -> the generated code of `nest` for "c" or "cuda"."""
+    if target == "c":
+        from codegen.build import c_source
+
+        return c_source
+    if target == "cuda":
+        from codegen.cuda import cuda_source
+
+        return cuda_source
+    raise ValueError(f"unknown target {target!r}: expected 'c' or 'cuda'")
 
 
 def _dtypes(nest: LoopNest, positions: set[str], dtype: str) -> dict[str, str]:

@@ -192,6 +192,42 @@ class ProgramKernel:
             raise UnknownNameError(
                 f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
             )
+        return profile_jaxpr(self._call_jaxpr(shapes, dtype), reps=reps, dtype=dtype)
+
+    def source(
+        self, target: str = "c", shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> dict[str, str]:
+        """Generated code (float32). Without `shapes`: every nest of every statement as
+        written, `"<output>.<nest name>"` keys. With `shapes` (one per input): the nests a
+        forward+backward call runs for them, fused, keyed by their output (`L`, `O`, `dQ`,
+        ...; a name run twice gets `.2`), in the order `jax.value_and_grad` runs them; a
+        nest that runs as XLA's dot (`explain`) shows the kernel it falls back to.
+        """
+        from tensordsl.explain import generated_sources, source_emitter
+        from tensordsl.timing import nest_equations
+
+        if shapes is None:
+            return {
+                f"{low.nest.output}.{name}": text
+                for low in self._lowered.statements
+                for name, text in generated_sources(low.nest, target).items()
+            }
+        emit = source_emitter(target)
+        sources: dict[str, str] = {}
+        for eqn in nest_equations(self._call_jaxpr(shapes, "float32")):
+            nest = eqn.params["nest"]
+            dtypes = {op.name: v.aval.dtype.name for op, v in zip(nest.operands, eqn.invars)}
+            dtypes[nest.output] = eqn.outvars[0].aval.dtype.name
+            key, count = nest.output, 1
+            while key in sources:
+                count += 1
+                key = f"{nest.output}.{count}"
+            sources[key] = emit(nest, dtypes, role="call")
+        return sources
+
+    def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
+        """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (C back
+        end, every input of `dtype`): its nest equations are the nests a call runs."""
         check_program_shapes(self._lowered, shapes)
 
         def loss(*values: Any) -> Any:
@@ -203,18 +239,7 @@ class ProgramKernel:
         argnums = tuple(n for n, name in enumerate(self.inputs) if name not in self.nograd)
         traced = jax.value_and_grad(loss, argnums=argnums) if argnums else loss
         with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
-            jaxpr = jax.make_jaxpr(traced)(*inputs).jaxpr
-        return profile_jaxpr(jaxpr, reps=reps, dtype=dtype)
-
-    def source(self, target: str = "c") -> dict[str, str]:
-        """Generated code for every nest of every statement: `"<output>.<nest name>"` keys."""
-        from tensordsl.explain import generated_sources
-
-        return {
-            f"{low.nest.output}.{name}": text
-            for low in self._lowered.statements
-            for name, text in generated_sources(low.nest, target).items()
-        }
+            return jax.make_jaxpr(traced)(*inputs).jaxpr
 
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)

@@ -165,6 +165,27 @@ def test_profile_times_the_nests_a_call_runs(capsys, monkeypatch):
     assert out.index("schedules of statement 2") < out.index("timings (c, float32")
 
 
+def test_source_with_shapes_shows_the_nests_a_call_runs(capsys, monkeypatch):
+    source = PROGRAMS_BY_NAME["causal_attention"].source
+    k = td.kernel(source, outputs=("O", "L"), backend="c")
+    shapes = {"Q": (1, 2, 24, 4), "K": (1, 2, 24, 4), "scale": (), "V": (1, 2, 24, 4)}
+    fused = k.source("c", shapes)
+    assert list(fused) == ["L", "O", "dL", "dQ", "dK", "dscale", "dV"]
+    # O recomputes the scores from Q and K: it reads no stored S.
+    assert "in_Q[" in fused["O"] and "in_S[" not in fused["O"]
+    assert list(k.source("cuda", shapes)) == list(fused)
+    assert list(k.source("c"))[0] == "S.forward"  # without shapes: the statements as written
+    monkeypatch.setenv("TENSORDSL_FUSE", "0")
+    unfused = k.source("c", shapes)
+    assert list(unfused)[:3] == ["S", "L", "O"] and {"dS", "dS.2"} <= set(unfused)
+    monkeypatch.delenv("TENSORDSL_FUSE")
+    dims = "1x2x24x4"
+    argv = ["explain", source, "--shapes", f"Q={dims}", f"K={dims}", "scale=()", f"V={dims}"]
+    assert main([*argv, "--source", "c"]) == 0
+    out = capsys.readouterr().out
+    assert "--- dQ (c) ---" in out and "--- S.forward (c) ---" not in out
+
+
 def test_attention_never_materialises_the_scores():
     # Forward and backward under jit: no buffer of the (B, H, T, T) scores anywhere, neither
     # XLA's nor an intermediate of ours; the scores are recomputed inside L's and O's nests
