@@ -16,7 +16,7 @@ from codegen.affine import affine_parts
 from codegen.c_row_dots import DOT_ROWS, plain_reads, row_dot_lines
 from codegen.c_strategies import omp_parallel
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
-from codegen.ir import extent_of
+from codegen.ir import Term, extent_of
 from codegen.schedule import Schedule
 from codegen.staging import Assign, Loop, Plan, Statement
 
@@ -235,8 +235,14 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
     condition: list[str] = []
     free_condition: list[str] = []
     alone: dict[sympy.Symbol, list[sympy.Expr]] = {x: [] for x in tiled}
-    inner, edge, tests, reduced_edge, reduced_tests = [], [], [], [], []
-    for term in e.nest.terms:
+    inner: list[Term] = []
+    edge: list[Term] = []
+    reduced_edge: list[Term] = []
+    tests: list[tuple[sympy.Expr, ...]] = []
+    reduced_tests: list[tuple[sympy.Expr, ...]] = []
+    edge_origin: list[int] = []  # the term of `e` each term of `edge` comes from
+    reduced_origin: list[int] = []
+    for n, term in enumerate(e.nest.terms):
         kept, relaxed, lane, relaxed_reduced, lane_reduced = [], [], [], [], []
         for c in term.constraints:
             coefficients = affine_parts(c, tuple(tiled))
@@ -266,22 +272,59 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
             relaxed.append(sympy.expand(c.xreplace(best)))
             lane.append(c)
         inner.append(dataclasses.replace(term, constraints=tuple(kept)))
-        edge.append(dataclasses.replace(term, constraints=(*kept, *relaxed)))
-        tests.append(tuple(lane))
-        reduced_edge.append(dataclasses.replace(term, constraints=(*kept, *relaxed_reduced)))
-        reduced_tests.append(tuple(lane_reduced))
+        for terms, term_tests, origin, relaxed_here, lane_here in (
+            (edge, tests, edge_origin, relaxed, lane),
+            (reduced_edge, reduced_tests, reduced_origin, relaxed_reduced, lane_reduced),
+        ):
+            parts = _tested_parts(term, kept, relaxed_here, lane_here, tiled, starts)
+            terms += [part for part, _ in parts]
+            term_tests += [lanes for _, lanes in parts]
+            origin += [n] * len(parts)
     found = {x: tuple(found) for x, found in alone.items()}
     if not condition:
         return _TilePaths((), e, e, tuple(() for _ in e.nest.terms), found)
-    paths = _TilePaths(tuple(condition), e.variant(inner), e.variant(edge), tuple(tests), found)
+    edge_e = _split_variant(e, edge, edge_origin)
+    paths = _TilePaths(tuple(condition), e.variant(inner), edge_e, tuple(tests), found)
     if not free_condition or len(free_condition) == len(condition):
         return paths
     return dataclasses.replace(
         paths,
         free_condition=tuple(free_condition),
-        reduced_edge=e.variant(reduced_edge),
+        reduced_edge=_split_variant(e, reduced_edge, reduced_origin),
         reduced_tests=tuple(reduced_tests),
     )
+
+
+def _split_variant(e: CEmitter, terms: list[Term], origin: list[int]) -> CEmitter:
+    """`e` with `terms`, term `k` a part of `e`'s term `origin[k]` (same loop order)."""
+    order = tuple(e.schedule.reduced_order[n] for n in origin)
+    return e.variant(terms, dataclasses.replace(e.schedule, reduced_order=order))
+
+
+def _tested_parts(
+    term: Term,
+    kept: list[sympy.Expr],
+    relaxed: list[sympy.Expr],
+    lane: list[sympy.Expr],
+    tiled: dict[sympy.Symbol, int],
+    starts: dict[sympy.Symbol, sympy.Symbol],
+) -> list[tuple[Term, tuple[sympy.Expr, ...]]]:
+    """`term` in a tile whose lanes test `lane` (with the loops bounded by `relaxed`), as
+    terms with their lane tests. A single lane constraint that bounds a reduced loop (a
+    causal mask, `j <= i`) splits the loop: where it holds at the tile's worst corner, for
+    every row and lane of a full tile, the loop runs untested; the rest is tested per lane.
+    A causal tile then tests its last `rows` values of j rather than all of them (attention's
+    weighted sum 13.3 -> 11.2 ms at T=1024)."""
+    tested = dataclasses.replace(term, constraints=(*kept, *relaxed))
+    if len(lane) != 1 or not lane[0].free_symbols & set(term.reduced_indices):
+        return [(tested, tuple(lane))]
+    (c,) = lane
+    coefficients = affine_parts(c, tuple(tiled))
+    worst = {x: starts[x] + (0 if a > 0 else tiled[x] - 1) for x, a in coefficients.items()}
+    holds = sympy.expand(c.xreplace(worst))
+    untested = dataclasses.replace(term, constraints=(*kept, holds))
+    rest = dataclasses.replace(term, constraints=(*kept, *relaxed, -holds - 1))
+    return [(untested, ()), (rest, (c,))]
 
 
 TILE_HELPERS = """\
