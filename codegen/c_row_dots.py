@@ -18,7 +18,7 @@ import sympy
 
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.schedule import Schedule
-from codegen.staging import Loop
+from codegen.staging import Assign, Loop
 
 #: Rows of a tile whose dot products `tdsl_hsum8` reduces (one vector of 8 sums).
 DOT_ROWS = 8
@@ -81,8 +81,7 @@ def row_dot_lines(
         names = [f"{state}p{k}_{r}" for r in range(rows)]
         body.append(f"const float {', '.join('*' + name for name in names)};")
         for r, name in enumerate(names):
-            at = str(r) if rn == str(rows) else f"tdsl_imin({r}, {rn} - 1)"
-            bind = [f"const int64_t r_ = {at};", declare_row, f"{name} = {first};"]
+            bind = [f"const int64_t r_ = {row_of(r, rn, rows)};", declare_row, f"{name} = {first};"]
             body += ["{", *indent_lines(bind), "}"]
         pointers.append(names)
     acc = [f"{state}v{r}" for r in range(rows)]
@@ -123,6 +122,26 @@ def _contiguous_factors(
     if not any(row in {s.name for s in f.free_symbols} for f in factors):
         return None
     return tuple(factors)
+
+
+def batchable_sum(st: Loop, local: set[sympy.Symbol], tested: bool) -> bool:
+    """Whether `st` is a nested sum that can be computed for 8 rows (or values of a reduced
+    index) at once, before the level's statements and outside its tests: a sum with no
+    nested loop inside, reading nothing else of its level (`local`), and, under the level's
+    tests (`tested`), only plain accesses (`plain_reads`), in bounds for every row."""
+    if st.reduction != "sum" or any(isinstance(x, Loop) for x in st.inner):
+        return False
+    exprs = [st.value, *(x.expr for x in st.inner if isinstance(x, Assign))]
+    if set().union(*(x.free_symbols for x in exprs)) & local:
+        return False
+    return not tested or plain_reads(*exprs)
+
+
+def row_of(r: int, rn: str, rows: int) -> str:
+    """The row `r_` that computes row `r` of a block of `rows`: `r` itself, or, in a block of
+    `rn` < rows rows, the last row for the rows past it (its reads are in bounds, and
+    nothing reads those rows' results)."""
+    return str(r) if rn == str(rows) else f"tdsl_imin({r}, {rn} - 1)"
 
 
 def plain_reads(*exprs: sympy.Expr) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sympy
 
-from codegen.c_row_dots import DOT_ROWS, plain_reads, row_dot_lines
+from codegen.c_row_dots import DOT_ROWS, batchable_sum, row_dot_lines
 from codegen.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
 from codegen.schedule import Schedule
 from codegen.staging import Assign, Loop, Plan, Statement
@@ -84,10 +84,9 @@ def _batch_dots(
     """The nested dot products of the level of the innermost reduced index `inner` computed
     for 8 consecutive values of it at once, in vectors (`codegen.c_row_dots`), into
     `<t>a[r_]`: attention's logsumexp computes 8 scores `sum_e Q[i, e]*K[j, e]` together,
-    reading `Q[i, :]` once. A sum is batched where nothing else of the level feeds it, and
-    under the level's tests only when its reads are plain accesses (in bounds for every
-    value of `inner` in its range). Returns the plan with those sums replaced by reads of
-    the arrays, and the lines that compute them (empty if none)."""
+    reading `Q[i, :]` once. Only sums that `batchable_sum` allows are batched. Returns the
+    plan with those sums replaced by reads of the arrays, and the lines that compute them
+    (empty if none)."""
     statements = plan.statements[level]
     tested = bool(plan.tests[level])
     local = {st.symbol for st in statements}
@@ -97,9 +96,8 @@ def _batch_dots(
     for st in statements:
         state = f"{st.symbol.name}a"
         dots = None
-        if isinstance(st, Loop) and not st.value.free_symbols & local:
-            plain = not tested or plain_reads(st.value)
-            dots = row_dot_lines(e, st, state, "jn_", inner.name, at_row) if plain else None
+        if isinstance(st, Loop) and batchable_sum(st, local, tested):
+            dots = row_dot_lines(e, st, state, "jn_", inner.name, at_row)
         if dots is None:
             kept.append(st)
             continue

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.affine import affine_parts
-from codegen.c_row_dots import DOT_ROWS, plain_reads, row_dot_lines
+from codegen.c_row_dots import DOT_ROWS, batchable_sum, plain_reads, row_dot_lines, row_of
 from codegen.c_strategies import omp_parallel
 from codegen.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir import Term, extent_of
@@ -81,10 +81,10 @@ def _batch_row_sums(
     of dependent additions; computing the rows' sums in the same loop gives `rows` independent
     chains (measured on attention's weighted sum: 55 -> 36 ns per (i, j)). A sum is batched
     when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
-    sums are computed outside the row level's tests, and the sums of masked rows go unused;
-    under tests, only sums whose reads are plain accesses (`plain_reads`), in bounds for
-    every row. A dot product of two contiguous float32 rows runs in vectors (`codegen.c_row_dots`).
-    Also returns each batched sum's symbol with its array element.
+    sums are computed outside the row level's tests, and the sums of masked rows go unused
+    (which sums qualify: `batchable_sum`). A dot product of two contiguous float32 rows runs
+    in vectors (`codegen.c_row_dots`). Also returns each batched sum's symbol with its array
+    element.
     """
     statements = plan.statements[level]
     tested = bool(plan.tests[level])
@@ -93,17 +93,7 @@ def _batch_row_sums(
     kept: list[Statement] = []
     ready: dict[sympy.Symbol, sympy.Expr] = {}
     for st in statements:
-        exprs = []
-        if isinstance(st, Loop):
-            exprs = [st.value, *(x.expr for x in st.inner if isinstance(x, Assign))]
-        reads = set().union(*(x.free_symbols for x in exprs))
-        if (
-            not isinstance(st, Loop)
-            or st.reduction != "sum"
-            or (tested and not plain_reads(*exprs))
-            or reads & local
-            or any(isinstance(x, Loop) for x in st.inner)
-        ):
+        if not isinstance(st, Loop) or not batchable_sum(st, local, tested):
             kept.append(st)
             continue
         state = f"{st.symbol.name}a"
@@ -120,9 +110,8 @@ def _row_sums_in_scalars(e: CEmitter, st: Loop, state: str, rn: str) -> Lines:
     """The sums of the tile's rows in one scalar accumulator each (`<state><r>`), then
     gathered into `<state>[r_]`. GCC vectorises a simd reduction into an array
     (`reduction(+:a[:4])`) through memory; into scalars it keeps the partial sums in
-    registers (attention's dQ nest at T=1024: 43 -> 21-26 ms). In a tile of `rn` < rows
-    rows, the rows past the last compute the last row's sum again (its reads are in bounds;
-    the row loop never reads those sums)."""
+    registers (attention's dQ nest at T=1024: 43 -> 21-26 ms). In a partial tile the rows
+    past the last compute the last row's sum again (`row_of`)."""
     rows = e.schedule.rows
     index = e.printer.index(st.index)
     lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
@@ -130,11 +119,9 @@ def _row_sums_in_scalars(e: CEmitter, st: Loop, state: str, rn: str) -> Lines:
     inner = [_declare_row(e), *e.statement_lines(st.inner, True)]
     value = e.printer.doprint(st.value)
     names = [f"{state}{r}" for r in range(rows)]
-    full = rn == str(rows)
     per_row = []
     for r, name in enumerate(names):
-        row = str(r) if full else f"tdsl_imin({r}, {rn} - 1)"
-        body = [f"const int64_t r_ = {row};", *inner, f"{name} += {value};"]
+        body = [f"const int64_t r_ = {row_of(r, rn, rows)};", *inner, f"{name} += {value};"]
         per_row += ["{", *indent_lines(body), "}"]
     return [
         f"{e.f} {', '.join(f'{name} = 0' for name in names)};",
