@@ -23,7 +23,6 @@ back end.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -204,7 +203,7 @@ class ProgramKernel:
         nest that runs as XLA's dot (`explain`) shows the kernel it falls back to.
         """
         from tensordsl.explain import generated_sources, source_emitter
-        from tensordsl.timing import nest_equations
+        from tensordsl.timing import equation_dtypes, nest_equations
 
         if shapes is None:
             return {
@@ -216,18 +215,18 @@ class ProgramKernel:
         sources: dict[str, str] = {}
         for eqn in nest_equations(self._call_jaxpr(shapes, "float32")):
             nest = eqn.params["nest"]
-            dtypes = {op.name: v.aval.dtype.name for op, v in zip(nest.operands, eqn.invars)}
-            dtypes[nest.output] = eqn.outvars[0].aval.dtype.name
             key, count = nest.output, 1
             while key in sources:
                 count += 1
                 key = f"{nest.output}.{count}"
-            sources[key] = emit(nest, dtypes, role="call")
+            sources[key] = emit(nest, equation_dtypes(eqn), role="call")
         return sources
 
     def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
         """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (C back
         end, every input of `dtype`): its nest equations are the nests a call runs."""
+        from tensordsl.timing import value_and_grad_jaxpr
+
         check_program_shapes(self._lowered, shapes)
 
         def loss(*values: Any) -> Any:
@@ -235,11 +234,7 @@ class ProgramKernel:
             results = run_program(self.program, known, backend="c", nograd=self.nograd)
             return sum(jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact))
 
-        inputs = [jax.ShapeDtypeStruct(tuple(shapes[name]), dtype) for name in self.inputs]
-        argnums = tuple(n for n, name in enumerate(self.inputs) if name not in self.nograd)
-        traced = jax.value_and_grad(loss, argnums=argnums) if argnums else loss
-        with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
-            return jax.make_jaxpr(traced)(*inputs).jaxpr
+        return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
 
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)

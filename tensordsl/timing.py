@@ -139,13 +139,34 @@ def profile_nests(
         )
         return jnp.sum(out)
 
-    inputs = [jax.ShapeDtypeStruct(tuple(shapes[name]), dtype) for name in nest.operand_names]
-    argnums = tuple(n for n, name in enumerate(nest.operand_names) if name not in nograd)
-    traced = jax.value_and_grad(loss, argnums=argnums) if argnums else loss
-    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
-        jaxpr = jax.make_jaxpr(traced)(*inputs).jaxpr
+    jaxpr = value_and_grad_jaxpr(loss, nest.operand_names, shapes, dtype, nograd)
     names = {each: name for name, each in kernel_nests(nest).items()}
     return profile_jaxpr(jaxpr, names, reps=reps, seed=seed, dtype=dtype)
+
+
+def value_and_grad_jaxpr(
+    loss: Callable[..., Any],
+    names: Sequence[str],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: str,
+    nograd: frozenset[str],
+) -> Any:
+    """The jaxpr of `jax.value_and_grad(loss)` with respect to every input not in `nograd`,
+    for inputs `names` of these shapes, all of `dtype` (of `loss` alone when none is
+    differentiated): its nest equations are the nests a forward+backward pass runs."""
+    inputs = [jax.ShapeDtypeStruct(tuple(shapes[name]), dtype) for name in names]
+    argnums = tuple(n for n, name in enumerate(names) if name not in nograd)
+    traced = jax.value_and_grad(loss, argnums=argnums) if argnums else loss
+    with jax.enable_x64(True) if dtype == "float64" else contextlib.nullcontext():
+        return jax.make_jaxpr(traced)(*inputs).jaxpr
+
+
+def equation_dtypes(eqn: Any) -> dict[str, str]:
+    """The dtype name of every operand and of the output of a nest equation."""
+    nest: LoopNest = eqn.params["nest"]
+    dtypes = {op.name: v.aval.dtype.name for op, v in zip(nest.operands, eqn.invars)}
+    dtypes[nest.output] = eqn.outvars[0].aval.dtype.name
+    return dtypes
 
 
 def profile_jaxpr(
@@ -182,8 +203,7 @@ def _time_equation(
 
     nest: LoopNest = eqn.params["nest"]
     out_aval = eqn.outvars[0].aval
-    dtypes = {op.name: v.aval.dtype.name for op, v in zip(nest.operands, eqn.invars)}
-    dtypes[nest.output] = out_aval.dtype.name
+    dtypes = equation_dtypes(eqn)
     schedule = eqn.params.get("schedule") or choose_cpu_schedule(nest, dtypes)
     operands = [_random(v.aval.shape, v.aval.dtype, rng) for v in eqn.invars]
     out = np.empty(out_aval.shape, out_aval.dtype)
