@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c_online import online
 from codegen.c_row_dots import ROW_DOT_HELPERS
 from codegen.c_strategies import scalar, split
 from codegen.c_tiles import TILE_HELPERS, dot, tile
@@ -73,6 +74,7 @@ STRATEGY_EMITTERS: dict[str, Callable[[Emitter[Schedule]], Lines]] = {
     "tile": tile,
     "dot": dot,
     "split": split,
+    "online": online,
 }
 
 

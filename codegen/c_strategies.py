@@ -6,6 +6,7 @@ import sympy
 
 from codegen.c_row_dots import DOT_ROWS, batchable_sum, row_dot_lines
 from codegen.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
+from codegen.reductions import Pass
 from codegen.schedule import Schedule
 from codegen.staging import Assign, Loop, Plan, Statement
 
@@ -36,27 +37,35 @@ def scalar(e: Emitter[Schedule]) -> Lines:
     return omp_parallel(e, len(free)) + lines
 
 
-def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
-    """Term `n` with its innermost reduced loop cut into chunks of `CHUNK` values: each
-    chunk's values computed once into a buffer (the identity where a test leaves one out),
-    reduced by `Reduction.passes` in simd loops over the buffer, and combined into the
-    state. logsumexp then calls one vectorised exp per value instead of a scalar exp and a
-    branch, and computes an expensive value (attention's scores) once."""
+def chunk_fill(e: Emitter[Schedule], n: int, also: str = "") -> tuple[Plan, Lines, str, str]:
+    """The lines that compute the `cn_` values of term `n` from `c0_` on (its innermost
+    reduced loop) into `chunk_`, the identity where a test leaves one out (`also`: a
+    statement run with each value computed). Returns the term's plan, those lines, and the
+    loop's bounds."""
     order = e.term_order(n)
     plan = e.plan(n, [[], *e.reduced_levels(n)])
     inner, kind = order[-1], e.index_type
     j = e.printer.index(inner)
     lo, hi = e.idx(e.bounds[n].starts[inner]), e.idx(e.bounds[n].stops[inner])
     plan, dots = _batch_dots(e, plan, len(order), inner)
-    fold = e.fold_lines(n, plan, "", update=f"chunk_[{j} - c0_] = {{v}};")
+    fold = e.fold_lines(n, plan, "", update=f"chunk_[{j} - c0_] = {{v}};{also}")
     values = [f"chunk_[{j} - c0_] = {e.reducer.init[0]};", *e.level_lines(plan, len(order), fold)]
     if dots:
         each = block_lines("for (int64_t r_ = 0; r_ < jn_; ++r_)", [_at_row(kind, j), *values])
         head = f"for ({kind} j0_ = c0_; j0_ < c0_ + cn_; j0_ += {DOT_ROWS})"
         bound = f"const {kind} jn_ = tdsl_imin({DOT_ROWS}, c0_ + cn_ - j0_);"
-        fill = block_lines(head, [bound, *dots, *each])
-    else:
-        fill = block_lines(f"for ({kind} {j} = c0_; {j} < c0_ + cn_; ++{j})", values)
+        return plan, block_lines(head, [bound, *dots, *each]), lo, hi
+    return plan, block_lines(f"for ({kind} {j} = c0_; {j} < c0_ + cn_; ++{j})", values), lo, hi
+
+
+def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
+    """Term `n` with its innermost reduced loop cut into chunks of `CHUNK` values: each
+    chunk's values computed once into a buffer (`chunk_fill`), reduced by
+    `Reduction.passes` in simd loops over the buffer, and combined into the state.
+    logsumexp then calls one vectorised exp per value instead of a scalar exp and a branch,
+    and computes an expensive value (attention's scores) once."""
+    plan, fill, lo, hi = chunk_fill(e, n)
+    kind = e.index_type
     chunk = [
         f"const {kind} cn_ = tdsl_imin({CHUNK}, chi_ - c0_);",
         *fill,
@@ -69,7 +78,7 @@ def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
         f"{e.f} chunk_[{CHUNK}];",
         *block_lines(f"for ({kind} c0_ = clo_; c0_ < chi_; c0_ += {CHUNK})", chunk),
     ]
-    loops = e.loops(n, innermost, stop_at=len(order) - 1, plan=plan)
+    loops = e.loops(n, innermost, stop_at=len(e.term_order(n)) - 1, plan=plan)
     return ["{", *indent_lines(e.level_lines(plan, 0, loops)), "}"]
 
 
@@ -108,17 +117,18 @@ def _batch_dots(
 
 def _buffer_passes(e: Emitter[Schedule], state: tuple[str, str]) -> Lines:
     """The reduction's passes over the `cn_` values of `chunk_` into `state`."""
-    lines: Lines = []
-    for p in e.reducer.passes:
-        if p.before:
-            lines.append(e.fmt(p.before, state))
-        loop = block_lines(
-            f"for ({e.index_type} q_ = 0; q_ < cn_; ++q_)",
-            [f"const {e.f} val_ = chunk_[q_];", e.fmt(p.update, state)],
-        )
-        part = [f"#pragma omp simd {e.fmt(p.simd, state)}", *loop]
-        lines += block_lines(f"if ({e.fmt(p.only_if, state)})", part) if p.only_if else part
-    return lines
+    return [line for p in e.reducer.passes for line in buffer_pass(e, p, state)]
+
+
+def buffer_pass(e: Emitter[Schedule], p: Pass, state: tuple[str, str]) -> Lines:
+    """One pass of a reduction over the `cn_` values of `chunk_` into `state`."""
+    lines = [e.fmt(p.before, state)] if p.before else []
+    loop = block_lines(
+        f"for ({e.index_type} q_ = 0; q_ < cn_; ++q_)",
+        [f"const {e.f} val_ = chunk_[q_];", e.fmt(p.update, state)],
+    )
+    part = [f"#pragma omp simd {e.fmt(p.simd, state)}", *loop]
+    return lines + (block_lines(f"if ({e.fmt(p.only_if, state)})", part) if p.only_if else part)
 
 
 def split(e: Emitter[Schedule]) -> Lines:

@@ -193,15 +193,25 @@ class LoopNest:
     #: A key of `codegen.reductions.REDUCTIONS`. argmax/argmin give the position of the
     #: extreme value as a flat index over the reduced ranges (row-major in `Term.reduced`).
     reduction: str = "sum"
+    #: Not empty: a one-pass softmax-weighted sum (`codegen.online`) that also computes the
+    #: logsumexp named here, packed into the output's last axis. Only the C back end emits
+    #: it; the others run it as the two nests it stands for.
+    online: str = ""
 
     def __post_init__(self) -> None:
         assert self.reduction in REDUCTIONS, self.reduction
         assert self.terms, "a nest has at least one term"
-        assert self.reduction == "sum" or len(self.terms) == 1, "only sums have several terms"
+        several = self.reduction == "sum" or self.online
+        assert several or len(self.terms) == 1, "only sums have several terms"
 
     @property
     def free_indices(self) -> tuple[sympy.Symbol, ...]:
         return tuple(r.index for r in self.free)
+
+    @property
+    def label(self) -> str:
+        """What the nest computes, for people: its output (a one-pass nest: `O+L`)."""
+        return f"{self.output}+{self.online}" if self.online else self.output
 
     @property
     def operand_names(self) -> tuple[str, ...]:
@@ -278,6 +288,7 @@ def rename(nest: LoopNest, /, *, tensors: dict[str, str], indices: dict[str, str
         renamed,
         output=tensors.get(nest.output, nest.output),
         operands=tuple(Operand(tensors.get(op.name, op.name), op.rank) for op in nest.operands),
+        online=tensors.get(nest.online, nest.online),
     )
 
 
@@ -322,6 +333,8 @@ def canonical_names(nest: LoopNest) -> tuple[dict[str, str], dict[str, str]]:
     """The renaming `canonical` applies: `{tensor: new name}`, `{index: new name}`."""
     tensors = {op.name: f"T{n}" for n, op in enumerate(nest.operands)}
     tensors[nest.output] = "OUT"
+    if nest.online:
+        tensors[nest.online] = "LSE"
     for name in sorted(nest.extent_tensors() - set(tensors)):
         tensors[name] = f"X{len(tensors)}"
     indices = {sym.name: f"i{n}" for n, sym in enumerate(nest.free_indices)}

@@ -19,6 +19,9 @@ Strategies (`Schedule.strategy`):
   column is computed per row in one simd loop into lane arrays that every column reads;
 * ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
   number of chunks reduced in parallel and combined in order (deterministic);
+* ``"online"`` -- the one and only strategy of a one-pass softmax-weighted sum
+  (`LoopNest.online`, `codegen.online`): one row at a time, its scores in chunks with a
+  running max (`codegen.c_online`);
 * ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
   weights around attention's `sum_e dO*V`: `codegen.contraction.xla_plan`): no kernel is
   generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for
@@ -26,7 +29,8 @@ Strategies (`Schedule.strategy`):
 
 The heuristic (`choose_cpu_schedule`):
 
-0. a nest with an XLA plan -> ``xla``, unless the caller asks for a generated kernel;
+0. a one-pass softmax-weighted sum -> ``online``; a nest with an XLA plan -> ``xla``,
+   unless the caller asks for a generated kernel;
 1. no free index -> ``split``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
@@ -84,9 +88,9 @@ from codegen.loop_order import (
 )
 from codegen.reductions import REDUCTIONS
 
-STRATEGIES = ("scalar", "tile", "dot", "split", "xla")
+STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online")
 #: Strategies that generate a kernel (``"xla"`` calls XLA instead).
-KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split")
+KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online")
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,10 @@ def validate(nest: LoopNest, schedule: Schedule) -> None:
     if min(schedule.rows, schedule.width, schedule.chunks, schedule.lanes) < 1:
         raise ValueError("rows, width, chunks and lanes must be positive")
     validate_shared_strategy(nest, schedule.strategy, free)
+    if (schedule.strategy == "online") != bool(nest.online):
+        raise ValueError("the online strategy is for one-pass softmax-weighted sums, and only it")
+    if nest.online and free[-1:] != (nest.free[-1].index.name,):
+        raise ValueError("a one-pass nest keeps its packed output axis innermost")
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
     if schedule.small is not None:
@@ -238,6 +246,8 @@ def choose_cpu_schedule(
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
+    if nest.online:
+        return Schedule(free, reduced, strategy="online")
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):
         return Schedule(free, reduced, strategy="xla")
     if not free:
@@ -304,6 +314,8 @@ def _costly_per_row(nest: LoopNest, vector: str) -> bool:
 
 def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
     """Every kernel schedule the heuristic could pick for `nest`, plus the scalar fallback."""
+    if nest.online:
+        return (choose_cpu_schedule(nest),)
     picks = [
         choose_cpu_schedule(nest, {"out": "float32"}, kernel=True),
         choose_cpu_schedule(nest, {"out": "float64"}, kernel=True),

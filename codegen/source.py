@@ -21,7 +21,7 @@ from sympy.printing.str import StrPrinter
 from codegen.functions import indicator  # noqa: F401 - used in the doctest
 
 if TYPE_CHECKING:
-    from codegen.ir import LoopNest
+    from codegen.ir import LoopNest, Term
 
 _FUNCTION_NAMES = {"Abs": "abs", "FloorDiv": "floordiv", "CeilDiv": "ceildiv"}
 
@@ -137,13 +137,36 @@ def constraint_source(constraint: sympy.Expr) -> str:
 
 
 def nest_source(nest: LoopNest) -> str:
-    """The nest as source: one statement per term."""
+    """The nest as source: one statement per term (a one-pass nest, `codegen.online`: the
+    logsumexp and the weighted sum it stands for)."""
+    if nest.online:
+        return _one_pass_source(nest)
     prefix = "" if nest.reduction == "sum" else f"({nest.reduction}) "
     lhs = output_source(nest)
     lines = []
     for n, term in enumerate(nest.terms):
         op = ":=" if n == 0 else "+="
-        # Constraints read back as guards: `(j <= i)` factors.
-        guards = "".join(f"*({constraint_source(c)})" for c in term.constraints)
-        lines.append(f"{prefix}{lhs} {op} {expr_source(term.body, nest.operand_names)}{guards}")
+        lines.append(
+            f"{prefix}{lhs} {op} {expr_source(term.body, nest.operand_names)}{_guards(term)}"
+        )
     return "\n".join(lines)
+
+
+def _guards(term: Term) -> str:
+    """Constraints read back as guards: `(j <= i)` factors."""
+    return "".join(f"*({constraint_source(c)})" for c in term.constraints)
+
+
+def _one_pass_source(nest: LoopNest) -> str:
+    scores, weight = nest.terms
+    rows = ", ".join(r.index.name for r in nest.free[:-1])
+    lse = f"{nest.online}[{rows}]" if rows else nest.online
+    last = nest.free[-1].index.name
+    x = expr_source(scores.body, nest.operand_names)
+    w = expr_source(weight.body, nest.operand_names)
+    return "\n".join(
+        [
+            f"(one pass, packed along {last}) (logsumexp) {lse} := {x}{_guards(scores)}",
+            f"{nest.output}[{rows}, {last}] := exp({x} - {lse})*{w}{_guards(weight)}",
+        ]
+    )

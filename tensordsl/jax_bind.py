@@ -31,7 +31,7 @@ from jax.interpreters import ad, batching, mlir
 from codegen.extents import output_shape
 from codegen.ir import LoopNest
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
-from tensordsl import grad, gradient_rules, partitioning, private_jax, runners
+from tensordsl import grad, gradient_rules, online, partitioning, private_jax, runners
 from tensordsl.batching import batch_nest
 from tensordsl.errors import UnsupportedError
 
@@ -78,30 +78,36 @@ def call_nest(
     Returns:
         The output array.
     """
+    params = _params(nest, shapes, backend, out_dtype, nograd, schedule)
+    if not operands:
+        # JAX's abstract evaluation needs an operand; with none there is nothing to batch or
+        # differentiate, so the runner is traced as is.
+        del params["nograd"]
+        return partitioning.run_nest(**params)
+    return _bind(nest_p, operands, **params)
+
+
+def _params(
+    nest: LoopNest,
+    shapes: Shapes,
+    backend: str,
+    out_dtype: Any,
+    nograd: frozenset[str],
+    schedule: Any,
+) -> dict[str, Any]:
+    """`nest_p`'s parameters (see `call_nest`)."""
     operand_names = set(nest.operand_names)
     extents = _frozen(
         {n: s for n, s in shapes.items() if n in nest.extent_tensors() and n not in operand_names}
     )
-    if not operands:
-        # JAX's abstract evaluation needs an operand; with none there is nothing to batch or
-        # differentiate, so the runner is traced as is.
-        return partitioning.run_nest(
-            nest=nest,
-            backend=backend,
-            extents=extents,
-            out_dtype=jnp.dtype(out_dtype).name,
-            schedule=schedule,
-        )
-    return _bind(
-        nest_p,
-        operands,
-        nest=nest,
-        backend=backend,
-        extents=extents,
-        out_dtype=jnp.dtype(out_dtype).name,
-        nograd=frozenset(nograd),
-        schedule=schedule,
-    )
+    return {
+        "nest": nest,
+        "backend": backend,
+        "extents": extents,
+        "out_dtype": jnp.dtype(out_dtype).name,
+        "nograd": frozenset(nograd),
+        "schedule": schedule,
+    }
 
 
 def _bind(primitive: Any, operands: Sequence[Any], **params: Any) -> jax.Array:
@@ -161,6 +167,8 @@ batching.primitive_batchers[nest_p] = _batch
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
     nest: LoopNest = params["nest"]
+    if nest.online:
+        return _jvp_two_nests(primals, tangents, params)
     output = _bind(nest_p, primals, **params)
     perturbed = tuple(
         op.name
@@ -185,6 +193,31 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tupl
 
 
 ad.primitive_jvps[nest_p] = _jvp
+
+
+def _jvp_two_nests(
+    primals: Sequence[Any], tangents: Sequence[Any], params: dict
+) -> tuple[Any, Any]:
+    """The JVP of a one-pass nest: that of its two nests in turn (`tensordsl.online`)."""
+    nest: LoopNest = params["nest"]
+    slopes = dict(zip(nest.operand_names, tangents))
+    shapes = {**dict(params["extents"]), **_shapes(nest.operand_names, primals)}
+
+    def run(part: LoopNest, values: Sequence[Any], known: Shapes) -> Any:
+        nograd = params["nograd"] & set(part.operand_names)
+        p = _params(part, known, params["backend"], params["out_dtype"], nograd, None)
+        found, slopes[part.output] = _jvp(
+            private_jax.same_varying_axes(values), [slopes[n] for n in part.operand_names], **p
+        )
+        return found
+
+    weighted, lse = online.two_nests(nest, primals, shapes, run)
+    slope = [ad.instantiate_zeros(slopes[name]) for name in (nest.output, nest.online)]
+    return online.pack(weighted, lse), online.pack(*slope)
+
+
+def _shapes(names: Sequence[str], values: Sequence[Any]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(np.shape(v)) for name, v in zip(names, values)}
 
 
 def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[str, jax.Array]:

@@ -48,6 +48,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from codegen.extents import output_shape
 from codegen.ir import LoopNest, extent_of, extent_symbol
 from codegen.reductions import REDUCTIONS
+from tensordsl import online
 from tensordsl.runners import RUNNERS
 
 #: The cross-device combines a reduction names (`Reduction.cross_device`): how partial results
@@ -155,9 +156,12 @@ def plan_sharding(nest: LoopNest) -> ShardingPlan:
     plain, other, uses = _occurrences(nest)
     position = {name: n for n, name in enumerate(nest.operand_names)}
     ranges = {r.index: ("free", r) for r in nest.free}
+    if nest.online:  # only rows split: the packed axis and the running max stay whole
+        del ranges[nest.free[-1].index]
     for term in nest.terms:
         for r in term.reduced:
-            ranges.setdefault(r.index, ("reduced", r))
+            if not nest.online:
+                ranges.setdefault(r.index, ("reduced", r))
     axis_factor: dict[Axis, str] = {}
     factors: list[Factor] = []
     for n, (index, (kind, rng)) in enumerate(ranges.items()):
@@ -263,10 +267,17 @@ def _run_local(
     out_dtype: str,
     schedule: Any,
 ) -> jax.Array:
-    """The back end's runner on the operands as given (whole, or one device's shards)."""
-    return RUNNERS[backend](
-        nest, operands, tensor_shapes(nest, operands, extents), out_dtype, schedule
-    )
+    """The back end's runner on the operands as given (whole, or one device's shards); a
+    one-pass nest as its two nests except on the C back end (`tensordsl.online`)."""
+    shapes = tensor_shapes(nest, operands, extents)
+    runner = RUNNERS[backend]
+    if nest.online and (backend != "c" or output_shape(nest, shapes)[-1] > online.C_ROW_LIMIT):
+
+        def run(part: LoopNest, values: Sequence[Any], known: Any) -> jax.Array:
+            return runner(part, values, known, out_dtype, None)
+
+        return online.pack(*online.two_nests(nest, operands, shapes, run))
+    return runner(nest, operands, shapes, out_dtype, schedule)
 
 
 def tensor_shapes(nest: LoopNest, operands: Sequence[Any], extents: tuple) -> dict:

@@ -32,8 +32,9 @@ from jax.custom_derivatives import SymbolicZero
 from codegen.factor import factor_sums
 from codegen.guards import bound_guards
 from codegen.ir import LoopNest, Operand, rename
+from codegen.online import pair_stored
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
-from tensordsl import grad, gradient_rules
+from tensordsl import grad, gradient_rules, online
 from tensordsl.jax_bind import call_nest, is_differentiable
 
 
@@ -98,6 +99,7 @@ class FusedProgram:
         nograd: frozenset[str],
     ) -> None:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
+        self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
         self.backend, self.nograd = backend, nograd
         self.call = jax.custom_vjp(self._run)
         # Symbolic zeros: the backward knows which inputs are differentiated and which
@@ -108,9 +110,9 @@ class FusedProgram:
 
     def _values(self, args: Sequence[Any]) -> dict[str, Any]:
         values = dict(zip(self.inputs, args))
-        for nest in self.stored:
+        for nest in self.runs:
             operands = [values[name] for name in nest.operand_names]
-            values[nest.output] = call_nest(
+            found = call_nest(
                 nest,
                 operands,
                 backend=self.backend,
@@ -118,6 +120,10 @@ class FusedProgram:
                 out_dtype=_dtype(operands),
                 nograd=self.nograd & set(nest.operand_names),
             )
+            if nest.online:
+                values[nest.output], values[nest.online] = online.unpack(found)
+            else:
+                values[nest.output] = found
         return values
 
     def _run(self, *args: Any) -> tuple[Any, ...]:

@@ -36,6 +36,7 @@ from codegen import config
 from codegen.extents import evaluate_int, extent_values
 from codegen.fusion import Fused, fuse, nested_ranges
 from codegen.ir import LoopNest
+from codegen.online import unpair
 from codegen.program import Program, live_statements
 from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import UnknownNameError, UnsupportedError
@@ -214,12 +215,16 @@ class ProgramKernel:
         emit = source_emitter(target)
         sources: dict[str, str] = {}
         for eqn in nest_equations(self._call_jaxpr(shapes, "float32")):
+            dtypes = equation_dtypes(eqn)
             nest = eqn.params["nest"]
-            key, count = nest.output, 1
-            while key in sources:
-                count += 1
-                key = f"{nest.output}.{count}"
-            sources[key] = emit(nest, equation_dtypes(eqn), role="call")
+            # Only C runs a one-pass nest as such; elsewhere it runs as its two nests.
+            parts = unpair(nest) if nest.online and target != "c" else (nest,)
+            for part in parts:
+                key, count = part.label, 1
+                while key in sources:
+                    count += 1
+                    key = f"{part.label}.{count}"
+                sources[key] = emit(part, {**dtypes, nest.online: dtypes[nest.output]}, role="call")
         return sources
 
     def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:

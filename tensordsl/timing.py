@@ -214,7 +214,7 @@ def _time_equation(
             schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
         call = _kernel_call(nest, dtypes, schedule, out, operands, extents)
     times = _seconds(call, reps)
-    name = names.get(nest, nest.output)
+    name = names.get(nest, nest.label)
     return NestTiming(
         name, nest, schedule.describe(), statistics.median(times), min(times), len(times)
     )
