@@ -87,6 +87,8 @@ def pair(lse: LoopNest, weighted: LoopNest) -> LoopNest | None:
     split = _split_weight(term.body, read)
     if split is None or split[0] != scores.body - read:
         return None
+    if free[-1] in split[1].free_symbols:
+        return None  # a block of rows shares each weight (codegen.c_online)
     last = weighted.free[-1]
     operands = {op.name: op for op in (*lse.operands, *weighted.operands) if op.name != lse.output}
     return dataclasses.replace(

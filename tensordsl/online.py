@@ -15,9 +15,9 @@ import numpy as np
 from codegen.ir import LoopNest
 from codegen.online import unpair
 
-#: The longest output row (the packed axis, less the logsumexp) the C kernel accumulates; its
-#: accumulators live on the stack. Longer rows run as two nests.
-C_ROW_LIMIT = 4096
+#: The longest output row (the packed axis, less the logsumexp) the C kernel accumulates; the
+#: accumulators of a block of rows live on the stack. Longer rows run as two nests.
+C_ROW_LIMIT = 1024
 
 #: Runs one nest: (nest, operands, shapes of every tensor it names) -> its output.
 Run = Callable[[LoopNest, Sequence[Any], Mapping[str, tuple[int, ...]]], Any]

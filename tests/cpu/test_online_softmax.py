@@ -71,6 +71,8 @@ def test_attention_pairs_its_logsumexp_and_weighted_sum():
         "(max) L[i] := X[i,j]; O[i,e] := exp(X[i,j] - L[i]) * V[j,e]",
         # other bounds
         "(logsumexp) L[i] := X[i,j]; O[i,e] := exp(X[i,j] - L[i]) * V[j,e] * (j <= i)",
+        # weights that read the row (a block of rows shares each weight)
+        "(logsumexp) L[i] := X[i,j]; O[i,e] := exp(X[i,j] - L[i]) * V[j,e] * X[i,e]",
     ],
 )
 def test_other_shapes_are_not_paired(source):
@@ -157,7 +159,7 @@ def test_long_rows_run_as_two_nests():
     # Rows longer than the C kernel's per-row accumulators take (tensordsl.online).
     rng = np.random.default_rng(6)
     Q, K = rng.normal(size=(1, 1, 3, 2)), rng.normal(size=(1, 1, 3, 2))
-    V = rng.normal(size=(1, 1, 3, 4100))
+    V = rng.normal(size=(1, 1, 3, 1100))
     O, L = td.kernel(CAUSAL, outputs=("O", "L"), backend="c")(Q, K, 0.7, V)
     want_O, want_L = _in_order(_causal_scores(Q, K, 0.7), V)
     np.testing.assert_allclose(np.asarray(O), want_O, atol=1e-12)
