@@ -36,7 +36,7 @@ from codegen import config
 from codegen.extents import evaluate_int, extent_values
 from codegen.fusion import Fused, fuse, nested_ranges
 from codegen.ir import LoopNest
-from codegen.online import unpair
+from codegen.online import pair_stored, unpair
 from codegen.program import Program, live_statements
 from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import UnknownNameError, UnsupportedError
@@ -153,6 +153,12 @@ class ProgramKernel:
         for nest in fused.stored:
             lines.append(f"fused statement {nest.output}")
             lines += ["  " + line for line in explain(nest).split("\n")]
+        lines += [
+            f"one pass: {nest.online} and {nest.output} (online softmax, C back end; "
+            "the others run the two nests)"
+            for nest in pair_stored(fused.stored)
+            if nest.online
+        ]
         return lines
 
     def _summary(self) -> list[str]:
