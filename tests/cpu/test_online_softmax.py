@@ -185,3 +185,19 @@ def test_vmap_and_second_order_through_the_one_pass_nest():
 
     args = [a[0] for a in (Q, K, V)]
     jax.test_util.check_grads(jax.jit(loss), args, order=2, modes=["rev"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 3e-2), ("float16", 4e-3)])
+def test_half_precision_inputs(dtype, tolerance):
+    # Stored in 16 bits, computed in float32: within a few of the storage type's ulps.
+    rng = np.random.default_rng(9)
+    Q, K, V = (rng.normal(size=(1, 2, 40, 8)) for _ in range(3))
+    k = td.kernel(CAUSAL, outputs=("O", "L"), backend="c")
+    cast = [jnp.asarray(a, dtype) for a in (Q, K, V)]
+    scale = jnp.asarray(0.3, dtype)
+    O, L = k(cast[0], cast[1], scale, cast[2])
+    assert O.dtype == L.dtype == jnp.dtype(dtype)
+    exact = [np.asarray(a.astype(jnp.float32), np.float64) for a in (*cast, scale)]
+    want_O, want_L = _in_order(_causal_scores(exact[0], exact[1], exact[3]), exact[2])
+    np.testing.assert_allclose(np.asarray(O, np.float64), want_O, atol=tolerance)
+    np.testing.assert_allclose(np.asarray(L, np.float64), want_L, atol=tolerance * 4)

@@ -278,3 +278,29 @@ def test_explicit_mesh_jit_grad_and_vmap(rng):
     np.testing.assert_allclose(np.asarray(dW), np.asarray(eW), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(dX), np.asarray(eX), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(Yv), np.einsum("nbk,ik->nbi", Xb, W), rtol=1e-12)
+
+
+def test_one_pass_attention_splits_its_rows_only(rng):
+    # The one-pass nest of a logsumexp and its weighted sum (codegen.online): its rows split
+    # (here h: the causal bound keeps i whole), its reduced index and packed axis stay whole
+    # (a running max does not combine by psum).
+    from codegen.online import pair_stored
+    from tensordsl.program_kernel import compiled_statements
+
+    source = """
+        S[h,i,j] := Q[h,i,d] * K[h,j,d] + where(j <= i, 0, -inf)
+        (logsumexp) L[h,i] := S[h,i,j]
+        O[h,i,e] := exp(S[h,i,j] - L[h,i]) * V[h,j,e]
+    """
+    k = td.kernel(source, outputs=("O", "L"), backend="c")
+    q, key, v = (jnp.asarray(rng.normal(size=(4, 8, 4))) for _ in range(3))
+    (one,) = pair_stored(compiled_statements(k.program, {"Q": q, "K": key, "V": v}, "c"))
+    assert [(f.name, f.kind) for f in plan_sharding(one).splittable] == [("h", "free")]
+    s = jnp.einsum("hid,hjd->hij", q, key)
+    s = jnp.where(jnp.tril(jnp.ones((8, 8), bool)), s, -jnp.inf)
+    want_l = jax.nn.logsumexp(s, axis=-1)
+    want_o = jnp.einsum("hij,hje->hie", jnp.exp(s - want_l[..., None]), v)
+    for spec in (("d",), (None, "d"), (None, None, "d")):
+        got_o, got_l = jax.jit(k)(*(shard(a, *spec) for a in (q, key, v)))
+        close(got_o, want_o)
+        close(got_l, want_l)
