@@ -19,7 +19,9 @@ float32, at (B=4, T=64, D=64, H=4) and (B=4, T=256, D=128, H=4). Per size and im
   flag), timed in the same turns (not in --quick);
 * first `jit(value_and_grad)` call of the small block, each in a fresh process: cold (empty
   `TENSORDSL_CACHE_DIR`), warm (a second process on that cache) and a 12-layer stack warm;
-  jax.numpy's first calls for comparison. --quick runs our warm ones only, on tiny sizes;
+  both warm again with JAX's persistent compilation cache (`jax_compilation_cache_dir`,
+  filled by an untimed process before); jax.numpy's first calls for comparison. --quick
+  runs our warm ones only, on tiny sizes;
 * the slowest nests of the largest block, each timed alone (`block_profile`, also
   `python -m benchmarks.profile_nests --gpt`).
 """
@@ -194,6 +196,11 @@ def compile_child(payload: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: seconds of the first (and second) jit(value_and_grad) call."""
     from codegen import build
 
+    if payload.get("jax_cache"):
+        # JAX's persistent compilation cache: XLA's compile of the traced program is read
+        # back instead of redone (every entry kept, however quick its compile was).
+        jax.config.update("jax_compilation_cache_dir", payload["jax_cache"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     size = BlockSize(*payload["size"])
     params, x, ct = inputs(size, payload["layers"])
     block = block_of(payload["impl"])
@@ -226,16 +233,24 @@ def first_calls(quick: bool) -> list[dict[str, Any]]:
     size = QUICK_SIZES[0] if quick else SIZES[0]
     stack = QUICK_STACK if quick else STACK
     cache = tempfile.mkdtemp(prefix="tensordsl-cold-")
+    jax_cache = tempfile.mkdtemp(prefix="jax-compilation-cache-")
     jobs = [] if quick else [(OURS, 1, "cold (empty cache)")]
     jobs += [(OURS, 1, "warm (disk cache)"), (OURS, stack, "warm (disk cache)")]
+    # Then with JAX's own persistent compilation cache, filled by an untimed first process.
+    with_jax = "warm (disk cache and JAX's compilation cache)"
+    jobs += [(OURS, 1, ""), (OURS, 1, with_jax), (OURS, stack, ""), (OURS, stack, with_jax)]
     jobs += [] if quick else [(JNP, 1, ""), (JNP, stack, "")]
     found = []
     for impl, count, cache_state in jobs:
         payload = {"impl": impl, "layers": count, "size": dataclasses.astuple(size)}
+        filling = impl == OURS and not cache_state
+        if filling or cache_state == with_jax:
+            payload["jax_cache"] = jax_cache
         env = child_env({"TENSORDSL_CACHE_DIR": cache}) if not quick else child_env()
         argv = ["--compile-child", json.dumps(payload)]
         result = run_child(f"benchmarks.{NAME}", argv, env)
-        found.append({**payload, "size": str(size), "cache": cache_state, **result})
+        if not filling:
+            found.append({**payload, "size": str(size), "cache": cache_state, **result})
     return found
 
 
@@ -386,7 +401,10 @@ Effect of `-fno-math-errno` (-fmath-errno -> -fno-math-errno, same run):
 
 First `jax.jit(jax.value_and_grad(...))` call, block {calls[0]["size"] if calls else "n/a"}, each
 line a fresh Python process run after the previous one; "cold": an empty
-`TENSORDSL_CACHE_DIR`, "warm": the next process on that cache. The first call includes
+`TENSORDSL_CACHE_DIR`, "warm": the next process on that cache; "and JAX's compilation
+cache": `jax_compilation_cache_dir` set too (JAX's own persistent cache of compiled XLA
+programs, filled by an untimed process just before), so XLA's compile of the traced
+program is read back: what is left is tracing. The first call includes
 tracing, building the kernels, XLA's compilation and one run (the second call is one run);
 jax.numpy's first call is given for scale. "kernels defined": importing tensordsl and
 creating the block's kernels (`td.kernel`: parse and lower), timed before the first call, as
