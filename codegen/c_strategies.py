@@ -17,7 +17,7 @@ def omp_parallel(e: Emitter[Schedule], collapse: int) -> Lines:
     if not e.schedule.parallel or collapse == 0:
         return []
     clause = f" collapse({collapse})" if collapse > 1 else ""
-    return [f"#pragma omp parallel for{clause} schedule(static) if(work_ >= {PARALLEL_WORK})"]
+    return [f"#pragma omp parallel for{clause} schedule(guided) if(work_ >= {PARALLEL_WORK})"]
 
 
 #: Values a term computes at once into a buffer for a reduction with passes (logsumexp).
@@ -158,7 +158,7 @@ def split(e: Emitter[Schedule]) -> Lines:
     pairs = list(zip(e.names("part_", "[c_]"), e.names(), strict=True))[:states]
     chunk += [f"{p} = {a};" for p, a in pairs]
     if e.schedule.parallel:
-        lines.append(f"#pragma omp parallel for schedule(static) if(work_ >= {PARALLEL_WORK})")
+        lines.append(f"#pragma omp parallel for schedule(guided) if(work_ >= {PARALLEL_WORK})")
     lines += block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", chunk)
     combine = e.fmt(e.reducer.combine, e.names(), e.names("part_", "[c_]"))
     lines += [*e.declare(), *block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", [combine])]

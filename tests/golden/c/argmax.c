@@ -40,7 +40,7 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
     const int64_t ta_i = 0;
     const int64_t te_i = P0;
     const int64_t nt_i = tdsl_tiles(0, ta_i, te_i, P0, 4);
-    #pragma omp parallel for schedule(static) if(work_ >= 65536)
+    #pragma omp parallel for schedule(guided) if(work_ >= 65536)
     for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
         int64_t wn_;
         const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 4, &wn_);

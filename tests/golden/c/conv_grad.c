@@ -43,7 +43,7 @@ void tdsl_dX_forward_4101be36(void *out, const void *const *operands, const int6
     const int64_t ta_p = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
     const int64_t te_p = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p), P2);
     const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, P2, 32);
-    #pragma omp parallel for schedule(static) if(work_ >= 65536)
+    #pragma omp parallel for schedule(guided) if(work_ >= 65536)
     for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
         int64_t wn_;
         const int64_t o_p = tdsl_tile(ti_p, 0, ta_p, te_p, P2, 32, &wn_);

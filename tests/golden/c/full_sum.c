@@ -38,7 +38,7 @@ void tdsl_s_forward_20635daf(void *out, const void *const *operands, const int64
     const int64_t s_B_0 = params[3];
     const int64_t work_ = params[4];
     float part_[64];
-    #pragma omp parallel for schedule(static) if(work_ >= 65536)
+    #pragma omp parallel for schedule(guided) if(work_ >= 65536)
     for (int64_t c_ = 0; c_ < 64; ++c_) {
         float acc_ = 0;
         {

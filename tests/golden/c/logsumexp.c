@@ -42,7 +42,7 @@ void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64
     const int64_t P1 = params[1];
     const int64_t s_A_0 = params[2];
     const int64_t work_ = params[3];
-    #pragma omp parallel for schedule(static) if(work_ >= 65536)
+    #pragma omp parallel for schedule(guided) if(work_ >= 65536)
     for (int64_t v_i = 0; v_i < P1; ++v_i) {
         float acc_ = -INFINITY;
         float acc_b_ = 0;

@@ -45,7 +45,7 @@ void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64
     const int64_t ta_j = 0;
     const int64_t te_j = P1;
     const int64_t nt_j = tdsl_tiles(0, ta_j, te_j, P1, 32);
-    #pragma omp parallel for collapse(2) schedule(static) if(work_ >= 65536)
+    #pragma omp parallel for collapse(2) schedule(guided) if(work_ >= 65536)
     for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
         for (int64_t ti_j = 0; ti_j < nt_j; ++ti_j) {
             int64_t rn_;
