@@ -20,8 +20,8 @@ Strategies (`Schedule.strategy`):
 * ``"split"`` -- a full reduction to a scalar: the outermost reduced loop is cut into a fixed
   number of chunks reduced in parallel and combined in order (deterministic);
 * ``"online"`` -- the one and only strategy of a one-pass softmax-weighted sum
-  (`LoopNest.online`, `codegen.online`): one row at a time, its scores in chunks with a
-  running max (`codegen.c_online`);
+  (`LoopNest.online`, `codegen.online`): blocks of 8 rows, each row's scores in chunks with
+  a running max (`codegen.c_online`);
 * ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
   weights around attention's `sum_e dO*V`: `codegen.contraction.xla_plan`): no kernel is
   generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for

@@ -223,14 +223,16 @@ class ProgramKernel:
         for eqn in nest_equations(self._call_jaxpr(shapes, "float32")):
             dtypes = equation_dtypes(eqn)
             nest = eqn.params["nest"]
-            # Only C runs a one-pass nest as such; elsewhere it runs as its two nests.
-            parts = unpair(nest) if nest.online and target != "c" else (nest,)
+            parts: tuple[LoopNest, ...] = (nest,)
+            if nest.online and target != "c":  # elsewhere it runs as its two nests
+                parts = unpair(nest)
+                dtypes[nest.online] = dtypes[nest.output]
             for part in parts:
                 key, count = part.label, 1
                 while key in sources:
                     count += 1
                     key = f"{part.label}.{count}"
-                sources[key] = emit(part, {**dtypes, nest.online: dtypes[nest.output]}, role="call")
+                sources[key] = emit(part, dtypes, role="call")
         return sources
 
     def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
