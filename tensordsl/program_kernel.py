@@ -143,7 +143,7 @@ class ProgramKernel:
         fused = fuse_program(live, self.program.outputs, self.program.concrete_shapes(shapes))
         stored = [nest.output for nest in fused.stored]
         lines = [
-            f"fused for these shapes: {', '.join(stored)} run as {len(stored)} kernel(s); "
+            f"fused for these shapes: {', '.join(stored)} computed by {len(stored)} nest(s); "
             + (
                 f"{', '.join(fused.inlined)} recomputed where read, never stored"
                 if fused.inlined
@@ -154,8 +154,8 @@ class ProgramKernel:
             lines.append(f"fused statement {nest.output}")
             lines += ["  " + line for line in explain(nest).split("\n")]
         lines += [
-            f"one pass: {nest.online} and {nest.output} (online softmax, C back end; "
-            "the others run the two nests)"
+            f"one pass: {nest.online} and {nest.output} in one nest on the C back end (online "
+            "softmax; the other back ends run the two)"
             for nest in pair_stored(fused.stored)
             if nest.online
         ]
