@@ -208,13 +208,28 @@ def _masked(name: str, reduce: Callable[..., Any]) -> Callable[..., Any]:
     return lambda body, mask, axes: reduce(jnp.where(mask, body, identity), axes)
 
 
+def _sum(values: Any, axes: tuple[int, ...]) -> Any:
+    """The sum over `axes`; floating values as a dot product with ones. jaxlib 0.10.2's
+    YNNPACK fusion on the CPU miscomputes, with no error, a reduce of a broadcast product
+    followed by a scalar factor (`s * (K[None] * Q[:, None]).sum(-1)`: the rows past 255 in
+    float32), which is what scaled scores with a nested sum are (docs/backends.md)."""
+    if not axes or not jnp.issubdtype(values.dtype, jnp.inexact):
+        return values.sum(axis=axes)
+    kept = values.ndim - len(axes)
+    moved = jnp.moveaxis(values, axes, tuple(range(kept, values.ndim)))
+    length = int(np.prod(moved.shape[kept:]))
+    flat = moved.reshape((*moved.shape[:kept], length))
+    ones = jnp.ones((length,), flat.dtype)
+    return jnp.dot(flat, ones, precision=jax.lax.Precision.HIGHEST)
+
+
 def _logsumexp(values: Any, axes: tuple[int, ...]) -> Any:
     return jax.scipy.special.logsumexp(values, axis=axes) if axes else values
 
 
 #: One entry per row of `codegen.reductions.REDUCTIONS`: (body, mask, reduced axes) -> result.
 REDUCE: dict[str, Callable[..., Any]] = {
-    "sum": _masked("sum", lambda v, axes: v.sum(axis=axes)),
+    "sum": _masked("sum", _sum),
     "max": _masked("max", lambda v, axes: v.max(axis=axes, initial=-np.inf)),
     "min": _masked("min", lambda v, axes: v.min(axis=axes, initial=np.inf)),
     "prod": _masked("prod", lambda v, axes: v.prod(axis=axes)),

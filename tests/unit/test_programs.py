@@ -257,3 +257,19 @@ def test_nograd_inputs_of_a_program_get_zero_gradients():
 def test_malformed_options_are_errors(options, error, match):
     with pytest.raises(error, match=match):
         td.kernel("A[i] := X[i]; B[i] := A[i]", **options)
+
+
+def test_float32_reference_attention_past_256_rows():
+    # jaxlib 0.10.2's YNNPACK fusion on the CPU miscomputes `s * sum_d Q*K` in the rows past
+    # 255 when the sum is a reduce of a broadcast product; the reference back end sums as dot
+    # products with ones instead (tensordsl/reference.py `_sum`). Against float64 numpy.
+    rng = np.random.default_rng(3)
+    Q, K, V = (rng.normal(size=(1, 1, 300, 12)) for _ in range(3))
+    k = reference(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
+    O, L = jax.jit(k)(*(np.float32(a) for a in (Q, K)), np.float32(0.3), np.float32(V))
+    S = np.einsum("bhid,bhjd->bhij", Q, K) * np.float64(np.float32(0.3))
+    S = np.where(np.tril(np.ones((300, 300), bool)), S, -np.inf)
+    want_L = np.log(np.exp(S - S.max(-1, keepdims=True)).sum(-1)) + S.max(-1)
+    want_O = np.einsum("bhij,bhje->bhie", np.exp(S - want_L[..., None]), V)
+    np.testing.assert_allclose(np.asarray(L, np.float64), want_L, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(O, np.float64), want_O, atol=1e-4)
