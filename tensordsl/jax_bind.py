@@ -201,7 +201,7 @@ def _jvp_two_nests(
     """The JVP of a one-pass nest: that of its two nests in turn (`tensordsl.online`)."""
     nest: LoopNest = params["nest"]
     slopes = dict(zip(nest.operand_names, tangents))
-    shapes = {**dict(params["extents"]), **_shapes(nest.operand_names, primals)}
+    shapes = partitioning.tensor_shapes(nest, primals, params["extents"])
 
     def run(part: LoopNest, values: Sequence[Any], known: Shapes) -> Any:
         nograd = params["nograd"] & set(part.operand_names)
@@ -214,10 +214,6 @@ def _jvp_two_nests(
     weighted, lse = online.two_nests(nest, primals, shapes, run)
     slope = [ad.instantiate_zeros(slopes[name]) for name in (nest.output, nest.online)]
     return online.pack(weighted, lse), online.pack(*slope)
-
-
-def _shapes(names: Sequence[str], values: Sequence[Any]) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(np.shape(v)) for name, v in zip(names, values)}
 
 
 def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[str, jax.Array]:

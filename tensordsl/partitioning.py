@@ -158,9 +158,9 @@ def plan_sharding(nest: LoopNest) -> ShardingPlan:
     ranges = {r.index: ("free", r) for r in nest.free}
     if nest.online:  # only rows split: the packed axis and the running max stay whole
         del ranges[nest.free[-1].index]
-    for term in nest.terms:
-        for r in term.reduced:
-            if not nest.online:
+    else:
+        for term in nest.terms:
+            for r in term.reduced:
                 ranges.setdefault(r.index, ("reduced", r))
     axis_factor: dict[Axis, str] = {}
     factors: list[Factor] = []

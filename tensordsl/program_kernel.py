@@ -186,8 +186,8 @@ class ProgramKernel:
         auxiliary nests and every input's gradient nest), as a call runs them.
 
         Returns:
-            A `tensordsl.timing.Profile`; a stored statement's nest is named by its output,
-            a gradient nest by the gradient's name (`dQ`).
+            A `tensordsl.timing.Profile`; a stored statement's nest is named by its output
+            (a one-pass nest by both, `O+L`), a gradient nest by the gradient's name (`dQ`).
 
         Raises:
             ShapeError, RangeError: as for a call with arrays of these shapes.
@@ -205,9 +205,10 @@ class ProgramKernel:
     ) -> dict[str, str]:
         """Generated code (float32). Without `shapes`: every nest of every statement as
         written, `"<output>.<nest name>"` keys. With `shapes` (one per input): the nests a
-        forward+backward call runs for them, fused, keyed by their output (`L`, `O`, `dQ`,
-        ...; a name run twice gets `.2`), in the order `jax.value_and_grad` runs them; a
-        nest that runs as XLA's dot (`explain`) shows the kernel it falls back to.
+        forward+backward call runs for them, fused, keyed by their output (`dQ`, ...; a
+        one-pass nest `O+L` in C, its two nests `L` and `O` elsewhere; a name run twice gets
+        `.2`), in the order `jax.value_and_grad` runs them; a nest that runs as XLA's dot
+        (`explain`) shows the kernel it falls back to.
         """
         from tensordsl.explain import generated_sources, source_emitter
         from tensordsl.timing import equation_dtypes, nest_equations
