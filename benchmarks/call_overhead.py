@@ -179,8 +179,9 @@ def measure(budget_s: float, info: dict[str, Any]) -> dict[tuple[str, str, str],
 
 def compile_times(repeats: int) -> tuple[float, float]:
     """Median seconds to compile the matmul kernel alone and with its FFI handler."""
-    from codegen import build, config, ffi
-    from codegen.c import emit_c
+    from codegen import config
+    from codegen.c import build, ffi
+    from codegen.c.emit import emit_c
 
     nest = td.kernel("C[i,j] := A[i,k] * B[k,j]").nest
     dtypes = {"A": "float32", "B": "float32", "C": "float32"}

@@ -258,7 +258,8 @@ def machine() -> dict[str, Any]:
     info["numpy"] = np.__version__
     info["python"] = platform.python_version()
     try:
-        from codegen import build, config
+        from codegen import config
+        from codegen.c import build
 
         info["cc"] = build.compiler_version(config.c_compiler())
         info["cflags"] = " ".join(build.compile_flags())

@@ -19,8 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import tensordsl as td
-from tensordsl import runners
-from tensordsl.gpu import run_cuda
 
 RESULTS = pathlib.Path(__file__).parent / "RESULTS.md"
 HI = jax.lax.Precision.HIGHEST
@@ -85,7 +83,6 @@ def timed(function, *args, warmup: int = 3, repeats: int = 15) -> float:
 
 def main() -> None:
     os.environ.setdefault("TENSORDSL_XLA_CONTRACTIONS", "0")  # our matmul kernel, not XLA's
-    runners.RUNNERS.setdefault("cuda", run_cuda)
     rng = np.random.default_rng(0)
     rows = [
         "| kernel | ours fwd ms | XLA fwd ms | ours fwd+bwd ms | XLA fwd+bwd ms |",

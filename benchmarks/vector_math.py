@@ -10,7 +10,7 @@ have `-fno-math-errno`: GCC vectorises the calls only without errno):
 
 * libm: the scalar calls (`expf`, ...), which a `#pragma omp simd` loop waits on lane by lane;
 * libmvec: the same calls declared `omp declare simd` as generated C declares them
-  (codegen/vecmath.py), so that GCC calls glibc's vector variants: what generated C uses;
+  (codegen/c/vecmath.py), so that GCC calls glibc's vector variants: what generated C uses;
 * inline: branch-free C in benchmarks/inline_vecmath.h, inlined into the loop.
 
 Loop: `y[i] = f(x[i])` under `#pragma omp simd` over 2^20 float32 inputs uniform on the
@@ -52,8 +52,8 @@ from benchmarks.common import (
     time_rounds,
     write_outputs,
 )
-from codegen import build, vecmath
-from codegen.functions import FUNCTIONS
+from codegen.c import build, vecmath
+from codegen.ir.functions import FUNCTIONS
 from tests.cpu.math_sweep import reference, sweep_inputs, ulp_errors
 
 NAME = "vector_math"

@@ -18,7 +18,7 @@ class SettingError(ValueError):
 def cache_dir() -> pathlib.Path:
     """Where compiled kernels are cached: `TENSORDSL_CACHE_DIR`, else the user cache dir.
 
-    codegen/build.py falls back to a private temporary folder, with one warning, when this
+    codegen/c/build.py falls back to a private temporary folder, with one warning, when this
     one cannot be created or written.
     """
     explicit = os.environ.get("TENSORDSL_CACHE_DIR")
@@ -66,7 +66,7 @@ def poison_outputs() -> bool:
 
 def xla_contractions() -> bool:
     """`TENSORDSL_XLA_CONTRACTIONS`: contractions (with their elementwise companions,
-    `codegen.contraction.xla_plan`) run as XLA's dot (`jnp.einsum`) unless set to "0"; "0"
+    `codegen.ir.contraction.xla_plan`) run as XLA's dot (`jnp.einsum`) unless set to "0"; "0"
     generates a kernel for them too (to compare, or to test the kernels)."""
     return os.environ.get("TENSORDSL_XLA_CONTRACTIONS", "1") not in ("", "0")
 
@@ -90,7 +90,7 @@ def build_jobs() -> int:
 
 def fuse_programs() -> bool:
     """`TENSORDSL_FUSE`: programs recompute their large and elementwise intermediates inside
-    the statements that read them (`codegen.fusion`) unless set to "0"; "0" runs every
+    the statements that read them (`codegen.passes.fusion`) unless set to "0"; "0" runs every
     statement as its own kernel and stores every intermediate (to compare, or to debug)."""
     return os.environ.get("TENSORDSL_FUSE", "1") not in ("", "0")
 

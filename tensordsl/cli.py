@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from tensordsl.backends import table
 from tensordsl.program_kernel import ProgramKernel
 
 DEMO = (
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain.add_argument("source")
     explain.add_argument("--shapes", nargs="*", default=[], metavar="NAME=D1xD2")
     explain.add_argument("--reduce", default=None)
-    explain.add_argument("--source", dest="source_target", choices=("c", "cuda"), default=None)
+    explain.add_argument("--source", dest="source_target", choices=table.CODE_TARGETS, default=None)
     explain.add_argument(
         "--dtype", default="float32", choices=("float32", "float64"), help="for schedules, --build"
     )

@@ -17,8 +17,11 @@ hint: did you mean 'exp'?
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+from codegen.errors import Unsupported
 
 
 def close_match(word: str, candidates: Iterable[str]) -> str | None:
@@ -161,3 +164,23 @@ class ScheduleError(TensorDSLError, ValueError):
 
 class UnsupportedError(TensorDSLError, NotImplementedError):
     """Valid input that tensordsl does not handle (yet)."""
+
+
+@contextlib.contextmanager
+def user_facing(source: str | None = None) -> Iterator[None]:
+    """Turn the compiler's `codegen.errors.Unsupported` into an `UnsupportedError` that shows
+    `source`: passes know nests, not the text they came from.
+
+    >>> with user_facing("Y[i] := X[i]"):  # doctest: +ELLIPSIS
+    ...     raise Unsupported("no gradient for the reduction 'median'")
+    Traceback (most recent call last):
+    ...
+    tensordsl.errors.UnsupportedError: no gradient for the reduction 'median'
+      Y[i] := X[i]
+    """
+    try:
+        yield
+    except Unsupported as error:
+        raise UnsupportedError(
+            error.what, source, expected=error.expected, hint=error.hint
+        ) from None

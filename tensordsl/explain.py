@@ -1,7 +1,7 @@
 """Readable descriptions of a kernel's nests: the forward nest and every gradient nest.
 
->>> from tensordsl.lower import lower
->>> from tensordsl.parse import parse
+>>> from tensordsl.frontend.lower import lower
+>>> from tensordsl.frontend.parse import parse
 >>> print(explain(lower(parse("Y[i] := X[i+k] * W[k]")).nest))
 forward
   Y[i] = sum_k W[k]*X[i + k]
@@ -25,11 +25,13 @@ from typing import Any
 
 import sympy
 
-from codegen.bounds import loop_bounds
-from codegen.ir import LoopNest, Range, Term, extent_of, extent_symbol
-from codegen.reductions import POSITION_DTYPE, REDUCTIONS
-from codegen.source import expr_source, output_source
-from tensordsl import grad, gradient_rules
+from codegen.ir.bounds import loop_bounds
+from codegen.ir.nest import LoopNest, Range, Term, extent_of, extent_symbol, output_source
+from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
+from codegen.ir.source import expr_source
+from codegen.passes import grad, gradient_rules
+from tensordsl.backends import table
+from tensordsl.errors import UnknownNameError, close_match, user_facing
 
 
 def _body_source(body: sympy.Expr, first: str | None) -> str:
@@ -126,7 +128,8 @@ def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = No
         lines.append(f"saved for the gradients ({role})")
         lines += ["  " + line for line in nest_lines(aux, shapes=shapes)]
     for op in nest.operands:
-        gradient = grad.gradient(nest, op.name)
+        with user_facing():
+            gradient = grad.gradient(nest, op.name)
         cotangent = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
         aliases = {gradient.nest.output: op.name, cotangent: nest.output}
         lines.append(f"gradient of {op.name}")
@@ -143,12 +146,13 @@ def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         nests[f"aux_{role}"] = aux
     for op in nest.operands:
-        nests[f"grad_{op.name}"] = grad.gradient(nest, op.name).nest
+        with user_facing():
+            nests[f"grad_{op.name}"] = grad.gradient(nest, op.name).nest
     return nests
 
 
 def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> dict[str, str]:
-    """The generated code of every nest of a kernel, for `target` "c" or "cuda".
+    """The generated code of every nest of a kernel, for a back end that emits code.
 
     Every tensor is taken as `dtype`, except argmax/argmin positions (`POSITION_DTYPE`, as the
     JAX binding passes them).
@@ -162,16 +166,20 @@ def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> di
 
 
 def source_emitter(target: str) -> Any:
-    """`emit(nest, dtypes, role=...)` -> the generated code of `nest` for "c" or "cuda"."""
-    if target == "c":
-        from codegen.build import c_source
+    """`emit(nest, dtypes, role=...)` -> the generated code of `nest` for a back end that
+    emits code (`table.CODE_TARGETS`).
 
-        return c_source
-    if target == "cuda":
-        from codegen.cuda import cuda_source
-
-        return cuda_source
-    raise ValueError(f"unknown target {target!r}: expected 'c' or 'cuda'")
+    Raises:
+        UnknownNameError: `target` is not such a back end.
+    """
+    record = table.BACKENDS.get(target) if isinstance(target, str) else None
+    if record is None or record.source_emitter is None:
+        raise UnknownNameError(
+            f"unknown target '{target}'",
+            expected="one of " + ", ".join(table.CODE_TARGETS),
+            hint=close_match(target, table.CODE_TARGETS),
+        )
+    return record.source_emitter()
 
 
 def _dtypes(nest: LoopNest, positions: set[str], dtype: str) -> dict[str, str]:
@@ -189,8 +197,8 @@ def _positions(nest: LoopNest) -> set[str]:
 def range_lines(nest: LoopNest, shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[str]:
     """The inferred range of every index of the forward nest, with numbers when shapes are given.
 
-    >>> from tensordsl.lower import lower
-    >>> from tensordsl.parse import parse
+    >>> from tensordsl.frontend.lower import lower
+    >>> from tensordsl.frontend.parse import parse
     >>> nest = lower(parse("Y[i] := X[i+k] * W[k]")).nest
     >>> print("\\n".join(range_lines(nest, {"X": (10,), "W": (3,)})))
     i in [0, X.shape[0] - W.shape[0] + 1) = [0, 8)   free
@@ -217,8 +225,8 @@ def range_lines(nest: LoopNest, shapes: Mapping[str, tuple[int, ...]] | None = N
 def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = None) -> list[str]:
     """The schedule each target picks for every nest of a kernel (`forward`: the user's one).
 
-    >>> from tensordsl.lower import lower
-    >>> from tensordsl.parse import parse
+    >>> from tensordsl.frontend.lower import lower
+    >>> from tensordsl.frontend.parse import parse
     >>> print("\\n".join(schedule_lines(lower(parse("y[i] := A[i,j] * x[j]")).nest)))
     forward
       c:    strategy=...
@@ -229,8 +237,8 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
     grad_x
     ...
     """
-    from codegen.cuda_schedule import choose_gpu_schedule
-    from codegen.schedule import choose_cpu_schedule
+    from codegen.c.schedule import choose_cpu_schedule
+    from codegen.cuda.schedule import choose_gpu_schedule
 
     positions = _positions(nest)
     lines = []
@@ -262,7 +270,7 @@ def build_nests(
     Returns:
         Seconds spent on each nest, by name ("forward", "aux_...", "grad_<input>").
     """
-    from codegen.build import build_c
+    from codegen.c.build import build_c
 
     positions = _positions(nest)
     nests = kernel_nests(nest)

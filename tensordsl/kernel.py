@@ -9,18 +9,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from codegen.ir import LoopNest
-from tensordsl import arguments, jax_bind, runners
+from codegen.ir.nest import LoopNest
+from tensordsl.backends import table
+from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
     ScheduleError,
     UnknownNameError,
     close_match,
 )
-from tensordsl.lower import Lowered, lower
-from tensordsl.parse import parse
-from tensordsl.program import is_program
+from tensordsl.frontend import arguments
+from tensordsl.frontend.lower import Lowered, lower
+from tensordsl.frontend.parse import parse
+from tensordsl.frontend.shapes import check_shapes
+from tensordsl.frontend.statements import is_program
 from tensordsl.program_kernel import ProgramKernel
-from tensordsl.shapes import check_shapes
 
 
 class Kernel:
@@ -34,7 +36,7 @@ class Kernel:
         backend: "auto" (default: cuda on a CUDA GPU with CuPy, else c), "reference",
             "c" or "cuda".
         nograd: inputs that never get a gradient: one name or a tuple of names.
-        schedule: a `codegen.schedule.Schedule` for the forward nest on the C back end (the
+        schedule: a `codegen.c.schedule.Schedule` for the forward nest on the C back end (the
             CUDA back end and all gradient nests use their heuristics).
         loop_order: index names, outermost first, for the forward nest on the C back end.
 
@@ -63,7 +65,7 @@ class Kernel:
         self.source_text = source = arguments.source_text(source)
         extents = arguments.extents(ranges, source)
         self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=extents)
-        self.backend = arguments.backend(backend, runners.BACKENDS)
+        self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
@@ -110,13 +112,6 @@ class Kernel:
         """Generated code for every nest, as a dict from nest name to source text."""
         from tensordsl.explain import generated_sources
 
-        targets = ("c", "cuda")
-        if target not in targets:
-            raise UnknownNameError(
-                f"unknown target '{target}'",
-                expected="one of " + ", ".join(targets),
-                hint=close_match(target, targets),
-            )
         return generated_sources(self.nest, target)
 
     def profile(
@@ -169,15 +164,15 @@ class Kernel:
         # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
-        backend = runners.resolve_backend(self.backend)
+        record = table.backend(self.backend)
         return jax_bind.call_nest(
             self.nest,
             values,
-            backend=backend,
+            backend=record.name,
             shapes={},
             out_dtype=out_dtype,
             nograd=self.nograd,
-            schedule=self.schedule if backend == "c" else None,
+            schedule=self.schedule if record.takes_schedule else None,
         )
 
 
@@ -185,13 +180,13 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     """The user's schedule or loop order for the forward nest, checked now."""
     if schedule is None and loop_order is None:
         return None
-    from codegen.schedule import Schedule, choose_cpu_schedule, validate
+    from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
 
     if schedule is not None and not isinstance(schedule, Schedule):
         raise ScheduleError(
-            f"schedule= must be a codegen.schedule.Schedule, got {type(schedule).__name__}",
+            f"schedule= must be a codegen.c.schedule.Schedule, got {type(schedule).__name__}",
             source,
-            expected="a Schedule, e.g. from codegen.schedule.candidate_schedules(k.nest)",
+            expected="a Schedule, e.g. from codegen.c.schedule.candidate_schedules(k.nest)",
         )
     order = arguments.names(loop_order, option="loop_order")
     try:

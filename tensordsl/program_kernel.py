@@ -2,9 +2,9 @@
 
 `ProgramKernel` is what `td.kernel` returns for a source of several statements (or with
 `outputs=`). A call checks the inputs' shapes against every statement, then `run_program`
-fuses the statements for those shapes (`codegen.fusion`: large intermediates recomputed
+fuses the statements for those shapes (`codegen.passes.fusion`: large intermediates recomputed
 where read) and runs the fused nests as one differentiable function
-(`tensordsl.program_grad.FusedProgram`); with `TENSORDSL_FUSE=0`, each statement in order
+(`tensordsl.binding.program_grad.FusedProgram`); with `TENSORDSL_FUSE=0`, each statement in order
 through `jax_bind.call_nest`, every intermediate stored. Every nest is the primitive of a
 one-statement kernel, so `jit`, `grad` (second order included) and `vmap` work on every
 back end.
@@ -33,15 +33,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen import config
-from codegen.extents import evaluate_int, extent_values
-from codegen.fusion import Fused, fuse, nested_ranges
-from codegen.ir import LoopNest
-from codegen.online import pair_stored, unpair
-from codegen.program import Program, live_statements
-from tensordsl import arguments, jax_bind, runners
+from codegen.ir.extents import evaluate_int, extent_values
+from codegen.ir.nest import LoopNest
+from codegen.ir.program import Program, live_statements
+from codegen.passes.fusion import Fused, fuse, nested_ranges
+from codegen.passes.online import pair_stored, unpair
+from tensordsl.backends import table
+from tensordsl.binding import primitive as jax_bind
+from tensordsl.binding.program_grad import FusedProgram
 from tensordsl.errors import UnknownNameError, UnsupportedError
-from tensordsl.program import LoweredProgram, check_program_shapes, line_of, lower_program
-from tensordsl.program_grad import FusedProgram
+from tensordsl.frontend import arguments
+from tensordsl.frontend.statements import (
+    LoweredProgram,
+    check_program_shapes,
+    line_of,
+    lower_program,
+)
 
 __all__ = ["ProgramKernel", "run_program"]
 
@@ -78,7 +85,7 @@ class ProgramKernel:
         self._lowered: LoweredProgram = lower_program(
             source, outputs=outputs, reduce=reduce, ranges=arguments.extents(ranges, source)
         )
-        self.backend = arguments.backend(backend, runners.BACKENDS)
+        self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
@@ -220,12 +227,13 @@ class ProgramKernel:
                 for name, text in generated_sources(low.nest, target).items()
             }
         emit = source_emitter(target)
+        record = table.BACKENDS[target]
         sources: dict[str, str] = {}
         for eqn in nest_equations(self._call_jaxpr(shapes, "float32")):
             dtypes = equation_dtypes(eqn)
             nest = eqn.params["nest"]
             parts: tuple[LoopNest, ...] = (nest,)
-            if nest.online and target != "c":  # elsewhere it runs as its two nests
+            if nest.online and not record.one_pass_rows:  # it runs as its two nests
                 parts = unpair(nest)
                 dtypes[nest.online] = dtypes[nest.output]
             for part in parts:
@@ -245,7 +253,9 @@ class ProgramKernel:
 
         def loss(*values: Any) -> Any:
             known = dict(zip(self.inputs, values))
-            results = run_program(self.program, known, backend="c", nograd=self.nograd)
+            results = run_program(
+                self.program, known, backend=table.PROFILED.name, nograd=self.nograd
+            )
             return sum(jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact))
 
         return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
@@ -262,7 +272,7 @@ class ProgramKernel:
         results = run_program(
             self.program,
             dict(zip(self.inputs, values)),
-            backend=runners.resolve_backend(self.backend),
+            backend=table.resolve_backend(self.backend),
             nograd=self.nograd,
         )
         return results if self._lowered.returns_tuple else results[0]
@@ -280,7 +290,7 @@ def run_program(
     Args:
         program: the program.
         values: an array per input, by name (shapes already checked).
-        backend: a key of `runners.RUNNERS`.
+        backend: a key of `table.BACKENDS`.
         nograd: inputs that get no gradient.
 
     Returns:
@@ -310,7 +320,7 @@ def compiled_statements(
     program: Program, values: Mapping[str, Any], backend: str
 ) -> tuple[LoopNest, ...]:
     """The nests a call runs, in order: the live statements fused for these shapes
-    (`codegen.fusion`) on every back end, so that they all agree; as written (statements in
+    (`codegen.passes.fusion`) on every back end, so that they all agree; as written (statements in
     order as separate kernels) where `TENSORDSL_FUSE=0`.
 
     Raises:
@@ -342,7 +352,7 @@ def _fused(live: tuple[LoopNest, ...], outputs: tuple[str, ...], sizes: tuple) -
 def fuse_program(
     live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: Mapping[str, Sequence[int]]
 ) -> Fused:
-    """`codegen.fusion.fuse` of the live statements, cached per sizes."""
+    """`codegen.passes.fusion.fuse` of the live statements, cached per sizes."""
     sizes = tuple(sorted((name, math.prod(shape)) for name, shape in shapes.items()))
     return _fused(live, outputs, sizes)
 

@@ -4,7 +4,7 @@ The nests are the ones `jax.value_and_grad` of the kernel runs on the C back end
 auxiliary nests, the gradient nest of every input), read off its jaxpr, so that every nest
 gets exactly the operands, extents and schedule the JAX binding gives it. Each is compiled
 (or taken from the cache) and called directly, outside JAX, on random inputs; a nest whose
-schedule is "xla" (`codegen.contraction.xla_plan`) is timed as the jitted XLA computation the
+schedule is "xla" (`codegen.ir.contraction.xla_plan`) is timed as the jitted XLA computation the
 runner calls instead (its time includes JAX's dispatch). The time of a nest is the median (and the
 fastest) of `reps` calls after one warm-up call.
 
@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from codegen.ir import LoopNest
+from codegen.ir.nest import LoopNest
+from tensordsl.backends import table
 from tensordsl.explain import kernel_nests
 
 PRIMITIVE = "tensordsl_nest"
@@ -131,11 +132,17 @@ def profile_nests(
     Returns:
         A `Profile`; `str()` of it is a table.
     """
-    from tensordsl.jax_bind import call_nest
+    from tensordsl.binding.primitive import call_nest
 
     def loss(*values: Any) -> Any:
         out = call_nest(
-            nest, values, backend="c", shapes={}, out_dtype=dtype, nograd=nograd, schedule=schedule
+            nest,
+            values,
+            backend=table.PROFILED.name,
+            shapes={},
+            out_dtype=dtype,
+            nograd=nograd,
+            schedule=schedule,
         )
         return jnp.sum(out)
 
@@ -198,8 +205,8 @@ def _time_equation(
     eqn: Any, names: Mapping[LoopNest, str], reps: int, rng: np.random.Generator
 ) -> NestTiming:
     """Time one nest as the C runner runs it: XLA for the "xla" strategy where the
-    plan fits the shapes, else the generated kernel (tensordsl/cpu.py `run_c`)."""
-    from codegen.schedule import choose_cpu_schedule
+    plan fits the shapes, else the generated kernel (tensordsl/backends/c.py `run_c`)."""
+    from codegen.c.schedule import choose_cpu_schedule
 
     nest: LoopNest = eqn.params["nest"]
     out_aval = eqn.outvars[0].aval
@@ -224,7 +231,7 @@ def _xla_call(
     nest: LoopNest, operands: list[np.ndarray], out: np.ndarray, extents: dict
 ) -> Callable[[], Any] | None:
     """The nest as the jitted XLA computation of its plan, or None where it does not fit."""
-    from tensordsl.xla_dot import run_xla
+    from tensordsl.backends.xla_dot import run_xla
 
     shapes = {**extents, nest.output: out.shape}
     shapes.update({op.name: a.shape for op, a in zip(nest.operands, operands)})
@@ -244,7 +251,7 @@ def _kernel_call(
     extents: dict,
 ) -> Callable[[], None]:
     """The compiled kernel as a no-argument call, its parameters computed once."""
-    from codegen.build import build_c
+    from codegen.c.build import build_c
 
     compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
     full = compiled.all_extents([a.shape for a in operands], out.shape, extents)

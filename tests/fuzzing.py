@@ -1,7 +1,7 @@
 """Random well-formed statements for the differential fuzzer, and its float64 oracles.
 
 A drawn `Draw` is a statement (affine accesses, constants, scalar inputs, indices as values,
-comparisons and `where`, every function of `codegen.functions.FUNCTIONS`, every user
+comparisons and `where`, every function of `codegen.ir.functions.FUNCTIONS`, every user
 reduction), the extents of its indices (0 and 1 included) and the dtype to run it in. Shapes
 are derived from the extents so that every read is inside its array; an index that no
 access uses alone gets an explicit range.
@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from codegen.functions import FUNCTIONS
-from codegen.ir import LoopNest
-from tensordsl import reference
+from codegen.ir.functions import FUNCTIONS
+from codegen.ir.nest import LoopNest
+from tensordsl.backends import reference
 
 TENSORS = ("A", "B", "C")
 SCALARS = ("alpha", "beta")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from codegen.ir import LoopNest
-from tensordsl import grad, gradient_rules
+from codegen.ir.nest import LoopNest
+from codegen.passes import grad, gradient_rules
 from tensordsl.errors import TensorDSLError
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.corpus import CORPUS, Case
 
 

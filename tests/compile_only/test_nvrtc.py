@@ -1,7 +1,7 @@
 """Every generated CUDA kernel compiles with NVRTC; entry points, parameters and spills.
 
 Needs NVRTC only (`pip install "cupy-cuda13x[ctk]"`), no GPU. Compiled results are cached
-in memory by `codegen.nvrtc`, so each kernel is compiled once per architecture per session.
+in memory by `codegen.cuda.nvrtc`, so each kernel is compiled once per architecture per session.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import re
 
 import pytest
 
-from codegen import nvrtc
-from codegen.cuda import CudaSource, emit_cuda
-from codegen.cuda_schedule import GpuSchedule, candidate_gpu_schedules, choose_gpu_schedule
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen.cuda import nvrtc
+from codegen.cuda.emit import CudaSource, emit_cuda
+from codegen.cuda.schedule import GpuSchedule, candidate_gpu_schedules, choose_gpu_schedule
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.compile_only.nests import Named, all_nests, dtypes
 
 pytestmark = pytest.mark.skipif(

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from codegen import nvrtc
-from codegen.cuda import emit_cuda
-from codegen.ir import LoopNest
-from tensordsl import grad, gradient_rules
-from tensordsl.program import lower_program
+from codegen.cuda import nvrtc
+from codegen.cuda.emit import emit_cuda
+from codegen.ir.nest import LoopNest
+from codegen.passes import grad, gradient_rules
+from tensordsl.frontend.statements import lower_program
 from tests.programs import PROGRAMS_BY_NAME
 
 #: Programs with what the single-statement corpus lacks: `inf` masks, intermediates read by

@@ -1,4 +1,4 @@
-"""Loop nests built by hand with codegen.ir, each with inputs and a numpy float64 reference."""
+"""Loop nests built by hand with codegen.ir.nest, each with inputs and a numpy float64 reference."""
 
 from __future__ import annotations
 
@@ -8,9 +8,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
-from codegen.functions import CeilDiv, FloorDiv, select, sigmoid, softplus
-from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, scalar_symbol
-from codegen.ir import tensor_base as T
+from codegen.ir.functions import CeilDiv, FloorDiv, select, sigmoid, softplus
+from codegen.ir.nest import (
+    LoopNest,
+    Operand,
+    Range,
+    Term,
+    extent_symbol,
+    index_symbol,
+    scalar_symbol,
+)
+from codegen.ir.nest import tensor_base as T
 
 E = extent_symbol
 i, j, k, p, q, c, o, y, x, u, v = (index_symbol(n) for n in "ijkpqcoyxuv")

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import build, config, trace_cache
-from codegen.build import build_c, clear_memory_cache
-from codegen.ir import (
+from codegen import config
+from codegen.c import build, records
+from codegen.c.build import build_c, clear_memory_cache
+from codegen.c.schedule import RENAMED_FIELDS, Schedule, rename_schedule, schedule_fields
+from codegen.ir.nest import (
     LoopNest,
     Operand,
     Range,
@@ -33,10 +35,9 @@ from codegen.ir import (
     index_symbol,
     tensor_base,
 )
-from codegen.schedule import Schedule
-from tensordsl import grad
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen.passes import grad
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 pytestmark = pytest.mark.skipif(
     shutil.which(config.c_compiler()) is None,
@@ -141,7 +142,7 @@ def test_damaged_records_and_libraries_are_rebuilt(cache: pathlib.Path) -> None:
     clear_memory_cache()
     run_affine(build_c(nest, dtypes=DTYPES))
     for record in cache.glob("kernels/*/*.json"):
-        assert trace_cache.KernelRecord.from_json(record.read_bytes()).library == str(library)
+        assert records.KernelRecord.from_json(record.read_bytes()).library == str(library)
     assert child_stats(cache)["compiles"] == 0
     # A new file in its place (this process keeps its loaded copy): the next process rebuilds.
     for old in cache.glob("c/*/*.so"):
@@ -199,12 +200,12 @@ def test_kernels_start_building_while_a_function_is_traced(
 
 def test_keys_do_not_depend_on_the_hash_seed() -> None:
     script = (
-        "from codegen import trace_cache\n"
-        "from tensordsl.grad import gradient\n"
-        "from tensordsl.lower import lower\n"
-        "from tensordsl.parse import parse\n"
+        "from codegen.cache import memo\n"
+        "from codegen.passes.grad import gradient\n"
+        "from tensordsl.frontend.lower import lower\n"
+        "from tensordsl.frontend.parse import parse\n"
         "n = lower(parse('Y[i] := where(j <= i, exp(S[i,j] - L[i]), 0) * V[j]')).nest\n"
-        "print(trace_cache.digest_of(n, gradient(n, 'S').nest))\n"
+        "print(memo.digest_of(n, gradient(n, 'S').nest))\n"
     )
     digests = set()
     for seed in ("1", "2"):
@@ -223,7 +224,7 @@ def test_canonical_forms_that_would_merge_two_nests_are_not_used(cache: pathlib.
     body = Reduce("sum", q[a, i0], i0, 0, extent_symbol("Q", 1))
     nest = LoopNest("Y", (Range(a, 0, extent_symbol("Q", 0)),), (Term(body),), (Operand("Q", 2),))
     dtypes = {"Q": "float64", "Y": "float64"}
-    assert trace_cache.canonical_form(nest, dtypes, Schedule(("a",), ((),))) is None
+    assert records.canonical_form(nest, dtypes, Schedule(("a",), ((),))) is None
     values = rng.standard_normal((5, 4))
     out = np.full(5, np.nan)
     build_c(nest, dtypes=dtypes)(out, [values], {})  # built under its own names
@@ -232,7 +233,7 @@ def test_canonical_forms_that_would_merge_two_nests_are_not_used(cache: pathlib.
     plain = LoopNest(
         "Y", nest.free, (Term(Reduce("sum", q[a, j], j, 0, extent_symbol("Q", 1))),), nest.operands
     )
-    assert trace_cache.canonical_form(plain, dtypes, Schedule(("a",), ((),))) is not None
+    assert records.canonical_form(plain, dtypes, Schedule(("a",), ((),))) is not None
 
 
 def test_canonical_renames_a_free_index_that_no_expression_uses() -> None:
@@ -241,11 +242,11 @@ def test_canonical_renames_a_free_index_that_no_expression_uses() -> None:
 
 
 def test_schedule_renaming_knows_every_field() -> None:
-    # A new field of Schedule that names indices must be renamed by trace_cache.rename_schedule
-    # (then listed in _RENAMED_FIELDS); until then canonical records are off, not wrong.
-    assert trace_cache.schedule_fields() == trace_cache._RENAMED_FIELDS
+    # A new field of Schedule that names indices must be renamed by rename_schedule
+    # (then listed in RENAMED_FIELDS); until then canonical records are off, not wrong.
+    assert schedule_fields() == RENAMED_FIELDS
     schedule = Schedule(("i", "j"), (("k",),), strategy="tile", row="i", vector="j")
-    renamed = trace_cache.rename_schedule(schedule, {"i": "i0", "j": "i1", "k": "r0"})
+    renamed = rename_schedule(schedule, {"i": "i0", "j": "i1", "k": "r0"})
     assert (renamed.free_order, renamed.reduced_order) == (("i0", "i1"), (("r0",),))
     assert (renamed.row, renamed.vector, renamed.strategy) == ("i0", "i1", "tile")
 

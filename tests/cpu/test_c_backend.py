@@ -12,11 +12,12 @@ import pytest
 import sympy
 from cases import BY_NAME, CASES, Case
 
-from codegen import build, config
-from codegen.build import BuildError, build_c, c_source, clear_memory_cache, compile_c
-from codegen.c import emit_c
-from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
-from codegen.schedule import Schedule, candidate_schedules, choose_cpu_schedule
+from codegen import config
+from codegen.c import build
+from codegen.c.build import BuildError, build_c, c_source, clear_memory_cache, compile_c
+from codegen.c.emit import emit_c
+from codegen.c.schedule import Schedule, candidate_schedules, choose_cpu_schedule
+from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
 
 pytestmark = pytest.mark.skipif(
     shutil.which(config.c_compiler()) is None,

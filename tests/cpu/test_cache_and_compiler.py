@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import sympy
 
-from codegen import build, config
-from codegen.build import BuildError, build_c, clear_memory_cache, compile_c
+from codegen import config
+from codegen.c import build
+from codegen.c.build import BuildError, build_c, clear_memory_cache, compile_c
 from codegen.config import SettingError
-from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
+from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
 
 pytestmark = pytest.mark.skipif(
     shutil.which(config.c_compiler()) is None,

@@ -12,10 +12,10 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.schedule import candidate_schedules
-from tensordsl import reference
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen.c.schedule import candidate_schedules
+from tensordsl.backends import reference
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.corpus import CORPUS, make_inputs
 
 pytestmark = pytest.mark.skipif(
@@ -118,7 +118,7 @@ def test_second_order_gradients(name):
 
 
 def test_new_batch_size_does_not_recompile():
-    from codegen import build
+    from codegen.c import build
 
     k = td.kernel("Y[b,j] := X[b,k] * W[k,j]", backend="c")
     W = np.random.default_rng(0).normal(size=(3, 4))

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import tensordsl as td
 from codegen import config
-from codegen.build import clear_memory_cache
-from tensordsl import reference
+from codegen.c.build import clear_memory_cache
+from tensordsl.backends import reference
 from tests.fuzzing import Draw, draws, examples, first_extremum, inputs_for, long_run
 
 pytestmark = pytest.mark.skipif(
@@ -130,11 +130,12 @@ def test_random_statements_match_the_reference(case: Draw) -> None:
 #: Every case a fuzz run found, with what it found; each passes now.
 FOUND = [
     # The saved argmax of weakly typed inputs (a weak int32) was compiled for int64 and the
-    # FFI handler refused the call (tensordsl/cpu.py).
+    # FFI handler refused the call (tensordsl/backends/c.py).
     Draw("s := alpha", "max", (), (("alpha", ()),), "float64", 516),
     # In the fuzzer: the max oracle reshaped an empty output with -1.
     Draw("Y[i] := A[i]", "max", (), (("A", (0,)),), "float64", 0),
-    # The reference back end refused sigmoid of an index, an integer (tensordsl/reference.py).
+    # The reference back end refused sigmoid of an index, an integer
+    # (tensordsl/backends/reference.py).
     Draw(
         "s := where(A[i, j] != max(-2.0 + 4.0*sigmoid(j), -2.0 + 4.0*sigmoid(A[i, i])), (3)^3,"
         " A[i, i])",

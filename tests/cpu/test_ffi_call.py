@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config, ffi
-from codegen.build import build_c, clear_memory_cache, compile_c
-from tensordsl import cpu, reference
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen import config
+from codegen.c import ffi
+from codegen.c.build import build_c, clear_memory_cache, compile_c
+from tensordsl.backends import c as cpu
+from tensordsl.backends import reference
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.corpus import CORPUS, make_inputs
 
 pytestmark = pytest.mark.skipif(

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from codegen import config
-from codegen.build import build_c
-from codegen.c import emit_c
-from codegen.schedule import Schedule, choose_cpu_schedule
-from tensordsl.grad import gradient
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen.c.build import build_c
+from codegen.c.emit import emit_c
+from codegen.c.schedule import Schedule, choose_cpu_schedule
+from codegen.passes.grad import gradient
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 pytestmark = pytest.mark.skipif(shutil.which(config.c_compiler()) is None, reason="no C compiler")
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import nvrtc
-from codegen.cuda import emit_cuda
-from codegen.reductions import default_dtypes
+from codegen.cuda import nvrtc
+from codegen.cuda.emit import emit_cuda
+from codegen.ir.nest import default_dtypes
 
 # Names the generated code uses for itself, C keywords and types, and near misses.
 NAMES = [

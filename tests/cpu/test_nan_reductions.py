@@ -13,11 +13,11 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.build import build_c
-from codegen.reductions import REDUCTIONS
-from codegen.schedule import candidate_schedules
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen.c.build import build_c
+from codegen.c.schedule import candidate_schedules
+from codegen.ir.reductions import REDUCTIONS
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 pytestmark = pytest.mark.skipif(
     shutil.which(config.c_compiler()) is None,

@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 import sympy
 
-from codegen.factor import factor_sums
-from codegen.guards import bound_guards
-from codegen.inline import inline
-from codegen.ir import (
+from codegen.ir.nest import (
     LoopNest,
     Operand,
     Range,
@@ -22,7 +19,10 @@ from codegen.ir import (
     scalar_symbol,
     tensor_base,
 )
-from tensordsl import jax_bind
+from codegen.passes.factor import factor_sums
+from codegen.passes.guards import bound_guards
+from codegen.passes.inline import inline
+from tensordsl.binding import primitive as jax_bind
 
 i, j, d, e = (index_symbol(n) for n in "ijde")
 Q, K, V, S, L = (tensor_base(n) for n in "QKVSL")

@@ -1,4 +1,4 @@
-"""The one-pass logsumexp and softmax-weighted sum (`codegen.online`, `codegen.c_online`).
+"""The one-pass logsumexp and softmax-weighted sum (`codegen.passes.online`, `codegen.c.online`).
 
 Every check compares with float64 numpy that runs the statements in order (the scores
 materialised, `exp(S - L)` as written, so `exp(-inf - -inf)` is NaN there as in the program's
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.ir import LoopNest
-from codegen.online import pair, pair_stored, unpair
+from codegen.ir.nest import LoopNest
+from codegen.passes.online import pair, pair_stored, unpair
 from tensordsl.program_kernel import compiled_statements
 from tests.programs import PROGRAMS_BY_NAME
 
@@ -159,7 +159,7 @@ def test_special_scores_as_the_statements_in_order(dtype):
 
 
 def test_long_rows_run_as_two_nests():
-    # Rows longer than the C kernel's per-row accumulators take (tensordsl.online).
+    # Rows longer than the C kernel's per-row accumulators take (tensordsl.binding.one_pass).
     rng = np.random.default_rng(6)
     Q, K = rng.normal(size=(1, 1, 3, 2)), rng.normal(size=(1, 1, 3, 2))
     V = rng.normal(size=(1, 1, 3, 1100))

@@ -13,9 +13,10 @@ import pytest
 import sympy
 
 from codegen import config
-from codegen.build import build_c
-from codegen.c import emit_c
-from codegen.ir import (
+from codegen.c.build import build_c
+from codegen.c.emit import emit_c
+from codegen.c.schedule import Schedule
+from codegen.ir.nest import (
     LoopNest,
     Operand,
     Range,
@@ -25,9 +26,8 @@ from codegen.ir import (
     index_symbol,
     tensor_base,
 )
-from codegen.schedule import Schedule
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 pytestmark = pytest.mark.skipif(shutil.which(config.c_compiler()) is None, reason="no C compiler")
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config, nvrtc
-from codegen.functions import FUNCTIONS
+from codegen import config
+from codegen.cuda import nvrtc
+from codegen.ir.functions import FUNCTIONS
 
 BACKENDS = [
     "reference",
@@ -153,7 +154,7 @@ def test_half_and_small_integers_stay_half(backend: str) -> None:
 @pytest.mark.skipif(not nvrtc.available(), reason='NVRTC unavailable: pip install "cupy-cuda13x"')
 @pytest.mark.parametrize("name", NO_INPUTS)
 def test_cuda_kernels_without_inputs_compile(name: str) -> None:
-    from codegen.cuda import emit_cuda
+    from codegen.cuda.emit import emit_cuda
 
     source, ranges, _ = NO_INPUTS[name]
     nest = td.kernel(source, ranges=ranges).nest

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from math_sweep import DOMAINS, reference, sweep_inputs, ulp_errors
 
-from codegen import build
-from codegen.build import build_c
-from codegen.functions import FUNCTIONS
-from codegen.ir import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
-from codegen.schedule import Schedule, choose_cpu_schedule
+from codegen.c import build
+from codegen.c.build import build_c
+from codegen.c.schedule import Schedule, choose_cpu_schedule
+from codegen.ir.functions import FUNCTIONS
+from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")
 

@@ -20,13 +20,15 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from codegen import emulate
-from codegen.cuda_schedule import GpuSchedule
-from codegen.ir import LoopNest
-from tensordsl import gpu, grad, gradient_rules, reference
+from codegen.cuda.emulator import emulate
+from codegen.cuda.schedule import GpuSchedule
+from codegen.ir.nest import LoopNest
+from codegen.passes import grad, gradient_rules
+from tensordsl.backends import cuda as gpu
+from tensordsl.backends import reference
 from tensordsl.errors import TensorDSLError
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.corpus import CORPUS_BY_NAME, Case, make_inputs
 
 TOLERANCE = {"float32": 2e-4, "float64": 1e-10, "float16": 2e-2, "bfloat16": 5e-2}

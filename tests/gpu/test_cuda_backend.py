@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from codegen import emulate
-from codegen.cuda_schedule import candidate_gpu_schedules
-from tensordsl import jax_bind
+from codegen.cuda.emulator import emulate
+from codegen.cuda.schedule import candidate_gpu_schedules
+from tensordsl.binding import primitive as jax_bind
 from tests.corpus import CORPUS, CORPUS_BY_NAME, Case, make_inputs
 from tests.gpu import emulated
 
@@ -133,7 +133,7 @@ def test_gradients_match_reference(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_every_schedule_agrees(case: Case) -> None:
-    from tensordsl.gpu import run_cuda
+    from tensordsl.backends.cuda import run_cuda
 
     nest = _lowered(case)
     operands = _inputs(case, "float64")

@@ -1,4 +1,4 @@
-"""The CUDA launch path without Python per call (codegen/cuda_ffi.cc), tested on the CPU.
+"""The CUDA launch path without Python per call (codegen/cuda/ffi.cc), tested on the CPU.
 
 The handler library builds against `cuda.h` and jaxlib's FFI headers and loads without a
 driver; its emulated twin runs the same attribute parsing, dtype checks, argument packing
@@ -16,12 +16,16 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config, cuda_launch, emulate, nvrtc
-from codegen.cuda import emit_cuda
-from tensordsl import gpu, runners
+from codegen import config
+from codegen.cuda import launch as cuda_launch
+from codegen.cuda import nvrtc
+from codegen.cuda.emit import emit_cuda
+from codegen.cuda.emulator import emulate
+from tensordsl.backends import cuda as gpu
+from tensordsl.backends import table
 from tensordsl.errors import UnsupportedError
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 REASON = emulate.unavailable_reason() or cuda_launch.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"CUDA launch handler: {REASON}")
@@ -225,7 +229,7 @@ def test_emulated_backend_under_jit_grad_and_vmap(monkeypatch, mode: str, order:
 
 def test_auto_backend_is_unchanged_by_emulation(monkeypatch) -> None:
     monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
-    assert runners.resolve_backend("auto") == "c"
+    assert table.resolve_backend("auto") == "c"
 
 
 def test_the_cuda_backend_without_gpu_or_emulation_says_how_to_emulate(monkeypatch) -> None:

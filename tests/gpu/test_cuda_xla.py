@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.cuda import emit_cuda
-from codegen.cuda_schedule import candidate_gpu_schedules, choose_gpu_schedule
-from codegen.reductions import default_dtypes
+from codegen.cuda.emit import emit_cuda
+from codegen.cuda.schedule import candidate_gpu_schedules, choose_gpu_schedule
+from codegen.ir.nest import default_dtypes
 from tensordsl.explain import schedule_lines
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.gpu.test_cuda_backend import EMULATED, REASON
 
 MATMUL = "C[i,j] := A[i,k] * B[k,j]"

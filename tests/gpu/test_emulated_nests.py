@@ -20,8 +20,8 @@ import os
 
 import pytest
 
-from codegen import emulate
-from codegen.cuda_schedule import candidate_gpu_schedules
+from codegen.cuda.emulator import emulate
+from codegen.cuda.schedule import candidate_gpu_schedules
 from tests.compile_only.nests import all_nests
 from tests.gpu import emulated
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codegen import build, emulate
+from codegen.c import build
+from codegen.cuda.emulator import emulate
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason=f"CUDA emulator: {emulate.unavailable_reason()}"

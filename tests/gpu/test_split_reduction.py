@@ -21,12 +21,14 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import cuda_launch, emulate
-from codegen.cuda_schedule import GpuSchedule, choose_gpu_schedule
-from codegen.ir import LoopNest
-from tensordsl import gpu, gradient_rules
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen.cuda import launch as cuda_launch
+from codegen.cuda.emulator import emulate
+from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
+from codegen.ir.nest import LoopNest
+from codegen.passes import gradient_rules
+from tensordsl.backends import cuda as gpu
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.gpu import emulated
 
 pytestmark = pytest.mark.skipif(

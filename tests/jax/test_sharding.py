@@ -1,5 +1,5 @@
 """Kernels across four (fake CPU) devices: shard_map, and plain jit partitioned by the index
-notation (tensordsl/partitioning.py), against float64 jnp references on one device."""
+notation (tensordsl/binding/partitioning.py), against float64 jnp references on one device."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tensordsl as td
-from tensordsl.grad import gradient
-from tensordsl.lower import lower
-from tensordsl.parse import parse
-from tensordsl.partitioning import plan_sharding
+from codegen.passes.grad import gradient
+from tensordsl.binding.partitioning import plan_sharding
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() < 4,
@@ -241,7 +241,7 @@ def test_shifted_access_is_correct_when_its_input_is_sharded(rng):
 
 
 def test_output_sharding_for_explicitly_sharded_types():
-    from tensordsl.partitioning import output_sharding
+    from tensordsl.binding.partitioning import output_sharding
 
     nest = td.kernel("Y[b,i] := W[i,k]*X[b,k]").nest
     m = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,)).abstract_mesh
@@ -281,10 +281,10 @@ def test_explicit_mesh_jit_grad_and_vmap(rng):
 
 
 def test_one_pass_attention_splits_its_rows_only(rng):
-    # The one-pass nest of a logsumexp and its weighted sum (codegen.online): its rows split
+    # The one-pass nest of a logsumexp and its weighted sum (codegen.passes.online): its rows split
     # (here h: the causal bound keeps i whole), its reduced index and packed axis stay whole
     # (a running max does not combine by psum).
-    from codegen.online import pair_stored
+    from codegen.passes.online import pair_stored
     from tensordsl.program_kernel import compiled_statements
 
     source = """

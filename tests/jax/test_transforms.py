@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import build
+from codegen.c import build
 from tensordsl.errors import RangeError
 
 rng = np.random.default_rng(0)

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.contraction import contraction, xla_plan
-from codegen.ir import Reduce
-from tensordsl import grad
-from tensordsl.lower import lower
-from tensordsl.parse import parse
-from tensordsl.reference import evaluate
-from tensordsl.xla_dot import run_xla
+from codegen.ir.contraction import contraction, xla_plan
+from codegen.ir.nest import Reduce
+from codegen.passes import grad
+from tensordsl.backends.reference import evaluate
+from tensordsl.backends.xla_dot import run_xla
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 
 def _nest(source, **options):

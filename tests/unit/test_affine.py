@@ -1,4 +1,4 @@
-"""The affine index analysis (codegen/affine.py) and how the translator words its verdicts."""
+"""The affine index analysis (codegen/ir/affine.py) and how the translator words its verdicts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 import sympy
 
-from codegen.affine import (
+from codegen.ir.affine import (
     DIVISION,
     FUNCTION,
     NON_INTEGER,
@@ -18,11 +18,11 @@ from codegen.affine import (
     as_affine,
     combine,
 )
-from codegen.functions import FloorDiv
-from codegen.ir import extent_symbol, index_symbol
+from codegen.ir.functions import FloorDiv
+from codegen.ir.nest import extent_symbol, index_symbol
 from tensordsl.errors import IndexExpressionError
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 i, j, k = (index_symbol(n) for n in "ijk")
 n = extent_symbol("X", 0)

@@ -93,7 +93,7 @@ def test_loop_order_takes_one_name_or_several() -> None:
 
 @pytest.mark.parametrize("schedule", [5, "tile", object()])
 def test_schedule_of_another_type(schedule) -> None:
-    with pytest.raises(td.ScheduleError, match="schedule= must be a codegen.schedule.Schedule"):
+    with pytest.raises(td.ScheduleError, match="schedule= must be a codegen.c.schedule.Schedule"):
         kernel(schedule=schedule)
 
 
@@ -148,7 +148,7 @@ def test_source_target_is_checked() -> None:
 def test_integer_inputs_are_read_as_a_type_that_holds_them(x64: bool) -> None:
     import jax
 
-    from tensordsl.arguments import computed_dtype
+    from tensordsl.frontend.arguments import computed_dtype
 
     float_type = "float64" if x64 else "float32"
     expected = {

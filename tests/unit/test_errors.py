@@ -21,9 +21,9 @@ from tensordsl.errors import (
     TensorDSLError,
     UnknownNameError,
 )
-from tensordsl.lower import lower
-from tensordsl.parse import parse
-from tensordsl.shapes import check_shapes
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
+from tensordsl.frontend.shapes import check_shapes
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "errors"
 

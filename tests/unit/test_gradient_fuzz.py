@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import tensordsl as td
-from codegen.functions import FUNCTIONS
-from tensordsl import reference
+from codegen.ir.functions import FUNCTIONS
+from tensordsl.backends import reference
 
 SMOOTH = [
     name for name, spec in FUNCTIONS.items() if spec.arity == 1 and name not in ("relu", "abs")

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import sympy
 
-from codegen.ir import Range
-from tensordsl import grad, gradient_rules, reference
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from codegen.ir.nest import Range
+from codegen.passes import grad, gradient_rules
+from tensordsl.backends import reference
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 from tests.corpus import CORPUS, make_inputs
 
 DIFFERENTIABLE = [c for c in CORPUS if c.differentiable and not c.ties]

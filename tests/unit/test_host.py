@@ -1,4 +1,4 @@
-"""Host functions (codegen/host.py): extent expressions evaluated on the host, as int64."""
+"""Host functions (codegen/ir/host.py): extent expressions evaluated on the host, as int64."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import sympy
 
-from codegen.functions import CeilDiv, FloorDiv
-from codegen.host import INT64_MAX, compiled_host_function, host_function
-from codegen.ir import extent_symbol
+from codegen.ir.functions import CeilDiv, FloorDiv
+from codegen.ir.host import INT64_MAX, compiled_host_function, host_function
+from codegen.ir.nest import extent_symbol
 
 n, k = extent_symbol("X", 0), extent_symbol("W", 1)
 
@@ -61,10 +61,10 @@ def test_constants_and_missing_shapes() -> None:
 
 
 def test_cuda_host_values_clamp_the_grid() -> None:
-    from codegen.cuda import GRID_LIMITS, emit_cuda
-    from tensordsl.gpu import _host_values
-    from tensordsl.lower import lower
-    from tensordsl.parse import parse
+    from codegen.cuda.emit import GRID_LIMITS, emit_cuda
+    from tensordsl.backends.cuda import _host_values
+    from tensordsl.frontend.lower import lower
+    from tensordsl.frontend.parse import parse
 
     nest = lower(parse("Y[i] := X[i+k] * W[k]")).nest
     source = emit_cuda(nest, dtypes={"X": "float32", "W": "float32", "Y": "float32"})
@@ -79,10 +79,10 @@ def test_cuda_host_values_clamp_the_grid() -> None:
 
 
 def test_split_host_values_size_the_scratch_space_and_skip_an_empty_second_pass() -> None:
-    from codegen.cuda import emit_cuda
-    from tensordsl.gpu import _host_values
-    from tensordsl.lower import lower
-    from tensordsl.parse import parse
+    from codegen.cuda.emit import emit_cuda
+    from tensordsl.backends.cuda import _host_values
+    from tensordsl.frontend.lower import lower
+    from tensordsl.frontend.parse import parse
 
     nest = lower(parse("s := X[i]"), reduce="logsumexp").nest
     source = emit_cuda(nest, dtypes={"X": "float64", "s": "float64"})

@@ -12,8 +12,8 @@ import pytest
 import tensordsl as td
 from codegen import config
 from tensordsl.errors import ExpressionError, IndexExpressionError
-from tensordsl.lower import lower
-from tensordsl.parse import parse
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
 
 RNG = np.random.default_rng(13)
 

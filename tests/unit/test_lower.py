@@ -7,12 +7,12 @@ import contextlib
 import pytest
 import sympy
 
-from codegen.functions import FloorDiv
-from codegen.ir import Operand, extent_symbol, index_symbol, scalar_symbol, tensor_base
+from codegen.ir.functions import FloorDiv
+from codegen.ir.nest import Operand, extent_symbol, index_symbol, scalar_symbol, tensor_base
 from tensordsl.errors import RangeError, ReductionError, ShapeError, TensorDSLError
-from tensordsl.lower import lower
-from tensordsl.parse import parse
-from tensordsl.shapes import check_shapes
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
+from tensordsl.frontend.shapes import check_shapes
 
 
 def low(source: str, **options):

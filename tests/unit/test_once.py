@@ -1,11 +1,11 @@
-"""codegen/once.py: values computed once per key, by the first thread or a background pool."""
+"""codegen/cache/once.py: values computed once per key, by the first thread or a background pool."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from codegen.once import OnceMap
+from codegen.cache.once import OnceMap
 
 
 def test_many_threads_asking_at_once_compute_once() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tensordsl.errors import ParseError
-from tensordsl.lower import lower
-from tensordsl.parse import (
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import (
     MAX_DEPTH,
     Access,
     Binary,

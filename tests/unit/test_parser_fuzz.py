@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import tensordsl as td
 from tensordsl.errors import TensorDSLError
-from tensordsl.lower import lower
-from tensordsl.parse import parse, tokenize
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse, tokenize
 from tests.corpus import CORPUS
 from tests.fuzzing import examples
 
@@ -163,7 +163,7 @@ def test_well_formed_statements_round_trip(body: str, reduce: str) -> None:
     except TensorDSLError:
         return  # e.g. an index that nothing constrains: a clean user error
     printed = str(nest)
-    # Known codegen/source.py gaps (reported): nested max/min print as ITE(...), and
+    # Known codegen/ir/source.py gaps (reported): nested max/min print as ITE(...), and
     # operands that cancel (`W[i,k] - W[i,k]`) vanish from the printed body.
     assume("ITE" not in printed)
     assume(

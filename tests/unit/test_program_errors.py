@@ -20,7 +20,7 @@ from tensordsl.errors import (
     TensorDSLError,
     UnknownNameError,
 )
-from tensordsl.program import check_program_shapes, lower_program
+from tensordsl.frontend.statements import check_program_shapes, lower_program
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "errors" / "programs"
 

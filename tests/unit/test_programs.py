@@ -11,10 +11,15 @@ import pytest
 import sympy
 
 import tensordsl as td
-from codegen.ir import extent_symbol
-from codegen.program import live_statements
+from codegen.ir.nest import extent_symbol
+from codegen.ir.program import live_statements
 from tensordsl.errors import UnsupportedError
-from tensordsl.program import check_program_shapes, lower_program, parse_program, statement_spans
+from tensordsl.frontend.statements import (
+    check_program_shapes,
+    lower_program,
+    parse_program,
+    statement_spans,
+)
 from tests.corpus import make_inputs
 from tests.program_checks import check_gradients, check_values
 from tests.programs import PROGRAMS, PROGRAMS_BY_NAME
@@ -262,7 +267,7 @@ def test_malformed_options_are_errors(options, error, match):
 def test_float32_reference_attention_past_256_rows():
     # jaxlib 0.10.2's YNNPACK fusion on the CPU miscomputes `s * sum_d Q*K` in the rows past
     # 255 when the sum is a reduce of a broadcast product; the reference back end sums as dot
-    # products with ones instead (tensordsl/reference.py `_sum`). Against float64 numpy.
+    # products with ones instead (tensordsl/backends/reference.py `_sum`). Against float64 numpy.
     rng = np.random.default_rng(3)
     Q, K, V = (rng.normal(size=(1, 1, 300, 12)) for _ in range(3))
     k = reference(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))

@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 import sympy
 
-from codegen import vecmath
-from codegen.functions import FUNCTIONS
-from codegen.printer import CPrinter
-from codegen.reductions import REDUCTIONS, USER_REDUCTIONS
-from tensordsl import gradient_rules, partitioning, reference
+from codegen.c import vecmath
+from codegen.emit.printer import CPrinter
+from codegen.ir.functions import FUNCTIONS
+from codegen.ir.reductions import REDUCTIONS, USER_REDUCTIONS
+from codegen.passes import gradient_rules
+from tensordsl.backends import reference
+from tensordsl.binding import partitioning
 
 
 def test_reduction_tables_have_the_same_keys():
@@ -55,7 +57,7 @@ def test_function_rows_are_consistent(name):
 
 
 def test_libmvec_rows_print_as_the_functions_they_declare() -> None:
-    # codegen/vecmath.py declares `<name>f` `omp declare simd` for each libmvec row
+    # codegen/c/vecmath.py declares `<name>f` `omp declare simd` for each libmvec row
     x = sympy.Symbol("x", real=True)
     for name, spec in FUNCTIONS.items():
         if spec.libmvec is not None:

@@ -1,0 +1,463 @@
+"""Compile generated C, load it with ctypes, cache it in memory and on disk.
+
+The disk cache lives under `config.cache_dir()/c/`, one shared object per key (sha256 of the
+source text, compiler flags, compiler version and `CACHE_VERSION`); another `Toolchain` (the
+CUDA emulator's C++ compiler) has its own folder. Every write goes to a temporary file
+first and is moved into place with `os.replace`, so two processes building the same kernel
+at once both succeed and a build that dies half way leaves no entry. A library is checked
+before and after loading and rebuilt once when it is damaged; a cache folder that cannot be
+written is replaced by a private one (codegen/cache/disk.py). Shapes are run-time
+parameters: a new shape never recompiles.
+
+When the compiler fails, a one-line program is compiled with the same command: if that fails
+too, the user's compiler setting (`TENSORDSL_CC`, `TENSORDSL_CFLAGS`) is at fault and a
+`config.SettingError` shows the command; otherwise the generated code is (a `BuildError`).
+
+What is compiled is the nest's canonical form (`codegen.ir.nest.canonical`: tensors and indices
+renamed by position), so nests that differ only in their names share one shared object (and
+its results do not depend on which of them was built first). A kernel record
+(codegen/c/records.py) remembers, for a nest as written and for its canonical form, the
+shared object, its entry point and its host function, so that a process finding the record
+loads the kernel without emitting C.
+
+Builds run once per kernel however many threads ask (codegen/cache/once.py), and `prefetch_c`
+starts one in a background thread (`TENSORDSL_BUILD_JOBS` of them at once): the binding
+starts every kernel of a traced function while it is traced, so independent compiles run in
+parallel with each other and with the rest of the trace.
+
+When jaxlib's FFI headers are present, each shared object also holds an XLA FFI handler for
+its entry point (codegen/c/ffi.py), so that JAX can call the kernel without Python; if the
+headers are missing or the handler does not build, the kernel is built alone and
+`CompiledNest.ffi_handler` is None.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from codegen import config
+from codegen.c import ffi, records
+from codegen.c.compiled import CompiledNest
+from codegen.c.compiler import LIBMVEC_DEFINE, compiler_version, libmvec_flags, openmp_flags
+from codegen.c.emit import CSource, emit_c
+from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
+from codegen.cache import disk as disk_cache
+from codegen.cache.once import OnceMap
+from codegen.emit.emitter import STORAGE, check_dtypes, entry_name
+from codegen.ir.host import compiled_host_function, host_function
+from codegen.ir.nest import LoopNest, canonical_names, default_dtypes
+
+CACHE_VERSION = 1
+#: -fno-math-errno: libm calls never set errno, so the compiler may hoist and vectorise them
+#: (NaN and inf results unchanged); see benchmarks/RESULTS.md, GPT-style block.
+BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11")
+
+#: Counters for tests and diagnostics: compiler runs, kernels loaded from the disk cache
+#: without compiling, kernels that took the library another nest of the same canonical form
+#: built or loaded in this process, C sources emitted.
+STATS = {"compiles": 0, "disk_hits": 0, "shared": 0, "emitted": 0}
+
+_STATS_LOCK = threading.Lock()
+_BUILT: OnceMap[CompiledNest] = OnceMap()  # by request
+_EMITTED: OnceMap[records.KernelRecord] = OnceMap()  # by canonical record digest
+_WARNED: set[_Request] = set()
+
+
+def _count(name: str) -> None:
+    with _STATS_LOCK:
+        STATS[name] += 1
+
+
+class BuildError(RuntimeError):
+    """The C compiler rejected generated code: a tensordsl bug."""
+
+
+def compile_flags() -> tuple[str, ...]:
+    """All flags the compiler is called with (part of the cache key)."""
+    cc = config.c_compiler()
+    debug = ("-g",) if config.debug() else ()
+    openmp = openmp_flags(cc, BASE_FLAGS)
+    vector_math = libmvec_flags(cc, (*BASE_FLAGS, *openmp))
+    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *config.extra_cflags())
+
+
+def _c_toolchain() -> Toolchain:
+    """The C compiler with `compile_flags()`, linking libmvec where they define it."""
+    flags = compile_flags()
+    libraries = ("-lmvec", "-lm") if LIBMVEC_DEFINE in flags else ("-lm",)
+    return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
+
+
+def compile_c(
+    text: str,
+    *,
+    key: object = None,
+    include_dirs: Sequence[pathlib.Path] = (),
+    rebuild: bool = False,
+    toolchain: Toolchain | None = None,
+) -> pathlib.Path:
+    """Compile C source `text` into a cached shared object and return its path.
+
+    Args:
+        text: the C source.
+        key: anything else the shared object depends on (headers outside the source).
+        include_dirs: extra header folders (`-I`).
+        rebuild: compile even when the entry exists (it was found damaged).
+        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
+
+    Raises:
+        BuildError: when the compiler rejects the source; the message gives its path.
+        config.SettingError: when the compiler fails on a one-line program too.
+    """
+    tool = toolchain or _c_toolchain()
+    cc = tool.compiler
+    flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
+    material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
+    digest = hashlib.sha256(material.encode()).hexdigest()
+    folder = disk_cache.usable_folder(config.cache_dir()) / tool.folder / digest[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"{digest}.so"
+    if library.exists() and not rebuild:
+        _count("disk_hits")
+        return library
+    source = folder / f"{digest}{tool.suffix}"
+    disk_cache.atomic_write(source, text.encode())
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
+    os.close(fd)
+    command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
+    _count("compiles")
+    try:
+        _run_compiler(command, tool, flags)
+        os.replace(tmp, library)
+    except BuildError as error:
+        raise BuildError(
+            "tensordsl bug: the compiler rejected generated code.\n"
+            f"  generated source kept at {source}\n{error}"
+        ) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return library
+
+
+def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -> None:
+    """Run the compiler; a failure is the user's setting when a one-line program fails too.
+
+    Raises:
+        BuildError: the compiler rejects this source (the message: command and output).
+        config.SettingError: the compiler cannot be run, or fails on any source.
+    """
+    if config.debug():
+        print("tensordsl: " + " ".join(command), file=sys.stderr)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as error:
+        raise config.SettingError(
+            f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob} to a "
+            "compiler command"
+        ) from None
+    if done.returncode == 0:
+        return
+    failure = _setting_failure(tool, flags)
+    if failure is not None:
+        raise config.SettingError(failure)
+    raise BuildError(f"  command: {' '.join(command)}\n{done.stderr[-4000:].rstrip()}")
+
+
+@functools.lru_cache(maxsize=8)
+def _setting_failure(tool: Toolchain, flags: tuple[str, ...]) -> str | None:
+    """Why the compiler setting fails on a one-line program, or None when it works."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = pathlib.Path(tmp) / f"probe{tool.suffix}"
+        source.write_text("int tdsl_probe(void) { return 0; }\n")
+        output = str(pathlib.Path(tmp) / "probe.so")
+        command = [tool.compiler, *flags, "-o", output, str(source), *tool.libraries]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+        except OSError as error:
+            return f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob}"
+    if done.returncode == 0:
+        return None
+    lines = [
+        "the compiler setting fails on a one-line program: "
+        f"{tool.knob}={os.environ.get(tool.knob, '')!r}, "
+        f"TENSORDSL_CFLAGS={os.environ.get('TENSORDSL_CFLAGS', '')!r}",
+        f"  command: {' '.join(command)}",
+        *done.stderr[-4000:].rstrip().splitlines(),
+        f"expected {tool.knob} to name a compiler and TENSORDSL_CFLAGS to hold flags it takes",
+    ]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler command, its flags, the knob that sets it and its cache folder."""
+
+    compiler: str
+    flags: tuple[str, ...]
+    knob: str
+    folder: str = "c"
+    suffix: str = ".c"
+    libraries: tuple[str, ...] = ("-lm",)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What a build reads from the environment, read once per request."""
+
+    compiler: str
+    version: str
+    flags: tuple[str, ...]
+    cache_dir: str
+    ffi_headers: str
+
+
+def _settings() -> _Settings:
+    cc = config.c_compiler()
+    include = ffi.include_dir()
+    headers = f"{include} {ffi.header_digest()}" if include is not None else "none"
+    folder = str(disk_cache.usable_folder(config.cache_dir()))
+    return _Settings(cc, compiler_version(cc), compile_flags(), folder, headers)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One kernel to build: the key of the in-memory cache."""
+
+    nest: LoopNest
+    dtypes: tuple[tuple[str, str], ...]
+    schedule: Schedule
+    role: str
+    settings: _Settings
+
+
+@functools.lru_cache(maxsize=4096)
+def _heuristic(nest: LoopNest, dtypes: tuple[tuple[str, str], ...]) -> Schedule:
+    return choose_cpu_schedule(nest, dict(dtypes), kernel=True)
+
+
+def _request(
+    nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule | None, role: str
+) -> _Request:
+    items = tuple(sorted(dtypes.items()))
+    return _Request(nest, items, schedule or _heuristic(nest, items), role, _settings())
+
+
+def build_c(
+    nest: LoopNest,
+    *,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None = None,
+    role: str = "forward",
+) -> CompiledNest:
+    """Emit, compile (or fetch from the caches) and load `nest`.
+
+    Args:
+        nest: the loop nest.
+        dtypes: numpy dtype name of each operand and of the output.
+        schedule: as for `emit_c`; the heuristic's choice when None.
+        role: the nest's role in its kernel ("forward", "grad_A", ...).
+
+    Returns:
+        A `CompiledNest`, callable as `compiled(out, operands, extents)`.
+
+    Raises:
+        BuildError: when the compiler rejects the generated code (a tensordsl bug).
+        ValueError: when the schedule does not fit the nest or a dtype is unsupported.
+    """
+    request = _request(nest, dtypes, schedule, role)
+    compiled = _BUILT.get(request, functools.partial(_build, request))
+    if compiled.warning is not None and request not in _WARNED:
+        _WARNED.add(request)
+        warnings.warn(compiled.warning, stacklevel=2)
+    return compiled
+
+
+def prefetch_c(
+    nest: LoopNest,
+    *,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None = None,
+    role: str = "forward",
+) -> None:
+    """Start building `nest` in a background thread, as `build_c` would build it, so that a
+    later `build_c` finds it built (or waits for it). Nothing when `TENSORDSL_BUILD_JOBS` is 0.
+    Errors are raised by that `build_c`."""
+    jobs = config.build_jobs()
+    if jobs < 1:
+        return
+    request = _request(nest, dtypes, schedule, role)
+
+    def still_wanted() -> bool:
+        return _settings() == request.settings
+
+    _BUILT.start(
+        request, functools.partial(_build, request), still_wanted=still_wanted, workers=jobs
+    )
+
+
+def _build(request: _Request) -> CompiledNest:
+    """Load the request's kernel from its record, else from its canonical form's record,
+    else emit, compile and record it; a library that does not load is built again."""
+    nest, dtypes, settings = request.nest, dict(request.dtypes), request.settings
+    folder = pathlib.Path(settings.cache_dir)
+    exact = records.record_digest(nest, dtypes, request.schedule, request.role, settings)
+    # With a dump folder, every kernel is generated (and dumped) again, not read back.
+    record = None if config.dump_dir() else records.read_record(folder, exact)
+    compiled = None if record is None else _load(nest, record)
+    if compiled is not None:
+        _count("disk_hits")
+        return compiled
+    for rebuild in (record is not None, True):
+        shared = _shared_record(request, rebuild=rebuild)
+        compiled = _load(nest, shared)
+        if compiled is not None:
+            records.write_record(folder, exact, shared)
+            return compiled
+    raise BuildError(f"tensordsl bug: {shared.library} was just built but does not load")
+
+
+def _shared_record(request: _Request, *, rebuild: bool) -> records.KernelRecord:
+    """The record of the request's canonical form, with the nest's own name: read, or made
+    by emitting and compiling it once however many requests share that form."""
+    nest, dtypes, schedule = request.nest, dict(request.dtypes), request.schedule
+    _check(nest, dtypes, schedule)
+    form = records.canonical_form(nest, dtypes, schedule)
+    emitted = form or (nest, dtypes, schedule)
+    digest = records.record_digest(*emitted, request.role, request.settings)
+    folder = pathlib.Path(request.settings.cache_dir)
+
+    made_here = []
+
+    def make() -> records.KernelRecord:
+        made_here.append(True)
+        fresh = rebuild or config.dump_dir() is not None
+        found = None if fresh else records.read_record(folder, digest)
+        if found is not None:
+            _count("disk_hits")
+            return found
+        to_canonical = {} if form else canonical_names(nest)[0]
+        made = _emit(request.role, *emitted, to_canonical=to_canonical, rebuild=rebuild)
+        records.write_record(folder, digest, made)
+        return made
+
+    record = _EMITTED.get((digest, rebuild), make)
+    if not made_here:
+        _count("shared")
+    name = entry_name(nest, dtypes, schedule, request.role)
+    warning = record.warning and record.warning.replace(record.name, name)
+    return dataclasses.replace(record, name=name, warning=warning)
+
+
+def _check(nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule) -> None:
+    """`emit_c`'s checks, on the nest as written (its errors name the user's tensors)."""
+    check_dtypes(nest, dtypes, STORAGE)
+    validate(nest, schedule)
+    if schedule.strategy not in KERNEL_STRATEGIES:
+        raise ValueError(f"the {schedule.strategy} strategy generates no C")
+
+
+def _emit(
+    role: str,
+    nest: LoopNest,
+    dtypes: Mapping[str, str],
+    schedule: Schedule,
+    *,
+    to_canonical: Mapping[str, str],
+    rebuild: bool,
+) -> records.KernelRecord:
+    """Emit and compile `nest` (a canonical form, where the request's has one)."""
+    source = emit_c(nest, dtypes=dtypes, schedule=schedule, role=role)
+    _count("emitted")
+    dump = config.dump_dir()
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
+    library, error = _compile_nest(nest, source, dtypes, rebuild)
+    warning = error and (
+        f"tensordsl: the XLA FFI handler of {source.entry} did not build; "
+        f"JAX calls this kernel through buffer_callback instead.\n{error}"
+    )
+    host = host_function(source.parameters)
+    return records.KernelRecord(
+        name=source.entry,
+        entry=source.entry,
+        library=str(library),
+        handler=ffi.include_dir() is not None and error is None,
+        host_names=host.names,
+        host_extents=host.renamed(to_canonical).extents,
+        host_source=host.source,
+        warning=warning,
+    )
+
+
+def _load(nest: LoopNest, record: records.KernelRecord) -> CompiledNest | None:
+    """`record`'s kernel for `nest`, or None when its library does not load."""
+    symbols = (record.entry, *((ffi.handler_name(record.entry),) if record.handler else ()))
+    loaded = disk_cache.load(pathlib.Path(record.library), symbols)
+    if loaded is None:
+        return None
+    try:
+        host = compiled_host_function(record.host_names, record.host_extents, record.host_source)
+    except Exception:  # noqa: BLE001 - a damaged record is rebuilt, never a crash
+        return None
+    function = getattr(loaded, record.entry)
+    handler = getattr(loaded, ffi.handler_name(record.entry)) if record.handler else None
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    to_nest = {new: old for old, new in canonical_names(nest)[0].items()}
+    return CompiledNest(
+        nest,
+        record.name,
+        record.entry,
+        pathlib.Path(record.library),
+        function,
+        host.renamed(to_nest),
+        handler,
+        record.warning,
+    )
+
+
+def _compile_nest(
+    nest: LoopNest, source: CSource, dtypes: Mapping[str, str], rebuild: bool
+) -> tuple[pathlib.Path, str | None]:
+    """Compile `source` with its FFI handler when possible; the error text when that failed."""
+    folder = ffi.include_dir()
+    if folder is None:
+        return compile_c(source.text, rebuild=rebuild), None
+    handler = ffi.handler_source(
+        source.entry,
+        [dtypes[name] for name in nest.operand_names],
+        dtypes[nest.output],
+        len(source.parameters),
+    )
+    key = ("xla_ffi", ffi.header_digest())
+    text = source.text + "\n" + handler
+    try:
+        return compile_c(text, key=key, include_dirs=(folder,), rebuild=rebuild), None
+    except BuildError as error:
+        return compile_c(source.text, rebuild=rebuild), str(error)
+
+
+def clear_memory_cache() -> None:
+    """Forget every loaded kernel (the disk cache stays)."""
+    _BUILT.clear()
+    _EMITTED.clear()
+    _WARNED.clear()
+
+
+def c_source(nest: LoopNest, dtypes: Mapping[str, str] | None = None, role: str = "forward") -> str:
+    """The generated C of `nest` (float32 by default), as `k.source("c")` shows it."""
+    return emit_c(nest, dtypes=dtypes or default_dtypes(nest), role=role).text

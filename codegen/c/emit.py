@@ -1,0 +1,155 @@
+"""Emit a loop nest as a C function under a `Schedule`.
+
+Calling convention of the generated entry point::
+
+    void tdsl_<output>_<role>_<hash8>(void *out, const void *const *operands,
+                                      const int64_t *params);
+
+* `out`: the C-contiguous output buffer, fully written (element type from `dtypes`);
+* `operands`: one data pointer per operand of the nest, in `nest.operands` order
+  (C-contiguous; a scalar operand points at its one element); never written;
+* `params`: int64 values computed on the host from the extents, in the order of
+  `CSource.parameters` (hoisted extent expressions, strides, the amount of work).
+
+Element offsets are int64 throughout. The body of every term is printed after `sympy.cse`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import sympy
+
+from codegen.c.online import online
+from codegen.c.row_dots import ROW_DOT_HELPERS
+from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
+from codegen.c.strategies import scalar, split
+from codegen.c.tiles import TILE_HELPERS, dot, tile
+from codegen.emit.emitter import (
+    STORAGE,
+    Emitter,
+    Lines,
+    accumulation_type,
+    block_lines,
+    c_name,
+    check_dtypes,
+    entry_name,
+    indent_lines,
+)
+from codegen.ir.nest import LoopNest
+
+__all__ = ["STORAGE", "CSource", "accumulation_type", "emit_c"]
+
+
+@dataclass(frozen=True)
+class CSource:
+    """Generated C for one nest: text, entry point and the host parameters it expects."""
+
+    text: str
+    entry: str
+    parameters: tuple[tuple[str, sympy.Expr], ...]  # (C name, expression of extents)
+    signature: str = "void(void *out, const void *const *operands, const int64_t *params)"
+
+
+_HALF = """\
+#include <string.h>
+static inline float tdsl_h2f(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+static inline uint16_t tdsl_f2h(float f) {
+    _Float16 x = (_Float16)f; /* rounds to nearest even */
+    uint16_t h; memcpy(&h, &x, 2); return h;
+}
+static inline float tdsl_bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t tdsl_f2bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* round to nearest even */
+}"""
+
+
+STRATEGY_EMITTERS: dict[str, Callable[[Emitter[Schedule]], Lines]] = {
+    "scalar": scalar,
+    "tile": tile,
+    "dot": dot,
+    "split": split,
+    "online": online,
+}
+
+
+def emit_c(
+    nest: LoopNest,
+    *,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None = None,
+    role: str = "forward",
+) -> CSource:
+    """Generate C for `nest` (see the module docstring for the calling convention).
+
+    Args:
+        nest: the loop nest.
+        dtypes: numpy dtype name of each operand and of `nest.output`.
+        schedule: loop order and mapping; `choose_cpu_schedule` when None.
+        role: the nest's role in its kernel ("forward", "grad_A", ...), used in the name.
+
+    Returns:
+        The `CSource`.
+
+    Raises:
+        ValueError: when the schedule does not fit the nest or a dtype is unsupported.
+    """
+    check_dtypes(nest, dtypes, STORAGE)
+    schedule = schedule or choose_cpu_schedule(nest, dtypes, kernel=True)
+    validate(nest, schedule)
+    if schedule.strategy not in KERNEL_STRATEGIES:
+        raise ValueError(f"the {schedule.strategy} strategy generates no C")
+    e = Emitter(nest, dtypes, schedule)
+    work = sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in nest.free)) * (
+        1
+        + sympy.Add(
+            *(sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in t.reduced)) for t in nest.terms)
+        )
+    )
+    e.named.append(("work_", work))
+    body = STRATEGY_EMITTERS[schedule.strategy](e)
+    if schedule.small is not None:
+        vector = next(r for r in nest.free if r.index.name == schedule.vector)
+        small = STRATEGY_EMITTERS[schedule.small.strategy](e.variant(schedule=schedule.small))
+        head = f"if ({e.idx(vector.stop - vector.start)} >= {schedule.width})"
+        body = [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
+    params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
+    entry = entry_name(nest, dtypes, schedule, role)
+    return CSource(_assemble(e, entry, params, body), entry, tuple(params))
+
+
+def _assemble(
+    e: Emitter[Schedule], entry: str, params: list[tuple[str, sympy.Expr]], body: Lines
+) -> str:
+    nest = e.nest
+    head = [
+        *e.header(),
+        "#include <math.h>",
+        "#include <stdint.h>",
+        "",
+        e.printer.helpers("\n".join(body)),
+    ]
+    if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
+        head.append(_HALF)
+    head.append(TILE_HELPERS)
+    if any("tdsl_hsum8(" in line for line in body):
+        head.append(ROW_DOT_HELPERS)
+    prologue: Lines = []
+    for n, op in enumerate(nest.operands):
+        ctype = STORAGE[e.dtypes[op.name]]
+        pointer = f"((const {ctype} *)operands[{n}])"
+        if op.is_scalar:
+            value = e.load(op.name).format(f"{pointer}[0]")
+            prologue.append(f"const {e.f} in_{c_name(op.name)} = {value};")
+        else:
+            prologue.append(f"const {ctype} *restrict in_{c_name(op.name)} = {pointer};")
+    out_type = STORAGE[e.dtypes[nest.output]]
+    prologue.append(f"{out_type} *restrict out_ = ({out_type} *)out;")
+    prologue += [f"const int64_t {name} = params[{n}];" for n, (name, _) in enumerate(params)]
+    signature = f"void {entry}(void *out, const void *const *operands, const int64_t *params)"
+    return "\n".join([*head, "", *block_lines(signature, [*prologue, *body]), ""])

@@ -1,0 +1,1 @@
+"""Kept between calls and processes: the memo, the disk cache, build-once, kernel records."""

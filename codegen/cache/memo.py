@@ -1,0 +1,101 @@
+"""Values computed once and kept on disk between processes, keyed by complete texts.
+
+A memo (`memo/<namespace>/<2 hex>/<digest>.pickle` under `config.cache_dir()`) is a value
+computed once and pickled: the gradient nests of `codegen.passes.grad.gradient`, the
+compiler's version line and OpenMP flags (`codegen.c.compiler`). A key is the sha256 of the
+complete text of its parts (`key_text`: every field of every dataclass, sympy expressions in
+`srepr`, so equal texts mean equal values) and of a version: a digest of the source files of
+the compiler (`source_version`), so any change to the code generator or the derivation starts
+new entries. Entries are written atomically; one that cannot be read or does not hold what
+is expected counts as missing and is computed again.
+
+>>> from codegen.ir.nest import extent_symbol
+>>> key_text((extent_symbol("X", 0) + 1, "a"))
+"(Add(Symbol('X.shape[0]', integer=True, nonnegative=True), Integer(1)), 'a',)"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import pathlib
+import pickle
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sympy
+
+from codegen.cache.disk import atomic_write
+
+Value = TypeVar("Value")
+#: The compiler package: every source file in it keys the entries (`source_version`).
+CODEGEN_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def key_text(value: Any) -> str:
+    """A complete, deterministic text of `value` (dataclasses, tuples, sympy, plain values)."""
+    if isinstance(value, sympy.Basic):
+        return sympy.srepr(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ", ".join(
+            f"{f.name}={key_text(getattr(value, f.name))}" for f in dataclasses.fields(value)
+        )
+        return f"{type(value).__name__}({fields})"
+    if isinstance(value, (tuple, list)):
+        return "(" + "".join(f"{key_text(v)}, " for v in value).rstrip() + ")"
+    return repr(value)
+
+
+@functools.lru_cache(maxsize=8)
+def source_version(*folders: pathlib.Path) -> str:
+    """A digest of every `.py` file under `folders` and of the Python and sympy versions."""
+    digest = hashlib.sha256(f"{sys.version} sympy {sympy.__version__}".encode())
+    for folder in folders:
+        root = pathlib.Path(folder)
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def digest_of(*parts: Any) -> str:
+    """The sha256 of the `key_text` of `parts`."""
+    return hashlib.sha256(key_text(parts).encode()).hexdigest()
+
+
+def entry_path(folder: pathlib.Path, kind: str, digest: str, suffix: str) -> pathlib.Path:
+    return folder / kind / digest[:2] / f"{digest}{suffix}"
+
+
+def memo(
+    folder: pathlib.Path,
+    namespace: str,
+    key: Any,
+    compute: Callable[[], Value],
+    *,
+    version: str,
+    expected: type[Value],
+) -> Value:
+    """`compute()`, or its pickled value from an earlier process.
+
+    Args:
+        folder: the cache folder.
+        namespace: the kind of value (a folder of its own).
+        key: what the value is computed from (anything `key_text` prints).
+        compute: computes the value (its exceptions propagate; nothing is stored then).
+        version: `source_version` of the code behind `compute`.
+        expected: the type of the value; a stored entry of another type is recomputed.
+    """
+    path = entry_path(folder, "memo/" + namespace, digest_of(version, key), ".pickle")
+    try:
+        found = pickle.loads(path.read_bytes())
+        if isinstance(found, expected):
+            return found
+    except Exception:  # noqa: BLE001 - missing, damaged or stale: computed again
+        pass
+    value = compute()
+    with contextlib.suppress(OSError):  # a cache that cannot be written costs time only
+        atomic_write(path, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    return value

@@ -1,0 +1,1 @@
+"""Run generated CUDA on the CPU: a header of the CUDA execution model and its launcher."""

@@ -1,0 +1,345 @@
+"""Run generated CUDA on the CPU: the emulator header (codegen/cuda/emulator/runtime.h) and the
+host C++ compiler, launched like a CuPy `RawKernel`.
+
+A translation unit holds one or many kernels: each kernel's text, exactly as `emit_cuda`
+returns it, inside its own namespace (so that their helpers and `idx_t` do not clash), and a
+descriptor per kernel appended after it (`TDSL_EMU_KERNEL`). Units are compiled by the host
+C++ compiler (`TENSORDSL_CXX`) against the CUDA toolkit's headers (`vector_types.h`,
+`cuda_fp16.h`, `cuda_bf16.h`), cached on disk by content hash (`codegen.c.build.compile_c`
+with the emulator's toolchain, under `cache_dir()/cuda_emu/`) and loaded with ctypes.
+Compilation dominates the cost (about 2 s per compiler call here, 0.07 s per further kernel
+in a unit), so `build` puts many kernels in one unit and compiles two units at once; a
+loaded kernel is kept in memory by its source text.
+
+A launch takes `(grid, block, args)` like `RawKernel`: `args` holds one NumPy array (its
+data pointer is passed) or integer/float scalar per kernel parameter, checked against the
+kernel's own parameter list. `order="reverse"` runs blocks and threads in reverse order.
+A deadlock, a `__trap()` or a bad launch raises `EmulationError` with the emulator's report.
+
+>>> available() in (True, False)
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import pathlib
+import platform
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from codegen import config
+from codegen.c.build import Toolchain, compile_c, compiler_version
+from codegen.cuda import nvrtc
+
+HEADER = pathlib.Path(__file__).with_name("runtime.h")
+CACHE_VERSION = 1
+ORDERS = {"forward": 0, "reverse": 1}
+BASE_FLAGS = (
+    "-std=c++20",
+    "-O1",
+    "-shared",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-ffp-contract=fast",  # nvcc contracts a*b+c into an FMA by default
+    "-w",
+)
+ERROR_BYTES = 16384
+_REQUIRED_HEADERS = ("vector_types.h", "cuda_fp16.h", "cuda_bf16.h", "crt/host_defines.h")
+_SCALARS = {
+    kind: np.dtype(name)
+    for kind, name in (("i4", "int32"), ("i8", "int64"), ("u4", "uint32"), ("u8", "uint64"))
+}
+_SCALARS.update({"f4": np.dtype("float32"), "f8": np.dtype("float64")})
+_DYNAMIC_SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?"
+    r"(?P<type>[A-Za-z_][\w\s]*?)\s+(?P<name>\w+)\s*\[\s*\]\s*;"
+)
+
+_LOCK = threading.Lock()
+_LIBRARIES: dict[pathlib.Path, ctypes.CDLL] = {}
+_KERNELS: dict[tuple[str, str], EmulatedKernel] = {}
+#: Kernels compiled in this process (compiler calls and disk hits: `codegen.c.build.STATS`).
+STATS = {"kernels": 0}
+
+
+class EmulationError(RuntimeError):
+    """A kernel failed under the emulator: deadlock, `__trap`, bad launch or bad arguments."""
+
+
+class _Descriptor(ctypes.Structure):
+    _fields_ = (
+        ("name", ctypes.c_char_p),
+        ("signature", ctypes.c_char_p),
+        ("launch", ctypes.c_void_p),
+        ("invoke", ctypes.c_void_p),
+    )
+
+
+_LAUNCH = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_longlong),
+    ctypes.POINTER(ctypes.c_longlong),
+    ctypes.c_longlong,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_longlong,
+)
+
+
+def cuda_include_candidates() -> list[pathlib.Path]:
+    """Where CUDA headers are looked for: `TENSORDSL_CUDA_HOME`, the CUDA wheels
+    (`nvidia/*/include`), /usr/local/cuda."""
+    home = config.cuda_home()
+    found = [home / "include"] if home else []
+    found += [pathlib.Path(d) for d in nvrtc.include_dirs()]
+    return [*found, pathlib.Path("/usr/local/cuda/include")]
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_include_dir() -> pathlib.Path | None:
+    """The first candidate folder with every header the emulator needs, or None."""
+    for folder in cuda_include_candidates():
+        if all((folder / header).is_file() for header in _REQUIRED_HEADERS):
+            return folder
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why the emulator cannot run here, or None when it can."""
+    if cuda_include_dir() is None:
+        return "no CUDA headers with crt/host_defines.h (install the CUDA toolkit or set " + (
+            "TENSORDSL_CUDA_HOME)"
+        )
+    if compiler_version(config.cxx_compiler()) == "missing":
+        return f"no C++ compiler {config.cxx_compiler()!r} (set TENSORDSL_CXX)"
+    return None
+
+
+def available() -> bool:
+    """True when kernels can be compiled for the emulator here."""
+    return unavailable_reason() is None
+
+
+def compile_flags() -> tuple[str, ...]:
+    """Every flag of the compiler call (part of the cache key)."""
+    fma = ("-mfma",) if platform.machine() in ("x86_64", "AMD64") else ()
+    debug = ("-g",) if config.debug() else ()
+    include = cuda_include_dir()
+    return (*BASE_FLAGS, *fma, *debug, f"-I{HEADER.parent}", f"-I{include}")
+
+
+def translation_unit(kernels: Sequence[tuple[str, str]]) -> str:
+    """One C++ unit for `kernels`, pairs of (CUDA text, entry name); a text with several
+    entries (the passes of one source) is compiled once, in one namespace."""
+    lines = [
+        "/* tensordsl CUDA emulator unit (codegen/cuda/emulator/emulate.py) */",
+        '#include "runtime.h"',
+    ]
+    spaces: dict[str, str] = {}
+    for text, entry in kernels:
+        space = spaces.get(text)
+        if space is None:
+            space = spaces[text] = f"tdsl_k{len(spaces)}"
+            dynamic = {
+                m["name"]: f"thread_local {m['type']} {m['name']}"
+                f"[TDSL_EMU_MAX_SHARED / sizeof({m['type']})] __attribute__((aligned(16)));"
+                for m in _DYNAMIC_SHARED.finditer(text)
+            }
+            lines += [f"namespace {space} {{", f'#line 1 "{entry}.cu"', text]
+            lines += ['#line 1 "emulator launchers"', *dynamic.values(), "}"]
+        lines.append(f"TDSL_EMU_KERNEL({space}, {entry})")
+    return "\n".join(lines) + "\n"
+
+
+def compile_unit(
+    text: str,
+    *,
+    extra_flags: Sequence[str] = (),
+    libraries: Sequence[str] = (),
+    key: object = None,
+) -> pathlib.Path:
+    """Compile a C++ translation unit into a cached shared object; return its path.
+
+    Args:
+        text: the unit.
+        extra_flags: more compiler flags (include folders).
+        libraries: linker arguments placed after the source (`-ldl`).
+        key: anything else the object depends on (headers outside the flags).
+
+    Raises:
+        BuildError: when the compiler rejects the unit (a tensordsl bug; the kept unit is named).
+    """
+    toolchain = Toolchain(
+        config.cxx_compiler(),
+        (*compile_flags(), *extra_flags),
+        "TENSORDSL_CXX",
+        folder="cuda_emu",
+        suffix=".cc",
+        libraries=tuple(libraries),
+    )
+    return compile_c(text, key=(HEADER.read_text(), CACHE_VERSION, key), toolchain=toolchain)
+
+
+@dataclass(frozen=True)
+class EmulatedKernel:
+    """A compiled kernel; call it with `(grid, block, args)` like a CuPy RawKernel."""
+
+    entry: str
+    library: pathlib.Path
+    signature: tuple[str, ...]  # "p" pointer, "i8" int64, "f4" float32, ...
+    address: int = field(repr=False)  # of its `tdsl_emu_kernel` descriptor
+    _launch: Any = field(repr=False, compare=False)
+
+    def __call__(
+        self,
+        grid: Sequence[int],
+        block: Sequence[int],
+        args: Sequence[Any],
+        *,
+        shared_mem: int = 0,
+        order: str = "forward",
+    ) -> None:
+        """Run the kernel to completion on the calling thread.
+
+        Raises:
+            EmulationError: bad arguments, a deadlock, `__trap()` or a bad launch shape.
+        """
+        if order not in ORDERS:
+            raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
+        pointers, keep = self.pack(args)
+        grid3, block3 = _dims(grid), _dims(block)
+        error = ctypes.create_string_buffer(ERROR_BYTES)
+        status = self._launch(
+            self.address,
+            grid3,
+            block3,
+            int(shared_mem),
+            pointers,
+            ORDERS[order],
+            error,
+            ERROR_BYTES,
+        )
+        del keep
+        if status != 0:
+            raise EmulationError(error.value.decode(errors="replace"))
+
+    def pack(self, args: Sequence[Any]) -> tuple[Any, list[Any]]:
+        """`void *args[]` as `cuLaunchKernel` takes it, and the objects it points into."""
+        if len(args) != len(self.signature):
+            raise EmulationError(
+                f"{self.entry} takes {len(self.signature)} arguments "
+                f"({' '.join(self.signature)}), got {len(args)}"
+            )
+        keep = [
+            _argument(self.entry, n, kind, a)
+            for n, (kind, a) in enumerate(zip(self.signature, args, strict=True))
+        ]
+        pointers = (ctypes.c_void_p * max(len(keep), 1))(
+            *(ctypes.cast(ctypes.pointer(k), ctypes.c_void_p) for k in keep)
+        )
+        return pointers, keep
+
+
+def _dims(values: Sequence[int]) -> Any:
+    values = tuple(int(v) for v in values)
+    return (ctypes.c_longlong * 3)(*(values + (1,) * (3 - len(values))))
+
+
+def _argument(entry: str, n: int, kind: str, value: Any) -> Any:
+    """A ctypes object holding argument `n` as the kernel's parameter `kind` expects."""
+    if kind == "p":
+        if isinstance(value, np.ndarray):
+            return ctypes.c_void_p(value.ctypes.data)
+        if isinstance(value, int | np.integer) and not isinstance(value, bool):
+            return ctypes.c_void_p(int(value))
+        raise EmulationError(f"{entry}: argument {n} is a pointer; got {type(value).__name__}")
+    dtype = _SCALARS.get(kind)
+    if dtype is None or np.ndim(value) != 0:
+        raise EmulationError(f"{entry}: argument {n} ({kind}) must be a scalar")
+    if isinstance(value, np.generic) and value.dtype != dtype:
+        raise EmulationError(f"{entry}: argument {n} must be {np.dtype(dtype)}, got {value.dtype}")
+    ctype = np.ctypeslib.as_ctypes_type(dtype)
+    if np.issubdtype(dtype, np.floating):
+        return ctype(float(value))
+    limits = np.iinfo(dtype)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise EmulationError(f"{entry}: argument {n} must be an integer, got {value!r}")
+    if not limits.min <= int(value) <= limits.max:
+        raise EmulationError(f"{entry}: argument {n} = {value} does not fit {np.dtype(dtype)}")
+    return ctype(int(value))
+
+
+def _load(library: pathlib.Path, entry: str) -> EmulatedKernel:
+    with _LOCK:
+        loaded = _LIBRARIES.get(library)
+        if loaded is None:
+            loaded = _LIBRARIES[library] = ctypes.CDLL(str(library))
+    descriptor = _Descriptor.in_dll(loaded, f"tdsl_emu_kernel_{entry}")
+    signature = tuple((descriptor.signature or b"").decode().split())
+    launch = _LAUNCH(descriptor.launch)
+    return EmulatedKernel(entry, library, signature, ctypes.addressof(descriptor), launch)
+
+
+def build(
+    kernels: Iterable[tuple[str, str]], *, per_unit: int = 48, jobs: int = 2
+) -> list[EmulatedKernel]:
+    """Compile (or fetch) every `(text, entry)` pair; many kernels per compiler call.
+
+    Args:
+        kernels: CUDA source text and entry name of each kernel.
+        per_unit: kernels per translation unit.
+        jobs: compiler calls run at once.
+
+    Returns:
+        One `EmulatedKernel` per pair, in order. The entries asked for with one text come
+        from one library (the emulated launch handler opens one per source).
+    """
+    wanted = list(kernels)
+    by_text: dict[str, list[tuple[str, str]]] = {}
+    for pair in dict.fromkeys(wanted):
+        by_text.setdefault(pair[0], []).append(pair)
+    with _LOCK:  # a text with a missing entry is built again with all its entries
+        groups = [g for g in by_text.values() if any(k not in _KERNELS for k in g)]
+    units: list[list[tuple[str, str]]] = []
+    entries: list[set[str]] = []  # an entry is a C symbol: once per unit
+    for group in groups:
+        names = {entry for _, entry in group}
+        n = next(
+            (
+                n
+                for n, u in enumerate(units)
+                if len(u) + len(group) <= per_unit and not names & entries[n]
+            ),
+            None,
+        )
+        if n is None:
+            units.append([])
+            entries.append(set())
+            n = len(units) - 1
+        units[n] += group
+        entries[n] |= names
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        libraries = list(pool.map(lambda u: compile_unit(translation_unit(u)), units))
+    for unit, library in zip(units, libraries, strict=True):
+        STATS["kernels"] += len(unit)
+        for text, entry in unit:
+            loaded = _load(library, entry)
+            with _LOCK:
+                _KERNELS[(text, entry)] = loaded
+    with _LOCK:
+        return [_KERNELS[k] for k in wanted]
+
+
+def kernel(text: str, entry: str) -> EmulatedKernel:
+    """The emulated kernel `entry` of `text` (from memory, the disk cache or the compiler)."""
+    return build([(text, entry)])[0]

@@ -1,0 +1,260 @@
+"""GPU schedules: how the loops of a nest map onto CUDA threads and blocks.
+
+A `GpuSchedule` is separate from the nest, like the CPU `Schedule`; every schedule computes
+the same numbers. Free indices are flattened in `free_order`, the LAST one varying fastest,
+so consecutive threads (`threadIdx.x`) write consecutive output elements when the output's
+contiguous axis is last (coalesced stores). Every loop over outputs is grid-stride, so any
+grid size covers any extent. Each output element is reduced in registers and written once.
+
+Strategies (`GpuSchedule.strategy`):
+
+* ``"thread"`` -- one output element per thread, the reduction loops (any reduction, several
+  terms, constraints as loop bounds, guards) in registers. The fallback for every nest.
+* ``"tile"`` -- each thread computes ``rows`` consecutive values of the free index `row`
+  (register tile); loads that do not depend on `row` are shared. Needs reduced loop bounds
+  that do not depend on `row`.
+* ``"smem"`` -- contraction-shaped nests (one sum term `a * b` where `a` does not use the free
+  index `vector` and `b` does not use `row`, e.g. matmul, attention, conv with channels):
+  16 x 16 threads compute a ``16*rows x 16*cols`` output tile (4 x 4 per thread), staging
+  ``tile_k``-deep tiles of `a` and `b` along the innermost reduced index through shared
+  memory. Other free indices (batch) go on `blockIdx.z`.
+* ``"block"`` -- few outputs with a long reduction: one block per output element, the
+  innermost reduced loop of every term strided across the block's `threads` threads, partial
+  states combined by a shared-memory tree (deterministic order).
+* ``"split"`` -- a full reduction (no free index) over many blocks, in two kernels
+  (`codegen.cuda.split`). The first cuts the outermost reduced loop of every term into
+  slices, as many as give every thread an iteration (with one reduced loop; with more,
+  every row of threads, a row being as wide as the innermost loop) and at most `blocks`;
+  each block reduces its slices with its threads and a shared-memory tree and writes each
+  slice's partial state to a workspace buffer (passed to the kernel: scratch space declared
+  as an extra output of the launch). The second kernel, one block, combines the partial
+  states in slice order: deterministic, no atomics. With one slice the first kernel writes
+  the output and the second is not launched.
+* ``"xla"`` -- a contraction with its elementwise companions (`codegen.ir.contraction.xla_plan`):
+  no kernel is generated, the runner calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on
+  the CPU.
+
+Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
+``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
+shapes are not known when the kernel is compiled).
+
+The heuristic (`choose_gpu_schedule`): a nest of floats with an XLA plan -> ``xla``, unless the
+caller asks for a generated kernel (a loop order, `kernel=True`,
+`TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
+reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
+not depend on and that some access does not use -> ``tile`` with 4 rows; else ``thread``.
+
+>>> from codegen.ir.examples import matmul as example
+>>> matmul = example()
+>>> choose_gpu_schedule(matmul).strategy
+'xla'
+>>> s = choose_gpu_schedule(matmul, kernel=True)
+>>> s.strategy, s.row, s.vector, s.rows, s.cols
+('smem', 'i', 'j', 4, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import sympy
+
+from codegen.emit.loop_order import (
+    LoopOrder,
+    bound_indices,
+    default_loop_order,
+    valid_unique,
+    validate_order,
+    validate_shared_strategy,
+)
+from codegen.ir.contraction import xla_contraction
+from codegen.ir.nest import LoopNest
+
+GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "xla")
+INDEX_TYPES = {"int32": "int", "int64": "long long"}
+SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
+
+
+@dataclass(frozen=True)
+class GpuSchedule(LoopOrder):
+    """Thread/block mapping of one nest (see the module docstring)."""
+
+    strategy: str = "thread"
+    threads: int = 256  # threads per block (thread, tile, block, split)
+    row: str | None = None
+    vector: str | None = None
+    rows: int = 1
+    cols: int = 1
+    tile_k: int = 16
+    index_type: str = "int32"
+    #: split: the most blocks (slices) of the first kernel. Only host-side values (the
+    #: grid, the workspace) depend on it, so it is left out of the repr that entry names hash.
+    blocks: int = field(default=1024, repr=False)
+
+    def describe(self) -> str:
+        """One line for the header comment of generated code."""
+        parts = [f"strategy={self.strategy}", super().describe()]
+        if self.strategy == "xla":
+            return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
+        if self.strategy == "tile":
+            parts.append(f"tile={self.row}x1={self.rows}x1")
+        if self.strategy == "smem":
+            parts.append(
+                f"tile={self.row}x{self.vector}={SMEM_THREADS * self.rows}x"
+                f"{SMEM_THREADS * self.cols} k={self.tile_k}"
+            )
+        else:
+            parts.append(f"threads={self.threads}")
+        if self.strategy == "split":
+            parts.append(f"blocks<={self.blocks}")
+        parts.append(f"index={self.index_type}")
+        return " ".join(parts)
+
+
+def split_contraction(
+    nest: LoopNest, row: str, vector: str
+) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """`(a, b)` with body `a*b`, `a` free of `vector` and `b` free of `row`, else None."""
+    if nest.reduction != "sum" or len(nest.terms) != 1:
+        return None
+    (term,) = nest.terms
+    if not term.reduced or term.guard != sympy.true:
+        return None
+    a_factors: list[sympy.Expr] = []
+    b_factors: list[sympy.Expr] = []
+    for factor in sympy.Mul.make_args(term.body):
+        names = {s.name for s in factor.free_symbols if isinstance(s, sympy.Symbol)}
+        names |= {s.name for access in factor.atoms(sympy.Indexed) for s in access.free_symbols}
+        if row in names and vector in names:
+            return None
+        (b_factors if vector in names else a_factors).append(factor)
+    a, b = sympy.Mul(*a_factors), sympy.Mul(*b_factors)
+    if not a.atoms(sympy.Indexed) or not b.atoms(sympy.Indexed):
+        return None
+    return a, b
+
+
+def _names_used(nest: LoopNest, index: str) -> bool:
+    """True when some access of the nest does not use `index` (so a row tile saves loads)."""
+    for term in nest.terms:
+        for access in term.body.atoms(sympy.Indexed):
+            if index not in {s.name for s in access.free_symbols}:
+                return True
+    return False
+
+
+def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
+    """Raise ValueError when `schedule` does not fit `nest`."""
+    validate_order(nest, schedule)
+    free = schedule.free_order
+    if schedule.strategy not in GPU_STRATEGIES:
+        raise ValueError(f"unknown strategy {schedule.strategy!r}; expected {GPU_STRATEGIES}")
+    if schedule.index_type not in INDEX_TYPES:
+        raise ValueError(f"index_type must be one of {sorted(INDEX_TYPES)}")
+    threads = schedule.threads
+    if threads < 32 or threads > 1024 or threads & (threads - 1):
+        raise ValueError("threads must be a power of two in [32, 1024]")
+    if min(schedule.rows, schedule.cols, schedule.tile_k, schedule.blocks) < 1:
+        raise ValueError("rows, cols, tile_k and blocks must be positive")
+    validate_shared_strategy(nest, schedule.strategy, free)
+    bounded = bound_indices(nest, schedule)
+    if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
+        raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")
+    if schedule.strategy == "smem":
+        if (
+            schedule.row not in free
+            or schedule.vector not in free
+            or schedule.row == schedule.vector
+        ):
+            raise ValueError("an smem schedule needs two distinct free indices row and vector")
+        if {schedule.row, schedule.vector} & bounded:
+            raise ValueError("loop bounds depend on the smem tile's indices")
+        if split_contraction(nest, schedule.row or "", schedule.vector or "") is None:
+            raise ValueError(
+                "the smem strategy needs one sum term a*b (a without vector, b without row)"
+            )
+
+
+def choose_gpu_schedule(
+    nest: LoopNest,
+    dtypes: Mapping[str, str] | None = None,
+    *,
+    index_type: str = "int32",
+    loop_order: Sequence[str] | None = None,
+    kernel: bool = False,
+) -> GpuSchedule:
+    """The heuristic GPU schedule of `nest` (see the module docstring).
+
+    Args:
+        nest: the loop nest.
+        dtypes: numpy dtype names of the operands and output (a nest of floats with an XLA
+            plan runs as XLA's dot).
+        index_type: "int32" (default) or "int64" when a tensor may reach 2^31 elements.
+        loop_order: index names fixing the order of free and reduced loops, as on the CPU.
+            A loop order asks for a generated kernel.
+        kernel: True for a generated kernel even where XLA would compute the nest.
+
+    Returns:
+        A valid `GpuSchedule`.
+    """
+    order = default_loop_order(nest, loop_order)
+    free, reduced = order.free_order, order.reduced_order
+    if not kernel and loop_order is None and xla_contraction(nest, dtypes):
+        return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
+    base = GpuSchedule(free, reduced, index_type=index_type)
+    if not free:
+        strategy = "split" if any(reduced) else "block"
+        return GpuSchedule(free, reduced, strategy=strategy, index_type=index_type)
+    bounded = bound_indices(nest, base)
+    vector = free[-1]
+    if vector not in bounded:
+        for row in reversed(free[:-1]):
+            if row not in bounded and split_contraction(nest, row, vector) is not None:
+                return GpuSchedule(
+                    free,
+                    reduced,
+                    "smem",
+                    row=row,
+                    vector=vector,
+                    rows=4,
+                    cols=4,
+                    index_type=index_type,
+                )
+    tileable = len(free) > 1 and free[-2] not in bounded and _names_used(nest, free[-2])
+    if tileable and any(t.reduced for t in nest.terms):
+        return GpuSchedule(free, reduced, "tile", row=free[-2], rows=4, index_type=index_type)
+    return base
+
+
+def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
+    """The heuristic's kernel, the thread fallback, block and split schedules and small
+    variants."""
+    pick = choose_gpu_schedule(nest, kernel=True)
+    free, reduced = pick.free_order, pick.reduced_order
+    picks = [
+        pick,
+        GpuSchedule(free, reduced, "thread", threads=64),
+        GpuSchedule(free, reduced, "block", threads=32),
+        GpuSchedule(free, reduced, "split", threads=32, blocks=3, index_type="int64"),
+        GpuSchedule(tuple(reversed(free)), tuple(tuple(reversed(o)) for o in reduced)),
+        GpuSchedule(
+            free,
+            reduced,
+            pick.strategy,
+            row=pick.row,
+            vector=pick.vector,
+            rows=pick.rows,
+            cols=pick.cols,
+            index_type="int64",
+        ),
+    ]
+    if pick.strategy == "smem":
+        picks.append(
+            GpuSchedule(
+                free, reduced, "smem", row=pick.row, vector=pick.vector, rows=2, cols=1, tile_k=8
+            )
+        )
+    if len(free) > 1:
+        picks.append(GpuSchedule(free, reduced, "tile", row=free[-2], rows=3, threads=32))
+    return valid_unique(nest, picks, validate_gpu)

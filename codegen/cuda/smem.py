@@ -1,0 +1,114 @@
+"""The smem strategy of the CUDA emitter: contraction tiles staged through shared memory.
+
+See `codegen.cuda.schedule` for when it applies.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.schedule import SMEM_THREADS, split_contraction
+from codegen.emit.emitter import Lines, block_lines, indent_lines
+
+
+def smem(e: CudaEmitter) -> Lines:
+    """A contraction tile of 16 x 16 threads staged through shared memory."""
+    s, t = e.schedule, SMEM_THREADS
+    rn, vn = s.row or "", s.vector or ""
+    tm, tn, tk = t * s.rows, t * s.cols, s.tile_k
+    a_part, b_part = split_contraction(e.nest, rn, vn)  # type: ignore[misc]
+    free = {name: e.free_range(name) for name in (rn, vn)}
+    row, col = e.printer.index(free[rn].index), e.printer.index(free[vn].index)
+    row0, col0 = e.tile_name("o", free[rn].index), e.tile_name("o", free[vn].index)
+    row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
+    order = e.term_order(0)
+    k, k0 = e.printer.index(order[-1]), e.tile_name("o", order[-1])
+    bounds = e.bounds[0]
+    k_lo, k_hi = e.idx(bounds.starts[order[-1]]), e.idx(bounds.stops[order[-1]])
+
+    def stage(
+        part: sympy.Expr, array: str, width: int, index: str, origin: str, stop: str
+    ) -> Lines:
+        """Load a `tk x width` tile of `part` into shared memory (zero outside the ranges)."""
+        contiguous_k = any(
+            order[-1] in access.indices[-1].free_symbols for access in part.atoms(sympy.Indexed)
+        )
+        kk, xx = ("t_ % {tk}", "t_ / {tk}") if contiguous_k else ("t_ / {w}", "t_ % {w}")
+        value = e.printer.doprint(e.hoist(part))
+        inner = [
+            f"const int t_ = tid_ + {t * t}*l_;",
+            f"const int kk_ = {kk.format(tk=tk, w=width)}, xx_ = {xx.format(tk=tk, w=width)};",
+            f"const idx_t {index} = {origin} + xx_;",
+            f"const idx_t {k} = {k0} + kk_;",
+            f"{array}[kk_][xx_] = ({index} < {stop} && {k} < hi_) ? ({value}) : ({e.f})0;",
+        ]
+        count = -(-tk * width // (t * t))
+        guard = block_lines(f"if (t_ < {tk * width})", inner[1:])
+        return ["#pragma unroll"] + block_lines(
+            f"for (int l_ = 0; l_ < {count}; ++l_)", [inner[0], *guard]
+        )
+
+    product = [
+        *(f"a_[{r}] = As_[kk_][ty_ + {t * r}];" for r in range(s.rows)),
+        *(f"b_[{c}] = Bs_[kk_][tx_ + {t * c}];" for c in range(s.cols)),
+        *(f"acc_[{r}][{c}] += a_[{r}]*b_[{c}];" for r in range(s.rows) for c in range(s.cols)),
+    ]
+    k_loop = block_lines(
+        f"for (idx_t {k0} = lo_; {k0} < hi_; {k0} += {tk})",
+        [
+            *stage(a_part, "As_", tm, row, row0, row_stop),
+            *stage(b_part, "Bs_", tn, col, col0, col_stop),
+            "__syncthreads();",
+            "#pragma unroll",
+            *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", product),
+            "__syncthreads();",
+        ],
+    )
+    inner = ["{", *indent_lines([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
+    reduction = e.loops(0, inner, stop_at=len(order) - 1)
+    stores = []
+    for r in range(s.rows):
+        for c in range(s.cols):
+            stores += [
+                "{",
+                *indent_lines(
+                    [
+                        f"const idx_t {row} = {row0} + ty_ + {t * r};",
+                        f"const idx_t {col} = {col0} + tx_ + {t * c};",
+                        *block_lines(
+                            f"if ({row} < {row_stop} && {col} < {col_stop})",
+                            [e.store_line(f"[{r}][{c}]")],
+                        ),
+                    ]
+                ),
+                "}",
+            ]
+    tile = [
+        f"const idx_t {row0} = {e.idx(free[rn].start)} + by_*{tm};",
+        f"const idx_t {col0} = {e.idx(free[vn].start)} + bx_*{tn};",
+        f"{e.f} acc_[{s.rows}][{s.cols}];",
+        *block_lines(
+            f"for (int r_ = 0; r_ < {s.rows}; ++r_)",
+            block_lines(f"for (int c_ = 0; c_ < {s.cols}; ++c_)", ["acc_[r_][c_] = 0;"]),
+        ),
+        f"{e.f} a_[{s.rows}], b_[{s.cols}];",
+        *e.guarded(0, reduction),
+        *stores,
+    ]
+    batch = [name for name in s.free_order if name not in (rn, vn)]
+    ntm = e.idx(e.count([rn], {rn: tm}))
+    ntn = e.idx(e.count([vn], {vn: tn}))
+    loops = block_lines(f"for (idx_t bx_ = blockIdx.x; bx_ < {ntn}; bx_ += gridDim.x)", tile)
+    loops = block_lines(f"for (idx_t by_ = blockIdx.y; by_ < {ntm}; by_ += gridDim.y)", loops)
+    nbatch = e.idx(e.count(batch, {}))
+    loops = block_lines(
+        f"for (idx_t bz_ = blockIdx.z; bz_ < {nbatch}; bz_ += gridDim.z)",
+        [*(e.decode("bz_", batch, {}) if batch else []), *loops],
+    )
+    return [
+        f"__shared__ {e.f} As_[{tk}][{tm + 1}];",
+        f"__shared__ {e.f} Bs_[{tk}][{tn + 1}];",
+        "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
+        *loops,
+    ]

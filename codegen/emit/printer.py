@@ -1,0 +1,271 @@
+"""Print the scalar body of a loop nest as C: a thin subclass of sympy's C99 printer.
+
+Everything that differs between C targets (type names, qualifiers, helper spelling) is a
+class attribute, so a CUDA printer overrides a few attributes and nothing else.
+
+Two printing modes: *value* mode (the default, the body's arithmetic in the accumulation
+type) and *index* mode (int64 arithmetic on loop indices and host parameters). An integer
+sub-expression met in value mode is printed in index mode and cast once, so `x*i` prints as
+`x*((float)(v_i))`.
+
+Names: every name that comes from the user lives in a namespace of its own in generated code
+(`c_identifier`): indices print as `v_<name>`, tensors and scalars as `in_<name>`; every name
+the code generator makes is a `sympy.Dummy` (host parameters `P0`, tile origins, temporaries
+`t0_`) or a plain C name, and none starts with `v_` or `in_`. So no user name, whatever it
+is (`P0`, `acc_`, `int64_t`), can meet a generated one.
+
+>>> from codegen.ir.nest import index_symbol, tensor_base
+>>> i, k = index_symbol("i"), index_symbol("k")
+>>> p = CPrinter("float", tensors={"A": TensorView("in_A", ("s_A_0", None), "{}")})
+>>> p.doprint(sympy.exp(tensor_base("A")[i, k]) * i)
+'((float)(v_i))*expf(in_A[v_i*s_A_0 + v_k])'
+>>> p.doprint(sympy.Piecewise((1.5, i > k), (0, True)))
+'((v_i > v_k) ? 1.5F : 0)'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+from sympy.codegen.ast import float32, float64, real
+from sympy.printing.c import C99CodePrinter
+
+from codegen.c import vecmath
+from codegen.ir.affine import INDEX_LIMIT
+from codegen.ir.functions import CeilDiv, FloorDiv, helper_functions
+from codegen.ir.nest import scalar_symbol
+
+
+def c_name(name: str) -> str:
+    """`name` with every character C does not allow in an identifier replaced by `_`."""
+    return re.sub(r"\W", "_", name)
+
+
+def c_identifier(symbol: sympy.Symbol, scalars: Mapping[sympy.Symbol, str] = {}) -> str:  # noqa: B006
+    """The C name of a symbol: a generated one (a `sympy.Dummy`) by its own name, a scalar
+    input by its variable, a user's index (or an index bound inside a nested reduction) as
+    `v_<name>`."""
+    if isinstance(symbol, sympy.Dummy):
+        return symbol.name
+    if symbol in scalars:
+        return scalars[symbol]
+    return f"v_{c_name(symbol.name)}"
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """How the generated code reads one tensor operand.
+
+    `strides` names the C variable of each axis' stride (None for the last, contiguous
+    axis); `load` formats an element read, e.g. `"{}"`, `"(float){}"`, `"tdsl_h2f({})"`.
+    """
+
+    cname: str
+    strides: tuple[str | None, ...]
+    load: str
+    integer: bool = False  # integer elements: compared with indices as integers
+
+
+_RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+class CPrinter(C99CodePrinter):
+    """sympy's C99 printer for tensordsl bodies in `float` or `double` arithmetic."""
+
+    int_type = "int64_t"
+    helper_prefix = "tdsl_"
+    inline = "static inline"
+    #: float32 libm calls vectorise through glibc's libmvec (codegen/c/vecmath.py)
+    vector_math = True
+
+    def __init__(
+        self,
+        float_type: str = "float",
+        *,
+        tensors: Mapping[str, TensorView] | None = None,
+        scalars: Mapping[str, str] | None = None,
+    ) -> None:
+        assert float_type in ("float", "double"), float_type
+        alias = float32 if float_type == "float" else float64
+        super().__init__(
+            {"type_aliases": {real: alias}, "user_functions": helper_functions(self.helper_prefix)}
+        )
+        self.float_type = float_type
+        self.tensors = dict(tensors or {})
+        self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
+        self._index_mode = False
+
+    # -- modes ---------------------------------------------------------------------------
+
+    def index(self, expr: sympy.Basic) -> str:
+        """Print `expr` as int64 index arithmetic."""
+        saved, self._index_mode = self._index_mode, True
+        try:
+            return str(self._print(expr))
+        finally:
+            self._index_mode = saved
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        if (
+            not self._index_mode
+            and isinstance(expr, sympy.Expr)
+            and not expr.is_Number
+            and expr.is_integer
+            and not expr.atoms(sympy.Indexed)
+        ):
+            return f"(({self.float_type})({self.index(expr)}))"
+        return str(super()._print(expr, **kwargs))
+
+    # -- atoms ---------------------------------------------------------------------------
+
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        if abs(expr) <= INDEX_LIMIT:
+            return str(super()._print_Integer(expr))
+        if self._index_mode:  # the translator refuses such offsets and coefficients
+            raise ValueError(f"{expr} is beyond the int64 index arithmetic of generated code")
+        # A value: an exact decimal floating literal (an integer literal would wrap).
+        return f"{expr}.0{self._get_literal_suffix(real)}"
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        return c_identifier(expr, self.scalars)
+
+    _print_Dummy = _print_Symbol
+
+    def _print_Indexed(self, expr: sympy.Indexed) -> str:
+        view = self.tensors[str(expr.base.name)]
+        parts = []
+        for index, stride in zip(expr.indices, view.strides, strict=True):
+            text = self.index(index)
+            if stride is None:
+                parts.append(text)
+            else:
+                needs_parens = isinstance(index, sympy.Add)
+                parts.append(f"({text})*{stride}" if needs_parens else f"{text}*{stride}")
+        offset = " + ".join(parts) if parts else "0"
+        if self._index_mode and view.integer:
+            return f"(({self.int_type}){view.cname}[{offset}])"
+        return view.load.format(f"{view.cname}[{offset}]")
+
+    def _print_Pow(self, expr: sympy.Pow) -> str:
+        base, exponent = expr.args
+        if exponent.is_Integer and 2 <= abs(int(exponent)) <= 4:
+            factor = self.parenthesize(base, 60)
+            product = "(" + "*".join([factor] * abs(int(exponent))) + ")"
+            return product if exponent > 0 else f"(1/{product})"
+        return str(super()._print_Pow(expr))
+
+    # -- functions -----------------------------------------------------------------------
+
+    def _helper(self, name: str, expr: sympy.Basic, *, index: bool = False) -> str:
+        print_arg = self.index if index else self._print
+        args = ", ".join(print_arg(a) for a in expr.args)
+        return f"{self.helper_prefix}{name}({args})"
+
+    def _print_FloorDiv(self, expr: FloorDiv) -> str:
+        return self._helper("floordiv", expr, index=True)
+
+    def _print_CeilDiv(self, expr: CeilDiv) -> str:
+        return self._helper("ceildiv", expr, index=True)
+
+    def _print_sign(self, expr: sympy.Expr) -> str:
+        return self._helper("sign", expr)
+
+    def _minmax(self, expr: sympy.Expr, name: str) -> str:
+        *rest, last = expr.args
+        if self._index_mode or expr.is_integer:
+            text = self.index(last)
+            for arg in reversed(rest):
+                text = f"{self.helper_prefix}i{name}({self.index(arg)}, {text})"
+            return text
+        function = self._ns + f"f{name}" + self._func_suffix(real)
+        text = self._print(last)
+        for arg in reversed(rest):
+            text = f"{function}({self._print(arg)}, {text})"
+        return text
+
+    def _print_Min(self, expr: sympy.Expr) -> str:
+        return self._minmax(expr, "min")
+
+    def _print_Max(self, expr: sympy.Expr) -> str:
+        return self._minmax(expr, "max")
+
+    # -- conditions ----------------------------------------------------------------------
+
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
+        lhs, rhs = expr.lhs, expr.rhs
+        # Integer sides (indices, integer tensors such as a saved argmax position) compare
+        # exactly as integers; a float holds integers exactly only below 2**24.
+        integer = all(self._integer_valued(side) for side in (lhs, rhs))
+        show = self.index if integer else self._print
+        return f"({show(lhs)} {_RELATIONS[expr.rel_op]} {show(rhs)})"
+
+    def _integer_valued(self, expr: sympy.Basic) -> bool:
+        """True for integer expressions whose tensor accesses all read integer tensors."""
+        if not isinstance(expr, sympy.Expr):
+            return False
+        reads = sorted(expr.atoms(sympy.Indexed), key=sympy.default_sort_key)
+        if not all(self.tensors[str(a.base.name)].integer for a in reads):
+            return False
+        stand_in = {a: sympy.Symbol(f"int{n}_", integer=True) for n, a in enumerate(reads)}
+        return bool(expr.xreplace(stand_in).is_integer)
+
+    def _print_And(self, expr: sympy.And) -> str:
+        return "(" + " && ".join(self._print(a) for a in expr.args) + ")"
+
+    def _print_Or(self, expr: sympy.Or) -> str:
+        return "(" + " || ".join(self._print(a) for a in expr.args) + ")"
+
+    def _print_Not(self, expr: sympy.Not) -> str:
+        return f"(!{self._print(expr.args[0])})"
+
+    def _print_BooleanTrue(self, expr: Any) -> str:
+        return "1"
+
+    def _print_BooleanFalse(self, expr: Any) -> str:
+        return "0"
+
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
+        (value, condition), *rest = expr.args
+        if condition == sympy.true or not rest:
+            return self._print(value)
+        otherwise = sympy.Piecewise(*rest)
+        return f"({self._print(condition)} ? {self._print(value)} : {self._print(otherwise)})"
+
+    # -- helpers the printed code calls ---------------------------------------------------
+
+    def helpers(self, code: str = "") -> str:
+        """C definitions of the helper functions printed expressions may call; with
+        `vector_math` in float32, the declarations and helpers that C text `code` needs."""
+        f, i, inline, p = self.float_type, self.int_type, self.inline, self.helper_prefix
+        sfx = "f" if f == "float" else ""
+        common = [
+            f"{inline} {i} {p}floordiv({i} a, {i} b) {{",
+            "    /* rounds towards -inf, also for negative a or b */",
+            f"    {i} q = a / b;",
+            "    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;",
+            "}",
+            f"{inline} {i} {p}ceildiv({i} a, {i} b) {{ return -{p}floordiv(-a, b); }}",
+            f"{inline} {i} {p}imin({i} a, {i} b) {{ return a < b ? a : b; }}",
+            f"{inline} {i} {p}imax({i} a, {i} b) {{ return a > b ? a : b; }}",
+            f"{inline} {f} {p}sign({f} x) {{ return ({f})((x > 0) - (x < 0)); }}",
+        ]
+        if self.vector_math and f == "float":
+            vector = vecmath.float_helpers(code, inline=inline, prefix=p)
+            return "\n".join([*common, vector] if vector else common)
+        return "\n".join(
+            [
+                *common,
+                f"{inline} {f} {p}sigmoid({f} x) {{",
+                f"    /* stable: exp of a non-positive number only */"
+                f"\n    {f} e = exp{sfx}(-fabs{sfx}(x));",
+                "    return x >= 0 ? 1 / (1 + e) : e / (1 + e);",
+                "}",
+                f"{inline} {f} {p}softplus({f} x) {{",
+                f"    return fmax{sfx}(x, 0) + log1p{sfx}(exp{sfx}(-fabs{sfx}(x)));",
+                "}",
+            ]
+        )

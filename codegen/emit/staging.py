@@ -1,0 +1,271 @@
+"""Hoisting by index dependence: where each sub-expression of a term is computed.
+
+A term's loops form a chain of *levels*: level 0 is outside all of the term's loops (host
+parameters, scalar inputs and the free indices the strategy binds there), and each further
+level is one loop of the strategy (a reduced loop, a row or vector lane of a register tile).
+`plan` places every sub-expression of the body at the outermost level where all the indices
+it reads are bound, computes each distinct sub-expression once (shared by every use, within
+the term), and gives each test (a constraint `c >= 0` or a guard) the level of its indices.
+A nested reduction (`Reduce`) becomes a loop of its own at the level of the indices it
+depends on, and the parts of its body that do not depend on its index are hoisted out of it.
+
+So `O[i, e] = sum_j exp(S[i, j] - L[i]) * V[j, e]` under levels `[], [j], [i], [e]` computes
+`exp(S[i, j] - L[i])` once per `(j, i)` at level 2, and only the product with `V[j, e]` per
+lane at level 3:
+
+>>> from codegen.ir.nest import index_symbol, tensor_base
+>>> i, j, e = (index_symbol(n) for n in "ije")
+>>> S, L, V = tensor_base("S"), tensor_base("L"), tensor_base("V")
+>>> p = plan(sympy.exp(S[i, j] - L[i]) * V[j, e], [[], [j], [i], [e]])
+>>> [[str(s) for s in level] for level in p.statements]
+[[], [], ['t0_ = exp(-L[i] + S[i, j])'], []]
+>>> p.value  # temporaries are sympy Dummies, which sympy prints with a leading _
+_t0_*V[j, e]
+
+Statements at a level are computed unconditionally once that level's tests hold: every
+access of a body is in bounds over the term's iteration space (the call-time checks), so a
+hoisted load or a branch of a `where` computed outside its condition is always safe; a test
+wraps everything at its level and deeper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeAlias
+
+import sympy
+
+from codegen.ir.nest import Reduce
+
+Node: TypeAlias = sympy.Basic  # a subexpression: any sympy node of a body
+
+
+@dataclass(frozen=True)
+class Assign:
+    """`symbol = expr`, computed once; `expr` refers to earlier statements' symbols."""
+
+    symbol: sympy.Symbol
+    expr: sympy.Expr
+
+    def __str__(self) -> str:
+        return f"{self.symbol.name} = {self.expr}"
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A nested reduction: `symbol = reduce_{index in [start, stop)} value`, where the
+    statements `inner` are computed inside the loop before `value`."""
+
+    symbol: sympy.Symbol
+    reduction: str
+    index: sympy.Symbol
+    start: sympy.Expr
+    stop: sympy.Expr
+    inner: tuple[Assign | Loop, ...]
+    value: sympy.Expr
+
+    def __str__(self) -> str:
+        return f"{self.symbol.name} = {self.reduction}_{self.index}({self.value})"
+
+
+Statement = Assign | Loop
+
+
+@dataclass
+class Plan:
+    """What to compute at each level: statements, then tests wrapping deeper levels."""
+
+    statements: list[list[Statement]]
+    tests: list[list[sympy.Basic]]
+    value: sympy.Expr  # the body, in terms of the statements' symbols; at the last level
+    next_temporary: int  # the number of the next temporary to name
+
+    def with_level(self, level: int, statements: list[Statement]) -> Plan:
+        """This plan with the statements of `level` replaced."""
+        by_level = list(self.statements)
+        by_level[level] = statements
+        return replace(self, statements=by_level)
+
+
+@dataclass
+class _Planner:
+    levels: dict[sympy.Symbol, int]  # loop index -> its level
+    count: int
+    integer_tensors: frozenset[str]  # tensors of integers (they compare as integers)
+    uses: dict[Node, int] = field(default_factory=dict)
+    homes: dict[Node, tuple] = field(default_factory=dict)  # node -> (level, nested indices)
+    names: dict[Node, sympy.Symbol] = field(default_factory=dict)
+    containers: dict[tuple, list[Statement]] = field(default_factory=dict)
+    owned: dict[tuple, list[Node]] = field(default_factory=dict)  # named nodes per container
+    nested_at: dict[sympy.Symbol, tuple] = field(default_factory=dict)  # a nested loop's home
+
+    def home(self, node: Node) -> tuple:
+        """`(level, (r1, r2, ...))`: the main level, and the nested loops (outermost first)
+        whose index the node depends on; a node lives in the innermost of them."""
+        found = self.homes.get(node)
+        if found is not None:
+            return found
+        if isinstance(node, sympy.Symbol):
+            result: tuple = self.nested_at.get(node) or (self.levels.get(node, 0), ())
+        elif isinstance(node, Reduce):
+            # The loop sits where everything it reads but its own index is bound; what
+            # depends on its index lives inside it.
+            outer = [self.home(s) for s in node.free_symbols]
+            result = (max((h[0] for h in outer), default=0), _merge(h[1] for h in outer))
+            self.nested_at[node.index] = (result[0], (*result[1], node.index))
+        elif isinstance(node, sympy.Indexed):
+            parts = [self.home(i) for i in node.indices]
+            result = (max((h[0] for h in parts), default=0), _merge(h[1] for h in parts))
+        elif not node.args:
+            result = (0, ())
+        else:
+            parts = [self.home(a) for a in node.args]
+            result = (max(h[0] for h in parts), _merge(h[1] for h in parts))
+        self.homes[node] = result
+        return result
+
+    def count_uses(self, node: Node) -> None:
+        self.uses[node] = self.uses.get(node, 0) + 1
+        if self.uses[node] > 1 or isinstance(node, sympy.Indexed) or not node.args:
+            return
+        for child in _children(node):
+            self.count_uses(child)
+
+    def needs_name(self, node: Node, parent_home: tuple) -> bool:
+        """Named: nested reductions; values computed at another level than their user (a
+        hoisted load or expression); expressions used more than once."""
+        if isinstance(node, Reduce):
+            return True
+        if not isinstance(node, sympy.Expr) or not node.args or self.integral(node):
+            return False
+        hoisted = self.home(node) != parent_home
+        if isinstance(node, sympy.Indexed):
+            return hoisted
+        return hoisted or self.uses.get(node, 0) > 1
+
+    def rewrite(self, node: Node, parent_home: tuple) -> sympy.Basic:
+        """`node` with named sub-expressions replaced by their symbols; names it if needed."""
+        if node in self.names:
+            return self.names[node]
+        if not node.args or self.integral(node):
+            return node
+        home = self.home(node)
+        if isinstance(node, Reduce):
+            return self.nested(node, home)
+        if isinstance(node, sympy.Indexed):
+            rewritten = node
+        else:
+            rewritten = node.func(*(self.rewrite(a, home) for a in node.args))
+        if not self.needs_name(node, parent_home):
+            return rewritten
+        return self.name(node, Assign(self.fresh(), rewritten), home)
+
+    def nested(self, node: Reduce, home: tuple) -> sympy.Symbol:
+        inner_home = (home[0], (*home[1], node.index))
+        self.containers.setdefault(inner_home, [])
+        value = self.rewrite(node.body, inner_home)
+        start, stop = (self.rewrite(x, home) for x in (node.start, node.stop))
+        inner = tuple(self.containers.pop(inner_home))
+        for owned in self.owned.pop(inner_home, []):  # names local to the loop's body
+            del self.names[owned]
+        symbol = self.fresh()
+        loop = Loop(symbol, node.reduction, node.index, start, stop, inner, value)
+        return self.name(node, loop, home)
+
+    def name(self, node: Node, statement: Statement, home: tuple) -> sympy.Symbol:
+        self.containers.setdefault(home, []).append(statement)
+        self.owned.setdefault(home, []).append(node)
+        self.names[node] = statement.symbol
+        return statement.symbol
+
+    def integral(self, node: Node) -> bool:
+        """Integer arithmetic on indices, parameters and integer tensors: printed inline in
+        integer arithmetic (never as a float temporary), so comparisons stay exact."""
+        if not isinstance(node, sympy.Expr) or node.atoms(Reduce):
+            return False
+        reads = node.atoms(sympy.Indexed)
+        if any(a.base.name not in self.integer_tensors for a in reads):
+            return False
+        stand_in = {a: sympy.Symbol(f"int{n}_", integer=True) for n, a in enumerate(reads)}
+        return bool(node.xreplace(stand_in).is_integer)
+
+    def fresh(self) -> sympy.Symbol:
+        symbol = sympy.Dummy(f"t{self.count}_", real=True)  # generated: no user name meets it
+        self.count += 1
+        return symbol
+
+
+def _merge(nested_lists) -> tuple:
+    """The nested loops of several children, outermost first (they lie on one path)."""
+    longest: tuple = ()
+    for nested in nested_lists:
+        if len(nested) > len(longest):
+            longest = nested
+    return longest
+
+
+def _children(node: Node) -> tuple:
+    if isinstance(node, Reduce):
+        return (node.body, node.start, node.stop)
+    return node.args
+
+
+def unique_reduce_indices(body: sympy.Expr, taken: set[sympy.Symbol]) -> sympy.Expr:
+    """`body` with the index of every distinct nested reduction renamed apart from the loop
+    indices and from each other (`d`, `d_1`, ...), so that each names one loop."""
+    used = set(taken) | {s for s in body.free_symbols if isinstance(s, sympy.Symbol)}
+    done: dict[sympy.Basic, sympy.Basic] = {}
+
+    def rename(node: sympy.Basic) -> sympy.Basic:
+        if not node.args or node in done:
+            return done.get(node, node)
+        new = node.func(*(rename(a) for a in node.args))
+        if isinstance(new, Reduce):
+            index, n = new.index, 0
+            while index in used:
+                n += 1
+                index = sympy.Symbol(f"{new.index.name}_{n}", integer=True)
+            used.add(index)
+            new = new.xreplace({new.index: index}) if index != new.index else new
+        done[node] = new
+        return new
+
+    return rename(body)
+
+
+def plan(
+    body: sympy.Expr,
+    levels: Sequence[Sequence[sympy.Symbol]],
+    tests: Sequence[sympy.Basic] = (),
+    *,
+    first: int = 0,
+    integer_tensors: frozenset[str] = frozenset(),
+) -> Plan:
+    """Place the sub-expressions of `body` and the `tests` at `levels` (outermost first).
+
+    Args:
+        body: the term's body (host parameters already substituted).
+        levels: the loop indices each level binds; level 0 binds what is bound outside.
+        tests: conditions (sympy booleans) the body is evaluated under.
+        first: the number of the first temporary (`t<first>_`), so that several plans of
+            one function do not reuse names.
+        integer_tensors: names of tensors whose elements are integers.
+
+    Returns:
+        The `Plan`.
+    """
+    where = {s: n for n, symbols in enumerate(levels) for s in symbols}
+    body = unique_reduce_indices(body, set(where))
+    planner = _Planner(where, first, integer_tensors)
+    planner.count_uses(body)
+    last = (len(levels) - 1, ())
+    value = planner.rewrite(body, last)
+    statements: list[list[Statement]] = [[] for _ in levels]
+    for (level, nested), found in planner.containers.items():
+        assert not nested, "nested statements live in their loops"
+        statements[level] = found
+    placed_tests: list[list[sympy.Basic]] = [[] for _ in levels]
+    for test in tests:
+        placed_tests[planner.home(test)[0]].append(test)
+    return Plan(statements, placed_tests, value, planner.count)

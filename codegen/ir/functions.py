@@ -1,0 +1,182 @@
+"""The scalar-function table: one row per function of the language.
+
+Each row gives the surface name, the number of arguments, how to build its sympy form (the
+form that is differentiated and printed), the sympy function class that form is made of when
+it has its own (printers and the reference back end key their spelling by it), whether the
+generated code calls a helper of its own for it (`tdsl_<name>`, see `codegen.emit.printer`), the
+reference implementation (a dotted path, resolved lazily so that codegen never imports JAX),
+a safe test domain (every argument in it gives a finite, smooth value), the glibc version
+whose libmvec has a float32 vector variant of the libm function of the same name (generated
+C declares it `omp declare simd`, see `codegen.c.vecmath`), and the maximum error of float32
+generated C against float64, in ulps, that `tests/cpu/test_vector_math.py` asserts over the
+function's whole domain and docs/backends.md documents.
+
+>>> FUNCTIONS["sigmoid"].build(sympy.Symbol("x"))
+sigmoid(x)
+>>> sorted(FUNCTIONS)[:4]
+['abs', 'cos', 'erf', 'exp']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy.codegen.cfunctions import expm1, log1p
+
+
+class sigmoid(sympy.Function):  # noqa: N801 - printed by name
+    """The logistic function 1 / (1 + exp(-x))."""
+
+    nargs = 1
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        s = sigmoid(self.args[0])
+        return s * (1 - s)
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:
+        if x.is_Number:
+            return 1 / (1 + sympy.exp(-x))
+        return None
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+
+class softplus(sympy.Function):  # noqa: N801 - printed by name
+    """log(1 + exp(x)), evaluated stably."""
+
+    nargs = 1
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        return sigmoid(self.args[0])
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:
+        if x.is_Number:
+            return sympy.log(1 + sympy.exp(x))
+        return None
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+
+class FloorDiv(sympy.Function):
+    """Integer division rounded towards minus infinity (index arithmetic only)."""
+
+    nargs = 2
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        if b == 1:
+            return a
+        return None
+
+
+class CeilDiv(sympy.Function):
+    """Integer division rounded towards plus infinity (index arithmetic only)."""
+
+    nargs = 2
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(-(-int(a) // int(b)))
+        if b == 1:
+            return a
+        return None
+
+
+def indicator(condition: sympy.Basic) -> sympy.Expr:
+    """1 where `condition` holds, else 0 (comparisons used as values)."""
+    return sympy.Piecewise((sympy.Integer(1), condition), (sympy.Integer(0), True))
+
+
+def select(condition: sympy.Basic, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    """`where(condition, a, b)`; a non-boolean condition means `condition != 0`."""
+    if not isinstance(condition, sympy.logic.boolalg.Boolean):
+        condition = sympy.Ne(condition, 0)
+    return sympy.Piecewise((a, condition), (b, True))
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One function of the language."""
+
+    name: str
+    arity: int
+    build: Callable[..., sympy.Expr]
+    reference: str  # dotted path of the jax implementation, e.g. "jax.nn.sigmoid"
+    domain: tuple[float, float]  # where every argument is safe and smooth for tests
+    helper: bool = False  # printed as a call to the generated code's `tdsl_<name>`
+    libmvec: tuple[int, int] | None = None  # glibc (major, minor) with `<name>f`'s variant
+    float32_ulps: float | None = None  # tested maximum error of float32 generated C
+
+    @property
+    def function(self) -> type | None:
+        """The sympy function class `build` makes; None when it builds arithmetic (`sqrt` is
+        a power) or a Piecewise (`relu`, `where`)."""
+        build = self.build
+        return build if isinstance(build, type) and issubclass(build, sympy.Function) else None
+
+
+def _row(
+    name: str,
+    arity: int,
+    build: Callable[..., sympy.Expr],
+    reference: str,
+    domain: tuple[float, float] = (-2.0, 2.0),
+    *,
+    helper: bool = False,
+    libmvec: tuple[int, int] | None = None,
+    ulps: float | None = None,
+) -> tuple[str, FunctionSpec]:
+    return name, FunctionSpec(name, arity, build, reference, domain, helper, libmvec, ulps)
+
+
+# glibc's libmvec: exp, log, sin, cos since 2.22, the others since 2.35; its stated accuracy
+# is 4 ulp. sigmoid and softplus are helpers over expf and log1pf (codegen.c.vecmath).
+_OLD, _NEW = (2, 22), (2, 35)
+
+
+FUNCTIONS: dict[str, FunctionSpec] = dict(
+    [
+        _row("exp", 1, sympy.exp, "jax.numpy.exp", libmvec=_OLD, ulps=4),
+        _row("log", 1, sympy.log, "jax.numpy.log", (0.5, 3.0), libmvec=_OLD, ulps=4),
+        _row("log1p", 1, log1p, "jax.numpy.log1p", (-0.5, 2.0), libmvec=_NEW, ulps=4),
+        _row("expm1", 1, expm1, "jax.numpy.expm1", libmvec=_NEW, ulps=4),
+        _row("sqrt", 1, sympy.sqrt, "jax.numpy.sqrt", (0.5, 3.0)),
+        _row("rsqrt", 1, lambda x: 1 / sympy.sqrt(x), "jax.lax.rsqrt", (0.5, 3.0)),
+        _row("tanh", 1, sympy.tanh, "jax.numpy.tanh", libmvec=_NEW, ulps=4),
+        _row("sigmoid", 1, sigmoid, "jax.nn.sigmoid", helper=True, ulps=6),
+        _row("softplus", 1, softplus, "jax.nn.softplus", helper=True, ulps=6),
+        _row("relu", 1, lambda x: select(x > 0, x, sympy.Integer(0)), "jax.nn.relu"),
+        _row("sin", 1, sympy.sin, "jax.numpy.sin", libmvec=_OLD, ulps=4),
+        _row("cos", 1, sympy.cos, "jax.numpy.cos", libmvec=_OLD, ulps=4),
+        _row("abs", 1, sympy.Abs, "jax.numpy.abs"),
+        _row("erf", 1, sympy.erf, "jax.scipy.special.erf", libmvec=_NEW, ulps=4),
+        _row("min", 2, lambda a, b: select(a <= b, a, b), "jax.numpy.minimum"),
+        _row("max", 2, lambda a, b: select(a >= b, a, b), "jax.numpy.maximum"),
+        _row("where", 3, select, "jax.numpy.where"),
+        _row("pow", 2, sympy.Pow, "jax.numpy.power", (0.5, 2.0)),
+    ]
+)
+
+
+def helper_functions(prefix: str) -> dict[str, str]:
+    """sympy printer `user_functions`: each helper row's class name -> `<prefix><name>`."""
+    return {
+        spec.function.__name__: prefix + spec.name
+        for spec in FUNCTIONS.values()
+        if spec.helper and spec.function is not None
+    }
+
+
+#: Function classes that may appear in a lowered body, beyond sympy's arithmetic.
+CUSTOM_FUNCTIONS = (sigmoid, softplus, log1p, expm1, FloorDiv, CeilDiv)

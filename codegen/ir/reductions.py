@@ -1,0 +1,177 @@
+"""The reductions table: one row per reduction a loop nest may use.
+
+Every module that treats reductions differently reads this table (or keys a table of its own
+by the same names, which `tests/unit/test_tables.py` checks): the language accepts the
+`user` rows; the C and CUDA emitters print the templates; the CPU schedule gives the `simd`
+rows vector lanes; the reference back end and the gradient rules have one entry per row; the
+sharding plan splits a reduced axis only for rows with a `cross_device` combine.
+
+C templates: `{a}`/`{b}` are the reduction state (a value, and a second value or a position),
+`{v}` the value of one iteration, `{pos}` its flat position, `{oa}`/`{ob}` another state to
+fold in, `{exp}`/`{log}` the math functions of the accumulation type.
+
+>>> REDUCTIONS["logsumexp"].identity, REDUCTIONS["argmax"].positional
+(-inf, True)
+>>> USER_REDUCTIONS
+('sum', 'max', 'min', 'prod', 'logsumexp')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+#: The dtype of a saved argmax/argmin position (the JAX binding allocates it).
+POSITION_DTYPE = "int32"
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One vectorised pass over a reduction's values (`Reduction.passes`)."""
+
+    update: str  # fold `{v}` into the state
+    simd: str  # the clauses of the `#pragma omp simd` of the pass's loop
+    before: str = ""  # a statement on the state before the pass
+    only_if: str = ""  # the pass runs where this condition on the state holds
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One reduction (see the module docstring for the template placeholders)."""
+
+    name: str
+    user: bool  # users may ask for it; the others are internal to gradients
+    identity: float  # the value that leaves the result unchanged
+    init: tuple[str, ...]  # C initial value of each state variable
+    update: str  # fold `{v}` (at `{pos}`) into the state
+    combine: str  # fold another state `{oa}`/`{ob}` into the state
+    result: str  # the output value of a final state
+    positional: bool = False  # the result is the position `{b}` (an integer), not a value
+    simd: bool = False  # independent lanes combined at the end give the same result
+    cross_device: str | None = None  # how results over a split reduced axis combine
+    #: The same result from passes over a chunk of values, each a vectorised loop; chunk
+    #: results fold in by `combine` (the scalar strategy, `codegen.c.strategies`).
+    passes: tuple[Pass, ...] = ()
+
+
+# argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
+# the smaller position. The state only depends on the set of values seen, not their order,
+# so every schedule (lanes, chunks, threads) agrees. Branch-free, so lane loops vectorise.
+_ARG_TAKE = (
+    "({b} < 0 || {v} {op} {a} || ({v} != {v} && {a} == {a}) "
+    "|| (({v} == {a} || ({v} != {v} && {a} != {a})) && {pos} < {b}))"
+)
+_ARG = "{{ const int t_ = " + _ARG_TAKE + "; {a} = t_ ? {v} : {a}; {b} = t_ ? {pos} : {b}; }}"
+_ARG_COMBINE = (
+    "{{ const int t_ = {ob} >= 0 && "
+    + _ARG_TAKE.replace("{v}", "{oa}").replace("{pos}", "{ob}")
+    + "; {a} = t_ ? {oa} : {a}; {b} = t_ ? {ob} : {b}; }}"
+)
+
+
+def _positional(name: str, op: str, init: str) -> Reduction:
+    return Reduction(
+        name,
+        user=False,
+        identity=math.nan,
+        init=(init, "-1"),
+        update=_ARG.replace("{op}", op),
+        combine=_ARG_COMBINE.replace("{op}", op),
+        result="{b}",
+        positional=True,
+        simd=True,
+    )
+
+
+# max/min, as jnp.max/min: NaN propagates. A NaN value is taken, and a NaN state is kept
+# because no comparison with NaN holds. Branch-free selects, so lane loops vectorise.
+_EXTREMUM = "{a} = ({v} {op} {a} || {v} != {v}) ? {v} : {a};"
+
+
+def _extremum(name: str, op: str, identity: float, init: str) -> Reduction:
+    return Reduction(
+        name,
+        user=True,
+        identity=identity,
+        init=(init,),
+        update=_EXTREMUM.replace("{op}", op),
+        combine=_EXTREMUM.replace("{op}", op).replace("{v}", "{oa}"),
+        result="{a}",
+        simd=True,
+        cross_device=name,
+    )
+
+
+# logsumexp: the state is the largest value `{a}` and the sum `{b}` of exp(value - {a}); `{w}`
+# is the weight of the value `{v}` folded in (1, or another state's sum). As
+# jax.nn.logsumexp: NaN propagates (it becomes `{a}` and stays, as for max); a result of
+# +-inf is `{a}` itself (the sum is then not needed: inf - inf would make it NaN).
+_LSE = (
+    "if ({v} > {a} || {v} != {v}) {{ {b} = {b}*{exp}({a} - {v}) + {w}; {a} = {v}; }} "
+    "else if ({v} > -INFINITY) {{ {b} += {w}*{exp}({v} - {a}); }}"
+)
+
+
+# logsumexp of a chunk of values in two vectorised passes: the largest value (NaNs counted
+# in `{b}` meanwhile, since a max reduction skips them), then the sum of exp(value -
+# largest) where the largest is finite; chunks combine by `combine`. One libmvec exp per
+# value instead of a scalar call and a branch per value.
+_LSE_PASSES = (
+    Pass("{a} = {v} > {a} ? {v} : {a}; {b} += {v} != {v};", "reduction(max:{a}) reduction(+:{b})"),
+    Pass(
+        "{b} += {exp}({v} - {a});",
+        "reduction(+:{b})",
+        before="if ({b} != 0) {{ {a} = NAN; }} {b} = 0;",
+        only_if="{a} > -INFINITY && {a} < INFINITY",
+    ),
+)
+
+
+def _rows(rows: Iterable[Reduction]) -> dict[str, Reduction]:
+    return {row.name: row for row in rows}
+
+
+REDUCTIONS: Mapping[str, Reduction] = _rows(
+    [
+        Reduction(
+            "sum",
+            user=True,
+            identity=0.0,
+            init=("0",),
+            update="{a} += {v};",
+            combine="{a} += {oa};",
+            result="{a}",
+            simd=True,
+            cross_device="sum",
+        ),
+        _extremum("max", ">", -math.inf, "-INFINITY"),
+        _extremum("min", "<", math.inf, "INFINITY"),
+        Reduction(
+            "prod",
+            user=True,
+            identity=1.0,
+            init=("1",),
+            update="{a} *= {v};",
+            combine="{a} *= {oa};",
+            result="{a}",
+            simd=True,
+        ),
+        Reduction(
+            "logsumexp",
+            user=True,
+            identity=-math.inf,
+            init=("-INFINITY", "0"),
+            update=_LSE.replace("{w}*", "").replace("{w}", "1"),
+            combine=_LSE.replace("{v}", "{oa}").replace("{w}", "{ob}"),
+            result="({a} > -INFINITY && {a} < INFINITY ? {a} + {log}({b}) : {a})",
+            cross_device="logsumexp",
+            passes=_LSE_PASSES,
+        ),
+        _positional("argmax", ">", "-INFINITY"),
+        _positional("argmin", "<", "INFINITY"),
+    ]
+)
+
+#: The reductions users may ask for, in the order error messages list them.
+USER_REDUCTIONS = tuple(name for name, row in REDUCTIONS.items() if row.user)

@@ -1,0 +1,127 @@
+"""Print expressions of a loop nest as index-notation source (`codegen.ir.nest` prints
+the nest itself with them).
+
+A nest lowered from a single statement prints as that statement again (the parser reads it
+back to the same nest). Nests with several terms print one line per term, the first with
+`:=` and the rest with `+=`.
+
+>>> from codegen.ir.nest import index_symbol, tensor_base
+>>> i, j = index_symbol("i"), index_symbol("j")
+>>> A = tensor_base("A")
+>>> expr_source(A[i] * A[j] * indicator(i <= j))
+'A[i]*A[j]*(i <= j)'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+from sympy.printing.str import StrPrinter
+
+from codegen.ir.functions import indicator  # noqa: F401 - used in the doctest
+
+_FUNCTION_NAMES = {"Abs": "abs", "FloorDiv": "floordiv", "CeilDiv": "ceildiv"}
+
+
+class SourcePrinter(StrPrinter):
+    """sympy's str printer, speaking the index-notation language."""
+
+    def _print_Indexed(self, expr: sympy.Indexed) -> str:
+        indices = ", ".join(self._print(i) for i in expr.indices)
+        return f"{expr.base.name}[{indices}]"
+
+    def _print_IndexedBase(self, expr: sympy.IndexedBase) -> str:
+        return str(expr.name)
+
+    def __init__(self, settings: dict[str, Any], operands: tuple[str, ...] = ()) -> None:
+        super().__init__(settings)
+        self.operands = operands
+
+    def _position(self, expr: sympy.Basic) -> int:
+        """Where the first operand read by `expr` stands in the operand order."""
+        names = {a.base.name for a in expr.atoms(sympy.Indexed)}
+        names |= {s.name for s in expr.free_symbols if isinstance(s, sympy.Symbol)}
+        found = [self.operands.index(n) for n in names if n in self.operands]
+        return min(found, default=len(self.operands))
+
+    def _ordered(self, args: tuple, numbers_first: bool) -> list:
+        numbers = [a for a in args if a.is_number]
+        others = sorted((a for a in args if not a.is_number), key=self._position)
+        return numbers + others if numbers_first else others + numbers
+
+    def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
+        # Terms in the order their operands first appear; constants last (`p + 1`).
+        ordered = self._ordered(expr.args, numbers_first=False)
+        return super()._print_Add(sympy.Add(*ordered, evaluate=False), order)
+
+    def _print_Mul(self, expr: sympy.Mul) -> str:
+        ordered = self._ordered(expr.args, numbers_first=True)
+        return super()._print_Mul(sympy.Mul(*ordered, evaluate=False))
+
+    def _print_Relational(self, expr: Any) -> str:
+        op = {"==": "==", "!=": "!="}.get(expr.rel_op, expr.rel_op)
+        return f"{self._print(expr.lhs)} {op} {self._print(expr.rhs)}"
+
+    def _print_Float(self, expr: sympy.Float) -> str:
+        return repr(float(expr))
+
+    def _print_Infinity(self, expr: Any) -> str:
+        return "inf"
+
+    def _print_NegativeInfinity(self, expr: Any) -> str:
+        return "-inf"
+
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
+        (value, condition), *rest = expr.args
+        if not rest:
+            return self._print(value)
+        otherwise = sympy.Piecewise(*rest) if len(rest) > 1 else rest[0][0]
+        if value == 1 and otherwise == 0:
+            return f"({self._print(condition)})"
+        return f"where({self._print(condition)}, {self._print(value)}, {self._print(otherwise)})"
+
+    def _print_Function(self, expr: Any) -> str:
+        name = type(expr).__name__
+        args = ", ".join(self._print(a) for a in expr.args)
+        return f"{_FUNCTION_NAMES.get(name, name)}({args})"
+
+    _print_Abs = _print_Function
+
+    def _print_And(self, expr: sympy.And) -> str:
+        return " & ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_Or(self, expr: sympy.Or) -> str:
+        return " | ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_BooleanTrue(self, expr: Any) -> str:
+        return "1"
+
+    def _print_BooleanFalse(self, expr: Any) -> str:
+        return "0"
+
+
+_PRINTER = SourcePrinter({"order": "none"})
+
+
+def expr_source(expr: sympy.Basic, operands: tuple[str, ...] = ()) -> str:
+    """One sympy expression as index-notation source; factors and terms follow `operands`."""
+    printer = SourcePrinter({"order": "none"}, operands) if operands else _PRINTER
+    return printer.doprint(expr)
+
+
+def constraint_source(constraint: sympy.Expr) -> str:
+    """`c >= 0` as a comparison of its negative and positive parts: `i - j` is `j <= i`.
+
+    >>> from codegen.ir.nest import index_symbol
+    >>> i, j = index_symbol("i"), index_symbol("j")
+    >>> constraint_source(i - j + 2)
+    'j <= i + 2'
+    """
+    positive: list[str] = []
+    negative: list[str] = []
+    for part in sympy.Add.make_args(sympy.expand(constraint)):
+        coefficient, _ = part.as_coeff_Mul()
+        (negative if coefficient < 0 else positive).append(part)
+    high, low = sympy.Add(*positive), -sympy.Add(*negative)
+    return f"{expr_source(low)} <= {expr_source(high)}"

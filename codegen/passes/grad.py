@@ -1,0 +1,455 @@
+"""Gradient nests: one gather-style loop nest per differentiable input.
+
+For a nest `Y[o] = reduce_r f(..., A[a(o, r)], ...)` and a cotangent `dY`, the gradient of
+`A` is a new nest whose free indices are A's axes. Each occurrence of A in each term gives
+one term of it: the occurrence's index map is solved by a change of variables (`p = i + k`
+eliminates `i = p - k`), the eliminated index's range becomes constraints on the indices that
+remain, and the body is `dY[o] * df/dA` (sympy, with the other occurrences held constant).
+Every element is accumulated in one register and written once: no scatter, no atomics.
+
+Reductions other than sum:
+
+* max/min: the cotangent goes to the FIRST position in iteration order (row-major over the
+  reduced indices, in the order they appear) whose value equals the output; the forward
+  saves that position (an `argmax`/`argmin` nest) and the gradient tests it.
+* logsumexp: `dA = dY * exp(f - Y) * df/dA`, using the saved output Y.
+* prod: the product of the other factors, as `jax.grad(jnp.prod)` gives it, from three
+  saved nests: the product of the finite nonzero factors (an infinite one counts as its
+  sign), the number of zero factors and the number of infinite ones. A zero or infinite
+  factor is never divided by: `[2, inf, 1]` gives `[inf, 2, inf]`, `[0, inf, 3]` gives
+  `[inf, 0, nan]`. A NaN factor's own gradient is NaN (jnp: the product of the others).
+
+>>> from tensordsl.frontend.lower import lower
+>>> from tensordsl.frontend.parse import parse
+>>> nest = lower(parse("Y[i] := X[i+k] * W[k]")).nest
+>>> print(gradient(nest, "X").nest)
+dX[p] := dY[p - k]*W[k]*(k <= p)*(p + W.shape[0] <= k + dX.shape[0])
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+import sympy
+
+from codegen import config
+from codegen.cache import memo
+from codegen.errors import Unsupported
+from codegen.ir.affine import NotAffine, affine_parts
+from codegen.ir.functions import FloorDiv
+from codegen.ir.nest import (
+    LoopNest,
+    Operand,
+    Range,
+    Reduce,
+    Term,
+    extent_of,
+    extent_symbol,
+    index_symbol,
+    scalar_symbol,
+)
+from codegen.passes.factor import factor_sums
+from codegen.passes.gradient_rules import (
+    ARGUMENT,
+    COTANGENT,
+    FINITE_PROD,
+    GRADIENT_RULES,
+    INF_COUNT,
+    OUTPUT,
+    ZERO_COUNT,
+    GradientNames,
+    gradient_names,
+    saved,
+)
+from codegen.passes.guards import bound_guards
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """A gradient nest and what each of its operands is.
+
+    `roles` maps each operand of `nest` to "cotangent", "output", "input" (a forward
+    operand of the same name), or the name of an auxiliary nest of the forward
+    ("argument", "finite_prod", "zero_count", "inf_count"; see `auxiliary_nests`).
+    """
+
+    nest: LoopNest
+    wrt: str
+    roles: tuple[tuple[str, str], ...]
+
+
+def _fresh_names(taken: set[str]) -> itertools.chain:
+    singles = ("p", "q", "s", "t", "u", "v", "w")
+    numbered = (f"{base}{n}" for n in itertools.count(1) for base in singles)
+    return itertools.chain(
+        (n for n in singles if n not in taken), (n for n in numbered if n not in taken)
+    )
+
+
+def _free_indices(nest: LoopNest, wrt: str) -> tuple[sympy.Symbol, ...]:
+    """Readable names for the gradient's free indices: A's index names where they are bare."""
+    rank = nest.operand(wrt).rank
+    first = next((a for t in nest.terms for a in _occurrences(t.body, wrt)), None)
+    taken = _names_in(nest)
+    # An index bound by a nested reduction names nothing outside it.
+    bound = {r.index for t in nest.terms for r in _reductions(t.body)}
+    fresh = _fresh_names(taken)
+    names: list[str] = []
+    for axis in range(rank):
+        index = first.indices[axis] if first is not None else None
+        if isinstance(index, sympy.Symbol) and index.name not in names and index not in bound:
+            names.append(index.name)
+        else:
+            names.append(next(fresh))
+    return tuple(index_symbol(n) for n in names)
+
+
+def _occurrences(expr: sympy.Basic, wrt: str) -> list[sympy.Indexed]:
+    found = [a for a in expr.atoms(sympy.Indexed) if a.base.name == wrt]
+    return sorted(found, key=sympy.default_sort_key)
+
+
+def _affine(expr: sympy.Expr, loop: list[sympy.Symbol], where: sympy.Basic) -> dict:
+    try:
+        return affine_parts(expr, loop)
+    except NotAffine as error:
+        raise Unsupported(
+            f"the gradient cannot solve the access {where}: index {error.index} has the "
+            f"non-integer coefficient {error.coefficient} after a change of variables"
+        ) from None
+
+
+@dataclass
+class _Solver:
+    """Solves one occurrence's index map for the loop indices, axis by axis."""
+
+    ranges: dict[sympy.Symbol, Range]  # the forward loop indices still to be looped over
+    substitution: dict[sympy.Symbol, sympy.Expr]
+    constraints: list[sympy.Expr]
+    guards: list[sympy.Basic]
+
+    def solve_axis(
+        self, axis_expr: sympy.Expr, target: sympy.Symbol, access: sympy.Indexed
+    ) -> None:
+        expr = sympy.expand(axis_expr.xreplace(self.substitution))
+        coefficients = _affine(expr, list(self.ranges), access)
+        if not coefficients:
+            self.guards.append(sympy.Eq(target, expr))
+            return
+        # Prefer a unit coefficient; among those, the forward's free indices (so the gradient
+        # reads the cotangent shifted and keeps the reduced loops), then the first listed.
+        order = list(self.ranges)
+        v = min(
+            coefficients,
+            key=lambda u: (abs(coefficients[u]) != 1, abs(coefficients[u]), order.index(u)),
+        )
+        c = coefficients[v]
+        rest = sympy.expand(expr - c * v)
+        if abs(c) == 1:
+            solution = sympy.expand(c * (target - rest))
+        else:
+            self.guards.append(sympy.Eq(sympy.Mod(target - rest, abs(c)), 0))
+            solution = FloorDiv(target - rest, c)
+        bounds = self.ranges.pop(v)
+        self.substitution = {k: s.xreplace({v: solution}) for k, s in self.substitution.items()}
+        self.substitution[v] = solution
+        # start <= v < stop, multiplied through by c so that it stays affine.
+        low, high = c * bounds.start, c * (bounds.stop - 1)
+        if c < 0:
+            low, high = high, low
+        self.constraints += [sympy.expand(target - rest - low), sympy.expand(high - target + rest)]
+
+
+def _term_gradient(
+    nest: LoopNest,
+    term: Term,
+    occurrence: sympy.Basic,
+    scale: sympy.Expr,
+    free: tuple[sympy.Symbol, ...],
+    wrt_rank: int,
+) -> Term | None:
+    """The gradient term of one occurrence (an Indexed access, or a scalar symbol)."""
+    derivative, lifted, occurrence = _derivative(term.body, occurrence, _names_in(nest))
+    if derivative == 0:
+        return None
+    reduced = term.reduced + lifted
+    shortcut = _saved_output_shortcut(nest, term, occurrence, derivative, lifted)
+    if shortcut is not None:
+        # The saved output already holds the reduction, its bounds and guards included.
+        derivative, reduced, term = shortcut, (), _without_reduced(term)
+    loop = {r.index: sympy.Dummy(r.index.name, integer=True) for r in nest.free + reduced}
+    ranges = {loop[r.index]: r for r in nest.free + reduced}
+    solver = _Solver(ranges, {}, [], [])
+    if wrt_rank:
+        access = occurrence.xreplace(loop)
+        for axis, target in enumerate(free):
+            solver.solve_axis(access.indices[axis], target, occurrence)
+
+    def rewrite(expr: sympy.Basic) -> sympy.Basic:
+        return expr.xreplace(loop).xreplace(solver.substitution)
+
+    body = rewrite(scale * derivative)
+    # Constraints and guards found before a later elimination still name its index.
+    solved = [c.xreplace(solver.substitution) for c in solver.constraints]
+    constraints = [rewrite(c) for c in term.constraints] + solved
+    guards = [g.xreplace(solver.substitution) for g in solver.guards]
+    guard = sympy.And(rewrite(term.guard), *guards)
+    taken = {s.name for s in free}
+    kept: list[Range] = []
+    names = {}
+    for dummy, r in solver.ranges.items():
+        name = r.index.name if r.index.name not in taken else next(_fresh_names(taken))
+        taken.add(name)
+        names[dummy] = index_symbol(name)
+        kept.append(Range(names[dummy], r.start, r.stop))
+    return Term(
+        body.xreplace(names),
+        tuple(kept),
+        tuple(_simplify_constraints(c.xreplace(names) for c in constraints)),
+        guard.xreplace(names),
+    )
+
+
+def _derivative(
+    body: sympy.Expr, occurrence: sympy.Basic, taken: set[str]
+) -> tuple[sympy.Expr, tuple[Range, ...], sympy.Basic]:
+    """d body / d occurrence, the indices of the nested reductions around the occurrence,
+    lifted to loops of the gradient term (`d/dQ[i, p]` of `f(sum_d Q[i, d]*K[j, d])` is
+    `f'(...) * K[j, d]` at `d = p`: the term loops over d and the solver eliminates it),
+    and the occurrence with those indices renamed as lifted."""
+    around = [r for r in _reductions(body) if occurrence in r.body.atoms(type(occurrence))]
+    if not around:
+        stand_in = sympy.Dummy("a", real=True)
+        derivative = sympy.diff(body.xreplace({occurrence: stand_in}), stand_in)
+        derivative = derivative.xreplace({stand_in: occurrence})
+        # sign(x)' = 2*DiracDelta(x): zero wherever it is defined, as in JAX.
+        derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
+        return derivative, (), occurrence
+    nested = around[0]  # the outermost: `_reductions` lists outer ones first
+    stand_in = sympy.Dummy("r", real=True)
+    outer = sympy.diff(body.xreplace({nested: stand_in}), stand_in).xreplace({stand_in: nested})
+    if nested.reduction == "sum":
+        weight: sympy.Expr = sympy.Integer(1)
+    elif nested.reduction == "logsumexp":
+        weight = sympy.exp(nested.body - nested)
+    else:
+        raise Unsupported(
+            f"no gradient through a nested '{nested.reduction}' reduction (only sum and "
+            "logsumexp): store that intermediate instead of recomputing it"
+        )
+    name = next(_fresh_names(taken | {nested.index.name}))
+    taken.add(name)
+    index = index_symbol(name)
+    lifted_body = nested.body.xreplace({nested.index: index})
+    lifted_weight = weight.xreplace({nested.index: index})
+    renamed = occurrence.xreplace({nested.index: index})
+    inner, deeper, renamed = _derivative(lifted_body, renamed, taken)
+    lifted = (Range(index, nested.start, nested.stop), *deeper)
+    return outer * lifted_weight * inner, lifted, renamed
+
+
+def _reductions(expr: sympy.Basic) -> list[Reduce]:
+    """The nested reductions in `expr`, outer ones before those inside them."""
+    found: list[Reduce] = []
+
+    def walk(node: sympy.Basic) -> None:
+        if isinstance(node, Reduce) and node not in found:
+            found.append(node)
+        for arg in node.args:
+            walk(arg)
+
+    walk(expr)
+    return found
+
+
+def _names_in(nest: LoopNest) -> set[str]:
+    """Every symbol name a nest uses, bound indices of nested reductions included."""
+    names = {s.name for e in nest.expressions() for s in e.free_symbols if hasattr(s, "name")}
+    for term in nest.terms:
+        names |= {r.index.name for r in _reductions(term.body)}
+        names |= {r.index.name for r in term.reduced}
+    return names | {r.index.name for r in nest.free}
+
+
+def _saved_output_shortcut(
+    nest: LoopNest,
+    term: Term,
+    occurrence: sympy.Basic,
+    derivative: sympy.Expr,
+    lifted: tuple[Range, ...],
+) -> sympy.Expr | None:
+    """`g * Y` when `d body / d occurrence = g * body` with g free of the reduced indices:
+    then the sum over them of `g * body` is `g * Y`, the saved output, and the gradient
+    skips the whole reduction (attention's `dL[i] = -sum_e dO[i, e] * O[i, e]`, O(N d)
+    where recomputing the weights would cost O(N^2 d))."""
+    if nest.reduction != "sum" or len(nest.terms) != 1 or lifted or not term.reduced:
+        return None
+    reduced = set(term.reduced_indices)
+    if isinstance(occurrence, sympy.Indexed) and occurrence.free_symbols & reduced:
+        return None
+    try:
+        ratio = sympy.cancel(derivative / term.body)
+    except (sympy.PolynomialError, TypeError, ValueError):
+        return None
+    if ratio.free_symbols & reduced or any(
+        a.free_symbols & reduced for a in ratio.atoms(sympy.Indexed, Reduce)
+    ):
+        return None
+    return ratio * saved(nest.output, nest)
+
+
+def _without_reduced(term: Term) -> Term:
+    """`term` without its reduced indices and the constraints and guard that mention them."""
+    reduced = set(term.reduced_indices)
+    constraints = tuple(c for c in term.constraints if not c.free_symbols & reduced)
+    guard = term.guard if not term.guard.free_symbols & reduced else sympy.true
+    return Term(term.body, (), constraints, guard)
+
+
+def _simplify_constraints(constraints) -> list[sympy.Expr]:
+    """Drop constraints that always hold (a nonnegative constant) and duplicates."""
+    kept: list[sympy.Expr] = []
+    for c in constraints:
+        c = sympy.expand(c)
+        if c.is_number and c >= 0:
+            continue
+        if c not in kept:
+            kept.append(c)
+    return kept
+
+
+def _operands(nest: LoopNest, terms: tuple[Term, ...], names: GradientNames) -> tuple:
+    """The gradient nest's operands in a stable order, with their roles."""
+    used = set()
+    for t in terms:
+        used |= {a.base.name for a in t.body.atoms(sympy.Indexed)}
+        used |= {s.name for s in t.body.free_symbols if isinstance(s, sympy.Symbol)}
+    candidates = [(names.cotangent, COTANGENT, len(nest.free))]
+    candidates += [(op.name, "input", op.rank) for op in nest.operands]
+    candidates += [(nest.output, OUTPUT, len(nest.free))]
+    candidates += [
+        (names.argument, ARGUMENT, len(nest.free)),
+        (names.finite_prod, FINITE_PROD, len(nest.free)),
+        (names.zero_count, ZERO_COUNT, len(nest.free)),
+        (names.inf_count, INF_COUNT, len(nest.free)),
+    ]
+    operands, roles = [], []
+    for name, role, rank in candidates:
+        if name in used or role == COTANGENT:
+            operands.append(Operand(name, rank))
+            roles.append((name, role))
+    return tuple(operands), tuple(roles)
+
+
+@functools.lru_cache(maxsize=1024)
+def gradient(nest: LoopNest, wrt: str) -> Gradient:
+    """The gradient nest of `nest` with respect to its operand `wrt`.
+
+    Derived once per process and kept on disk for the next one (codegen/c/records.py,
+    keyed by the nest, `wrt` and the sources of tensordsl/ and codegen/).
+
+    Args:
+        nest: a loop nest (forward or itself a gradient nest).
+        wrt: the name of one of its operands.
+
+    Returns:
+        A `Gradient`: the nest, whose output has `wrt`'s shape, and its operand roles.
+
+    Raises:
+        Unsupported: an access whose index map cannot be solved in gather form.
+    """
+    return memo.memo(
+        config.cache_dir(),
+        "gradient",
+        (nest, wrt),
+        lambda: _derive_gradient(nest, wrt),
+        version=memo.source_version(memo.CODEGEN_ROOT),
+        expected=Gradient,
+    )
+
+
+def _derive_gradient(nest: LoopNest, wrt: str) -> Gradient:
+    """The gradient nest, derived (see `gradient`)."""
+    names = gradient_names(nest, wrt)
+    rank = nest.operand(wrt).rank
+    free = _free_indices(nest, wrt)
+    scale = GRADIENT_RULES[nest.reduction].scale(nest, names)
+    terms = []
+    for term in nest.terms:
+        occurrences = _occurrences(term.body, wrt) if rank else [scalar_symbol(wrt)]
+        for occurrence in occurrences:
+            found = _term_gradient(nest, term, occurrence, scale, free, rank)
+            if found is not None:
+                terms.append(found)
+    if not terms:
+        terms.append(Term(sympy.Integer(0)))
+    extents = {}
+    for t in terms:
+        for e in t.expressions():
+            for s in e.free_symbols:
+                axis = extent_of(s)
+                if axis is not None and axis[0] in (nest.output, wrt):
+                    owner = names.cotangent if axis[0] == nest.output else names.gradient
+                    extents[s] = extent_symbol(owner, axis[1])
+    terms = [
+        _drop_free_range_constraints(_rename_extents(t, extents), free, names.gradient)
+        for t in terms
+    ]
+    operands, roles = _operands(nest, tuple(terms), names)
+    gradient_nest = LoopNest(
+        output=names.gradient,
+        free=tuple(Range(p, 0, extent_symbol(names.gradient, d)) for d, p in enumerate(free)),
+        terms=merge_terms(tuple(terms)),
+        operands=operands,
+        reduction="sum",
+    )
+    return Gradient(factor_sums(bound_guards(gradient_nest)), wrt, roles)
+
+
+def merge_terms(terms: tuple[Term, ...]) -> tuple[Term, ...]:
+    """Summed terms over the same reduced ranges and constraints as one term, so that the
+    emitters compute what they share once (the three terms `p == 0, 1, 2` of a gradient
+    with respect to `X[i, 0]`, `X[i, 1]`, `X[i, 2]`, say): a guard that differs between them
+    moves into the body as a `where`."""
+    groups: dict[tuple, list[Term]] = {}
+    for term in terms:
+        groups.setdefault((term.reduced, term.constraints), []).append(term)
+    merged = []
+    for (reduced, constraints), group in groups.items():
+        if len(group) == 1:
+            merged.append(group[0])
+            continue
+        guards = {t.guard for t in group}
+        if len(guards) == 1:
+            body = sympy.Add(*(t.body for t in group))
+            merged.append(Term(body, reduced, constraints, group[0].guard))
+            continue
+        parts = [
+            t.body if t.guard == sympy.true else sympy.Piecewise((t.body, t.guard), (0, True))
+            for t in group
+        ]
+        merged.append(Term(sympy.Add(*parts), reduced, constraints))
+    return tuple(merged)
+
+
+def _rename_extents(term: Term, extents: dict) -> Term:
+    return Term(
+        term.body.xreplace(extents),
+        tuple(
+            Range(r.index, r.start.xreplace(extents), r.stop.xreplace(extents))
+            for r in term.reduced
+        ),
+        tuple(c.xreplace(extents) for c in term.constraints),
+        term.guard.xreplace(extents),
+    )
+
+
+def _drop_free_range_constraints(term: Term, free: tuple[sympy.Symbol, ...], output: str) -> Term:
+    """Drop constraints that only restate a free index's range `0 <= p < dA.shape[d]`."""
+    implied = set()
+    for d, p in enumerate(free):
+        implied |= {sympy.expand(p), sympy.expand(extent_symbol(output, d) - 1 - p)}
+    kept = tuple(c for c in term.constraints if sympy.expand(c) not in implied)
+    return Term(term.body, term.reduced, kept, term.guard)

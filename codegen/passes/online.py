@@ -1,0 +1,145 @@
+"""One pass for a logsumexp and the softmax-weighted sum that reads it (online softmax).
+
+Attention's forward is two statements over the same scores `X` (recomputed, never stored)::
+
+    (logsumexp) L[b,h,i] := X[b,h,i,j]
+    O[b,h,i,e] := exp(X[b,h,i,j] - L[b,h,i]) * V[b,h,j,e]
+
+Run as two nests, the scores are computed twice and Q and K are read twice. `pair` turns the
+two into one nest that computes both in one pass over j, as FlashAttention does: per row, a
+running max `m` and sum `s` of `exp(X - m)`, the weighted sum rescaled when `m` grows, then
+`O = acc / s` and `L = m + log s` (the C strategy "online", `codegen.c.online`).
+
+The paired nest (`LoopNest.online` names L) has two terms over the same reduced range and
+constraints: `X` and the weight `W` (`V[b,h,j,e]` above). Its free ranges are O's with the
+last one a position longer: the output packs `O[..., e]` and then `L[...]` along its last
+axis. `unpair` gives the two nests back, for the back ends without a one-pass emitter and for
+differentiation.
+
+>>> from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
+>>> from codegen.ir.nest import tensor_base
+>>> i, j, e = index_symbol("i"), index_symbol("j"), index_symbol("e")
+>>> X, V, L = tensor_base("X"), tensor_base("V"), tensor_base("L")
+>>> rows = Range(i, 0, extent_symbol("X", 0))
+>>> cols = (Range(j, 0, extent_symbol("X", 1)),)
+>>> lse = LoopNest("L", (rows,), (Term(X[i, j], cols),), (Operand("X", 2),), "logsumexp")
+>>> weighted = LoopNest("O", (rows, Range(e, 0, extent_symbol("V", 1))),
+...     (Term(sympy.exp(X[i, j] - L[i]) * V[j, e], cols),),
+...     (Operand("X", 2), Operand("L", 1), Operand("V", 2)))
+>>> nest = pair(lse, weighted)
+>>> nest.online, nest.free[-1].stop, [str(t.body) for t in nest.terms]
+('L', V.shape[1] + 1, ['X[i, j]', 'V[j, e]'])
+>>> [str(n) for n in unpair(nest)] == [str(lse), str(weighted)]
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import sympy
+
+from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, rename, tensor_base
+
+
+def _single_term(nest: LoopNest, reduction: str) -> Term | None:
+    if nest.reduction != reduction or nest.online or len(nest.terms) != 1:
+        return None
+    term = nest.terms[0]
+    if len(term.reduced) != 1 or term.guard != sympy.true:
+        return None
+    return term
+
+
+def _split_weight(body: sympy.Expr, read: sympy.Indexed) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """`(argument, weight)` where `body = exp(argument) * weight` and only the argument
+    reads `read`."""
+    found = [f for f in sympy.Mul.make_args(body) if f.has(read)]
+    if len(found) != 1 or not isinstance(found[0], sympy.exp):
+        return None
+    weight = sympy.Mul(*(f for f in sympy.Mul.make_args(body) if f is not found[0]))
+    if weight.has(tensor_base(read.base.name)) or weight.atoms(Reduce):
+        return None
+    return found[0].args[0], weight
+
+
+def pair(lse: LoopNest, weighted: LoopNest) -> LoopNest | None:
+    """The one-pass nest of a logsumexp `lse` and a sum `weighted` of `exp(X - L) * W` over
+    the same reduced range, or None when they do not have that form (module docstring)."""
+    lse_term, term = _single_term(lse, "logsumexp"), _single_term(weighted, "sum")
+    if lse_term is None or term is None or len(weighted.free) != len(lse.free) + 1:
+        return None
+    if lse.output in weighted.extent_tensors():
+        return None
+    free = weighted.free_indices[: len(lse.free)]
+    read = tensor_base(lse.output)[free] if free else None
+    reads = {a for a in term.body.atoms(sympy.Indexed) if a.base.name == lse.output}
+    if read is None or reads != {read}:
+        return None
+    names = {a.name: b.name for a, b in zip(lse.free_indices, free)}
+    names[lse_term.reduced[0].index.name] = term.reduced[0].index.name
+    renamed = rename(lse, tensors={}, indices=names)
+    scores = renamed.terms[0]
+    same_loops = renamed.free == weighted.free[: len(lse.free)] and scores.reduced == term.reduced
+    if not same_loops or set(scores.constraints) != set(term.constraints):
+        return None
+    split = _split_weight(term.body, read)
+    if split is None or split[0] != scores.body - read:
+        return None
+    if free[-1] in split[1].free_symbols:
+        return None  # a block of rows shares each weight (codegen.c.online)
+    last = weighted.free[-1]
+    operands = {op.name: op for op in (*lse.operands, *weighted.operands) if op.name != lse.output}
+    return dataclasses.replace(
+        weighted,
+        free=(*weighted.free[:-1], Range(last.index, last.start, last.stop + 1)),
+        terms=(scores, dataclasses.replace(term, body=split[1])),
+        operands=tuple(operands.values()),
+        reduction="logsumexp",
+        online=lse.output,
+    )
+
+
+def _reads(term: Term, operands: Sequence[Operand]) -> tuple[Operand, ...]:
+    named = {a.base.name for a in term.body.atoms(sympy.Indexed)}
+    named |= {s.name for s in term.body.free_symbols if not s.is_integer}
+    return tuple(op for op in operands if op.name in named)
+
+
+def unpair(nest: LoopNest) -> tuple[LoopNest, LoopNest]:
+    """The logsumexp nest and the weighted sum that the one-pass `nest` stands for."""
+    scores, weight = nest.terms
+    free, last = nest.free[:-1], nest.free[-1]
+    lse = LoopNest(nest.online, free, (scores,), _reads(scores, nest.operands), "logsumexp")
+    read = tensor_base(nest.online)[tuple(r.index for r in free)]
+    body = sympy.exp(scores.body - read) * weight.body
+    operands = (*nest.operands, Operand(nest.online, len(free)))
+    weighted = dataclasses.replace(
+        nest,
+        free=(*free, Range(last.index, last.start, last.stop - 1)),
+        terms=(dataclasses.replace(weight, body=body),),
+        operands=_reads(Term(body), operands),
+        reduction="sum",
+        online="",
+    )
+    return lse, weighted
+
+
+def pair_stored(stored: Sequence[LoopNest]) -> tuple[LoopNest, ...]:
+    """`stored` (nests in run order) with each logsumexp and the weighted sum that reads it
+    replaced by their one-pass nest, run where the weighted sum ran; a logsumexp read by a
+    nest in between stays as it is."""
+    runs = list(stored)
+    for n, lse in enumerate(stored):
+        for m in range(n + 1, len(stored)):
+            if lse.output not in stored[m].operand_names:
+                continue
+            paired = pair(lse, stored[m])
+            if paired is not None and not any(
+                lse.output in between.operand_names for between in stored[n + 1 : m]
+            ):
+                runs[runs.index(stored[m])] = paired
+                runs.remove(lse)
+            break
+    return tuple(runs)

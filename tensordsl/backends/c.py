@@ -1,0 +1,159 @@
+"""The C back end inside JAX: compiled nests called through XLA FFI or `buffer_callback`.
+
+The nest is compiled at trace time (the first call for a dtype combination). Two ways to
+call it, chosen by `TENSORDSL_CPU_CALL` (codegen/config.py):
+
+* "ffi" (default): `jax.ffi.ffi_call` to the XLA FFI handler compiled into the kernel's own
+  shared object (codegen/c/ffi.py). XLA calls C directly: no Python and no GIL per call. The
+  int64 `params` array is computed here, at trace time, from the static shapes and passed as
+  an attribute.
+* "callback": `buffer_callback`, whose Python callback passes XLA's buffers to the kernel
+  with ctypes. It holds the GIL for each call, so a busy Python thread slows every call down
+  (benchmarks/RESULTS.md, "Call overhead"). It is also the fallback when a kernel has no
+  FFI handler (jaxlib's FFI headers missing, or the handler did not build).
+
+Both read inputs where they are and write the output fully in place; nothing is copied.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.buffer_callback import buffer_callback
+
+from codegen import config
+from codegen.c.build import CompiledNest, build_c
+from codegen.c.build import prefetch_c as prefetch_kernel
+from codegen.c.schedule import Schedule, choose_cpu_schedule
+from codegen.ir.extents import output_shape
+from codegen.ir.nest import LoopNest
+from tensordsl.backends.xla_dot import run_xla
+
+_REGISTER_LOCK = threading.Lock()
+#: FFI targets registered with XLA in this process (name -> handler address).
+REGISTERED: dict[str, int] = {}
+
+
+def register_ffi_target(compiled: CompiledNest) -> str:
+    """Register the FFI handler of `compiled` with XLA once; return the target name.
+
+    Thread-safe and idempotent: the name carries the library's digest, so one name always
+    means one handler, and a name is registered at most once per process.
+    """
+    if compiled.ffi_handler is None:
+        raise ValueError(f"{compiled.name} was built without an FFI handler")
+    name = compiled.ffi_target
+    with _REGISTER_LOCK:
+        if name not in REGISTERED:
+            capsule = jax.ffi.pycapsule(compiled.ffi_handler)
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu", api_version=1)
+            REGISTERED[name] = _address(compiled)
+    return name
+
+
+def _address(compiled: CompiledNest) -> int:
+    return int(ctypes.cast(compiled.ffi_handler, ctypes.c_void_p).value or 0)
+
+
+def kernel_dtypes(nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any) -> dict[str, str]:
+    """The dtype name of every operand and of the output: the operands' own dtypes
+    (`jnp.result_type` would widen a weakly typed int32 to int64)."""
+    dtypes = {op.name: jnp.dtype(d).name for op, d in zip(nest.operands, operand_dtypes)}
+    dtypes[nest.output] = jnp.dtype(dtype).name
+    return dtypes
+
+
+@functools.lru_cache(maxsize=4096)
+def _heuristic(nest: LoopNest, dtypes: tuple[tuple[str, str], ...], xla: bool) -> Schedule:
+    """The heuristic's schedule, chosen once per nest, dtypes and XLA-contraction setting."""
+    return choose_cpu_schedule(nest, dict(dtypes), kernel=not xla)
+
+
+def _schedule(nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule | None) -> Schedule:
+    items = tuple(sorted(dtypes.items()))
+    return schedule or _heuristic(nest, items, config.xla_contractions())
+
+
+def prefetch_c(
+    nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, schedule: Schedule | None
+) -> None:
+    """Start building the kernel `run_c` will need for `nest`, in the background
+    (`codegen.c.build.prefetch_c`); nothing for the "xla" strategy."""
+    dtypes = kernel_dtypes(nest, operand_dtypes, dtype)
+    schedule = _schedule(nest, dtypes, schedule)
+    if schedule.strategy != "xla":
+        prefetch_kernel(nest, dtypes=dtypes, schedule=schedule)
+
+
+def run_c(
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: Any,
+    schedule: Schedule | None = None,
+) -> jax.Array:
+    """Run `nest` on the CPU (compiled C, or XLA for the "xla" strategy); `shapes`
+    covers every tensor the nest names."""
+    own = [v.dtype if hasattr(v, "dtype") else jnp.result_type(v) for v in operands]
+    dtypes = kernel_dtypes(nest, own, dtype)
+    schedule = _schedule(nest, dtypes, schedule)
+    if schedule.strategy == "xla":
+        found = run_xla(nest, operands, shapes, dtype)
+        if found is not None:
+            return found
+        schedule = _heuristic(nest, tuple(sorted(dtypes.items())), False)
+    compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
+    result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.dtype(dtype))
+    extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
+    poison = config.poison_outputs()
+    # Shapes are static per trace, so the kernel's parameter array is a constant of the call.
+    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
+    params = compiled.host_parameters(full)
+    if config.cpu_call() == "ffi" and compiled.ffi_handler is not None:
+        return _call_ffi(compiled, operands, result, params, poison)
+    return _call_callback(compiled, operands, result, params, poison)
+
+
+def _call_ffi(
+    compiled: CompiledNest,
+    operands: Sequence[jax.Array],
+    result: jax.ShapeDtypeStruct,
+    params: np.ndarray,
+    poison: bool,
+) -> jax.Array:
+    """`ffi_call` to the kernel's handler, `params` passed as an attribute."""
+    target = register_ffi_target(compiled)
+    # "sequential": a batched call is a loop of unbatched ones, so `params` stays right.
+    call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
+    return call(*operands, params=params, poison=np.int32(poison))
+
+
+def _call_callback(
+    compiled: CompiledNest,
+    operands: Sequence[jax.Array],
+    result: jax.ShapeDtypeStruct,
+    params: np.ndarray,
+    poison: bool,
+) -> jax.Array:
+    """`buffer_callback` and ctypes: the fallback (holds the GIL per call).
+
+    The callback only passes pointers (XLA's buffers are C-contiguous, its default layout).
+    """
+    count = max(len(operands), 1)
+
+    def callback(ctx: Any, out: Any, *args: Any) -> None:
+        target = np.asarray(out)
+        if poison:
+            target.fill(np.nan if np.issubdtype(target.dtype, np.inexact) else -1)
+        pointers = (ctypes.c_void_p * count)(*(np.asarray(a).ctypes.data for a in args))
+        compiled.function(target.ctypes.data, pointers, params.ctypes.data)
+
+    call = buffer_callback(callback, result, vmap_method="sequential")
+    return call(*operands)

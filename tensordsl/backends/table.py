@@ -1,0 +1,143 @@
+"""The back ends: one `Backend` record per back end, and how "auto" picks one.
+
+This table is the one place that knows back ends by name; everything else asks the record
+(`backend(name)`). A new back end is a folder of its own (`codegen/<name>/`, a runner here
+beside `c.py` and `cuda.py`) and one row of `BACKENDS`.
+
+A runner executes a nest without differentiation: `runner(nest, operands, shapes, out dtype,
+schedule or None)`, where `shapes` covers every tensor the nest names. The binding
+(`tensordsl/binding/primitive.py`, `tensordsl/binding/partitioning.py`) traces it into
+`nest_p`'s lowering. The compiled back ends are imported when first used, so `import
+tensordsl` starts no compiler and never imports CuPy.
+
+>>> BACKEND_NAMES
+('auto', 'reference', 'c', 'cuda')
+>>> [b.name for b in BACKENDS.values() if b.emits_code]
+['c', 'cuda']
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from codegen.ir.nest import LoopNest
+from tensordsl.backends import reference
+
+Shapes = Mapping[str, tuple[int, ...]]
+#: A runner executes a nest without differentiation:
+#: (nest, operands, shapes, out dtype, schedule or None).
+Runner = Callable[[LoopNest, Sequence[jax.Array], Shapes, Any, Any], jax.Array]
+#: Writes the generated code of a nest: (nest, dtypes, role=...) -> source text.
+SourceEmitter = Callable[..., str]
+
+#: The name a user passes to let the machine choose (`resolve`).
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What the rest of the package may ask of a back end."""
+
+    name: str
+    #: Runs a nest (imports the back end's code when first called).
+    run: Runner
+    #: Starts building the kernel the runner will need, in the background; None: nothing to build.
+    prefetch: Callable[[LoopNest, Sequence[Any], Any, Any], None] | None = None
+    #: The emitter of its generated code (`k.source(target)`, explain); None: it emits none.
+    source_emitter: Callable[[], SourceEmitter] | None = None
+    #: Takes a kernel's `schedule=` / `loop_order=` (the C schedules).
+    takes_schedule: bool = False
+    #: The longest packed row (`codegen.passes.online`) it runs as one pass; 0: as two nests.
+    one_pass_rows: int = 0
+    #: `profile()` and `explain --time` time its compiled nests one by one.
+    profiled: bool = False
+
+    @property
+    def emits_code(self) -> bool:
+        return self.source_emitter is not None
+
+
+def _run_reference(
+    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+) -> jax.Array:
+    """The reference back end (jax.numpy, the test oracle) as a runner."""
+    return reference.evaluate(nest, dict(zip(nest.operand_names, operands)), shapes, dtype)
+
+
+def _run_c(
+    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+) -> jax.Array:
+    from tensordsl.backends.c import run_c
+
+    return run_c(nest, operands, shapes, dtype, schedule)
+
+
+def _prefetch_c(nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, schedule: Any) -> None:
+    from tensordsl.backends.c import prefetch_c
+
+    prefetch_c(nest, operand_dtypes, dtype, schedule)
+
+
+def _c_source() -> SourceEmitter:
+    from codegen.c.build import c_source
+
+    return c_source
+
+
+def _run_cuda(
+    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+) -> jax.Array:
+    from tensordsl.backends.cuda import run_cuda
+
+    return run_cuda(nest, operands, shapes, dtype, schedule=schedule)
+
+
+def _cuda_source() -> SourceEmitter:
+    from codegen.cuda.emit import cuda_source
+
+    return cuda_source
+
+
+#: The longest output row (the packed axis, less the logsumexp) the C one-pass kernel
+#: accumulates; the accumulators of a block of rows live on the stack.
+C_ONE_PASS_ROWS = 1024
+
+BACKENDS: dict[str, Backend] = {
+    "reference": Backend("reference", _run_reference),
+    "c": Backend(
+        "c",
+        _run_c,
+        prefetch=_prefetch_c,
+        source_emitter=_c_source,
+        takes_schedule=True,
+        one_pass_rows=C_ONE_PASS_ROWS,
+        profiled=True,
+    ),
+    "cuda": Backend("cuda", _run_cuda, source_emitter=_cuda_source),
+}
+
+#: The back-end names a kernel accepts: "auto" or a key of BACKENDS.
+BACKEND_NAMES = (AUTO, *BACKENDS)
+#: The back end whose compiled nests `profile()` times.
+PROFILED = next(b for b in BACKENDS.values() if b.profiled)
+#: The back ends whose generated code `source()` shows.
+CODE_TARGETS = tuple(b.name for b in BACKENDS.values() if b.emits_code)
+
+
+def backend(name: str) -> Backend:
+    """The record of a back end by name ("auto" resolved for this machine)."""
+    return BACKENDS[resolve_backend(name)]
+
+
+def resolve_backend(name: str) -> str:
+    """`name` itself, or for "auto": cuda on a CUDA GPU with CuPy, else c."""
+    if name != AUTO:
+        return name
+    if jax.default_backend() == "gpu" and importlib.util.find_spec("cupy") is not None:
+        return "cuda"
+    return "c"

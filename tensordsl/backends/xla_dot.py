@@ -1,0 +1,176 @@
+"""The ``"xla"`` strategy: a nest run as XLA's dots and fused elementwise work, no kernel.
+
+`codegen.ir.contraction.xla_plan` decides which nests qualify (pure contractions, a contraction
+plus a bias, a where() over a summed contraction, elementwise terms of nested contractions);
+the schedules pick the strategy; the CPU and GPU runners call `run_xla` for it. A pure
+contraction term is one `jnp.einsum`; any other term is evaluated over the output's indices
+by the reference back end's evaluator, with each nested contraction an einsum placed on the
+grid and each plain access a transposed view, so XLA fuses the elementwise work around its
+dots. Nothing larger than the output is materialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import sympy
+
+from codegen.ir.contraction import Contraction, XlaPlan, fits, xla_plan
+from codegen.ir.extents import evaluate_int, extent_values, output_shape
+from codegen.ir.nest import LoopNest, Reduce
+from tensordsl.backends.reference import REDUCE, Evaluator, compute_dtype, term_values
+
+
+class _NoFit(Exception):
+    """A nested contraction's ranges are not whole axes for these shapes: run the kernel."""
+
+
+def run_xla(
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: Any,
+) -> jax.Array | None:
+    """`nest` computed by XLA (`codegen.ir.contraction.xla_plan`), or None where it has no plan
+    or an einsum's index does not run over the whole of every axis it indexes for these
+    shapes (the runner then builds the kernel)."""
+    plan = xla_plan(nest)
+    if plan is None:
+        return None
+    all_shapes = dict(shapes)
+    all_shapes.update({op.name: tuple(jnp.shape(v)) for op, v in zip(nest.operands, operands)})
+    extents = extent_values(nest, all_shapes)
+    out_dtype = jnp.dtype(dtype)
+    work = compute_dtype(out_dtype)
+    values = dict(zip(nest.operand_names, operands))
+    result: Any = None
+    try:
+        for term, dot in zip(plan.terms, plan.dots):
+            if dot is not None:
+                if not fits(nest, all_shapes, term):
+                    return None
+                value = _dot(dot, operands, work)
+            else:
+                value = _elementwise(nest, plan, term, values, extents, work, all_shapes)
+            result = value if result is None else result + value
+    except _NoFit:
+        return None
+    shape = output_shape(nest, all_shapes)
+    return jnp.broadcast_to(result, shape).astype(out_dtype)
+
+
+def _dot(plan: Contraction, operands: Sequence[Any], work: Any) -> jax.Array:
+    """`plan` on the operands; half-precision products accumulate in float32. A sum over no
+    points is 0 whatever the scalar factors (as in the kernels: an infinite scale times an
+    empty sum is not NaN)."""
+    inputs, output = plan.subscripts.split("->")
+    sizes = {
+        letter: n
+        for p, letters in zip(plan.tensors, inputs.split(","))
+        for letter, n in zip(letters, jnp.shape(operands[p]))
+    }
+    if any(sizes[letter] == 0 for letter in sizes if letter not in output):
+        return jnp.zeros(tuple(sizes[letter] for letter in output), work)
+    tensors = [jnp.asarray(operands[p]) for p in plan.tensors]
+    wide = jnp.float32 if min(t.dtype.itemsize for t in tensors) < 4 else None
+    result = jnp.einsum(
+        plan.subscripts,
+        *tensors,
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=wide,
+    ).astype(work)
+    for p in plan.scalars:
+        result = result * jnp.asarray(operands[p], work)
+    if plan.constant != 1.0:
+        result = result * plan.constant
+    return result
+
+
+def _elementwise(
+    nest: LoopNest,
+    plan: XlaPlan,
+    term: Any,
+    values: Mapping[str, Any],
+    extents: Mapping[sympy.Symbol, int],
+    work: Any,
+    shapes: Mapping[str, tuple[int, ...]],
+) -> jax.Array:
+    """A term over the output's indices (and its few reduced points), summed."""
+    ranges = (*nest.free, *term.reduced)
+    spans = {
+        r.index: (axis, evaluate_int(r.start, extents), evaluate_int(r.stop - r.start, extents))
+        for axis, r in enumerate(ranges)
+    }
+
+    def evaluator(grid: dict, operands: Any, extents: Any, dtype: Any) -> Evaluator:
+        return _XlaEvaluator(
+            grid, operands, extents, dtype, nest=nest, plan=plan, spans=spans, shapes=shapes
+        )
+
+    body, mask = term_values(nest, term, values, extents, work, evaluator)
+    axes = tuple(range(len(nest.free), len(ranges)))
+    return REDUCE["sum"](body, mask, axes)
+
+
+class _XlaEvaluator(Evaluator):
+    """The reference evaluator with plain accesses as views and nested contractions as
+    einsums, both placed on the grid's axes."""
+
+    def __init__(
+        self,
+        grid: dict,
+        operands: Mapping[str, Any],
+        extents: Mapping[sympy.Symbol, int],
+        dtype: Any,
+        *,
+        nest: LoopNest,
+        plan: XlaPlan,
+        spans: dict[sympy.Symbol, tuple[int, int, int]],
+        shapes: Mapping[str, tuple[int, ...]],
+    ):
+        super().__init__(grid, operands, extents, dtype)
+        self.nest, self.plan, self.spans, self.shapes = nest, plan, spans, shapes
+
+    def _whole(self, index: sympy.Basic, length: int) -> bool:
+        """Whether `index` is a grid index running over exactly `[0, length)`."""
+        span = self.spans.get(index)
+        return span is not None and span[1:] == (0, length)
+
+    def _placed(self, array: jax.Array, symbols: Sequence[sympy.Symbol]) -> jax.Array:
+        """`array`, whose axes are the grid indices `symbols`, moved onto the grid's axes."""
+        order = sorted(range(len(symbols)), key=lambda n: self.spans[symbols[n]][0])
+        array = jnp.transpose(array, order)
+        taken = {self.spans[symbols[n]][0] for n in order}
+        missing = [axis for axis in range(len(self.spans)) if axis not in taken]
+        return jnp.expand_dims(array, missing) if missing else array
+
+    def access(self, access: sympy.Indexed) -> jax.Array:
+        shape = self.shapes[access.base.name]
+        indices = access.indices
+        plain = len(set(indices)) == len(indices) and all(
+            self._whole(i, n) for i, n in zip(indices, shape)
+        )
+        if not plain:
+            return super().access(access)
+        array = jnp.asarray(self.operands[access.base.name])
+        if jnp.issubdtype(array.dtype, jnp.floating):
+            array = array.astype(self.dtype)
+        return self._placed(array, indices)
+
+    def nested(self, node: Reduce) -> Any:
+        length = evaluate_int(node.stop - node.start, self.extents)
+        if node.index not in node.body.free_symbols:
+            # A sum of a value that does not read its index: the value, times the points.
+            return self(node.body) * length if length > 0 else jnp.zeros((), self.dtype)
+        plan = self.plan.nested[node]  # a sum from 0 (`nested_contraction`)
+        for access in node.body.atoms(sympy.Indexed):
+            for index, n in zip(access.indices, self.shapes[access.base.name]):
+                whole = length == n if index == node.index else self._whole(index, n)
+                if not whole:
+                    raise _NoFit
+        kept = [s for s in self.spans if s in node.body.free_symbols]
+        operands = [self.operands[op.name] for op in self.nest.operands]
+        return self._placed(_dot(plan, operands, self.dtype), kept)

@@ -1,0 +1,302 @@
+"""Loop nests as JAX primitives.
+
+`call_nest` binds `nest_p`, a primitive whose parameters are the nest and how to run it:
+
+* lowering: the back end's runner (compiled C through a host callback, CUDA, or the jnp
+  reference), traced into the primitive's lowering, so it works under `jit`;
+* batching (`vmap`): the nest is rewritten with a batch index (`codegen.passes.batch`) and one
+  kernel runs over the whole batch, for any `in_axes`, nested vmaps included;
+* differentiation: the JVP rule returns the output and a `tangent_p` term, linear in the
+  perturbed inputs' tangents; its transpose runs the gradient nest of each perturbed input,
+  each itself through `nest_p`, so gradients can be differentiated, batched and jitted again.
+  `grad` of a vmapped kernel differentiates the batched nest, whose gradient nests reduce
+  unbatched inputs' cotangents over the batch inside the nest.
+  Forward mode (`jvp`, `jacfwd`) would need the tangent term evaluated: it raises
+  `UnsupportedError`.
+* inside `shard_map`, operands are cast to the same varying manual axes before binding, so the
+  output carries the varying type and `out_specs` are checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad, batching, mlir
+
+from codegen.ir.extents import output_shape
+from codegen.ir.nest import LoopNest
+from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
+from codegen.passes import grad, gradient_rules
+from codegen.passes.batch import batch_nest
+from tensordsl.backends import table
+from tensordsl.binding import one_pass as online
+from tensordsl.binding import partitioning, private_jax
+from tensordsl.errors import UnsupportedError, user_facing
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+FORWARD_MODE = (
+    "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian, jax.linearize "
+    "evaluated forwards) of tensordsl kernels is not supported"
+)
+FORWARD_MODE_HINT = "use reverse mode: jax.grad, jax.vjp, jax.jacrev"
+
+
+def is_differentiable(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def _frozen(shapes: Shapes) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
+
+
+def call_nest(
+    nest: LoopNest,
+    operands: Sequence[Any],
+    *,
+    backend: str,
+    shapes: Shapes,
+    out_dtype: Any,
+    nograd: frozenset[str] = frozenset(),
+    schedule: Any = None,
+) -> jax.Array:
+    """Run `nest` on `operands` (in `nest.operands` order) as a differentiable function.
+
+    Args:
+        nest: the loop nest.
+        operands: one array per operand.
+        backend: a key of `table.BACKENDS`.
+        shapes: shapes of the tensors the nest names that are not operands (a gradient
+            nest's own output, forward tensors whose extents bound its loops).
+        out_dtype: the output dtype.
+        nograd: operands that get no gradient (integer operands never do).
+        schedule: the schedule of this nest on a compiled back end (its gradient nests use
+            the heuristic's).
+
+    Returns:
+        The output array.
+    """
+    params = _params(nest, shapes, backend, out_dtype, nograd, schedule)
+    if not operands:
+        # JAX's abstract evaluation needs an operand; with none there is nothing to batch or
+        # differentiate, so the runner is traced as is.
+        del params["nograd"]
+        return partitioning.run_nest(**params)
+    return _bind(nest_p, operands, **params)
+
+
+def _params(
+    nest: LoopNest,
+    shapes: Shapes,
+    backend: str,
+    out_dtype: Any,
+    nograd: frozenset[str],
+    schedule: Any,
+) -> dict[str, Any]:
+    """`nest_p`'s parameters (see `call_nest`)."""
+    operand_names = set(nest.operand_names)
+    extents = _frozen(
+        {n: s for n, s in shapes.items() if n in nest.extent_tensors() and n not in operand_names}
+    )
+    return {
+        "nest": nest,
+        "backend": backend,
+        "extents": extents,
+        "out_dtype": jnp.dtype(out_dtype).name,
+        "nograd": frozenset(nograd),
+        "schedule": schedule,
+    }
+
+
+def _bind(primitive: Any, operands: Sequence[Any], **params: Any) -> jax.Array:
+    return primitive.bind(*private_jax.same_varying_axes(operands), **params)
+
+
+def _output_shape(*operands: Any, nest: LoopNest, extents: tuple, **_: Any) -> tuple[int, ...]:
+    n = len(nest.operands)
+    return output_shape(nest, partitioning.tensor_shapes(nest, operands[:n], extents))
+
+
+def _output_dtype(*operands: Any, out_dtype: str, **_: Any) -> Any:
+    return jnp.dtype(out_dtype)
+
+
+def _nest_output_shape(*operands: Any, **params: Any) -> tuple[int, ...]:
+    # Every nest_p equation of a traced function is evaluated abstractly here, before any is
+    # lowered: its kernel starts building now, in the background, in parallel with the rest.
+    dtypes = [op.dtype for op in operands]
+    p = params
+    prefetch = table.BACKENDS[p["backend"]].prefetch
+    if prefetch is not None:
+        prefetch(p["nest"], dtypes, p["out_dtype"], p["schedule"])
+    return _output_shape(*operands, **params)
+
+
+nest_p = private_jax.primitive(
+    "tensordsl_nest", _nest_output_shape, _output_dtype, partitioning.output_sharding
+)
+tangent_p = private_jax.primitive(
+    "tensordsl_tangent", _output_shape, _output_dtype, partitioning.output_sharding
+)
+
+
+mlir.register_lowering(nest_p, mlir.lower_fun(partitioning.run_nest, multiple_results=False))
+private_jax.requires_devices_during_lowering(nest_p)
+
+
+def _batch(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> tuple[jax.Array, int]:
+    nest: LoopNest = params["nest"]
+    batched = frozenset(op.name for op, d in zip(nest.operands, dims) if d is not None)
+    size = next(np.shape(a)[d] for a, d in zip(args, dims) if d is not None)
+    moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    extents = tuple(
+        (name, (size, *shape) if name == nest.output else shape)
+        for name, shape in params["extents"]
+    )
+    new_nest = batch_nest(nest, batched)
+    schedule = params["schedule"]
+    if schedule is not None:
+        batch_index = str(new_nest.free_indices[0])
+        schedule = replace(schedule, free_order=(batch_index, *schedule.free_order))
+    new_params = dict(params, nest=new_nest, extents=extents, schedule=schedule)
+    return _bind(nest_p, moved, **new_params), 0
+
+
+batching.primitive_batchers[nest_p] = _batch
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
+    nest: LoopNest = params["nest"]
+    if nest.online:
+        return _jvp_two_nests(primals, tangents, params)
+    output = _bind(nest_p, primals, **params)
+    perturbed = tuple(
+        op.name
+        for op, value, tangent in zip(nest.operands, primals, tangents)
+        if type(tangent) is not ad.Zero
+        and is_differentiable(jnp.result_type(value))
+        and op.name not in params["nograd"]
+    )
+    if not perturbed or not is_differentiable(params["out_dtype"]):
+        return output, ad.Zero(jax.typeof(output).to_tangent_aval())
+    auxiliary = _auxiliaries(nest, primals, params)
+    by_name = dict(zip(nest.operand_names, tangents))
+    linear_in = [by_name[name] for name in perturbed]
+    tangent = _bind(
+        tangent_p,
+        [*primals, output, *auxiliary.values(), *linear_in],
+        **params,
+        perturbed=perturbed,
+        roles=tuple(auxiliary),
+    )
+    return output, tangent
+
+
+ad.primitive_jvps[nest_p] = _jvp
+
+
+def _jvp_two_nests(
+    primals: Sequence[Any], tangents: Sequence[Any], params: dict
+) -> tuple[Any, Any]:
+    """The JVP of a one-pass nest: that of its two nests in turn (`tensordsl.binding.one_pass`)."""
+    nest: LoopNest = params["nest"]
+    slopes = dict(zip(nest.operand_names, tangents))
+    shapes = partitioning.tensor_shapes(nest, primals, params["extents"])
+
+    def run(part: LoopNest, values: Sequence[Any], known: Shapes) -> Any:
+        nograd = params["nograd"] & set(part.operand_names)
+        p = _params(part, known, params["backend"], params["out_dtype"], nograd, None)
+        found, slopes[part.output] = _jvp(
+            private_jax.same_varying_axes(values), [slopes[n] for n in part.operand_names], **p
+        )
+        return found
+
+    weighted, lse = online.two_nests(nest, primals, shapes, run)
+    slope = [ad.instantiate_zeros(slopes[name]) for name in (nest.output, nest.online)]
+    return online.pack(weighted, lse), online.pack(*slope)
+
+
+def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[str, jax.Array]:
+    """Run the nests that the gradients of a max/min/prod reduction need."""
+    found = {}
+    for role, aux in gradient_rules.auxiliary_nests(nest).items():
+        positional = REDUCTIONS[aux.reduction].positional
+        found[role] = call_nest(
+            aux,
+            values,
+            backend=params["backend"],
+            shapes=dict(params["extents"]),
+            out_dtype=POSITION_DTYPE if positional else params["out_dtype"],
+        )
+    return found
+
+
+def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
+    nest: LoopNest = params["nest"]
+    perturbed, roles = params["perturbed"], params["roles"]
+    n = len(nest.operands)
+    primals, output = args[:n], args[n]
+    linear_in = args[n + 1 + len(roles) :]
+    nonlinear = [None] * (n + 1 + len(roles))
+    if type(cotangent) is ad.Zero:
+        return [*nonlinear, *(None for _ in linear_in)]
+    by_role = dict(zip(roles, args[n + 1 : n + 1 + len(roles)]))
+    by_role[gradient_rules.COTANGENT] = cotangent
+    by_role[gradient_rules.OUTPUT] = output
+    values = dict(zip(nest.operand_names, primals))
+    gradients = [
+        _gradient(nest, name, values, by_role, params, tuple(np.shape(output)))
+        for name in perturbed
+    ]
+    return [*nonlinear, *gradients]
+
+
+ad.primitive_transposes[tangent_p] = _transpose
+
+
+def _forward_mode(*_: Any, **__: Any) -> Any:
+    raise UnsupportedError(FORWARD_MODE, hint=FORWARD_MODE_HINT)
+
+
+mlir.register_lowering(tangent_p, _forward_mode)
+batching.primitive_batchers[tangent_p] = _forward_mode
+ad.primitive_jvps[tangent_p] = _forward_mode
+
+
+def _gradient(
+    nest: LoopNest,
+    wrt: str,
+    values: dict[str, Any],
+    by_role: dict[str, Any],
+    params: dict,
+    output_shape: tuple[int, ...],
+) -> jax.Array:
+    """Run the gradient nest of operand `wrt`."""
+    with user_facing():
+        gradient = grad.gradient(nest, wrt)
+    operands = [values[name] if role == "input" else by_role[role] for name, role in gradient.roles]
+    cotangent_name = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
+    shapes = dict(params["extents"])
+    shapes[nest.output] = output_shape
+    shapes[cotangent_name] = output_shape
+    shapes[gradient.nest.output] = tuple(np.shape(values[wrt]))
+    for name, value in values.items():
+        shapes[name] = tuple(np.shape(value))
+    integer = frozenset(
+        name
+        for name, v in zip(gradient.nest.operand_names, operands)
+        if not is_differentiable(jnp.result_type(v))
+    )
+    return call_nest(
+        gradient.nest,
+        operands,
+        backend=params["backend"],
+        shapes=shapes,
+        out_dtype=jnp.result_type(values[wrt]),
+        nograd=integer,
+    )

@@ -1,0 +1,228 @@
+"""A fused program as one differentiable function: each input's gradient is one nest.
+
+Differentiated statement by statement (JAX's chaining of the statements' primitives), an
+input read by several statements gets one gradient nest per statement, each recomputing what
+they share: attention's Q is read by the logsumexp L and by the weighted sum O, and both of
+its gradient nests recompute the scores and the weights `exp(S - L)`. Here the fused
+program's statements run under one `jax.custom_vjp`:
+
+* forward: the stored statements in order (`codegen.passes.fusion`), every value kept;
+* backward: the stored statements in reverse; the cotangent of a stored intermediate is the
+  sum of what its readers give it (attention's `dL` plus `-rowsum(dO * O)` from O); the
+  gradient nests of each program input, one per statement that reads it, are added into ONE
+  nest (`merge_gradients`: their terms over the same loops merge into one term, so the
+  scores and weights are computed once, `dS = P * (dP + dL)` in FlashAttention's words) and
+  run once.
+
+Every nest still runs through the primitive (`jax_bind.call_nest`), so the backward is itself
+differentiable (second order), batchable and jittable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from codegen.ir.nest import LoopNest, Operand, rename
+from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
+from codegen.passes import grad, gradient_rules
+from codegen.passes.factor import factor_sums
+from codegen.passes.guards import bound_guards
+from codegen.passes.online import pair_stored
+from tensordsl.binding import one_pass as online
+from tensordsl.binding.primitive import call_nest, is_differentiable
+from tensordsl.errors import user_facing
+
+
+def _dtype(operands: Sequence[Any]) -> Any:
+    dtype = jnp.result_type(*operands) if operands else jnp.result_type(float)
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
+
+
+def _shapes(values: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(np.shape(v)) for name, v in values.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """One statement's gradient nest of an input, with its operands' values by name."""
+
+    nest: LoopNest
+    values: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]  # of every tensor the nest's extents may name
+
+
+def merge_gradients(nests: Sequence[LoopNest]) -> LoopNest:
+    """The gradient nests of one input (one per statement that reads it) as one nest: the
+    free indices renamed alike, the operands united by name, terms over the same loops and
+    bounds merged (`grad.merge_terms`), then the usual passes."""
+    first = nests[0]
+    taken = {s for n in nests for s in grad._names_in(n)}  # noqa: SLF001 - one owner of names
+    free = [f"{index.name}_" for index in first.free_indices]
+    while set(free) & taken:
+        free = [f"{name}_" for name in free]
+    renamed = [
+        rename(n, tensors={}, indices={i.name: f for i, f in zip(n.free_indices, free)})
+        for n in nests
+    ]
+    operands: dict[str, Operand] = {}
+    for nest in renamed:
+        for op in nest.operands:
+            operands.setdefault(op.name, op)
+    terms = grad.merge_terms(tuple(t for nest in renamed for t in nest.terms))
+    merged = dataclasses.replace(renamed[0], terms=terms, operands=tuple(operands.values()))
+    return factor_sums(bound_guards(merged))
+
+
+def _needed(stored: Sequence[LoopNest], perturbed: frozenset[str]) -> set[str]:
+    """The differentiated inputs and every stored value that depends on one of them."""
+    needed = set(perturbed)
+    for nest in stored:
+        if needed & set(nest.operand_names):
+            needed.add(nest.output)
+    return needed
+
+
+class FusedProgram:
+    """The stored statements of a fused program, callable and differentiable as one."""
+
+    def __init__(
+        self,
+        stored: tuple[LoopNest, ...],
+        inputs: tuple[str, ...],
+        outputs: tuple[str, ...],
+        backend: str,
+        nograd: frozenset[str],
+    ) -> None:
+        self.stored, self.inputs, self.outputs = stored, inputs, outputs
+        self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
+        self.backend, self.nograd = backend, nograd
+        self.call = jax.custom_vjp(self._run)
+        # Symbolic zeros: the backward knows which inputs are differentiated and which
+        # outputs' cotangents are zero, and runs nothing for the others.
+        self.call.defvjp(self._forward, self._backward, symbolic_zeros=True)
+
+    # -- forward -------------------------------------------------------------------------
+
+    def _values(self, args: Sequence[Any]) -> dict[str, Any]:
+        values = dict(zip(self.inputs, args))
+        for nest in self.runs:
+            operands = [values[name] for name in nest.operand_names]
+            found = call_nest(
+                nest,
+                operands,
+                backend=self.backend,
+                shapes={},
+                out_dtype=_dtype(operands),
+                nograd=self.nograd & set(nest.operand_names),
+            )
+            if nest.online:
+                values[nest.output], values[nest.online] = online.unpack(found)
+            else:
+                values[nest.output] = found
+        return values
+
+    def _run(self, *args: Any) -> tuple[Any, ...]:
+        values = self._values(args)
+        return tuple(values[name] for name in self.outputs)
+
+    def _forward(self, *primals: Any) -> tuple[tuple[Any, ...], tuple]:
+        values = self._values([p.value for p in primals])
+        # Residuals must be arrays: which inputs are differentiated is carried in the static
+        # shape of an empty one, (1, 0) or (0, 0).
+        flags = tuple(jnp.zeros((int(p.perturbed), 0)) for p in primals)
+        return tuple(values[name] for name in self.outputs), (values, flags)
+
+    # -- backward ------------------------------------------------------------------------
+
+    def _backward(self, residuals: tuple, cotangents: tuple[Any, ...]) -> tuple:
+        values, flags = residuals
+        perturbed = frozenset(name for name, f in zip(self.inputs, flags) if f.shape[0])
+        stored_names = {nest.output for nest in self.stored}
+        cotangent = {
+            name: ct
+            for name, ct in zip(self.outputs, cotangents)
+            if not isinstance(ct, SymbolicZero)
+        }
+        needed = _needed(self.stored, perturbed)
+        parts: dict[str, list[_Part]] = {}
+        for nest in reversed(self.stored):
+            dy = cotangent.get(nest.output)
+            if dy is None:
+                continue
+            by_role = self._roles(nest, values, dy)
+            for op in nest.operands:
+                value = values[op.name]
+                if op.name not in needed or op.name in self.nograd:
+                    continue
+                if not is_differentiable(jnp.result_type(value)):
+                    continue
+                part = self._part(nest, op.name, values, by_role)
+                if op.name in stored_names:
+                    found = self._run_parts([part], value)
+                    cotangent[op.name] = (
+                        cotangent[op.name] + found if op.name in cotangent else found
+                    )
+                else:
+                    parts.setdefault(op.name, []).append(part)
+        return tuple(
+            self._run_parts(parts[name], values[name]) if name in parts else None
+            for name in self.inputs
+        )
+
+    def _roles(self, nest: LoopNest, values: Mapping[str, Any], dy: Any) -> dict[str, Any]:
+        """The values a gradient nest of `nest` reads by role: cotangent, output, saved
+        auxiliary results (the argmax of a max, ...), computed again here."""
+        operands = [values[name] for name in nest.operand_names]
+        by_role = {gradient_rules.COTANGENT: dy, gradient_rules.OUTPUT: values[nest.output]}
+        for role, aux in gradient_rules.auxiliary_nests(nest).items():
+            positional = REDUCTIONS[aux.reduction].positional
+            by_role[role] = call_nest(
+                aux,
+                operands,
+                backend=self.backend,
+                shapes={},
+                out_dtype=POSITION_DTYPE if positional else _dtype(operands),
+            )
+        return by_role
+
+    def _part(
+        self, nest: LoopNest, wrt: str, values: Mapping[str, Any], by_role: Mapping[str, Any]
+    ) -> _Part:
+        with user_facing():
+            gradient = grad.gradient(nest, wrt)
+        named = {
+            name: values[name] if role == "input" else by_role[role]
+            for name, role in gradient.roles
+        }
+        shapes = {**_shapes(values), **_shapes(named)}
+        shapes[gradient.nest.output] = tuple(np.shape(values[wrt]))
+        return _Part(gradient.nest, named, shapes)
+
+    def _run_parts(self, parts: Sequence[_Part], like: Any) -> Any:
+        """The input gradient of every part, merged into one nest and run once."""
+        nest = parts[0].nest if len(parts) == 1 else merge_gradients([p.nest for p in parts])
+        values: dict[str, Any] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for part in parts:
+            values.update(part.values)
+            shapes.update(part.shapes)
+        operands = [values[name] for name in nest.operand_names]
+        shapes[nest.output] = tuple(np.shape(like))
+        integer = frozenset(
+            name for name, v in values.items() if not is_differentiable(jnp.result_type(v))
+        )
+        return call_nest(
+            nest,
+            operands,
+            backend=self.backend,
+            shapes=shapes,
+            out_dtype=jnp.result_type(like),
+            nograd=integer & set(nest.operand_names),
+        )

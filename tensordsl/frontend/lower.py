@@ -1,0 +1,131 @@
+"""Lower a parsed statement to a loop nest: the pipeline's front half.
+
+`lower` runs the stages in order: the reduction is checked, the right-hand side is translated
+to sympy (`tensordsl/frontend/translate.py`), every index gets a range
+(`tensordsl/frontend/ranges.py`), and the nest is assembled: operands in order of first appearance,
+free indices from the left, reduced indices in order of first appearance. `Lowered` keeps what the
+call-time shape checks (`tensordsl/frontend/shapes.py`) need.
+
+>>> from tensordsl.frontend.parse import parse
+>>> low = lower(parse("Y[i] := X[i+k] * W[k]"))
+>>> low.nest.free[0].stop
+-W.shape[0] + X.shape[0] + 1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from codegen.ir.nest import LoopNest, Operand, Range, Term, index_symbol
+from codegen.ir.reductions import USER_REDUCTIONS
+from codegen.passes.factor import factor_sums
+from codegen.passes.guards import bound_guards
+from tensordsl.errors import ReductionError, close_match
+from tensordsl.frontend.parse import Span, Statement
+from tensordsl.frontend.ranges import index_ranges
+from tensordsl.frontend.translate import AccessUse, translate
+
+__all__ = ["USER_REDUCTIONS", "Lowered", "lower"]
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A lowered statement plus what call-time checks need."""
+
+    nest: LoopNest
+    statement: Statement
+    accesses: tuple[AccessUse, ...]  # every tensor access, in source order
+    index_spans: tuple[tuple[str, Span], ...]  # first occurrence of every index
+    explicit: frozenset[str]  # indices whose range came from `ranges=`
+    operand_spans: tuple[tuple[str, Span], ...] = ()  # first use of every operand
+    # every index's range as inferred, before the nest passes (guards as bounds, factored
+    # sums) narrow or nest them: free indices first, then reduced ones
+    ranges: tuple[Range, ...] = ()
+
+    @property
+    def reduced_ranges(self) -> tuple[Range, ...]:
+        return self.ranges[len(self.nest.free) :]
+
+    def index_span(self, name: str) -> Span | None:
+        return dict(self.index_spans).get(name)
+
+    def unshifted_uses(self, name: str) -> tuple[tuple[AccessUse, int], ...]:
+        """`(access, axis)` for every axis indexed by `name` alone."""
+        index = index_symbol(name)
+        return tuple(
+            (access, axis)
+            for access in self.accesses
+            for axis, affine in enumerate(access.axes)
+            if affine.bare_index == index
+        )
+
+
+def _reduction(statement: Statement, reduce: str | None) -> str:
+    prefix = statement.reduction
+    src, span = statement.source, statement.reduction_span
+    if prefix is not None and reduce is not None and prefix != reduce:
+        raise ReductionError(
+            f"the statement asks for reduction '{prefix}' but reduce='{reduce}' was given",
+            src,
+            span,
+            expected="one reduction: the prefix or reduce=, or both the same",
+        )
+    name = prefix if prefix is not None else (reduce if reduce is not None else "sum")
+    if name not in USER_REDUCTIONS:
+        raise ReductionError(
+            f"unknown reduction '{name}'",
+            src,
+            span if prefix is not None else None,
+            expected="one of " + ", ".join(USER_REDUCTIONS),
+            hint=close_match(name, USER_REDUCTIONS),
+        )
+    return name
+
+
+def lower(
+    statement: Statement,
+    *,
+    reduce: str | None = None,
+    ranges: Mapping[str, int | range] | None = None,
+) -> Lowered:
+    """Lower a parsed statement to a loop nest with inferred ranges.
+
+    Args:
+        statement: from `parse`.
+        reduce: the reduction ("sum" by default); must agree with a `(max)` prefix.
+        ranges: an extent or a `range` (step 1) per index; these win over inference.
+
+    Returns:
+        A `Lowered`: the nest plus the accesses that `check_shapes` needs.
+
+    Raises:
+        TensorDSLError: a subclass naming the mistake (unknown name or reduction, non-affine
+        index, an index that nothing constrains, ...).
+
+    >>> from tensordsl.frontend.parse import parse
+    >>> print(lower(parse("C[i,j] := A[i,k] * B[k,j]")).nest.terms[0].reduced)
+    (Range(index=k, start=0, stop=A.shape[1]),)
+    """
+    reduction = _reduction(statement, reduce)
+    translation = translate(statement)
+    found = index_ranges(translation, ranges, statement.source)
+    free = tuple(found[n] for n in translation.free)
+    reduced = tuple(found[n] for n in translation.reduced)
+    nest = LoopNest(
+        output=statement.output,
+        free=free,
+        terms=(Term(translation.body, reduced),),
+        operands=tuple(Operand(name, rank) for name, rank in translation.operands),
+        reduction=reduction,
+    )
+    nest = factor_sums(bound_guards(nest))
+    return Lowered(
+        nest,
+        statement,
+        translation.accesses,
+        translation.index_spans,
+        frozenset(ranges or ()),
+        tuple(translation.operand_spans.items()),
+        free + reduced,
+    )

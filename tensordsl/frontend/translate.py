@@ -1,0 +1,456 @@
+"""Translate the syntax tree of a statement's right-hand side to sympy.
+
+Tensor reads become `Indexed` accesses, scalars real symbols, indices integer symbols (usable
+as values), functions the sympy forms of `codegen/ir/functions.py`. Every access's index
+expressions are kept as `Affine` forms (`codegen/ir/affine.py` decides what is affine) for range
+inference and the call-time checks. Names are checked for their roles on the way (an output
+read on the right, an index read as a tensor, a tensor read with two ranks, ...).
+
+>>> from tensordsl.frontend.parse import parse
+>>> t = translate(parse("Y[i] := X[i+k] * W[k]"))
+>>> t.body, t.free, t.reduced, t.operands
+(W[k]*X[i + k], ['i'], ['k'], [('X', 1), ('W', 1)])
+>>> t.accesses[0].axes
+(Affine(coefficients=((i, 1), (k, 1)), constant=0),)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from codegen.ir.affine import (
+    DIVISION,
+    FUNCTION,
+    NON_INTEGER,
+    NOT_INT64,
+    POWER,
+    PRODUCT,
+    Affine,
+    NotAffine,
+    as_affine,
+    combine,
+)
+from codegen.ir.functions import FUNCTIONS, indicator
+from codegen.ir.nest import index_symbol, scalar_symbol, tensor_base
+from tensordsl.errors import (
+    ExpressionError,
+    IndexExpressionError,
+    ShapeError,
+    UnknownNameError,
+    close_match,
+)
+from tensordsl.frontend.parse import (
+    Access,
+    Binary,
+    Call,
+    Compare,
+    Expr,
+    Name,
+    Number,
+    Span,
+    Statement,
+    Unary,
+)
+
+__all__ = ["AccessUse", "Translation", "translate"]
+
+
+@dataclass(frozen=True)
+class AccessUse:
+    """One tensor access: its affine axes and where it is in the source."""
+
+    tensor: str
+    axes: tuple[Affine, ...]
+    span: Span
+    axis_spans: tuple[Span, ...]
+
+
+def _walk(node: Expr) -> Iterator[Expr]:
+    """`node` and every node below it, in source order."""
+    yield node
+    if isinstance(node, Access):
+        children: tuple[Expr, ...] = node.indices
+    elif isinstance(node, Call):
+        children = node.args
+    elif isinstance(node, Unary):
+        children = (node.operand,)
+    elif isinstance(node, Binary | Compare):
+        children = (node.left, node.right)
+    else:
+        children = ()
+    for child in children:
+        yield from _walk(child)
+
+
+def _text(source: str, span: Span) -> str:
+    return source[span[0] : span[1]]
+
+
+_RELATIONS = {
+    "<": sympy.Lt,
+    "<=": sympy.Le,
+    ">": sympy.Gt,
+    ">=": sympy.Ge,
+    "==": sympy.Eq,
+    "!=": sympy.Ne,
+}
+_NOT_FINITE = (sympy.zoo, sympy.oo, -sympy.oo, sympy.nan, sympy.I)
+#: The IEEE infinity literal: `-inf` in a mask (`where(j <= i, 0, -inf)`), never a scalar input.
+INFINITY = "inf"
+_AFFINE_EXAMPLE = "an affine expression of indices with integer coefficients, such as 'i+k', '2i+1'"
+
+
+#: How the translator words each reason of `codegen.ir.affine.NotAffine`.
+_NOT_AFFINE = {
+    PRODUCT: "a product of indices",
+    DIVISION: "a division by an index or zero",
+    POWER: "a power of indices",
+    FUNCTION: "it contains a function call",
+}
+
+
+@dataclass
+class Translation:
+    """What walking the right-hand side found."""
+
+    body: sympy.Expr
+    free: list[str]  # from the left-hand side, in order
+    reduced: list[str]  # the other indices, in order of first appearance on the right
+    operands: list[tuple[str, int]]  # (name, rank), in order of first appearance
+    accesses: tuple[AccessUse, ...]  # every tensor access, in source order
+    index_spans: tuple[tuple[str, Span], ...]  # first occurrence of every index
+    body_spans: dict[str, Span]  # first occurrence of every index on the right-hand side
+    operand_spans: dict[str, Span]  # first use of every operand
+
+
+class _Translator:
+    """Turns the syntax tree of the right-hand side into sympy, recording names and accesses."""
+
+    def __init__(self, statement: Statement) -> None:
+        self.st = statement
+        self.src = statement.source
+        self.ranks: dict[str, int] = {}
+        self.spans: dict[str, Span] = {}
+        self.accesses: list[AccessUse] = []
+
+    def build(self) -> Translation:
+        free = self.free_indices()
+        bracketed = [
+            n
+            for a in _walk(self.st.body)
+            if isinstance(a, Access)
+            for i in a.indices
+            for n in _walk(i)
+            if isinstance(n, Name)
+        ]
+        self.indices = set(free) | {n.name for n in bracketed}
+        self.index_symbols = tuple(index_symbol(n) for n in sorted(self.indices))
+        body_spans: dict[str, Span] = {}
+        for node in _walk(self.st.body):
+            if isinstance(node, Name) and node.name in self.indices:
+                body_spans.setdefault(node.name, node.span)
+        if self.st.output in self.indices:
+            raise UnknownNameError(
+                f"'{self.st.output}' is both the output and an index",
+                self.src,
+                self.st.output_span,
+                expected="different names for the output and its indices",
+            )
+        body = self.value(self.st.body)
+        spans = dict(zip(free, (n.span for n in self.st.indices or ()), strict=True))
+        for name, span in body_spans.items():
+            spans.setdefault(name, span)
+        reduced = [n for n in body_spans if n not in free]
+        return Translation(
+            body,
+            free,
+            reduced,
+            list(self.ranks.items()),
+            tuple(self.accesses),
+            tuple(spans.items()),
+            body_spans,
+            self.spans,
+        )
+
+    def free_indices(self) -> list[str]:
+        names: list[str] = []
+        for node in self.st.indices or ():
+            if not isinstance(node, Name):
+                raise IndexExpressionError(
+                    f"'{_text(self.src, node.span)}' on the left-hand side is not an index name",
+                    self.src,
+                    node.span,
+                    expected="plain, distinct index names, as in 'Y[i, j]'",
+                )
+            if node.name in names:
+                raise IndexExpressionError(
+                    f"index '{node.name}' appears twice on the left-hand side",
+                    self.src,
+                    node.span,
+                    expected="distinct names (a diagonal is read as 'Y[i] := A[i, i]')",
+                )
+            names.append(node.name)
+        return names
+
+    def register(self, name: str, rank: int, span: Span) -> None:
+        if name == self.st.output:
+            raise UnknownNameError(
+                f"the output '{name}' is used on the right-hand side",
+                self.src,
+                span,
+                expected="only inputs on the right-hand side",
+            )
+        if rank and name in self.indices:
+            raise UnknownNameError(
+                f"'{name}' is an index and cannot be read as a tensor",
+                self.src,
+                span,
+                expected="different names for tensors and indices",
+            )
+        self.spans.setdefault(name, span)
+        before = self.ranks.setdefault(name, rank)
+        if before == rank:
+            return
+        if 0 in (before, rank):
+            raise UnknownNameError(
+                f"'{name}' is used both as a scalar and as a tensor",
+                self.src,
+                span,
+                expected="one role per name",
+            )
+        raise ShapeError(
+            f"'{name}' is read with {rank} indices here but with {before} before",
+            self.src,
+            span,
+            expected=f"the same number of indices on every read of '{name}'",
+        )
+
+    def fail(self, what: str, node: Expr, expected: str) -> ExpressionError:
+        return ExpressionError(what, self.src, node.span, expected=expected)
+
+    def checked(self, node: Expr, build: Callable[[], sympy.Basic]) -> Any:
+        """`build()`, turning sympy's complaints and non-finite values into user errors."""
+        text = _text(self.src, node.span)
+        try:
+            result = _large_integers_as_floats(build())
+        except (TypeError, ValueError, ArithmeticError, RecursionError) as err:
+            raise self.fail(
+                f"cannot evaluate '{text}': {err}", node, "an expression with a finite real value"
+            ) from None
+        floats = result.atoms(sympy.Float) if isinstance(result, sympy.Basic) else ()
+        # Written infinities stay (`-inf`); an undefined value (`inf - inf`, `1/0`) never does.
+        infinite = any(isinstance(n, Name) and n.name == INFINITY for n in _walk(node))
+        bad = [v for v in _NOT_FINITE if not (infinite and v in (sympy.oo, -sympy.oo))]
+        if any(result.has(v) for v in bad) or any(not math.isfinite(f) for f in floats):
+            kind = "real number or infinity" if infinite else "finite real number"
+            raise self.fail(
+                f"'{text}' is not a {kind}",
+                node,
+                f"an expression with a {'real' if infinite else 'finite real'} value",
+            )
+        return result
+
+    def value(self, node: Expr) -> Any:
+        if isinstance(node, Number):
+            return self.checked(node, lambda: _number(node.text))
+        if isinstance(node, Name):
+            if node.name == INFINITY:
+                return sympy.oo
+            if node.name in self.indices:
+                return index_symbol(node.name)
+            self.register(node.name, 0, node.span)
+            return scalar_symbol(node.name)
+        if isinstance(node, Access):
+            return self.access(node)
+        if isinstance(node, Call):
+            return self.call(node)
+        if isinstance(node, Compare):
+            return indicator(self.relation(node))
+        if isinstance(node, Unary):
+            operand = self.value(node.operand)
+            return -operand if node.op == "-" else operand
+        return self.binary(node)
+
+    def binary(self, node: Binary) -> Any:
+        left, right = self.value(node.left), self.value(node.right)
+        huge = left.is_Number and right.is_Number and abs(right) > 256
+        if node.op == "**" and huge and left not in (0, 1, -1):
+            raise self.fail(
+                f"'{_text(self.src, node.span)}' is too large",
+                node,
+                "a constant power with an exponent of at most 256",
+            )
+        ops: dict[str, Callable[[], Any]] = {
+            "+": lambda: left + right,
+            "-": lambda: left - right,
+            "*": lambda: left * right,
+            "/": lambda: left / right,
+            "**": lambda: left**right,
+        }
+        return self.checked(node, ops[node.op])
+
+    def relation(self, node: Compare) -> Any:
+        left, right = self.value(node.left), self.value(node.right)
+        return self.checked(node, lambda: _RELATIONS[node.op](left, right))
+
+    def call(self, node: Call) -> Any:
+        spec = FUNCTIONS.get(node.name)
+        if spec is None:
+            raise UnknownNameError(
+                f"unknown function '{node.name}'",
+                self.src,
+                node.name_span,
+                expected="one of " + ", ".join(sorted(FUNCTIONS)),
+                hint=close_match(node.name, FUNCTIONS),
+            )
+        if len(node.args) != spec.arity:
+            params = ", ".join("xyz"[: spec.arity])
+            raise ShapeError(
+                f"'{node.name}' takes {spec.arity} argument(s), got {len(node.args)}",
+                self.src,
+                node.span,
+                expected=f"{node.name}({params})",
+            )
+        args = [
+            self.relation(a)
+            if isinstance(a, Compare) and (node.name, n) == ("where", 0)
+            else self.value(a)
+            for n, a in enumerate(node.args)
+        ]
+        return self.checked(node, lambda: spec.build(*args))
+
+    def access(self, node: Access) -> Any:
+        if not node.indices:
+            raise IndexExpressionError(
+                f"'{node.name}[]' has no indices",
+                self.src,
+                node.span,
+                expected=f"a scalar written without brackets: '{node.name}'",
+            )
+        self.register(node.name, len(node.indices), node.name_span)
+        axes = tuple(self.affine(index) for index in node.indices)
+        self.accesses.append(
+            AccessUse(node.name, axes, node.span, tuple(i.span for i in node.indices))
+        )
+        return tensor_base(node.name)[tuple(a.expr() for a in axes)]
+
+    def affine(self, node: Expr) -> Affine:
+        """The affine form of one index expression, its indices in order of appearance."""
+        expr = self.index_expr(node, node)
+        names = dict.fromkeys(n.name for n in _walk(node) if isinstance(n, Name))
+        try:
+            return as_affine(expr, [index_symbol(n) for n in names])
+        except NotAffine as error:
+            if error.reason == NOT_INT64:
+                raise self.not_int64(node, error) from None
+            if error.reason != NON_INTEGER:
+                raise self.not_affine(node, _NOT_AFFINE[error.reason]) from None
+            raise IndexExpressionError(
+                f"index expression '{_text(self.src, node.span)}' has a non-integer coefficient",
+                self.src,
+                node.span,
+                expected=_AFFINE_EXAMPLE,
+            ) from None
+
+    def not_int64(self, node: Expr, error: NotAffine) -> IndexExpressionError:
+        where = "offset" if error.index is None else "coefficient"
+        of = "" if error.index is None else f" of '{error.index}'"
+        return IndexExpressionError(
+            f"index expression '{_text(self.src, node.span)}' has {where} "
+            f"{error.coefficient}{of}, beyond int64",
+            self.src,
+            node.span,
+            expected="offsets and coefficients of magnitude at most 2**63 - 1 "
+            "(generated code computes indices in int64)",
+        )
+
+    def index_expr(self, node: Expr, whole: Expr) -> sympy.Expr:
+        """The sympy form of (part of) the index expression `whole`, built by the rules of
+        `codegen.ir.affine.combine`."""
+        if isinstance(node, Number):
+            if not node.text.isdigit():
+                raise self.not_affine(whole, f"'{node.text}' is not an integer")
+            return sympy.Integer(int(node.text))
+        if isinstance(node, Name):
+            if node.name == INFINITY:
+                raise self.not_affine(whole, f"'{INFINITY}' is infinity, not an index")
+            return index_symbol(node.name)
+        if isinstance(node, Unary):
+            operand = self.index_expr(node.operand, whole)
+            return -operand if node.op == "-" else operand
+        if not isinstance(node, Binary):
+            kind = {Access: "a tensor read", Call: "a function call"}.get(
+                type(node), "a comparison"
+            )
+            raise self.not_affine(whole, f"it contains {kind}")
+        left, right = self.index_expr(node.left, whole), self.index_expr(node.right, whole)
+        try:
+            return combine(node.op, left, right, self.index_symbols)
+        except NotAffine as error:
+            raise self.not_affine(whole, _NOT_AFFINE[error.reason]) from None
+
+    def not_affine(self, whole: Expr, why: str) -> IndexExpressionError:
+        return IndexExpressionError(
+            f"index expression '{_text(self.src, whole.span)}' is not affine: {why}",
+            self.src,
+            whole.span,
+            expected=_AFFINE_EXAMPLE,
+        )
+
+
+#: Integer constants of this magnitude or more in values (not in index expressions) are
+#: floating-point constants: generated code computes integer values in int64 (where they
+#: would wrap), and JAX's default integers are 32-bit.
+LARGE_INTEGER = 2**31
+
+
+def _large_integers_as_floats(expr: Any) -> Any:
+    """`expr` with every integer constant of at least `LARGE_INTEGER` in magnitude, outside
+    tensor accesses, replaced by a sympy Float of the same value."""
+    if not isinstance(expr, sympy.Basic):
+        return expr
+    large = {}
+    walk = sympy.preorder_traversal(expr)
+    for node in walk:
+        if isinstance(node, sympy.Indexed):
+            walk.skip()  # index expressions keep exact integers
+        elif node.is_Integer and abs(node) >= LARGE_INTEGER:
+            large[node] = sympy.Float(node)
+    if not large:
+        return expr
+    return expr.xreplace({**large, **{read: read for read in expr.atoms(sympy.Indexed)}})
+
+
+def _number(text: str) -> sympy.Expr:
+    if text.isdigit():
+        return sympy.Integer(int(text))
+    return sympy.Float(float(text))
+
+
+def translate(statement: Statement) -> Translation:
+    """Translate the right-hand side of `statement` to sympy.
+
+    Args:
+        statement: from `parse`.
+
+    Returns:
+        A `Translation`: the body, the free and reduced indices, the operands with their
+        ranks, every access with its affine axes, and where each name first appears.
+
+    Raises:
+        TensorDSLError: a subclass naming the mistake (unknown function, a name in two roles,
+        a non-affine index expression, a value that is not finite, ...).
+
+    >>> from tensordsl.frontend.parse import parse
+    >>> translate(parse("Y[i] := A[i*j]"))
+    Traceback (most recent call last):
+    ...
+    tensordsl.errors.IndexExpressionError: index expression 'i*j' is not affine: a product of ...
+    ...
+    """
+    return _Translator(statement).build()
