@@ -21,7 +21,7 @@ from tensordsl.errors import (
     UnknownNameError,
     UnsupportedError,
 )
-from tensordsl.kernel import Kernel, kernel
+from tensordsl.kernel import Kernel, kernel, program
 from tensordsl.program_kernel import ProgramKernel
 
 __all__ = [
@@ -39,5 +39,6 @@ __all__ = [
     "UnknownNameError",
     "UnsupportedError",
     "kernel",
+    "program",
 ]
 __version__ = "0.1.0"

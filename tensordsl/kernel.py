@@ -209,13 +209,33 @@ def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     See `Kernel` for the options. A source of several statements (or `outputs=`) gives a
     `tensordsl.program_kernel.ProgramKernel`.
     """
-    for name in options:
-        if name not in OPTIONS:
-            raise UnknownNameError(
-                f"td.kernel has no option '{name}'",
-                expected="options " + ", ".join(OPTIONS),
-                hint=close_match(name, OPTIONS),
-            )
+    _check_options(options, "td.kernel")
     if is_program(source) or "outputs" in options:
         return ProgramKernel(source, **options)
     return Kernel(source, **options)
+
+
+def program(source: str, **options: Any) -> ProgramKernel:
+    """Parse and check a program, even of one statement (`td.kernel` gives a `Kernel` for one
+    plain statement); nothing is compiled until the first call. See `ProgramKernel` for the
+    options.
+
+    >>> import numpy as np
+    >>> softmax = program("(max) M[i] := X[i,j]; P[i,j] := exp(X[i,j] - M[i])", backend="reference")
+    >>> softmax.outputs
+    ('P',)
+    >>> softmax(np.zeros((1, 2))).tolist()
+    [[1.0, 1.0]]
+    """
+    _check_options(options, "td.program")
+    return ProgramKernel(source, **options)
+
+
+def _check_options(options: Mapping[str, Any], caller: str) -> None:
+    for name in options:
+        if name not in OPTIONS:
+            raise UnknownNameError(
+                f"{caller} has no option '{name}'",
+                expected="options " + ", ".join(OPTIONS),
+                hint=close_match(name, OPTIONS),
+            )
