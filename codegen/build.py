@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from codegen import config, disk_cache, ffi, trace_cache
+from codegen import config, disk_cache, ffi, progress, trace_cache
 from codegen.c import CSource, emit_c
 from codegen.compiled import CompiledNest
 from codegen.compiler import LIBMVEC_DEFINE, compiler_version, libmvec_flags, openmp_flags
@@ -69,7 +69,8 @@ BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-s
 STATS = {"compiles": 0, "disk_hits": 0, "shared": 0, "emitted": 0}
 
 _STATS_LOCK = threading.Lock()
-_BUILT: OnceMap[CompiledNest] = OnceMap()  # by request
+#: By request; every kernel built or loaded is counted once, for the progress line.
+_BUILT: OnceMap[CompiledNest] = OnceMap(progress.BUILDS)
 _EMITTED: OnceMap[trace_cache.KernelRecord] = OnceMap()  # by canonical record digest
 _WARNED: set[_Request] = set()
 
