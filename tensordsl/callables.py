@@ -12,7 +12,6 @@ builds every forward and gradient nest that call needs.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import keyword
 from collections.abc import Callable, Mapping, Sequence
@@ -83,16 +82,26 @@ def kernel_doc(
 
 
 def example_shapes(
-    shapes: Mapping[str, Any], dtype: str
+    shapes: Mapping[str, Any], dtype: str | None
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
-    """Shapes and dtypes from `shapes`: a tuple of extents, or an example array, per input."""
+    """Shapes and dtypes from `shapes`: a tuple of extents, or an example array, per input.
+
+    Dtypes are those a call computes in (`jax.dtypes.canonicalize_dtype`: float32 for a
+    float64 example unless x64 is enabled). An input given by shape takes `dtype`, else the
+    examples' common dtype, else float32.
+    """
     table: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, Any] = {}
     for name, value in shapes.items():
         if hasattr(value, "shape") and hasattr(value, "dtype"):
-            table[name], dtypes[name] = tuple(value.shape), np.dtype(value.dtype)
+            table[name] = tuple(value.shape)
+            dtypes[name] = jax.dtypes.canonicalize_dtype(value.dtype)
         else:
-            table[name], dtypes[name] = value, np.dtype(dtype)
+            table[name] = value
+    default = dtype or (jnp.result_type(*dtypes.values()) if dtypes else "float32")
+    default = jax.dtypes.canonicalize_dtype(default)
+    for name in table:
+        dtypes.setdefault(name, default)
     return table, dtypes
 
 
@@ -118,13 +127,13 @@ def warm_up(
         return sum(jnp.sum(o) for o in outs if jnp.issubdtype(o.dtype, jnp.inexact))
 
     traced = jax.value_and_grad(loss, argnums=argnums) if argnums else loss
-    wide = any(np.dtype(d).itemsize == 8 for d in dtypes.values())
-    with jax.enable_x64(True) if wide else contextlib.nullcontext():
-        jax.jit(traced).lower(*specs)
+    jax.jit(traced).lower(*specs)
 
 
-def check_dtype(dtype: str) -> str:
-    """`dtype` for inputs given by shape: a float, int or bool dtype name."""
+def check_dtype(dtype: str | None) -> str | None:
+    """`dtype` for inputs given by shape: a float, int or bool dtype name, or None."""
+    if dtype is None:
+        return None
     try:
         return np.dtype(dtype).name
     except TypeError:

@@ -170,7 +170,7 @@ class Kernel:
             reps=reps,
         )
 
-    def build(self, shapes: Mapping[str, Any], *, dtype: str = "float32") -> None:
+    def build(self, shapes: Mapping[str, Any], *, dtype: str | None = None) -> None:
         """Build every kernel a `jax.jit(jax.value_and_grad(...))` of a call needs, now.
 
         A first call otherwise builds them while it is traced (seconds per kernel when the
@@ -179,7 +179,9 @@ class Kernel:
         Args:
             shapes: for every input, its shape (a tuple; a scalar's is `()`) or an example
                 array, whose dtype is used.
-            dtype: the dtype of the inputs given by shape.
+            dtype: the dtype of the inputs given by shape (default: the example arrays'
+                common dtype, else float32), as a call computes in it (float32 for
+                float64 unless x64 is enabled).
 
         Raises:
             ShapeError, RangeError: as for a call with inputs of these shapes.

@@ -105,7 +105,7 @@ class ProgramKernel:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def build(self, shapes: Mapping[str, Any], *, dtype: str = "float32") -> None:
+    def build(self, shapes: Mapping[str, Any], *, dtype: str | None = None) -> None:
         """Build every kernel a `jax.jit(jax.value_and_grad(...))` of a call needs, now (see
         `Kernel.build`): the fused nests for these shapes and their gradient nests.
 
