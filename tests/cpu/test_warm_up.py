@@ -36,3 +36,14 @@ def test_build_makes_the_first_jit_value_and_grad_compile_nothing(
     np.testing.assert_allclose(np.asarray(gX), -1.5 * 2 * diff.sum(1), rtol=1e-12)
     np.testing.assert_allclose(float(gs), (diff**2).sum(), rtol=1e-12)
     assert capsys.readouterr().err == ""  # nothing built: no progress line
+
+
+def test_a_cold_first_call_reports_its_builds_on_stderr(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TENSORDSL_PROGRESS_AFTER", "0")
+    k = td.kernel("Y[i] := abs(X[i,j] - c)", backend="c")
+    X = np.random.default_rng(6).normal(size=(5, 9))
+    gX = jax.jit(jax.grad(lambda X: k(X, 0.25).sum()))(X)
+    np.testing.assert_allclose(np.asarray(gX), np.sign(X - 0.25), rtol=1e-12)
+    err = capsys.readouterr().err
+    assert "tensordsl: building " in err and "tensordsl: built " in err
