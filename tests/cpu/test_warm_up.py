@@ -9,9 +9,7 @@ import tensordsl as td
 from codegen import build
 
 
-def test_build_makes_the_first_jit_value_and_grad_compile_nothing(
-    capsys, monkeypatch, tmp_path
-):
+def test_build_makes_the_first_jit_value_and_grad_compile_nothing(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TENSORDSL_PROGRESS_AFTER", "0")  # a tiny threshold: no slow build needed
     k = td.kernel("D[i,j] := (W[k,i] - X[k,j])^2 * s", backend="c")
