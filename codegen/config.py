@@ -157,3 +157,44 @@ def gpu_call() -> str:
     if value not in GPU_CALLS:
         raise ValueError(f"TENSORDSL_GPU_CALL={value!r}: expected one of {', '.join(GPU_CALLS)}")
     return value
+
+
+VERBOSITY = {"0": 0, "quiet": 0, "1": 1, "": 1, "2": 2, "verbose": 2}
+
+
+def verbosity() -> int:
+    """`TENSORDSL_VERBOSE`: what building kernels reports on stderr (codegen/progress.py):
+    "0" or "quiet" nothing; "1" (default) one progress line once a round of builds has run
+    for `progress_after()` seconds; "2" or "verbose" that line from the first build, and
+    the `tensordsl` logger at INFO level gets a record per kernel built.
+
+    Raises:
+        SettingError: for any other value.
+    """
+    value = os.environ.get("TENSORDSL_VERBOSE", "").strip().lower()
+    if value not in VERBOSITY:
+        raise SettingError(
+            f"TENSORDSL_VERBOSE={value!r}: expected 0 (quiet), 1 (default) or 2 (verbose)"
+        )
+    return VERBOSITY[value]
+
+
+def progress_after() -> float:
+    """`TENSORDSL_PROGRESS_AFTER`: seconds a round of kernel builds runs before its progress
+    line appears (default 1.0; 0 shows it at once).
+
+    Raises:
+        SettingError: for anything but a number of seconds, 0 or more.
+    """
+    value = os.environ.get("TENSORDSL_PROGRESS_AFTER", "").strip()
+    if not value:
+        return 1.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise SettingError(
+            f"TENSORDSL_PROGRESS_AFTER={value!r}: expected a number of seconds, 0 or more"
+        )
+    return seconds

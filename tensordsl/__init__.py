@@ -9,6 +9,7 @@
 """
 
 from tensordsl.errors import (
+    ArgumentCountError,
     ExpressionError,
     IndexExpressionError,
     InputError,
@@ -25,6 +26,7 @@ from tensordsl.kernel import Kernel, kernel, program
 from tensordsl.program_kernel import ProgramKernel
 
 __all__ = [
+    "ArgumentCountError",
     "ExpressionError",
     "IndexExpressionError",
     "InputError",

@@ -146,6 +146,11 @@ class ShapeError(TensorDSLError, ValueError):
     """The wrong rank or number of arguments."""
 
 
+class ArgumentCountError(ShapeError, TypeError):
+    """A call with the wrong number of inputs, a missing one, or inputs given both by position
+    and by name: a `TypeError`, as for a Python function (and a `ShapeError`, as before)."""
+
+
 class InputError(TensorDSLError, ValueError):
     """An input of a call that is not an array of real numbers (None, a string, ragged)."""
 

@@ -258,6 +258,7 @@ def build_nests(
     dtype: str = "float32",
     forward: Any = None,
     progress: Callable[[str], None] | None = None,
+    cached: set[str] | None = None,
 ) -> dict[str, float]:
     """Compile every C nest of a kernel now, as its first call and gradient would.
 
@@ -266,11 +267,12 @@ def build_nests(
         dtype: the dtype of every input (argmax/argmin positions are int32).
         forward: the forward nest's schedule, if the user chose one.
         progress: called with one line before and after each build.
+        cached: gets the name of every nest loaded from a cache without compiling.
 
     Returns:
         Seconds spent on each nest, by name ("forward", "aux_...", "grad_<input>").
     """
-    from codegen.c.build import build_c
+    from codegen.c.build import STATS, build_c
 
     positions = _positions(nest)
     nests = kernel_nests(nest)
@@ -278,10 +280,15 @@ def build_nests(
     for n, (name, each) in enumerate(nests.items(), start=1):
         if progress is not None:
             progress(f"[{n}/{len(nests)}] building {name} ...")
-        start = time.perf_counter()
+        start, compiles = time.perf_counter(), STATS["compiles"]
         schedule = forward if name == "forward" else None
         build_c(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule)
         seconds[name] = time.perf_counter() - start
+        loaded = STATS["compiles"] == compiles
+        if loaded and cached is not None:
+            cached.add(name)
         if progress is not None:
-            progress(f"[{n}/{len(nests)}] built {name} in {seconds[name]:.2f} s")
+            what = f"built {name} in {seconds[name]:.2f} s"
+            what = f"{name} loaded from cache" if loaded else what
+            progress(f"[{n}/{len(nests)}] {what}")
     return seconds

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir.nest import LoopNest
+from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
@@ -69,6 +70,25 @@ class Kernel:
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
+        self.__signature__ = callables.signature(self.inputs)
+        self.__doc__ = callables.kernel_doc(
+            callables.statement_text(source, self.nest),
+            [(op.name, op.rank) for op in self.nest.operands],
+            [self.nest],
+            program=False,
+        )
+
+    def _key(self) -> tuple[Any, ...]:
+        """What a kernel computes and how: equal keys, interchangeable kernels."""
+        return (self.nest, self.backend, self.nograd, self.schedule)
+
+    def __eq__(self, other: object) -> bool:
+        """Kernels of the same canonical statement (its nest) and options are equal, so a
+        kernel kept as a static field (Equinox, Flax) does not retrace per instance."""
+        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     @property
     def nest(self) -> LoopNest:
@@ -146,7 +166,36 @@ class Kernel:
             reps=reps,
         )
 
+    def build(self, shapes: Mapping[str, Any], *, dtype: str | None = None) -> None:
+        """Build every kernel a `jax.jit(jax.value_and_grad(...))` of a call needs, now.
+
+        A first call otherwise builds them while it is traced (seconds per kernel when the
+        disk cache does not have them); call this at start-up to pay that cost up front.
+
+        Args:
+            shapes: for every input, its shape (a tuple; a scalar's is `()`) or an example
+                array, whose dtype is used.
+            dtype: the dtype of the inputs given by shape (default: the example arrays'
+                common dtype, else float32), as a call computes in it (float32 for
+                float64 unless x64 is enabled).
+
+        Raises:
+            ShapeError, RangeError: as for a call with inputs of these shapes.
+        """
+        table, dtypes = callables.example_shapes(shapes, callables.check_dtype(dtype))
+        arguments.bind(self.inputs, self.source_text, (), table)
+        table = self.check_shapes(table)
+        callables.warm_up(self, self.inputs, table, dtypes, self.nograd)
+
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+        """Run the kernel: inputs all by position (in `k.inputs` order) or all by name.
+
+        Works on JAX and NumPy arrays and Python numbers, under `jit`, `grad` and `vmap`.
+
+        Raises:
+            TypeError: (an `ArgumentCountError`) the wrong number of inputs, or a missing one.
+            ShapeError, RangeError: ranks or extents that do not fit the statement.
+        """
         values = [
             arguments.input_array(name, value, self.source_text)
             for name, value in zip(

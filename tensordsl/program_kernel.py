@@ -38,6 +38,7 @@ from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
 from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.online import pair_stored, unpair
+from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.binding.program_grad import FusedProgram
@@ -92,6 +93,37 @@ class ProgramKernel:
                 "schedule= and loop_order= apply to kernels of one statement",
                 expected="no schedule for a program (each statement uses the heuristic's)",
             )
+        self.__signature__ = callables.signature(self.inputs)
+        by_output = {nest.output: nest for nest in self.program.statements}
+        self.__doc__ = callables.kernel_doc(
+            "\n".join(line.strip() for line in source.strip().splitlines()),
+            [(op.name, op.rank) for op in self.program.inputs],
+            [by_output[name] for name in self.outputs],
+            program=True,
+        )
+
+    def _key(self) -> tuple[Any, ...]:
+        """What the program computes and returns, and how: equal keys, interchangeable."""
+        return (self.program, self._lowered.returns_tuple, self.backend, self.nograd)
+
+    def __eq__(self, other: object) -> bool:
+        """Programs of the same statements (their nests), outputs and options are equal."""
+        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def build(self, shapes: Mapping[str, Any], *, dtype: str | None = None) -> None:
+        """Build every kernel a `jax.jit(jax.value_and_grad(...))` of a call needs, now (see
+        `Kernel.build`): the fused nests for these shapes and their gradient nests.
+
+        Raises:
+            ShapeError, RangeError: as for a call with inputs of these shapes.
+        """
+        table, dtypes = callables.example_shapes(shapes, callables.check_dtype(dtype))
+        arguments.bind(self.inputs, self.source_text, (), table)
+        check_program_shapes(self._lowered, table)
+        callables.warm_up(self, self.inputs, table, dtypes, self.nograd)
 
     @property
     def program(self) -> Program:
@@ -261,6 +293,13 @@ class ProgramKernel:
         return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
 
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
+        """Run the program: inputs all by position (in `k.inputs` order) or all by name;
+        returns the last statement's output, or a tuple with `outputs=`.
+
+        Raises:
+            TypeError: (an `ArgumentCountError`) the wrong number of inputs, or a missing one.
+            ShapeError, RangeError: ranks or extents that do not fit the statements.
+        """
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)
         values = [
             arguments.computed_input(name, value, self.source_text)

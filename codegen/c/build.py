@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from codegen import config
+from codegen import config, progress
 from codegen.c import ffi, records
 from codegen.c.compiled import CompiledNest
 from codegen.c.compiler import LIBMVEC_DEFINE, compiler_version, libmvec_flags, openmp_flags
@@ -70,7 +70,8 @@ BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-s
 STATS = {"compiles": 0, "disk_hits": 0, "shared": 0, "emitted": 0}
 
 _STATS_LOCK = threading.Lock()
-_BUILT: OnceMap[CompiledNest] = OnceMap()  # by request
+#: By request; every kernel built or loaded is counted once, for the progress line.
+_BUILT: OnceMap[CompiledNest] = OnceMap(progress.BUILDS)
 _EMITTED: OnceMap[records.KernelRecord] = OnceMap()  # by canonical record digest
 _WARNED: set[_Request] = set()
 

@@ -21,9 +21,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 Value = TypeVar("Value")
+
+
+class Progress(Protocol):
+    """What a `OnceMap` reports about its computations (codegen/progress.py)."""
+
+    def queued(self) -> None: ...
+    def finished(self) -> None: ...
+    def dropped(self) -> None: ...
 
 
 class _Slot(Generic[Value]):
@@ -35,12 +43,19 @@ class _Slot(Generic[Value]):
         self.value: Value | None = None
         self.error: BaseException | None = None
         self.skipped = False  # a background start that did not run (see `start`)
+        self.counted = False  # reported to the map's progress as queued
 
 
 class OnceMap(Generic[Value]):
-    """A thread-safe map from keys to values computed once (see the module docstring)."""
+    """A thread-safe map from keys to values computed once (see the module docstring).
 
-    def __init__(self) -> None:
+    `progress`, when given, is told of every computation: queued when started in the
+    background or first asked for, finished when it returns or fails, dropped when a
+    background start does not run.
+    """
+
+    def __init__(self, progress: Progress | None = None) -> None:
+        self._progress = progress
         self._lock = threading.Lock()
         self._values: dict[Hashable, Value] = {}
         self._slots: dict[Hashable, _Slot[Value]] = {}
@@ -83,6 +98,14 @@ class OnceMap(Generic[Value]):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="tensordsl")
             pool = self._pool
+        if self._progress is not None:
+            try:
+                self._progress.queued()
+            except BaseException:
+                with self._lock:
+                    self._slots.pop(key, None)
+                raise
+            slot.counted = True
         pool.submit(self._background, key, slot, compute, still_wanted)
 
     def clear(self) -> None:
@@ -106,10 +129,16 @@ class OnceMap(Generic[Value]):
         with self._lock:
             self._slots.pop(key, None)
         slot.skipped = True
+        if self._progress is not None and slot.counted:
+            self._progress.dropped()
         slot.done.set()
 
     def _run(self, key: Hashable, slot: _Slot[Value], compute: Callable[[], Value]) -> None:
+        progress = self._progress
         try:
+            if progress is not None and not slot.counted:
+                progress.queued()
+                slot.counted = True
             value = compute()
         except BaseException as error:
             slot.error = error
@@ -121,4 +150,6 @@ class OnceMap(Generic[Value]):
                 self._values[key] = value
                 self._slots.pop(key, None)
         finally:
+            if progress is not None and slot.counted:
+                progress.finished()
             slot.done.set()

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tensordsl.errors import (
+    ArgumentCountError,
     InputError,
     ParseError,
     RangeError,
@@ -151,12 +152,12 @@ def bind(
     """The inputs in `names` order, given all by position or all by name."""
     listing = "inputs " + ", ".join(names)
     if args and kwargs:
-        raise ShapeError(
+        raise ArgumentCountError(
             "pass the inputs either all by position or all by name", source, expected=listing
         )
     if not kwargs:
         if len(args) != len(names):
-            raise ShapeError(
+            raise ArgumentCountError(
                 f"the kernel takes {len(names)} input{'s' * (len(names) != 1)}, got {len(args)}",
                 source,
                 expected=listing,
@@ -165,7 +166,7 @@ def bind(
     unknown_names(kwargs, names, source)
     for name in names:
         if name not in kwargs:
-            raise ShapeError(f"missing input '{name}'", source, expected=listing)
+            raise ArgumentCountError(f"missing input '{name}'", source, expected=listing)
     return [kwargs[name] for name in names]
 
 

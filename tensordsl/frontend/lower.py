@@ -61,6 +61,26 @@ class Lowered:
         )
 
 
+#: Reductions users reach for that the language does not have, and how to write them today.
+MISSING_REDUCTIONS = {
+    "mean": "mean is not a reduction yet: reduce with sum and divide by the count, e.g. "
+    "td.kernel('M[i] := X[i,j]')(X) / X.shape[1]",
+    "avg": "write a mean as a sum divided by the count, e.g. "
+    "td.kernel('M[i] := X[i,j]')(X) / X.shape[1]",
+    "argmax": "argmax is not a user reduction; reduce='max' saves the position for the "
+    "gradient, and jnp.argmax gives it",
+    "argmin": "argmin is not a user reduction; reduce='min' saves the position for the "
+    "gradient, and jnp.argmin gives it",
+}
+
+
+def reduction_hint(name: object) -> str | None:
+    """A hint for an unknown reduction: how to write a missing one, else a close match."""
+    if isinstance(name, str) and name.lower() in MISSING_REDUCTIONS:
+        return MISSING_REDUCTIONS[name.lower()]
+    return close_match(name, USER_REDUCTIONS)  # type: ignore[arg-type]
+
+
 def _reduction(statement: Statement, reduce: str | None) -> str:
     prefix = statement.reduction
     src, span = statement.source, statement.reduction_span
@@ -78,7 +98,7 @@ def _reduction(statement: Statement, reduce: str | None) -> str:
             src,
             span if prefix is not None else None,
             expected="one of " + ", ".join(USER_REDUCTIONS),
-            hint=close_match(name, USER_REDUCTIONS),
+            hint=reduction_hint(name),
         )
     return name
 

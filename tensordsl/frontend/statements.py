@@ -35,7 +35,7 @@ from tensordsl.errors import (
     UnknownNameError,
     close_match,
 )
-from tensordsl.frontend.lower import Lowered, lower
+from tensordsl.frontend.lower import Lowered, lower, reduction_hint
 from tensordsl.frontend.parse import Span, Statement, parse
 from tensordsl.frontend.shapes import check_shapes
 from tensordsl.frontend.translate import Translation, translate
@@ -193,7 +193,7 @@ def _check_reduce(reduce: str | None, source: str) -> None:
             f"unknown reduction '{reduce}'",
             source,
             expected="one of " + ", ".join(USER_REDUCTIONS),
-            hint=close_match(str(reduce), USER_REDUCTIONS),
+            hint=reduction_hint(str(reduce)),
         )
 
 

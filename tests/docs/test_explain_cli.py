@@ -113,10 +113,48 @@ def test_explain_reports_user_errors_with_status_2(capsys):
 def test_demo_checks_every_kernel_and_shows_build_progress(capsys):
     assert main(["demo"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1] == "all kernels match jax.numpy"
+    lines = captured.out.splitlines()
+    assert lines[-1] == "all kernels match jax.numpy"
+    # progress on stderr only; stdout is the table, its heading first
+    assert re.match(r"kernel +source +fwd rel err +grad rel err +fwd\+bwd ms$", lines[0])
+    assert "rel err: max |ours - jax.numpy| / max |jax.numpy|" in captured.out
+    assert "[1/" not in captured.out
     for name in ("matmul", "pairwise distances", "1-D convolution", "logsumexp rows"):
         assert f"{name}: [1/" in captured.err
         assert re.search(rf"^{re.escape(name)} .* \d\.\de[-+]\d\d ", captured.out, re.M)
+    assert re.search(r"^logsumexp rows +\(logsumexp\) L\[i\] := X\[i,j\] ", captured.out, re.M)
+
+
+def test_a_warm_build_says_loaded_from_cache(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
+    _explain(capsys, CONV, "--build")
+    out, err = _explain(capsys, CONV, "--build")  # the kernels are now known
+    assert re.findall(r"\[(\d)/3\] (\w+) loaded from cache", err) == [
+        ("1", "forward"),
+        ("2", "grad_X"),
+        ("3", "grad_W"),
+    ]
+    assert "built forward in" not in err
+    assert "  forward: loaded from cache\n  grad_X: loaded from cache" in out
+
+
+def test_help_has_a_description_examples_and_the_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"], prog="tensordsl")
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: tensordsl ")
+    assert "differentiated inside JAX" in out
+    assert 'tensordsl explain "D[i,j] := (W[k,i] - X[k,j])^2" --shapes' in out
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"tensordsl {td.__version__}"
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    out = capsys.readouterr().out
+    assert "an index expression, e.g." in out
+    assert "the shape of each input, e.g. W=64x2048" in out
+    assert "the reduction of indices not on the left" in out
 
 
 @pytest.mark.parametrize("item", ["X=10xfoo", "X=", "=10", "X=-1", "X=10x", "X", "X=1e3"])
