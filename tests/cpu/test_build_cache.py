@@ -106,7 +106,7 @@ def test_names_do_not_matter_one_library_serves_both(cache: pathlib.Path) -> Non
 
 CHILD = (
     "import json, numpy as np, tensordsl as td\n"
-    "from codegen import build\n"
+    "from codegen.c import build\n"
     f"k = td.kernel({AFFINE!r}, backend='c')\n"
     "r = np.random.default_rng(3)\n"
     "a, b, c = r.standard_normal((4, 3)), r.standard_normal((3, 5)), r.standard_normal(5)\n"
