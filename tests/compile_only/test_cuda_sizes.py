@@ -1,0 +1,54 @@
+"""What NVRTC hands over is whole, and kernels are right at every size: the CUBIN has every
+byte NVRTC reports, extents past 2^31 get 64-bit index arithmetic, tiles past 48 KB of
+shared memory ask for it dynamically. Needs NVRTC only, no GPU."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from codegen import nvrtc
+from codegen.cuda import emit_cuda
+from tensordsl.lower import lower
+from tensordsl.parse import parse
+
+pytestmark = pytest.mark.skipif(
+    not nvrtc.available(), reason='NVRTC unavailable: pip install "cupy-cuda13x[ctk]"'
+)
+MATMUL = "C[i,j] := A[i,k] * B[k,j]"
+
+
+def _elf_extent(image: bytes) -> int:
+    """Where the last section, segment or header table of a 64-bit ELF image ends."""
+    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
+    ends = [phoff + phentsize * phnum, shoff + shentsize * shnum]
+    for n in range(shnum):
+        kind = struct.unpack_from("<I", image, shoff + n * shentsize + 4)[0]
+        offset, size = struct.unpack_from("<QQ", image, shoff + n * shentsize + 0x18)
+        ends.append(offset + size * (kind != 8))  # SHT_NOBITS takes no room in the file
+    for n in range(phnum):
+        offset = struct.unpack_from("<Q", image, phoff + n * phentsize + 8)[0]
+        ends.append(offset + struct.unpack_from("<Q", image, phoff + n * phentsize + 0x20)[0])
+    return max(ends)
+
+
+def _matmul_source(dtype: str = "float32") -> str:
+    nest = lower(parse(MATMUL)).nest
+    return emit_cuda(nest, dtypes={"A": dtype, "B": dtype, "C": dtype}).text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_cubin_has_every_byte_nvrtc_reports(dtype: str) -> None:
+    text = _matmul_source(dtype)
+    image = nvrtc.compile_source(text, arch="sm_90").binary
+    assert image[:4] == b"\x7fELF"
+    assert len(image) == _elf_extent(image)  # CuPy's getCUBIN and a NUL strip cut the end
+    program = nvrtc._nvrtc().createProgram(text, "again.cu", [], [])
+    try:
+        flags = ["--gpu-architecture=sm_90", "--std=c++17"]
+        nvrtc._nvrtc().compileProgram(program, flags + [f"-I{d}" for d in nvrtc.include_dirs()])
+        assert nvrtc.cubin(program) == image
+    finally:
+        nvrtc._nvrtc().destroyProgram(program)
