@@ -40,6 +40,7 @@ class CudaEmitter(Emitter[GpuSchedule]):
     printer_class = CudaPrinter
     index_type = "idx_t"
     position_type = "long long"
+    simd_sum_pragma = ""  # OpenMP means nothing to NVRTC
     storage = STORAGE
     half_to_float = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
     float_to_half = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}

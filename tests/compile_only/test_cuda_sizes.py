@@ -52,3 +52,14 @@ def test_the_cubin_has_every_byte_nvrtc_reports(dtype: str) -> None:
         assert nvrtc.cubin(program) == image
     finally:
         nvrtc._nvrtc().destroyProgram(program)
+
+
+def test_no_openmp_pragma_in_cuda_source() -> None:
+    from tests.compile_only.nests import all_nests, dtypes
+
+    nested = 0
+    for named in all_nests():
+        text = emit_cuda(named.nest, dtypes=dtypes(named)).text
+        assert "omp" not in text, named.id
+        nested += "sum_" in str(named.nest) or "Reduce(" in repr(named.nest.terms)
+    assert nested  # some nest has a nested sum, where the C emitter writes the pragma
