@@ -63,3 +63,15 @@ def test_no_openmp_pragma_in_cuda_source() -> None:
         assert "omp" not in text, named.id
         nested += "sum_" in str(named.nest) or "Reduce(" in repr(named.nest.terms)
     assert nested  # some nest has a nested sum, where the C emitter writes the pragma
+
+
+@pytest.mark.parametrize("source", [MATMUL, "C[i,j] := A[k,i] * B[j,k]"])
+def test_staged_tiles_have_no_bank_conflicts(source: str) -> None:
+    from codegen.cuda_smem import store_conflicts
+
+    nest = lower(parse(source)).nest
+    text = emit_cuda(nest, dtypes={"A": "float32", "B": "float32", "C": "float32"}).text
+    for array, contiguous_k in (("As_", "A[i,k]" in source), ("Bs_", "B[j,k]" in source)):
+        tk, pitch = (int(n) for n in text.split(f"{array}[", 1)[1].split("];")[0].split("]["))
+        assert store_conflicts(pitch, 64, tk, contiguous_k) == 1, (array, pitch)
+    assert store_conflicts(65, 64, 16, True) == 2  # the old padding, for A[i,k]
