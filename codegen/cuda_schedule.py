@@ -36,7 +36,7 @@ Strategies (`GpuSchedule.strategy`):
 
 Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
-shapes are not known when the kernel is compiled).
+`tensordsl.gpu.prepare` does from each call's shapes, a kernel variant per index type).
 
 The heuristic (`choose_gpu_schedule`): a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,

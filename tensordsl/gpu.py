@@ -27,9 +27,11 @@ cuBLAS on a GPU, as on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,9 +110,44 @@ def prepare(
     dtypes = _dtypes(nest, operands, dtype)
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
     params, grids, workspace = _host_values(source, all_shapes)
+    if source.schedule.index_type == "int32" and needs_64bit_indices(
+        all_shapes.values(), params, grids, source.block
+    ):
+        wide = dataclasses.replace(source.schedule, index_type="int64")
+        source = emit_cuda(nest, dtypes=dtypes, schedule=wide)
+        params, grids, workspace = _host_values(source, all_shapes)
     order = (dtypes[nest.output], *(dtypes[op.name] for op in nest.operands))
     result = jax.ShapeDtypeStruct(out_shape, jnp.dtype(dtype))
     return Launch(source, params, grids, result, order, workspace)
+
+
+#: 32-bit index arithmetic is safe while every tensor, parameter and grid has fewer elements,
+#: threads or units than this: an index below it plus a grid-stride step below it stays
+#: below 2^31.
+INT32_SAFE = 2**30
+
+
+def needs_64bit_indices(
+    shapes: Iterable[Sequence[int]],
+    params: Sequence[int],
+    grids: Sequence[Grid],
+    block: Sequence[int],
+) -> bool:
+    """Whether a kernel needs 64-bit index arithmetic (`idx_t` of `long long`) for these
+    shapes, host parameters and grids: some tensor size, parameter or grid's thread count
+    reaches `INT32_SAFE`.
+
+    >>> needs_64bit_indices([(1024, 1024)], [1024], [(4096, 1, 1)], (256, 1, 1))
+    False
+    >>> needs_64bit_indices([(2**31 - 1,)], [2**31 - 1], [(2**23, 1, 1)], (256, 1, 1))
+    True
+    """
+    threads = math.prod(block)
+    return (
+        any(math.prod(shape) >= INT32_SAFE for shape in shapes)
+        or any(abs(p) >= INT32_SAFE for p in params)
+        or any(math.prod(grid) * threads >= INT32_SAFE for grid in grids)
+    )
 
 
 def _dtypes(nest: LoopNest, operands: Sequence[Any], dtype: Any) -> dict[str, str]:

@@ -75,3 +75,35 @@ def test_staged_tiles_have_no_bank_conflicts(source: str) -> None:
         tk, pitch = (int(n) for n in text.split(f"{array}[", 1)[1].split("];")[0].split("]["))
         assert store_conflicts(pitch, 64, tk, contiguous_k) == 1, (array, pitch)
     assert store_conflicts(65, 64, 16, True) == 2  # the old padding, for A[i,k]
+
+
+@pytest.mark.parametrize(
+    "source, shapes, index",
+    [
+        ("Y[i] := X[i] * 2", {"X": (2**31 + 5,)}, "long long"),
+        ("Y[i] := X[i] * 2", {"X": (1000,)}, "int"),
+        (MATMUL, {"A": (3, 2**30), "B": (2**30, 2)}, "long long"),  # small output, long k
+        (MATMUL, {"A": (64, 32), "B": (32, 48)}, "int"),
+    ],
+)
+def test_the_index_type_follows_the_shapes(source: str, shapes: dict, index: str) -> None:
+    import jax
+
+    from tensordsl import gpu
+
+    nest = lower(parse(source)).nest
+    operands = [jax.ShapeDtypeStruct(shapes[op.name], "float16") for op in nest.operands]
+    launch = gpu.prepare(nest, operands, {}, "float16")
+    assert f"typedef {index} idx_t;" in launch.source.text
+    assert f"index={'int64' if 'long' in index else 'int32'}" in launch.source.text
+    assert max(launch.params) < 2**31 or index == "long long"
+    ptx = nvrtc.compile_source(launch.source.text, arch="compute_90").ptx
+    assert f".entry {launch.source.entry}(" in ptx
+
+
+def test_a_range_past_2_to_the_31_needs_64_bit_indices_without_a_large_input() -> None:
+    from tensordsl import gpu
+
+    nest = lower(parse("Y[i] := (i == 3)"), ranges={"i": 2**31 - 1}).nest
+    launch = gpu.prepare(nest, [], {}, "float16")
+    assert "typedef long long idx_t;" in launch.source.text
