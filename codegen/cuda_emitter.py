@@ -47,6 +47,8 @@ class CudaEmitter(Emitter[GpuSchedule]):
     #: Bytes of scratch space the kernels of the source share (an expression of extents);
     #: 0: none. A strategy asks for it with `scratch`.
     workspace: sympy.Expr = sympy.Integer(0)
+    #: Bytes of dynamic shared memory per block (a tile past the static limit); 0: none.
+    dynamic_shared: int = 0
 
     def scratch(self, size: sympy.Expr) -> str:
         """Ask for `size` bytes of scratch space (an expression of extents), passed to every

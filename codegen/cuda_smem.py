@@ -108,11 +108,38 @@ def smem(e: CudaEmitter) -> Lines:
         f"for (idx_t bz_ = blockIdx.z; bz_ < {nbatch}; bz_ += gridDim.z)",
         [*(e.decode("bz_", batch, {}) if batch else []), *loops],
     )
+    pitches = (row_pitch(tm, tk, contiguous_k(a_part)), row_pitch(tn, tk, contiguous_k(b_part)))
     return [
-        f"__shared__ {e.f} As_[{tk}][{row_pitch(tm, tk, contiguous_k(a_part))}];",
-        f"__shared__ {e.f} Bs_[{tk}][{row_pitch(tn, tk, contiguous_k(b_part))}];",
+        *tile_declarations(e, tk, pitches),
         "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
         *loops,
+    ]
+
+
+#: Bytes of static shared memory a block may declare; more needs dynamic shared memory and
+#: the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize), set at launch.
+STATIC_SHARED_LIMIT = 48 * 1024
+ELEMENT_BYTES = {"float": 4, "double": 8}
+
+
+def tile_declarations(e: CudaEmitter, tk: int, pitches: tuple[int, int]) -> Lines:
+    """`As_` and `Bs_`, `tk` rows each: static `__shared__` arrays up to
+    `STATIC_SHARED_LIMIT` bytes, else views of the block's dynamic shared memory, whose size
+    the emitter records (`e.dynamic_shared`) for the launch."""
+    sizes = [tk * pitch * ELEMENT_BYTES[e.f] for pitch in pitches]
+    if sum(sizes) <= STATIC_SHARED_LIMIT:
+        return [
+            f"__shared__ {e.f} {name}[{tk}][{pitch}];"
+            for name, pitch in zip(("As_", "Bs_"), pitches, strict=True)
+        ]
+    e.dynamic_shared = sum(sizes)
+    views = [
+        f"{e.f} (*const {name})[{pitch}] = reinterpret_cast<{e.f} (*)[{pitch}]>(smem_ + {offset});"
+        for name, pitch, offset in zip(("As_", "Bs_"), pitches, (0, sizes[0]), strict=True)
+    ]
+    return [
+        f"extern __shared__ __align__(16) unsigned char smem_[];  /* {sum(sizes)} bytes */",
+        *views,
     ]
 
 

@@ -42,6 +42,7 @@ import numpy as np
 from codegen import config, cuda_launch, emulate
 from codegen.cuda import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda_schedule import GpuSchedule, choose_gpu_schedule
+from codegen.cuda_smem import STATIC_SHARED_LIMIT
 from codegen.extents import output_shape
 from codegen.host import host_function
 from codegen.ir import LoopNest
@@ -198,6 +199,7 @@ def run_cuda(
             return found
         schedule = None  # the shapes do not fit the plan: the heuristic's kernel
     launch = prepare(nest, operands, shapes, dtype, schedule)
+    _check_shared(launch.source, EMULATED_SHARED_LIMIT if order is not None else None)
     if order is not None:
         return _run_emulated(launch, operands, order)
     if config.gpu_call() == "ffi":
@@ -232,6 +234,7 @@ def _ffi_call(
         params=launch.params,
         dtypes=launch.pointer_dtypes,
         scratch=len(launch.outputs) - 1,
+        shared=launch.source.shared,
         poison=config.poison_outputs(),
         order=order,
     )
@@ -267,9 +270,39 @@ def _run_emulated(launch: Launch, operands: Sequence[jax.Array], order: str) -> 
                 array.reshape(-1).view(np.uint8).fill(0xFF)  # NaN, or -1
         arguments = (out, *(np.asarray(a) for a in args), *scratch, *params)
         for entry, grid in launch.passes:
-            kernels[entry](grid, launch.source.block, arguments, order=order)
+            kernels[entry](
+                grid, launch.source.block, arguments, order=order, shared_mem=launch.source.shared
+            )
 
     return _buffer_call(callback, launch, operands)
+
+
+#: Dynamic shared memory per block the emulator offers (codegen/cuda_emu.h), as an H100.
+EMULATED_SHARED_LIMIT = 227 * 1024
+
+
+def shared_limit() -> int:
+    """The most shared memory a block of the first GPU may opt in to (CuPy's device
+    attribute; without CuPy, sm_90's 227 KB, and the FFI handler's opt-in says if not)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device(0).attributes["MaxSharedMemoryPerBlockOptin"])
+    except Exception:  # no CuPy, or no device attribute
+        return EMULATED_SHARED_LIMIT
+
+
+def _check_shared(source: CudaSource, limit: int | None) -> None:
+    """Refuse a kernel whose tiles need more shared memory than the device gives a block."""
+    if source.shared <= STATIC_SHARED_LIMIT:
+        return
+    limit = shared_limit() if limit is None else limit
+    if source.shared > limit:
+        raise UnsupportedError(
+            f"the {source.schedule.strategy} tile of {source.entry} needs {source.shared} "
+            f"bytes of shared memory per block; this device allows {limit}",
+            expected="a smaller tile (tile_k, rows, cols of the GpuSchedule)",
+        )
 
 
 def _gpus() -> list[Any]:
@@ -335,7 +368,11 @@ def _raw_kernels(source: CudaSource, device: int) -> dict[str, Any]:
                 module.compile()  # at trace time, never inside the callback
             _MODULES[key] = module
         with _cupy().cuda.Device(device):
-            return {p.entry: module.get_function(p.entry) for p in source.passes}
+            found = {p.entry: module.get_function(p.entry) for p in source.passes}
+            if source.shared > STATIC_SHARED_LIMIT:  # opt in to more than the default
+                for kernel in found.values():
+                    kernel.max_dynamic_shared_size_bytes = source.shared
+            return found
 
 
 def _run_callback(launch: Launch, operands: Sequence[jax.Array]) -> jax.Array:
@@ -357,7 +394,7 @@ def _run_callback(launch: Launch, operands: Sequence[jax.Array]) -> jax.Array:
                     cupy.cuda.runtime.memsetAsync(int(pointer), 0xFF, size, stream)
             arguments = (out, *(_pointer(a) for a in args), *scratch, *params)
             for entry, grid in launch.passes:
-                kernels[device][entry](grid, source.block, arguments)
+                kernels[device][entry](grid, source.block, arguments, shared_mem=source.shared)
 
     return _buffer_call(callback, launch, operands)
 

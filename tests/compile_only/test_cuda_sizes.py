@@ -107,3 +107,22 @@ def test_a_range_past_2_to_the_31_needs_64_bit_indices_without_a_large_input() -
     nest = lower(parse("Y[i] := (i == 3)"), ranges={"i": 2**31 - 1}).nest
     launch = gpu.prepare(nest, [], {}, "float16")
     assert "typedef long long idx_t;" in launch.source.text
+
+
+def test_a_tile_past_48_kb_compiles_only_as_dynamic_shared_memory(monkeypatch) -> None:
+    import dataclasses
+
+    from codegen import cuda_smem
+    from codegen.cuda_schedule import choose_gpu_schedule
+
+    nest = lower(parse(MATMUL)).nest
+    schedule = dataclasses.replace(choose_gpu_schedule(nest, kernel=True), tile_k=128)
+    floats = {"A": "float32", "B": "float32", "C": "float32"}
+    source = emit_cuda(nest, dtypes=floats, schedule=schedule)
+    assert source.shared == 128 * 130 * 4 and "extern __shared__" in source.text
+    assert nvrtc.compile_source(source.text, arch="sm_90").binary[:4] == b"\x7fELF"
+    monkeypatch.setattr(cuda_smem, "STATIC_SHARED_LIMIT", 10**9)  # as static arrays: too big
+    static = emit_cuda(nest, dtypes=floats, schedule=schedule)
+    assert static.shared == 0 and "__shared__ float As_[128][65];" in static.text
+    with pytest.raises(nvrtc.NvrtcError, match="shared"):
+        nvrtc.compile_source(static.text, arch="sm_90")
