@@ -290,7 +290,7 @@ def large_case(out: pathlib.Path, emulate: bool) -> None:
             "corpus",
             label,
             "skipped",
-            detail="emulated: toy sizes only (needs 20 GiB of GPU memory)",
+            detail="emulated: toy sizes (minutes on the CPU; tests/gpu/test_large_indices.py)",
         )
         return
     free = _jax_free_bytes()

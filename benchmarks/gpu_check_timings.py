@@ -68,7 +68,6 @@ def _wait(result: Any) -> None:
 
 
 def run_all(out: pathlib.Path, emulate: bool, quick: bool) -> None:
-    os.environ.setdefault("TENSORDSL_XLA_CONTRACTIONS", "0")  # our kernels, not XLA's dot
     device = jax.devices()[0]
     peaks = peaks_for(getattr(device, "device_kind", ""))
     measure = timer(emulate)
@@ -78,6 +77,8 @@ def run_all(out: pathlib.Path, emulate: bool, quick: bool) -> None:
         if quick and not case.quick:
             record(out, "timings", name, "skipped", mode=mode, detail=SKIP_QUICK)
             continue
+        # Read when each function is traced, which `measure` does first.
+        os.environ["TENSORDSL_XLA_CONTRACTIONS"] = "1" if case.xla_contractions else "0"
         try:
             flops, traffic, dtype, fns, shape = case.make(emulate)
         except Exception as error:

@@ -90,3 +90,21 @@ def test_unknown_phase_is_refused(tmp_path: pathlib.Path) -> None:
     done = _run(tmp_path, "--phases", "machine,bogus", timeout=60)
     assert done.returncode == 2
     assert "unknown phases ['bogus']" in done.stderr
+
+
+def test_it_runs_from_the_checkout_without_pythonpath(tmp_path: pathlib.Path) -> None:
+    # As after `pip install --no-deps --no-build-isolation -e .`: nothing on PYTHONPATH.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [*command, "--emulate", "--phases", "machine"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    machine = json.loads((tmp_path / "results.json").read_text())["machine"]
+    assert machine["emulated"] is True and machine["jax"]
