@@ -67,8 +67,8 @@ def record(out: pathlib.Path, phase: str, case: str, status: str, **fields: Any)
     row = {"phase": phase, "case": case, "status": status, **fields}
     with rows_path(out, phase).open("a") as handle:
         handle.write(json.dumps(row, default=str) + "\n")
-    where = " ".join(str(fields[k]) for k in ("mode", "impl") if fields.get(k))
-    print(f"[{phase}] {case} {where}: {status} {fields.get('detail', '')}".rstrip(), flush=True)
+    where = "".join(f" {fields[k]}" for k in ("mode", "impl") if fields.get(k))
+    print(f"[{phase}] {case}{where}: {status} {fields.get('detail', '')}".rstrip(), flush=True)
     return row
 
 

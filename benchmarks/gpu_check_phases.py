@@ -13,6 +13,8 @@ import functools
 import os
 import pathlib
 import platform
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -116,59 +118,70 @@ def phase_machine(out: pathlib.Path, emulate: bool, quick: bool) -> None:
 # --------------------------------------------------------------------------- tests/gpu
 
 
+def _test_name(node_id: str) -> str:
+    """`module::test` of a pytest node id, as junit's classname and name give it."""
+    path, _, rest = node_id.partition("::")
+    return f"{pathlib.Path(path).stem}::{rest.split('::')[-1]}"
+
+
 def _pytest(
     out: pathlib.Path, key: str, label: str, args: list[str], env: dict, limit: float
 ) -> None:
-    """Run pytest on `args`; one row for the run and one per failing test (files: `key`)."""
-    xml_path = out / f"junit-{key}.xml"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "addopts=",
-        f"--junitxml={xml_path}",
-        *args,
-    ]
+    """Run pytest on `args` within `limit` seconds; one row for the run and one per failing
+    test (files named by `key`). Verbose output goes to a file as it runs, so a run stopped
+    by the limit still counts what finished."""
+    xml_path, log_path = out / f"junit-{key}.xml", out / f"pytest-{key}.txt"
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts="]
+    command += [f"--junitxml={xml_path}", *args]
     started = time.monotonic()
-    try:
-        done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit, check=False
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired as error:
-        record(out, "tests", label, "timeout", detail=f"stopped after {limit:.0f} s")
-        (out / f"pytest-{key}.txt").write_text(str(error.stdout or ""))
-        return
-    (out / f"pytest-{key}.txt").write_text(done.stdout + done.stderr)
+        try:
+            code: int | None = process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
     seconds = round(time.monotonic() - started, 1)
-    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    failing: list[tuple[str, str]] = []
-    if xml_path.exists():
-        for suite in ElementTree.parse(xml_path).getroot().iter("testsuite"):
-            for key in counts:
-                counts[key] += int(suite.get(key, 0))
-            for case in suite.iter("testcase"):
-                for bad in (*case.findall("failure"), *case.findall("error")):
-                    name = f"{case.get('classname')}::{case.get('name')}"
-                    failing.append((name, (bad.get("message") or "")[:300]))
-    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    status = "ok" if done.returncode == 0 else "failed"
+    outcomes = re.findall(
+        r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)",
+        log_path.read_text(errors="replace"),
+        re.M,
+    )
+    counts = {kind: sum(1 for _, k in outcomes if k == kind) for kind in ("PASSED", "SKIPPED")}
+    failing = {_test_name(name): "" for name, kind in outcomes if kind in ("FAILED", "ERROR")}
+    if code is not None and xml_path.exists():  # the messages of the failures
+        for case in ElementTree.parse(xml_path).getroot().iter("testcase"):
+            for bad in (*case.findall("failure"), *case.findall("error")):
+                name = f"{(case.get('classname') or '').split('.')[-1]}::{case.get('name')}"
+                failing[name] = (bad.get("message") or "")[:300]
+    status = "timeout" if code is None else "ok" if code == 0 else "failed"
+    ended = f"stopped after {limit:.0f} s" if code is None else f"exit {code}"
     detail = (
-        f"{passed} passed, {counts['failures'] + counts['errors']} failed, "
-        f"{counts['skipped']} skipped in {seconds} s (exit {done.returncode})"
+        f"{counts['PASSED']} passed, {len(failing)} failed, {counts['SKIPPED']} skipped "
+        f"in {seconds} s ({ended})"
     )
     record(out, "tests", label, status, detail=detail, counts=counts)
-    for name, message in failing:
+    for name, message in failing.items():
         record(out, "tests", f"{label}: {name}", "failed", detail=message)
+
+
+#: tests/gpu files that run the CUDA emulator only, also on a GPU machine.
+EMULATOR_ONLY = ("test_gpu_check", "test_emulator", "test_emulated_nests", "test_large_indices")
 
 
 def phase_tests(out: pathlib.Path, emulate: bool, quick: bool) -> None:
     """tests/gpu through the FFI handler, then the backend tests through CuPy."""
     env = dict(os.environ)
-    ignore = ["--ignore=tests/gpu/test_gpu_check.py"]  # never the check from inside itself
+    # Never the check from inside itself, nor the emulator-only files (CPU minutes).
+    ignore = [f"--ignore=tests/gpu/{name}.py" for name in EMULATOR_ONLY] + ["-m", "not slow"]
     if emulate:  # a sample: the whole folder takes many minutes of compiling here
         ffi_args = ["tests/gpu/test_cuda_launch.py", "-x"] + (["-k", "poison"] if quick else [])
         callback_args = ["tests/gpu/test_cuda_backend.py", "-k", "forward and matmul and float32"]
