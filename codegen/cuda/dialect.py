@@ -40,12 +40,15 @@ class CudaEmitter(Emitter[GpuSchedule]):
     printer_class = CudaPrinter
     index_type = "idx_t"
     position_type = "long long"
+    simd_sum_pragma = ""  # OpenMP means nothing to NVRTC
     storage = STORAGE
     half_to_float = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
     float_to_half = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
     #: Bytes of scratch space the kernels of the source share (an expression of extents);
     #: 0: none. A strategy asks for it with `scratch`.
     workspace: sympy.Expr = sympy.Integer(0)
+    #: Bytes of dynamic shared memory per block (a tile past the static limit); 0: none.
+    dynamic_shared: int = 0
 
     def scratch(self, size: sympy.Expr) -> str:
         """Ask for `size` bytes of scratch space (an expression of extents), passed to every

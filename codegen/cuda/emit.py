@@ -79,6 +79,7 @@ class CudaSource:
     operands: tuple[str, ...]  # pointer arguments after the output, in order
     schedule: GpuSchedule
     workspace: sympy.Expr = sympy.Integer(0)  # bytes of scratch space (`ws_`); 0: none
+    shared: int = 0  # bytes of dynamic shared memory per block (`extern __shared__`); 0: none
 
     @property
     def entry(self) -> str:
@@ -171,7 +172,9 @@ def emit_cuda(
     text = _assemble(e, [(p.entry, lines) for p, lines in kernels], params, block)
     passes = tuple(p for p, _ in kernels)
     operands = nest.operand_names
-    return CudaSource(text, passes, tuple(params), block, operands, schedule, e.workspace)
+    return CudaSource(
+        text, passes, tuple(params), block, operands, schedule, e.workspace, e.dynamic_shared
+    )
 
 
 _MATH_CONSTANTS = {

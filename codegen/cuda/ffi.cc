@@ -86,6 +86,8 @@ struct CudaDriver {
     decltype(&cuCtxPopCurrent) pop = nullptr;
     decltype(&cuModuleLoadData) load = nullptr;
     decltype(&cuModuleGetFunction) function = nullptr;
+    decltype(&cuModuleUnload) unload = nullptr;
+    decltype(&cuFuncSetAttribute) set_attribute = nullptr;
     decltype(&cuLaunchKernel) launch = nullptr;
     decltype(&cuMemsetD8Async) memset = nullptr;
     std::string error; /* why the driver is unusable, empty when it is */
@@ -113,6 +115,8 @@ const CudaDriver &cuda_driver() {
                   symbol(library, TDSL_STR(cuCtxPopCurrent), &d.pop, &d.error) &&
                   symbol(library, TDSL_STR(cuModuleLoadData), &d.load, &d.error) &&
                   symbol(library, TDSL_STR(cuModuleGetFunction), &d.function, &d.error) &&
+                  symbol(library, TDSL_STR(cuModuleUnload), &d.unload, &d.error) &&
+                  symbol(library, TDSL_STR(cuFuncSetAttribute), &d.set_attribute, &d.error) &&
                   symbol(library, TDSL_STR(cuLaunchKernel), &d.launch, &d.error) &&
                   symbol(library, TDSL_STR(cuMemsetD8Async), &d.memset, &d.error);
         if (ok && d.init(0) != CUDA_SUCCESS) d.error = "cuInit failed";
@@ -130,8 +134,12 @@ std::string cuda_failure(CUresult status, const char *what) {
 /* ---- one launch path, two drivers ---- */
 
 std::mutex cache_mutex;
-/* (context, image_id) -> the function of each entry; the emulator's context is null */
+/* (context, image_id) -> the function of each entry; the emulator's context is null. Only
+ * a complete load is stored: a failed one leaves no entry (and unloads what it loaded), so
+ * the next call tries again and fails, if it does, with the same message. */
 std::map<std::tuple<void *, int64_t>, std::vector<void *>> functions;
+/* Static shared memory a block gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize). */
+constexpr int64_t default_shared_limit = 48 * 1024;
 
 std::string cuda_functions(const Call &call, void *stream, CUcontext *context,
                            std::vector<void *> *found) {
@@ -140,24 +148,33 @@ std::string cuda_functions(const Call &call, void *stream, CUcontext *context,
     CUresult status = d.stream_context(static_cast<CUstream>(stream), context);
     if (status != CUDA_SUCCESS) return cuda_failure(status, "cuStreamGetCtx");
     std::lock_guard<std::mutex> hold(cache_mutex);
-    std::vector<void *> &cached = functions[{*context, call.image_id}];
-    if (!cached.empty()) {
-        *found = cached;
+    auto hit = functions.find({*context, call.image_id});
+    if (hit != functions.end()) {
+        *found = hit->second;
         return "";
     }
-    CUmodule module;
+    CUmodule module = nullptr;
     d.push(*context);
     status = d.load(&module, call.image);
+    const char *step = "cuModuleLoadData (the kernel's CUBIN)";
     std::vector<void *> loaded;
     for (size_t n = 0; status == CUDA_SUCCESS && n < call.entries.size(); ++n) {
         CUfunction function = nullptr;
         status = d.function(&function, module, call.entries[n].c_str());
+        step = "cuModuleGetFunction";
+        /* Dynamic shared memory above the default needs the opt-in, once per function. */
+        if (status == CUDA_SUCCESS && call.shared > default_shared_limit) {
+            status = d.set_attribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     int(call.shared));
+            step = "cuFuncSetAttribute (dynamic shared memory)";
+        }
         loaded.push_back(function);
     }
+    if (status != CUDA_SUCCESS && module != nullptr) d.unload(module);
     CUcontext popped;
     d.pop(&popped);
-    if (status != CUDA_SUCCESS) return cuda_failure(status, "loading the kernel's CUBIN");
-    *found = cached = loaded;
+    if (status != CUDA_SUCCESS) return cuda_failure(status, step);
+    *found = functions[{*context, call.image_id}] = loaded;
     return "";
 }
 
@@ -188,19 +205,23 @@ std::string cuda_launch(const Call &call, void *stream, const std::vector<Output
 
 std::string emulated_kernels(const Call &call, std::vector<void *> *found) {
     std::lock_guard<std::mutex> hold(cache_mutex);
-    std::vector<void *> &cached = functions[{nullptr, call.image_id}];
-    if (cached.empty()) {
-        std::string path(reinterpret_cast<const char *>(call.image), call.image_size);
-        void *library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (library == nullptr) return std::string("cannot open ") + path;
-        std::vector<void *> loaded;
-        for (const std::string &entry : call.entries) {
-            loaded.push_back(dlsym(library, ("tdsl_emu_kernel_" + entry).c_str()));
-            if (loaded.back() == nullptr) return path + " has no kernel " + entry;
-        }
-        cached = loaded;
+    auto hit = functions.find({nullptr, call.image_id});
+    if (hit != functions.end()) {
+        *found = hit->second;
+        return "";
     }
-    *found = cached;
+    std::string path(reinterpret_cast<const char *>(call.image), call.image_size);
+    void *library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) return std::string("cannot open ") + path;
+    std::vector<void *> loaded;
+    for (const std::string &entry : call.entries) {
+        loaded.push_back(dlsym(library, ("tdsl_emu_kernel_" + entry).c_str()));
+        if (loaded.back() == nullptr) {
+            dlclose(library); /* nothing of a failed load stays behind */
+            return path + " has no kernel " + entry;
+        }
+    }
+    *found = functions[{nullptr, call.image_id}] = loaded;
     return "";
 }
 
@@ -406,3 +427,9 @@ TDSL_EXPORT XLA_FFI_Error *tdsl_cuda_launch_emulated(XLA_FFI_CallFrame *frame) {
 
 /* Why the CUDA driver cannot be used here ("" when it can); opens it on first call. */
 TDSL_EXPORT const char *tdsl_cuda_driver_error() { return cuda_driver().error.c_str(); }
+
+/* How many (context, image) entries the module cache holds (tests: a failed load adds none). */
+TDSL_EXPORT long long tdsl_cuda_cache_entries() {
+    std::lock_guard<std::mutex> hold(cache_mutex);
+    return static_cast<long long>(functions.size());
+}

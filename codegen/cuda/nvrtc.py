@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import glob
 import os
@@ -118,17 +119,19 @@ def compile_source(
                 + text
             ) from None
         log = nvrtc.getProgramLog(program)
-        binary = nvrtc.getCUBIN(program) if arch.startswith("sm_") else nvrtc.getPTX(program)
+        if arch.startswith("sm_"):
+            binary = cubin(program)
+        else:
+            ptx = nvrtc.getPTX(program)
+            binary = (ptx.encode() if isinstance(ptx, str) else bytes(ptx)).rstrip(b"\0")
     finally:
         nvrtc.destroyProgram(program)
-    if isinstance(binary, str):
-        binary = binary.encode()
     # Over every kernel of the source: the most registers, all spills.
     figures = [
         {k: int(v) for k, v in m.groupdict().items() if k != "entry"} for m in _PTXAS.finditer(log)
     ]
     compiled = Compiled(
-        bytes(binary).rstrip(b"\0"),
+        binary,
         log,
         max(f["registers"] for f in figures) if figures else None,
         sum(f["stores"] for f in figures) if figures else None,
@@ -137,6 +140,39 @@ def compile_source(
     with _LOCK:
         _MEMORY[key] = compiled
     return compiled
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    """The NVRTC library CuPy loaded (its path read from /proc/self/maps), for the calls
+    CuPy's binding lacks."""
+    available()  # loads it
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if re.search(r"/libnvrtc\.so[.\d]*$", line)}
+    if not paths:
+        raise NvrtcError("cannot find the NVRTC library CuPy loaded in /proc/self/maps")
+    library = ctypes.CDLL(sorted(paths)[0])
+    library.nvrtcGetCUBINSize.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t))
+    library.nvrtcGetCUBIN.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
+    return library
+
+
+def cubin(program: int) -> bytes:
+    """The CUBIN of a compiled program, all `nvrtcGetCUBINSize` bytes of it.
+
+    CuPy's `getCUBIN` returns one byte less, and an ELF image may end in NUL bytes of its
+    own: neither may be cut, or the driver reads past the end of what it was given.
+    """
+    library = _library()
+    size = ctypes.c_size_t()
+    status = library.nvrtcGetCUBINSize(ctypes.c_void_p(program), ctypes.byref(size))
+    if status != 0:
+        raise NvrtcError(f"nvrtcGetCUBINSize failed with status {status}")
+    buffer = ctypes.create_string_buffer(size.value)
+    status = library.nvrtcGetCUBIN(ctypes.c_void_p(program), buffer)
+    if status != 0:
+        raise NvrtcError(f"nvrtcGetCUBIN failed with status {status}")
+    return buffer.raw
 
 
 def ptx_parameters(ptx: str, entry: str) -> tuple[str, ...]:

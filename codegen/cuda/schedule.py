@@ -36,7 +36,7 @@ Strategies (`GpuSchedule.strategy`):
 
 Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
-shapes are not known when the kernel is compiled).
+`tensordsl.backends.cuda.prepare` does from each call's shapes, a kernel variant per index type).
 
 The heuristic (`choose_gpu_schedule`): a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
@@ -44,7 +44,7 @@ caller asks for a generated kernel (a loop order, `kernel=True`,
 reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
 not depend on and that some access does not use -> ``tile`` with 4 rows; else ``thread``.
 
->>> from codegen.ir.examples import matmul as example
+>>> from codegen.ir.nest.examples import matmul as example
 >>> matmul = example()
 >>> choose_gpu_schedule(matmul).strategy
 'xla'

@@ -27,14 +27,16 @@ def smem(e: CudaEmitter) -> Lines:
     bounds = e.bounds[0]
     k_lo, k_hi = e.idx(bounds.starts[order[-1]]), e.idx(bounds.stops[order[-1]])
 
+    def contiguous_k(part: sympy.Expr) -> bool:
+        return any(
+            order[-1] in access.indices[-1].free_symbols for access in part.atoms(sympy.Indexed)
+        )
+
     def stage(
         part: sympy.Expr, array: str, width: int, index: str, origin: str, stop: str
     ) -> Lines:
         """Load a `tk x width` tile of `part` into shared memory (zero outside the ranges)."""
-        contiguous_k = any(
-            order[-1] in access.indices[-1].free_symbols for access in part.atoms(sympy.Indexed)
-        )
-        kk, xx = ("t_ % {tk}", "t_ / {tk}") if contiguous_k else ("t_ / {w}", "t_ % {w}")
+        kk, xx = ("t_ % {tk}", "t_ / {tk}") if contiguous_k(part) else ("t_ / {w}", "t_ % {w}")
         value = e.printer.doprint(e.hoist(part))
         inner = [
             f"const int t_ = tid_ + {t * t}*l_;",
@@ -106,9 +108,66 @@ def smem(e: CudaEmitter) -> Lines:
         f"for (idx_t bz_ = blockIdx.z; bz_ < {nbatch}; bz_ += gridDim.z)",
         [*(e.decode("bz_", batch, {}) if batch else []), *loops],
     )
+    pitches = (row_pitch(tm, tk, contiguous_k(a_part)), row_pitch(tn, tk, contiguous_k(b_part)))
     return [
-        f"__shared__ {e.f} As_[{tk}][{tm + 1}];",
-        f"__shared__ {e.f} Bs_[{tk}][{tn + 1}];",
+        *tile_declarations(e, tk, pitches),
         "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
         *loops,
     ]
+
+
+#: Bytes of static shared memory a block may declare; more needs dynamic shared memory and
+#: the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize), set at launch.
+STATIC_SHARED_LIMIT = 48 * 1024
+ELEMENT_BYTES = {"float": 4, "double": 8}
+
+
+def tile_declarations(e: CudaEmitter, tk: int, pitches: tuple[int, int]) -> Lines:
+    """`As_` and `Bs_`, `tk` rows each: static `__shared__` arrays up to
+    `STATIC_SHARED_LIMIT` bytes, else views of the block's dynamic shared memory, whose size
+    the emitter records (`e.dynamic_shared`) for the launch."""
+    sizes = [tk * pitch * ELEMENT_BYTES[e.f] for pitch in pitches]
+    if sum(sizes) <= STATIC_SHARED_LIMIT:
+        return [
+            f"__shared__ {e.f} {name}[{tk}][{pitch}];"
+            for name, pitch in zip(("As_", "Bs_"), pitches, strict=True)
+        ]
+    e.dynamic_shared = sum(sizes)
+    views = [
+        f"{e.f} (*const {name})[{pitch}] = reinterpret_cast<{e.f} (*)[{pitch}]>(smem_ + {offset});"
+        for name, pitch, offset in zip(("As_", "Bs_"), pitches, (0, sizes[0]), strict=True)
+    ]
+    return [
+        f"extern __shared__ __align__(16) unsigned char smem_[];  /* {sum(sizes)} bytes */",
+        *views,
+    ]
+
+
+BANKS = 32
+
+
+def store_conflicts(pitch: int, width: int, tk: int, contiguous_k: bool) -> int:
+    """The most distinct words one bank serves when the first warp stores a `tk x width`
+    tile with rows `pitch` elements apart, as `smem` stages it: thread t writes row
+    `t % tk`, column `t / tk` when k is the contiguous axis of the source, else row
+    `t / width`, column `t % width`. 1: no bank conflict.
+
+    >>> store_conflicts(65, 64, 16, True), store_conflicts(66, 64, 16, True)
+    (2, 1)
+    """
+    words: dict[int, set[int]] = {}
+    for t in range(min(BANKS, tk * width)):
+        row, column = (t % tk, t // tk) if contiguous_k else (t // width, t % width)
+        address = row * pitch + column
+        words.setdefault(address % BANKS, set()).add(address)
+    return max(len(found) for found in words.values())
+
+
+def row_pitch(width: int, tk: int, contiguous_k: bool) -> int:
+    """The row length of a staged tile: `width` plus the first padding (1, then 0, 2, 3...)
+    whose stores have no bank conflict. The loads that follow read one or two words
+    per row of a warp (see `smem`), which no pitch makes conflict."""
+    for pad in (1, 0, *range(2, BANKS + 1)):
+        if store_conflicts(width + pad, width, tk, contiguous_k) == 1:
+            return width + pad
+    return width + 1

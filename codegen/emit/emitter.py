@@ -76,6 +76,8 @@ class Emitter(Generic[S]):
     printer_class: type[CPrinter] = CPrinter
     index_type = "int64_t"  # loop indices, offsets and integer sub-expressions
     position_type = "int64_t"  # the position state of argmax/argmin
+    #: The pragma over a nested sum's loop, "{state}" its accumulator; empty: none.
+    simd_sum_pragma = "#pragma omp simd reduction(+:{state})"
     storage = STORAGE  # numpy dtype name -> element type in memory
     #: Conversions of 16-bit storage types to and from float.
     half_to_float = {"float16": "tdsl_h2f", "bfloat16": "tdsl_bf2f"}
@@ -274,8 +276,8 @@ class Emitter(Generic[S]):
             f"const {self.f} nv_ = {self.printer.doprint(loop.value)};",
             self.fmt(reducer.update, state, value="nv_"),
         ]
-        if not simd and loop.reduction == "sum":
-            lines.append(f"#pragma omp simd reduction(+:{state[0]})")
+        if not simd and loop.reduction == "sum" and self.simd_sum_pragma:
+            lines.append(self.simd_sum_pragma.format(state=state[0]))
         head = f"for ({self.index_type} {name} = {lo}; {name} < {hi}; ++{name})"
         lines += block_lines(head, body)
         result = self.fmt(reducer.result, state)

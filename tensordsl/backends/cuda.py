@@ -27,9 +27,11 @@ callback path. A nest of floats with an XLA plan (the "xla" strategy of
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,7 @@ from codegen.cuda import launch as cuda_launch
 from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda.emulator import emulate
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
+from codegen.cuda.smem import STATIC_SHARED_LIMIT
 from codegen.ir.extents import output_shape
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest
@@ -110,9 +113,44 @@ def prepare(
     dtypes = _dtypes(nest, operands, dtype)
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
     params, grids, workspace = _host_values(source, all_shapes)
+    if source.schedule.index_type == "int32" and needs_64bit_indices(
+        all_shapes.values(), params, grids, source.block
+    ):
+        wide = dataclasses.replace(source.schedule, index_type="int64")
+        source = emit_cuda(nest, dtypes=dtypes, schedule=wide)
+        params, grids, workspace = _host_values(source, all_shapes)
     order = (dtypes[nest.output], *(dtypes[op.name] for op in nest.operands))
     result = jax.ShapeDtypeStruct(out_shape, jnp.dtype(dtype))
     return Launch(source, params, grids, result, order, workspace)
+
+
+#: 32-bit index arithmetic is safe while every tensor, parameter and grid has fewer elements,
+#: threads or units than this: an index below it plus a grid-stride step below it stays
+#: below 2^31.
+INT32_SAFE = 2**30
+
+
+def needs_64bit_indices(
+    shapes: Iterable[Sequence[int]],
+    params: Sequence[int],
+    grids: Sequence[Grid],
+    block: Sequence[int],
+) -> bool:
+    """Whether a kernel needs 64-bit index arithmetic (`idx_t` of `long long`) for these
+    shapes, host parameters and grids: some tensor size, parameter or grid's thread count
+    reaches `INT32_SAFE`.
+
+    >>> needs_64bit_indices([(1024, 1024)], [1024], [(4096, 1, 1)], (256, 1, 1))
+    False
+    >>> needs_64bit_indices([(2**31 - 1,)], [2**31 - 1], [(2**23, 1, 1)], (256, 1, 1))
+    True
+    """
+    threads = math.prod(block)
+    return (
+        any(math.prod(shape) >= INT32_SAFE for shape in shapes)
+        or any(abs(p) >= INT32_SAFE for p in params)
+        or any(math.prod(grid) * threads >= INT32_SAFE for grid in grids)
+    )
 
 
 def _dtypes(nest: LoopNest, operands: Sequence[Any], dtype: Any) -> dict[str, str]:
@@ -163,6 +201,7 @@ def run_cuda(
             return found
         schedule = None  # the shapes do not fit the plan: the heuristic's kernel
     launch = prepare(nest, operands, shapes, dtype, schedule)
+    _check_shared(launch.source, EMULATED_SHARED_LIMIT if order is not None else None)
     if order is not None:
         return _run_emulated(launch, operands, order)
     if config.gpu_call() == "ffi":
@@ -197,6 +236,7 @@ def _ffi_call(
         params=launch.params,
         dtypes=launch.pointer_dtypes,
         scratch=len(launch.outputs) - 1,
+        shared=launch.source.shared,
         poison=config.poison_outputs(),
         order=order,
     )
@@ -232,9 +272,40 @@ def _run_emulated(launch: Launch, operands: Sequence[jax.Array], order: str) -> 
                 array.reshape(-1).view(np.uint8).fill(0xFF)  # NaN, or -1
         arguments = (out, *(np.asarray(a) for a in args), *scratch, *params)
         for entry, grid in launch.passes:
-            kernels[entry](grid, launch.source.block, arguments, order=order)
+            kernels[entry](
+                grid, launch.source.block, arguments, order=order, shared_mem=launch.source.shared
+            )
 
     return _buffer_call(callback, launch, operands)
+
+
+#: Dynamic shared memory per block the emulator offers (codegen/cuda/emulator/runtime.h), as
+#: an H100.
+EMULATED_SHARED_LIMIT = 227 * 1024
+
+
+def shared_limit() -> int:
+    """The most shared memory a block of the first GPU may opt in to (CuPy's device
+    attribute; without CuPy, sm_90's 227 KB, and the FFI handler's opt-in says if not)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device(0).attributes["MaxSharedMemoryPerBlockOptin"])
+    except Exception:  # no CuPy, or no device attribute
+        return EMULATED_SHARED_LIMIT
+
+
+def _check_shared(source: CudaSource, limit: int | None) -> None:
+    """Refuse a kernel whose tiles need more shared memory than the device gives a block."""
+    if source.shared <= STATIC_SHARED_LIMIT:
+        return
+    limit = shared_limit() if limit is None else limit
+    if source.shared > limit:
+        raise UnsupportedError(
+            f"the {source.schedule.strategy} tile of {source.entry} needs {source.shared} "
+            f"bytes of shared memory per block; this device allows {limit}",
+            expected="a smaller tile (tile_k, rows, cols of the GpuSchedule)",
+        )
 
 
 def _gpus() -> list[Any]:
@@ -300,7 +371,11 @@ def _raw_kernels(source: CudaSource, device: int) -> dict[str, Any]:
                 module.compile()  # at trace time, never inside the callback
             _MODULES[key] = module
         with _cupy().cuda.Device(device):
-            return {p.entry: module.get_function(p.entry) for p in source.passes}
+            found = {p.entry: module.get_function(p.entry) for p in source.passes}
+            if source.shared > STATIC_SHARED_LIMIT:  # opt in to more than the default
+                for kernel in found.values():
+                    kernel.max_dynamic_shared_size_bytes = source.shared
+            return found
 
 
 def _run_callback(launch: Launch, operands: Sequence[jax.Array]) -> jax.Array:
@@ -322,7 +397,7 @@ def _run_callback(launch: Launch, operands: Sequence[jax.Array]) -> jax.Array:
                     cupy.cuda.runtime.memsetAsync(int(pointer), 0xFF, size, stream)
             arguments = (out, *(_pointer(a) for a in args), *scratch, *params)
             for entry, grid in launch.passes:
-                kernels[device][entry](grid, source.block, arguments)
+                kernels[device][entry](grid, source.block, arguments, shared_mem=source.shared)
 
     return _buffer_call(callback, launch, operands)
 

@@ -151,7 +151,7 @@ def run_arrays(
     params = [np.int64(p) for p in la.params]
     arguments = (out, *operands, *([scratch] if la.workspace else []), *params)
     for entry, grid in la.passes:
-        kernels[entry](grid, la.source.block, arguments, order=order)
+        kernels[entry](grid, la.source.block, arguments, order=order, shared_mem=la.source.shared)
     for name, buffer in (("output", out_buffer), ("scratch space", scratch_buffer)):
         margins = np.concatenate([buffer[:MARGIN], buffer[-MARGIN:]])
         assert _is_poison(margins).all(), f"{what}: the kernel wrote outside its {name}"

@@ -8,6 +8,7 @@ knobs (`TENSORDSL_CUDA_EMULATE`, `TENSORDSL_GPU_CALL`) inside `jit`, `grad` and 
 
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
 import jax
@@ -259,3 +260,24 @@ def test_the_ffi_path_gets_a_cubin_or_ptx_for_the_devices() -> None:
     ptx = gpu._image(source, mixed)
     assert b".target sm_80" in ptx and ptx.endswith(b"\0")
     assert f".entry {source.entry}(".encode() in ptx
+
+
+def _cache_entries() -> int:
+    function = cuda_launch.library().tdsl_cuda_cache_entries
+    function.restype = ctypes.c_longlong
+    return int(function())
+
+
+def test_a_failed_load_leaves_nothing_in_the_cache(kernels) -> None:
+    # The fault: an entry the library does not have. The same error every time, no entry left.
+    result = jax.ShapeDtypeStruct((2,), jnp.float64)
+    library = str(kernels["silent"].library)
+    bad = [(SimpleNamespace(library=library, entry="missing_kernel"), (1, 1, 1))]
+    before = _cache_entries()
+    for _ in range(2):
+        with pytest.raises(Exception, match=r"has no kernel missing_kernel"):
+            jax.block_until_ready(call_passes(bad, result, [jnp.ones(2)], ["float64"] * 2))
+        assert _cache_entries() == before
+    good = [(kernels["silent"], (1, 1, 1))]
+    jax.block_until_ready(call_passes(good, result, [jnp.ones(2)], ["float64"] * 2))
+    assert _cache_entries() <= before + 1

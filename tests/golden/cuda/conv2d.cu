@@ -60,8 +60,8 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
     const idx_t s_K_2 = (idx_t)s_K_2_;
     const idx_t s_OUT_0 = (idx_t)s_OUT_0_;
     const idx_t s_OUT_1 = (idx_t)s_OUT_1_;
-    __shared__ float As_[16][65];
-    __shared__ float Bs_[16][65];
+    __shared__ float As_[16][66];
+    __shared__ float Bs_[16][66];
     const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;
     for (idx_t bz_ = blockIdx.z; bz_ < P7; bz_ += gridDim.z) {
         idx_t q_ = bz_;

@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_C_forward_3cc97cb2(
     const idx_t s_A_0 = (idx_t)s_A_0_;
     const idx_t s_B_0 = (idx_t)s_B_0_;
     const idx_t s_OUT_0 = (idx_t)s_OUT_0_;
-    __shared__ float As_[16][65];
+    __shared__ float As_[16][66];
     __shared__ float Bs_[16][65];
     const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;
     for (idx_t bz_ = blockIdx.z; bz_ < 1; bz_ += gridDim.z) {

@@ -46,8 +46,8 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_dA_grad_A_4ee936d1(
     const idx_t s_dC_0 = (idx_t)s_dC_0_;
     const idx_t s_B_0 = (idx_t)s_B_0_;
     const idx_t s_OUT_0 = (idx_t)s_OUT_0_;
-    __shared__ float As_[16][65];
-    __shared__ float Bs_[16][65];
+    __shared__ float As_[16][66];
+    __shared__ float Bs_[16][66];
     const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;
     for (idx_t bz_ = blockIdx.z; bz_ < 1; bz_ += gridDim.z) {
         for (idx_t by_ = blockIdx.y; by_ < P3; by_ += gridDim.y) {

@@ -1,0 +1,127 @@
+"""The timings phase of `benchmarks.gpu_check`: ours beside the best alternatives present.
+
+Times are medians of CUDA-event times on a GPU (events recorded around a call after
+`block_until_ready`), wall-clock medians under the emulator, after a warm-up call that
+compiles. Each case (benchmarks/gpu_check_cases.py) is a row per implementation; one that
+is missing or fails is a row saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from benchmarks.gpu_check import peaks_for, record
+from benchmarks.gpu_check_cases import CASES, OURS, SKIP_QUICK, torch_or_none
+from benchmarks.gpu_check_phases import short
+
+
+def timer(emulate: bool) -> Callable[[Callable[[], Any]], float]:
+    """Median milliseconds of `fn()` (CUDA events on a GPU, wall clock otherwise)."""
+    repeats, budget = (3, 2.0) if emulate else (10, 0.5)
+    events = None
+    if not emulate:
+        try:
+            import cupy
+
+            events = cupy.cuda.Event
+        except Exception:
+            events = None
+
+    def measure(fn: Callable[[], Any]) -> float:
+        _wait(fn())  # compile, warm up
+        times: list[float] = []
+        spent = time.monotonic()
+        while len(times) < repeats and (len(times) < 3 or time.monotonic() - spent < budget):
+            if events is not None:
+                start, stop = events(), events()
+                start.record()
+                _wait(fn())
+                stop.record()
+                stop.synchronize()
+                times.append(float(cupy.cuda.get_elapsed_time(start, stop)))
+            else:
+                begin = time.perf_counter()
+                _wait(fn())
+                times.append((time.perf_counter() - begin) * 1e3)
+        return statistics.median(times)
+
+    return measure
+
+
+def _wait(result: Any) -> None:
+    for leaf in jax.tree.leaves(result):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+        elif hasattr(leaf, "device") and "cuda" in str(getattr(leaf, "device", "")):
+            import torch
+
+            torch.cuda.synchronize()
+            return
+
+
+def run_all(out: pathlib.Path, emulate: bool, quick: bool) -> None:
+    device = jax.devices()[0]
+    peaks = peaks_for(getattr(device, "device_kind", ""))
+    measure = timer(emulate)
+    torch_note = "not measured (no torch with CUDA)" if torch_or_none() is None else ""
+    for case in CASES:
+        name, mode = case.name, case.modes[0]
+        if quick and not case.quick:
+            record(out, "timings", name, "skipped", mode=mode, detail=SKIP_QUICK)
+            continue
+        # Read when each function is traced, which `measure` does first.
+        os.environ["TENSORDSL_XLA_CONTRACTIONS"] = "1" if case.xla_contractions else "0"
+        try:
+            flops, traffic, dtype, fns, shape = case.make(emulate)
+        except Exception as error:
+            record(out, "timings", name, "failed", mode=mode, detail=short(error))
+            traceback.print_exc()
+            continue
+        limit_s = max(flops / peaks[dtype], traffic / peaks["bandwidth"]) if peaks else None
+        ours_ms = None
+        for impl, fn in list(fns.items())[: 2 if quick else None]:
+            try:
+                ms = measure(fn)
+            except Exception as error:
+                record(
+                    out,
+                    "timings",
+                    name,
+                    "failed" if impl == OURS else "unavailable",
+                    mode=mode,
+                    impl=impl,
+                    shape=shape,
+                    detail=short(error),
+                )
+                traceback.print_exc()
+                continue
+            if impl == OURS:
+                ours_ms = ms
+            percent = 100 * limit_s * 1e3 / ms if limit_s else None
+            record(
+                out,
+                "timings",
+                name,
+                "ok",
+                mode=mode,
+                impl=impl,
+                ms=ms,
+                ratio=ours_ms / ms if ours_ms else None,
+                shape=shape,
+                percent=percent,
+                dtype=dtype,
+                flops=flops,
+                bytes=traffic,
+            )
+        if torch_note and not any(impl.startswith("torch") for impl in fns) and not emulate:
+            record(out, "timings", name, "not measured", mode=mode, impl="torch", detail=torch_note)
+        for impl, why in case.notes.items():
+            record(out, "timings", name, "not measured", mode=mode, impl=impl, detail=why)
