@@ -11,6 +11,7 @@
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
+    IndexNameWarning,
     InputError,
     ParseError,
     RangeError,
@@ -18,6 +19,7 @@ from tensordsl.errors import (
     ScheduleError,
     ShapeError,
     TensorDSLError,
+    TensorDSLWarning,
     UnknownNameError,
     UnsupportedError,
 )
@@ -27,6 +29,7 @@ from tensordsl.program_kernel import ProgramKernel
 __all__ = [
     "ExpressionError",
     "IndexExpressionError",
+    "IndexNameWarning",
     "InputError",
     "Kernel",
     "ParseError",
@@ -36,6 +39,7 @@ __all__ = [
     "ScheduleError",
     "ShapeError",
     "TensorDSLError",
+    "TensorDSLWarning",
     "UnknownNameError",
     "UnsupportedError",
     "kernel",
