@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import types
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -91,7 +92,8 @@ def _index_names(node: Expr, inside: bool = False) -> Iterator[Name]:
 def _caller_level() -> int:
     """The `stacklevel` of the first frame outside tensordsl: the user's call."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1
     return level
