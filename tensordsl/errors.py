@@ -171,6 +171,28 @@ class UnsupportedError(TensorDSLError, NotImplementedError):
     """Valid input that tensordsl does not handle (yet)."""
 
 
+class TensorDSLWarning(UserWarning):
+    """Base of the warnings about user input: the message has `format_error`'s layout."""
+
+    def __init__(
+        self,
+        what: str,
+        source: str | None = None,
+        span: tuple[int, int] | None = None,
+        *,
+        expected: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(format_error(what, source, span, expected, hint))
+        self.what = what
+        self.source = source
+        self.span = span
+
+
+class IndexNameWarning(TensorDSLWarning):
+    """A statement's index names look like a typo (`A[i,k] * B[kk,j]`)."""
+
+
 @contextlib.contextmanager
 def user_facing(source: str | None = None) -> Iterator[None]:
     """Turn the compiler's `codegen.errors.Unsupported` into an `UnsupportedError` that shows

@@ -94,7 +94,9 @@ def nest_lines(
     lines = []
     for n, term in enumerate(nest.terms):
         lead = f"{lhs} = " if n == 0 else " " * len(lhs) + " + "
-        lines.append(f"{lead}{_sum_prefix(nest, term)}{_body_source(show(term.body), first)}")
+        text = f"{_sum_prefix(nest, term)}{_body_source(show(term.body), first)}"
+        # Parentheses show where each reduction ends: `(sum_i W*X) + c[o]` adds c once.
+        lines.append(f"{lead}({text})" if term.reduced and len(nest.terms) > 1 else lead + text)
     ranges: list[Range] = list(nest.free)
     for r in ranges:
         lines.append(

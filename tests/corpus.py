@@ -4,7 +4,8 @@ Every back end, schedule and gradient test runs over ``CORPUS``. A case holds th
 inputs (in order of first appearance in the body, which is ``k.inputs`` order), how to sample
 them, and an independent numpy computation of the expected output. The reduction of a kernel
 applies to the *whole* body: ``R[i,j] := exp(-gamma*(X[i,d]-Y[j,d])^2)`` is
-``sum_d exp(...)``, not ``exp(sum_d ...)``.
+``sum_d exp(...)``, not ``exp(sum_d ...)``; but a sum adds a top-level term that reads none
+of the summed indices once, outside the sum (``X[b,i] * W[i,o] + c[o]`` is ``X @ W + c``).
 
 Range conventions (0-based, Tullio's rule) are spelled out in the comment next to each case
 whose output does not start at index value 0 or whose extent is not read off one axis.
@@ -570,6 +571,33 @@ _CASES: list[Case] = [
         "Y[i,j] := relu(X[i,k] + c[k]) * W[k,j]",
         {"X": Arg((3, 5)), "c": Arg((5,)), "W": Arg((5, 4))},
         lambda X, c, W: np.maximum(X + c[None, :], 0.0) @ W,
+    ),
+    # A sum adds a top-level term that reads no summed index once, outside the sum
+    # (Einstein's convention): the bias is added once, not once per summed value.
+    _case(
+        "linear_bias",
+        "Y[b,o] := X[b,i] * W[i,o] + c[o]",
+        {"X": Arg((3, 8)), "W": Arg((8, 4)), "c": Arg((4,))},
+        lambda X, W, c: X @ W + c[None, :],
+    ),
+    _case(
+        "scores_bias",
+        "S[i,j] := Q[i,d] * K[j,d] - B[i,j]",
+        {"Q": Arg((4, 3)), "K": Arg((5, 3)), "B": Arg((4, 5))},
+        lambda Q, K, B: Q @ K.T - B,
+    ),
+    _case(
+        "sum_plus_constants",
+        "s := X[i,j] - 2*a + 1",
+        {"X": Arg((4, 3)), "a": Arg(())},
+        lambda X, a: X.sum() - 2 * a + 1,
+    ),
+    # Terms that read a summed index are summed, whichever ones they read.
+    _case(
+        "summed_and_once_terms",
+        "Y[i] := A[i,k] * x[k] + A[i,k] - (c[i] + 0.5)",
+        {"A": Arg((3, 5)), "x": Arg((5,)), "c": Arg((3,))},
+        lambda A, x, c: A @ x + A.sum(axis=1) - c - 0.5,
     ),
     _case(
         "sin_cos_matmul",

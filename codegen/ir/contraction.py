@@ -152,7 +152,8 @@ def fits(nest: LoopNest, shapes: Mapping[str, Sequence[int]], term: Term | None 
 
 
 #: A term that reduces over at most this many points in all (a bias written `c[o] * (i == 0)`
-#: loops over one `i`) is evaluated elementwise next to the einsums.
+#: loops over one `i`; `+ c[o]` is a term of its own over none) is evaluated elementwise next
+#: to the einsums.
 SHORT = 4
 
 
@@ -183,7 +184,7 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
 
     >>> from tensordsl.frontend.lower import lower
     >>> from tensordsl.frontend.parse import parse
-    >>> plan = xla_plan(lower(parse("Y[b,o] := X[b,f] * W[f,o] + c[o] * (f == 0)")).nest)
+    >>> plan = xla_plan(lower(parse("Y[b,o] := X[b,f] * W[f,o] + c[o]")).nest)
     >>> [dot is not None for dot in plan.dots]
     [True, False]
     >>> xla_plan(lower(parse("S[i,j] := where(j <= i, Q[i,e] * K[j,e], -1e9)")).nest).terms[0].body

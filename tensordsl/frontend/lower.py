@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import sympy
+
 from codegen.ir.nest import LoopNest, Operand, Range, Term, index_symbol
 from codegen.ir.reductions import USER_REDUCTIONS
 from codegen.passes.factor import factor_sums
@@ -24,7 +26,8 @@ from codegen.passes.guards import bound_guards
 from tensordsl.errors import ReductionError, close_match
 from tensordsl.frontend.parse import Span, Statement
 from tensordsl.frontend.ranges import index_ranges
-from tensordsl.frontend.translate import AccessUse, translate
+from tensordsl.frontend.translate import AccessUse, Translation, translate
+from tensordsl.frontend.typos import index_typos
 
 __all__ = ["USER_REDUCTIONS", "Lowered", "lower"]
 
@@ -103,6 +106,28 @@ def _reduction(statement: Statement, reduce: str | None) -> str:
     return name
 
 
+def _terms(
+    translation: Translation, reduction: str, reduced: tuple[Range, ...]
+) -> tuple[Term, ...]:
+    """The nest's terms: in a sum, the top-level additive terms that read none of the summed
+    indices are added once, outside the sum (Einstein's convention: `X[b,i] * W[i,o] + c[o]`
+    adds c once, not once per i); the others are summed. Other reductions reduce the whole
+    body (max, min and logsumexp give the same value either way).
+
+    >>> from tensordsl.frontend.parse import parse
+    >>> [(t.body, t.reduced_indices) for t in lower(parse("Y[o] := X[i]*W[i,o] + c[o]")).nest.terms]
+    [(W[i, o]*X[i], (i,)), (c[o], ())]
+    """
+    if reduction != "sum" or not reduced:
+        return (Term(translation.body, reduced),)
+    summed = {r.index for r in reduced}
+    inside = [p for p in translation.parts if p.free_symbols & summed]
+    outside = sympy.Add(*(p for p in translation.parts if not p.free_symbols & summed))
+    if outside == 0:
+        return (Term(translation.body, reduced),)
+    return Term(sympy.Add(*inside), reduced), Term(outside)
+
+
 def lower(
     statement: Statement,
     *,
@@ -128,14 +153,15 @@ def lower(
     (Range(index=k, start=0, stop=A.shape[1]),)
     """
     reduction = _reduction(statement, reduce)
-    translation = translate(statement)
+    translation = translate(statement, indices=tuple(ranges or ()))
     found = index_ranges(translation, ranges, statement.source)
+    index_typos(statement, translation.reduced)
     free = tuple(found[n] for n in translation.free)
     reduced = tuple(found[n] for n in translation.reduced)
     nest = LoopNest(
         output=statement.output,
         free=free,
-        terms=(Term(translation.body, reduced),),
+        terms=_terms(translation, reduction, reduced),
         operands=tuple(Operand(name, rank) for name, rank in translation.operands),
         reduction=reduction,
     )

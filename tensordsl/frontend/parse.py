@@ -265,32 +265,40 @@ class _Parser:
             raise self.fail(context, f"',' or '{close}'")
         return tuple(items), self.next().span[1]
 
+    def spanned(self, start: int) -> Span:
+        """From `start` to the end of the last token read: a node's span includes the
+        parentheses of an operand written in them (`1/(X[i]*0)`, `(A[i]+1)*2`)."""
+        return (start, self.tokens[self.pos - 1].span[1])
+
     def expr(self) -> Expr:
+        start = self.peek.span[0]
         left = self.sum()
         if self.at(*_COMPARISONS):
             token = self.next()
             right = self.sum()
             if self.at(*_COMPARISONS):
                 raise self.fail("after a comparison", "parentheses: comparisons do not chain")
-            compare = Compare(token.text, left, right, (left.span[0], right.span[1]))
+            compare = Compare(token.text, left, right, self.spanned(start))
             return self.node(compare, token.span, left, right)
         return left
 
     def sum(self) -> Expr:
+        start = self.peek.span[0]
         left = self.product()
         while self.at("+", "-"):
             token = self.next()
             right = self.product()
-            binary = Binary(token.text, left, right, (left.span[0], right.span[1]))
+            binary = Binary(token.text, left, right, self.spanned(start))
             left = self.node(binary, token.span, left, right)
         return left
 
     def product(self) -> Expr:
+        start = self.peek.span[0]
         left = self.unary()
         while self.at("*", "/"):
             token = self.next()
             right = self.unary()
-            binary = Binary(token.text, left, right, (left.span[0], right.span[1]))
+            binary = Binary(token.text, left, right, self.spanned(start))
             left = self.node(binary, token.span, left, right)
         return left
 
@@ -299,17 +307,18 @@ class _Parser:
             token = self.next()
             with self.nested(token):
                 operand = self.unary()
-            unary = Unary(token.text, operand, (token.span[0], operand.span[1]))
+            unary = Unary(token.text, operand, self.spanned(token.span[0]))
             return self.node(unary, token.span, operand)
         return self.power()
 
     def power(self) -> Expr:
+        start = self.peek.span[0]
         base = self.primary()
         if self.at("**", "^"):
             token = self.next()
             with self.nested(token):
                 exponent = self.unary()
-            power = Binary("**", base, exponent, (base.span[0], exponent.span[1]))
+            power = Binary("**", base, exponent, self.spanned(start))
             return self.node(power, token.span, base, exponent)
         return base
 
@@ -320,7 +329,7 @@ class _Parser:
             number = Number(token.text, token.span)
             if self.peek.kind == "name" and self.peek.span[0] == token.span[1]:
                 factor = self.power()  # `2i^2` is 2 * i^2
-                product = Binary("*", number, factor, (token.span[0], factor.span[1]))
+                product = Binary("*", number, factor, self.spanned(token.span[0]))
                 return self.node(product, token.span, factor)
             return number
         if token.kind == "name":

@@ -60,7 +60,7 @@ def index_ranges(
                 expected=f"every index on the left to be used on the right, "
                 f"or ranges={{'{name}': ...}}",
             )
-    known = _infer_ranges(t.free, t.reduced, t.accesses, known)
+    known = _infer_ranges(t.free, t.reduced, t.accesses, known, explicit=frozenset(known))
     for name in order:
         if name not in known:
             raise RangeError(
@@ -142,6 +142,8 @@ def _infer_ranges(
     reduced: list[str],
     accesses: tuple[AccessUse, ...],
     known: Bounds,
+    *,
+    explicit: frozenset[str] = frozenset(),
 ) -> Bounds:
     """Ranges of every index that the accesses constrain (Tullio's rule, resolved in rounds).
 
@@ -149,15 +151,19 @@ def _infer_ranges(
     index whose accesses involve only resolved indices takes the intersection of what every
     use allows. When none is ready (`X[i+k] * W[k]`), the first index with an unshifted use
     (reduced indices first) takes the intersection of the uses that can be evaluated.
+
+    An index given by `ranges=` (in `explicit`) never narrows an index used unshifted
+    somewhere: with `ranges={"i": 10}`, `X[i+k] * W[k]` keeps `k` over all of W (and a read
+    of X outside it is a call-time error), where intersecting would silently drop W's tail.
     """
     uses: dict[str, list[tuple[AccessUse, int]]] = {name: [] for name in free + reduced}
     for access in accesses:
         for axis, affine in enumerate(access.axes):
             for index in affine.indices:
                 uses[index.name].append((access, axis))
-
-    def others(name: str, access: AccessUse, axis: int) -> set[str]:
-        return {o.name for o in access.axes[axis].indices} - {name}
+    for name, found in uses.items():
+        if any(_bare(a, x) == name for a, x in found):
+            uses[name] = [(a, x) for a, x in found if not others(name, a, x) & explicit]
 
     for name, found in uses.items():
         if name not in known and found and all(_bare(a, x) == name for a, x in found):
@@ -174,6 +180,11 @@ def _infer_ranges(
         name = ready[0] if ready else fallback[0]
         usable = [(a, x) for a, x in uses[name] if others(name, a, x) <= set(known)]
         known[name] = _combine([b for a, x in usable for b in _bounds(a, x, name, known)])
+
+
+def others(name: str, access: AccessUse, axis: int) -> set[str]:
+    """The indices other than `name` in the index expression of `axis` of `access`."""
+    return {o.name for o in access.axes[axis].indices} - {name}
 
 
 def _bare(access: AccessUse, axis: int) -> str | None:

@@ -25,9 +25,16 @@ from tensordsl.frontend.lower import Lowered
 __all__ = ["check_shapes"]
 
 
-def _interval(affine: Affine, values: Mapping[str, tuple[int, int]]) -> tuple[int, int] | None:
+def _constant(affine: Affine, extents: Mapping[sympy.Symbol, int]) -> int:
+    """The constant of `affine` for these shapes (`D[i,end]` has `D.shape[1] - 1`)."""
+    return int(sympy.sympify(affine.constant).xreplace(extents))
+
+
+def _interval(
+    affine: Affine, values: Mapping[str, tuple[int, int]], extents: Mapping[sympy.Symbol, int]
+) -> tuple[int, int] | None:
     """Smallest and largest value of `affine` over the index ranges; None if one is empty."""
-    low = high = int(affine.constant)
+    low = high = _constant(affine, extents)
     for index, c in affine.coefficients:
         start, stop = values[index.name]
         if stop <= start:
@@ -119,21 +126,25 @@ _INT64 = (
 )
 
 
-def _magnitude(affine: Affine, values: Mapping[str, tuple[int, int]]) -> int:
+def _magnitude(
+    affine: Affine, values: Mapping[str, tuple[int, int]], extents: Mapping[sympy.Symbol, int]
+) -> int:
     """The largest magnitude the int64 arithmetic of `affine` can reach over the ranges: that
     of each term, and of the partial sums in whatever order C adds them (with two terms, the
     sum is the whole expression; with more, the sum of the terms' magnitudes bounds it)."""
-    terms = [abs(int(affine.constant))]
+    terms = [abs(_constant(affine, extents))]
     for index, c in affine.coefficients:
         start, stop = values[index.name]
         terms.append(0 if stop <= start else abs(c) * max(abs(start), abs(stop - 1)))
     if len(terms) > 2:
         return sum(terms)
-    interval = _interval(affine, values) or (0, 0)
+    interval = _interval(affine, values, extents) or (0, 0)
     return max(*terms, *map(abs, interval))
 
 
-def _check_int64(lowered: Lowered, values: Mapping[str, tuple[int, int]]) -> None:
+def _check_int64(
+    lowered: Lowered, extents: Mapping[sympy.Symbol, int], values: Mapping[str, tuple[int, int]]
+) -> None:
     src = lowered.statement.source
     for name, (start, stop) in values.items():
         if max(abs(start), abs(stop)) > INDEX_LIMIT:
@@ -145,7 +156,7 @@ def _check_int64(lowered: Lowered, values: Mapping[str, tuple[int, int]]) -> Non
             )
     for access in lowered.accesses:
         for affine in access.axes:
-            magnitude = _magnitude(affine, values)
+            magnitude = _magnitude(affine, values, extents)
             if magnitude > INDEX_LIMIT:
                 text = src[access.span[0] : access.span[1]]
                 raise RangeError(
@@ -164,7 +175,7 @@ def _check_reads(
     for access in lowered.accesses:
         for axis, affine in enumerate(access.axes):
             n = extents[extent_symbol(access.tensor, axis)]
-            interval = _interval(affine, values)
+            interval = _interval(affine, values, extents)
             if interval is None or (interval[0] >= 0 and interval[1] < n):
                 continue
             names = [index.name for index in affine.indices]
@@ -210,6 +221,6 @@ def check_shapes(
     extents = _check_ranks(lowered, shapes)
     _check_agreement(lowered, extents)
     values = _evaluate_ranges(lowered, extents)
-    _check_int64(lowered, values)
+    _check_int64(lowered, extents, values)
     _check_reads(lowered, extents, values)
     return extents

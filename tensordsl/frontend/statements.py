@@ -273,7 +273,7 @@ def lower_program(
     names = _Names(source, {}, {})
     translations = []
     for statement in statements:
-        translation = translate(statement)
+        translation = translate(statement, indices=tuple(ranges or ()))
         for name, rank in translation.operands:
             names.use(name, rank, translation.operand_spans[name])
         names.define(statement)

@@ -17,7 +17,7 @@ read on the right, an index read as a tensor, a tensor read with two ranks, ...)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from codegen.ir.affine import (
     combine,
 )
 from codegen.ir.functions import FUNCTIONS, indicator
-from codegen.ir.nest import index_symbol, scalar_symbol, tensor_base
+from codegen.ir.nest import extent_symbol, index_symbol, scalar_symbol, tensor_base
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
@@ -100,6 +100,9 @@ _RELATIONS = {
     "!=": sympy.Ne,
 }
 _NOT_FINITE = (sympy.zoo, sympy.oo, -sympy.oo, sympy.nan, sympy.I)
+#: Tullio's positions inside an index expression: `D[i,end]` reads the last position of that
+#: axis, `D[i,begin]` the first (0); neither is an index.
+POSITIONS = ("begin", "end")
 #: The IEEE infinity literal: `-inf` in a mask (`where(j <= i, 0, -inf)`), never a scalar input.
 INFINITY = "inf"
 _AFFINE_EXAMPLE = "an affine expression of indices with integer coefficients, such as 'i+k', '2i+1'"
@@ -126,13 +129,17 @@ class Translation:
     index_spans: tuple[tuple[str, Span], ...]  # first occurrence of every index
     body_spans: dict[str, Span]  # first occurrence of every index on the right-hand side
     operand_spans: dict[str, Span]  # first use of every operand
+    # the top-level additive terms of the body, signed (`A - B` gives A and -B): a sum adds
+    # once, outside its reduction, those that read none of the summed indices
+    parts: tuple[sympy.Expr, ...] = ()
 
 
 class _Translator:
     """Turns the syntax tree of the right-hand side into sympy, recording names and accesses."""
 
-    def __init__(self, statement: Statement) -> None:
+    def __init__(self, statement: Statement, named: Collection[str] = ()) -> None:
         self.st = statement
+        self.named = named
         self.src = statement.source
         self.ranks: dict[str, int] = {}
         self.spans: dict[str, Span] = {}
@@ -146,9 +153,12 @@ class _Translator:
             if isinstance(a, Access)
             for i in a.indices
             for n in _walk(i)
-            if isinstance(n, Name)
+            if isinstance(n, Name) and n.name not in POSITIONS
         ]
-        self.indices = set(free) | {n.name for n in bracketed}
+        # A name given a range by `ranges=` is an index even where it is only a value
+        # (`s := (i >= 0)` with ranges={"i": 10}), never a scalar input.
+        valued = {n.name for n in _walk(self.st.body) if isinstance(n, Name)} & set(self.named)
+        self.indices = set(free) | {n.name for n in bracketed} | valued
         self.index_symbols = tuple(index_symbol(n) for n in sorted(self.indices))
         body_spans: dict[str, Span] = {}
         for node in _walk(self.st.body):
@@ -161,7 +171,8 @@ class _Translator:
                 self.st.output_span,
                 expected="different names for the output and its indices",
             )
-        body = self.value(self.st.body)
+        parts = self.additive(self.st.body)
+        body = self.checked(self.st.body, lambda: sympy.Add(*parts))
         spans = dict(zip(free, (n.span for n in self.st.indices or ()), strict=True))
         for name, span in body_spans.items():
             spans.setdefault(name, span)
@@ -175,6 +186,7 @@ class _Translator:
             tuple(spans.items()),
             body_spans,
             self.spans,
+            parts,
         )
 
     def free_indices(self) -> list[str]:
@@ -186,6 +198,14 @@ class _Translator:
                     self.src,
                     node.span,
                     expected="plain, distinct index names, as in 'Y[i, j]'",
+                )
+            if node.name in POSITIONS:
+                raise IndexExpressionError(
+                    f"'{node.name}' is a position, not an index name",
+                    self.src,
+                    node.span,
+                    expected="an index name; 'begin' and 'end' stand for the first and last "
+                    "position of an axis inside an input's index, as in 'D[i,end]'",
                 )
             if node.name in names:
                 raise IndexExpressionError(
@@ -276,6 +296,20 @@ class _Translator:
             return -operand if node.op == "-" else operand
         return self.binary(node)
 
+    def additive(self, node: Expr, negated: bool = False) -> tuple[Any, ...]:
+        """The values of the top-level additive terms of `node` (through `+`, `-` and a
+        leading sign), signed, in source order; every sum on the way is checked as
+        `binary` checks it."""
+        if isinstance(node, Binary) and node.op in ("+", "-"):
+            left = self.additive(node.left, negated)
+            right = self.additive(node.right, negated != (node.op == "-"))
+            self.checked(node, lambda: sympy.Add(*left, *right))
+            return (*left, *right)
+        if isinstance(node, Unary):
+            return self.additive(node.operand, negated != (node.op == "-"))
+        value = self.value(node)
+        return (-value if negated else value,)
+
     def binary(self, node: Binary) -> Any:
         left, right = self.value(node.left), self.value(node.right)
         huge = left.is_Number and right.is_Number and abs(right) > 256
@@ -333,16 +367,23 @@ class _Translator:
                 expected=f"a scalar written without brackets: '{node.name}'",
             )
         self.register(node.name, len(node.indices), node.name_span)
-        axes = tuple(self.affine(index) for index in node.indices)
+        axes = tuple(
+            self.affine(index, extent_symbol(node.name, axis))
+            for axis, index in enumerate(node.indices)
+        )
         self.accesses.append(
             AccessUse(node.name, axes, node.span, tuple(i.span for i in node.indices))
         )
         return tensor_base(node.name)[tuple(a.expr() for a in axes)]
 
-    def affine(self, node: Expr) -> Affine:
-        """The affine form of one index expression, its indices in order of appearance."""
+    def affine(self, node: Expr, extent: sympy.Expr) -> Affine:
+        """The affine form of one index expression on an axis of length `extent`, its
+        indices in order of appearance."""
+        self.extent = extent
         expr = self.index_expr(node, node)
-        names = dict.fromkeys(n.name for n in _walk(node) if isinstance(n, Name))
+        names = dict.fromkeys(
+            n.name for n in _walk(node) if isinstance(n, Name) and n.name not in POSITIONS
+        )
         try:
             return as_affine(expr, [index_symbol(n) for n in names])
         except NotAffine as error:
@@ -379,6 +420,8 @@ class _Translator:
         if isinstance(node, Name):
             if node.name == INFINITY:
                 raise self.not_affine(whole, f"'{INFINITY}' is infinity, not an index")
+            if node.name in POSITIONS:
+                return self.extent - 1 if node.name == "end" else sympy.Integer(0)
             return index_symbol(node.name)
         if isinstance(node, Unary):
             operand = self.index_expr(node.operand, whole)
@@ -432,11 +475,12 @@ def _number(text: str) -> sympy.Expr:
     return sympy.Float(float(text))
 
 
-def translate(statement: Statement) -> Translation:
+def translate(statement: Statement, *, indices: Collection[str] = ()) -> Translation:
     """Translate the right-hand side of `statement` to sympy.
 
     Args:
         statement: from `parse`.
+        indices: names that are indices wherever they appear (those given by `ranges=`).
 
     Returns:
         A `Translation`: the body, the free and reduced indices, the operands with their
@@ -453,4 +497,4 @@ def translate(statement: Statement) -> Translation:
     tensordsl.errors.IndexExpressionError: index expression 'i*j' is not affine: a product of ...
     ...
     """
-    return _Translator(statement).build()
+    return _Translator(statement, indices).build()

@@ -117,7 +117,9 @@ def test_explain_shows_the_strategy():
 @pytest.mark.parametrize(
     ("source", "dots"),
     [
-        ("Y[b,o] := X[b,f] * W[f,o] + c[o] * (f == 0)", [True, False]),  # bias
+        ("Y[b,o] := X[b,f] * W[f,o] + c[o]", [True, False]),  # bias, added once
+        ("S[i,j] := Q[i,d] * K[j,d] + B[i,j]", [True, False]),  # scores plus a bias
+        ("Y[b,o] := X[b,f] * W[f,o] + c[o] * (f == 0)", [True, False]),  # bias at f = 0
         ("S[i,j] := where(j <= i, Q[i,e] * K[j,e] * s, -1e9)", [False]),  # masked scores
         ("S[h,i,j] := where(i - j <= 2, Q[h,i,e] * K[h,j,e], -inf)", [False]),
     ],
@@ -145,10 +147,11 @@ def _random(rng, *shape):
     return rng.normal(size=shape)
 
 
-def test_contraction_plus_bias_runs_as_a_dot_with_its_gradients():
+@pytest.mark.parametrize("bias", ["c[u]", "c[u] * (f == 0)"])
+def test_contraction_plus_bias_runs_as_a_dot_with_its_gradients(bias):
     rng = np.random.default_rng(4)
     N, W, c = _random(rng, 2, 5, 6), _random(rng, 6, 7), _random(rng, 7)
-    k = td.kernel("H[b,t,u] := N[b,t,f] * W[f,u] + c[u] * (f == 0)", backend="c")
+    k = td.kernel(f"H[b,t,u] := N[b,t,f] * W[f,u] + {bias}", backend="c")
     np.testing.assert_allclose(k(N, W, c), N @ W + c, rtol=1e-12)
     assert "custom_call" not in _hlo(k, N, W, c)
     weights = _random(rng, 2, 5, 7)

@@ -175,9 +175,10 @@ def test_explain_has_one_section_per_statement_with_its_gradients():
         assert f"statement {n} (line {line}): " in text
     for name in ("Q", "K", "scale", "S", "L", "V"):
         assert f"  gradient of {name}\n" in text
+    # The mask reads no summed index: it is added once, outside the sum over d.
     assert (
-        "    S[b, h, i, j] = sum_d scale*K[b, h, j, d]*Q[b, h, i, d] + where(i >= j, 0, -inf)"
-        in text
+        "    S[b, h, i, j] = (sum_d scale*K[b, h, j, d]*Q[b, h, i, d])\n"
+        "                  + where(i >= j, 0, -inf)\n" in text
     )
 
 
