@@ -9,7 +9,8 @@ instead of gathering the operands:
 * an axis indexed by a plain free index can be split; the output's axis follows;
 * an axis indexed by a plain reduced index can be split when the reduction has a
   cross-device combine (sum: psum; max/min: pmax/pmin; logsumexp: a max-shifted psum);
-  prod, argmax and argmin keep reduced axes whole;
+  prod, argmax and argmin keep reduced axes whole, and so does every reduction under a
+  mesh with Explicit axes in context (`_explicit_axes_in_context`);
 * an axis indexed by anything else (`X[i+k]`, a repeated index, an index that also
   appears in a bound, constraint, guard or as a value) stays whole: a halo exchange is
   not implemented.
@@ -341,7 +342,10 @@ def _choose(
     declared = dict(extents)
     used: set[str] = set()
     chosen = {}
+    keep_reduced = _explicit_axes_in_context()
     for factor in plan.splittable:
+        if factor.kind == "reduced" and keep_reduced:
+            continue
         sizes = {shapes[p].shape[a] for p, a in factor.axes}
         if factor.divide is not None:
             sizes.add(declared[factor.divide[0]][factor.divide[1]])
@@ -354,6 +358,16 @@ def _choose(
                 used.update(names)
                 break
     return chosen
+
+
+def _explicit_axes_in_context() -> bool:
+    """Whether the mesh in context (`jax.set_mesh`) has Explicit axes. The per-device
+    function is traced under it; from jax 0.11 on, a cross-device combine then lowers its
+    reducer with a sharding annotation that XLA rejects ("Unsupported reduction
+    computation"), so under such a mesh reduced indices stay whole (their operands are
+    gathered instead of the partial results combined)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and any(kind == AxisType.Explicit for kind in mesh.axis_types)
 
 
 def _sharding(mesh: Any, names: Sequence[str], split: dict) -> Any:
