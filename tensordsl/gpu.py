@@ -148,15 +148,16 @@ def run_cuda(
     dtype: Any,
     *,
     schedule: GpuSchedule | None = None,
+    precision: Any = None,
 ) -> jax.Array:
-    """Run `nest` with CUDA, or XLA for the "xla" strategy (a `runners.Runner`;
-    `schedule` for tests)."""
+    """Run `nest` with CUDA, or XLA for the "xla" strategy at `precision` (a
+    `runners.Runner`; `schedule` for tests)."""
     order = config.cuda_emulate()
     if order is None:
         _gpus()  # no GPU is an error, also where XLA would run the nest
     schedule = schedule or choose_gpu_schedule(nest, _dtypes(nest, operands, dtype))
     if schedule.strategy == "xla":
-        found = run_xla(nest, operands, shapes, dtype)
+        found = run_xla(nest, operands, shapes, dtype, precision=precision)
         if found is not None:
             return found
         schedule = None  # the shapes do not fit the plan: the heuristic's kernel

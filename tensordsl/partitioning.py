@@ -233,12 +233,13 @@ def run_nest(
     extents: tuple,
     out_dtype: str,
     schedule: Any,
+    precision: Any = None,
     **_: Any,
 ) -> jax.Array:
     """The lowering of one `nest_p` call: the back end's runner, partitioned when sharded."""
 
     def run(*values: jax.Array, extents: tuple = extents) -> jax.Array:
-        return _run_local(values, nest, backend, extents, out_dtype, schedule)
+        return _run_local(values, nest, backend, extents, out_dtype, schedule, precision)
 
     plan = plan_sharding(nest)
     # Unsharded operands, all-manual shard_map or nothing to split: the plain call (the
@@ -267,6 +268,7 @@ def _run_local(
     extents: tuple,
     out_dtype: str,
     schedule: Any,
+    precision: Any = None,
 ) -> jax.Array:
     """The back end's runner on the operands as given (whole, or one device's shards); a
     one-pass nest as its two nests except on the C back end (`tensordsl.online`)."""
@@ -275,10 +277,10 @@ def _run_local(
     if nest.online and (backend != "c" or output_shape(nest, shapes)[-1] > online.C_ROW_LIMIT):
 
         def run(part: LoopNest, values: Sequence[Any], known: Any) -> jax.Array:
-            return runner(part, values, known, out_dtype, None)
+            return runner(part, values, known, out_dtype, None, precision=precision)
 
         return online.pack(*online.two_nests(nest, operands, shapes, run))
-    return runner(nest, operands, shapes, out_dtype, schedule)
+    return runner(nest, operands, shapes, out_dtype, schedule, precision=precision)
 
 
 def tensor_shapes(nest: LoopNest, operands: Sequence[Any], extents: tuple) -> dict:

@@ -97,10 +97,11 @@ class FusedProgram:
         outputs: tuple[str, ...],
         backend: str,
         nograd: frozenset[str],
+        precision: Any = None,
     ) -> None:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
         self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
-        self.backend, self.nograd = backend, nograd
+        self.backend, self.nograd, self.precision = backend, nograd, precision
         self.call = jax.custom_vjp(self._run)
         # Symbolic zeros: the backward knows which inputs are differentiated and which
         # outputs' cotangents are zero, and runs nothing for the others.
@@ -116,6 +117,7 @@ class FusedProgram:
                 nest,
                 operands,
                 backend=self.backend,
+                precision=self.precision,
                 shapes={},
                 out_dtype=_dtype(operands),
                 nograd=self.nograd & set(nest.operand_names),
@@ -185,6 +187,7 @@ class FusedProgram:
                 aux,
                 operands,
                 backend=self.backend,
+                precision=self.precision,
                 shapes={},
                 out_dtype=POSITION_DTYPE if positional else _dtype(operands),
             )
@@ -219,6 +222,7 @@ class FusedProgram:
             nest,
             operands,
             backend=self.backend,
+            precision=self.precision,
             shapes=shapes,
             out_dtype=jnp.result_type(like),
             nograd=integer & set(nest.operand_names),

@@ -57,6 +57,8 @@ class ProgramKernel:
         ranges: an extent or `range` per index, for every statement that has the index.
         backend: "auto", "reference", "c" or "cuda", for every statement.
         nograd: inputs that never get a gradient.
+        precision: of the contractions given to XLA's dot, for every statement (see
+            `tensordsl.kernel.Kernel`).
 
     Raises:
         TensorDSLError: a subclass naming the mistake, underlined in the program source.
@@ -73,6 +75,7 @@ class ProgramKernel:
         nograd: tuple[str, ...] = (),
         schedule: Any = None,
         loop_order: tuple[str, ...] | None = None,
+        precision: Any = None,
     ):
         self.source_text = source = arguments.source_text(source)
         self._lowered: LoweredProgram = lower_program(
@@ -80,6 +83,7 @@ class ProgramKernel:
         )
         self.backend = arguments.backend(backend, runners.BACKENDS)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
+        self.precision = arguments.precision(precision)
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -264,6 +268,7 @@ class ProgramKernel:
             dict(zip(self.inputs, values)),
             backend=runners.resolve_backend(self.backend),
             nograd=self.nograd,
+            precision=self.precision,
         )
         return results if self._lowered.returns_tuple else results[0]
 
@@ -274,6 +279,7 @@ def run_program(
     *,
     backend: str,
     nograd: frozenset[str] = frozenset(),
+    precision: Any = None,
 ) -> tuple[jax.Array, ...]:
     """Run the statements the outputs need, in order, each as its own `nest_p`.
 
@@ -282,6 +288,7 @@ def run_program(
         values: an array per input, by name (shapes already checked).
         backend: a key of `runners.RUNNERS`.
         nograd: inputs that get no gradient.
+        precision: of the contractions given to XLA's dot (`jax_bind.call_nest`).
 
     Returns:
         The outputs, in `program.outputs` order.
@@ -291,7 +298,7 @@ def run_program(
     if nests != live_statements(program):
         # Fused: one differentiable function whose input gradients are one nest each.
         names = tuple(known)
-        fused = FusedProgram(nests, names, program.outputs, backend, nograd)
+        fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision)
         return fused.call(*(known[name] for name in names))
     for nest in nests:
         operands = [known[name] for name in nest.operand_names]
@@ -302,6 +309,7 @@ def run_program(
             shapes={},
             out_dtype=_output_dtype(operands),
             nograd=nograd & set(nest.operand_names),
+            precision=precision,
         )
     return tuple(known[name] for name in program.outputs)
 

@@ -1,7 +1,8 @@
 """The back ends: one runner per back-end name, and how "auto" picks one.
 
 A runner executes a nest without differentiation: `runner(nest, operands, shapes, out dtype,
-schedule or None)`, where `shapes` covers every tensor the nest names. The binding
+schedule or None, *, precision=None)`, where `shapes` covers every tensor the nest names and
+`precision` is that of the contractions given to XLA's dot (`tensordsl.xla_dot`). The binding
 (`tensordsl/jax_bind.py`, `tensordsl/partitioning.py`) traces it into `nest_p`'s lowering.
 The compiled back ends are imported when first used, so `import tensordsl` starts no
 compiler and never imports CuPy.
@@ -23,31 +24,50 @@ from tensordsl import reference
 
 Shapes = Mapping[str, tuple[int, ...]]
 #: A runner executes a nest without differentiation:
-#: (nest, operands, shapes, out dtype, schedule or None).
-Runner = Callable[[LoopNest, Sequence[jax.Array], Shapes, Any, Any], jax.Array]
+#: (nest, operands, shapes, out dtype, schedule or None, *, precision=None).
+Runner = Callable[..., jax.Array]
 
 
 def run_reference(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
 ) -> jax.Array:
-    """The reference back end (jax.numpy, the test oracle) as a runner."""
+    """The reference back end (jax.numpy, the test oracle) as a runner. It ignores
+    `precision`: an oracle's sums run at `Precision.HIGHEST` (`reference._sum`)."""
     return reference.evaluate(nest, dict(zip(nest.operand_names, operands)), shapes, dtype)
 
 
 def _run_c(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
 ) -> jax.Array:
     from tensordsl.cpu import run_c
 
-    return run_c(nest, operands, shapes, dtype, schedule)
+    return run_c(nest, operands, shapes, dtype, schedule, precision=precision)
 
 
 def _run_cuda(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
 ) -> jax.Array:
     from tensordsl.gpu import run_cuda
 
-    return run_cuda(nest, operands, shapes, dtype, schedule=schedule)
+    return run_cuda(nest, operands, shapes, dtype, schedule=schedule, precision=precision)
 
 
 RUNNERS: dict[str, Runner] = {"reference": run_reference, "c": _run_c, "cuda": _run_cuda}
