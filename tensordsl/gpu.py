@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxlib import xla_client
 
 from codegen import config, cuda_launch, emulate
 from codegen.cuda import GRID_LIMITS, CudaSource, emit_cuda
@@ -181,7 +182,15 @@ def _register(name: str, platform: str) -> str:
     with _LOCK:
         if target not in REGISTERED:
             capsule = jax.ffi.pycapsule(cuda_launch.handler(name))
-            jax.ffi.register_ffi_target(target, capsule, platform=platform, api_version=1)
+            # A call enqueues the same launches every time: XLA may capture it in a CUDA graph
+            # (as the handler's metadata also says, codegen/cuda_ffi.cc).
+            jax.ffi.register_ffi_target(
+                target,
+                capsule,
+                platform=platform,
+                api_version=1,
+                traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE,
+            )
             REGISTERED.add(target)
     return target
 
