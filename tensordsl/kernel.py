@@ -40,6 +40,10 @@ class Kernel:
         schedule: a `codegen.c.schedule.Schedule` for the forward nest on the C back end (the
             CUDA back end and all gradient nests use their heuristics).
         loop_order: index names, outermost first, for the forward nest on the C back end.
+        precision: for the contractions the c and cuda back ends give to XLA's dot (and
+            their gradients): None (default: jnp's default, `jax.default_matmul_precision`),
+            "default", "high", "highest" or a `jax.lax.Precision`, as `jnp.einsum` takes it.
+            The reference back end (the test oracle) ignores it: its sums run at HIGHEST.
 
     Raises:
         TensorDSLError: a subclass naming the mistake in the source or an option.
@@ -62,6 +66,7 @@ class Kernel:
         nograd: str | tuple[str, ...] | None = (),
         schedule: Any = None,
         loop_order: str | tuple[str, ...] | None = None,
+        precision: Any = None,
     ):
         self.source_text = source = arguments.source_text(source)
         extents = arguments.extents(ranges, source)
@@ -69,6 +74,7 @@ class Kernel:
         self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
+        self.precision = arguments.precision(precision)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(
@@ -222,6 +228,7 @@ class Kernel:
             out_dtype=out_dtype,
             nograd=self.nograd,
             schedule=self.schedule if record.takes_schedule else None,
+            precision=self.precision,
         )
 
 
@@ -249,7 +256,16 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     return schedule
 
 
-OPTIONS = ("reduce", "ranges", "backend", "nograd", "schedule", "loop_order", "outputs")
+OPTIONS = (
+    "reduce",
+    "ranges",
+    "backend",
+    "nograd",
+    "schedule",
+    "loop_order",
+    "outputs",
+    "precision",
+)
 
 
 def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:

@@ -65,6 +65,8 @@ class ProgramKernel:
         ranges: an extent or `range` per index, for every statement that has the index.
         backend: "auto", "reference", "c" or "cuda", for every statement.
         nograd: inputs that never get a gradient.
+        precision: of the contractions given to XLA's dot, for every statement (see
+            `tensordsl.kernel.Kernel`).
 
     Raises:
         TensorDSLError: a subclass naming the mistake, underlined in the program source.
@@ -81,6 +83,7 @@ class ProgramKernel:
         nograd: tuple[str, ...] = (),
         schedule: Any = None,
         loop_order: tuple[str, ...] | None = None,
+        precision: Any = None,
     ):
         self.source_text = source = arguments.source_text(source)
         self._lowered: LoweredProgram = lower_program(
@@ -88,6 +91,7 @@ class ProgramKernel:
         )
         self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
+        self.precision = arguments.precision(precision)
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -313,6 +317,7 @@ class ProgramKernel:
             dict(zip(self.inputs, values)),
             backend=table.resolve_backend(self.backend),
             nograd=self.nograd,
+            precision=self.precision,
         )
         return results if self._lowered.returns_tuple else results[0]
 
@@ -323,6 +328,7 @@ def run_program(
     *,
     backend: str,
     nograd: frozenset[str] = frozenset(),
+    precision: Any = None,
 ) -> tuple[jax.Array, ...]:
     """Run the statements the outputs need, in order, each as its own `nest_p`.
 
@@ -331,6 +337,7 @@ def run_program(
         values: an array per input, by name (shapes already checked).
         backend: a key of `table.BACKENDS`.
         nograd: inputs that get no gradient.
+        precision: of the contractions given to XLA's dot (`jax_bind.call_nest`).
 
     Returns:
         The outputs, in `program.outputs` order.
@@ -340,7 +347,7 @@ def run_program(
     if nests != live_statements(program):
         # Fused: one differentiable function whose input gradients are one nest each.
         names = tuple(known)
-        fused = FusedProgram(nests, names, program.outputs, backend, nograd)
+        fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision)
         return fused.call(*(known[name] for name in names))
     for nest in nests:
         operands = [known[name] for name in nest.operand_names]
@@ -351,6 +358,7 @@ def run_program(
             shapes={},
             out_dtype=_output_dtype(operands),
             nograd=nograd & set(nest.operand_names),
+            precision=precision,
         )
     return tuple(known[name] for name in program.outputs)
 

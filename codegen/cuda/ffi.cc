@@ -19,6 +19,13 @@
  * codegen/cuda/emit.py declares them: the output pointer, one pointer per operand, one per
  * scratch output, then each parameter as a 64-bit integer. The kernels run one after
  * another on the stream, so a later one reads what an earlier one wrote to scratch space.
+ *
+ * Both handlers declare XLA's command-buffer trait, so XLA may capture a call into a CUDA
+ * graph: a call always enqueues the same operations on XLA's stream (the optional poisoning
+ * memsets, then one cuLaunchKernel per entry), all fixed by the attributes, and never waits on
+ * the stream or reads device memory. Loading the module (once per context and image) is not
+ * a stream operation; it runs with this thread's capture mode relaxed (`RelaxedCapture`), so
+ * a first call that XLA captures may load it.
  */
 #include <dlfcn.h>
 
@@ -178,11 +185,43 @@ std::string cuda_functions(const Call &call, void *stream, CUcontext *context,
     return "";
 }
 
+/* This thread's stream capture mode relaxed for the guard's lifetime (no-op without a driver
+ * that has cuThreadExchangeStreamCaptureMode): module loading is allowed during a capture. */
+class RelaxedCapture {
+    using Exchange = CUresult (*)(CUstreamCaptureMode *);
+    Exchange exchange_;
+    CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+    static Exchange find() {
+        static const Exchange found = [] {
+            void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+            void *function =
+                library ? dlsym(library, TDSL_STR(cuThreadExchangeStreamCaptureMode)) : nullptr;
+            return reinterpret_cast<Exchange>(function);
+        }();
+        return found;
+    }
+
+  public:
+    RelaxedCapture() : exchange_(find()) {
+        if (exchange_ != nullptr && exchange_(&mode_) != CUDA_SUCCESS) exchange_ = nullptr;
+    }
+    ~RelaxedCapture() {
+        if (exchange_ != nullptr) exchange_(&mode_);
+    }
+    RelaxedCapture(const RelaxedCapture &) = delete;
+    RelaxedCapture &operator=(const RelaxedCapture &) = delete;
+};
+
 std::string cuda_launch(const Call &call, void *stream, const std::vector<Output> &outputs,
                         void **arguments) {
     CUcontext context;
     std::vector<void *> kernels;
-    std::string error = cuda_functions(call, stream, &context, &kernels);
+    std::string error;
+    {
+        RelaxedCapture relaxed; /* the first call in a context loads the module */
+        error = cuda_functions(call, stream, &context, &kernels);
+    }
     if (!error.empty()) return error;
     const CudaDriver &d = cuda_driver();
     d.push(context);
@@ -267,7 +306,7 @@ XLA_FFI_Error *metadata(XLA_FFI_CallFrame *frame) {
     data->api_version.extension_start = nullptr;
     data->api_version.major_version = XLA_FFI_API_MAJOR;
     data->api_version.minor_version = XLA_FFI_API_MINOR;
-    data->traits = 0;
+    data->traits = XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE; /* see the header */
     return nullptr;
 }
 

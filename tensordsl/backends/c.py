@@ -98,14 +98,16 @@ def run_c(
     shapes: Mapping[str, tuple[int, ...]],
     dtype: Any,
     schedule: Schedule | None = None,
+    *,
+    precision: Any = None,
 ) -> jax.Array:
-    """Run `nest` on the CPU (compiled C, or XLA for the "xla" strategy); `shapes`
-    covers every tensor the nest names."""
+    """Run `nest` on the CPU (compiled C, or XLA for the "xla" strategy, its dots at
+    `precision`); `shapes` covers every tensor the nest names."""
     own = [v.dtype if hasattr(v, "dtype") else jnp.result_type(v) for v in operands]
     dtypes = kernel_dtypes(nest, own, dtype)
     schedule = _schedule(nest, dtypes, schedule)
     if schedule.strategy == "xla":
-        found = run_xla(nest, operands, shapes, dtype)
+        found = run_xla(nest, operands, shapes, dtype, precision=precision)
         if found is not None:
             return found
         schedule = _heuristic(nest, tuple(sorted(dtypes.items())), False)

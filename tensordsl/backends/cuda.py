@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxlib import xla_client
 
 from codegen import config
 from codegen.cuda import launch as cuda_launch
@@ -188,15 +189,16 @@ def run_cuda(
     dtype: Any,
     *,
     schedule: GpuSchedule | None = None,
+    precision: Any = None,
 ) -> jax.Array:
-    """Run `nest` with CUDA, or XLA for the "xla" strategy (a `runners.Runner`;
-    `schedule` for tests)."""
+    """Run `nest` with CUDA, or XLA for the "xla" strategy at `precision` (a
+    `runners.Runner`; `schedule` for tests)."""
     order = config.cuda_emulate()
     if order is None:
         _gpus()  # no GPU is an error, also where XLA would run the nest
     schedule = schedule or choose_gpu_schedule(nest, _dtypes(nest, operands, dtype))
     if schedule.strategy == "xla":
-        found = run_xla(nest, operands, shapes, dtype)
+        found = run_xla(nest, operands, shapes, dtype, precision=precision)
         if found is not None:
             return found
         schedule = None  # the shapes do not fit the plan: the heuristic's kernel
@@ -221,7 +223,15 @@ def _register(name: str, platform: str) -> str:
     with _LOCK:
         if target not in REGISTERED:
             capsule = jax.ffi.pycapsule(cuda_launch.handler(name))
-            jax.ffi.register_ffi_target(target, capsule, platform=platform, api_version=1)
+            # A call enqueues the same launches every time: XLA may capture it in a CUDA graph
+            # (as the handler's metadata also says, codegen/cuda/ffi.cc).
+            jax.ffi.register_ffi_target(
+                target,
+                capsule,
+                platform=platform,
+                api_version=1,
+                traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE,
+            )
             REGISTERED.add(target)
     return target
 

@@ -5,8 +5,9 @@ This table is the one place that knows back ends by name; everything else asks t
 beside `c.py` and `cuda.py`) and one row of `BACKENDS`.
 
 A runner executes a nest without differentiation: `runner(nest, operands, shapes, out dtype,
-schedule or None)`, where `shapes` covers every tensor the nest names. The binding
-(`tensordsl/binding/primitive.py`, `tensordsl/binding/partitioning.py`) traces it into
+schedule or None, *, precision=None)`, where `shapes` covers every tensor the nest names and
+`precision` is that of the contractions given to XLA's dot (`tensordsl.backends.xla_dot`). The
+binding (`tensordsl/binding/primitive.py`, `tensordsl/binding/partitioning.py`) traces it into
 `nest_p`'s lowering. The compiled back ends are imported when first used, so `import
 tensordsl` starts no compiler and never imports CuPy.
 
@@ -30,8 +31,8 @@ from tensordsl.backends import reference
 
 Shapes = Mapping[str, tuple[int, ...]]
 #: A runner executes a nest without differentiation:
-#: (nest, operands, shapes, out dtype, schedule or None).
-Runner = Callable[[LoopNest, Sequence[jax.Array], Shapes, Any, Any], jax.Array]
+#: (nest, operands, shapes, out dtype, schedule or None, *, precision=None).
+Runner = Callable[..., jax.Array]
 #: Writes the generated code of a nest: (nest, dtypes, role=...) -> source text.
 SourceEmitter = Callable[..., str]
 
@@ -63,18 +64,31 @@ class Backend:
 
 
 def _run_reference(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
 ) -> jax.Array:
-    """The reference back end (jax.numpy, the test oracle) as a runner."""
+    """The reference back end (jax.numpy, the test oracle) as a runner. It ignores
+    `precision`: an oracle's sums run at `Precision.HIGHEST` (`reference._sum`)."""
     return reference.evaluate(nest, dict(zip(nest.operand_names, operands)), shapes, dtype)
 
 
 def _run_c(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
 ) -> jax.Array:
     from tensordsl.backends.c import run_c
 
-    return run_c(nest, operands, shapes, dtype, schedule)
+    return run_c(nest, operands, shapes, dtype, schedule, precision=precision)
 
 
 def _prefetch_c(nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, schedule: Any) -> None:
@@ -90,11 +104,17 @@ def _c_source() -> SourceEmitter:
 
 
 def _run_cuda(
-    nest: LoopNest, operands: Sequence[jax.Array], shapes: Shapes, dtype: Any, schedule: Any = None
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
 ) -> jax.Array:
     from tensordsl.backends.cuda import run_cuda
 
-    return run_cuda(nest, operands, shapes, dtype, schedule=schedule)
+    return run_cuda(nest, operands, shapes, dtype, schedule=schedule, precision=precision)
 
 
 def _cuda_source() -> SourceEmitter:

@@ -7,6 +7,10 @@ contraction term is one `jnp.einsum`; any other term is evaluated over the outpu
 by the reference back end's evaluator, with each nested contraction an einsum placed on the
 grid and each plain access a transposed view, so XLA fuses the elementwise work around its
 dots. Nothing larger than the output is materialised.
+
+The dots run at the kernel's `precision=`: by default jnp's (`precision=None`, so
+`jax.default_matmul_precision` applies: TF32 on an NVIDIA GPU, exact float32 on the CPU), as
+the same einsum written in jnp would. Sums that are not contractions stay exact.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ def run_xla(
     operands: Sequence[jax.Array],
     shapes: Mapping[str, tuple[int, ...]],
     dtype: Any,
+    *,
+    precision: Any = None,
 ) -> jax.Array | None:
-    """`nest` computed by XLA (`codegen.ir.contraction.xla_plan`), or None where it has no plan
-    or an einsum's index does not run over the whole of every axis it indexes for these
-    shapes (the runner then builds the kernel)."""
+    """`nest` computed by XLA (`codegen.ir.contraction.xla_plan`), its dots at `precision` (None:
+    jnp's default), or None where it has no plan or an einsum's index does not run over the
+    whole of every axis it indexes for these shapes (the runner then builds the kernel)."""
     plan = xla_plan(nest)
     if plan is None:
         return None
@@ -52,9 +58,9 @@ def run_xla(
             if dot is not None:
                 if not fits(nest, all_shapes, term):
                     return None
-                value = _dot(dot, operands, work)
+                value = _dot(dot, operands, work, precision)
             else:
-                value = _elementwise(nest, plan, term, values, extents, work, all_shapes)
+                value = _elementwise(nest, plan, term, values, extents, work, all_shapes, precision)
             result = value if result is None else result + value
     except _NoFit:
         return None
@@ -62,7 +68,7 @@ def run_xla(
     return jnp.broadcast_to(result, shape).astype(out_dtype)
 
 
-def _dot(plan: Contraction, operands: Sequence[Any], work: Any) -> jax.Array:
+def _dot(plan: Contraction, operands: Sequence[Any], work: Any, precision: Any) -> jax.Array:
     """`plan` on the operands; half-precision products accumulate in float32. A sum over no
     points is 0 whatever the scalar factors (as in the kernels: an infinite scale times an
     empty sum is not NaN)."""
@@ -79,7 +85,7 @@ def _dot(plan: Contraction, operands: Sequence[Any], work: Any) -> jax.Array:
     result = jnp.einsum(
         plan.subscripts,
         *tensors,
-        precision=jax.lax.Precision.HIGHEST,
+        precision=precision,
         preferred_element_type=wide,
     ).astype(work)
     for p in plan.scalars:
@@ -97,6 +103,7 @@ def _elementwise(
     extents: Mapping[sympy.Symbol, int],
     work: Any,
     shapes: Mapping[str, tuple[int, ...]],
+    precision: Any,
 ) -> jax.Array:
     """A term over the output's indices (and its few reduced points), summed."""
     ranges = (*nest.free, *term.reduced)
@@ -107,7 +114,15 @@ def _elementwise(
 
     def evaluator(grid: dict, operands: Any, extents: Any, dtype: Any) -> Evaluator:
         return _XlaEvaluator(
-            grid, operands, extents, dtype, nest=nest, plan=plan, spans=spans, shapes=shapes
+            grid,
+            operands,
+            extents,
+            dtype,
+            nest=nest,
+            plan=plan,
+            spans=spans,
+            shapes=shapes,
+            precision=precision,
         )
 
     body, mask = term_values(nest, term, values, extents, work, evaluator)
@@ -130,9 +145,11 @@ class _XlaEvaluator(Evaluator):
         plan: XlaPlan,
         spans: dict[sympy.Symbol, tuple[int, int, int]],
         shapes: Mapping[str, tuple[int, ...]],
+        precision: Any,
     ):
         super().__init__(grid, operands, extents, dtype)
         self.nest, self.plan, self.spans, self.shapes = nest, plan, spans, shapes
+        self.precision = precision
 
     def _whole(self, index: sympy.Basic, length: int) -> bool:
         """Whether `index` is a grid index running over exactly `[0, length)`."""
@@ -173,4 +190,4 @@ class _XlaEvaluator(Evaluator):
                     raise _NoFit
         kept = [s for s in self.spans if s in node.body.free_symbols]
         operands = [self.operands[op.name] for op in self.nest.operands]
-        return self._placed(_dot(plan, operands, self.dtype), kept)
+        return self._placed(_dot(plan, operands, self.dtype, self.precision), kept)

@@ -9,7 +9,8 @@ instead of gathering the operands:
 * an axis indexed by a plain free index can be split; the output's axis follows;
 * an axis indexed by a plain reduced index can be split when the reduction has a
   cross-device combine (sum: psum; max/min: pmax/pmin; logsumexp: a max-shifted psum);
-  prod, argmax and argmin keep reduced axes whole;
+  prod, argmax and argmin keep reduced axes whole, and so does every reduction under a
+  mesh with Explicit axes in context (`_explicit_axes_in_context`);
 * an axis indexed by anything else (`X[i+k]`, a repeated index, an index that also
   appears in a bound, constraint, guard or as a value) stays whole: a halo exchange is
   not implemented.
@@ -232,12 +233,13 @@ def run_nest(
     extents: tuple,
     out_dtype: str,
     schedule: Any,
+    precision: Any = None,
     **_: Any,
 ) -> jax.Array:
     """The lowering of one `nest_p` call: the back end's runner, partitioned when sharded."""
 
     def run(*values: jax.Array, extents: tuple = extents) -> jax.Array:
-        return _run_local(values, nest, backend, extents, out_dtype, schedule)
+        return _run_local(values, nest, backend, extents, out_dtype, schedule, precision)
 
     plan = plan_sharding(nest)
     # Unsharded operands, all-manual shard_map or nothing to split: the plain call (the
@@ -266,6 +268,7 @@ def _run_local(
     extents: tuple,
     out_dtype: str,
     schedule: Any,
+    precision: Any = None,
 ) -> jax.Array:
     """The back end's runner on the operands as given (whole, or one device's shards); a
     one-pass nest as its two nests where the back end does not run it as one
@@ -276,10 +279,10 @@ def _run_local(
     if nest.online and output_shape(nest, shapes)[-1] > record.one_pass_rows:
 
         def run(part: LoopNest, values: Sequence[Any], known: Any) -> jax.Array:
-            return runner(part, values, known, out_dtype, None)
+            return runner(part, values, known, out_dtype, None, precision=precision)
 
         return online.pack(*online.two_nests(nest, operands, shapes, run))
-    return runner(nest, operands, shapes, out_dtype, schedule)
+    return runner(nest, operands, shapes, out_dtype, schedule, precision=precision)
 
 
 def tensor_shapes(nest: LoopNest, operands: Sequence[Any], extents: tuple) -> dict:
@@ -343,7 +346,10 @@ def _choose(
     declared = dict(extents)
     used: set[str] = set()
     chosen = {}
+    keep_reduced = _explicit_axes_in_context()
     for factor in plan.splittable:
+        if factor.kind == "reduced" and keep_reduced:
+            continue
         sizes = {shapes[p].shape[a] for p, a in factor.axes}
         if factor.divide is not None:
             sizes.add(declared[factor.divide[0]][factor.divide[1]])
@@ -356,6 +362,16 @@ def _choose(
                 used.update(names)
                 break
     return chosen
+
+
+def _explicit_axes_in_context() -> bool:
+    """Whether the mesh in context (`jax.set_mesh`) has Explicit axes. The per-device
+    function is traced under it; from jax 0.11 on, a cross-device combine then lowers its
+    reducer with a sharding annotation that XLA rejects ("Unsupported reduction
+    computation"), so under such a mesh reduced indices stay whole (their operands are
+    gathered instead of the partial results combined)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and any(kind == AxisType.Explicit for kind in mesh.axis_types)
 
 
 def _sharding(mesh: Any, names: Sequence[str], split: dict) -> Any:

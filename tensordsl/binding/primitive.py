@@ -64,6 +64,7 @@ def call_nest(
     out_dtype: Any,
     nograd: frozenset[str] = frozenset(),
     schedule: Any = None,
+    precision: Any = None,
 ) -> jax.Array:
     """Run `nest` on `operands` (in `nest.operands` order) as a differentiable function.
 
@@ -77,11 +78,13 @@ def call_nest(
         nograd: operands that get no gradient (integer operands never do).
         schedule: the schedule of this nest on a compiled back end (its gradient nests use
             the heuristic's).
+        precision: of the contractions given to XLA's dot, None (jnp's default) or a
+            `jax.lax.Precision`; its gradient nests get the same.
 
     Returns:
         The output array.
     """
-    params = _params(nest, shapes, backend, out_dtype, nograd, schedule)
+    params = _params(nest, shapes, backend, out_dtype, nograd, schedule, precision)
     if not operands:
         # JAX's abstract evaluation needs an operand; with none there is nothing to batch or
         # differentiate, so the runner is traced as is.
@@ -97,6 +100,7 @@ def _params(
     out_dtype: Any,
     nograd: frozenset[str],
     schedule: Any,
+    precision: Any = None,
 ) -> dict[str, Any]:
     """`nest_p`'s parameters (see `call_nest`)."""
     operand_names = set(nest.operand_names)
@@ -110,6 +114,7 @@ def _params(
         "out_dtype": jnp.dtype(out_dtype).name,
         "nograd": frozenset(nograd),
         "schedule": schedule,
+        "precision": precision,
     }
 
 
@@ -210,7 +215,9 @@ def _jvp_two_nests(
 
     def run(part: LoopNest, values: Sequence[Any], known: Shapes) -> Any:
         nograd = params["nograd"] & set(part.operand_names)
-        p = _params(part, known, params["backend"], params["out_dtype"], nograd, None)
+        p = _params(
+            part, known, params["backend"], params["out_dtype"], nograd, None, params["precision"]
+        )
         found, slopes[part.output] = _jvp(
             private_jax.same_varying_axes(values), [slopes[n] for n in part.operand_names], **p
         )
@@ -232,6 +239,7 @@ def _auxiliaries(nest: LoopNest, values: Sequence[Any], params: dict) -> dict[st
             backend=params["backend"],
             shapes=dict(params["extents"]),
             out_dtype=POSITION_DTYPE if positional else params["out_dtype"],
+            precision=params["precision"],
         )
     return found
 
@@ -299,4 +307,5 @@ def _gradient(
         shapes=shapes,
         out_dtype=jnp.result_type(values[wrt]),
         nograd=integer,
+        precision=params["precision"],
     )

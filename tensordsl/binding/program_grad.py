@@ -99,10 +99,11 @@ class FusedProgram:
         outputs: tuple[str, ...],
         backend: str,
         nograd: frozenset[str],
+        precision: Any = None,
     ) -> None:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
         self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
-        self.backend, self.nograd = backend, nograd
+        self.backend, self.nograd, self.precision = backend, nograd, precision
         self.call = jax.custom_vjp(self._run)
         # Symbolic zeros: the backward knows which inputs are differentiated and which
         # outputs' cotangents are zero, and runs nothing for the others.
@@ -118,6 +119,7 @@ class FusedProgram:
                 nest,
                 operands,
                 backend=self.backend,
+                precision=self.precision,
                 shapes={},
                 out_dtype=_dtype(operands),
                 nograd=self.nograd & set(nest.operand_names),
@@ -187,6 +189,7 @@ class FusedProgram:
                 aux,
                 operands,
                 backend=self.backend,
+                precision=self.precision,
                 shapes={},
                 out_dtype=POSITION_DTYPE if positional else _dtype(operands),
             )
@@ -222,6 +225,7 @@ class FusedProgram:
             nest,
             operands,
             backend=self.backend,
+            precision=self.precision,
             shapes=shapes,
             out_dtype=jnp.result_type(like),
             nograd=integer & set(nest.operand_names),

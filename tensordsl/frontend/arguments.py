@@ -83,6 +83,35 @@ def backend(value: str, backends: tuple[str, ...]) -> str:
     return value
 
 
+#: The precisions `precision=` names, as `jnp.einsum(precision=...)` takes them.
+PRECISIONS = ("default", "high", "highest")
+
+
+def precision(value: Any) -> Any:
+    """`value` as `jax.lax.Precision`, or None (jnp's default: the `jax_default_matmul_precision`
+    in effect when the kernel is traced).
+
+    >>> precision("highest")
+    Precision.HIGHEST
+    >>> precision(None) is None
+    True
+    """
+    import jax
+
+    if value is None or isinstance(value, jax.lax.Precision):
+        return value
+    if isinstance(value, str):
+        try:
+            return jax.lax.Precision(value.lower())
+        except ValueError:
+            pass
+    raise UnknownNameError(
+        f"unknown precision {_describe(value)}",
+        expected="None, " + ", ".join(repr(p) for p in PRECISIONS) + " or a jax.lax.Precision",
+        hint=close_match(value.lower() if isinstance(value, str) else value, PRECISIONS),
+    )
+
+
 def nograd(value: Any, inputs: tuple[str, ...], source: str, *, of: str) -> frozenset[str]:
     """The `nograd=` option (one name or several) as a set of inputs of the kernel or program
     (`of`)."""

@@ -281,3 +281,61 @@ def test_a_failed_load_leaves_nothing_in_the_cache(kernels) -> None:
     good = [(kernels["silent"], (1, 1, 1))]
     jax.block_until_ready(call_passes(good, result, [jnp.ones(2)], ["float64"] * 2))
     assert _cache_entries() <= before + 1
+
+
+class _ApiVersion(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("major_version", ctypes.c_int),
+        ("minor_version", ctypes.c_int),
+    ]
+
+
+class _Metadata(ctypes.Structure):  # XLA_FFI_Metadata
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("api_version", _ApiVersion),
+        ("traits", ctypes.c_uint32),
+        ("state_type_id", ctypes.c_int64),
+    ]
+
+
+class _MetadataExtension(ctypes.Structure):  # XLA_FFI_Metadata_Extension
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("type", ctypes.c_int),
+        ("next", ctypes.c_void_p),
+        ("metadata", ctypes.POINTER(_Metadata)),
+    ]
+
+
+class _CallFrame(ctypes.Structure):  # the head of XLA_FFI_CallFrame, zeros after it
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("rest", ctypes.c_byte * 512),
+    ]
+
+
+COMMAND_BUFFER_COMPATIBLE = 1  # XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE
+METADATA_EXTENSION = 1  # XLA_FFI_Extension_Metadata
+
+
+@pytest.mark.parametrize("name", cuda_launch.HANDLERS)
+def test_the_handlers_may_be_captured_in_cuda_graphs(name: str) -> None:
+    # XLA asks a handler for its metadata with a call frame holding the metadata extension.
+    metadata = _Metadata(struct_size=ctypes.sizeof(_Metadata), traits=0xDEAD)
+    extension = _MetadataExtension(
+        struct_size=ctypes.sizeof(_MetadataExtension),
+        type=METADATA_EXTENSION,
+        metadata=ctypes.pointer(metadata),
+    )
+    frame = _CallFrame(struct_size=ctypes.sizeof(_CallFrame))
+    frame.extension_start = ctypes.addressof(extension)
+    address = ctypes.cast(cuda_launch.handler(name), ctypes.c_void_p).value
+    handler = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address)
+    assert handler(ctypes.addressof(frame)) is None  # no XLA_FFI_Error
+    assert metadata.traits == COMMAND_BUFFER_COMPATIBLE
+    assert metadata.api_version.major_version >= 0
+    assert metadata.api_version.struct_size == ctypes.sizeof(_ApiVersion)

@@ -4,6 +4,8 @@ when there is one, else under the CUDA emulator."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,3 +81,19 @@ def test_shapes_an_einsum_does_not_fit_run_the_kernel() -> None:
     k = td.kernel(MATMUL, ranges={"k": 4}, backend="cuda")
     assert "custom_call" in _hlo(k, A, B)
     np.testing.assert_allclose(k(A, B), A[:, :4] @ B[:4], rtol=1e-12)
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+@pytest.mark.parametrize(("precision", "expected"), [(None, "DEFAULT"), ("highest", "HIGHEST")])
+def test_the_dots_follow_the_kernels_precision(precision, expected) -> None:
+    # On a GPU, DEFAULT is TF32 (what jnp users get); precision="highest" asks for float32.
+    rng = np.random.default_rng(2)
+    A, B = rng.normal(size=(5, 7)), rng.normal(size=(7, 3))
+    k = td.kernel(MATMUL, backend="cuda", precision=precision)
+    f = jax.grad(lambda A, B: jnp.sum(jnp.sin(k(A, B))), (0, 1))
+    found = re.findall(r"dot_general .*precision = \[(\w+), \w+\]", _hlo(f, A, B))
+    assert len(found) == 3 and set(found) == {expected}  # forward, dA and dB
+    dA, dB = f(A, B)
+    ct = np.cos(A @ B)
+    np.testing.assert_allclose(dA, ct @ B.T, rtol=1e-12)
+    np.testing.assert_allclose(dB, A.T @ ct, rtol=1e-12)

@@ -1,6 +1,8 @@
 """The "xla" strategy: contractions (alone, or with a bias, a mask or elementwise weights) run
 as XLA's dot, everything else as kernels."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -238,3 +240,73 @@ def test_a_nested_matrix_vector_product_stays_a_kernel():
     gradient = grad.gradient(nest, "M").nest
     assert gradient.terms[0].body.atoms(Reduce)
     assert xla_plan(gradient) is None
+
+
+def _dot_precisions(f, *args):
+    """The precision of every dot_general in the lowered `jit(f)`."""
+    return set(re.findall(r"dot_general .*precision = \[(\w+), \w+\]", _hlo(f, *args)))
+
+
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [
+        (None, "DEFAULT"),  # jnp's default, as the same einsum written in jnp
+        ("default", "DEFAULT"),
+        ("high", "HIGH"),
+        ("HIGHEST", "HIGHEST"),
+        (jax.lax.Precision.HIGHEST, "HIGHEST"),
+    ],
+)
+def test_precision_reaches_the_dots_of_the_forward_and_every_gradient(precision, expected):
+    rng = np.random.default_rng(3)
+    A, B = rng.normal(size=(5, 7)), rng.normal(size=(7, 3))
+    k = td.kernel("C[i,j] := A[i,k] * B[k,j]", backend="c", precision=precision)
+
+    def loss(A, B):
+        return jnp.sum(jnp.sin(k(A, B)))
+
+    f = jax.value_and_grad(loss, (0, 1))
+    text = _hlo(f, A, B)
+    assert text.count("dot_general") == 3  # forward, dA, dB: all dots, no kernel
+    assert _dot_precisions(f, A, B) == {expected}
+    value, (dA, dB) = jax.jit(f)(A, B)
+    ct = np.cos(A @ B)
+    np.testing.assert_allclose(value, np.sum(np.sin(A @ B)), rtol=1e-12)
+    np.testing.assert_allclose(dA, ct @ B.T, rtol=1e-12)
+    np.testing.assert_allclose(dB, A.T @ ct, rtol=1e-12)
+
+
+def test_default_precision_follows_jax_default_matmul_precision():
+    rng = np.random.default_rng(4)
+    A, B = rng.normal(size=(4, 6)), rng.normal(size=(6, 2))
+    k = td.kernel("C[i,j] := A[i,k] * B[k,j]", backend="c")
+    with jax.default_matmul_precision("highest"):
+        assert _dot_precisions(k, A, B) == {"HIGHEST"}
+    assert _dot_precisions(k, A, B) == {"DEFAULT"}
+
+
+def test_program_precision_reaches_its_dots_and_gradients():
+    rng = np.random.default_rng(5)
+    A, B = rng.normal(size=(4, 6)), rng.normal(size=(6, 3))
+    k = td.kernel(
+        "C[i,j] := A[i,k] * B[k,j]\nD[i,j] := C[i,j] * 2", backend="c", precision="highest"
+    )
+    f = jax.value_and_grad(lambda A, B: jnp.sum(jnp.sin(k(A, B))), (0, 1))
+    assert _dot_precisions(f, A, B) == {"HIGHEST"}
+    value, (dA, _) = jax.jit(f)(A, B)
+    np.testing.assert_allclose(value, np.sum(np.sin(2 * A @ B)), rtol=1e-12)
+    np.testing.assert_allclose(dA, 2 * np.cos(2 * A @ B) @ B.T, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("precision", "message"),
+    [
+        ("hihgest", r"unknown precision 'hihgest'(.|\n)*did you mean 'highest'\?"),
+        (3, r"unknown precision 3(.|\n)*None, 'default', 'high', 'highest' or a jax.lax"),
+        (("highest", "highest"), r"unknown precision \('highest', 'highest'\)"),
+    ],
+)
+def test_a_bad_precision_is_named(precision, message):
+    for source in ("C[i,j] := A[i,k] * B[k,j]", "C[i,j] := A[i,k] * B[k,j]; D[i] := C[i,j]"):
+        with pytest.raises(td.UnknownNameError, match=message):
+            td.kernel(source, precision=precision)
