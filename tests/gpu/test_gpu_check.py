@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from benchmarks import gpu_check, gpu_check_cases, gpu_check_phases
+from benchmarks import gpu_check
+from benchmarks.gpu_check import cases as gpu_check_cases
+from benchmarks.gpu_check import phases as gpu_check_phases
 from codegen.cuda.emulator import emulate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import gpu_check_torch, layers
+from benchmarks import layers
+from benchmarks.gpu_check import torch_models as gpu_check_torch
 
 HI = jax.lax.Precision.HIGHEST
 GPT2 = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "batch": 8, "vocab": 50257}

@@ -2,7 +2,7 @@
 
 Times are medians of CUDA-event times on a GPU (events recorded around a call after
 `block_until_ready`), wall-clock medians under the emulator, after a warm-up call that
-compiles. Each case (benchmarks/gpu_check_cases.py) is a row per implementation; one that
+compiles. Each case (benchmarks/gpu_check/cases.py) is a row per implementation; one that
 is missing or fails is a row saying why.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import jax
 
 from benchmarks.gpu_check import peaks_for, record
-from benchmarks.gpu_check_cases import CASES, OURS, SKIP_QUICK, torch_or_none
-from benchmarks.gpu_check_phases import short
+from benchmarks.gpu_check.cases import CASES, OURS, SKIP_QUICK, torch_or_none
+from benchmarks.gpu_check.phases import short
 
 
 def timer(emulate: bool) -> Callable[[Callable[[], Any]], float]:

@@ -87,7 +87,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> dict[str, Any]:
     out = pathlib.Path(args.out)
     rows_path(out, phase).unlink(missing_ok=True)
     limit = (EMULATED_LIMITS if args.emulate else LIMITS)[phase] * args.time_scale
-    command = [sys.executable, "-m", "benchmarks.gpu_check_phases", phase, "--out", str(out)]
+    command = [sys.executable, "-m", "benchmarks.gpu_check.phases", phase, "--out", str(out)]
     command += ["--emulate"] * args.emulate + ["--quick"] * args.quick
     started = time.monotonic()
     log = (out / f"log-{phase}.txt").open("w")
@@ -232,7 +232,3 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     bad = [r for r in (*summaries, *rows) if r["status"] in ("failed", "timeout")]
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """The phases of `benchmarks.gpu_check`, one per subprocess: `python -m
-benchmarks.gpu_check_phases PHASE --out DIR [--emulate] [--quick]`.
+benchmarks.gpu_check.phases PHASE --out DIR [--emulate] [--quick]`.
 
 Each phase appends its rows to `DIR/rows-PHASE.jsonl` as it goes (`gpu_check.record`), so
 a phase stopped by its time limit keeps what it had found. Every optional import (CuPy,
@@ -370,7 +370,7 @@ def _build_emulated(names: tuple[str, ...] | list[str]) -> None:
 
 
 def phase_timings(out: pathlib.Path, emulate: bool, quick: bool) -> None:
-    from benchmarks import gpu_check_timings
+    from benchmarks.gpu_check import timings as gpu_check_timings
 
     gpu_check_timings.run_all(out, emulate, quick)
 
@@ -384,7 +384,7 @@ PHASE_FUNCTIONS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check_phases")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check.phases")
     parser.add_argument("phase", choices=sorted(PHASE_FUNCTIONS))
     parser.add_argument("--out", required=True)
     parser.add_argument("--emulate", action="store_true")
