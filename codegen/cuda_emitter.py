@@ -46,6 +46,8 @@ class CudaEmitter(Emitter[GpuSchedule]):
     #: Bytes of scratch space the kernels of the source share (an expression of extents);
     #: 0: none. A strategy asks for it with `scratch`.
     workspace: sympy.Expr = sympy.Integer(0)
+    #: A thread's chain is short (a block's threads, then the blocks, combine as a tree).
+    double_sum_strategies: tuple[str, ...] = ()
 
     def scratch(self, size: sympy.Expr) -> str:
         """Ask for `size` bytes of scratch space (an expression of extents), passed to every
