@@ -180,6 +180,9 @@ FOUND = [
     Draw("s := (i / (2 + sin(C[i+1, i])))", "max", (), (("C", (2, 1)),), "float64", 0),
     Draw("s := (i / (2 + sin(A[i+1])))", "logsumexp", (("i", 3),), (("A", (4,)),), "float64", 5395),
     Draw("s := i * C[i+1, i]", "max", (), (("C", (6, 6)),), "float64", 0),
+    # Issue 27: a zero factor (A[2] = 0 for this seed) got the gradient dY*Y/A, NaN
+    # (tensordsl/grad.py: the saved-output shortcut divided by the factor).
+    Draw("Y[i] := A[i] * B[i, j]", "sum", (), (("A", (3,)), ("B", (3, 2))), "float64", 3, True),
     Draw(
         "s := where(A[i, j] == (A[j, j])^2, softplus(-2.0 + 4.0*sigmoid((alpha - A[i, j]))),"
         " ((i / (2 + sin(A[j, i]))))^2)",
