@@ -12,6 +12,9 @@ from a safe alphabet (no `P0`, `in_x`), inputs are finite and every function arg
 mapped into the function's safe domain (so max/min/logsumexp never see NaN), and literals
 are small.
 
+A draw with `specials` (the fuzzer asks for them for every reduction) puts zeros of both
+signs, infinities, NaN and subnormals among the inputs: zero factors and special values.
+
 `examples(short)` is the number of examples: `short` in the normal suite,
 `TENSORDSL_FUZZ_EXAMPLES` for a long run (`make fuzz`).
 """
@@ -58,6 +61,13 @@ class Draw:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]  # by input name; () for a scalar
     dtype: str
     seed: int
+    #: inputs hold special values (`SPECIAL_VALUES`) as well as random finite ones
+    specials: bool = False
+
+
+#: Searched where a draw asks for special values: zeros of both signs (a zero factor),
+#: infinities, NaN, and a float32 subnormal (normal in the float64 oracle).
+SPECIAL_VALUES = (0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 0.0)
 
 
 class _Statement:
@@ -162,8 +172,9 @@ def _extent(axis: tuple, extents: dict[str, int], slack: int) -> int:
 
 
 @st.composite
-def draws(draw: st.DrawFn) -> Draw:
-    """A random statement with shapes that fit it, a reduction and a dtype."""
+def draws(draw: st.DrawFn, reduce: str | None = None, specials: bool = False) -> Draw:
+    """A random statement with shapes that fit it, a reduction (`reduce` if given) and a
+    dtype; with `specials`, its inputs hold special values too (`inputs_for`)."""
     count = draw(st.integers(1, len(TENSORS)))
     ranks = {t: draw(st.integers(0 if n else 1, 2)) for n, t in enumerate(TENSORS[:count])}
     indices = INDICES[: draw(st.integers(1, len(INDICES)))]
@@ -187,11 +198,12 @@ def draws(draw: st.DrawFn) -> Draw:
     output = f"Y[{', '.join(free)}]" if free else "s"
     return Draw(
         source=f"{output} := {body}",
-        reduce=draw(st.sampled_from(REDUCTIONS)),
+        reduce=reduce or draw(st.sampled_from(REDUCTIONS)),
         ranges=ranges,
         shapes=tuple(sorted(shapes.items())),
         dtype=draw(st.sampled_from(["float64", "float32"])),
         seed=draw(st.integers(0, 2**16)),
+        specials=specials,
     )
 
 
@@ -213,9 +225,18 @@ def first_extremum(nest: LoopNest, operands: dict, shapes: dict) -> jax.Array:
 
 
 def inputs_for(case: Draw) -> dict[str, np.ndarray | float]:
-    """Random finite float64 inputs, never all zeros or ones, in the statement's order."""
+    """Random finite float64 inputs, never all zeros or ones, in the statement's order; for
+    a draw with `specials`, about a third of the elements (and half of the scalars) are
+    drawn from `SPECIAL_VALUES` instead."""
     rng = np.random.default_rng(case.seed)
     values: dict[str, np.ndarray | float] = {}
     for name, shape in case.shapes:
         values[name] = float(rng.uniform(0.5, 1.5)) if shape == () else rng.uniform(-2, 2, shape)
+        if not case.specials:
+            continue
+        special = rng.choice(np.array(SPECIAL_VALUES), size=shape)
+        replace = rng.random(shape) < (0.5 if shape == () else 0.35)
+        values[name] = np.where(replace, special, values[name])
+        if shape == ():
+            values[name] = float(values[name])
     return values

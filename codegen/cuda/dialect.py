@@ -49,6 +49,8 @@ class CudaEmitter(Emitter[GpuSchedule]):
     workspace: sympy.Expr = sympy.Integer(0)
     #: Bytes of dynamic shared memory per block (a tile past the static limit); 0: none.
     dynamic_shared: int = 0
+    #: A thread's chain is short (a block's threads, then the blocks, combine as a tree).
+    double_sum_strategies: tuple[str, ...] = ()
 
     def scratch(self, size: sympy.Expr) -> str:
         """Ask for `size` bytes of scratch space (an expression of extents), passed to every

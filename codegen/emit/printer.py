@@ -33,10 +33,12 @@ from typing import Any
 import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
+from sympy.printing.precedence import PRECEDENCE
 
 from codegen.c import vecmath
 from codegen.ir.affine import INDEX_LIMIT
 from codegen.ir.functions import CeilDiv, FloorDiv, helper_functions
+from codegen.ir.ieee import written
 from codegen.ir.nest import scalar_symbol
 
 
@@ -156,6 +158,10 @@ class CPrinter(C99CodePrinter):
             factor = self.parenthesize(base, 60)
             product = "(" + "*".join([factor] * abs(int(exponent))) + ")"
             return product if exponent > 0 else f"(1/{product})"
+        if exponent == sympy.Rational(1, 3):
+            # not cbrt, which is real for a negative base: x**(1/3) is NaN there, as in jnp
+            function = self._ns + "pow" + self._get_func_suffix(real)
+            return f"{function}({self._print(base)}, {self._print(exponent)})"
         return str(super()._print_Pow(expr))
 
     # -- functions -----------------------------------------------------------------------
@@ -164,6 +170,15 @@ class CPrinter(C99CodePrinter):
         print_arg = self.index if index else self._print
         args = ", ".join(print_arg(a) for a in expr.args)
         return f"{self.helper_prefix}{name}({args})"
+
+    def _print_IeeeAdd(self, expr: sympy.Expr) -> str:
+        # the operation as written, parenthesised: never simplified, so NaN and inf propagate
+        a, op, b = written(expr)
+        level = PRECEDENCE["Add" if op in "+-" else "Mul"]
+        op = f" {op} " if op in "+-" else op
+        return f"({self.parenthesize(a, level)}{op}{self.parenthesize(b, level, strict=True)})"
+
+    _print_IeeeMul = _print_IeeeDiv = _print_IeeeAdd
 
     def _print_FloorDiv(self, expr: FloorDiv) -> str:
         return self._helper("floordiv", expr, index=True)

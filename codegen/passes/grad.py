@@ -280,10 +280,11 @@ def _saved_output_shortcut(
     derivative: sympy.Expr,
     lifted: tuple[Range, ...],
 ) -> sympy.Expr | None:
-    """`g * Y` when `d body / d occurrence = g * body` with g free of the reduced indices:
-    then the sum over them of `g * body` is `g * Y`, the saved output, and the gradient
-    skips the whole reduction (attention's `dL[i] = -sum_e dO[i, e] * O[i, e]`, O(N d)
-    where recomputing the weights would cost O(N^2 d))."""
+    """`g * Y` when `d body / d occurrence = g * body` with g free of the reduced indices
+    and dividing by no value: then the sum over them of `g * body` is `g * Y`, the saved
+    output, and the gradient skips the whole reduction (attention's
+    `dL[i] = -sum_e dO[i, e] * O[i, e]`, O(N d) where recomputing the weights would cost
+    O(N^2 d))."""
     if nest.reduction != "sum" or len(nest.terms) != 1 or lifted or not term.reduced:
         return None
     reduced = set(term.reduced_indices)
@@ -297,7 +298,23 @@ def _saved_output_shortcut(
         a.free_symbols & reduced for a in ratio.atoms(sympy.Indexed, Reduce)
     ):
         return None
+    if _divides_by_a_value(ratio):
+        return None
     return ratio * saved(nest.output, nest)
+
+
+def _divides_by_a_value(expr: sympy.Expr) -> bool:
+    """Whether `expr` divides by (or takes a negative power of) anything but a constant.
+
+    The shortcut is exact only where `g` is: `Y[i] := W[i] * X[i, j]` gives `g = 1/W[i]`,
+    and `dY * Y / W` is NaN at `W = 0` (and inaccurate at a subnormal W) where the sum of
+    `dY * X` is not, so such a gradient recomputes the sum instead."""
+    _, denominator = sympy.fraction(sympy.together(expr), exact=True)
+    if denominator.free_symbols:
+        return True
+    return any(
+        p.exp.is_negative is not False and p.base.free_symbols for p in expr.atoms(sympy.Pow)
+    )
 
 
 def _without_reduced(term: Term) -> Term:

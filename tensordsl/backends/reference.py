@@ -28,6 +28,7 @@ import sympy
 
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.functions import FUNCTIONS, CeilDiv, FloorDiv
+from codegen.ir.ieee import IeeeAdd, IeeeDiv, IeeeMul
 from codegen.ir.nest import LoopNest, Range, Reduce, Term
 from codegen.ir.reductions import REDUCTIONS
 from tensordsl.errors import UnsupportedError
@@ -38,6 +39,13 @@ Shapes = Mapping[str, tuple[int, ...]]
 def _resolve(path: str) -> Callable[..., Any]:
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+def _kept(operation: Callable[..., Any], a: Any, b: Any) -> Any:
+    """`operation(a, b)` as written: under jit, XLA's simplifier would fold `(x*1e30)*1e30`
+    to `x*inf` and `x - x` to 0 (codegen/ir/ieee.py); an optimization barrier keeps it."""
+    a, b = jax.lax.optimization_barrier((a, b))
+    return jax.lax.optimization_barrier(operation(a, b))
 
 
 # sympy function class -> jax implementation: the language's functions from their table, then
@@ -61,6 +69,9 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
     sympy.Or: lambda *a: functools.reduce(jnp.logical_or, a),
     sympy.Not: jnp.logical_not,
     sympy.ITE: jnp.where,
+    IeeeAdd: lambda a, b: _kept(jnp.add, a, b),
+    IeeeMul: lambda a, b: _kept(jnp.multiply, a, b),
+    IeeeDiv: lambda a, b: _kept(jnp.divide, a, b),
 }
 
 #: The language's functions take their arguments in the body's float type (an index used

@@ -36,6 +36,7 @@ from codegen.ir.affine import (
     combine,
 )
 from codegen.ir.functions import FUNCTIONS, indicator
+from codegen.ir.ieee import cancels, ieee
 from codegen.ir.nest import extent_symbol, index_symbol, scalar_symbol, tensor_base
 from tensordsl.errors import (
     ExpressionError,
@@ -266,7 +267,11 @@ class _Translator:
         # Written infinities stay (`-inf`); an undefined value (`inf - inf`, `1/0`) never does.
         infinite = any(isinstance(n, Name) and n.name == INFINITY for n in _walk(node))
         bad = [v for v in _NOT_FINITE if not (infinite and v in (sympy.oo, -sympy.oo))]
-        if any(result.has(v) for v in bad) or any(not math.isfinite(f) for f in floats):
+        if (
+            any(result.has(v) for v in bad)
+            or any(not math.isfinite(f) for f in floats)
+            or _complex_power(result)
+        ):
             kind = "real number or infinity" if infinite else "finite real number"
             raise self.fail(
                 f"'{text}' is not a {kind}",
@@ -326,7 +331,15 @@ class _Translator:
             "/": lambda: left / right,
             "**": lambda: left**right,
         }
-        return self.checked(node, ops[node.op])
+        result = self.checked(node, ops[node.op])
+        if node.op == "**":
+            return result
+        if node.op == "*" and _negative_zero(node.left) != _negative_zero(node.right):
+            # sympy has no -0.0: `-0.0*X` is `-(0.0*X)`, a zero of the sign IEEE gives it
+            return -ieee("*", abs(left), right) if left.is_zero else -ieee("*", left, abs(right))
+        if cancels(node.op, left, right, result):
+            return ieee(node.op, left, right)
+        return result
 
     def relation(self, node: Compare) -> Any:
         left, right = self.value(node.left), self.value(node.right)
@@ -467,6 +480,28 @@ def _large_integers_as_floats(expr: Any) -> Any:
     if not large:
         return expr
     return expr.xreplace({**large, **{read: read for read in expr.atoms(sympy.Indexed)}})
+
+
+def _negative_zero(node: Expr) -> bool:
+    """Whether `node` is the floating literal `-0.0` (sympy's zero has no sign)."""
+    return (
+        isinstance(node, Unary)
+        and node.op == "-"
+        and isinstance(node.operand, Number)
+        and not node.operand.text.isdigit()
+        and float(node.operand.text) == 0
+    )
+
+
+def _complex_power(expr: Any) -> bool:
+    """Whether `expr` holds a fractional power of a negative constant (`(-8)**(1/3)`, which
+    sympy keeps as `2*(-1)**(1/3)`): not a real number (jnp gives NaN)."""
+    if not isinstance(expr, sympy.Basic):
+        return False
+    return any(
+        p.base.is_number and p.base.is_negative and not p.exp.is_integer
+        for p in expr.atoms(sympy.Pow)
+    )
 
 
 def _number(text: str) -> sympy.Expr:
