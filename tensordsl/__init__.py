@@ -8,10 +8,12 @@
 [[2.0], [2.0], [2.0]]
 """
 
+from tensordsl import nn
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
     InputError,
+    OptionError,
     ParseError,
     RangeError,
     ReductionError,
@@ -29,6 +31,7 @@ __all__ = [
     "IndexExpressionError",
     "InputError",
     "Kernel",
+    "OptionError",
     "ParseError",
     "ProgramKernel",
     "RangeError",
@@ -39,5 +42,6 @@ __all__ = [
     "UnknownNameError",
     "UnsupportedError",
     "kernel",
+    "nn",
 ]
 __version__ = "0.1.0"
