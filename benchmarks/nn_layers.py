@@ -238,7 +238,8 @@ fwd+bwd: `value_and_grad` of `sum(layer * ct)` w.r.t. every float input. Medians
 milliseconds, implementations in turns; every output and gradient of ours was checked against
 jnp (rtol {TOLERANCE:g} of the largest magnitude) before timing. `embedding` is `jnp.take` in
 both columns (the gather runs in XLA until the language has index arrays). The attention
-rows store no T x T array on our side; jnp's materialise the scores.
+rows store no T x T array on our side; jnp's materialise the scores. The embedding row runs
+the same code in both columns: its ratios show the noise of this loaded machine.
 
 {table(rows)}
 {end}
