@@ -157,8 +157,10 @@ def _mod_inputs(mod_args: Any) -> tuple[dict[str, Any], set[str], set[str]]:
                 f"attention: mod_args name {name!r} cannot be used",
                 expected="an identifier other than S, b, h, i, j, inf, not ending in '_'",
             )
-        inputs[name] = as_array(value, "attention", name)
-    scalars = {n for n, v in inputs.items() if v.ndim == 0}
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        # A Python number stays weakly typed: it does not promote float32 scores to float64.
+        inputs[name] = float(value) if number else as_array(value, "attention", name)
+    scalars = {n for n, v in inputs.items() if isinstance(v, float) or v.ndim == 0}
     return inputs, scalars, set(inputs) - scalars
 
 
