@@ -200,7 +200,7 @@ def cross_entropy(
     smoothed as in optax: `(1 - label_smoothing) * onehot + label_smoothing / classes`. The
     target is picked by the comparison `(c == y[n])` inside a sum over the classes (no
     one-hot array, no gather). A label outside `[0, classes)` picks nothing: its loss is the
-    logsumexp (times `1 - label_smoothing`, plus the smoothing term).
+    logsumexp minus the smoothing term alone.
 
     Args:
         logits: scores of shape `(..., classes)`.
