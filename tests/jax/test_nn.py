@@ -407,3 +407,28 @@ def test_bad_modifiers_point_into_them():
         nn.attention(q, q, q, bias=np.ones((2, 3, 3)))
     with pytest.raises(td.ShapeError, match="the head count of 'k' is 2 but 1 in 'q'"):
         nn.attention(q, np.ones((1, 3, 2, 2)), q)
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (2, 1, 5), (3, 1, 6, 1), (1,)])
+def test_attention_bias_broadcasts(shape):
+    """A bias of any shape broadcastable to (..., H, T, S): its gradient has its shape."""
+    rng = _rng(14)
+    q, k, v = _normal(rng, 3, 6, 2, 4), _normal(rng, 3, 5, 2, 4), _normal(rng, 3, 5, 2, 4)
+    bias = _normal(rng, *shape)
+
+    def theirs(q, k, v, bias):
+        return attention_jnp(q, k, v, bias=jnp.broadcast_to(bias, (3, 2, 6, 5)).reshape(3, 2, 6, 5))
+
+    check(
+        lambda q, k, v, bias: nn.attention(q, k, v, bias=bias, backend="reference"),
+        theirs,
+        (q, k, v, bias),
+        "float64",
+        (0, 1, 2, 3),
+    )
+
+
+def test_cross_entropy_label_outside_the_classes_picks_nothing():
+    logits = _normal(_rng(15), 2, 4)
+    loss = nn.cross_entropy(logits, jnp.array([7, 1]), backend="reference")
+    _close(loss[0], jax.nn.logsumexp(logits[0]), "float64")
