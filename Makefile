@@ -26,6 +26,7 @@ bench-layers:
 	$(PY) -m benchmarks.gaussian
 	$(PY) -m benchmarks.attention
 	$(PY) -m benchmarks.vector_math
+	$(PY) -m benchmarks.nn_layers
 
 # Smoke runs at tiny sizes (< 60 s each); they write nothing.
 bench-quick:
@@ -34,6 +35,7 @@ bench-quick:
 	$(PY) -m benchmarks.gaussian --quick
 	$(PY) -m benchmarks.attention --quick
 	$(PY) -m benchmarks.vector_math --quick
+	$(PY) -m benchmarks.nn_layers --quick
 
 golden:
 	TENSORDSL_UPDATE_GOLDEN=1 $(PY) -m pytest tests -k golden

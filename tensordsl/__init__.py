@@ -8,12 +8,14 @@
 [[2.0], [2.0], [2.0]]
 """
 
+from tensordsl import nn
 from tensordsl.errors import (
     ArgumentCountError,
     ExpressionError,
     IndexExpressionError,
     IndexNameWarning,
     InputError,
+    OptionError,
     ParseError,
     RangeError,
     ReductionError,
@@ -34,6 +36,7 @@ __all__ = [
     "IndexNameWarning",
     "InputError",
     "Kernel",
+    "OptionError",
     "ParseError",
     "ProgramKernel",
     "RangeError",
@@ -45,6 +48,7 @@ __all__ = [
     "UnknownNameError",
     "UnsupportedError",
     "kernel",
+    "nn",
     "program",
 ]
 __version__ = "0.1.0"

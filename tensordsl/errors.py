@@ -167,6 +167,10 @@ class ScheduleError(TensorDSLError, ValueError):
     """A schedule or loop order that does not fit the kernel's nest."""
 
 
+class OptionError(TensorDSLError, ValueError):
+    """An option of a ready layer (`tensordsl.nn`) that has no meaning: a padding, a stride."""
+
+
 class UnsupportedError(TensorDSLError, NotImplementedError):
     """Valid input that tensordsl does not handle (yet)."""
 
