@@ -29,7 +29,6 @@ dX[p] := dY[p - k]*W[k]*(k <= p)*(p + W.shape[0] <= k + dX.shape[0])
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
 import sympy
@@ -37,8 +36,6 @@ import sympy
 from codegen import config
 from codegen.cache import memo
 from codegen.errors import Unsupported
-from codegen.ir.affine import NotAffine, affine_parts
-from codegen.ir.functions import FloorDiv
 from codegen.ir.nest import (
     LoopNest,
     Operand,
@@ -64,6 +61,7 @@ from codegen.passes.gradient_rules import (
     saved,
 )
 from codegen.passes.guards import bound_guards
+from codegen.passes.index_maps import IndexSolver, fresh_names, simplify_constraints
 
 
 @dataclass(frozen=True)
@@ -80,14 +78,6 @@ class Gradient:
     roles: tuple[tuple[str, str], ...]
 
 
-def _fresh_names(taken: set[str]) -> itertools.chain:
-    singles = ("p", "q", "s", "t", "u", "v", "w")
-    numbered = (f"{base}{n}" for n in itertools.count(1) for base in singles)
-    return itertools.chain(
-        (n for n in singles if n not in taken), (n for n in numbered if n not in taken)
-    )
-
-
 def _free_indices(nest: LoopNest, wrt: str) -> tuple[sympy.Symbol, ...]:
     """Readable names for the gradient's free indices: A's index names where they are bare."""
     rank = nest.operand(wrt).rank
@@ -95,7 +85,7 @@ def _free_indices(nest: LoopNest, wrt: str) -> tuple[sympy.Symbol, ...]:
     taken = _names_in(nest)
     # An index bound by a nested reduction names nothing outside it.
     bound = {r.index for t in nest.terms for r in _reductions(t.body)}
-    fresh = _fresh_names(taken)
+    fresh = fresh_names(taken)
     names: list[str] = []
     for axis in range(rank):
         index = first.indices[axis] if first is not None else None
@@ -109,57 +99,6 @@ def _free_indices(nest: LoopNest, wrt: str) -> tuple[sympy.Symbol, ...]:
 def _occurrences(expr: sympy.Basic, wrt: str) -> list[sympy.Indexed]:
     found = [a for a in expr.atoms(sympy.Indexed) if a.base.name == wrt]
     return sorted(found, key=sympy.default_sort_key)
-
-
-def _affine(expr: sympy.Expr, loop: list[sympy.Symbol], where: sympy.Basic) -> dict:
-    try:
-        return affine_parts(expr, loop)
-    except NotAffine as error:
-        raise Unsupported(
-            f"the gradient cannot solve the access {where}: index {error.index} has the "
-            f"non-integer coefficient {error.coefficient} after a change of variables"
-        ) from None
-
-
-@dataclass
-class _Solver:
-    """Solves one occurrence's index map for the loop indices, axis by axis."""
-
-    ranges: dict[sympy.Symbol, Range]  # the forward loop indices still to be looped over
-    substitution: dict[sympy.Symbol, sympy.Expr]
-    constraints: list[sympy.Expr]
-    guards: list[sympy.Basic]
-
-    def solve_axis(
-        self, axis_expr: sympy.Expr, target: sympy.Symbol, access: sympy.Indexed
-    ) -> None:
-        expr = sympy.expand(axis_expr.xreplace(self.substitution))
-        coefficients = _affine(expr, list(self.ranges), access)
-        if not coefficients:
-            self.guards.append(sympy.Eq(target, expr))
-            return
-        # Prefer a unit coefficient; among those, the forward's free indices (so the gradient
-        # reads the cotangent shifted and keeps the reduced loops), then the first listed.
-        order = list(self.ranges)
-        v = min(
-            coefficients,
-            key=lambda u: (abs(coefficients[u]) != 1, abs(coefficients[u]), order.index(u)),
-        )
-        c = coefficients[v]
-        rest = sympy.expand(expr - c * v)
-        if abs(c) == 1:
-            solution = sympy.expand(c * (target - rest))
-        else:
-            self.guards.append(sympy.Eq(sympy.Mod(target - rest, abs(c)), 0))
-            solution = FloorDiv(target - rest, c)
-        bounds = self.ranges.pop(v)
-        self.substitution = {k: s.xreplace({v: solution}) for k, s in self.substitution.items()}
-        self.substitution[v] = solution
-        # start <= v < stop, multiplied through by c so that it stays affine.
-        low, high = c * bounds.start, c * (bounds.stop - 1)
-        if c < 0:
-            low, high = high, low
-        self.constraints += [sympy.expand(target - rest - low), sympy.expand(high - target + rest)]
 
 
 def _term_gradient(
@@ -181,7 +120,7 @@ def _term_gradient(
         derivative, reduced, term = shortcut, (), _without_reduced(term)
     loop = {r.index: sympy.Dummy(r.index.name, integer=True) for r in nest.free + reduced}
     ranges = {loop[r.index]: r for r in nest.free + reduced}
-    solver = _Solver(ranges, {}, [], [])
+    solver = IndexSolver(ranges, {}, [], [])
     if wrt_rank:
         access = occurrence.xreplace(loop)
         for axis, target in enumerate(free):
@@ -200,14 +139,14 @@ def _term_gradient(
     kept: list[Range] = []
     names = {}
     for dummy, r in solver.ranges.items():
-        name = r.index.name if r.index.name not in taken else next(_fresh_names(taken))
+        name = r.index.name if r.index.name not in taken else next(fresh_names(taken))
         taken.add(name)
         names[dummy] = index_symbol(name)
         kept.append(Range(names[dummy], r.start, r.stop))
     return Term(
         body.xreplace(names),
         tuple(kept),
-        tuple(_simplify_constraints(c.xreplace(names) for c in constraints)),
+        tuple(simplify_constraints(c.xreplace(names) for c in constraints)),
         guard.xreplace(names),
     )
 
@@ -239,7 +178,7 @@ def _derivative(
             f"no gradient through a nested '{nested.reduction}' reduction (only sum and "
             "logsumexp): store that intermediate instead of recomputing it"
         )
-    name = next(_fresh_names(taken | {nested.index.name}))
+    name = next(fresh_names(taken | {nested.index.name}))
     taken.add(name)
     index = index_symbol(name)
     lifted_body = nested.body.xreplace({nested.index: index})
@@ -323,18 +262,6 @@ def _without_reduced(term: Term) -> Term:
     constraints = tuple(c for c in term.constraints if not c.free_symbols & reduced)
     guard = term.guard if not term.guard.free_symbols & reduced else sympy.true
     return Term(term.body, (), constraints, guard)
-
-
-def _simplify_constraints(constraints) -> list[sympy.Expr]:
-    """Drop constraints that always hold (a nonnegative constant) and duplicates."""
-    kept: list[sympy.Expr] = []
-    for c in constraints:
-        c = sympy.expand(c)
-        if c.is_number and c >= 0:
-            continue
-        if c not in kept:
-            kept.append(c)
-    return kept
 
 
 def _operands(nest: LoopNest, terms: tuple[Term, ...], names: GradientNames) -> tuple:

@@ -17,33 +17,29 @@ read on the right, an index read as a tensor, a tensor read with two ranks, ...)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 
-from codegen.ir.affine import (
-    DIVISION,
-    FUNCTION,
-    NON_INTEGER,
-    NOT_INT64,
-    POWER,
-    PRODUCT,
-    Affine,
-    NotAffine,
-    as_affine,
-    combine,
-)
 from codegen.ir.functions import FUNCTIONS, indicator
 from codegen.ir.ieee import cancels, ieee
-from codegen.ir.nest import extent_symbol, index_symbol, scalar_symbol, tensor_base
+from codegen.ir.nest import index_symbol, scalar_symbol
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
     ShapeError,
     UnknownNameError,
     close_match,
+)
+from tensordsl.frontend.indices import (
+    INFINITY,
+    POSITIONS,
+    AccessUse,
+    IndexExpressions,
+    text_of,
+    walk,
 )
 from tensordsl.frontend.parse import (
     Access,
@@ -61,37 +57,6 @@ from tensordsl.frontend.parse import (
 __all__ = ["AccessUse", "Translation", "translate"]
 
 
-@dataclass(frozen=True)
-class AccessUse:
-    """One tensor access: its affine axes and where it is in the source."""
-
-    tensor: str
-    axes: tuple[Affine, ...]
-    span: Span
-    axis_spans: tuple[Span, ...]
-
-
-def _walk(node: Expr) -> Iterator[Expr]:
-    """`node` and every node below it, in source order."""
-    yield node
-    if isinstance(node, Access):
-        children: tuple[Expr, ...] = node.indices
-    elif isinstance(node, Call):
-        children = node.args
-    elif isinstance(node, Unary):
-        children = (node.operand,)
-    elif isinstance(node, Binary | Compare):
-        children = (node.left, node.right)
-    else:
-        children = ()
-    for child in children:
-        yield from _walk(child)
-
-
-def _text(source: str, span: Span) -> str:
-    return source[span[0] : span[1]]
-
-
 _RELATIONS = {
     "<": sympy.Lt,
     "<=": sympy.Le,
@@ -101,21 +66,6 @@ _RELATIONS = {
     "!=": sympy.Ne,
 }
 _NOT_FINITE = (sympy.zoo, sympy.oo, -sympy.oo, sympy.nan, sympy.I)
-#: Tullio's positions inside an index expression: `D[i,end]` reads the last position of that
-#: axis, `D[i,begin]` the first (0); neither is an index.
-POSITIONS = ("begin", "end")
-#: The IEEE infinity literal: `-inf` in a mask (`where(j <= i, 0, -inf)`), never a scalar input.
-INFINITY = "inf"
-_AFFINE_EXAMPLE = "an affine expression of indices with integer coefficients, such as 'i+k', '2i+1'"
-
-
-#: How the translator words each reason of `codegen.ir.affine.NotAffine`.
-_NOT_AFFINE = {
-    PRODUCT: "a product of indices",
-    DIVISION: "a division by an index or zero",
-    POWER: "a power of indices",
-    FUNCTION: "it contains a function call",
-}
 
 
 @dataclass
@@ -135,7 +85,7 @@ class Translation:
     parts: tuple[sympy.Expr, ...] = ()
 
 
-class _Translator:
+class _Translator(IndexExpressions):
     """Turns the syntax tree of the right-hand side into sympy, recording names and accesses."""
 
     def __init__(self, statement: Statement, named: Collection[str] = ()) -> None:
@@ -150,19 +100,19 @@ class _Translator:
         free = self.free_indices()
         bracketed = [
             n
-            for a in _walk(self.st.body)
+            for a in walk(self.st.body)
             if isinstance(a, Access)
             for i in a.indices
-            for n in _walk(i)
+            for n in walk(i)
             if isinstance(n, Name) and n.name not in POSITIONS
         ]
         # A name given a range by `ranges=` is an index even where it is only a value
         # (`s := (i >= 0)` with ranges={"i": 10}), never a scalar input.
-        valued = {n.name for n in _walk(self.st.body) if isinstance(n, Name)} & set(self.named)
+        valued = {n.name for n in walk(self.st.body) if isinstance(n, Name)} & set(self.named)
         self.indices = set(free) | {n.name for n in bracketed} | valued
         self.index_symbols = tuple(index_symbol(n) for n in sorted(self.indices))
         body_spans: dict[str, Span] = {}
-        for node in _walk(self.st.body):
+        for node in walk(self.st.body):
             if isinstance(node, Name) and node.name in self.indices:
                 body_spans.setdefault(node.name, node.span)
         if self.st.output in self.indices:
@@ -195,7 +145,7 @@ class _Translator:
         for node in self.st.indices or ():
             if not isinstance(node, Name):
                 raise IndexExpressionError(
-                    f"'{_text(self.src, node.span)}' on the left-hand side is not an index name",
+                    f"'{text_of(self.src, node.span)}' on the left-hand side is not an index name",
                     self.src,
                     node.span,
                     expected="plain, distinct index names, as in 'Y[i, j]'",
@@ -256,7 +206,7 @@ class _Translator:
 
     def checked(self, node: Expr, build: Callable[[], sympy.Basic]) -> Any:
         """`build()`, turning sympy's complaints and non-finite values into user errors."""
-        text = _text(self.src, node.span)
+        text = text_of(self.src, node.span)
         try:
             result = _large_integers_as_floats(build())
         except (TypeError, ValueError, ArithmeticError, RecursionError) as err:
@@ -265,7 +215,7 @@ class _Translator:
             ) from None
         floats = result.atoms(sympy.Float) if isinstance(result, sympy.Basic) else ()
         # Written infinities stay (`-inf`); an undefined value (`inf - inf`, `1/0`) never does.
-        infinite = any(isinstance(n, Name) and n.name == INFINITY for n in _walk(node))
+        infinite = any(isinstance(n, Name) and n.name == INFINITY for n in walk(node))
         bad = [v for v in _NOT_FINITE if not (infinite and v in (sympy.oo, -sympy.oo))]
         if (
             any(result.has(v) for v in bad)
@@ -320,7 +270,7 @@ class _Translator:
         huge = left.is_Number and right.is_Number and abs(right) > 256
         if node.op == "**" and huge and left not in (0, 1, -1):
             raise self.fail(
-                f"'{_text(self.src, node.span)}' is too large",
+                f"'{text_of(self.src, node.span)}' is too large",
                 node,
                 "a constant power with an exponent of at most 256",
             )
@@ -370,93 +320,6 @@ class _Translator:
             for n, a in enumerate(node.args)
         ]
         return self.checked(node, lambda: spec.build(*args))
-
-    def access(self, node: Access) -> Any:
-        if not node.indices:
-            raise IndexExpressionError(
-                f"'{node.name}[]' has no indices",
-                self.src,
-                node.span,
-                expected=f"a scalar written without brackets: '{node.name}'",
-            )
-        self.register(node.name, len(node.indices), node.name_span)
-        axes = tuple(
-            self.affine(index, extent_symbol(node.name, axis))
-            for axis, index in enumerate(node.indices)
-        )
-        self.accesses.append(
-            AccessUse(node.name, axes, node.span, tuple(i.span for i in node.indices))
-        )
-        return tensor_base(node.name)[tuple(a.expr() for a in axes)]
-
-    def affine(self, node: Expr, extent: sympy.Expr) -> Affine:
-        """The affine form of one index expression on an axis of length `extent`, its
-        indices in order of appearance."""
-        self.extent = extent
-        expr = self.index_expr(node, node)
-        names = dict.fromkeys(
-            n.name for n in _walk(node) if isinstance(n, Name) and n.name not in POSITIONS
-        )
-        try:
-            return as_affine(expr, [index_symbol(n) for n in names])
-        except NotAffine as error:
-            if error.reason == NOT_INT64:
-                raise self.not_int64(node, error) from None
-            if error.reason != NON_INTEGER:
-                raise self.not_affine(node, _NOT_AFFINE[error.reason]) from None
-            raise IndexExpressionError(
-                f"index expression '{_text(self.src, node.span)}' has a non-integer coefficient",
-                self.src,
-                node.span,
-                expected=_AFFINE_EXAMPLE,
-            ) from None
-
-    def not_int64(self, node: Expr, error: NotAffine) -> IndexExpressionError:
-        where = "offset" if error.index is None else "coefficient"
-        of = "" if error.index is None else f" of '{error.index}'"
-        return IndexExpressionError(
-            f"index expression '{_text(self.src, node.span)}' has {where} "
-            f"{error.coefficient}{of}, beyond int64",
-            self.src,
-            node.span,
-            expected="offsets and coefficients of magnitude at most 2**63 - 1 "
-            "(generated code computes indices in int64)",
-        )
-
-    def index_expr(self, node: Expr, whole: Expr) -> sympy.Expr:
-        """The sympy form of (part of) the index expression `whole`, built by the rules of
-        `codegen.ir.affine.combine`."""
-        if isinstance(node, Number):
-            if not node.text.isdigit():
-                raise self.not_affine(whole, f"'{node.text}' is not an integer")
-            return sympy.Integer(int(node.text))
-        if isinstance(node, Name):
-            if node.name == INFINITY:
-                raise self.not_affine(whole, f"'{INFINITY}' is infinity, not an index")
-            if node.name in POSITIONS:
-                return self.extent - 1 if node.name == "end" else sympy.Integer(0)
-            return index_symbol(node.name)
-        if isinstance(node, Unary):
-            operand = self.index_expr(node.operand, whole)
-            return -operand if node.op == "-" else operand
-        if not isinstance(node, Binary):
-            kind = {Access: "a tensor read", Call: "a function call"}.get(
-                type(node), "a comparison"
-            )
-            raise self.not_affine(whole, f"it contains {kind}")
-        left, right = self.index_expr(node.left, whole), self.index_expr(node.right, whole)
-        try:
-            return combine(node.op, left, right, self.index_symbols)
-        except NotAffine as error:
-            raise self.not_affine(whole, _NOT_AFFINE[error.reason]) from None
-
-    def not_affine(self, whole: Expr, why: str) -> IndexExpressionError:
-        return IndexExpressionError(
-            f"index expression '{_text(self.src, whole.span)}' is not affine: {why}",
-            self.src,
-            whole.span,
-            expected=_AFFINE_EXAMPLE,
-        )
 
 
 #: Integer constants of this magnitude or more in values (not in index expressions) are
