@@ -1,8 +1,8 @@
 """Call-time shape checks: concrete shapes against a lowered statement.
 
 Ranks, agreeing extents for every index used unshifted, non-empty ranges of free indices,
-index arithmetic within int64, and every read inside its array; each failure names the
-index, the extents and where they came from.
+index arithmetic within int64, an output whose size in bytes fits int64, and every read
+inside its array; each failure names the index, the extents and where they came from.
 
 >>> from tensordsl.lower import lower
 >>> from tensordsl.parse import parse
@@ -13,6 +13,7 @@ index, the extents and where they came from.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import sympy
@@ -157,6 +158,26 @@ def _check_int64(lowered: Lowered, values: Mapping[str, tuple[int, int]]) -> Non
                 )
 
 
+#: The most elements an output may hold: its size in bytes (8 a value at most) must fit
+#: int64, or XLA aborts the process ("overflow in static extent product") rather than raise.
+OUTPUT_LIMIT = INDEX_LIMIT // 8
+
+
+def _check_output_size(lowered: Lowered, values: Mapping[str, tuple[int, int]]) -> None:
+    free = [r.index.name for r in lowered.ranges[: len(lowered.nest.free)]]
+    shape = tuple(max(values[n][1] - values[n][0], 0) for n in free)
+    count = math.prod(shape)
+    if count > OUTPUT_LIMIT:
+        statement = lowered.statement
+        raise RangeError(
+            f"the output '{lowered.nest.output}' would have shape {shape}: {count} elements",
+            statement.source,
+            lowered.index_span(free[0]),
+            expected=f"at most {OUTPUT_LIMIT} elements (an array's size in bytes must fit int64)",
+            hint="narrow ranges= or the inputs' shapes",
+        )
+
+
 def _check_reads(
     lowered: Lowered, extents: Mapping[sympy.Symbol, int], values: Mapping[str, tuple[int, int]]
 ) -> None:
@@ -211,5 +232,6 @@ def check_shapes(
     _check_agreement(lowered, extents)
     values = _evaluate_ranges(lowered, extents)
     _check_int64(lowered, values)
+    _check_output_size(lowered, values)
     _check_reads(lowered, extents, values)
     return extents
