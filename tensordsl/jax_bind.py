@@ -30,6 +30,7 @@ from jax.interpreters import ad, batching, mlir
 
 from codegen.extents import output_shape
 from codegen.ir import LoopNest
+from codegen.recursion import deeply
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl import grad, gradient_rules, online, partitioning, private_jax, runners
 from tensordsl.batching import batch_nest
@@ -140,7 +141,9 @@ tangent_p = private_jax.primitive(
 )
 
 
-mlir.register_lowering(nest_p, mlir.lower_fun(partitioning.run_nest, multiple_results=False))
+mlir.register_lowering(
+    nest_p, mlir.lower_fun(deeply(partitioning.run_nest), multiple_results=False)
+)
 private_jax.requires_devices_during_lowering(nest_p)
 
 
@@ -162,7 +165,7 @@ def _batch(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> tuple[jax
     return _bind(nest_p, moved, **new_params), 0
 
 
-batching.primitive_batchers[nest_p] = _batch
+batching.primitive_batchers[nest_p] = deeply(_batch)
 
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
@@ -192,7 +195,7 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tupl
     return output, tangent
 
 
-ad.primitive_jvps[nest_p] = _jvp
+ad.primitive_jvps[nest_p] = deeply(_jvp)
 
 
 def _jvp_two_nests(
@@ -251,7 +254,7 @@ def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
     return [*nonlinear, *gradients]
 
 
-ad.primitive_transposes[tangent_p] = _transpose
+ad.primitive_transposes[tangent_p] = deeply(_transpose)
 
 
 def _forward_mode(*_: Any, **__: Any) -> Any:

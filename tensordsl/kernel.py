@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir import LoopNest
+from codegen.recursion import deeply
 from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import (
     ScheduleError,
@@ -151,6 +152,7 @@ class Kernel:
             reps=reps,
         )
 
+    @deeply
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
         values = [
             arguments.input_array(name, value, self.source_text)
@@ -208,6 +210,7 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
 OPTIONS = ("reduce", "ranges", "backend", "nograd", "schedule", "loop_order", "outputs")
 
 
+@deeply
 def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     """Parse and check an index expression; nothing is compiled until the first call.
 

@@ -33,6 +33,7 @@ from codegen.factor import factor_sums
 from codegen.guards import bound_guards
 from codegen.ir import LoopNest, Operand, rename
 from codegen.online import pair_stored
+from codegen.recursion import deeply
 from codegen.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl import grad, gradient_rules, online
 from tensordsl.jax_bind import call_nest, is_differentiable
@@ -101,10 +102,10 @@ class FusedProgram:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
         self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
         self.backend, self.nograd = backend, nograd
-        self.call = jax.custom_vjp(self._run)
+        self.call = jax.custom_vjp(deeply(self._run))
         # Symbolic zeros: the backward knows which inputs are differentiated and which
         # outputs' cotangents are zero, and runs nothing for the others.
-        self.call.defvjp(self._forward, self._backward, symbolic_zeros=True)
+        self.call.defvjp(deeply(self._forward), deeply(self._backward), symbolic_zeros=True)
 
     # -- forward -------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from codegen.fusion import Fused, fuse, nested_ranges
 from codegen.ir import LoopNest
 from codegen.online import pair_stored, unpair
 from codegen.program import Program, live_statements
+from codegen.recursion import deeply
 from tensordsl import arguments, jax_bind, runners
 from tensordsl.errors import UnknownNameError, UnsupportedError
 from tensordsl.program import LoweredProgram, check_program_shapes, line_of, lower_program
@@ -250,6 +251,7 @@ class ProgramKernel:
 
         return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
 
+    @deeply
     def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)
         values = [
