@@ -89,7 +89,8 @@ def compile_flags() -> tuple[str, ...]:
     debug = ("-g",) if config.debug() else ()
     openmp = openmp_flags(cc, BASE_FLAGS)
     vector_math = libmvec_flags(cc, (*BASE_FLAGS, *openmp))
-    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *config.extra_cflags())
+    extra = (*config.c_compiler_flags(), *config.extra_cflags())
+    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *extra)
 
 
 def _c_toolchain() -> Toolchain:
@@ -382,7 +383,6 @@ def _emit(
     _count("emitted")
     dump = config.dump_dir()
     if dump is not None:
-        dump.mkdir(parents=True, exist_ok=True)
         disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
     library, error = _compile_nest(nest, source, dtypes, rebuild)
     warning = error and (

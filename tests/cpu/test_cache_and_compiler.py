@@ -168,3 +168,41 @@ def test_unbalanced_quotes_in_cflags_name_the_variable(monkeypatch, flags: str) 
 def test_generated_code_the_compiler_rejects_is_still_a_bug(cache: pathlib.Path) -> None:
     with pytest.raises(BuildError, match="tensordsl bug"):
         compile_c("int broken(void) { return }\n")
+
+
+# ---- Issue 27: settings that raised a plain ValueError, a raw OSError or meant yes ----
+
+
+@pytest.mark.parametrize(
+    "name, value, read",
+    [
+        ("TENSORDSL_BUILD_JOBS", "abc", config.build_jobs),
+        ("TENSORDSL_CUDA_EMULATE", "yes", config.cuda_emulate),
+        ("TENSORDSL_FUSE", "maybe", config.fuse_programs),
+        ("TENSORDSL_DUMP_DIR", "/proc/x", config.dump_dir),
+        ("TENSORDSL_CC", "'gcc", config.c_compiler),
+    ],
+)
+def test_unusable_settings_are_setting_errors(monkeypatch, name: str, value: str, read) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingError, match=f"{name}="):
+        read()
+
+
+@pytest.mark.parametrize(
+    "value, fused",
+    [("false", False), ("off", False), ("0", False), ("true", True), ("yes", True), ("1", True)],
+)
+def test_fuse_reads_yes_and_no_words(monkeypatch, value: str, fused: bool) -> None:
+    monkeypatch.setenv("TENSORDSL_FUSE", value)
+    assert config.fuse_programs() is fused
+
+
+def test_compiler_setting_with_flags(cache: pathlib.Path, monkeypatch) -> None:
+    """`TENSORDSL_CC="cc -O0"`: the compiler is its first word, the rest are flags."""
+    monkeypatch.setenv("TENSORDSL_CC", f"{config.c_compiler()} -O0 -DTDSL_ISSUE_27=1")
+    assert shutil.which(config.c_compiler()) is not None
+    assert config.c_compiler_flags() == ("-O0", "-DTDSL_ISSUE_27=1")
+    assert build.compile_flags()[-2:] == ("-O0", "-DTDSL_ISSUE_27=1")
+    constant = np.random.default_rng().uniform(1, 2)
+    run(scaled(constant), constant)
