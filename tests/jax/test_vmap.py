@@ -198,3 +198,15 @@ def test_jacrev_and_forward_mode():
         jax.jvp(k, (P, Q), (P, Q))
     with pytest.raises(UnsupportedError, match="forward-mode"):
         jax.jacfwd(k)(P, Q)
+
+
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_forward_mode_of_a_program_is_as_documented(fuse: str, monkeypatch) -> None:
+    """docs/jax.md and docs/language.md (issue 27): a fused program raises JAX's TypeError
+    for custom_vjp functions; unfused, its kernels raise UnsupportedError."""
+    monkeypatch.setenv("TENSORDSL_FUSE", fuse)
+    k = td.kernel("S[i,j] := X[i,j]^2\nY[i] := S[i,j]", backend="reference")
+    X = np.random.default_rng(27).uniform(-1, 1, (4, 3))
+    expected = (TypeError, "custom_vjp") if fuse == "1" else (UnsupportedError, "forward-mode")
+    with pytest.raises(expected[0], match=expected[1]):
+        jax.jvp(k, (X,), (X,))
