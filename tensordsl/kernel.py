@@ -153,7 +153,7 @@ class Kernel:
         )
 
     @deeply
-    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> jax.Array:
         values = [
             arguments.input_array(name, value, self.source_text)
             for name, value in zip(

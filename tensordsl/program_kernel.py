@@ -253,7 +253,7 @@ class ProgramKernel:
         return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
 
     @deeply
-    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)
         values = [
             arguments.computed_input(name, value, self.source_text)
