@@ -126,7 +126,25 @@ def compile_c(
     flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = disk_cache.usable_folder(config.cache_dir()) / tool.folder / digest[:2]
+    configured = config.cache_dir()
+    try:
+        return _compile_in(disk_cache.usable_folder(configured), text, digest, tool, flags, rebuild)
+    except OSError as error:  # a full disk: once more in a private folder (warned once)
+        private = disk_cache.give_up(configured, error)
+        return _compile_in(private, text, digest, tool, flags, rebuild)
+
+
+def _compile_in(
+    cache: pathlib.Path,
+    text: str,
+    digest: str,
+    tool: Toolchain,
+    flags: tuple[str, ...],
+    rebuild: bool,
+) -> pathlib.Path:
+    """`compile_c` in the cache folder `cache`; OSError where it cannot be written."""
+    cc = tool.compiler
+    folder = cache / tool.folder / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
     if library.exists() and not rebuild:
