@@ -198,6 +198,17 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tupl
 ad.primitive_jvps[nest_p] = deeply(_jvp)
 
 
+def _linear_transpose(*_: Any, **__: Any) -> Any:
+    """Reached only by `jax.linear_transpose` (reverse mode transposes `tangent_p`)."""
+    raise UnsupportedError(
+        "jax.linear_transpose of a tensordsl kernel is not supported",
+        hint="use jax.vjp (its cotangent function is the transpose of a linear kernel)",
+    )
+
+
+ad.primitive_transposes[nest_p] = _linear_transpose
+
+
 def _jvp_two_nests(
     primals: Sequence[Any], tangents: Sequence[Any], params: dict
 ) -> tuple[Any, Any]:

@@ -14,13 +14,15 @@ inside its array; each failure names the index, the extents and where they came 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
+from typing import Any
 
 import sympy
 
 from codegen.affine import INDEX_LIMIT, Affine
 from codegen.ir import extent_symbol, index_symbol
-from tensordsl.errors import RangeError, ShapeError
+from tensordsl.errors import RangeError, ShapeError, UnsupportedError
 from tensordsl.lower import Lowered
 
 __all__ = ["check_shapes"]
@@ -36,6 +38,29 @@ def _interval(affine: Affine, values: Mapping[str, tuple[int, int]]) -> tuple[in
         low += c * (start if c > 0 else stop - 1)
         high += c * (stop - 1 if c > 0 else start)
     return low, high
+
+
+def concrete_shapes(
+    shapes: Mapping[str, tuple[Any, ...]], source: str
+) -> dict[str, tuple[int, ...]]:
+    """`shapes` with every dimension an int.
+
+    Raises:
+        UnsupportedError: a symbolic dimension (`jax.export` with `symbolic_shape`): kernels
+            are specialised to concrete shapes when traced.
+    """
+    for name, shape in shapes.items():
+        for axis, n in enumerate(shape):
+            if not isinstance(n, numbers.Integral):
+                raise UnsupportedError(
+                    f"axis {axis} of input '{name}' has the symbolic dimension {n!r}",
+                    source,
+                    expected="concrete shapes: kernels are specialised to the shapes they are "
+                    "traced with",
+                    hint="export with concrete shapes (jax.ShapeDtypeStruct((4, 8), ...)), one "
+                    "export per shape",
+                )
+    return {name: tuple(int(n) for n in shape) for name, shape in shapes.items()}
 
 
 def _check_ranks(
@@ -228,6 +253,7 @@ def check_shapes(
     tensordsl.errors.RangeError: index 'k' has extent 3 from axis 1 of 'A' but 4 from axis 0 of 'B'
     ...
     """
+    shapes = concrete_shapes(shapes, lowered.statement.source)
     extents = _check_ranks(lowered, shapes)
     _check_agreement(lowered, extents)
     values = _evaluate_ranges(lowered, extents)
