@@ -30,19 +30,67 @@ def cache_dir() -> pathlib.Path:
 
 
 def dump_dir() -> pathlib.Path | None:
-    """`TENSORDSL_DUMP_DIR`: where every generated source is also written, or None."""
+    """`TENSORDSL_DUMP_DIR`: where every generated source is also written, or None.
+
+    Raises:
+        SettingError: the folder cannot be created.
+    """
     value = os.environ.get("TENSORDSL_DUMP_DIR")
-    return pathlib.Path(value) if value else None
+    if not value:
+        return None
+    folder = pathlib.Path(value)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SettingError(
+            f"TENSORDSL_DUMP_DIR={value!r}: the folder cannot be created ({error.strerror}); "
+            "expected a writable folder, or unset it"
+        ) from None
+    return folder
+
+
+#: The words a yes/no setting accepts (case-insensitive); empty means no.
+FLAGS = {"1": True, "true": True, "yes": True, "on": True, "": False}
+FLAGS |= {"0": False, "false": False, "no": False, "off": False}
+
+
+def _flag(name: str, default: str) -> bool:
+    """A yes/no setting; anything else is a `SettingError` (never silently yes)."""
+    value = os.environ.get(name, default).strip().lower()
+    if value not in FLAGS:
+        raise SettingError(
+            f"{name}={value!r}: expected 1, true, yes, on (yes) or 0, false, no, off (no)"
+        )
+    return FLAGS[value]
 
 
 def debug() -> bool:
     """`TENSORDSL_DEBUG`: verbose build messages and `-g` builds when set (not "0")."""
-    return os.environ.get("TENSORDSL_DEBUG", "0") not in ("", "0")
+    return _flag("TENSORDSL_DEBUG", "0")
 
 
 def c_compiler() -> str:
-    """`TENSORDSL_CC`: the C compiler command (default "cc")."""
-    return os.environ.get("TENSORDSL_CC") or "cc"
+    """`TENSORDSL_CC`: the C compiler (default "cc"): its first word, split like a shell
+    would (`TENSORDSL_CC="gcc -O0"` is gcc; the other words are `c_compiler_flags`).
+
+    Raises:
+        SettingError: the value does not split (an unbalanced quote).
+    """
+    words = _compiler_words()
+    return words[0] if words else "cc"
+
+
+def c_compiler_flags() -> tuple[str, ...]:
+    """The words of `TENSORDSL_CC` after the compiler: flags given with it."""
+    return _compiler_words()[1:]
+
+
+def _compiler_words() -> tuple[str, ...]:
+    value = os.environ.get("TENSORDSL_CC", "")
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as error:
+        raise SettingError(f"TENSORDSL_CC={value!r}: {error}") from None
 
 
 def extra_cflags() -> tuple[str, ...]:
@@ -61,14 +109,14 @@ def extra_cflags() -> tuple[str, ...]:
 def poison_outputs() -> bool:
     """`TENSORDSL_POISON_OUTPUTS`: fill every output with NaN (or -1 for integers) before a
     kernel runs, so that elements a kernel fails to write show up in tests."""
-    return os.environ.get("TENSORDSL_POISON_OUTPUTS", "0") not in ("", "0")
+    return _flag("TENSORDSL_POISON_OUTPUTS", "0")
 
 
 def xla_contractions() -> bool:
     """`TENSORDSL_XLA_CONTRACTIONS`: contractions (with their elementwise companions,
     `codegen.ir.contraction.xla_plan`) run as XLA's dot (`jnp.einsum`) unless set to "0"; "0"
     generates a kernel for them too (to compare, or to test the kernels)."""
-    return os.environ.get("TENSORDSL_XLA_CONTRACTIONS", "1") not in ("", "0")
+    return _flag("TENSORDSL_XLA_CONTRACTIONS", "1")
 
 
 def build_jobs() -> int:
@@ -78,13 +126,13 @@ def build_jobs() -> int:
     size is fixed by the first background build.
 
     Raises:
-        ValueError: for anything but a number of jobs, 0 or more.
+        SettingError: for anything but a number of jobs, 0 or more.
     """
     value = os.environ.get("TENSORDSL_BUILD_JOBS", "").strip()
     if not value:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     if not value.isdigit():
-        raise ValueError(f"TENSORDSL_BUILD_JOBS={value!r}: expected a number of jobs, 0 or more")
+        raise SettingError(f"TENSORDSL_BUILD_JOBS={value!r}: expected a number of jobs, 0 or more")
     return int(value)
 
 
@@ -92,7 +140,7 @@ def fuse_programs() -> bool:
     """`TENSORDSL_FUSE`: programs recompute their large and elementwise intermediates inside
     the statements that read them (`codegen.passes.fusion`) unless set to "0"; "0" runs every
     statement as its own kernel and stores every intermediate (to compare, or to debug)."""
-    return os.environ.get("TENSORDSL_FUSE", "1") not in ("", "0")
+    return _flag("TENSORDSL_FUSE", "1")
 
 
 CPU_CALLS = ("ffi", "callback")
@@ -133,12 +181,12 @@ def cuda_emulate() -> str | None:
     missing barrier changes the result); None when unset or "0".
 
     Raises:
-        ValueError: for any other value.
+        SettingError: for any other value.
     """
     value = os.environ.get("TENSORDSL_CUDA_EMULATE", "").strip().lower()
     if value not in EMULATE_ORDERS:
         expected = ", ".join(repr(v) for v in EMULATE_ORDERS if v)
-        raise ValueError(f"TENSORDSL_CUDA_EMULATE={value!r}: expected one of {expected}")
+        raise SettingError(f"TENSORDSL_CUDA_EMULATE={value!r}: expected one of {expected}")
     return EMULATE_ORDERS[value]
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir.nest import LoopNest
+from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import primitive as jax_bind
@@ -193,7 +194,8 @@ class Kernel:
         table = self.check_shapes(table)
         callables.warm_up(self, self.inputs, table, dtypes, self.nograd)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+    @deeply
+    def __call__(self, /, *args: Any, **kwargs: Any) -> jax.Array:
         """Run the kernel: inputs all by position (in `k.inputs` order) or all by name.
 
         Works on JAX and NumPy arrays and Python numbers, under `jit`, `grad` and `vmap`.
@@ -268,6 +270,7 @@ OPTIONS = (
 )
 
 
+@deeply
 def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     """Parse and check an index expression; nothing is compiled until the first call.
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
 from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.online import pair_stored, unpair
+from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import primitive as jax_bind
@@ -296,7 +298,8 @@ class ProgramKernel:
 
         return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
+    @deeply
+    def __call__(self, /, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
         """Run the program: inputs all by position (in `k.inputs` order) or all by name;
         returns the last statement's output, or a tuple with `outputs=`.
 
@@ -388,7 +391,52 @@ def compiled_statements(
                     f"'{nested.index}' ({nested.start} to {nested.stop})",
                     expected="non-empty reduced ranges in a fused program, or TENSORDSL_FUSE=0",
                 )
+    _check_stored_sizes(program, fused.stored, shapes, values)
     return fused.stored
+
+
+def _memory_bytes() -> int | None:
+    """The machine's physical memory, where the OS says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_stored_sizes(
+    program: Program,
+    stored: Sequence[LoopNest],
+    shapes: Mapping[str, Sequence[int]],
+    values: Mapping[str, Any],
+) -> None:
+    """Refuse a stored intermediate larger than the machine's memory before allocating it.
+
+    Fusion recomputes only sums and logsumexps (`codegen.passes.fusion`); a max, min or prod
+    intermediate larger than every input and output is stored (`(prod) S[i,j]` of
+    200000 x 200000 asks for 320 GB), which would fail in the allocator, or worse.
+
+    Raises:
+        UnsupportedError: such an intermediate would not fit in memory.
+    """
+    memory = _memory_bytes()
+    if memory is None:
+        return
+    itemsize = max(
+        (np.dtype(getattr(v, "dtype", np.float64)).itemsize for v in values.values()), default=8
+    )
+    for nest in stored:
+        if nest.output in program.outputs:
+            continue
+        count = math.prod(shapes[nest.output])
+        if count * itemsize > memory:
+            raise UnsupportedError(
+                f"the program stores its intermediate '{nest.output}' ({nest.reduction}) of shape "
+                f"{tuple(shapes[nest.output])}: {count * itemsize} bytes, more than this "
+                f"machine's memory ({memory} bytes)",
+                expected="a stored intermediate that fits in memory (only sums and logsumexps "
+                "are recomputed inside their readers)",
+                hint="reduce inside the statement that reads it, or split the computation",
+            )
 
 
 @functools.lru_cache(maxsize=256)

@@ -91,7 +91,8 @@ def compile_flags() -> tuple[str, ...]:
     debug = ("-g",) if config.debug() else ()
     openmp = openmp_flags(cc, BASE_FLAGS)
     vector_math = libmvec_flags(cc, (*BASE_FLAGS, *openmp))
-    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *config.extra_cflags())
+    extra = (*config.c_compiler_flags(), *config.extra_cflags())
+    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *extra)
 
 
 def _c_toolchain() -> Toolchain:
@@ -127,7 +128,25 @@ def compile_c(
     flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
     digest = hashlib.sha256(material.encode()).hexdigest()
-    folder = disk_cache.usable_folder(config.cache_dir()) / tool.folder / digest[:2]
+    configured = config.cache_dir()
+    try:
+        return _compile_in(disk_cache.usable_folder(configured), text, digest, tool, flags, rebuild)
+    except OSError as error:  # a full disk: once more in a private folder (warned once)
+        private = disk_cache.give_up(configured, error)
+        return _compile_in(private, text, digest, tool, flags, rebuild)
+
+
+def _compile_in(
+    cache: pathlib.Path,
+    text: str,
+    digest: str,
+    tool: Toolchain,
+    flags: tuple[str, ...],
+    rebuild: bool,
+) -> pathlib.Path:
+    """`compile_c` in the cache folder `cache`; OSError where it cannot be written."""
+    cc = tool.compiler
+    folder = cache / tool.folder / digest[:2]
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{digest}.so"
     if library.exists() and not rebuild:
@@ -384,7 +403,6 @@ def _emit(
     _count("emitted")
     dump = config.dump_dir()
     if dump is not None:
-        dump.mkdir(parents=True, exist_ok=True)
         disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
     library, error = _compile_nest(nest, source, dtypes, rebuild)
     warning = error and (

@@ -229,6 +229,9 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
     reduced_tests: list[tuple[sympy.Expr, ...]] = []
     edge_origin: list[int] = []  # the term of `e` each term of `edge` comes from
     reduced_origin: list[int] = []
+    # Only a sum (or a one-pass nest) holds several terms (`LoopNest`): a max, min or prod
+    # with a one-sided mask keeps its edge tiles tested per lane, unsplit.
+    split = e.nest.reduction == "sum" or bool(e.nest.online)
     for n, term in enumerate(e.nest.terms):
         kept, relaxed, lane, relaxed_reduced, lane_reduced = [], [], [], [], []
         for c in term.constraints:
@@ -263,7 +266,7 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
             (edge, tests, edge_origin, relaxed, lane),
             (reduced_edge, reduced_tests, reduced_origin, relaxed_reduced, lane_reduced),
         ):
-            parts = _tested_parts(term, kept, relaxed_here, lane_here, tiled, starts)
+            parts = _tested_parts(term, kept, relaxed_here, lane_here, tiled, starts, split)
             terms += [part for part, _ in parts]
             term_tests += [lanes for _, lanes in parts]
             origin += [n] * len(parts)
@@ -295,6 +298,7 @@ def _tested_parts(
     lane: list[sympy.Expr],
     tiled: dict[sympy.Symbol, int],
     starts: dict[sympy.Symbol, sympy.Symbol],
+    split: bool = True,
 ) -> list[tuple[Term, tuple[sympy.Expr, ...]]]:
     """`term` in a tile whose lanes test `lane` (with the loops bounded by `relaxed`), as
     terms with their lane tests. A single lane constraint that bounds a reduced loop (a
@@ -302,7 +306,7 @@ def _tested_parts(
     every row and lane of a full tile, the loop runs untested; the rest is tested per lane.
     A causal tile then tests its last `rows` values of j rather than all of them."""
     tested = dataclasses.replace(term, constraints=(*kept, *relaxed))
-    if len(lane) != 1 or not lane[0].free_symbols & set(term.reduced_indices):
+    if not split or len(lane) != 1 or not lane[0].free_symbols & set(term.reduced_indices):
         return [(tested, tuple(lane))]
     (c,) = lane
     coefficients = affine_parts(c, tuple(tiled))

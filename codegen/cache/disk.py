@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import _ctypes
 import atexit
+import contextlib
 import ctypes
 import functools
 import os
@@ -33,8 +34,10 @@ import shutil
 import struct
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from codegen.config import SettingError
 
@@ -46,13 +49,42 @@ _LAYOUTS = {
 }
 
 
+#: A temporary file older than this (seconds) is left over from a process that died (a
+#: build killed by SIGKILL, a full disk): removed by the next write to its folder. No
+#: write or build in progress is this old.
+STALE_AFTER = 3600.0
+
+
+def remove_stale(folder: pathlib.Path, *, age: float = STALE_AFTER) -> None:
+    """Remove `*.tmp` files in `folder` last changed more than `age` seconds ago."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):  # another process may remove it first
+                    if now - entry.stat().st_mtime > age:
+                        os.unlink(entry.path)
+
+
 def atomic_write(path: pathlib.Path, data: bytes) -> None:
-    """Write `data` to a temporary file next to `path`, then rename it to `path`."""
+    """Write `data` to a temporary file next to `path`, then rename it to `path`; where
+    the write fails (a full disk), the temporary file is removed and the error raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            _write(handle, data, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _write(handle: Any, data: bytes, name: str) -> None:
+    """`handle.write(data)` to the file `name` (a seam for tests that fill the disk)."""
+    handle.write(data)
 
 
 def _writable(folder: pathlib.Path) -> bool:
@@ -66,6 +98,24 @@ def _writable(folder: pathlib.Path) -> bool:
     return True
 
 
+#: Cache folders a write failed in (a full disk), and the private folder used instead.
+_REPLACED: dict[pathlib.Path, pathlib.Path] = {}
+
+
+def give_up(configured: pathlib.Path, error: OSError) -> pathlib.Path:
+    """The private folder to use instead of `configured`, where a write failed (warned
+    about once); `usable_folder(configured)` returns it from now on.
+
+    Raises:
+        SettingError: no temporary folder can be made either.
+    """
+    if configured not in _REPLACED:
+        reason = error.strerror or str(error)
+        _REPLACED[configured] = _private(configured, f"a write failed there ({reason})")
+        usable_folder.cache_clear()
+    return _REPLACED[configured]
+
+
 @functools.lru_cache(maxsize=8)
 def usable_folder(configured: pathlib.Path) -> pathlib.Path:
     """`configured` when it can be created and written, else a private temporary folder
@@ -74,8 +124,14 @@ def usable_folder(configured: pathlib.Path) -> pathlib.Path:
     Raises:
         SettingError: no temporary folder can be made either.
     """
+    if configured in _REPLACED:
+        return _REPLACED[configured]
     if _writable(configured / "c"):
         return configured
+    return _private(configured, "it cannot be created or written")
+
+
+def _private(configured: pathlib.Path, why: str) -> pathlib.Path:
     try:
         private = pathlib.Path(tempfile.mkdtemp(prefix="tensordsl-cache-"))
     except OSError as error:
@@ -85,7 +141,7 @@ def usable_folder(configured: pathlib.Path) -> pathlib.Path:
         ) from None
     atexit.register(shutil.rmtree, private, ignore_errors=True)
     warnings.warn(
-        f"tensordsl: the kernel cache folder {configured} cannot be created or written; "
+        f"tensordsl: the kernel cache folder {configured} is not used: {why}; "
         f"using the private folder {private} for this process (set TENSORDSL_CACHE_DIR to "
         "a writable folder to keep compiled kernels between runs)",
         stacklevel=4,

@@ -69,7 +69,7 @@ from codegen.emit.loop_order import (
     validate_shared_strategy,
 )
 from codegen.ir.contraction import xla_contraction
-from codegen.ir.nest import LoopNest
+from codegen.ir.nest import LoopNest, Reduce
 
 GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "xla")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
@@ -115,11 +115,15 @@ class GpuSchedule(LoopOrder):
 def split_contraction(
     nest: LoopNest, row: str, vector: str
 ) -> tuple[sympy.Expr, sympy.Expr] | None:
-    """`(a, b)` with body `a*b`, `a` free of `vector` and `b` free of `row`, else None."""
+    """`(a, b)` with body `a*b`, `a` free of `vector` and `b` free of `row`, else None.
+
+    A body with a nested reduction (an inlined intermediate, attention's scores) is None:
+    the smem strategy loads each element of a tile as one expression, with no loop of its
+    own for a nested reduction (issue 27: attention whose K and V lack the batch index)."""
     if nest.reduction != "sum" or len(nest.terms) != 1:
         return None
     (term,) = nest.terms
-    if not term.reduced or term.guard != sympy.true:
+    if not term.reduced or term.guard != sympy.true or term.body.atoms(Reduce):
         return None
     a_factors: list[sympy.Expr] = []
     b_factors: list[sympy.Expr] = []

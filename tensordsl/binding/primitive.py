@@ -33,6 +33,7 @@ from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from codegen.passes import grad, gradient_rules
 from codegen.passes.batch import batch_nest
+from codegen.recursion import deeply
 from tensordsl.backends import table
 from tensordsl.binding import one_pass as online
 from tensordsl.binding import partitioning, private_jax
@@ -150,7 +151,9 @@ tangent_p = private_jax.primitive(
 )
 
 
-mlir.register_lowering(nest_p, mlir.lower_fun(partitioning.run_nest, multiple_results=False))
+mlir.register_lowering(
+    nest_p, mlir.lower_fun(deeply(partitioning.run_nest), multiple_results=False)
+)
 private_jax.requires_devices_during_lowering(nest_p)
 
 
@@ -172,7 +175,7 @@ def _batch(args: Sequence[Any], dims: Sequence[Any], **params: Any) -> tuple[jax
     return _bind(nest_p, moved, **new_params), 0
 
 
-batching.primitive_batchers[nest_p] = _batch
+batching.primitive_batchers[nest_p] = deeply(_batch)
 
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
@@ -202,7 +205,18 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tupl
     return output, tangent
 
 
-ad.primitive_jvps[nest_p] = _jvp
+ad.primitive_jvps[nest_p] = deeply(_jvp)
+
+
+def _linear_transpose(*_: Any, **__: Any) -> Any:
+    """Reached only by `jax.linear_transpose` (reverse mode transposes `tangent_p`)."""
+    raise UnsupportedError(
+        "jax.linear_transpose of a tensordsl kernel is not supported",
+        hint="use jax.vjp (its cotangent function is the transpose of a linear kernel)",
+    )
+
+
+ad.primitive_transposes[nest_p] = _linear_transpose
 
 
 def _jvp_two_nests(
@@ -264,7 +278,7 @@ def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
     return [*nonlinear, *gradients]
 
 
-ad.primitive_transposes[tangent_p] = _transpose
+ad.primitive_transposes[tangent_p] = deeply(_transpose)
 
 
 def _forward_mode(*_: Any, **__: Any) -> Any:

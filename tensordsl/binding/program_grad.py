@@ -35,6 +35,7 @@ from codegen.passes import grad, gradient_rules
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from codegen.passes.online import pair_stored
+from codegen.recursion import deeply
 from tensordsl.binding import one_pass as online
 from tensordsl.binding.primitive import call_nest, is_differentiable
 from tensordsl.errors import user_facing
@@ -104,10 +105,10 @@ class FusedProgram:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
         self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
         self.backend, self.nograd, self.precision = backend, nograd, precision
-        self.call = jax.custom_vjp(self._run)
+        self.call = jax.custom_vjp(deeply(self._run))
         # Symbolic zeros: the backward knows which inputs are differentiated and which
         # outputs' cotangents are zero, and runs nothing for the others.
-        self.call.defvjp(self._forward, self._backward, symbolic_zeros=True)
+        self.call.defvjp(deeply(self._forward), deeply(self._backward), symbolic_zeros=True)
 
     # -- forward -------------------------------------------------------------------------
 

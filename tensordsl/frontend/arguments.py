@@ -17,6 +17,7 @@ Nothing the user passed is modified.
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -204,6 +205,15 @@ def input_array(name: str, value: Any, source: str) -> Any:
     import jax
     import jax.numpy as jnp
 
+    order = getattr(getattr(value, "dtype", None), "byteorder", "=")
+    if isinstance(value, np.ndarray) and order not in ("=", "|") and order != _NATIVE:
+        raise InputError(
+            f"input '{name}' has non-native byte order ({value.dtype.str}): kernels read "
+            "numbers in this machine's byte order",
+            source,
+            expected=f"an array in native byte order ({value.dtype.newbyteorder('=').str})",
+            hint=f"pass {name}.astype({value.dtype.newbyteorder('=').name!r})",
+        )
     if not isinstance(value, jax.Array):
         try:
             value = jnp.asarray(value)
@@ -220,7 +230,23 @@ def input_array(name: str, value: Any, source: str) -> Any:
             expected="a real array",
             hint="run the real and imaginary parts through separate kernels",
         )
+    if np.dtype(value.dtype).name not in INPUT_DTYPES:
+        raise UnsupportedError(
+            f"input '{name}' has dtype {np.dtype(value.dtype).name}, which kernels do not read",
+            source,
+            expected=f"one of {', '.join(INPUT_DTYPES)}",
+            hint=f"pass {name}.astype('float32')",
+        )
     return value
+
+
+_NATIVE = "<" if sys.byteorder == "little" else ">"
+#: The dtypes an input may have: floats are computed in, integers and bool converted
+#: (`computed_dtype`); float8, int4 and the like are refused by name.
+INPUT_DTYPES = (
+    "float16", "bfloat16", "float32", "float64", "bool",
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+)  # fmt: skip
 
 
 def computed_dtype(dtype: Any) -> np.dtype:

@@ -1,8 +1,8 @@
 """Call-time shape checks: concrete shapes against a lowered statement.
 
 Ranks, agreeing extents for every index used unshifted, non-empty ranges of free indices,
-index arithmetic within int64, and every read inside its array; each failure names the
-index, the extents and where they came from.
+index arithmetic within int64, an output whose size in bytes fits int64, and every read
+inside its array; each failure names the index, the extents and where they came from.
 
 >>> from tensordsl.frontend.lower import lower
 >>> from tensordsl.frontend.parse import parse
@@ -13,13 +13,16 @@ index, the extents and where they came from.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
+from typing import Any
 
 import sympy
 
 from codegen.ir.affine import INDEX_LIMIT, Affine
 from codegen.ir.nest import extent_symbol, index_symbol
-from tensordsl.errors import RangeError, ShapeError
+from tensordsl.errors import RangeError, ShapeError, UnsupportedError
 from tensordsl.frontend.lower import Lowered
 
 __all__ = ["check_shapes"]
@@ -42,6 +45,29 @@ def _interval(
         low += c * (start if c > 0 else stop - 1)
         high += c * (stop - 1 if c > 0 else start)
     return low, high
+
+
+def concrete_shapes(
+    shapes: Mapping[str, tuple[Any, ...]], source: str
+) -> dict[str, tuple[int, ...]]:
+    """`shapes` with every dimension an int.
+
+    Raises:
+        UnsupportedError: a symbolic dimension (`jax.export` with `symbolic_shape`): kernels
+            are specialised to concrete shapes when traced.
+    """
+    for name, shape in shapes.items():
+        for axis, n in enumerate(shape):
+            if not isinstance(n, numbers.Integral):
+                raise UnsupportedError(
+                    f"axis {axis} of input '{name}' has the symbolic dimension {n!r}",
+                    source,
+                    expected="concrete shapes: kernels are specialised to the shapes they are "
+                    "traced with",
+                    hint="export with concrete shapes (jax.ShapeDtypeStruct((4, 8), ...)), one "
+                    "export per shape",
+                )
+    return {name: tuple(int(n) for n in shape) for name, shape in shapes.items()}
 
 
 def _check_ranks(
@@ -168,6 +194,26 @@ def _check_int64(
                 )
 
 
+#: The most elements an output may hold: its size in bytes (8 a value at most) must fit
+#: int64, or XLA aborts the process ("overflow in static extent product") rather than raise.
+OUTPUT_LIMIT = INDEX_LIMIT // 8
+
+
+def _check_output_size(lowered: Lowered, values: Mapping[str, tuple[int, int]]) -> None:
+    free = [r.index.name for r in lowered.ranges[: len(lowered.nest.free)]]
+    shape = tuple(max(values[n][1] - values[n][0], 0) for n in free)
+    count = math.prod(shape)
+    if count > OUTPUT_LIMIT:
+        statement = lowered.statement
+        raise RangeError(
+            f"the output '{lowered.nest.output}' would have shape {shape}: {count} elements",
+            statement.source,
+            lowered.index_span(free[0]),
+            expected=f"at most {OUTPUT_LIMIT} elements (an array's size in bytes must fit int64)",
+            hint="narrow ranges= or the inputs' shapes",
+        )
+
+
 def _check_reads(
     lowered: Lowered, extents: Mapping[sympy.Symbol, int], values: Mapping[str, tuple[int, int]]
 ) -> None:
@@ -218,9 +264,11 @@ def check_shapes(
     tensordsl.errors.RangeError: index 'k' has extent 3 from axis 1 of 'A' but 4 from axis 0 of 'B'
     ...
     """
+    shapes = concrete_shapes(shapes, lowered.statement.source)
     extents = _check_ranks(lowered, shapes)
     _check_agreement(lowered, extents)
     values = _evaluate_ranges(lowered, extents)
     _check_int64(lowered, extents, values)
+    _check_output_size(lowered, values)
     _check_reads(lowered, extents, values)
     return extents

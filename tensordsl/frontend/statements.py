@@ -37,7 +37,7 @@ from tensordsl.errors import (
 )
 from tensordsl.frontend.lower import Lowered, lower, reduction_hint
 from tensordsl.frontend.parse import Span, Statement, parse
-from tensordsl.frontend.shapes import check_shapes
+from tensordsl.frontend.shapes import check_shapes, concrete_shapes
 from tensordsl.frontend.translate import Translation, translate
 
 __all__ = [
@@ -303,7 +303,7 @@ def check_program_shapes(
     Raises:
         ShapeError, RangeError: as `check_shapes`, the caret in the program source.
     """
-    known = {name: tuple(int(n) for n in shape) for name, shape in shapes.items()}
+    known = concrete_shapes(shapes, lowered.source)
     for statement in lowered.statements:
         check_shapes(statement, known)
         known[statement.nest.output] = output_shape(statement.nest, known)

@@ -3,9 +3,11 @@ folder falls back to a private one, and a broken compiler setting is the user's,
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import shutil
+import time
 import warnings
 
 import numpy as np
@@ -169,3 +171,89 @@ def test_unbalanced_quotes_in_cflags_name_the_variable(monkeypatch, flags: str) 
 def test_generated_code_the_compiler_rejects_is_still_a_bug(cache: pathlib.Path) -> None:
     with pytest.raises(BuildError, match="tensordsl bug"):
         compile_c("int broken(void) { return }\n")
+
+
+# ---- Issue 27: settings that raised a plain ValueError, a raw OSError or meant yes ----
+
+
+@pytest.mark.parametrize(
+    "name, value, read",
+    [
+        ("TENSORDSL_BUILD_JOBS", "abc", config.build_jobs),
+        ("TENSORDSL_CUDA_EMULATE", "yes", config.cuda_emulate),
+        ("TENSORDSL_FUSE", "maybe", config.fuse_programs),
+        ("TENSORDSL_DUMP_DIR", "/proc/x", config.dump_dir),
+        ("TENSORDSL_CC", "'gcc", config.c_compiler),
+    ],
+)
+def test_unusable_settings_are_setting_errors(monkeypatch, name: str, value: str, read) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingError, match=f"{name}="):
+        read()
+
+
+@pytest.mark.parametrize(
+    "value, fused",
+    [("false", False), ("off", False), ("0", False), ("true", True), ("yes", True), ("1", True)],
+)
+def test_fuse_reads_yes_and_no_words(monkeypatch, value: str, fused: bool) -> None:
+    monkeypatch.setenv("TENSORDSL_FUSE", value)
+    assert config.fuse_programs() is fused
+
+
+def test_compiler_setting_with_flags(cache: pathlib.Path, monkeypatch) -> None:
+    """`TENSORDSL_CC="cc -O0"`: the compiler is its first word, the rest are flags."""
+    monkeypatch.setenv("TENSORDSL_CC", f"{config.c_compiler()} -O0 -DTDSL_ISSUE_27=1")
+    assert shutil.which(config.c_compiler()) is not None
+    assert config.c_compiler_flags() == ("-O0", "-DTDSL_ISSUE_27=1")
+    assert build.compile_flags()[-2:] == ("-O0", "-DTDSL_ISSUE_27=1")
+    constant = np.random.default_rng().uniform(1, 2)
+    run(scaled(constant), constant)
+
+
+# ---- Issue 27: a full disk, and temporaries a killed build left ----
+
+
+def test_a_full_cache_disk_falls_back_with_one_warning(
+    cache: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every write into the cache folder fails with ENOSPC: kernels still build and run (in
+    a private folder, one warning) and no temporary file is left behind."""
+    from codegen.cache import disk as disk_cache
+
+    write = disk_cache._write
+
+    def full(handle, data, name):
+        if name.startswith(str(cache)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(handle, data, name)
+
+    monkeypatch.setattr(disk_cache, "_write", full)
+    monkeypatch.setattr(disk_cache, "_REPLACED", {})
+    disk_cache.usable_folder.cache_clear()
+    constants = np.random.default_rng().uniform(1, 2, size=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for constant in constants:
+            run(scaled(constant), constant)
+    messages = [str(w.message) for w in caught if "TENSORDSL_CACHE_DIR" in str(w.message)]
+    assert len(messages) == 1 and "No space left on device" in messages[0], messages
+    assert not list(cache.rglob("*.tmp"))
+    disk_cache.usable_folder.cache_clear()
+
+
+def test_stale_temporaries_are_removed(cache: pathlib.Path) -> None:
+    """A build killed by SIGKILL leaves `*.so.tmp`; the next write to its folder removes it
+    once it is older than `STALE_AFTER`, and leaves a fresh one (a build in progress)."""
+    from codegen.cache import disk as disk_cache
+
+    constant = np.random.default_rng().uniform(1, 2)
+    run(scaled(constant), constant)
+    (folder,) = {p.parent for p in cache.glob("c/*/*.so")}
+    stale, fresh = folder / "0123.abc.so.tmp", folder / "4567.def.so.tmp"
+    stale.write_bytes(b"half a library")
+    fresh.write_bytes(b"a build in progress")
+    old = time.time() - disk_cache.STALE_AFTER - 60
+    os.utime(stale, (old, old))
+    disk_cache.atomic_write(folder / "another.c", b"int x;\n")
+    assert not stale.exists() and fresh.exists()

@@ -28,6 +28,7 @@ from codegen import config
 from codegen.c.build import clear_memory_cache
 from tensordsl.backends import reference
 from tests.fuzzing import (
+    IDENTITY_TEXT,
     REDUCTIONS,
     Draw,
     draws,
@@ -35,6 +36,7 @@ from tests.fuzzing import (
     first_extremum,
     inputs_for,
     long_run,
+    masked_draws,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -158,6 +160,24 @@ def test_special_values_and_zero_factors_match_the_reference(reduce: str, data) 
     check(data.draw(draws(reduce=reduce, specials=True)))
 
 
+MASKED = settings(FUZZ, max_examples=examples(10))
+
+
+@MASKED
+@given(masked_draws())
+def test_one_sided_masks_match_the_reference(case: Draw) -> None:
+    check(case)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max", "min", "prod", "logsumexp"])
+@pytest.mark.parametrize("mask", ["j <= i", "j > i + 1", "j < 3"])
+def test_one_sided_mask_of_every_reduction(reduce: str, mask: str) -> None:
+    """Issue 27: the tile strategy split a masked max, min or prod into several terms
+    (`AssertionError: only sums have several terms`)."""
+    source = f"Y[i] := where({mask}, A[i, j], {IDENTITY_TEXT[reduce]})"
+    check(Draw(source, reduce, (), (("A", (17, 13)),), "float32", 27))
+
+
 #: Every case a fuzz run found, with what it found; each passes now.
 FOUND = [
     # The saved argmax of weakly typed inputs (a weak int32) was compiled for int64 and the
@@ -203,6 +223,27 @@ FOUND = [
         2895,
     ),
 ]
+
+
+#: Found by `test_one_sided_masks_match_the_reference` (issue 27) and not fixed yet: the
+#: gradient of B tiles `dB[p]` with the bound `j <= floordiv(p, 2)`, and the C tile
+#: strategy prints that bound with a lane variable (`v_i0`) it never declares.
+FOUND_OPEN = [
+    Draw(
+        "Y[i] := where(j < i + 1, (B[2i] + A[i, j]), 0)",
+        "sum",
+        (),
+        (("A", (9, 9)), ("B", (17,))),
+        "float64",
+        0,
+    ),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="C tiles: undeclared lane variable v_i0 (issue 27)")
+@pytest.mark.parametrize("case", FOUND_OPEN, ids=lambda case: f"{case.reduce} {case.source}")
+def test_cases_the_fuzzer_found_still_open(case: Draw) -> None:
+    check(case)
 
 
 @pytest.mark.parametrize("case", FOUND, ids=lambda case: f"{case.reduce} {case.source}")

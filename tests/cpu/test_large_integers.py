@@ -148,3 +148,17 @@ def test_explicit_ranges_beyond_int64_are_refused(ranges, backend) -> None:
     k = td.kernel("Y[i] := X[i] * W[k - 9223372036854775807]", ranges=ranges, backend=backend)
     with pytest.raises(RangeError, match="index 'k' runs over .* beyond int64"):
         k(_inputs(), _inputs())
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "cuda"])
+@pytest.mark.parametrize(
+    "source, ranges",
+    [("Y[i] := i", {"i": INT64_MAX}), ("Y[i,j] := (i == j)", {"i": 2**62, "j": 4})],
+)
+def test_output_too_large_for_any_array(backend: str, source: str, ranges: dict, monkeypatch):
+    """Issue 27: XLA aborted the process (SIGABRT) on an output whose size in bytes leaves
+    int64; the call is refused before JAX sees the shape."""
+    monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+    k = td.kernel(source, ranges=ranges, backend=backend)
+    with pytest.raises(RangeError, match=r"the output 'Y' would have shape .* elements"):
+        k()

@@ -12,7 +12,9 @@ import pytest
 
 import tensordsl as td
 from codegen import config
+from tensordsl import program_kernel as program_module
 from tensordsl.cli import main
+from tensordsl.errors import UnsupportedError
 from tests.corpus import make_inputs
 from tests.program_checks import check_gradients, check_values, program_kernel
 from tests.programs import PROGRAMS, PROGRAMS_BY_NAME, directional_derivative
@@ -209,3 +211,19 @@ def test_attention_never_materialises_the_scores():
     hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(Q, K, V).compile().as_text()
     assert f"[{b},{h},{t},{t}]" not in hlo
     assert "custom-call" in hlo
+
+
+@pytest.mark.parametrize("backend", ["reference", "c", "cuda"])
+def test_a_stored_intermediate_beyond_memory_is_refused(backend: str, monkeypatch) -> None:
+    """Issue 27: a prod intermediate is stored, not recomputed; 200000 x 200000 of them asked
+    the allocator for 160 GB (float32). Refused before anything is allocated."""
+    monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+    monkeypatch.setattr(program_module, "_memory_bytes", lambda: 16 * 2**30)  # any machine
+    rng = np.random.default_rng(27)
+    A, B = rng.uniform(0.5, 1.5, (200_000, 2)), rng.uniform(0.5, 1.5, (200_000, 2))
+    k = td.kernel("(prod) S[i,j] := A[i,k] * B[j,k]\nY[i] := S[i,j]", backend=backend)
+    with pytest.raises(UnsupportedError, match="stores its intermediate 'S' \\(prod\\)"):
+        k(A, B)
+    small = k(A[:5], B[:4])  # the same program where it fits
+    want = np.prod(A[:5, None, :] * B[None, :4, :], axis=2).sum(axis=1)
+    np.testing.assert_allclose(np.asarray(small), want, rtol=1e-5)

@@ -160,3 +160,34 @@ def test_cuda_kernels_without_inputs_compile(name: str) -> None:
     nest = td.kernel(source, ranges=ranges).nest
     cuda = emit_cuda(nest, dtypes={nest.output: "float32"})
     assert f".entry {cuda.entry}(" in nvrtc.compile_source(cuda.text, arch="compute_80").ptx
+
+
+# ---- Issue 27: inputs that raised a raw exception ----
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "cuda"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "int4"])
+def test_unreadable_dtypes_are_refused_by_name(backend, dtype, monkeypatch):
+    monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+    X = jnp.asarray(np.random.default_rng(27).uniform(1, 3, 5), getattr(jnp, dtype))
+    k = td.kernel("Y[i] := X[i] * 2", backend=backend)
+    with pytest.raises(td.UnsupportedError, match=f"input 'X' has dtype {dtype}(.|\\n)*float32"):
+        k(X)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_big_endian_input_says_byte_order(backend):
+    X = np.random.default_rng(27).uniform(-1, 1, 5)
+    k = td.kernel("Y[i] := X[i] * 2", backend=backend)
+    with pytest.raises(td.InputError, match=r"byte order \(>f8\)(.|\n)*astype\('float64'\)"):
+        k(X.astype(">f8"))
+    np.testing.assert_allclose(np.asarray(k(X.astype(">f8").astype("float64"))), X * 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("source", ["Y[i] := self[i] * 2", "T[i] := self[i] * 2\nY[i] := T[i]"])
+def test_an_input_named_self(backend, source):
+    X = np.random.default_rng(28).uniform(-1, 1, 5)
+    got = td.kernel(source, backend=backend)(self=X)
+    got = got[0] if isinstance(got, tuple) else got
+    np.testing.assert_allclose(np.asarray(got), X * 2, rtol=1e-6)

@@ -48,3 +48,46 @@ def test_program_values_and_gradients_match_the_reference(name):
     (ours, our_grads), (want, want_grads) = results("cuda"), results("reference")
     for got, expected in zip((*ours, *our_grads), (*want, *want_grads)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-10, atol=1e-12)
+
+
+SHARED_KV = """
+S[b,h,i,j] := Q[b,h,i,d] * K[j,d] * scale + where(j <= i, 0, -inf)
+(logsumexp) L[b,h,i] := S[b,h,i,j]
+O[b,h,i,e] := exp(S[b,h,i,j] - L[b,h,i]) * V[j,e]
+"""
+PER_QUERY = """
+S[i,j] := Q[i,d] * K[j,d] * scale + where(j <= i, 0, -inf)
+(logsumexp) L[i] := S[i,j]
+O[i,e] := exp(S[i,j] - L[i]) * V[j,e]
+"""
+
+
+@pytest.mark.parametrize("form", ["4-D Q, 2-D K and V", "vmap over Q only"])
+def test_attention_whose_keys_and_values_lack_the_batch_index(form):
+    """Issue 27: the smem strategy was picked for a weighted sum whose weight holds the
+    inlined scores (a nested reduction) and could not print it."""
+    import tensordsl as td
+
+    rng = np.random.default_rng(27)
+    Q, K, V = rng.normal(size=(2, 2, 5, 3)), rng.normal(size=(5, 3)), rng.normal(size=(5, 4))
+    cotangent = rng.normal(size=(2, 2, 5, 4))
+
+    def results(backend):
+        if form == "vmap over Q only":
+            k = td.kernel(PER_QUERY, outputs=("O",), backend=backend)
+            run = jax.vmap(
+                jax.vmap(lambda q, kk, v: k(q, kk, 0.5, v)[0], (0, None, None)), (0, None, None)
+            )
+        else:
+            k = td.kernel(SHARED_KV, outputs=("O",), backend=backend)
+
+            def run(q, kk, v):
+                return k(q, kk, 0.5, v)[0]
+
+        out = run(Q, K, V)
+        grads = jax.grad(lambda *a: jnp.vdot(run(*a), cotangent), argnums=(0, 1, 2))(Q, K, V)
+        return out, grads
+
+    (ours, our_grads), (want, want_grads) = results("cuda"), results("reference")
+    for got, expected in zip((ours, *our_grads), (want, *want_grads)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-10, atol=1e-12)

@@ -198,3 +198,38 @@ def test_jacrev_and_forward_mode():
         jax.jvp(k, (P, Q), (P, Q))
     with pytest.raises(UnsupportedError, match="forward-mode"):
         jax.jacfwd(k)(P, Q)
+
+
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_forward_mode_of_a_program_is_as_documented(fuse: str, monkeypatch) -> None:
+    """docs/jax.md and docs/language.md (issue 27): a fused program raises JAX's TypeError
+    for custom_vjp functions; unfused, its kernels raise UnsupportedError."""
+    monkeypatch.setenv("TENSORDSL_FUSE", fuse)
+    k = td.kernel("S[i,j] := X[i,j]^2\nY[i] := S[i,j]", backend="reference")
+    X = np.random.default_rng(27).uniform(-1, 1, (4, 3))
+    expected = (TypeError, "custom_vjp") if fuse == "1" else (UnsupportedError, "forward-mode")
+    with pytest.raises(expected[0], match=expected[1]):
+        jax.jvp(k, (X,), (X,))
+
+
+def test_linear_transpose_is_unsupported() -> None:
+    """Issue 27: JAX's bare NotImplementedError for the primitive's transpose."""
+    k = td.kernel("Y[i] := X[i] * 2", backend="reference")
+    X = np.random.default_rng(27).uniform(-1, 1, 4)
+    with pytest.raises(UnsupportedError, match="jax.linear_transpose"):
+        jax.linear_transpose(k, X)(X)
+
+
+@pytest.mark.parametrize("source", ["Y[i] := X[i] * 2", "T[i] := X[i] * 2\nY[i] := T[i] + 1"])
+def test_export_with_a_symbolic_dimension_is_unsupported(source: str) -> None:
+    """Issue 27 (docs/jax.md): JAX's InconclusiveDimensionOperation before; concrete shapes
+    export."""
+    from jax import export
+
+    k = td.kernel(source, backend="reference")
+    (n,) = export.symbolic_shape("n")
+    with pytest.raises(UnsupportedError, match="symbolic dimension n"):
+        export.export(jax.jit(k))(jax.ShapeDtypeStruct((n,), jnp.float32))
+    exported = export.export(jax.jit(k))(jax.ShapeDtypeStruct((4,), jnp.float32))
+    X = np.random.default_rng(28).uniform(-1, 1, 4).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(exported.call(X)), np.asarray(k(X)), rtol=1e-6)

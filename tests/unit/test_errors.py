@@ -80,6 +80,13 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
         {"X": (4,), "W": (3,)},
         RangeError,
     ),
+    "output_beyond_int64_bytes": ("Y[i] := i", {"ranges": {"i": 2**63 - 1}}, {}, RangeError),
+    "output_product_beyond_int64_bytes": (
+        "Y[i,j] := (i == j)",
+        {"ranges": {"i": 2**62, "j": 4}},
+        {},
+        RangeError,
+    ),
     "out_of_bounds_explicit": (
         "Y[i] := X[i+j] * W[j+1]",
         {"ranges": {"j": range(-1, 2)}},
