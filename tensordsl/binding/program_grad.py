@@ -103,7 +103,7 @@ class FusedProgram:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
         self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
         self.backend, self.nograd = backend, nograd
-        self.call = jax.custom_vjp(self._run)
+        self.call = jax.custom_vjp(self.run)
         # Symbolic zeros: the backward knows which inputs are differentiated and which
         # outputs' cotangents are zero, and runs nothing for the others.
         self.call.defvjp(self._forward, self._backward, symbolic_zeros=True)
@@ -128,7 +128,8 @@ class FusedProgram:
                 values[nest.output] = found
         return values
 
-    def _run(self, *args: Any) -> tuple[Any, ...]:
+    def run(self, *args: Any) -> tuple[Any, ...]:
+        """The forward, differentiable nest by nest (forward mode: each nest's tangent nest)."""
         values = self._values(args)
         return tuple(values[name] for name in self.outputs)
 
