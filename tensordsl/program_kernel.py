@@ -302,15 +302,7 @@ def run_program(
         # Fused: one differentiable function whose input gradients are one nest each.
         names = tuple(known)
         fused = FusedProgram(nests, names, program.outputs, backend, nograd)
-        args = [known[name] for name in names]
-        try:
-            return fused.call(*args)
-        except TypeError as error:
-            if "forward-mode" not in str(error):
-                raise
-        # JAX refuses forward mode (jvp) through a custom_vjp: the same nests without it,
-        # each differentiated forwards by its own tangent nest.
-        return fused.run(*args)
+        return fused.call(*(known[name] for name in names))
     for nest in nests:
         operands = [known[name] for name in nest.operand_names]
         known[nest.output] = jax_bind.call_nest(
