@@ -110,9 +110,7 @@ def _outermost_reductions(expr: sympy.Basic) -> list[Reduce]:
     return found
 
 
-def _perturbed_occurrences(
-    expr: sympy.Basic, tangents: Mapping[str, str]
-) -> list[sympy.Basic]:
+def _perturbed_occurrences(expr: sympy.Basic, tangents: Mapping[str, str]) -> list[sympy.Basic]:
     """The accesses (and scalar symbols) of perturbed inputs in `expr`, outside reductions."""
     accesses = [a for a in expr.atoms(sympy.Indexed) if a.base.name in tangents]
     tensors = {a.base.name for a in accesses}

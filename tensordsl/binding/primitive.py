@@ -11,8 +11,9 @@
   each itself through `nest_p`, so gradients can be differentiated, batched and jitted again.
   `grad` of a vmapped kernel differentiates the batched nest, whose gradient nests reduce
   unbatched inputs' cotangents over the batch inside the nest.
-  Forward mode (`jvp`, `jacfwd`) would need the tangent term evaluated: it raises
-  `UnsupportedError`.
+  Forward mode (`jvp`, `jacfwd`, `hessian`) evaluates the tangent term: `tangent_p` is
+  lowered, batched and differentiated as its tangent nest (`codegen.passes.jvp`) through
+  `nest_p`, so only its transpose is its own.
 * inside `shard_map`, operands are cast to the same varying manual axes before binding, so the
   output carries the varying type and `out_specs` are checked.
 """
@@ -36,15 +37,9 @@ from codegen.passes.batch import batch_nest
 from tensordsl.backends import table
 from tensordsl.binding import one_pass as online
 from tensordsl.binding import partitioning, private_jax
-from tensordsl.errors import UnsupportedError, user_facing
+from tensordsl.errors import user_facing
 
 Shapes = Mapping[str, tuple[int, ...]]
-
-FORWARD_MODE = (
-    "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian, jax.linearize "
-    "evaluated forwards) of tensordsl kernels is not supported"
-)
-FORWARD_MODE_HINT = "use reverse mode: jax.grad, jax.vjp, jax.jacrev"
 
 
 def is_differentiable(dtype: Any) -> bool:
@@ -287,9 +282,7 @@ def _tangent_call(args: Sequence[Any], params: dict) -> tuple[LoopNest, list[int
         for name, i in zip(found.nest.operand_names, positions)
         if not is_differentiable(jnp.result_type(args[i]))
     )
-    nest_params = _params(
-        found.nest, shapes, params["backend"], params["out_dtype"], integer, None
-    )
+    nest_params = _params(found.nest, shapes, params["backend"], params["out_dtype"], integer, None)
     return found.nest, positions, nest_params
 
 

@@ -4,7 +4,9 @@ Differentiated statement by statement (JAX's chaining of the statements' primiti
 input read by several statements gets one gradient nest per statement, each recomputing what
 they share: attention's Q is read by the logsumexp L and by the weighted sum O, and both of
 its gradient nests recompute the scores and the weights `exp(S - L)`. Here the fused
-program's statements run under one `jax.custom_vjp`:
+program's statements run under one `jax.custom_jvp` whose tangent is a linear primitive
+(`tensordsl.binding.program_jvp`), evaluated forwards as the nests' tangent nests and
+transposed into this backward:
 
 * forward: the stored statements in order (`codegen.passes.fusion`), every value kept;
 * backward: the stored statements in reverse; the cotangent of a stored intermediate is the

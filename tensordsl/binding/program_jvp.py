@@ -18,18 +18,13 @@ in the input tangents:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-program_tangent_p = Primitive("tensordsl_program_tangent")
-program_tangent_p.multiple_results = True
-program_tangent_p.def_impl(partial(dispatch.apply_primitive, program_tangent_p))
+from tensordsl.binding import private_jax
 
 
 def bind(program: Any, values: dict[str, Any], slopes: dict[str, Any]) -> list[Any]:
@@ -65,7 +60,7 @@ def _abstract(*avals: Any, **params: Any) -> list[Any]:
     return [jax.core.ShapedArray(s.shape, s.dtype) for s in shapes]
 
 
-program_tangent_p.def_abstract_eval(_abstract)
+program_tangent_p = private_jax.multiple_results_primitive("tensordsl_program_tangent", _abstract)
 mlir.register_lowering(program_tangent_p, mlir.lower_fun(_impl, multiple_results=True))
 
 

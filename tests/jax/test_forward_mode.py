@@ -14,6 +14,7 @@ import pytest
 
 import tensordsl as td
 from tests.corpus import CORPUS, CORPUS_BY_NAME, make_inputs
+from tests.gpu.test_cuda_backend import EMULATED, REASON
 
 SMOOTH = [c for c in CORPUS if c.differentiable and not c.ties]
 DIFFERENTIABLE = [c for c in CORPUS if c.differentiable]
@@ -74,9 +75,7 @@ def test_jvp_matches_central_differences_reference(case):
     tangents = random_like(values, names, seed=1)
     f = as_function(kernel(case, "reference"), case, values, names)
     output, slope = jax.jvp(f, [values[n] for n in names], tangents)
-    np.testing.assert_allclose(
-        np.asarray(output), case.expected(**values), rtol=1e-10, atol=1e-12
-    )
+    np.testing.assert_allclose(np.asarray(output), case.expected(**values), rtol=1e-10, atol=1e-12)
     expected = central_difference(case, values, names, tangents)
     np.testing.assert_allclose(np.asarray(slope), expected, rtol=1e-5, atol=1e-6)
 
@@ -191,9 +190,11 @@ def test_hessian_and_forward_over_reverse(source, reduce, twin, shapes, backend)
     twin = _twin(source, reduce, twin)
 
     def loss(f):
-        return lambda *a: jnp.sum(jnp.sin(f(*a)) * jnp.arange(1.0, 1.0 + f(*a).size).reshape(
-            jnp.shape(f(*a))
-        ))
+        def value(*a):
+            y = f(*a)
+            return jnp.sum(jnp.sin(y) * jnp.arange(1.0, 1.0 + y.size).reshape(y.shape))
+
+        return value
 
     argnums = tuple(range(len(args)))
     got = jax.jit(jax.hessian(loss(k), argnums))(*args)
@@ -255,8 +256,7 @@ def attention_twin(Q, K, scale, V):
     return jnp.einsum("hij,hje->hie", jnp.exp(S - L[..., None]), V), L
 
 
-@pytest.mark.parametrize("backend", ["reference", "c"])
-@pytest.mark.parametrize("fuse", ["1", "0"])
+@pytest.mark.parametrize("backend, fuse", [("reference", "1"), ("c", "1"), ("reference", "0")])
 def test_program_forward_mode(backend, fuse, monkeypatch):
     """A fused program (the scores inlined as a nested reduction, O+L in one pass on C) and
     the same program unfused: jvp under jit, jacfwd, and forward-over-reverse products."""
@@ -268,8 +268,9 @@ def test_program_forward_mode(backend, fuse, monkeypatch):
     tQ, tK, tV = (rng.uniform(-1, 1, (H, T, D)) for _ in range(3))
 
     def jvp(f):
-        return jax.jit(lambda q, k, v: jax.jvp(lambda *a: f(*a[:2], 0.5, a[2]), (q, k, v),
-                                                (tQ, tK, tV)))(Q, K, V)
+        return jax.jit(
+            lambda q, k, v: jax.jvp(lambda *a: f(*a[:2], 0.5, a[2]), (q, k, v), (tQ, tK, tV))
+        )(Q, K, V)
 
     (got_out, got_slope), (want_out, want_slope) = jvp(attention), jvp(attention_twin)
     for a, b in zip((*got_out, *got_slope), (*want_out, *want_slope)):
@@ -312,3 +313,28 @@ def test_program_hessian_and_vmap_of_jvp():
     got = jax.vmap(lambda t: jax.jvp(softmax, (X,), (t,))[1])(tangents)
     want = jax.vmap(lambda t: jax.jvp(lambda x: jax.nn.softmax(x, -1), (X,), (t,))[1])(tangents)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_cuda_jvp_jacfwd_and_hvp(monkeypatch):
+    """The cuda back end (emulated on the CPU without a GPU): the tangent nests of a sum over
+    an input read twice and of a max, against the reference back end."""
+    if EMULATED:
+        monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+    rng = np.random.default_rng(16)
+    A, tA = rng.uniform(-1, 1, (4, 4)), rng.uniform(-1, 1, (4, 4))
+    for source, reduce in (("C[i,j] := A[i,k] * A[k,j]", "sum"), ("Y[i] := A[i,k]", "max")):
+        cuda = td.kernel(source, reduce=reduce, backend="cuda")
+        reference = td.kernel(source, reduce=reduce, backend="reference")
+        got, want = jax.jvp(cuda, (A,), (tA,)), jax.jvp(reference, (A,), (tA,))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            np.asarray(jax.jacfwd(cuda)(A)), np.asarray(jax.jacfwd(reference)(A)), rtol=1e-12
+        )
+
+        hvp = [
+            jax.jvp(jax.grad(lambda x, f=f: jnp.sum(jnp.sin(f(x)))), (A,), (tA,))[1]
+            for f in (cuda, reference)
+        ]
+        np.testing.assert_allclose(np.asarray(hvp[0]), np.asarray(hvp[1]), rtol=1e-12)
