@@ -298,11 +298,13 @@ def _evaluate_tangent(*args: Any, **params: Any) -> jax.Array:
 
 def _batch_tangent(
     args: Sequence[Any], dims: Sequence[Any], **params: Any
-) -> tuple[jax.Array, int]:
+) -> tuple[jax.Array, int | None]:
     """`tangent_p` batched: its tangent nest, batched like any nest (`jacfwd`)."""
     _, positions, nest_params = _tangent_call(args, params)
-    if not positions:
-        return _evaluate_tangent(*args, **params), None
+    if all(dims[i] is None for i in positions):  # it reads nothing the batch varies
+        return _evaluate_tangent(
+            *[jnp.take(a, 0, d) if d is not None else a for a, d in zip(args, dims)], **params
+        ), None
     return _batch([args[i] for i in positions], [dims[i] for i in positions], **nest_params)
 
 

@@ -338,3 +338,38 @@ def test_cuda_jvp_jacfwd_and_hvp(monkeypatch):
             for f in (cuda, reference)
         ]
         np.testing.assert_allclose(np.asarray(hvp[0]), np.asarray(hvp[1]), rtol=1e-12)
+
+
+def test_program_grad_of_vmap_transposes_the_batched_tangent():
+    """grad of a vmapped fused program: the batched tangent primitive is transposed into
+    batched gradient nests, an unbatched input's gradient summed over the batch."""
+    attention = td.kernel(ATTENTION, outputs=("O", "L"), backend="reference")
+    rng = np.random.default_rng(17)
+    Qs = rng.uniform(-1, 1, (3, 1, 6, 2))
+    K, V = rng.uniform(-1, 1, (1, 6, 2)), rng.uniform(-1, 1, (1, 6, 2))
+
+    def loss(f):
+        def value(qs, k, v):
+            O, L = jax.vmap(lambda q: f(q, k, 0.5, v))(qs)
+            return jnp.sum(jnp.sin(O)) + jnp.sum(L**2)
+
+        return value
+
+    got = jax.jit(jax.grad(loss(attention), (0, 1, 2)))(Qs, K, V)
+    want = jax.grad(loss(attention_twin), (0, 1, 2))(Qs, K, V)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+def test_tangent_that_reads_nothing_batched_and_a_zero_tangent_body():
+    """vmap over a primal the tangent nest does not read; a body whose derivative is 0."""
+    k = td.kernel("Y[i] := X[i,j] * W[j]", backend="c")
+    rng = np.random.default_rng(18)
+    Xs, W, tX = rng.uniform(-1, 1, (3, 4, 5)), rng.uniform(-1, 1, 5), rng.uniform(-1, 1, (4, 5))
+    got = jax.vmap(lambda x: jax.jvp(lambda x: k(x, W), (x,), (tX,))[1])(Xs)
+    np.testing.assert_allclose(np.asarray(got), np.tile(tX @ W, (3, 1)), rtol=1e-12)
+    step = td.kernel("Y[i] := (X[i] > 0) + 0*W[i]", backend="c")
+    X = rng.uniform(-1, 1, 6)
+    _, slope = jax.jvp(step, (X, W[:1].repeat(6)), (np.ones(6), np.ones(6)))
+    np.testing.assert_array_equal(np.asarray(slope), np.zeros(6))
+    assert not np.any(np.asarray(jax.jacfwd(step)(X, X)))
