@@ -41,6 +41,13 @@ def multiple_results_primitive(name: str, abstract_eval: Callable) -> Any:
     return found
 
 
+def shaped_like(model: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An abstract array of this shape and dtype, replicated on `model`'s mesh and varying
+    over its manual axes."""
+    sharding = jax.sharding.NamedSharding(model.sharding.mesh, jax.sharding.PartitionSpec())
+    return core.ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=model.mat)
+
+
 def requires_devices_during_lowering(primitive: Any) -> None:
     """Lowering `primitive` gets the device assignment (custom_partitioning inside it needs it)."""
     dispatch.prim_requires_devices_during_lowering.add(primitive)

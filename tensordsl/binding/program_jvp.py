@@ -31,7 +31,7 @@ def bind(program: Any, values: dict[str, Any], slopes: dict[str, Any]) -> list[A
     """The output tangents of `program` (a `FusedProgram`) for the tangents `slopes` of its
     perturbed inputs, `values` holding every value its forward computed (its residuals)."""
     names, perturbed = tuple(values), tuple(slopes)
-    args = [*values.values(), *slopes.values()]
+    args = private_jax.same_varying_axes([*values.values(), *slopes.values()])
     return program_tangent_p.bind(
         *args, program=program, names=names, perturbed=perturbed, levels=()
     )
@@ -55,9 +55,19 @@ def _impl(*args: Any, program: Any, names: tuple, perturbed: tuple, levels: tupl
     return _evaluation(program, names, perturbed, levels)(*args)
 
 
-def _abstract(*avals: Any, **params: Any) -> list[Any]:
-    shapes = jax.eval_shape(_evaluation(**params), *avals)
-    return [jax.core.ShapedArray(s.shape, s.dtype) for s in shapes]
+def _abstract(*avals: Any, program: Any, names: tuple, levels: tuple, **_: Any) -> list[Any]:
+    """The outputs' avals (the tangents are shaped like them) with each level's batch axis
+    in front, outermost first; varying over the manual axes of the (cast) arguments."""
+    shapes = [tuple(a.shape) for a in avals]
+    sizes = []
+    for dims in reversed(levels):  # the arguments as they are: outermost level first
+        sizes.append(next(s[d] for s, d in zip(shapes, dims) if d is not None))
+        shapes = [s if d is None else s[:d] + s[d + 1 :] for s, d in zip(shapes, dims)]
+    by_name = dict(zip(names, zip(shapes, avals)))
+    return [
+        private_jax.shaped_like(avals[0], (*sizes, *by_name[name][0]), by_name[name][1].dtype)
+        for name in program.outputs
+    ]
 
 
 program_tangent_p = private_jax.multiple_results_primitive("tensordsl_program_tangent", _abstract)

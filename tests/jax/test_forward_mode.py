@@ -373,3 +373,34 @@ def test_tangent_that_reads_nothing_batched_and_a_zero_tangent_body():
     _, slope = jax.jvp(step, (X, W[:1].repeat(6)), (np.ones(6), np.ones(6)))
     np.testing.assert_array_equal(np.asarray(slope), np.zeros(6))
     assert not np.any(np.asarray(jax.jacfwd(step)(X, X)))
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (conftest.py's XLA_FLAGS)")
+def test_program_inside_shard_map():
+    """A fused program inside shard_map: grad (the tangent primitive varies over the manual
+    axis, so its transpose type-checks) and jvp, against jnp."""
+    attention = td.kernel(ATTENTION, outputs=("O", "L"), backend="reference")
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    rng = np.random.default_rng(19)
+    Q, K, V = (jnp.asarray(rng.uniform(-1, 1, (4, 6, 2))) for _ in range(3))
+    specs = jax.sharding.PartitionSpec("d")
+
+    def mapped(f):
+        return jax.shard_map(
+            lambda q, k, v: f(q, k, 0.5, v),
+            mesh=mesh,
+            in_specs=(specs,) * 3,
+            out_specs=(specs, specs),
+        )
+
+    def loss(f):
+        return lambda q, k, v: jnp.sum(jnp.sin(mapped(f)(q, k, v)[0]))
+
+    got = jax.jit(jax.grad(loss(attention), (0, 1, 2)))(Q, K, V)
+    want = jax.grad(loss(attention_twin), (0, 1, 2))(Q, K, V)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    got = jax.jvp(mapped(attention), (Q, K, V), (V, Q, K))[1]
+    want = jax.jvp(mapped(attention_twin), (Q, K, V), (V, Q, K))[1]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
