@@ -178,7 +178,9 @@ def _twin(source, reduce, twin):
     return conv
 
 
-@pytest.mark.parametrize("source, reduce, twin, shapes", HESSIAN_CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "source, reduce, twin, shapes", HESSIAN_CASES, ids=[f"{c[1]}:{c[0]}" for c in HESSIAN_CASES]
+)
 @pytest.mark.parametrize("backend", ["reference", "c"])
 def test_hessian_and_forward_over_reverse(source, reduce, twin, shapes, backend):
     """hessian (jacfwd of jacrev) and jvp of grad (Hessian-vector products) of a scalar loss
