@@ -406,3 +406,29 @@ def test_program_inside_shard_map():
     want = jax.jvp(mapped(attention_twin), (Q, K, V), (V, Q, K))[1]
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+def test_program_nested_vmaps_grad_and_jvp():
+    """Two vmap levels batching different inputs (V only by the inner one, K by none): the
+    tangent primitive keeps both levels, and grad and jvp agree with jnp."""
+    attention = td.kernel(ATTENTION, outputs=("O", "L"), backend="reference")
+    rng = np.random.default_rng(20)
+    Qs, K = rng.uniform(-1, 1, (2, 3, 1, 5, 2)), rng.uniform(-1, 1, (1, 5, 2))
+    Vs = rng.uniform(-1, 1, (3, 1, 5, 2))
+
+    def loss(f):
+        def value(qs, k, vs):
+            inner = jax.vmap(lambda q, v: f(q, k, 0.5, v))
+            O, L = jax.vmap(lambda qq: inner(qq, vs))(qs)
+            return jnp.sum(jnp.sin(O)) + jnp.sum(L**2)
+
+        return value
+
+    got = jax.grad(loss(attention), (0, 1, 2))(Qs, K, Vs)
+    want = jax.grad(loss(attention_twin), (0, 1, 2))(Qs, K, Vs)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    args = (Qs, K, Vs)
+    got = jax.jvp(loss(attention), args, args)[1]
+    want = jax.jvp(loss(attention_twin), args, args)[1]
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-12)
