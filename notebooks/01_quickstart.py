@@ -109,8 +109,8 @@ check("conv1d", conv, conv_reference, X, W)
 # %% [markdown]
 # ## Under `jax.jit`, and the generated code
 #
-# Kernels are ordinary JAX functions: they work under `jax.jit` and `jax.grad` (not under
-# forward-mode `jax.jvp` — see the limitations in the user guide). `k.source("c")` returns
+# Kernels are ordinary JAX functions: they work under `jax.jit`, `jax.grad`, `jax.vmap` and
+# forward mode (`jax.jvp`, `jax.jacfwd`, `jax.hessian`). `k.source("c")` returns
 # the generated C of every nest; `python -m tensordsl explain SRC --shapes ... --source c`
 # prints it from the command line.
 

@@ -11,8 +11,9 @@
   each itself through `nest_p`, so gradients can be differentiated, batched and jitted again.
   `grad` of a vmapped kernel differentiates the batched nest, whose gradient nests reduce
   unbatched inputs' cotangents over the batch inside the nest.
-  Forward mode (`jvp`, `jacfwd`) would need the tangent term evaluated: it raises
-  `UnsupportedError`.
+  Forward mode (`jvp`, `jacfwd`, `hessian`) evaluates the tangent term: `tangent_p` is
+  lowered, batched and differentiated as its tangent nest (`codegen.passes.jvp`) through
+  `nest_p`, so only its transpose is its own.
 * inside `shard_map`, operands are cast to the same varying manual axes before binding, so the
   output carries the varying type and `out_specs` are checked.
 """
@@ -31,7 +32,7 @@ from jax.interpreters import ad, batching, mlir
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
-from codegen.passes import grad, gradient_rules
+from codegen.passes import grad, gradient_rules, jvp
 from codegen.passes.batch import batch_nest
 from codegen.recursion import deeply
 from tensordsl.backends import table
@@ -40,12 +41,6 @@ from tensordsl.binding import partitioning, private_jax
 from tensordsl.errors import UnsupportedError, user_facing
 
 Shapes = Mapping[str, tuple[int, ...]]
-
-FORWARD_MODE = (
-    "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian, jax.linearize "
-    "evaluated forwards) of tensordsl kernels is not supported"
-)
-FORWARD_MODE_HINT = "use reverse mode: jax.grad, jax.vjp, jax.jacrev"
 
 
 def is_differentiable(dtype: Any) -> bool:
@@ -281,13 +276,73 @@ def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
 ad.primitive_transposes[tangent_p] = deeply(_transpose)
 
 
-def _forward_mode(*_: Any, **__: Any) -> Any:
-    raise UnsupportedError(FORWARD_MODE, hint=FORWARD_MODE_HINT)
+def _tangent_call(args: Sequence[Any], params: dict) -> tuple[LoopNest, list[int], dict]:
+    """The tangent nest of a `tangent_p` call, which of the call's arguments each of its
+    operands is, and its `nest_p` parameters (`codegen.passes.jvp`)."""
+    nest: LoopNest = params["nest"]
+    perturbed, roles = params["perturbed"], params["roles"]
+    n = len(nest.operands)
+    with user_facing():
+        found = jvp.tangent(nest, tuple(perturbed))
+    position = {("input", name): i for i, name in enumerate(nest.operand_names)}
+    position[(gradient_rules.OUTPUT, "")] = n
+    position |= {(role, ""): n + 1 + i for i, role in enumerate(roles)}
+    first_slope = n + 1 + len(roles)
+    position |= {(jvp.TANGENT, name): first_slope + i for i, name in enumerate(perturbed)}
+    tangent_of = dict(found.tangent_of)
+    positions = []
+    for name, role in found.roles:
+        key = name if role == "input" else tangent_of.get(name, "")
+        positions.append(position[(role, key)])
+    output_shape = tuple(np.shape(args[n]))
+    shapes = partitioning.tensor_shapes(nest, args[:n], params["extents"])
+    shapes[nest.output] = shapes[found.nest.output] = output_shape
+    for name, i in zip(found.nest.operand_names, positions):
+        shapes[name] = tuple(np.shape(args[i]))
+    integer = frozenset(
+        name
+        for name, i in zip(found.nest.operand_names, positions)
+        if not is_differentiable(jnp.result_type(args[i]))
+    )
+    nest_params = _params(found.nest, shapes, params["backend"], params["out_dtype"], integer, None)
+    return found.nest, positions, nest_params
 
 
-mlir.register_lowering(tangent_p, _forward_mode)
-batching.primitive_batchers[tangent_p] = _forward_mode
-ad.primitive_jvps[tangent_p] = _forward_mode
+def _evaluate_tangent(*args: Any, **params: Any) -> jax.Array:
+    """`tangent_p` evaluated: its tangent nest, run like any nest."""
+    nest, positions, nest_params = _tangent_call(args, params)
+    operands = [args[i] for i in positions]
+    if not operands:  # the output does not depend on the perturbed inputs
+        output = args[len(params["nest"].operands)]
+        return jnp.zeros(np.shape(output), params["out_dtype"])
+    return _bind(nest_p, operands, **nest_params)
+
+
+def _batch_tangent(
+    args: Sequence[Any], dims: Sequence[Any], **params: Any
+) -> tuple[jax.Array, int | None]:
+    """`tangent_p` batched: its tangent nest, batched like any nest (`jacfwd`)."""
+    _, positions, nest_params = _tangent_call(args, params)
+    if all(dims[i] is None for i in positions):  # it reads nothing the batch varies
+        return _evaluate_tangent(
+            *[jnp.take(a, 0, d) if d is not None else a for a, d in zip(args, dims)], **params
+        ), None
+    return _batch([args[i] for i in positions], [dims[i] for i in positions], **nest_params)
+
+
+def _jvp_tangent(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> Any:
+    """`tangent_p` differentiated: its tangent nest's JVP (forward over forward, HVPs)."""
+    _, positions, nest_params = _tangent_call(primals, params)
+    if not positions:
+        output = _evaluate_tangent(*primals, **params)
+        return output, ad.Zero(jax.typeof(output).to_tangent_aval())
+    return _jvp([primals[i] for i in positions], [tangents[i] for i in positions], **nest_params)
+
+
+mlir.register_lowering(tangent_p, mlir.lower_fun(_evaluate_tangent, multiple_results=False))
+private_jax.requires_devices_during_lowering(tangent_p)
+batching.primitive_batchers[tangent_p] = _batch_tangent
+ad.primitive_jvps[tangent_p] = _jvp_tangent
 
 
 def _gradient(

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 from jax._src import core, dispatch
 from jax._src.lax import utils as lax_utils
+from jax.extend.core import Primitive
 
 
 def primitive(
@@ -29,6 +30,22 @@ def primitive(
         sharding_rule=sharding_rule,
         vma_rule=partial(core.standard_vma_rule, name),
     )
+
+
+def multiple_results_primitive(name: str, abstract_eval: Callable) -> Any:
+    """A primitive of several results with `apply_primitive` as its impl (jit of itself)."""
+    found = Primitive(name)
+    found.multiple_results = True
+    found.def_impl(partial(dispatch.apply_primitive, found))
+    found.def_abstract_eval(abstract_eval)
+    return found
+
+
+def shaped_like(model: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An abstract array of this shape and dtype, replicated on `model`'s mesh and varying
+    over its manual axes."""
+    sharding = jax.sharding.NamedSharding(model.sharding.mesh, jax.sharding.PartitionSpec())
+    return core.ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=model.mat)
 
 
 def requires_devices_during_lowering(primitive: Any) -> None:

@@ -4,7 +4,9 @@ Differentiated statement by statement (JAX's chaining of the statements' primiti
 input read by several statements gets one gradient nest per statement, each recomputing what
 they share: attention's Q is read by the logsumexp L and by the weighted sum O, and both of
 its gradient nests recompute the scores and the weights `exp(S - L)`. Here the fused
-program's statements run under one `jax.custom_vjp`:
+program's statements run under one `jax.custom_jvp` whose tangent is a linear primitive
+(`tensordsl.binding.program_jvp`), evaluated forwards as the nests' tangent nests and
+transposed into this backward:
 
 * forward: the stored statements in order (`codegen.passes.fusion`), every value kept;
 * backward: the stored statements in reverse; the cotangent of a stored intermediate is the
@@ -37,6 +39,7 @@ from codegen.passes.guards import bound_guards
 from codegen.passes.online import pair_stored
 from codegen.recursion import deeply
 from tensordsl.binding import one_pass as online
+from tensordsl.binding import program_jvp
 from tensordsl.binding.primitive import call_nest, is_differentiable
 from tensordsl.errors import user_facing
 
@@ -105,10 +108,10 @@ class FusedProgram:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
         self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
         self.backend, self.nograd, self.precision = backend, nograd, precision
-        self.call = jax.custom_vjp(deeply(self._run))
-        # Symbolic zeros: the backward knows which inputs are differentiated and which
-        # outputs' cotangents are zero, and runs nothing for the others.
-        self.call.defvjp(deeply(self._forward), deeply(self._backward), symbolic_zeros=True)
+        self.call = jax.custom_jvp(deeply(self.run))
+        # Symbolic zeros: the rule knows which inputs are differentiated, and the backward
+        # runs nothing for the others (nor for outputs whose cotangents are zero).
+        self.call.defjvp(deeply(self._jvp), symbolic_zeros=True)
 
     # -- forward -------------------------------------------------------------------------
 
@@ -131,29 +134,49 @@ class FusedProgram:
                 values[nest.output] = found
         return values
 
-    def _run(self, *args: Any) -> tuple[Any, ...]:
+    def run(self, *args: Any) -> tuple[Any, ...]:
+        """The forward, differentiable nest by nest (forward mode: each nest's tangent nest)."""
         values = self._values(args)
         return tuple(values[name] for name in self.outputs)
 
-    def _forward(self, *primals: Any) -> tuple[tuple[Any, ...], tuple]:
-        values = self._values([p.value for p in primals])
-        # Residuals must be arrays: which inputs are differentiated is carried in the static
-        # shape of an empty one, (1, 0) or (0, 0).
-        flags = tuple(jnp.zeros((int(p.perturbed), 0)) for p in primals)
-        return tuple(values[name] for name in self.outputs), (values, flags)
+    def _jvp(self, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
+        """The outputs, and their tangents as one linear primitive whose transpose is the
+        fused backward (`tensordsl.binding.program_jvp`)."""
+        values = self._values(primals)
+        outputs = tuple(values[name] for name in self.outputs)
+        slopes = {
+            name: t
+            for name, value, t in zip(self.inputs, primals, tangents)
+            if not isinstance(t, SymbolicZero)
+            and name not in self.nograd
+            and is_differentiable(jnp.result_type(value))
+        }
+        if not slopes:
+            return outputs, tuple(jnp.zeros_like(out) for out in outputs)
+        return outputs, tuple(program_jvp.bind(self, values, slopes))
+
+    def tangents(self, values: Mapping[str, Any], slopes: Mapping[str, Any]) -> tuple:
+        """The outputs' tangents for the tangents `slopes` of some inputs: the forward's
+        nests differentiated forwards one by one (each its tangent nest)."""
+
+        def forward(*moved: Any) -> tuple[Any, ...]:
+            args = {name: values[name] for name in self.inputs}
+            args.update(zip(slopes, moved))
+            return self.run(*(args[name] for name in self.inputs))
+
+        return jax.jvp(forward, [values[n] for n in slopes], list(slopes.values()))[1]
 
     # -- backward ------------------------------------------------------------------------
 
-    def _backward(self, residuals: tuple, cotangents: tuple[Any, ...]) -> tuple:
-        values, flags = residuals
-        perturbed = frozenset(name for name, f in zip(self.inputs, flags) if f.shape[0])
+    def gradients(
+        self, values: Mapping[str, Any], perturbed: Sequence[str], cotangents: Sequence[Any]
+    ) -> list[Any]:
+        """The gradients of the `perturbed` inputs, in that order, for the outputs'
+        `cotangents` (None for a zero one): the stored statements in reverse, each input's
+        gradient nests merged into one nest and run once."""
         stored_names = {nest.output for nest in self.stored}
-        cotangent = {
-            name: ct
-            for name, ct in zip(self.outputs, cotangents)
-            if not isinstance(ct, SymbolicZero)
-        }
-        needed = _needed(self.stored, perturbed)
+        cotangent = {name: ct for name, ct in zip(self.outputs, cotangents) if ct is not None}
+        needed = _needed(self.stored, frozenset(perturbed))
         parts: dict[str, list[_Part]] = {}
         for nest in reversed(self.stored):
             dy = cotangent.get(nest.output)
@@ -174,10 +197,12 @@ class FusedProgram:
                     )
                 else:
                     parts.setdefault(op.name, []).append(part)
-        return tuple(
-            self._run_parts(parts[name], values[name]) if name in parts else None
-            for name in self.inputs
-        )
+        return [
+            self._run_parts(parts[name], values[name])
+            if name in parts
+            else jnp.zeros_like(values[name])
+            for name in perturbed
+        ]
 
     def _roles(self, nest: LoopNest, values: Mapping[str, Any], dy: Any) -> dict[str, Any]:
         """The values a gradient nest of `nest` reads by role: cotangent, output, saved

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from tensordsl.errors import UnsupportedError
+from tensordsl import UnsupportedError
 from tests.corpus import CORPUS, CORPUS_BY_NAME, make_inputs
 
 B = 3
@@ -190,26 +190,21 @@ def test_second_order_of_vmapped_kernel():
 
 
 def test_jacrev_and_forward_mode():
+    """Reverse and forward mode agree (tests/jax/test_forward_mode.py covers forward mode)."""
     k, truth, (P, Q) = layer("matmul")
     np.testing.assert_allclose(
         np.asarray(jax.jacrev(k, 1)(P, Q)), np.asarray(jax.jacrev(truth, 1)(P, Q)), rtol=1e-12
     )
-    with pytest.raises(UnsupportedError, match="forward-mode"):
-        jax.jvp(k, (P, Q), (P, Q))
-    with pytest.raises(UnsupportedError, match="forward-mode"):
-        jax.jacfwd(k)(P, Q)
-
-
-@pytest.mark.parametrize("fuse", ["1", "0"])
-def test_forward_mode_of_a_program_is_as_documented(fuse: str, monkeypatch) -> None:
-    """docs/jax.md and docs/language.md (issue 27): a fused program raises JAX's TypeError
-    for custom_vjp functions; unfused, its kernels raise UnsupportedError."""
-    monkeypatch.setenv("TENSORDSL_FUSE", fuse)
-    k = td.kernel("S[i,j] := X[i,j]^2\nY[i] := S[i,j]", backend="reference")
-    X = np.random.default_rng(27).uniform(-1, 1, (4, 3))
-    expected = (TypeError, "custom_vjp") if fuse == "1" else (UnsupportedError, "forward-mode")
-    with pytest.raises(expected[0], match=expected[1]):
-        jax.jvp(k, (X,), (X,))
+    rng = np.random.default_rng(5)
+    tangents = (rng.uniform(-1, 1, P.shape), rng.uniform(-1, 1, Q.shape))
+    np.testing.assert_allclose(
+        np.asarray(jax.jvp(k, (P, Q), tangents)[1]),
+        np.asarray(jax.jvp(truth, (P, Q), tangents)[1]),
+        rtol=1e-12,
+    )
+    np.testing.assert_allclose(
+        np.asarray(jax.jacfwd(k, 1)(P, Q)), np.asarray(jax.jacrev(truth, 1)(P, Q)), rtol=1e-12
+    )
 
 
 def test_linear_transpose_is_unsupported() -> None:
