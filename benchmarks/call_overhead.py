@@ -180,7 +180,7 @@ def measure(budget_s: float, info: dict[str, Any]) -> dict[tuple[str, str, str],
 def compile_times(repeats: int) -> tuple[float, float]:
     """Median seconds to compile the matmul kernel alone and with its FFI handler."""
     from codegen import config
-    from codegen.c import build, ffi
+    from codegen.c import compiler, ffi
     from codegen.c.emit import emit_c
 
     nest = td.kernel("C[i,j] := A[i,k] * B[k,j]").nest
@@ -200,7 +200,7 @@ def compile_times(repeats: int) -> tuple[float, float]:
             for name, (text, extra) in texts.items():
                 path = pathlib.Path(tmp) / f"{name}.c"
                 path.write_text(text)
-                command = [config.c_compiler(), *build.compile_flags(), *extra, str(path)]
+                command = [config.c_compiler(), *compiler.compile_flags(), *extra, str(path)]
                 start = time.perf_counter()
                 subprocess.run([*command, "-o", f"{path}.so", "-lm"], check=True)
                 found[name].append(time.perf_counter() - start)

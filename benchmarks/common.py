@@ -259,10 +259,10 @@ def machine() -> dict[str, Any]:
     info["python"] = platform.python_version()
     try:
         from codegen import config
-        from codegen.c import build
+        from codegen.c import compiler
 
-        info["cc"] = build.compiler_version(config.c_compiler())
-        info["cflags"] = " ".join(build.compile_flags())
+        info["cc"] = compiler.compiler_version(config.c_compiler())
+        info["cflags"] = " ".join(compiler.compile_flags())
     except Exception as error:  # noqa: BLE001 - informational only
         info["cc"] = f"unknown ({short(error)})"
     return info

@@ -115,9 +115,9 @@ def jitted(block: Callable[..., Any], ct: Any) -> tuple[Any, Any]:
 
 
 def _builds() -> int:
-    from codegen.c import build
+    from codegen.c import compiler
 
-    return build.STATS["compiles"] + build.STATS["disk_hits"]
+    return compiler.STATS["compiles"] + compiler.STATS["disk_hits"]
 
 
 def check(impl: str, fns: tuple[Any, Any], args: list[Any], want: tuple[Any, Any]) -> dict:
@@ -194,7 +194,7 @@ def slowest_nests(profile: Any, count: int = 10) -> str:
 
 def compile_child(payload: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: seconds of the first (and second) jit(value_and_grad) call."""
-    from codegen.c import build
+    from codegen.c import compiler
 
     if payload.get("jax_cache"):
         # JAX's persistent compilation cache: XLA's compile of the traced program is read
@@ -217,7 +217,7 @@ def compile_child(payload: dict[str, Any]) -> dict[str, Any]:
         seconds.append(time.perf_counter() - start)
         cpu.append([now - then for now, then in zip(_cpu_seconds(), used)])
     first = {"first_s": seconds[0], "first_cpu_s": cpu[0][0], "compiler_cpu_s": cpu[0][1]}
-    return {"defined_s": defined, **first, "second_s": seconds[1], **build.STATS}
+    return {"defined_s": defined, **first, "second_s": seconds[1], **compiler.STATS}
 
 
 def _cpu_seconds() -> tuple[float, float]:
@@ -417,7 +417,7 @@ threads) and in the compilers it ran. On this shared machine the kernel schedule
 fairly between sessions (autogroup), so a loaded machine gives this benchmark about the
 same CPU rate however many threads it runs: wall times here show CPU time, not
 parallelism. "shared": kernels that took the library of a nest with the same canonical
-form (`build.STATS`).
+form (`compiler.STATS`).
 
 {calls_table(calls)}
 

@@ -52,7 +52,7 @@ from benchmarks.common import (
     time_rounds,
     write_outputs,
 )
-from codegen.c import build, vecmath
+from codegen.c import compiler, vecmath
 from codegen.ir.functions import FUNCTIONS
 from tests.cpu.math_sweep import reference, sweep_inputs, ulp_errors
 
@@ -104,7 +104,7 @@ def loop_source(implementation: str) -> str:
 
 
 def load_loops(implementation: str) -> ctypes.CDLL:
-    library = ctypes.CDLL(str(build.compile_c(loop_source(implementation))))
+    library = ctypes.CDLL(str(compiler.compile_c(loop_source(implementation))))
     for name in RANGES:
         function = getattr(library, f"run_{name}")
         function.restype = None

@@ -36,21 +36,21 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
-import os
 import pathlib
-import subprocess
-import sys
-import tempfile
-import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from codegen import config, progress
 from codegen.c import ffi, records
 from codegen.c.compiled import CompiledNest
-from codegen.c.compiler import LIBMVEC_DEFINE, compiler_version, libmvec_flags, openmp_flags
+from codegen.c.compiler import (
+    BuildError,
+    compile_c,
+    compile_flags,
+    compiler_version,
+    count,
+)
 from codegen.c.emit import CSource, emit_c
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.cache import disk as disk_cache
@@ -59,178 +59,10 @@ from codegen.emit.emitter import STORAGE, check_dtypes, entry_name
 from codegen.ir.host import compiled_host_function, host_function
 from codegen.ir.nest import LoopNest, canonical_names, default_dtypes
 
-CACHE_VERSION = 1
-#: -fno-math-errno: libm calls never set errno, so the compiler may hoist and vectorise them
-#: (NaN and inf results unchanged); see benchmarks/RESULTS.md, GPT-style block.
-BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11")
-
-#: Counters for tests and diagnostics: compiler runs, kernels loaded from the disk cache
-#: without compiling, kernels that took the library another nest of the same canonical form
-#: built or loaded in this process, C sources emitted.
-STATS = {"compiles": 0, "disk_hits": 0, "shared": 0, "emitted": 0}
-
-_STATS_LOCK = threading.Lock()
 #: By request; every kernel built or loaded is counted once, for the progress line.
 _BUILT: OnceMap[CompiledNest] = OnceMap(progress.BUILDS)
 _EMITTED: OnceMap[records.KernelRecord] = OnceMap()  # by canonical record digest
 _WARNED: set[_Request] = set()
-
-
-def _count(name: str) -> None:
-    with _STATS_LOCK:
-        STATS[name] += 1
-
-
-class BuildError(RuntimeError):
-    """The C compiler rejected generated code: a tensordsl bug."""
-
-
-def compile_flags() -> tuple[str, ...]:
-    """All flags the compiler is called with (part of the cache key)."""
-    cc = config.c_compiler()
-    debug = ("-g",) if config.debug() else ()
-    openmp = openmp_flags(cc, BASE_FLAGS)
-    vector_math = libmvec_flags(cc, (*BASE_FLAGS, *openmp))
-    extra = (*config.c_compiler_flags(), *config.extra_cflags())
-    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *extra)
-
-
-def _c_toolchain() -> Toolchain:
-    """The C compiler with `compile_flags()`, linking libmvec where they define it."""
-    flags = compile_flags()
-    libraries = ("-lmvec", "-lm") if LIBMVEC_DEFINE in flags else ("-lm",)
-    return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
-
-
-def compile_c(
-    text: str,
-    *,
-    key: object = None,
-    include_dirs: Sequence[pathlib.Path] = (),
-    rebuild: bool = False,
-    toolchain: Toolchain | None = None,
-) -> pathlib.Path:
-    """Compile C source `text` into a cached shared object and return its path.
-
-    Args:
-        text: the C source.
-        key: anything else the shared object depends on (headers outside the source).
-        include_dirs: extra header folders (`-I`).
-        rebuild: compile even when the entry exists (it was found damaged).
-        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
-
-    Raises:
-        BuildError: when the compiler rejects the source; the message gives its path.
-        config.SettingError: when the compiler fails on a one-line program too.
-    """
-    tool = toolchain or _c_toolchain()
-    cc = tool.compiler
-    flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
-    material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
-    digest = hashlib.sha256(material.encode()).hexdigest()
-    configured = config.cache_dir()
-    try:
-        return _compile_in(disk_cache.usable_folder(configured), text, digest, tool, flags, rebuild)
-    except OSError as error:  # a full disk: once more in a private folder (warned once)
-        private = disk_cache.give_up(configured, error)
-        return _compile_in(private, text, digest, tool, flags, rebuild)
-
-
-def _compile_in(
-    cache: pathlib.Path,
-    text: str,
-    digest: str,
-    tool: Toolchain,
-    flags: tuple[str, ...],
-    rebuild: bool,
-) -> pathlib.Path:
-    """`compile_c` in the cache folder `cache`; OSError where it cannot be written."""
-    cc = tool.compiler
-    folder = cache / tool.folder / digest[:2]
-    folder.mkdir(parents=True, exist_ok=True)
-    library = folder / f"{digest}.so"
-    if library.exists() and not rebuild:
-        _count("disk_hits")
-        return library
-    source = folder / f"{digest}{tool.suffix}"
-    disk_cache.atomic_write(source, text.encode())
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
-    os.close(fd)
-    command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
-    _count("compiles")
-    try:
-        _run_compiler(command, tool, flags)
-        os.replace(tmp, library)
-    except BuildError as error:
-        raise BuildError(
-            "tensordsl bug: the compiler rejected generated code.\n"
-            f"  generated source kept at {source}\n{error}"
-        ) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return library
-
-
-def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -> None:
-    """Run the compiler; a failure is the user's setting when a one-line program fails too.
-
-    Raises:
-        BuildError: the compiler rejects this source (the message: command and output).
-        config.SettingError: the compiler cannot be run, or fails on any source.
-    """
-    if config.debug():
-        print("tensordsl: " + " ".join(command), file=sys.stderr)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as error:
-        raise config.SettingError(
-            f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob} to a "
-            "compiler command"
-        ) from None
-    if done.returncode == 0:
-        return
-    failure = _setting_failure(tool, flags)
-    if failure is not None:
-        raise config.SettingError(failure)
-    raise BuildError(f"  command: {' '.join(command)}\n{done.stderr[-4000:].rstrip()}")
-
-
-@functools.lru_cache(maxsize=8)
-def _setting_failure(tool: Toolchain, flags: tuple[str, ...]) -> str | None:
-    """Why the compiler setting fails on a one-line program, or None when it works."""
-    with tempfile.TemporaryDirectory() as tmp:
-        source = pathlib.Path(tmp) / f"probe{tool.suffix}"
-        source.write_text("int tdsl_probe(void) { return 0; }\n")
-        output = str(pathlib.Path(tmp) / "probe.so")
-        command = [tool.compiler, *flags, "-o", output, str(source), *tool.libraries]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-        except OSError as error:
-            return f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob}"
-    if done.returncode == 0:
-        return None
-    lines = [
-        "the compiler setting fails on a one-line program: "
-        f"{tool.knob}={os.environ.get(tool.knob, '')!r}, "
-        f"TENSORDSL_CFLAGS={os.environ.get('TENSORDSL_CFLAGS', '')!r}",
-        f"  command: {' '.join(command)}",
-        *done.stderr[-4000:].rstrip().splitlines(),
-        f"expected {tool.knob} to name a compiler and TENSORDSL_CFLAGS to hold flags it takes",
-    ]
-    return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Toolchain:
-    """A compiler command, its flags, the knob that sets it and its cache folder."""
-
-    compiler: str
-    flags: tuple[str, ...]
-    knob: str
-    folder: str = "c"
-    suffix: str = ".c"
-    libraries: tuple[str, ...] = ("-lm",)
 
 
 @dataclass(frozen=True)
@@ -338,7 +170,7 @@ def _build(request: _Request) -> CompiledNest:
     record = None if config.dump_dir() else records.read_record(folder, exact)
     compiled = None if record is None else _load(nest, record)
     if compiled is not None:
-        _count("disk_hits")
+        count("disk_hits")
         return compiled
     for rebuild in (record is not None, True):
         shared = _shared_record(request, rebuild=rebuild)
@@ -366,7 +198,7 @@ def _shared_record(request: _Request, *, rebuild: bool) -> records.KernelRecord:
         fresh = rebuild or config.dump_dir() is not None
         found = None if fresh else records.read_record(folder, digest)
         if found is not None:
-            _count("disk_hits")
+            count("disk_hits")
             return found
         to_canonical = {} if form else canonical_names(nest)[0]
         made = _emit(request.role, *emitted, to_canonical=to_canonical, rebuild=rebuild)
@@ -375,7 +207,7 @@ def _shared_record(request: _Request, *, rebuild: bool) -> records.KernelRecord:
 
     record = _EMITTED.get((digest, rebuild), make)
     if not made_here:
-        _count("shared")
+        count("shared")
     name = entry_name(nest, dtypes, schedule, request.role)
     warning = record.warning and record.warning.replace(record.name, name)
     return dataclasses.replace(record, name=name, warning=warning)
@@ -400,7 +232,7 @@ def _emit(
 ) -> records.KernelRecord:
     """Emit and compile `nest` (a canonical form, where the request's has one)."""
     source = emit_c(nest, dtypes=dtypes, schedule=schedule, role=role)
-    _count("emitted")
+    count("emitted")
     dump = config.dump_dir()
     if dump is not None:
         disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())

@@ -1,5 +1,5 @@
-"""The C compiler: its version line, the OpenMP flags that work with it, and whether glibc's
-vector math library links.
+"""The C compiler: its version line, the OpenMP flags that work with it, whether glibc's
+vector math library links, and compiling a source into a cached shared object (`compile_c`).
 
 Each is probed by running the compiler (`cc --version`, one-line programs), once per
 compiler binary: the answers are kept in the cache folder, keyed by the binary's path, size
@@ -10,15 +10,20 @@ or libmvec for an unchanged compiler, clear the cache folder.)
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from codegen import config
+from codegen.cache import disk as disk_cache
 from codegen.cache import memo
 
 T = TypeVar("T")
@@ -94,3 +99,176 @@ def _libmvec(cc: str, flags: tuple[str, ...]) -> tuple[str, ...]:
     # -z defs: every symbol resolved, libmvec's too.
     linked = _builds(cc, probe, flags, ("-Wl,-z,defs", "-lmvec", "-lm"))
     return (LIBMVEC_DEFINE,) if linked else ()
+
+
+# --------------------------------------------------------------------------- compiling
+
+CACHE_VERSION = 1
+#: -fno-math-errno: libm calls never set errno, so the compiler may hoist and vectorise them
+#: (NaN and inf results unchanged); see benchmarks/RESULTS.md, GPT-style block.
+BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11")
+
+#: Counters for tests and diagnostics: compiler runs, kernels loaded from the disk cache
+#: without compiling, kernels that took the library another nest of the same canonical form
+#: built or loaded in this process, C sources emitted.
+STATS = {"compiles": 0, "disk_hits": 0, "shared": 0, "emitted": 0}
+
+_STATS_LOCK = threading.Lock()
+
+
+def count(name: str) -> None:
+    """Add one to `STATS[name]` (thread-safe)."""
+    with _STATS_LOCK:
+        STATS[name] += 1
+
+
+class BuildError(RuntimeError):
+    """The C compiler rejected generated code: a tensordsl bug."""
+
+
+def compile_flags() -> tuple[str, ...]:
+    """All flags the compiler is called with (part of the cache key)."""
+    cc = config.c_compiler()
+    debug = ("-g",) if config.debug() else ()
+    openmp = openmp_flags(cc, BASE_FLAGS)
+    vector_math = libmvec_flags(cc, (*BASE_FLAGS, *openmp))
+    extra = (*config.c_compiler_flags(), *config.extra_cflags())
+    return (*BASE_FLAGS, *openmp, *vector_math, *debug, *extra)
+
+
+def _c_toolchain() -> Toolchain:
+    """The C compiler with `compile_flags()`, linking libmvec where they define it."""
+    flags = compile_flags()
+    libraries = ("-lmvec", "-lm") if LIBMVEC_DEFINE in flags else ("-lm",)
+    return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
+
+
+def compile_c(
+    text: str,
+    *,
+    key: object = None,
+    include_dirs: Sequence[pathlib.Path] = (),
+    rebuild: bool = False,
+    toolchain: Toolchain | None = None,
+) -> pathlib.Path:
+    """Compile C source `text` into a cached shared object and return its path.
+
+    Args:
+        text: the C source.
+        key: anything else the shared object depends on (headers outside the source).
+        include_dirs: extra header folders (`-I`).
+        rebuild: compile even when the entry exists (it was found damaged).
+        toolchain: another compiler, its flags and cache folder (the CUDA emulator's C++).
+
+    Raises:
+        BuildError: when the compiler rejects the source; the message gives its path.
+        config.SettingError: when the compiler fails on a one-line program too.
+    """
+    tool = toolchain or _c_toolchain()
+    cc = tool.compiler
+    flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
+    material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
+    digest = hashlib.sha256(material.encode()).hexdigest()
+    configured = config.cache_dir()
+    try:
+        return _compile_in(disk_cache.usable_folder(configured), text, digest, tool, flags, rebuild)
+    except OSError as error:  # a full disk: once more in a private folder (warned once)
+        private = disk_cache.give_up(configured, error)
+        return _compile_in(private, text, digest, tool, flags, rebuild)
+
+
+def _compile_in(
+    cache: pathlib.Path,
+    text: str,
+    digest: str,
+    tool: Toolchain,
+    flags: tuple[str, ...],
+    rebuild: bool,
+) -> pathlib.Path:
+    """`compile_c` in the cache folder `cache`; OSError where it cannot be written."""
+    cc = tool.compiler
+    folder = cache / tool.folder / digest[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"{digest}.so"
+    if library.exists() and not rebuild:
+        count("disk_hits")
+        return library
+    source = folder / f"{digest}{tool.suffix}"
+    disk_cache.atomic_write(source, text.encode())
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{digest}.", suffix=".so.tmp")
+    os.close(fd)
+    command = [cc, *flags, "-o", tmp, str(source), *tool.libraries]
+    count("compiles")
+    try:
+        _run_compiler(command, tool, flags)
+        os.replace(tmp, library)
+    except BuildError as error:
+        raise BuildError(
+            "tensordsl bug: the compiler rejected generated code.\n"
+            f"  generated source kept at {source}\n{error}"
+        ) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return library
+
+
+def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -> None:
+    """Run the compiler; a failure is the user's setting when a one-line program fails too.
+
+    Raises:
+        BuildError: the compiler rejects this source (the message: command and output).
+        config.SettingError: the compiler cannot be run, or fails on any source.
+    """
+    if config.debug():
+        print("tensordsl: " + " ".join(command), file=sys.stderr)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as error:
+        raise config.SettingError(
+            f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob} to a "
+            "compiler command"
+        ) from None
+    if done.returncode == 0:
+        return
+    failure = _setting_failure(tool, flags)
+    if failure is not None:
+        raise config.SettingError(failure)
+    raise BuildError(f"  command: {' '.join(command)}\n{done.stderr[-4000:].rstrip()}")
+
+
+@functools.lru_cache(maxsize=8)
+def _setting_failure(tool: Toolchain, flags: tuple[str, ...]) -> str | None:
+    """Why the compiler setting fails on a one-line program, or None when it works."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = pathlib.Path(tmp) / f"probe{tool.suffix}"
+        source.write_text("int tdsl_probe(void) { return 0; }\n")
+        output = str(pathlib.Path(tmp) / "probe.so")
+        command = [tool.compiler, *flags, "-o", output, str(source), *tool.libraries]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+        except OSError as error:
+            return f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob}"
+    if done.returncode == 0:
+        return None
+    lines = [
+        "the compiler setting fails on a one-line program: "
+        f"{tool.knob}={os.environ.get(tool.knob, '')!r}, "
+        f"TENSORDSL_CFLAGS={os.environ.get('TENSORDSL_CFLAGS', '')!r}",
+        f"  command: {' '.join(command)}",
+        *done.stderr[-4000:].rstrip().splitlines(),
+        f"expected {tool.knob} to name a compiler and TENSORDSL_CFLAGS to hold flags it takes",
+    ]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler command, its flags, the knob that sets it and its cache folder."""
+
+    compiler: str
+    flags: tuple[str, ...]
+    knob: str
+    folder: str = "c"
+    suffix: str = ".c"
+    libraries: tuple[str, ...] = ("-lm",)

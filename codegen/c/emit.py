@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c.dot import dot
 from codegen.c.online import online
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.strategies import scalar, split
-from codegen.c.tiles import TILE_HELPERS, dot, tile
+from codegen.c.tiles import TILE_HELPERS, tile
 from codegen.emit.emitter import (
     STORAGE,
     Emitter,

@@ -1,4 +1,5 @@
-"""The tile and dot strategies of the C emitter: register tiles over two free indices.
+"""The tile strategy of the C emitter: register tiles over two free indices (the dot strategy,
+`codegen.c.dot`, shares their lanes and their grid).
 
 See `codegen.c.schedule` for what the strategies are and `docs/architecture.md` for how tiles
 treat the constraints of gradient nests.
@@ -12,18 +13,18 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.c.row_dots import DOT_ROWS, batchable_sum, plain_reads, row_dot_lines, row_of
+from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
 from codegen.c.strategies import omp_parallel
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
-from codegen.emit.staging import Assign, Loop, Plan, Statement
+from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts
 from codegen.ir.nest import Term, extent_of
 
 CEmitter = Emitter[Schedule]
 
 
-def _lanes(
+def lane_loops(
     e: CEmitter,
     rn: str,
     wn: str,
@@ -51,130 +52,14 @@ def _lanes(
         return lines
     batched: Lines = []
     if plan is not None:
-        plan, batched, sums = _batch_row_sums(e, plan, level, rn)
-        plan, calls = _batch_row_calls(e, plan, level, rn, sums)
+        plan, batched, sums = batch_row_sums(e, plan, level, rn)
+        plan, calls = batch_row_calls(e, plan, level, rn, sums)
         batched += calls
         lines = e.level_lines(plan, level, lines)
-    return batched + _row_loop(e, rn, lines)
+    return batched + row_loop(e, rn, lines)
 
 
-def _declare_row(e: CEmitter) -> str:
-    """The row index of the tile's row `r_`."""
-    row_index = sympy.Symbol(e.schedule.row or "", integer=True)
-    return f"const int64_t {e.printer.index(row_index)} = {e.tile_name('o', row_index)} + r_;"
-
-
-def _row_loop(e: CEmitter, rn: str, body: Lines) -> Lines:
-    """The tile's rows, unrolled, each binding its row index before `body`."""
-    return [
-        f"#pragma GCC unroll {e.schedule.rows}",
-        *block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [_declare_row(e), *body]),
-    ]
-
-
-def _batch_row_sums(
-    e: CEmitter, plan: Plan, level: int, rn: str
-) -> tuple[Plan, Lines, dict[sympy.Symbol, sympy.Expr]]:
-    """The nested sums of the row level computed for all the tile's rows in one loop.
-
-    A nested sum per row (attention's `sum_d Q[i, d]*K[j, d]` in a tile over `i`) is a chain
-    of dependent additions; computing the rows' sums in the same loop gives `rows` independent
-    chains, which the core overlaps. A sum is batched
-    when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
-    sums are computed outside the row level's tests, and the sums of masked rows go unused
-    (which sums qualify: `batchable_sum`). A dot product of two contiguous float32 rows runs
-    in vectors (`codegen.c.row_dots`). Also returns each batched sum's symbol with its array
-    element.
-    """
-    statements = plan.statements[level]
-    tested = bool(plan.tests[level])
-    local = {st.symbol for st in statements}
-    batched: Lines = []
-    kept: list[Statement] = []
-    ready: dict[sympy.Symbol, sympy.Expr] = {}
-    for st in statements:
-        if not isinstance(st, Loop) or not batchable_sum(st, local, tested):
-            kept.append(st)
-            continue
-        state = f"{st.symbol.name}a"
-        vector = None
-        if e.schedule.rows == DOT_ROWS:
-            vector = row_dot_lines(e, st, state, rn, e.schedule.row or "", _declare_row(e))
-        batched += vector or _row_sums_in_scalars(e, st, state, rn)
-        ready[st.symbol] = sympy.Dummy(f"{state}[r_]", real=True)
-        kept.append(Assign(st.symbol, ready[st.symbol]))
-    return (plan.with_level(level, kept) if batched else plan), batched, ready
-
-
-def _row_sums_in_scalars(e: CEmitter, st: Loop, state: str, rn: str) -> Lines:
-    """The sums of the tile's rows in one scalar accumulator each (`<state><r>`), then
-    gathered into `<state>[r_]`. GCC vectorises a simd reduction into an array
-    (`reduction(+:a[:4])`) through memory; into scalars it keeps the partial sums in
-    registers (attention's dQ nest runs about twice as fast). In a partial tile the rows
-    past the last compute the last row's sum again (`row_of`)."""
-    rows = e.schedule.rows
-    index = e.printer.index(st.index)
-    lo, hi = e.printer.index(st.start), e.printer.index(st.stop)
-    loop = f"for (int64_t {index} = {lo}; {index} < {hi}; ++{index})"
-    inner = [_declare_row(e), *e.statement_lines(st.inner, True)]
-    value = e.printer.doprint(st.value)
-    names = [f"{state}{r}" for r in range(rows)]
-    per_row = []
-    for r, name in enumerate(names):
-        body = [f"const int64_t r_ = {row_of(r, rn, rows)};", *inner, f"{name} += {value};"]
-        per_row += ["{", *indent_lines(body), "}"]
-    return [
-        f"{e.f} {', '.join(f'{name} = 0' for name in names)};",
-        f"#pragma omp simd reduction(+:{', '.join(names)})",
-        *block_lines(loop, per_row),
-        f"const {e.f} {state}[{rows}] = {{{', '.join(names)}}};",
-    ]
-
-
-def _batch_row_calls(
-    e: CEmitter, plan: Plan, level: int, rn: str, sums: dict[sympy.Symbol, sympy.Expr]
-) -> tuple[Plan, Lines]:
-    """The function calls of the row level computed for all the tile's rows in one simd
-    loop into `<t>r[r_]`, where they read nothing of that level but the batched `sums`.
-
-    Attention's weights `exp(S[i, j] - L[i])` are one call per (row, j): unrolled over the
-    rows they are scalar libm calls, in a simd loop one vector call (libmvec) for the rows
-    (attention's weighted sum and its gradients at T=1024: about 5% faster). Under the row
-    level's tests (a causal mask) only a call whose reads are plain accesses, in bounds for
-    every row and every value of the loop indices: a test may guard a read (a gradient's
-    `dY[p - k]`).
-    """
-    statements = plan.statements[level]
-    tested = bool(plan.tests[level])
-    local = {st.symbol for st in statements}
-    ready = dict(sums)
-    kept: list[Statement] = []
-    lines: Lines = []
-    for st in statements:
-        if not isinstance(st, Assign) or st.symbol in ready:
-            kept.append(st)
-            continue
-        calls = [f for f in st.expr.atoms(sympy.Function) if not isinstance(f, sympy.Piecewise)]
-        local_reads = st.expr.free_symbols & local
-        if not calls or not local_reads <= set(ready) or (tested and not plain_reads(st.expr)):
-            kept.append(st)
-            continue
-        array = f"{st.symbol.name}r"
-        value = e.printer.doprint(st.expr.xreplace(ready))
-        lines += [
-            f"{e.f} {array}[{e.schedule.rows}];",
-            "#pragma omp simd",
-            *block_lines(
-                f"for (int64_t r_ = 0; r_ < {rn}; ++r_)",
-                [_declare_row(e), f"{array}[r_] = {value};"],
-            ),
-        ]
-        ready[st.symbol] = sympy.Dummy(f"{array}[r_]", real=True)
-        kept.append(Assign(st.symbol, ready[st.symbol]))
-    return (plan.with_level(level, kept) if lines else plan), lines
-
-
-def _lane_levels(e: CEmitter) -> list[list[sympy.Symbol]]:
+def lane_levels(e: CEmitter) -> list[list[sympy.Symbol]]:
     """The levels of the tile's row (if any) and vector lanes."""
     s = e.schedule
     names = [s.row, s.vector] if s.row else [s.vector]
@@ -354,7 +239,7 @@ def _interior_range(
     return low, high
 
 
-def _tiled(e: CEmitter, body: TileBody) -> Lines:
+def tiled(e: CEmitter, body: TileBody) -> Lines:
     """Tile loops over the row and vector indices.
 
     Along each tiled index the tiles start where the interior conditions on that index alone
@@ -421,169 +306,39 @@ def _either(check: str, yes: Lines, no: Lines) -> Lines:
 def tile(e: CEmitter) -> Lines:
     dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
-    lanes = _lane_levels(e)
+    lanes = lane_levels(e)
 
     def body(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         if not any(t.reduced for t in p.nest.terms):
             return _elementwise(p, rn, wn, tests)
-        lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, p.init(sub))]
+        lines = [*p.declare(dims=dims), *lane_loops(p, rn, wn, p.init(sub))]
         for n in range(len(p.nest.terms)):
             levels = [[], *p.reduced_levels(n), *lanes]
             plan = p.plan(n, levels, tests[n])
             first_lane = len(levels) - len(lanes)
-            lane = _lanes(p, rn, wn, p.fold_lines(n, plan, sub), plan=plan, level=first_lane)
+            lane = lane_loops(p, rn, wn, p.fold_lines(n, plan, sub), plan=plan, level=first_lane)
             loops = p.loops(n, lane, plan=plan)
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
-        return lines + _lanes(p, rn, wn, [p.store_line(sub)])
+        return lines + lane_loops(p, rn, wn, [p.store_line(sub)])
 
-    return _tiled(e, body)
+    return tiled(e, body)
 
 
 def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
     """Each lane computes and stores its element (no accumulator tile). One term's row-only
     sub-expressions are computed once per row, unless a test outside the lane guards them
     (every lane must still store its element); several terms are evaluated per lane."""
-    lanes = _lane_levels(p)
+    lanes = lane_levels(p)
     if len(p.nest.terms) == 1:
         plan = p.plan(0, [[], *lanes], tests[0])
         if not any(plan.tests[:-1]):
             around = ([*p.declare()], [p.store_line()])
-            lines = _lanes(p, rn, wn, p.fold_lines(0, plan, ""), plan=plan, level=1, around=around)
+            lines = lane_loops(
+                p, rn, wn, p.fold_lines(0, plan, ""), plan=plan, level=1, around=around
+            )
             return p.level_lines(plan, 0, lines)
     lane = [*p.declare()]
     for n in range(len(p.nest.terms)):
         plan = p.plan(n, [[sym for level in lanes for sym in level]], tests[n])
         lane += ["{", *indent_lines(p.level_lines(plan, 0, p.fold_lines(n, plan, ""))), "}"]
-    return _lanes(p, rn, wn, [*lane, p.store_line()])
-
-
-def _lanes_inside(
-    p: CEmitter,
-    n: int,
-    outer: list[list[sympy.Symbol]],
-    rn: str,
-    wn: str,
-    tests: Sequence[sympy.Expr],
-    sub: str,
-) -> tuple[Plan, Lines]:
-    """The dot strategy's lanes over `u` innermost: rows, then columns, then `u`'s lanes."""
-    order = p.term_order(n)
-    u, u0 = p.printer.index(order[-1]), p.tile_name("o", order[-1])
-    tile_levels = _lane_levels(p)
-    plan = p.plan(n, [*outer, *tile_levels, [order[-1]]], tests)
-    level = len(outer) + len(tile_levels)
-    lane = [
-        f"const int64_t {u} = {u0} + l_;",
-        *p.level_lines(plan, level, p.fold_lines(n, plan, sub + "[l_]"), simd=True),
-    ]
-    loop = f"for (int64_t l_ = 0; l_ < {p.schedule.lanes}; ++l_)"
-    vector = ["#pragma omp simd", *block_lines(loop, lane)]
-    return plan, _lanes(p, rn, wn, vector, simd=False, plan=plan, level=len(outer))
-
-
-def _lane_major(
-    p: CEmitter,
-    n: int,
-    outer: list[list[sympy.Symbol]],
-    rn: str,
-    wn: str,
-    tests: Sequence[sympy.Expr],
-    sub: str,
-) -> tuple[Plan, Lines] | None:
-    """The dot strategy's lanes when a function call depends on a row and `u` but not on the
-    column index: per row, one simd loop over `u`'s lanes computes what does not read the
-    column into lane arrays, then each column's simd loop reads them, so the call runs once
-    per (row, lane) for all the columns instead of once per column (the Gaussian kernel's
-    `dX[i, p]`: one `exp` per (i, j) for the three coordinates p). None when no such call
-    exists."""
-    s = p.schedule
-    order = p.term_order(n)
-    u, u0 = p.printer.index(order[-1]), p.tile_name("o", order[-1])
-    row_level = [[sympy.Symbol(s.row, integer=True)]] if s.row else []
-    column = sympy.Symbol(s.vector or "", integer=True)
-    numbered = p.temporaries
-    plan = p.plan(n, [*outer, *row_level, [order[-1]], [column]], tests)
-    lane_level = len(outer) + len(row_level)
-    shared = plan.statements[lane_level]
-    if not any(isinstance(st, Assign) and st.expr.has(sympy.Function) for st in shared):
-        p.temporaries = numbered  # the other form numbers its temporaries alike
-        return None
-    names = [st.symbol.name for st in shared]
-    lane = f"const int64_t {u} = {u0} + l_;"
-    loop = f"for (int64_t l_ = 0; l_ < {s.lanes}; ++l_)"
-    stores = [f"{name}lane[l_] = {name};" for name in names]  # `<t>a` is a nested state
-    first = [lane, *p.level_lines(plan, lane_level, stores, simd=True)]
-    reloads = [f"const {p.f} {name} = {name}lane[l_];" for name in names]
-    inner = [*reloads, *p.level_lines(plan, lane_level + 1, p.fold_lines(n, plan, sub + "[l_]"))]
-    conditions = plan.tests[lane_level]
-    if conditions:
-        inner = block_lines(f"if ({' && '.join(p.printer.doprint(t) for t in conditions)})", inner)
-    vec, vec0 = p.printer.index(column), p.tile_name("o", column)
-    column_body = [
-        f"const int64_t {vec} = {vec0} + w_;",
-        "#pragma omp simd",
-        *block_lines(loop, [lane, *inner]),
-    ]
-    lines = [
-        *(f"{p.f} {name}lane[{s.lanes}];" for name in names),
-        "#pragma omp simd",
-        *block_lines(loop, first),
-        f"#pragma GCC unroll {s.width}",
-        *block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", column_body),
-    ]
-    if s.row:
-        lines = _row_loop(p, rn, p.level_lines(plan, len(outer), lines))
-    return plan, lines
-
-
-def dot(e: CEmitter) -> Lines:
-    s = e.schedule
-    lanes = s.lanes
-    dims = f"[{s.rows}][{s.width}][{lanes}]" if s.row else f"[{s.width}][{lanes}]"
-    sub = "[r_][w_]" if s.row else "[w_]"
-    tile_levels = _lane_levels(e)
-
-    def body(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
-        init = block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", p.init(sub + "[l_]"))
-        lines = [*p.declare(dims=dims), *_lanes(p, rn, wn, init, simd=False)]
-        for n in range(len(p.nest.terms)):
-            order = p.term_order(n)
-            u, u0 = p.printer.index(order[-1]), p.tile_name("o", order[-1])
-            lo, hi = p.idx(p.bounds[n].starts[order[-1]]), p.idx(p.bounds[n].stops[order[-1]])
-            outer = [[], *p.reduced_levels(n, len(order) - 1)]
-            # The vector part: dot-product lanes over the innermost reduced index u.
-            plan, vector = _lane_major(p, n, outer, rn, wn, tests[n], sub) or _lanes_inside(
-                p, n, outer, rn, wn, tests[n], sub
-            )
-            # The rest of u, one value at a time.
-            rest_plan = p.plan(n, [*outer, [order[-1]], *tile_levels], tests[n])
-            rest_lanes = _lanes(
-                p,
-                rn,
-                wn,
-                p.fold_lines(n, rest_plan, sub + "[0]"),
-                simd=False,
-                plan=rest_plan,
-                level=len(outer) + 1,
-            )
-            rest = block_lines(
-                f"for (int64_t {u} = {u0}; {u} < {hi}; ++{u})",
-                p.level_lines(rest_plan, len(outer), rest_lanes),
-            )
-            inner = [
-                f"int64_t {u0} = {lo};",
-                *block_lines(f"for (; {u0} + {lanes} <= {hi}; {u0} += {lanes})", vector),
-                *rest,
-            ]
-            plans = [plan, rest_plan]
-            loops = p.loops(n, ["{", *indent_lines(inner), "}"], stop_at=len(order) - 1, plan=plans)
-            lines += ["{", *indent_lines(p.level_lines(plans, 0, loops)), "}"]
-        combine = p.fmt(p.reducer.combine, p.names("tot_"), p.names("acc_", sub + "[l_]"))
-        store = [
-            *p.declare("tot_"),
-            *block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", [combine]),
-            p.store_line(base="tot_"),
-        ]
-        return lines + _lanes(p, rn, wn, store, simd=False)
-
-    return _tiled(e, body)
+    return lane_loops(p, rn, wn, [*lane, p.store_line()])

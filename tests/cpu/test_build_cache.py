@@ -21,7 +21,7 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.c import build, records
+from codegen.c import build, compiler, records
 from codegen.c.build import build_c, clear_memory_cache
 from codegen.c.schedule import RENAMED_FIELDS, Schedule, rename_schedule, schedule_fields
 from codegen.ir.nest import (
@@ -72,11 +72,11 @@ def run_affine(compiled: build.CompiledNest, m: int = 5, n: int = 7, k: int = 3)
 
 
 def stats() -> dict[str, int]:
-    return dict(build.STATS)
+    return dict(compiler.STATS)
 
 
 def grown(before: dict[str, int]) -> dict[str, int]:
-    return {name: build.STATS[name] - before[name] for name in before}
+    return {name: compiler.STATS[name] - before[name] for name in before}
 
 
 def test_a_record_loads_the_kernel_without_emitting(cache: pathlib.Path) -> None:
@@ -106,13 +106,13 @@ def test_names_do_not_matter_one_library_serves_both(cache: pathlib.Path) -> Non
 
 CHILD = (
     "import json, numpy as np, tensordsl as td\n"
-    "from codegen.c import build\n"
+    "from codegen.c import compiler\n"
     f"k = td.kernel({AFFINE!r}, backend='c')\n"
     "r = np.random.default_rng(3)\n"
     "a, b, c = r.standard_normal((4, 3)), r.standard_normal((3, 5)), r.standard_normal(5)\n"
     "got = np.asarray(k(a, b, 1.5, c))\n"
     "np.testing.assert_allclose(got, a @ b * 1.5 + c, rtol=1e-12)\n"
-    "print(json.dumps(build.STATS))\n"
+    "print(json.dumps(compiler.STATS))\n"
 )
 
 

@@ -15,8 +15,9 @@ import pytest
 import sympy
 
 from codegen import config
-from codegen.c import build
-from codegen.c.build import BuildError, build_c, clear_memory_cache, compile_c
+from codegen.c import compiler
+from codegen.c.build import build_c, clear_memory_cache
+from codegen.c.compiler import BuildError, compile_c
 from codegen.config import SettingError
 from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
 
@@ -83,12 +84,12 @@ def test_a_damaged_cache_entry_is_rebuilt_once(
     _damage(copy / library.relative_to(cache), copy / other_library.relative_to(cache), how)
     monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(copy))
     clear_memory_cache()
-    compiles = build.STATS["compiles"]
+    compiles = compiler.STATS["compiles"]
     run(nest, constant)
-    assert build.STATS["compiles"] == compiles + 1
+    assert compiler.STATS["compiles"] == compiles + 1
     clear_memory_cache()
     run(nest, constant)  # the rebuilt entry is whole: a disk hit
-    assert build.STATS["compiles"] == compiles + 1
+    assert compiler.STATS["compiles"] == compiles + 1
 
 
 def test_a_failed_build_leaves_no_entry(cache: pathlib.Path, monkeypatch) -> None:
@@ -206,7 +207,7 @@ def test_compiler_setting_with_flags(cache: pathlib.Path, monkeypatch) -> None:
     monkeypatch.setenv("TENSORDSL_CC", f"{config.c_compiler()} -O0 -DTDSL_ISSUE_27=1")
     assert shutil.which(config.c_compiler()) is not None
     assert config.c_compiler_flags() == ("-O0", "-DTDSL_ISSUE_27=1")
-    assert build.compile_flags()[-2:] == ("-O0", "-DTDSL_ISSUE_27=1")
+    assert compiler.compile_flags()[-2:] == ("-O0", "-DTDSL_ISSUE_27=1")
     constant = np.random.default_rng().uniform(1, 2)
     run(scaled(constant), constant)
 

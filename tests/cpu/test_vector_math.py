@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from math_sweep import DOMAINS, reference, sweep_inputs, ulp_errors
 
-from codegen.c import build
+from codegen.c import compiler
 from codegen.c.build import build_c
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.functions import FUNCTIONS
@@ -91,7 +91,7 @@ def _vector_symbols(library_bytes: bytes) -> set[str]:
     return {m.decode() for m in re.findall(rb"_ZGV\w+_(\w+)", library_bytes)}
 
 
-@pytest.mark.skipif(build.LIBMVEC_DEFINE not in build.compile_flags(), reason="no libmvec")
+@pytest.mark.skipif(compiler.LIBMVEC_DEFINE not in compiler.compile_flags(), reason="no libmvec")
 @pytest.mark.parametrize("name", SWEPT)
 def test_simd_loops_call_the_vector_variants(name: str) -> None:
     nest = _elementwise(name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codegen.c import build
+from codegen.c import compiler
 from codegen.cuda.emulator import emulate
 
 pytestmark = pytest.mark.skipif(
@@ -344,16 +344,16 @@ def test_units_hold_the_exact_text_and_are_cached_on_disk(k, tmp_path, monkeypat
     monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
     unit = emulate.translation_unit([(KERNELS["traps"], "traps")])
     assert KERNELS["traps"] in unit
-    before = dict(build.STATS)
+    before = dict(compiler.STATS)
     first = emulate.compile_unit(unit)
     second = emulate.compile_unit(unit)
     assert first == second and first.parent.parent == tmp_path / "cuda_emu"
-    assert build.STATS["compiles"] == before["compiles"] + 1
-    assert build.STATS["disk_hits"] == before["disk_hits"] + 1
+    assert compiler.STATS["compiles"] == before["compiles"] + 1
+    assert compiler.STATS["disk_hits"] == before["disk_hits"] + 1
     assert not list(first.parent.glob("*.tmp"))
 
 
 def test_a_compiler_error_names_the_kept_unit(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
-    with pytest.raises(build.BuildError, match=r"tensordsl bug(.|\n)*source kept at \S+\.cc"):
+    with pytest.raises(compiler.BuildError, match=r"tensordsl bug(.|\n)*source kept at \S+\.cc"):
         emulate.compile_unit(emulate.translation_unit([("this is not C++", "broken")]))

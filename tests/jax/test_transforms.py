@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.c import build
+from codegen.c import compiler
 from tensordsl.errors import RangeError
 
 rng = np.random.default_rng(0)
@@ -38,9 +38,9 @@ def test_scan_of_24_layers_compiles_each_kernel_once(tmp_path, monkeypatch):
     def act_jnp(H, c):
         return jnp.tanh(H + c)
 
-    before = build.STATS["compiles"]
+    before = compiler.STATS["compiles"]
     got = jax.jit(jax.value_and_grad(model(dense, act), (0, 1, 2)))(Ws, cs, X)
-    builds = build.STATS["compiles"] - before
+    builds = compiler.STATS["compiles"] - before
     expected = jax.value_and_grad(model(dense_jnp, act_jnp), (0, 1, 2))(Ws, cs, X)
     np.testing.assert_allclose(float(got[0]), float(expected[0]), rtol=1e-12)
     for g, e in zip(got[1], expected[1]):
@@ -107,11 +107,11 @@ def test_traced_scalar_input_and_its_gradient():
 def test_shape_errors_at_trace_time(monkeypatch):
     """A mismatch is reported while tracing, before any kernel is built or run."""
     k = td.kernel("C[i,j] := A[i,k] * B[k,j]", backend="c")
-    before = dict(build.STATS)
+    before = dict(compiler.STATS)
     with pytest.raises(RangeError, match="k"):
         jax.eval_shape(
             k, jax.ShapeDtypeStruct((3, 4), "float32"), jax.ShapeDtypeStruct((5, 2), "float32")
         )
     with pytest.raises(RangeError):
         jax.jit(jax.vmap(k, (0, None))).trace(np.ones((2, 3, 4)), np.ones((5, 2)))
-    assert before == build.STATS
+    assert before == compiler.STATS
