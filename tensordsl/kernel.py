@@ -16,6 +16,7 @@ from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
     ScheduleError,
     UnknownNameError,
+    UnsupportedError,
     close_match,
 )
 from tensordsl.frontend import arguments
@@ -249,7 +250,7 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     return schedule
 
 
-OPTIONS = ("reduce", "ranges", "backend", "nograd", "schedule", "loop_order", "outputs")
+OPTIONS = ("reduce", "ranges", "backend", "nograd", "schedule", "loop_order", "outputs", "fuse")
 
 
 def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
@@ -261,6 +262,12 @@ def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     _check_options(options, "td.kernel")
     if is_program(source) or "outputs" in options:
         return ProgramKernel(source, **options)
+    if "fuse" in options:
+        raise UnsupportedError(
+            "fuse= applies to programs of several statements",
+            source,
+            expected="td.program(...) for a program of one statement, or no fuse=",
+        )
     return Kernel(source, **options)
 
 

@@ -24,7 +24,6 @@ back end.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,13 +35,13 @@ from codegen import config
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
-from codegen.passes.fusion import Fused, fuse, nested_ranges
+from codegen.passes.fusion import CHOICES, Fused, fuse, inlinable, nested_ranges
 from codegen.passes.online import pair_stored, unpair
 from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.binding.program_grad import FusedProgram
-from tensordsl.errors import UnknownNameError, UnsupportedError
+from tensordsl.errors import InputError, UnknownNameError, UnsupportedError, close_match
 from tensordsl.frontend import arguments
 from tensordsl.frontend.statements import (
     LoweredProgram,
@@ -65,6 +64,9 @@ class ProgramKernel:
         ranges: an extent or `range` per index, for every statement that has the index.
         backend: "auto", "reference", "c" or "cuda", for every statement.
         nograd: inputs that never get a gradient.
+        fuse: True (default): the cost model decides, per intermediate, whether it is
+            recomputed where read or stored (`explain(shapes)` shows each decision); False:
+            every intermediate stored; a dict forces some, `{"H": "store", "S": "inline"}`.
 
     Raises:
         TensorDSLError: a subclass naming the mistake, underlined in the program source.
@@ -81,6 +83,7 @@ class ProgramKernel:
         nograd: tuple[str, ...] = (),
         schedule: Any = None,
         loop_order: tuple[str, ...] | None = None,
+        fuse: bool | Mapping[str, str] = True,
     ):
         self.source_text = source = arguments.source_text(source)
         self._lowered: LoweredProgram = lower_program(
@@ -88,6 +91,7 @@ class ProgramKernel:
         )
         self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
+        self.fuse = _fuse_option(fuse, self._lowered, source)
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -104,7 +108,7 @@ class ProgramKernel:
 
     def _key(self) -> tuple[Any, ...]:
         """What the program computes and returns, and how: equal keys, interchangeable."""
-        return (self.program, self._lowered.returns_tuple, self.backend, self.nograd)
+        return (self.program, self._lowered.returns_tuple, self.backend, self.nograd, self.fuse)
 
     def __eq__(self, other: object) -> bool:
         """Programs of the same statements (their nests), outputs and options are equal."""
@@ -179,7 +183,9 @@ class ProgramKernel:
         live = live_statements(self.program)
         if not config.fuse_programs():
             return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"]
-        fused = fuse_program(live, self.program.outputs, self.program.concrete_shapes(shapes))
+        fused = fuse_program(
+            live, self.program.outputs, self.program.concrete_shapes(shapes), self.fuse
+        )
         stored = [nest.output for nest in fused.stored]
         lines = [
             f"fused for these shapes: {', '.join(stored)} computed by {len(stored)} nest(s); "
@@ -189,6 +195,7 @@ class ProgramKernel:
                 else "every intermediate stored"
             )
         ]
+        lines += ["  " + str(decision) for decision in fused.decisions]
         for nest in fused.stored:
             lines.append(f"fused statement {nest.output}")
             lines += ["  " + line for line in explain(nest).split("\n")]
@@ -205,8 +212,8 @@ class ProgramKernel:
         live = {nest.output for nest in live_statements(program)}
         lines = [
             f"program of {len(program.statements)} statements, run in order; intermediates "
-            "are recomputed where read when elementwise or larger than every input and "
-            "output (explain(shapes) says which), otherwise stored",
+            "are recomputed where read or stored, as a cost model decides for the call's "
+            "shapes (explain(shapes) says which and why)",
             f"  inputs   {', '.join(self.inputs)}",
             f"  outputs  {', '.join(self.outputs)}",
         ]
@@ -286,7 +293,11 @@ class ProgramKernel:
         def loss(*values: Any) -> Any:
             known = dict(zip(self.inputs, values))
             results = run_program(
-                self.program, known, backend=table.PROFILED.name, nograd=self.nograd
+                self.program,
+                known,
+                backend=table.PROFILED.name,
+                nograd=self.nograd,
+                fuse=self.fuse,
             )
             return sum(jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact))
 
@@ -313,6 +324,7 @@ class ProgramKernel:
             dict(zip(self.inputs, values)),
             backend=table.resolve_backend(self.backend),
             nograd=self.nograd,
+            fuse=self.fuse,
         )
         return results if self._lowered.returns_tuple else results[0]
 
@@ -323,6 +335,7 @@ def run_program(
     *,
     backend: str,
     nograd: frozenset[str] = frozenset(),
+    fuse: tuple[tuple[str, str], ...] = (),
 ) -> tuple[jax.Array, ...]:
     """Run the statements the outputs need, in order, each as its own `nest_p`.
 
@@ -331,12 +344,13 @@ def run_program(
         values: an array per input, by name (shapes already checked).
         backend: a key of `table.BACKENDS`.
         nograd: inputs that get no gradient.
+        fuse: decisions forced by `fuse=`, (intermediate, "inline" or "store") pairs.
 
     Returns:
         The outputs, in `program.outputs` order.
     """
     known = dict(values)
-    nests = compiled_statements(program, known, backend)
+    nests = compiled_statements(program, known, backend, fuse)
     if nests != live_statements(program):
         # Fused: one differentiable function whose input gradients are one nest each.
         names = tuple(known)
@@ -356,7 +370,10 @@ def run_program(
 
 
 def compiled_statements(
-    program: Program, values: Mapping[str, Any], backend: str
+    program: Program,
+    values: Mapping[str, Any],
+    backend: str,
+    fuse: tuple[tuple[str, str], ...] = (),
 ) -> tuple[LoopNest, ...]:
     """The nests a call runs, in order: the live statements fused for these shapes
     (`codegen.passes.fusion`) on every back end, so that they all agree; as written (statements in
@@ -370,7 +387,7 @@ def compiled_statements(
     if not config.fuse_programs():
         return live
     shapes = program.concrete_shapes({op.name: np.shape(values[op.name]) for op in program.inputs})
-    fused = fuse_program(live, program.outputs, shapes)
+    fused = fuse_program(live, program.outputs, shapes, fuse)
     for nest in fused.stored:
         for nested in nested_ranges(nest):
             length = evaluate_int(nested.stop - nested.start, extent_values(nest, shapes))
@@ -384,16 +401,71 @@ def compiled_statements(
 
 
 @functools.lru_cache(maxsize=256)
-def _fused(live: tuple[LoopNest, ...], outputs: tuple[str, ...], sizes: tuple) -> Fused:
-    return fuse(live, outputs=outputs, sizes=dict(sizes))
+def _fused(
+    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: tuple, force: tuple
+) -> Fused:
+    return fuse(live, outputs=outputs, shapes=dict(shapes), force=dict(force))
 
 
 def fuse_program(
-    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: Mapping[str, Sequence[int]]
+    live: tuple[LoopNest, ...],
+    outputs: tuple[str, ...],
+    shapes: Mapping[str, Sequence[int]],
+    force: tuple[tuple[str, str], ...] = (),
 ) -> Fused:
-    """`codegen.passes.fusion.fuse` of the live statements, cached per sizes."""
-    sizes = tuple(sorted((name, math.prod(shape)) for name, shape in shapes.items()))
-    return _fused(live, outputs, sizes)
+    """`codegen.passes.fusion.fuse` of the live statements, cached per shapes and `force`
+    (the `fuse=` option, as sorted pairs)."""
+    known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
+    return _fused(live, outputs, known, force)
+
+
+def _fuse_option(value: Any, lowered: LoweredProgram, source: str) -> tuple[tuple[str, str], ...]:
+    """`fuse=` as sorted (intermediate, "inline" or "store") pairs; False stores them all."""
+    program = lowered.program
+    by_name = {nest.output: (n, nest) for n, nest in enumerate(program.statements)}
+    intermediates = [n for n in by_name if n not in program.outputs]
+    if value is True or value is None:
+        return ()
+    if value is False:
+        return tuple(sorted((name, "store") for name in intermediates))
+    if not isinstance(value, Mapping):
+        raise InputError(
+            f"fuse= must be True, False or a dict, got {type(value).__name__}",
+            source,
+            expected='as in fuse={"H": "store"} (or "inline") for an intermediate H',
+        )
+    for name, choice in value.items():
+        if name not in by_name or name in program.outputs:
+            what = (
+                "an output (always stored)"
+                if name in program.outputs
+                else ("an input" if name in program.input_names else "not a statement")
+            )
+            raise UnknownNameError(
+                f"fuse= names '{name}', which is {what}",
+                source,
+                expected="an intermediate: " + (", ".join(intermediates) or "(none)"),
+                hint=close_match(str(name), intermediates),
+            )
+        n, nest = by_name[name]
+        span = lowered.statements[n].statement.span
+        if choice not in CHOICES:
+            raise InputError(
+                f"fuse= says {choice!r} for '{name}'",
+                source,
+                span,
+                expected='"inline" (recomputed where read) or "store"',
+                hint=close_match(str(choice), CHOICES),
+            )
+        if choice == "inline" and not inlinable(nest):
+            raise UnsupportedError(
+                f"'{name}' cannot be recomputed where read: it is a {nest.reduction} "
+                + ("of several terms" if len(nest.terms) > 1 else "reduction"),
+                source,
+                span,
+                expected=f'a sum or logsumexp of one term, or fuse={{"{name}": "store"}}',
+            )
+    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
 
 
 def _output_dtype(operands: Sequence[Any]) -> Any:
