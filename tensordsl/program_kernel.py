@@ -36,6 +36,7 @@ from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
 from codegen.passes.fusion import CHOICES, Fused, fuse, inlinable, nested_ranges
+from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair_stored, unpair
 from tensordsl import callables
 from tensordsl.backends import table
@@ -351,8 +352,9 @@ def run_program(
     """
     known = dict(values)
     nests = compiled_statements(program, known, backend, fuse)
-    if nests != live_statements(program):
-        # Fused: one differentiable function whose input gradients are one nest each.
+    if nests != live_statements(program) or shift_invariant(nests, outputs=program.outputs):
+        # Fused: one differentiable function whose input gradients are one nest each (and
+        # no gradient nest for a statistic subtracted for stability).
         names = tuple(known)
         fused = FusedProgram(nests, names, program.outputs, backend, nograd)
         return fused.call(*(known[name] for name in names))

@@ -13,6 +13,7 @@ import pytest
 
 import tensordsl as td
 from codegen import config
+from tests.programs import PROGRAMS_BY_NAME
 from tests.unit.test_fusion_cost import MLP, MOE, TRIPLET
 
 pytestmark = pytest.mark.skipif(
@@ -68,3 +69,16 @@ def test_forced_choices_compute_the_same(fuse):
     want_out, want_grads = run(source, inputs)
     for got, want in zip(grads, want_grads):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_softmax_runs_no_gradient_nest_for_its_stability_max():
+    source = PROGRAMS_BY_NAME["softmax"].source
+    k = td.program(source, backend="c")
+    assert list(k.source("c", {"X": (5, 7)})) == ["M", "Z", "P", "dZ", "dX"]
+    X = np.random.default_rng(0).normal(size=(5, 7))
+    ct = np.random.default_rng(1).normal(size=(5, 7))
+    got = jax.grad(lambda x: jnp.sum(k(x) * ct))(X)
+    P = np.exp(X - X.max(1, keepdims=True))
+    P /= P.sum(1, keepdims=True)
+    want = P * (ct - (ct * P).sum(1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)

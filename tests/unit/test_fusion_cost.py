@@ -176,3 +176,30 @@ def test_explain_shows_each_decision_and_its_estimated_cost():
         "  H: stored (recomputing it would repeat its sum 128x inside Y's loop over o); "
         "estimated cost inline 34.4G, store " in text
     )
+
+
+# -- shift-invariant statistics ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "outputs", "invariant"),
+    [
+        (PROGRAMS_BY_NAME["softmax"].source, None, ("M",)),
+        (PROGRAMS_BY_NAME["softmax"].source, ("P", "Z"), ()),  # Z itself moves with M
+        ("(max) M[i] := X[i,j]; P[i,j] := exp(X[i,j] - M[i])", None, ()),
+        ("(max) M[i] := X[i,j]; Z[i] := exp(X[i,j] - M[i]); L[i] := log(Z[i])", None, ()),
+        (
+            "(max) M[i] := X[i,j]; Z[i] := exp(2*(X[i,j] - M[i])); "
+            "P[i,j] := exp(2*(X[i,j] - M[i])) / Z[i]",
+            None,
+            ("M",),
+        ),
+    ],
+)
+def test_a_max_divided_out_again_has_no_gradient(source, outputs, invariant):
+    from codegen.passes.invariance import shift_invariant
+
+    options = {} if outputs is None else {"outputs": outputs}
+    k = td.program(source, backend="reference", **options)
+    stored = fused(k, {"X": (4, 6)}).stored
+    assert shift_invariant(stored, outputs=k.program.outputs) == invariant
