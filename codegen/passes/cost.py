@@ -174,12 +174,10 @@ def _uses(reader: LoopNest, name: str, shapes: Shapes) -> list[_Use]:
     for term in reader.terms:
         for read in _reads(reader, name, term):
             depends = read.free_symbols
-            loops = [(r, True) for r in reader.free]
             positions = [n for n, r in enumerate(term.reduced) if r.index in depends]
             inner = positions[-1] + 1 if positions else 0  # hoisted out of deeper loops
-            loops += [(r, False) for r in term.reduced[:inner]]
             evaluations, repeats = 1, []
-            for r, _ in loops:
+            for r in (*reader.free, *term.reduced[:inner]):
                 n = _extent(r.start, r.stop, extents)
                 evaluations *= n
                 if r.index not in depends and n > 1:

@@ -35,7 +35,7 @@ sum factorisation), so a causal mask inside inlined scores still bounds the loop
 >>> fused.inlined, [str(n) for n in fused.stored]
 (('T',), ['s := 2*X[i]'])
 >>> print(fused.decisions[0])
-T: recomputed where read (cheaper to recompute); estimated cost inline 12, store 70
+T: recomputed where read (cheaper to recompute); estimated cost inline 10, store 90
 """
 
 from __future__ import annotations
