@@ -35,15 +35,16 @@ from codegen import config
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
-from codegen.passes.fusion import CHOICES, Fused, fuse, inlinable, nested_ranges
+from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair_stored, unpair
 from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.binding.program_grad import FusedProgram
-from tensordsl.errors import InputError, UnknownNameError, UnsupportedError, close_match
+from tensordsl.errors import UnknownNameError, UnsupportedError
 from tensordsl.frontend import arguments
+from tensordsl.frontend.fusion_choices import fuse_option
 from tensordsl.frontend.statements import (
     LoweredProgram,
     check_program_shapes,
@@ -92,7 +93,7 @@ class ProgramKernel:
         )
         self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
-        self.fuse = _fuse_option(fuse, self._lowered, source)
+        self.fuse = fuse_option(fuse, self._lowered, source)
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -419,55 +420,6 @@ def fuse_program(
     (the `fuse=` option, as sorted pairs)."""
     known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
     return _fused(live, outputs, known, force)
-
-
-def _fuse_option(value: Any, lowered: LoweredProgram, source: str) -> tuple[tuple[str, str], ...]:
-    """`fuse=` as sorted (intermediate, "inline" or "store") pairs; False stores them all."""
-    program = lowered.program
-    by_name = {nest.output: (n, nest) for n, nest in enumerate(program.statements)}
-    intermediates = [n for n in by_name if n not in program.outputs]
-    if value is True or value is None:
-        return ()
-    if value is False:
-        return tuple(sorted((name, "store") for name in intermediates))
-    if not isinstance(value, Mapping):
-        raise InputError(
-            f"fuse= must be True, False or a dict, got {type(value).__name__}",
-            source,
-            expected='as in fuse={"H": "store"} (or "inline") for an intermediate H',
-        )
-    for name, choice in value.items():
-        if name not in by_name or name in program.outputs:
-            what = (
-                "an output (always stored)"
-                if name in program.outputs
-                else ("an input" if name in program.input_names else "not a statement")
-            )
-            raise UnknownNameError(
-                f"fuse= names '{name}', which is {what}",
-                source,
-                expected="an intermediate: " + (", ".join(intermediates) or "(none)"),
-                hint=close_match(str(name), intermediates),
-            )
-        n, nest = by_name[name]
-        span = lowered.statements[n].statement.span
-        if choice not in CHOICES:
-            raise InputError(
-                f"fuse= says {choice!r} for '{name}'",
-                source,
-                span,
-                expected='"inline" (recomputed where read) or "store"',
-                hint=close_match(str(choice), CHOICES),
-            )
-        if choice == "inline" and not inlinable(nest):
-            raise UnsupportedError(
-                f"'{name}' cannot be recomputed where read: it is a {nest.reduction} "
-                + ("of several terms" if len(nest.terms) > 1 else "reduction"),
-                source,
-                span,
-                expected=f'a sum or logsumexp of one term, or fuse={{"{name}": "store"}}',
-            )
-    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
 
 
 def _output_dtype(operands: Sequence[Any]) -> Any:
