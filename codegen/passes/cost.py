@@ -282,8 +282,8 @@ def decide(
     store_cost = per_element * size + BYTE_COST * ELEMENT_BYTES * size * (3 + reads)
     if reduces(producer):
         if repeats:
-            reader, loop, n = repeats[0]
-            why = f"recomputing it would repeat its sum {n}x inside {reader}'s loop over {loop}"
+            where, loop, n = repeats[0]
+            why = f"recomputing it would repeat its sum {n}x inside {where}'s loop over {loop}"
             return Decision(name, "store", why, inline_cost, store_cost)
         backward = [r.output for r in readers if nonlinear_in(r, name)]
         if backward:

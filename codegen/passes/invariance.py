@@ -52,11 +52,15 @@ def _apply(expr: sympy.Expr, changes: dict[str, Change]) -> sympy.Expr:
     return expr.xreplace({a: changes[a.base.name](a) for a in reads})
 
 
-def _change_of(nest: LoopNest, changes: dict[str, Change]) -> Change | None | bool:
-    """How `nest`'s output changes: False (it does not), a `Change` (a factor of its free
-    indices), or None (some other way, or not provably)."""
+def _unchanged(read: sympy.Indexed) -> sympy.Expr:
+    return read
+
+
+def _change_of(nest: LoopNest, changes: dict[str, Change]) -> Change | None:
+    """How `nest`'s output changes: `_unchanged`, a `Change` (a factor of its free indices),
+    or None (some other way, or not provably)."""
     if not any(name in changes for name in nest.operand_names):
-        return False
+        return _unchanged
     factors = set()
     for term in nest.terms:
         if term.body.atoms(Reduce) or term.guard != sympy.true:
@@ -72,7 +76,7 @@ def _change_of(nest: LoopNest, changes: dict[str, Change]) -> Change | None | bo
             return None
         factors.add(factor)
     if factors == {sympy.Integer(1)}:
-        return False
+        return _unchanged
     if len(factors) != 1:
         return None
     factor = factors.pop()
@@ -102,10 +106,10 @@ def shift_invariant(stored: Sequence[LoopNest], *, outputs: Sequence[str]) -> tu
         invariant = True
         for nest in stored[n + 1 :]:
             change = _change_of(nest, changes)
-            if change is None or (change is not False and nest.output in outputs):
+            if change is None or (change is not _unchanged and nest.output in outputs):
                 invariant = False
                 break
-            if change is not False:
+            if change is not _unchanged:
                 changes[nest.output] = change
         if invariant:
             found.append(statistic.output)
