@@ -152,9 +152,9 @@ assert_close(
 #
 # A kernel may hold several statements, each with its own reduction; later ones read earlier
 # ones' outputs. LayerNorm is then one kernel, and so is causal attention, written as its
-# definition: scores, their logsumexp, the weighted sum. At each call, intermediates that are
-# larger than every input and output (the `(H, T, T)` scores) are recomputed where they are
-# read instead of stored, forwards and backwards; the causal mask bounds the loops. On the C
+# definition: scores, their logsumexp, the weighted sum. At each call, a cost model decides
+# which intermediates are recomputed where they are read instead of stored (the `(H, T, T)`
+# scores are, forwards and backwards; the causal mask bounds the loops). On the C
 # back end the logsumexp and the weighted sum run in one pass over the scores (online
 # softmax, as FlashAttention's forward). The explain tool says what runs for given shapes.
 

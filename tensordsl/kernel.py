@@ -17,6 +17,7 @@ from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
     ScheduleError,
     UnknownNameError,
+    UnsupportedError,
     close_match,
 )
 from tensordsl.frontend import arguments
@@ -267,6 +268,7 @@ OPTIONS = (
     "loop_order",
     "outputs",
     "precision",
+    "fuse",
 )
 
 
@@ -280,6 +282,12 @@ def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     _check_options(options, "td.kernel")
     if is_program(source) or "outputs" in options:
         return ProgramKernel(source, **options)
+    if "fuse" in options:
+        raise UnsupportedError(
+            "fuse= applies to programs of several statements",
+            source,
+            expected="td.program(...) for a program of one statement, or no fuse=",
+        )
     return Kernel(source, **options)
 
 

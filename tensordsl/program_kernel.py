@@ -1,13 +1,13 @@
 """`td.kernel` for programs: several statements in one callable.
 
 `ProgramKernel` is what `td.kernel` returns for a source of several statements (or with
-`outputs=`). A call checks the inputs' shapes against every statement, then `run_program`
-fuses the statements for those shapes (`codegen.passes.fusion`: large intermediates recomputed
-where read) and runs the fused nests as one differentiable function
-(`tensordsl.binding.program_grad.FusedProgram`); with `TENSORDSL_FUSE=0`, each statement in order
-through `jax_bind.call_nest`, every intermediate stored. Every nest is the primitive of a
-one-statement kernel, so `jit`, `grad` (second order included) and `vmap` work on every
-back end.
+`outputs=`). A call checks the inputs' shapes against every statement, then
+`tensordsl.binding.programs.run_program` fuses the statements for those shapes
+(`codegen.passes.fusion`: large intermediates recomputed where read) and runs the fused nests as
+one differentiable function (`tensordsl.binding.program_grad.FusedProgram`); with
+`TENSORDSL_FUSE=0`, each statement in order through `jax_bind.call_nest`, every intermediate
+stored. Every nest is the primitive of a one-statement kernel, so `jit`, `grad` (second order
+included) and `vmap` work on every back end.
 
 >>> import numpy as np
 >>> softmax = ProgramKernel('''
@@ -23,9 +23,6 @@ back end.
 
 from __future__ import annotations
 
-import functools
-import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,18 +31,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen import config
-from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
-from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.online import pair_stored, unpair
 from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
-from tensordsl.binding import primitive as jax_bind
-from tensordsl.binding.program_grad import FusedProgram
+from tensordsl.binding.programs import fuse_program, run_program
 from tensordsl.errors import UnknownNameError, UnsupportedError
 from tensordsl.frontend import arguments
+from tensordsl.frontend.fusion_choices import fuse_option
 from tensordsl.frontend.statements import (
     LoweredProgram,
     check_program_shapes,
@@ -53,7 +48,7 @@ from tensordsl.frontend.statements import (
     lower_program,
 )
 
-__all__ = ["ProgramKernel", "run_program"]
+__all__ = ["ProgramKernel"]
 
 
 class ProgramKernel:
@@ -69,6 +64,9 @@ class ProgramKernel:
         nograd: inputs that never get a gradient.
         precision: of the contractions given to XLA's dot, for every statement (see
             `tensordsl.kernel.Kernel`).
+        fuse: True (default): the cost model decides, per intermediate, whether it is
+            recomputed where read or stored (`explain(shapes)` shows each decision); False:
+            every intermediate stored; a dict forces some, `{"H": "store", "S": "inline"}`.
 
     Raises:
         TensorDSLError: a subclass naming the mistake, underlined in the program source.
@@ -86,6 +84,7 @@ class ProgramKernel:
         schedule: Any = None,
         loop_order: tuple[str, ...] | None = None,
         precision: Any = None,
+        fuse: bool | Mapping[str, str] = True,
     ):
         self.source_text = source = arguments.source_text(source)
         self._lowered: LoweredProgram = lower_program(
@@ -94,6 +93,7 @@ class ProgramKernel:
         self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
         self.precision = arguments.precision(precision)
+        self.fuse = fuse_option(fuse, self._lowered, source)
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -110,7 +110,7 @@ class ProgramKernel:
 
     def _key(self) -> tuple[Any, ...]:
         """What the program computes and returns, and how: equal keys, interchangeable."""
-        return (self.program, self._lowered.returns_tuple, self.backend, self.nograd)
+        return (self.program, self._lowered.returns_tuple, self.backend, self.nograd, self.fuse)
 
     def __eq__(self, other: object) -> bool:
         """Programs of the same statements (their nests), outputs and options are equal."""
@@ -185,7 +185,9 @@ class ProgramKernel:
         live = live_statements(self.program)
         if not config.fuse_programs():
             return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"]
-        fused = fuse_program(live, self.program.outputs, self.program.concrete_shapes(shapes))
+        fused = fuse_program(
+            live, self.program.outputs, self.program.concrete_shapes(shapes), self.fuse
+        )
         stored = [nest.output for nest in fused.stored]
         lines = [
             f"fused for these shapes: {', '.join(stored)} computed by {len(stored)} nest(s); "
@@ -195,6 +197,7 @@ class ProgramKernel:
                 else "every intermediate stored"
             )
         ]
+        lines += ["  " + str(decision) for decision in fused.decisions]
         for nest in fused.stored:
             lines.append(f"fused statement {nest.output}")
             lines += ["  " + line for line in explain(nest).split("\n")]
@@ -211,8 +214,8 @@ class ProgramKernel:
         live = {nest.output for nest in live_statements(program)}
         lines = [
             f"program of {len(program.statements)} statements, run in order; intermediates "
-            "are recomputed where read when elementwise or larger than every input and "
-            "output (explain(shapes) says which), otherwise stored",
+            "are recomputed where read or stored, as a cost model decides for the call's "
+            "shapes (explain(shapes) says which and why)",
             f"  inputs   {', '.join(self.inputs)}",
             f"  outputs  {', '.join(self.outputs)}",
         ]
@@ -292,7 +295,11 @@ class ProgramKernel:
         def loss(*values: Any) -> Any:
             known = dict(zip(self.inputs, values))
             results = run_program(
-                self.program, known, backend=table.PROFILED.name, nograd=self.nograd
+                self.program,
+                known,
+                backend=table.PROFILED.name,
+                nograd=self.nograd,
+                fuse=self.fuse,
             )
             return sum(jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact))
 
@@ -321,138 +328,6 @@ class ProgramKernel:
             backend=table.resolve_backend(self.backend),
             nograd=self.nograd,
             precision=self.precision,
+            fuse=self.fuse,
         )
         return results if self._lowered.returns_tuple else results[0]
-
-
-def run_program(
-    program: Program,
-    values: Mapping[str, Any],
-    *,
-    backend: str,
-    nograd: frozenset[str] = frozenset(),
-    precision: Any = None,
-) -> tuple[jax.Array, ...]:
-    """Run the statements the outputs need, in order, each as its own `nest_p`.
-
-    Args:
-        program: the program.
-        values: an array per input, by name (shapes already checked).
-        backend: a key of `table.BACKENDS`.
-        nograd: inputs that get no gradient.
-        precision: of the contractions given to XLA's dot (`jax_bind.call_nest`).
-
-    Returns:
-        The outputs, in `program.outputs` order.
-    """
-    known = dict(values)
-    nests = compiled_statements(program, known, backend)
-    if nests != live_statements(program):
-        # Fused: one differentiable function whose input gradients are one nest each.
-        names = tuple(known)
-        fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision)
-        return fused.call(*(known[name] for name in names))
-    for nest in nests:
-        operands = [known[name] for name in nest.operand_names]
-        known[nest.output] = jax_bind.call_nest(
-            nest,
-            operands,
-            backend=backend,
-            shapes={},
-            out_dtype=_output_dtype(operands),
-            nograd=nograd & set(nest.operand_names),
-            precision=precision,
-        )
-    return tuple(known[name] for name in program.outputs)
-
-
-def compiled_statements(
-    program: Program, values: Mapping[str, Any], backend: str
-) -> tuple[LoopNest, ...]:
-    """The nests a call runs, in order: the live statements fused for these shapes
-    (`codegen.passes.fusion`) on every back end, so that they all agree; as written (statements in
-    order as separate kernels) where `TENSORDSL_FUSE=0`.
-
-    Raises:
-        UnsupportedError: a recomputed intermediate reduces over an empty range (its masks were
-            turned into loop bounds assuming it does not).
-    """
-    live = live_statements(program)
-    if not config.fuse_programs():
-        return live
-    shapes = program.concrete_shapes({op.name: np.shape(values[op.name]) for op in program.inputs})
-    fused = fuse_program(live, program.outputs, shapes)
-    for nest in fused.stored:
-        for nested in nested_ranges(nest):
-            length = evaluate_int(nested.stop - nested.start, extent_values(nest, shapes))
-            if length < 1:
-                raise UnsupportedError(
-                    f"statement '{nest.output}' recomputes a sum over the empty range of "
-                    f"'{nested.index}' ({nested.start} to {nested.stop})",
-                    expected="non-empty reduced ranges in a fused program, or TENSORDSL_FUSE=0",
-                )
-    _check_stored_sizes(program, fused.stored, shapes, values)
-    return fused.stored
-
-
-def _memory_bytes() -> int | None:
-    """The machine's physical memory, where the OS says."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _check_stored_sizes(
-    program: Program,
-    stored: Sequence[LoopNest],
-    shapes: Mapping[str, Sequence[int]],
-    values: Mapping[str, Any],
-) -> None:
-    """Refuse a stored intermediate larger than the machine's memory before allocating it.
-
-    Fusion recomputes only sums and logsumexps (`codegen.passes.fusion`); a max, min or prod
-    intermediate larger than every input and output is stored (`(prod) S[i,j]` of
-    200000 x 200000 asks for 320 GB), which would fail in the allocator, or worse.
-
-    Raises:
-        UnsupportedError: such an intermediate would not fit in memory.
-    """
-    memory = _memory_bytes()
-    if memory is None:
-        return
-    itemsize = max(
-        (np.dtype(getattr(v, "dtype", np.float64)).itemsize for v in values.values()), default=8
-    )
-    for nest in stored:
-        if nest.output in program.outputs:
-            continue
-        count = math.prod(shapes[nest.output])
-        if count * itemsize > memory:
-            raise UnsupportedError(
-                f"the program stores its intermediate '{nest.output}' ({nest.reduction}) of shape "
-                f"{tuple(shapes[nest.output])}: {count * itemsize} bytes, more than this "
-                f"machine's memory ({memory} bytes)",
-                expected="a stored intermediate that fits in memory (only sums and logsumexps "
-                "are recomputed inside their readers)",
-                hint="reduce inside the statement that reads it, or split the computation",
-            )
-
-
-@functools.lru_cache(maxsize=256)
-def _fused(live: tuple[LoopNest, ...], outputs: tuple[str, ...], sizes: tuple) -> Fused:
-    return fuse(live, outputs=outputs, sizes=dict(sizes))
-
-
-def fuse_program(
-    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: Mapping[str, Sequence[int]]
-) -> Fused:
-    """`codegen.passes.fusion.fuse` of the live statements, cached per sizes."""
-    sizes = tuple(sorted((name, math.prod(shape)) for name, shape in shapes.items()))
-    return _fused(live, outputs, sizes)
-
-
-def _output_dtype(operands: Sequence[Any]) -> Any:
-    """As a one-statement kernel: the operands' result type, a float for integer operands."""
-    dtype = jnp.result_type(*operands) if operands else jnp.result_type(float)
-    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)

@@ -3,21 +3,22 @@
 A program is a sequence of nests, each reading inputs and earlier statements' outputs. Every
 intermediate that is not an output is either *stored* (computed by a nest of its own and read
 back) or *inlined* into the statements that read it (`codegen.passes.inline`: recomputed where it
-is read, as a nested reduction when it reduces). The rule, per intermediate:
+is read, as a nested reduction when it reduces). `codegen.passes.cost.decide` chooses, per
+intermediate, from the FLOPs and bytes of each choice counted with the call's extents:
 
-* elementwise (nothing reduced): inlined — recomputing costs a few operations and saves a
-  round trip through memory;
-* a sum or a logsumexp larger than the largest input or output (attention's scores, `T x T`
-  against `T x d`): inlined — never materialised, forward or backward;
-* otherwise (a row statistic such as a mean or a logsumexp, or a max/min/prod, whose
-  gradient through a nested reduction is not derived): stored.
+* an output, or an intermediate read by a pure contraction (which runs as XLA's dot,
+  `codegen.ir.contraction`, faster than any loop nest we generate), is stored; a pure
+  contraction read elementwise stays a dot;
+* a reduction is never recomputed inside a loop that does not index it (the MLP's hidden
+  layer inside the loop over the output features), nor where a reader's gradient would
+  recompute it per element, unless it is larger than every input and output and computed
+  once per element forward (attention's `T x T` scores, whose weighted sum the one-pass
+  strategy pairs with the logsumexp);
+* otherwise the cheaper of the two estimates wins (an elementwise intermediate read once is
+  recomputed).
 
-Pure contractions run as XLA's dot (`codegen.ir.contraction`), faster than any loop nest we
-generate, so recomputing never costs one: an intermediate is stored when a reader is a pure
-contraction (the MLP's `Y[b,o] := A[b,u] * W2[u,o]` keeps reading a stored GELU output `A`),
-and a pure contraction is recomputed only inside readers that reduce over its result
-(attention's scores inside the logsumexp and the weighted sum), never inside an elementwise
-one (the MLP's `H[b,u] := X[b,f] * W1[f,u]` stays a dot).
+`force` overrides a decision per intermediate ("inline" or "store"), and `fuse=` on
+`td.program` passes it; `Fused.decisions` says what was chosen and why (`explain`).
 
 The stored nests then go through the passes of single statements (guards as loop bounds,
 sum factorisation), so a causal mask inside inlined scores still bounds the loops.
@@ -30,9 +31,11 @@ sum factorisation), so a causal mask inside inlined scores still bounds the loop
 ...     (Operand("X", 1),))
 >>> total = LoopNest("s", (), (Term(T[i], (Range(i, 0, extent_symbol("T", 0)),)),),
 ...     (Operand("T", 1),))
->>> fused = fuse((double, total), outputs=("s",), sizes={"X": 5, "T": 5, "s": 1})
+>>> fused = fuse((double, total), outputs=("s",), shapes={"X": (5,), "T": (5,), "s": ()})
 >>> fused.inlined, [str(n) for n in fused.stored]
 (('T',), ['s := 2*X[i]'])
+>>> print(fused.decisions[0])
+T: recomputed where read (cheaper to recompute); estimated cost inline 10, store 90
 """
 
 from __future__ import annotations
@@ -43,47 +46,25 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.ir.contraction import contraction
 from codegen.ir.nest import LoopNest, Reduce, Term
+from codegen.passes.cost import INLINE_REDUCTIONS, Decision, decide
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards, identity_of
-from codegen.passes.inline import inline
+from codegen.passes.inline import CannotInline, inline
+from codegen.passes.online import pair
 
-#: Reductions an intermediate may have and still be recomputed inside its readers (their
-#: gradients through a nested reduction are derived; see `codegen.passes.grad`).
-INLINE_REDUCTIONS = ("sum", "logsumexp")
+#: What `force` may say of an intermediate.
+CHOICES = ("inline", "store")
 
 
 @dataclass(frozen=True)
 class Fused:
-    """The nests to run, in order, and the intermediates recomputed inside them."""
+    """The nests to run, in order, the intermediates recomputed inside them, and the
+    decision taken for each intermediate."""
 
     stored: tuple[LoopNest, ...]
     inlined: tuple[str, ...]
-
-
-def _reduces(nest: LoopNest) -> bool:
-    return any(t.reduced for t in nest.terms)
-
-
-def _inline_it(
-    nest: LoopNest,
-    readers: Sequence[LoopNest],
-    outputs: Sequence[str],
-    sizes: Mapping[str, int],
-) -> bool:
-    if nest.output in outputs:
-        return False
-    if any(contraction(r) is not None for r in readers):
-        return False
-    if contraction(nest) is not None and not all(_reduces(r) for r in readers):
-        return False
-    if len(nest.terms) > 1 and nest.reduction != "sum":
-        return False  # its terms could not be added inside a reader
-    if not _reduces(nest):
-        return True
-    largest = max((n for name, n in sizes.items() if name != nest.output), default=0)
-    return nest.reduction in INLINE_REDUCTIONS and sizes[nest.output] > largest
+    decisions: tuple[Decision, ...] = ()
 
 
 def _raw(nest: LoopNest) -> LoopNest:
@@ -104,7 +85,11 @@ def _raw(nest: LoopNest) -> LoopNest:
 
 
 def fuse(
-    statements: Sequence[LoopNest], *, outputs: Sequence[str], sizes: Mapping[str, int]
+    statements: Sequence[LoopNest],
+    *,
+    outputs: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    force: Mapping[str, str] | None = None,
 ) -> Fused:
     """Decide and carry out the inlining of a program's intermediates (module docstring).
 
@@ -112,25 +97,76 @@ def fuse(
         statements: one nest per statement, in program order; each reads inputs and earlier
             statements' outputs by name.
         outputs: the statements whose results the program returns.
-        sizes: the number of elements of every input and every statement's output.
+        shapes: the shape of every input and every statement's output, for this call.
+        force: "inline" or "store" per intermediate, instead of the cost model's choice.
 
     Returns:
-        A `Fused`: the nests to run in order (outputs and stored intermediates) and the
-        names of the intermediates recomputed inside them.
+        A `Fused`: the nests to run in order (outputs and stored intermediates), the names of
+        the intermediates recomputed inside them, and the decisions.
     """
+    force = dict(force or {})
+    names = [nest.output for nest in statements]
+    intermediates = [name for name in names if name not in outputs]
     expanded: dict[str, LoopNest] = {}  # intermediates to recompute, in terms of stored ones
     stored: list[LoopNest] = []
     inlined: list[str] = []
+    decisions: list[Decision] = []
     for n, nest in enumerate(statements):
         for name in [n for n in nest.operand_names if n in expanded]:
             nest = inline(nest, expanded[name])
         readers = [r for r in statements[n + 1 :] if nest.output in r.operand_names]
-        if _inline_it(nest, readers, outputs, sizes):
+        if nest.output in outputs or not readers:
+            stored.append(factor_sums(bound_guards(nest)))
+            continue
+        decision = decide(
+            nest,
+            readers,
+            outputs=outputs,
+            shapes=shapes,
+            paired=_paired(nest, readers),
+            intermediates=intermediates,
+        )
+        if nest.output in force:
+            choice = force[nest.output]
+            decision = dataclasses.replace(decision, choice=choice, reason="forced by fuse=")
+        decisions.append(decision)
+        if decision.choice == "inline":
             expanded[nest.output] = _raw(nest)
             inlined.append(nest.output)
             continue
         stored.append(factor_sums(bound_guards(nest)))
-    return Fused(tuple(stored), tuple(inlined))
+    return Fused(tuple(stored), tuple(inlined), tuple(decisions))
+
+
+def inlinable(nest: LoopNest) -> bool:
+    """Whether `nest` can be recomputed where read (`fuse` may be forced to): elementwise,
+    or a sum or logsumexp, of one term unless a sum."""
+    if len(nest.terms) > 1 and nest.reduction != "sum":
+        return False
+    return not any(t.reduced for t in nest.terms) or nest.reduction in INLINE_REDUCTIONS
+
+
+def _paired(producer: LoopNest, readers: Sequence[LoopNest]) -> tuple[str, ...]:
+    """The readers whose reads of `producer`, recomputed, the one-pass strategy computes
+    together with a logsumexp reader's (`codegen.passes.online.pair`): attention's weighted
+    sum, paired with the logsumexp of the same scores."""
+    if producer.reduction not in INLINE_REDUCTIONS:
+        return ()
+    raw = _raw(producer)
+    found = []
+    for lse in readers:
+        if lse.reduction != "logsumexp":
+            continue
+        for weighted in readers:
+            if lse.output not in weighted.operand_names:
+                continue
+            try:
+                one = inline(lse, raw), inline(weighted, raw)
+            except CannotInline:
+                continue
+            if pair(*(factor_sums(bound_guards(nest)) for nest in one)) is not None:
+                found.append(weighted.output)
+    return tuple(found)
 
 
 def nested_ranges(nest: LoopNest) -> tuple[Reduce, ...]:

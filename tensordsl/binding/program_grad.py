@@ -14,7 +14,9 @@ transposed into this backward:
   gradient nests of each program input, one per statement that reads it, are added into ONE
   nest (`merge_gradients`: their terms over the same loops merge into one term, so the
   scores and weights are computed once, `dS = P * (dP + dL)` in FlashAttention's words) and
-  run once.
+  run once;
+* a statistic no output depends on (a max subtracted for stability, `exp(X - M)` divided by
+  its sum: `codegen.passes.invariance`) gets no cotangent: none of its gradient nests run.
 
 Every nest still runs through the primitive (`jax_bind.call_nest`), so the backward is itself
 differentiable (second order), batchable and jittable.
@@ -36,6 +38,7 @@ from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from codegen.passes import grad, gradient_rules
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
+from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair_stored
 from codegen.recursion import deeply
 from tensordsl.binding import one_pass as online
@@ -107,6 +110,8 @@ class FusedProgram:
     ) -> None:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
         self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
+        # A max subtracted for stability and divided out again: its gradient is exactly zero.
+        self.zero_gradient = shift_invariant(stored, outputs=outputs)
         self.backend, self.nograd, self.precision = backend, nograd, precision
         self.call = jax.custom_jvp(deeply(self.run))
         # Symbolic zeros: the rule knows which inputs are differentiated, and the backward
@@ -186,6 +191,8 @@ class FusedProgram:
             for op in nest.operands:
                 value = values[op.name]
                 if op.name not in needed or op.name in self.nograd:
+                    continue
+                if op.name in self.zero_gradient:
                     continue
                 if not is_differentiable(jnp.result_type(value)):
                     continue

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from benchmarks import attention, gaussian, gpt_block
+from benchmarks import attention, gaussian, gpt_block, natural
 from benchmarks.common import markers, write_section
 from codegen import config
 
@@ -103,3 +103,17 @@ def test_attention_quick_checks_times_and_writes_its_section(results):
 def test_attention_memory_child_measures_one_call():
     found = attention.memory_child(attention.OURS, "fwd", attention.Shape(1, 2, 64, 8))
     assert found["peak_growth"] >= 0
+
+
+def test_natural_quick_checks_times_and_writes_its_section(results):
+    assert natural.main(["--quick", "--no-cold", "--out", str(results)]) == 0
+    section = _section(results, "natural")
+    for row in natural.ROWS:
+        cells = rf"^\| {re.escape(row.name)} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \|"
+        assert re.search(cells, section, re.M), row.name
+    assert re.search(r"^\| MLP \|.*\| H stored \|$", section, re.M)
+
+
+def test_natural_cold_child_builds_in_a_fresh_cache():
+    found = natural.cold("softmax", quick=True)
+    assert found["cold_s"] > 0

@@ -16,7 +16,7 @@ import pytest
 import tensordsl as td
 from codegen.ir.nest import LoopNest
 from codegen.passes.online import pair, pair_stored, unpair
-from tensordsl.program_kernel import compiled_statements
+from tensordsl.binding.programs import compiled_statements
 from tests.programs import PROGRAMS_BY_NAME
 
 CAUSAL = PROGRAMS_BY_NAME["causal_attention"].source

@@ -193,7 +193,7 @@ def test_attention_never_materialises_the_scores():
     # Forward and backward under jit: no buffer of the (B, H, T, T) scores anywhere, neither
     # XLA's nor an intermediate of ours; the scores are recomputed inside L's and O's nests
     # and inside every gradient nest.
-    from tensordsl.program_kernel import compiled_statements
+    from tensordsl.binding.programs import compiled_statements
 
     case = PROGRAMS_BY_NAME["causal_attention"]
     k = td.kernel(case.source, outputs=("O", "L"), backend="c")

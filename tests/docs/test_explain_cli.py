@@ -188,10 +188,11 @@ def test_explain_of_a_program_has_a_section_per_statement(capsys):
         "    D[i] = -C[i] + C[i + 1]",
         "      i in [0, 7)",
         "  gradient of C",
+        "  C: recomputed where read (cheaper to recompute); estimated cost",
         "schedules of statement 1, C (float32)",
         "schedules of statement 2, D (float32)",
-        "--- C (c) ---",  # with --shapes, the nests a call runs
-        "--- dC (c) ---",
+        "--- D (c) ---",  # with --shapes, the nests a call runs: C is recomputed inside D
+        "--- dX (c) ---",
     ]
     positions = [out.find(h) for h in headings]
     assert -1 not in positions, [h for h, p in zip(headings, positions) if p < 0]

@@ -285,7 +285,7 @@ def test_one_pass_attention_splits_its_rows_only(rng):
     # (here h: the causal bound keeps i whole), its reduced index and packed axis stay whole
     # (a running max does not combine by psum).
     from codegen.passes.online import pair_stored
-    from tensordsl.program_kernel import compiled_statements
+    from tensordsl.binding.programs import compiled_statements
 
     source = """
         S[h,i,j] := Q[h,i,d] * K[h,j,d] + where(j <= i, 0, -inf)

@@ -1,0 +1,476 @@
+"""Natural formulations: common layers written the way a new user writes them, against jnp.
+
+Run from the repository root:
+
+    python -m benchmarks.natural           # rewrites its RESULTS.md section (a few minutes)
+    python -m benchmarks.natural --quick   # tiny sizes, smoke run; writes nothing
+
+Each row is one layer, written directly in the language (a program of several statements, or
+one statement), float32 on the C back end, next to the same layer in jax.numpy in the same
+run: the forward and the forward+backward (`jax.value_and_grad` of `sum(out * ct)` with
+respect to every float input), both under `jax.jit`, medians, implementations in turns
+(benchmarks/common.py). A program also runs with `fuse=False` (every intermediate stored:
+the statements as separate kernels), so that the fusion cost model's choice can be compared
+with not fusing at all. "cold s": the first `jit(value_and_grad)` call in a fresh process
+with an empty kernel cache (every kernel built). Every result is checked against jax.numpy
+(relative to its largest magnitude) before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import (
+    RESULTS_MD,
+    by_implementation,
+    child_env,
+    finish_run,
+    header,
+    markers,
+    median_of,
+    mismatches,
+    ms,
+    over,
+    ratio,
+    run_child,
+    short,
+    start_run,
+    time_rounds,
+    write_outputs,
+)
+
+NAME = "natural"
+OURS, STORED, JNP = "tensordsl", "tensordsl fuse=False", "jax.numpy"
+MODES = ("fwd", "fwd+bwd")
+TOLERANCE = 2e-3
+
+LAYERNORM = """
+    mu[b] := X[b,f] / F
+    var[b] := (X[b,f] - mu[b])^2 / F
+    N[b,f] := (X[b,f] - mu[b]) * rsqrt(var[b] + eps)
+    Y[b,f] := N[b,f] * g[f] + beta[f]
+"""
+ATTENTION_LAYER = """
+    mu[t] := X[t,c] / C
+    var[t] := (X[t,c] - mu[t])^2 / C
+    N[t,c] := (X[t,c] - mu[t]) * rsqrt(var[t] + 1e-5) * g[c] + beta[c]
+    Q[h,t,d] := N[t,c] * Wq[c,h,d]
+    K[h,t,d] := N[t,c] * Wk[c,h,d]
+    V[h,t,d] := N[t,c] * Wv[c,h,d]
+    S[h,i,j] := Q[h,i,d] * K[h,j,d] * 0.125 + where(j <= i, 0, -inf)
+    (logsumexp) L[h,i] := S[h,i,j]
+    O[h,i,d] := exp(S[h,i,j] - L[h,i]) * V[h,j,d]
+    Y[t,o] := O[h,t,d] * Wo[h,d,o]
+"""
+TRIPLET = """
+    D[i,j] := (X[i,f] - X[j,f])^2
+    (max) P[i] := D[i,j] * same[i,j]
+    (min) N[i] := D[i,j] + 1000 * same[i,j]
+    loss := relu(P[i] - N[i] + margin)
+"""
+SOFTMAX = """
+    (max) M[i] := X[i,j]
+    Z[i] := exp(X[i,j] - M[i])
+    P[i,j] := exp(X[i,j] - M[i]) / Z[i]
+"""
+GAUSSIAN = "Y[i] := exp(-((X[i,0]-Z[j,0])^2 + (X[i,1]-Z[j,1])^2 + (X[i,2]-Z[j,2])^2)) * B[j]"
+
+
+def _layernorm(x: Any, g: Any, b: Any, eps: float = 1e-5) -> Any:
+    mean = x.mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps) * g + b
+
+
+def _attention_layer(X, C, g, beta, Wq, Wk, Wv, Wo):
+    n = _layernorm(X, g, beta)
+    q, k, v = (jnp.einsum("tc,chd->htd", n, w) for w in (Wq, Wk, Wv))
+    s = jnp.einsum("hid,hjd->hij", q, k) * 0.125
+    t = X.shape[0]
+    s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+    return jnp.einsum("htd,hdo->to", jnp.einsum("hij,hjd->hid", jax.nn.softmax(s, -1), v), Wo)
+
+
+def _triplet(X, same, margin):
+    d = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    hardest = (d * same).max(1) - (d + 1000 * same).min(1)
+    return jax.nn.relu(hardest + margin).sum()
+
+
+def _conv(x, w):
+    """`Y[o, i...] := X[c, i+k...] * W[o, c, k...]` as XLA's convolution."""
+    return jax.lax.conv_general_dilated(x[None], w, (1,) * (w.ndim - 2), "VALID")[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """A layer: its source, the jnp function, the inputs' shapes (full and quick)."""
+
+    name: str
+    source: str
+    jnp_fn: Callable[..., Any]
+    shapes: dict[str, tuple[int, ...]]
+    quick: dict[str, tuple[int, ...]]
+    program: bool = True
+
+
+ROWS = (
+    Row(
+        "MLP",
+        "H[b,u] := X[b,f] * W1[f,u]\nY[b,o] := tanh(H[b,u]) * W2[u,o]",
+        lambda X, W1, W2: jnp.tanh(X @ W1) @ W2,
+        {"X": (512, 128), "W1": (128, 512), "W2": (512, 128)},
+        {"X": (6, 4), "W1": (4, 8), "W2": (8, 3)},
+    ),
+    Row(
+        "attention sub-layer",
+        ATTENTION_LAYER,
+        _attention_layer,
+        {
+            "X": (256, 128),
+            "C": (),
+            "g": (128,),
+            "beta": (128,),
+            **{w: (128, 2, 64) for w in ("Wq", "Wk", "Wv")},
+            "Wo": (2, 64, 128),
+        },
+        {
+            "X": (6, 8),
+            "C": (),
+            "g": (8,),
+            "beta": (8,),
+            **{w: (8, 2, 4) for w in ("Wq", "Wk", "Wv")},
+            "Wo": (2, 4, 8),
+        },
+    ),
+    Row(
+        "GELU inside the contraction",
+        "Y[b,t,o] := 0.5*H[b,t,u]*(1+erf(H[b,t,u]*0.7071067811865476))*W2[u,o]",
+        lambda H, W2: jax.nn.gelu(H, approximate=False) @ W2,
+        {"H": (4, 64, 512), "W2": (512, 128)},
+        {"H": (2, 3, 8), "W2": (8, 4)},
+        program=False,
+    ),
+    Row(
+        "LayerNorm",
+        LAYERNORM,
+        lambda X, F, eps, g, beta: _layernorm(X, g, beta, eps),
+        {"X": (1024, 256), "F": (), "eps": (), "g": (256,), "beta": (256,)},
+        {"X": (4, 8), "F": (), "eps": (), "g": (8,), "beta": (8,)},
+    ),
+    Row(
+        "Gaussian kernel (dX, dZ, dB)",
+        GAUSSIAN,
+        lambda X, Z, B: jnp.exp(-((X[:, None] - Z[None]) ** 2).sum(-1)) @ B,
+        {"X": (2000, 3), "Z": (2000, 3), "B": (2000,)},
+        {"X": (9, 3), "Z": (7, 3), "B": (7,)},
+        program=False,
+    ),
+    Row(
+        "conv1d",
+        "Y[o,i] := X[c,i+k] * W[o,c,k]",
+        _conv,
+        {"X": (32, 1026), "W": (32, 32, 3)},
+        {"X": (3, 10), "W": (2, 3, 3)},
+        program=False,
+    ),
+    Row(
+        "conv2d, output width 32",
+        "Y[o,y,x] := X[c,y+p,x+q] * W[o,c,p,q]",
+        _conv,
+        {"X": (16, 34, 34), "W": (16, 16, 3, 3)},
+        {"X": (2, 6, 6), "W": (3, 2, 3, 3)},
+        program=False,
+    ),
+    Row(
+        "conv2d, output width 30",
+        "Y[o,y,x] := X[c,y+p,x+q] * W[o,c,p,q]",
+        _conv,
+        {"X": (16, 32, 32), "W": (16, 16, 3, 3)},
+        {"X": (2, 7, 7), "W": (3, 2, 3, 3)},
+        program=False,
+    ),
+    Row(
+        "mixture of experts",
+        "H[b,e,o] := X[b,f] * W[e,f,o]\nY[b,o] := G[b,e] * tanh(H[b,e,o])",
+        lambda X, W, G: jnp.einsum("be,beo->bo", G, jnp.tanh(jnp.einsum("bf,efo->beo", X, W))),
+        {"X": (256, 64), "W": (8, 64, 64), "G": (256, 8)},
+        {"X": (12, 3), "W": (2, 3, 4), "G": (12, 2)},
+    ),
+    Row(
+        "triplet loss",
+        TRIPLET,
+        _triplet,
+        {"X": (256, 32), "same": (256, 256), "margin": ()},
+        {"X": (6, 3), "same": (6, 6), "margin": ()},
+    ),
+    Row(
+        "softmax",
+        SOFTMAX,
+        lambda X: jax.nn.softmax(X, -1),
+        {"X": (512, 512)},
+        {"X": (4, 6)},
+    ),
+    Row(
+        "RMSNorm",
+        "ms[b] := X[b,f]^2 / F; Y[b,f] := X[b,f] * rsqrt(ms[b] + eps) * g[f]",
+        lambda X, F, eps, g: X * jax.lax.rsqrt((X**2).mean(-1, keepdims=True) + eps) * g,
+        {"X": (1024, 512), "F": (), "eps": (), "g": (512,)},
+        {"X": (3, 5), "F": (), "eps": (), "g": (5,)},
+    ),
+)
+ROWS_BY_NAME = {row.name: row for row in ROWS}
+
+
+def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """float32 inputs, never all zeros or ones; scalars as the layer means them."""
+    rng = np.random.default_rng(len(row.name))
+    found = {}
+    for name, shape in shapes.items():
+        found[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+    scalars = {
+        "F": shapes.get("X", (1,))[-1],
+        "C": shapes.get("X", (1,))[-1],
+        "eps": 1e-5,
+        "margin": 0.3,
+    }
+    for name, value in scalars.items():
+        if name in found:
+            found[name] = np.float32(value)
+    if "same" in found:
+        labels = rng.integers(0, 4, size=shapes["same"][0])
+        found["same"] = (labels[:, None] == labels[None, :]).astype(np.float32)
+    return found
+
+
+def functions(row: Row, impl: str) -> tuple[Callable[..., Any], Callable[..., Any], tuple]:
+    """(forward, forward+backward, input names) of one implementation, jitted."""
+    import tensordsl as td
+
+    if impl == JNP:
+        fn = row.jnp_fn
+        names = tuple(row.shapes)
+    else:
+        options = {"fuse": False} if impl == STORED else {}
+        k = (
+            td.program(row.source, backend="c", **options)
+            if row.program
+            else td.kernel(row.source, backend="c")
+        )
+        fn, names = k, k.inputs
+    floats = tuple(n for n, shape in row.shapes.items() if shape and n != "same")
+
+    def loss(*values: Any) -> Any:
+        *values, ct = values
+        return jnp.sum(fn(*values) * ct)
+
+    argnums = tuple(names.index(n) for n in floats)
+    both = jax.jit(jax.value_and_grad(loss, argnums=argnums))
+    return jax.jit(fn), both, names
+
+
+def check(row: Row, shapes: dict, impl: str, made: tuple, want: tuple) -> dict[str, str]:
+    """The modes whose results differ from jax.numpy's (or fail), with the reason."""
+    forward, both, names = made
+    data = inputs(row, shapes)
+    args = [data[n] for n in names]
+    failed = {}
+    for mode, fn, call_args, expected in zip(
+        MODES, (forward, both), (args, [*args, want[2]]), want[:2]
+    ):
+        try:
+            bad = mismatches(fn(*call_args), expected, TOLERANCE)
+            if bad:
+                failed[mode] = "error: differs from jax.numpy: " + ", ".join(bad)[:120]
+        except Exception as error:  # noqa: BLE001 - reported in the table
+            failed[mode] = "error: " + short(error)
+    return failed
+
+
+def run_row(row: Row, quick: bool, budget: float, settle: float) -> dict[str, Any]:
+    shapes = row.quick if quick else row.shapes
+    data = inputs(row, shapes)
+    impls = (OURS, STORED, JNP) if row.program else (OURS, JNP)
+    made = {impl: functions(row, impl) for impl in impls}
+    jnp_args = [data[n] for n in made[JNP][2]]
+    out = np.asarray(made[JNP][0](*jnp_args))
+    ct = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    value, grads = made[JNP][1](*jnp_args, ct)
+    by_name = dict(zip([n for n in made[JNP][2] if shapes[n] and n != "same"], grads))
+    fns, args, failed = {}, {}, {}
+    for impl in impls:
+        names = made[impl][2]
+        want = (out, (value, tuple(by_name[n] for n in names if n in by_name)), ct)
+        failed[impl] = check(row, shapes, impl, made[impl], want)
+        args[impl] = [*(data[n] for n in names), ct]
+        forward = made[impl][0]
+        fns[(impl, "fwd")] = lambda *a, f=forward: f(*a[:-1])
+        fns[(impl, "fwd+bwd")] = made[impl][1]
+        for mode in failed[impl]:
+            del fns[(impl, mode)]
+    times = time_rounds(fns, args, budget, settle)
+    return {
+        "name": row.name,
+        "shapes": {n: list(s) for n, s in shapes.items()},
+        "impls": by_implementation(times, failed, impls, MODES),
+        "decisions": decisions(row, shapes),
+    }
+
+
+def decisions(row: Row, shapes: dict) -> str:
+    """What the cost model chose for a program at these shapes, in a few words."""
+    if not row.program:
+        return ""
+    import tensordsl as td
+    from codegen.ir.program import live_statements
+    from tensordsl.binding.programs import fuse_program
+
+    k = td.program(row.source)
+    fused = fuse_program(
+        live_statements(k.program), k.program.outputs, k.program.concrete_shapes(shapes)
+    )
+    stored = [d.name for d in fused.decisions if d.choice == "store"]
+    inlined = [d.name for d in fused.decisions if d.choice == "inline"]
+    parts = [f"{', '.join(inlined)} recomputed"] if inlined else []
+    parts += [f"{', '.join(stored)} stored"] if stored else []
+    return "; ".join(parts)
+
+
+def cold_child(name: str, quick: bool) -> dict[str, Any]:
+    """Seconds of the first `jit(value_and_grad)` call of a row (run in a fresh process with
+    an empty kernel cache by `cold`)."""
+    import time
+
+    row = ROWS_BY_NAME[name]
+    shapes = row.quick if quick else row.shapes
+    data = inputs(row, shapes)
+    _, both, names = functions(row, OURS)
+    out_shape = jax.eval_shape(functions(row, OURS)[0], *(data[n] for n in names)).shape
+    ct = np.ones(out_shape, np.float32) * np.float32(0.5)
+    start = time.perf_counter()
+    jax.block_until_ready(both(*(data[n] for n in names), ct))
+    return {"cold_s": time.perf_counter() - start}
+
+
+def cold(name: str, quick: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as cache:
+        env = child_env({"TENSORDSL_CACHE_DIR": cache})
+        return run_child("benchmarks.natural", ["--cold-child", name] + ["--quick"] * quick, env)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| layer | fwd ms | jnp fwd ms | fwd ratio | fwd+bwd ms | jnp fwd+bwd ms | "
+        "fwd+bwd ratio | fuse=False fwd / fwd+bwd ms | cold s | fusion |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for row in rows:
+        impls = row["impls"]
+        stored = impls.get(STORED)
+        cold_s = row.get("cold", {})
+        cells = [
+            row["name"],
+            ms(impls[OURS]["fwd"]),
+            ms(impls[JNP]["fwd"]),
+            ratio(over(median_of(row, OURS, "fwd"), median_of(row, JNP, "fwd"))),
+            ms(impls[OURS]["fwd+bwd"]),
+            ms(impls[JNP]["fwd+bwd"]),
+            ratio(over(median_of(row, OURS, "fwd+bwd"), median_of(row, JNP, "fwd+bwd"))),
+            f"{ms(stored['fwd'])} / {ms(stored['fwd+bwd'])}" if stored else "",
+            f"{cold_s['cold_s']:.1f}" if "cold_s" in cold_s else cold_s.get("error", "n/a"),
+            row["decisions"],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sizes(rows: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        f"- {row['name']}: "
+        + ", ".join(f"{n} {tuple(s) if s else 'scalar'}" for n, s in row["shapes"].items())
+        for row in rows
+    )
+
+
+def section(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    begin, end = markers(NAME)
+    return f"""{begin}
+## Natural formulations against jax.numpy (issue 26)
+
+Generated by `python -m benchmarks.{NAME}` (benchmarks/{NAME}.py); the text between the
+{NAME} markers is rewritten by that script.
+
+{header(info)}
+
+Each layer written directly (a program of several statements, or one statement), float32,
+C back end, `jax.jit`; jax.numpy in the same run. "fwd+bwd": `jax.value_and_grad` of
+`sum(out * ct)` with respect to every float input. Ratios are tensordsl / jax.numpy (below 1:
+faster). "fuse=False": the program with every intermediate stored, as separate kernels.
+"cold s": the first `jit(value_and_grad)` call in a fresh process with an empty kernel cache.
+"fusion": what the cost model chose for these shapes. Medians in milliseconds,
+implementations in turns; every result checked against jax.numpy first (relative tolerance
+{TOLERANCE:g} of the largest magnitude). The machine is shared and was loaded (see the load
+average): ratios are steadier than absolute times.
+
+{table(rows)}
+
+Target (issue 26): no row above 1.5x jax.numpy, forward or forward+backward. Items of the
+issue not done yet, and the rows that show them: elementwise prologues around contractions
+(MLP, GELU: `tanh(H[b,u]) * W2[u,o]` runs as a loop nest, not as XLA's dot after the
+elementwise part), schedules that never fall off (conv2d at output width 30, and the
+backward of conv2d), multi-output gradient nests (attention's dK and dV, the Gaussian
+kernel's dX, dZ and dB).
+
+Sizes:
+
+{sizes(rows)}
+
+Raw numbers: `benchmarks/results/{NAME}.json`.
+{end}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, smoke run")
+    parser.add_argument("--out", help="Markdown file to write the section into")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold-build children")
+    parser.add_argument("--only", nargs="*", help="run only these rows (by name)")
+    parser.add_argument("--cold-child", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.cold_child:
+        import json
+
+        print(json.dumps(cold_child(options.cold_child, options.quick)))
+        return 0
+    info = start_run()
+    budget, settle = (0.2, 0.01) if options.quick else (1.5, 0.1)
+    rows = []
+    for row in ROWS:
+        if options.only and row.name not in options.only:
+            continue
+        print(f"... {row.name}", file=sys.stderr, flush=True)
+        found = run_row(row, options.quick, budget, settle)
+        if not options.no_cold:
+            found["cold"] = cold(row.name, options.quick)
+        rows.append(found)
+    finish_run(info)
+    print(table(rows))
+    out = options.out or (None if options.quick else RESULTS_MD)
+    write_outputs(out, NAME, section(rows, info), {"machine": info, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

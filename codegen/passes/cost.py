@@ -1,0 +1,300 @@
+"""The fusion cost model: recompute an intermediate where it is read, or store it.
+
+For one intermediate `P` of a program and the statements that read it, `decide` counts, with
+the call's extents, what each choice costs, in rough units (one arithmetic operation = 1, a
+transcendental function = `FUNCTION_COST`, a byte through memory = `BYTE_COST`):
+
+* inline: every evaluation of `P`'s value inside its readers (a read is evaluated once per
+  iteration of the reader's loops outside it: its free loops and its reduced loops up to the
+  innermost one it depends on, as `codegen.emit.staging` hoists it), forward and in the
+  readers' gradient nests;
+* store: `P` computed once, written, and read back by each reader and gradient nest.
+
+Two rules come before the counts, because the counts cannot see what happens in the
+backward pass:
+
+* **Never recompute a reduction inside a loop that does not index it** (the MLP's
+  `tanh(H[b,u]) * W2[u,o]` would redo H's sum over f for every o; the gradient of a reader
+  nonlinear in H would redo it for every f): such an intermediate is stored ...
+* ... **unless storing it materialises something larger than every input and output that the
+  forward computes once per element in one pass**: attention's `T x T` scores, read by the
+  logsumexp and by the weighted sum that the one-pass strategy pairs with it
+  (`codegen.passes.online`), stay recomputed, never stored (FlashAttention). A mixture of
+  experts' hidden layer, also larger than every input, is stored: nothing pairs its readers,
+  and its gradients would redo its sum per element.
+
+Decisions are `Decision` records; `explain` prints them with their estimates.
+
+>>> from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
+>>> from codegen.ir.nest import tensor_base
+>>> b, f, u, o = (index_symbol(n) for n in "bfuo")
+>>> X, W1, W2, H = (tensor_base(n) for n in ("X", "W1", "W2", "H"))
+>>> rows = Range(b, 0, extent_symbol("X", 0))
+>>> hidden = LoopNest("H", (rows, Range(u, 0, extent_symbol("W1", 1))),
+...     (Term(X[b, f] * W1[f, u], (Range(f, 0, extent_symbol("X", 1)),)),),
+...     (Operand("X", 2), Operand("W1", 2)))
+>>> out = LoopNest("Y", (Range(b, 0, extent_symbol("H", 0)), Range(o, 0, extent_symbol("W2", 1))),
+...     (Term(sympy.tanh(H[b, u]) * W2[u, o], (Range(u, 0, extent_symbol("H", 1)),)),),
+...     (Operand("H", 2), Operand("W2", 2)))
+>>> shapes = {"X": (8, 4), "W1": (4, 16), "W2": (16, 3), "H": (8, 16), "Y": (8, 3)}
+>>> decision = decide(hidden, (out,), outputs=("Y",), shapes=shapes)
+>>> decision.choice, decision.reason
+('store', "recomputing it would repeat its sum 3x inside Y's loop over o")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from codegen.ir.contraction import contraction
+from codegen.ir.nest import LoopNest, Reduce, Term, extent_symbol, scalar_symbol, tensor_base
+
+#: The cost of a transcendental function (exp, tanh, erf, ...) against an addition.
+FUNCTION_COST = 8
+#: The cost of a byte written to or read from memory, against an addition.
+BYTE_COST = 1.0
+#: Bytes per element of a stored intermediate (float32).
+ELEMENT_BYTES = 4
+#: Reductions an intermediate may have and still be recomputed inside its readers (their
+#: gradients through a nested reduction are derived; see `codegen.passes.grad`).
+INLINE_REDUCTIONS = ("sum", "logsumexp")
+
+Shapes = Mapping[str, Sequence[int]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happens to one intermediate, why, and the estimates compared (None: a rule
+    decided without them)."""
+
+    name: str
+    choice: str  # "inline" (recomputed where read) or "store"
+    reason: str
+    inline_cost: float | None = None
+    store_cost: float | None = None
+
+    def __str__(self) -> str:
+        verb = "recomputed where read" if self.choice == "inline" else "stored"
+        text = f"{self.name}: {verb} ({self.reason})"
+        if self.inline_cost is not None and self.store_cost is not None:
+            text += (
+                f"; estimated cost inline {_units(self.inline_cost)}, "
+                f"store {_units(self.store_cost)}"
+            )
+        return text
+
+
+def _units(cost: float) -> str:
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if cost >= scale:
+            return f"{cost / scale:.3g}{suffix}"
+    return f"{cost:.3g}"
+
+
+def _extent(start: sympy.Expr, stop: sympy.Expr, extents: Mapping[sympy.Symbol, int]) -> int:
+    """A range's length for these extents; a bound that names an outer index (a shifted or
+    triangular range) counts at that index's value 0, as a rough estimate."""
+    length = sympy.sympify(sympy.sympify(stop - start).xreplace(extents))
+    if length.free_symbols:
+        length = length.xreplace({s: 0 for s in length.free_symbols})
+    try:
+        return max(int(length), 1)
+    except TypeError:
+        return 1
+
+
+def _extents(nest: LoopNest, shapes: Shapes) -> dict[sympy.Symbol, int]:
+    values = {}
+    for name in nest.extent_tensors():
+        for axis, n in enumerate(shapes.get(name, ())):
+            values[extent_symbol(name, axis)] = int(n)
+    return values
+
+
+def operations(expr: sympy.Basic, extents: Mapping[sympy.Symbol, int]) -> float:
+    """Arithmetic in one evaluation of `expr`, a nested reduction counted per iteration."""
+    if isinstance(expr, Reduce):
+        n = _extent(expr.start, expr.stop, extents)
+        return n * (operations(expr.body, extents) + 1)
+    if expr.is_Atom or isinstance(expr, sympy.Indexed):
+        return 0
+    own: float = 0
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        own = len(expr.args) - 1
+    elif isinstance(expr, sympy.Pow):
+        exponent = expr.args[1]
+        own = 1 if exponent.is_Integer and abs(int(exponent)) <= 2 else FUNCTION_COST
+    elif isinstance(expr, sympy.Function) and not isinstance(expr, (sympy.Max, sympy.Min)):
+        own = FUNCTION_COST
+    else:
+        own = 1
+    return own + sum(operations(a, extents) for a in expr.args)
+
+
+def work(nest: LoopNest, shapes: Shapes) -> float:
+    """The arithmetic of computing every element of `nest` once."""
+    extents = _extents(nest, shapes)
+    free = math.prod(_extent(r.start, r.stop, extents) for r in nest.free)
+    total = 0.0
+    for term in nest.terms:
+        inner = math.prod(_extent(r.start, r.stop, extents) for r in term.reduced)
+        total += free * inner * (operations(term.body, extents) + 1)
+    return total
+
+
+def reduces(nest: LoopNest) -> bool:
+    """Whether any element of `nest` is a sum of several values (its own reduced indices, or
+    a nested reduction it carries from an intermediate inlined into it)."""
+    return any(t.reduced or t.body.atoms(Reduce) for t in nest.terms)
+
+
+def _reads(nest: LoopNest, name: str, term: Term) -> list[sympy.Basic]:
+    """The reads of `name` in a term of `nest` (a scalar's: its symbol)."""
+    if nest.operand(name).is_scalar:
+        return [scalar_symbol(name)] if term.body.has(scalar_symbol(name)) else []
+    return [a for a in term.body.atoms(sympy.Indexed) if a.base == tensor_base(name)]
+
+
+@dataclass(frozen=True)
+class _Use:
+    """One read of the intermediate in a reader: how often it is evaluated, and the loops
+    around it that it does not depend on (name, extent)."""
+
+    evaluations: int
+    repeats: tuple[tuple[str, int], ...]
+
+
+def _uses(reader: LoopNest, name: str, shapes: Shapes) -> list[_Use]:
+    extents = _extents(reader, shapes)
+    uses = []
+    for term in reader.terms:
+        for read in _reads(reader, name, term):
+            depends = read.free_symbols
+            positions = [n for n, r in enumerate(term.reduced) if r.index in depends]
+            inner = positions[-1] + 1 if positions else 0  # hoisted out of deeper loops
+            evaluations, repeats = 1, []
+            for r in (*reader.free, *term.reduced[:inner]):
+                n = _extent(r.start, r.stop, extents)
+                evaluations *= n
+                if r.index not in depends and n > 1:
+                    repeats.append((r.index.name, n))
+            uses.append(_Use(evaluations, tuple(repeats)))
+    return uses
+
+
+def nonlinear_in(reader: LoopNest, name: str) -> bool:
+    """Whether the reader's derivative with respect to `name` still reads `name` (its
+    gradient nests then recompute the intermediate)."""
+    if reader.reduction != "sum":
+        return True
+    for term in reader.terms:
+        reads = _reads(reader, name, term)
+        stand_ins = {r: sympy.Dummy(f"v{n}") for n, r in enumerate(reads)}
+        body = term.body.xreplace(stand_ins)
+        for symbol in stand_ins.values():
+            if sympy.diff(body, symbol).free_symbols & set(stand_ins.values()):
+                return True
+    return False
+
+
+def _gradient_weight(reader: LoopNest, producer: LoopNest) -> int:
+    """How many nests of a forward+backward pass evaluate the intermediate when it is
+    recomputed inside `reader`: the forward, the gradient nest of each other tensor whose
+    derivative reads it, and, when the reader is nonlinear in it, those of its own inputs."""
+    name = producer.output
+    weight = 1
+    for op in reader.operands:
+        if op.name == name or op.is_scalar:
+            continue
+        for term in reader.terms:
+            mine = {r: sympy.Dummy() for r in _reads(reader, name, term)}
+            theirs = {r: sympy.Dummy() for r in _reads(reader, op.name, term)}
+            body = term.body.xreplace({**mine, **theirs})
+            if any(sympy.diff(body, q).free_symbols & set(mine.values()) for q in theirs.values()):
+                weight += 1
+                break
+    if nonlinear_in(reader, name):
+        weight += sum(1 for op in producer.operands if not op.is_scalar)
+    return weight
+
+
+def _largest_other(name: str, sizes: Mapping[str, int], intermediates: Sequence[str]) -> int:
+    """The size of the largest input or output (intermediates are not compared)."""
+    return max((n for key, n in sizes.items() if key not in (name, *intermediates)), default=0)
+
+
+def decide(
+    producer: LoopNest,
+    readers: Sequence[LoopNest],
+    *,
+    outputs: Sequence[str],
+    shapes: Shapes,
+    paired: Sequence[str] = (),
+    intermediates: Sequence[str] = (),
+) -> Decision:
+    """Recompute `producer` inside its `readers`, or store it (module docstring).
+
+    Args:
+        producer: the intermediate's nest (earlier decisions applied).
+        readers: the later statements that read it.
+        outputs: the program's outputs (always stored).
+        shapes: the shape of every input and every statement's output, for this call.
+        paired: readers whose reads cost nothing once recomputed, because the one-pass
+            strategy computes them together with another reader (attention's weighted sum).
+        intermediates: the program's other intermediates (not compared for size).
+
+    Returns:
+        A `Decision`.
+    """
+    name = producer.output
+    if name in outputs:
+        return Decision(name, "store", "an output of the program")
+    dots = [r.output for r in readers if contraction(r) is not None]
+    if dots:
+        return Decision(name, "store", f"read by the pure contraction {dots[0]} (XLA's dot)")
+    if contraction(producer) is not None and not all(reduces(r) for r in readers):
+        return Decision(name, "store", "a pure contraction read elementwise: it stays XLA's dot")
+    if len(producer.terms) > 1 and producer.reduction != "sum":
+        return Decision(name, "store", f"several terms of a {producer.reduction}")
+    if producer.reduction not in INLINE_REDUCTIONS and any(t.reduced for t in producer.terms):
+        return Decision(
+            name, "store", f"a {producer.reduction}: recomputing it where read is not derived"
+        )
+    sizes = {key: math.prod(shape) for key, shape in shapes.items()}
+    size = sizes[name]
+    per_element = work(producer, shapes) / max(size, 1)
+    inline_cost = 0.0
+    reads = 0
+    repeats: list[tuple[str, str, int]] = []  # (reader, loop, extent)
+    for reader in readers:
+        weight = _gradient_weight(reader, producer)
+        for use in _uses(reader, name, shapes):
+            reads += weight
+            if reader.output in paired:
+                continue  # computed once, with the other reader, in one pass
+            inline_cost += weight * use.evaluations * per_element
+            repeats += [(reader.output, loop, n) for loop, n in use.repeats]
+    # Stored: computed once, written, read by each nest above; its cotangent written and read.
+    store_cost = per_element * size + BYTE_COST * ELEMENT_BYTES * size * (3 + reads)
+    if reduces(producer):
+        if repeats:
+            where, loop, n = repeats[0]
+            why = f"recomputing it would repeat its sum {n}x inside {where}'s loop over {loop}"
+            return Decision(name, "store", why, inline_cost, store_cost)
+        backward = [r.output for r in readers if nonlinear_in(r, name)]
+        if backward:
+            if paired and size > _largest_other(name, sizes, intermediates):
+                why = (
+                    "larger than every input and output, computed once per element forward "
+                    f"in one pass with {paired[0]}: never materialised"
+                )
+                return Decision(name, "inline", why, inline_cost, store_cost)
+            why = f"the gradients of {backward[0]} would recompute its sum per element"
+            return Decision(name, "store", why, inline_cost, store_cost)
+    choice = "inline" if inline_cost <= store_cost else "store"
+    why = "cheaper to recompute" if choice == "inline" else "cheaper to store"
+    return Decision(name, choice, why, inline_cost, store_cost)

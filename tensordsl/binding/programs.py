@@ -1,0 +1,176 @@
+"""A program's call: its statements fused for the call's shapes and run as one differentiable
+function, or (`TENSORDSL_FUSE=0`) each statement in order as its own `nest_p`.
+
+`tensordsl.program_kernel.ProgramKernel` checks a call's inputs, then `run_program` runs
+them here: `compiled_statements` fuses the live statements for those shapes
+(`codegen.passes.fusion`, cached per shapes and `fuse=` choices) and refuses what cannot run
+(an empty recomputed range, a stored intermediate past the machine's memory);
+`tensordsl.binding.program_grad.FusedProgram` runs the fused nests.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from codegen import config
+from codegen.ir.extents import evaluate_int, extent_values
+from codegen.ir.nest import LoopNest
+from codegen.ir.program import Program, live_statements
+from codegen.passes.fusion import Fused, fuse, nested_ranges
+from codegen.passes.invariance import shift_invariant
+from tensordsl.binding import primitive as jax_bind
+from tensordsl.binding.program_grad import FusedProgram
+from tensordsl.errors import UnsupportedError
+
+
+def run_program(
+    program: Program,
+    values: Mapping[str, Any],
+    *,
+    backend: str,
+    nograd: frozenset[str] = frozenset(),
+    precision: Any = None,
+    fuse: tuple[tuple[str, str], ...] = (),
+) -> tuple[jax.Array, ...]:
+    """Run the statements the outputs need, in order, each as its own `nest_p`.
+
+    Args:
+        program: the program.
+        values: an array per input, by name (shapes already checked).
+        backend: a key of `table.BACKENDS`.
+        nograd: inputs that get no gradient.
+        precision: of the contractions given to XLA's dot (`jax_bind.call_nest`).
+        fuse: decisions forced by `fuse=`, (intermediate, "inline" or "store") pairs.
+
+    Returns:
+        The outputs, in `program.outputs` order.
+    """
+    known = dict(values)
+    nests = compiled_statements(program, known, backend, fuse)
+    if nests != live_statements(program) or shift_invariant(nests, outputs=program.outputs):
+        # Fused: one differentiable function whose input gradients are one nest each (and
+        # no gradient nest for a statistic subtracted for stability).
+        names = tuple(known)
+        fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision)
+        return fused.call(*(known[name] for name in names))
+    for nest in nests:
+        operands = [known[name] for name in nest.operand_names]
+        known[nest.output] = jax_bind.call_nest(
+            nest,
+            operands,
+            backend=backend,
+            shapes={},
+            out_dtype=_output_dtype(operands),
+            nograd=nograd & set(nest.operand_names),
+            precision=precision,
+        )
+    return tuple(known[name] for name in program.outputs)
+
+
+def compiled_statements(
+    program: Program,
+    values: Mapping[str, Any],
+    backend: str,
+    fuse: tuple[tuple[str, str], ...] = (),
+) -> tuple[LoopNest, ...]:
+    """The nests a call runs, in order: the live statements fused for these shapes
+    (`codegen.passes.fusion`) on every back end, so that they all agree; as written (statements in
+    order as separate kernels) where `TENSORDSL_FUSE=0`.
+
+    Raises:
+        UnsupportedError: a recomputed intermediate reduces over an empty range (its masks were
+            turned into loop bounds assuming it does not).
+    """
+    live = live_statements(program)
+    if not config.fuse_programs():
+        return live
+    shapes = program.concrete_shapes({op.name: np.shape(values[op.name]) for op in program.inputs})
+    fused = fuse_program(live, program.outputs, shapes, fuse)
+    for nest in fused.stored:
+        for nested in nested_ranges(nest):
+            length = evaluate_int(nested.stop - nested.start, extent_values(nest, shapes))
+            if length < 1:
+                raise UnsupportedError(
+                    f"statement '{nest.output}' recomputes a sum over the empty range of "
+                    f"'{nested.index}' ({nested.start} to {nested.stop})",
+                    expected="non-empty reduced ranges in a fused program, or TENSORDSL_FUSE=0",
+                )
+    _check_stored_sizes(program, fused.stored, shapes, values)
+    return fused.stored
+
+
+def _memory_bytes() -> int | None:
+    """The machine's physical memory, where the OS says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_stored_sizes(
+    program: Program,
+    stored: Sequence[LoopNest],
+    shapes: Mapping[str, Sequence[int]],
+    values: Mapping[str, Any],
+) -> None:
+    """Refuse a stored intermediate larger than the machine's memory before allocating it.
+
+    Fusion recomputes only sums and logsumexps (`codegen.passes.fusion`); a max, min or prod
+    intermediate larger than every input and output is stored (`(prod) S[i,j]` of
+    200000 x 200000 asks for 320 GB), which would fail in the allocator, or worse.
+
+    Raises:
+        UnsupportedError: such an intermediate would not fit in memory.
+    """
+    memory = _memory_bytes()
+    if memory is None:
+        return
+    itemsize = max(
+        (np.dtype(getattr(v, "dtype", np.float64)).itemsize for v in values.values()), default=8
+    )
+    for nest in stored:
+        if nest.output in program.outputs:
+            continue
+        count = math.prod(shapes[nest.output])
+        if count * itemsize > memory:
+            raise UnsupportedError(
+                f"the program stores its intermediate '{nest.output}' ({nest.reduction}) of shape "
+                f"{tuple(shapes[nest.output])}: {count * itemsize} bytes, more than this "
+                f"machine's memory ({memory} bytes)",
+                expected="a stored intermediate that fits in memory (only sums and logsumexps "
+                "are recomputed inside their readers)",
+                hint="reduce inside the statement that reads it, or split the computation",
+            )
+
+
+@functools.lru_cache(maxsize=256)
+def _fused(
+    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: tuple, force: tuple
+) -> Fused:
+    return fuse(live, outputs=outputs, shapes=dict(shapes), force=dict(force))
+
+
+def fuse_program(
+    live: tuple[LoopNest, ...],
+    outputs: tuple[str, ...],
+    shapes: Mapping[str, Sequence[int]],
+    force: tuple[tuple[str, str], ...] = (),
+) -> Fused:
+    """`codegen.passes.fusion.fuse` of the live statements, cached per shapes and `force`
+    (the `fuse=` option, as sorted pairs)."""
+    known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
+    return _fused(live, outputs, known, force)
+
+
+def _output_dtype(operands: Sequence[Any]) -> Any:
+    """As a one-statement kernel: the operands' result type, a float for integer operands."""
+    dtype = jnp.result_type(*operands) if operands else jnp.result_type(float)
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)

@@ -1,0 +1,84 @@
+"""Programs whose fusion the cost model decides differently (tests/unit/test_fusion_cost.py):
+values and gradients on the C back end against the same program run statement by statement
+(`TENSORDSL_FUSE=0`, every intermediate stored), and against the `fuse=` choices forced."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tensordsl as td
+from codegen import config
+from tests.programs import PROGRAMS_BY_NAME
+from tests.unit.test_fusion_cost import MLP, MOE, TRIPLET
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+
+CASES = {
+    "mlp": (MLP, {"X": (6, 4), "W1": (4, 7), "W2": (7, 3)}),
+    "moe": (MOE, {"X": (16, 4), "W": (3, 4, 5), "G": (16, 3)}),
+    "triplet": (TRIPLET, {"X": (6, 3), "same": (6, 6), "margin": ()}),
+}
+
+
+def run(source: str, inputs: dict, **options):
+    """The output and the gradient of every input of `sum(output * cotangent)`."""
+    k = td.program(source, backend="c", **options)
+    values = [jnp.asarray(inputs[name]) for name in k.inputs]
+    out = k(*values)
+    cotangent = np.random.default_rng(5).normal(size=np.shape(out))
+    grads = jax.grad(lambda *v: jnp.sum(k(*v) * cotangent), tuple(range(len(values))))(*values)
+    return np.asarray(out), [np.asarray(g) for g in grads]
+
+
+def inputs_for(shapes: dict) -> dict:
+    rng = np.random.default_rng(3)
+    found = {name: rng.uniform(-1.5, 1.5, size=shape) for name, shape in shapes.items()}
+    if "same" in found:  # a 0/1 mask of pairs of the same class
+        labels = rng.integers(0, 2, size=shapes["same"][0])
+        found["same"] = (labels[:, None] == labels[None, :]).astype(np.float64)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_as_decided_matches_the_statements_run_in_order(name, monkeypatch):
+    source, shapes = CASES[name]
+    inputs = inputs_for(shapes)
+    out, grads = run(source, inputs)
+    monkeypatch.setenv("TENSORDSL_FUSE", "0")
+    want_out, want_grads = run(source, inputs)
+    np.testing.assert_allclose(out, want_out, rtol=1e-10, atol=1e-12)
+    for got, want in zip(grads, want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("fuse", [{"H": "inline"}, False])
+def test_forced_choices_compute_the_same(fuse):
+    source, shapes = CASES["mlp"]
+    inputs = inputs_for(shapes)
+    out, grads = run(source, inputs, fuse=fuse)
+    X, W1, W2 = inputs["X"], inputs["W1"], inputs["W2"]
+    np.testing.assert_allclose(out, np.tanh(X @ W1) @ W2, rtol=1e-10)
+    want_out, want_grads = run(source, inputs)
+    for got, want in zip(grads, want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_softmax_runs_no_gradient_nest_for_its_stability_max():
+    source = PROGRAMS_BY_NAME["softmax"].source
+    k = td.program(source, backend="c")
+    assert list(k.source("c", {"X": (5, 7)})) == ["M", "Z", "P", "dZ", "dX"]
+    X = np.random.default_rng(0).normal(size=(5, 7))
+    ct = np.random.default_rng(1).normal(size=(5, 7))
+    got = jax.grad(lambda x: jnp.sum(k(x) * ct))(X)
+    P = np.exp(X - X.max(1, keepdims=True))
+    P /= P.sum(1, keepdims=True)
+    want = P * (ct - (ct * P).sum(1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)

@@ -1,0 +1,205 @@
+"""The fusion cost model's decisions (what it chose, not how fast it ran), the `fuse=` option,
+and `explain`. Values of the programs whose decisions changed: tests/cpu/test_fusion_cost_c.py."""
+
+from __future__ import annotations
+
+import pytest
+
+import tensordsl as td
+from codegen.ir.program import live_statements
+from codegen.passes.online import pair_stored
+from tensordsl.binding.programs import fuse_program
+from tests.programs import PROGRAMS_BY_NAME
+
+MLP = "H[b,u] := X[b,f] * W1[f,u]\nY[b,o] := tanh(H[b,u]) * W2[u,o]"
+MOE = "H[b,e,o] := X[b,f] * W[e,f,o]\nY[b,o] := G[b,e] * tanh(H[b,e,o])"
+TRIPLET = """
+    D[i,j] := (X[i,f] - X[j,f])^2            # the N x N distance matrix
+    (max) P[i] := D[i,j] * same[i,j]          # hardest positive
+    (min) N[i] := D[i,j] + 1000 * same[i,j]   # hardest negative
+    loss := relu(P[i] - N[i] + margin)
+"""
+ATTENTION_LAYER = """
+    mu[t] := X[t,c] / C
+    var[t] := (X[t,c] - mu[t])^2 / C
+    N[t,c] := (X[t,c] - mu[t]) * rsqrt(var[t] + 1e-5) * g[c] + beta[c]
+    Q[h,t,d] := N[t,c] * Wq[c,h,d]
+    K[h,t,d] := N[t,c] * Wk[c,h,d]
+    V[h,t,d] := N[t,c] * Wv[c,h,d]
+    S[h,i,j] := Q[h,i,d] * K[h,j,d] * 0.125 + where(j <= i, 0, -inf)
+    (logsumexp) L[h,i] := S[h,i,j]
+    O[h,i,d] := exp(S[h,i,j] - L[h,i]) * V[h,j,d]
+    Y[t,o] := O[h,t,d] * Wo[h,d,o]
+"""
+
+
+def fused(k: td.ProgramKernel, shapes: dict):
+    concrete = k.program.concrete_shapes(shapes)
+    return fuse_program(live_statements(k.program), k.program.outputs, concrete, k.fuse)
+
+
+def decisions(k: td.ProgramKernel, shapes: dict) -> dict:
+    return {d.name: d for d in fused(k, shapes).decisions}
+
+
+def test_the_mlp_hidden_layer_is_stored_not_recomputed_per_output_feature():
+    k = td.program(MLP, backend="reference")
+    for outputs in (128, 8):  # even a few output features would repeat H's sum
+        found = decisions(k, {"X": (512, 128), "W1": (128, 512), "W2": (512, outputs)})["H"]
+        assert found.choice == "store"
+        assert (
+            found.reason == f"recomputing it would repeat its sum {outputs}x inside Y's loop over o"
+        )
+        assert found.inline_cost > found.store_cost
+
+
+def test_a_mixture_of_experts_hidden_layer_is_stored_though_larger_than_every_input():
+    k = td.program(MOE, backend="reference")
+    shapes = {"X": (256, 64), "W": (8, 64, 64), "G": (256, 8)}
+    found = decisions(k, shapes)["H"]
+    assert (found.choice, found.reason) == (
+        "store",
+        "the gradients of Y would recompute its sum per element",
+    )
+    assert [n.output for n in fused(k, shapes).stored] == ["H", "Y"]
+
+
+def test_the_triplet_distance_matrix_is_stored_once_for_the_max_and_the_min():
+    k = td.program(TRIPLET, backend="reference")
+    found = decisions(k, {"X": (128, 32), "same": (128, 128), "margin": ()})
+    assert found["D"].choice == "store"
+    assert found["P"].reason == "a max: recomputing it where read is not derived"
+
+
+def test_attention_scores_stay_recomputed_and_paired_in_one_pass():
+    case = PROGRAMS_BY_NAME["causal_attention"]
+    k = td.kernel(case.source, outputs=case.outputs, backend="reference")
+    shapes = {name: arg.shape for name, arg in case.args.items()}
+    result = fused(k, shapes)
+    assert result.inlined == ("S",)
+    assert "in one pass with O" in decisions(k, shapes)["S"].reason
+    assert [(n.output, n.online) for n in pair_stored(result.stored)] == [("O", "L")]
+
+
+def test_the_attention_sublayer_as_one_program():
+    k = td.program(ATTENTION_LAYER, backend="reference")
+    shapes = {
+        "X": (256, 128),
+        "C": (),
+        "g": (128,),
+        "beta": (128,),
+        "Wq": (128, 2, 32),
+        "Wk": (128, 2, 32),
+        "Wv": (128, 2, 32),
+        "Wo": (2, 32, 128),
+    }
+    found = decisions(k, shapes)
+    # Statistics, projections and the logsumexp would be recomputed inside loops that do not
+    # index them: stored. The (2, 256, 256) scores, larger than everything else: one pass.
+    assert {n for n, d in found.items() if d.choice == "store"} == {
+        "mu",
+        "var",
+        "N",
+        "Q",
+        "K",
+        "V",
+        "L",
+        "O",
+    }
+    assert found["S"].choice == "inline"
+    assert [n.online for n in pair_stored(fused(k, shapes).stored)].count("L") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "inlined"),
+    [
+        ("softmax", ()),  # Z's sum would repeat for every j of P
+        ("layernorm", ("N",)),  # elementwise, read once: recomputed
+        ("rmsnorm", ()),
+        ("relative_bias_attention", ("S",)),
+    ],
+)
+def test_corpus_decisions(name, inlined):
+    case = PROGRAMS_BY_NAME[name]
+    k = td.kernel(case.source, backend="reference")
+    assert fused(k, {n: a.shape for n, a in case.args.items()}).inlined == inlined
+
+
+# -- fuse= -------------------------------------------------------------------------------------
+
+
+def test_fuse_forces_a_decision():
+    shapes = {"X": (512, 128), "W1": (128, 512), "W2": (512, 128)}
+    k = td.program(MLP, backend="reference", fuse={"H": "inline"})
+    assert k.fuse == (("H", "inline"),)
+    assert fused(k, shapes).inlined == ("H",)
+    assert decisions(k, shapes)["H"].reason == "forced by fuse="
+    attention = PROGRAMS_BY_NAME["causal_attention"]
+    k = td.kernel(attention.source, outputs=("O", "L"), backend="reference", fuse=False)
+    assert fused(k, {n: a.shape for n, a in attention.args.items()}).inlined == ()
+    assert k != td.kernel(attention.source, outputs=("O", "L"), backend="reference")
+
+
+@pytest.mark.parametrize(
+    ("option", "error", "match"),
+    [
+        ({"Z": "store"}, td.UnknownNameError, "fuse= names 'Z', which is not a statement"),
+        ({"X": "store"}, td.UnknownNameError, "fuse= names 'X', which is an input"),
+        ({"Y": "store"}, td.UnknownNameError, r"'Y', which is an output \(always stored\)"),
+        ({"H": "stored"}, td.InputError, "fuse= says 'stored' for 'H'"),
+        ("store", td.InputError, "fuse= must be True, False or a dict, got str"),
+    ],
+)
+def test_malformed_fuse_options_are_errors(option, error, match):
+    with pytest.raises(error, match=match) as raised:
+        td.program(MLP, fuse=option)
+    if option == {"H": "stored"}:
+        assert raised.value.hint == "did you mean 'store'?"
+        assert "H[b,u] := X[b,f] * W1[f,u]\n  ~~~~" in str(raised.value)
+
+
+def test_a_max_cannot_be_forced_inline():
+    with pytest.raises(td.UnsupportedError, match="'M' cannot be recomputed where read"):
+        td.program("(max) M[i] := X[i,j]; P[i,j] := exp(X[i,j] - M[i])", fuse={"M": "inline"})
+
+
+def test_fuse_on_a_one_statement_kernel_is_an_error():
+    with pytest.raises(td.UnsupportedError, match="fuse= applies to programs"):
+        td.kernel("C[i] := A[i,j]", fuse=False)
+    assert td.program("C[i] := A[i,j]", fuse=False).fuse == ()
+
+
+def test_explain_shows_each_decision_and_its_estimated_cost():
+    k = td.program(MLP, backend="reference")
+    text = k.explain({"X": (512, 128), "W1": (128, 512), "W2": (512, 128)})
+    assert (
+        "  H: stored (recomputing it would repeat its sum 128x inside Y's loop over o); "
+        "estimated cost inline 34.4G, store " in text
+    )
+
+
+# -- shift-invariant statistics ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "outputs", "invariant"),
+    [
+        (PROGRAMS_BY_NAME["softmax"].source, None, ("M",)),
+        (PROGRAMS_BY_NAME["softmax"].source, ("P", "Z"), ()),  # Z itself moves with M
+        ("(max) M[i] := X[i,j]; P[i,j] := exp(X[i,j] - M[i])", None, ()),
+        ("(max) M[i] := X[i,j]; Z[i] := exp(X[i,j] - M[i]); L[i] := log(Z[i])", None, ()),
+        (
+            "(max) M[i] := X[i,j]; Z[i] := exp(2*(X[i,j] - M[i])); "
+            "P[i,j] := exp(2*(X[i,j] - M[i])) / Z[i]",
+            None,
+            ("M",),
+        ),
+    ],
+)
+def test_a_max_divided_out_again_has_no_gradient(source, outputs, invariant):
+    from codegen.passes.invariance import shift_invariant
+
+    options = {} if outputs is None else {"outputs": outputs}
+    k = td.program(source, backend="reference", **options)
+    stored = fused(k, {"X": (4, 6)}).stored
+    assert shift_invariant(stored, outputs=k.program.outputs) == invariant
