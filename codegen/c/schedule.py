@@ -77,8 +77,7 @@ from codegen.emit.loop_order import (
     LoopOrder,
     default_loop_order,
     valid_unique,
-    validate_order,
-    validate_shared_strategy,
+    validate_schedule,
 )
 from codegen.ir.affine import affine_parts
 from codegen.ir.contraction import xla_contraction
@@ -135,13 +134,8 @@ def _symbols(nest: LoopNest) -> dict[str, sympy.Symbol]:
 
 def validate(nest: LoopNest, schedule: Schedule) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
-    validate_order(nest, schedule)
+    validate_schedule(nest, schedule, STRATEGIES, ("rows", "width", "chunks", "lanes"))
     free = schedule.free_order
-    if schedule.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {schedule.strategy!r}; expected one of {STRATEGIES}")
-    if min(schedule.rows, schedule.width, schedule.chunks, schedule.lanes) < 1:
-        raise ValueError("rows, width, chunks and lanes must be positive")
-    validate_shared_strategy(nest, schedule.strategy, free)
     if (schedule.strategy == "online") != bool(nest.online):
         raise ValueError("the online strategy is for one-pass softmax-weighted sums, and only it")
     if nest.online and free[-1:] != (nest.free[-1].index.name,):

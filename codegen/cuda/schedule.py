@@ -65,8 +65,7 @@ from codegen.emit.loop_order import (
     bound_indices,
     default_loop_order,
     valid_unique,
-    validate_order,
-    validate_shared_strategy,
+    validate_schedule,
 )
 from codegen.ir.contraction import xla_contraction
 from codegen.ir.nest import LoopNest, Reduce
@@ -150,18 +149,13 @@ def _names_used(nest: LoopNest, index: str) -> bool:
 
 def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
-    validate_order(nest, schedule)
+    validate_schedule(nest, schedule, GPU_STRATEGIES, ("rows", "cols", "tile_k", "blocks"))
     free = schedule.free_order
-    if schedule.strategy not in GPU_STRATEGIES:
-        raise ValueError(f"unknown strategy {schedule.strategy!r}; expected {GPU_STRATEGIES}")
     if schedule.index_type not in INDEX_TYPES:
         raise ValueError(f"index_type must be one of {sorted(INDEX_TYPES)}")
     threads = schedule.threads
     if threads < 32 or threads > 1024 or threads & (threads - 1):
         raise ValueError("threads must be a power of two in [32, 1024]")
-    if min(schedule.rows, schedule.cols, schedule.tile_k, schedule.blocks) < 1:
-        raise ValueError("rows, cols, tile_k and blocks must be positive")
-    validate_shared_strategy(nest, schedule.strategy, free)
     bounded = bound_indices(nest, schedule)
     if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
         raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")

@@ -56,6 +56,20 @@ def validate_order(nest: LoopNest, order: LoopOrder) -> None:
             )
 
 
+def validate_schedule(
+    nest: LoopNest, schedule: Any, strategies: Sequence[str], sizes: Sequence[str]
+) -> None:
+    """Raise ValueError where a schedule of either back end fails what every schedule checks:
+    its loop order, a strategy of its back end (`strategies`), positive fields `sizes` and
+    the strategies both back ends have (`validate_shared_strategy`)."""
+    validate_order(nest, schedule)
+    if schedule.strategy not in strategies:
+        raise ValueError(f"unknown strategy {schedule.strategy!r}; expected one of {strategies}")
+    if min(getattr(schedule, size) for size in sizes) < 1:
+        raise ValueError(f"{', '.join(sizes)} must be positive")
+    validate_shared_strategy(nest, schedule.strategy, schedule.free_order)
+
+
 def validate_shared_strategy(nest: LoopNest, strategy: str, free: Sequence[str]) -> None:
     """Raise ValueError when a strategy both back ends have does not fit the nest: split is
     for full reductions, xla for nests with an XLA plan (`codegen.ir.contraction.xla_plan`)."""

@@ -33,12 +33,11 @@ from typing import Any
 import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
-from sympy.printing.precedence import PRECEDENCE
 
 from codegen.c import vecmath
 from codegen.ir.affine import INDEX_LIMIT
 from codegen.ir.functions import CeilDiv, FloorDiv, helper_functions
-from codegen.ir.ieee import written
+from codegen.ir.ieee import print_written
 from codegen.ir.nest import scalar_symbol
 
 
@@ -171,14 +170,7 @@ class CPrinter(C99CodePrinter):
         args = ", ".join(print_arg(a) for a in expr.args)
         return f"{self.helper_prefix}{name}({args})"
 
-    def _print_IeeeAdd(self, expr: sympy.Expr) -> str:
-        # the operation as written, parenthesised: never simplified, so NaN and inf propagate
-        a, op, b = written(expr)
-        level = PRECEDENCE["Add" if op in "+-" else "Mul"]
-        op = f" {op} " if op in "+-" else op
-        return f"({self.parenthesize(a, level)}{op}{self.parenthesize(b, level, strict=True)})"
-
-    _print_IeeeMul = _print_IeeeDiv = _print_IeeeAdd
+    _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = print_written
 
     def _print_FloorDiv(self, expr: FloorDiv) -> str:
         return self._helper("floordiv", expr, index=True)

@@ -19,7 +19,10 @@ IeeeDiv(1, X[i]) - IeeeDiv(X[i], X[i]**2)
 
 from __future__ import annotations
 
+from typing import Any
+
 import sympy
+from sympy.printing.precedence import PRECEDENCE
 
 
 class _Ieee(sympy.Function):
@@ -163,3 +166,13 @@ def _folds_floats(a: sympy.Expr, b: sympy.Expr) -> bool:
             if coefficient.is_Float and abs(coefficient) != 1 and abs(constant) != 1:
                 return True
     return False
+
+
+def print_written(printer: Any, expr: sympy.Expr) -> str:
+    """A sympy printer's method for the IEEE forms: the operation as written, parenthesised,
+    so that it is never simplified (NaN and inf propagate) and the parser reads it back to
+    the same form. Shared by the C printer and the index-notation printer."""
+    a, op, b = written(expr)
+    level = PRECEDENCE["Add" if op in "+-" else "Mul"]
+    op = f" {op} " if op in "+-" else op
+    return f"({printer.parenthesize(a, level)}{op}{printer.parenthesize(b, level, strict=True)})"

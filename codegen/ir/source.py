@@ -17,11 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 import sympy
-from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from codegen.ir.functions import indicator  # noqa: F401 - used in the doctest
-from codegen.ir.ieee import written
+from codegen.ir.ieee import print_written
 
 _FUNCTION_NAMES = {"Abs": "abs", "FloorDiv": "floordiv", "CeilDiv": "ceildiv"}
 
@@ -52,14 +51,7 @@ class SourcePrinter(StrPrinter):
         others = sorted((a for a in args if not a.is_number), key=self._position)
         return numbers + others if numbers_first else others + numbers
 
-    def _print_IeeeAdd(self, expr: sympy.Expr) -> str:
-        # the operation as written: the parser reads it back to the same function
-        a, op, b = written(expr)
-        level = PRECEDENCE["Add" if op in "+-" else "Mul"]
-        op = f" {op} " if op in "+-" else op
-        return f"({self.parenthesize(a, level)}{op}{self.parenthesize(b, level, strict=True)})"
-
-    _print_IeeeMul = _print_IeeeDiv = _print_IeeeAdd
+    _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = print_written
 
     def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
         # Terms in the order their operands first appear; constants last (`p + 1`).

@@ -258,7 +258,11 @@ class _Translator(IndexExpressions):
         if isinstance(node, Binary) and node.op in ("+", "-"):
             left = self.additive(node.left, negated)
             right = self.additive(node.right, negated != (node.op == "-"))
-            self.checked(node, lambda: sympy.Add(*left, *right))
+            total = self.checked(node, lambda: sympy.Add(*left, *right))
+            if cancels("+", sympy.Add(*left), sympy.Add(*right), total):
+                # one part, the operation kept as written (`binary`): NaN and inf propagate
+                value = self.value(node)
+                return (-value if negated else value,)
             return (*left, *right)
         if isinstance(node, Unary):
             return self.additive(node.operand, negated != (node.op == "-"))
