@@ -274,7 +274,8 @@ def build_nests(
     Returns:
         Seconds spent on each nest, by name ("forward", "aux_...", "grad_<input>").
     """
-    from codegen.c.build import STATS, build_c
+    from codegen.c.build import build_c
+    from codegen.c.compiler import STATS
 
     positions = _positions(nest)
     nests = kernel_nests(nest)

@@ -81,6 +81,8 @@ class _Statement:
         self.values: set[str] = set()  # indices used as values or in comparisons
         self.scalars: set[str] = set()
         self.forms = ("i", "i", "i", "i+1", "2i", "2i+1", "i+k")
+        #: `i+k` with k another index than i (`i+i` is the strided read `2i`)
+        self.distinct_shift = False
 
     def index(self) -> str:
         return self.draw(st.sampled_from(self.indices))
@@ -89,7 +91,8 @@ class _Statement:
         name = self.index()
         form = self.draw(st.sampled_from(self.forms))
         coefficient, offset = (2 if "2i" in form else 1), (1 if "+1" in form else 0)
-        other = self.index() if form == "i+k" else None
+        others = [n for n in self.indices if n != name] if self.distinct_shift else self.indices
+        other = self.draw(st.sampled_from(others)) if form == "i+k" and others else None
         if form == "i":
             self.bare.add(name)
         self.axes.append((tensor, axis, coefficient, name, offset, other))
@@ -232,6 +235,7 @@ def masked_draws(draw: st.DrawFn) -> Draw:
     # No strided reads (`B[2i]`): the gradient's tiles then hold a floordiv bound that the
     # tile strategy does not declare (kept as a strict xfail in the fuzz tests' FOUND).
     statement.forms = ("i", "i", "i", "i+1", "i+k")
+    statement.distinct_shift = True
     body = statement.expression(draw(st.integers(0, 2)))
     reduced = draw(st.sampled_from(indices[1:]))
     other = draw(st.sampled_from([n for n in indices if n != reduced] + [""]))

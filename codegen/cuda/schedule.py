@@ -44,7 +44,7 @@ caller asks for a generated kernel (a loop order, `kernel=True`,
 reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
 not depend on and that some access does not use -> ``tile`` with 4 rows; else ``thread``.
 
->>> from codegen.ir.nest.examples import matmul as example
+>>> from codegen.ir.examples import matmul as example
 >>> matmul = example()
 >>> choose_gpu_schedule(matmul).strategy
 'xla'

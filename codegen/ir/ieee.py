@@ -175,4 +175,7 @@ def print_written(printer: Any, expr: sympy.Expr) -> str:
     a, op, b = written(expr)
     level = PRECEDENCE["Add" if op in "+-" else "Mul"]
     op = f" {op} " if op in "+-" else op
-    return f"({printer.parenthesize(a, level)}{op}{printer.parenthesize(b, level, strict=True)})"
+    # sympy's `strict` parenthesises lower precedence only: the left operand of `a - b` or
+    # `a / b` needs no parentheses at its own level, the right one does (`a/(b*c)`)
+    left, right = printer.parenthesize(a, level, strict=True), printer.parenthesize(b, level)
+    return f"({left}{op}{right})"

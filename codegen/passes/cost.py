@@ -289,8 +289,9 @@ def decide(
         if backward:
             if paired and size > _largest_other(name, sizes, intermediates):
                 why = (
-                    "larger than every input and output, computed once per element forward "
-                    f"in one pass with {paired[0]}: never materialised"
+                    "larger than every input and output, read by a logsumexp and the weighted "
+                    f"sum {paired[0]} (in one pass where their rows share an order): never "
+                    "materialised"
                 )
                 return Decision(name, "inline", why, inline_cost, store_cost)
             why = f"the gradients of {backward[0]} would recompute its sum per element"

@@ -164,9 +164,26 @@ def _paired(producer: LoopNest, readers: Sequence[LoopNest]) -> tuple[str, ...]:
                 one = inline(lse, raw), inline(weighted, raw)
             except CannotInline:
                 continue
-            if pair(*(factor_sums(bound_guards(nest)) for nest in one)) is not None:
+            lse_nest, weighted_nest = (factor_sums(bound_guards(nest)) for nest in one)
+            if pair(lse_nest, _rows_as_read(weighted_nest, lse.output)) is not None:
                 found.append(weighted.output)
     return tuple(found)
+
+
+def _rows_as_read(weighted: LoopNest, lse: str) -> LoopNest:
+    """`weighted` with its free ranges in the order its read of the logsumexp `lse` lists
+    them, the last kept last: attention in a (B, T, H, E) layout reads `L[b, h, i]` from
+    `O[b, i, h, e]`. Only the cost model looks at this order: the one-pass kernel itself
+    pairs nests whose orders agree (`codegen.passes.online.pair`), elsewhere the two nests
+    run as they are, the scores recomputed in both and never stored."""
+    reads = [a for t in weighted.terms for a in t.body.atoms(sympy.Indexed) if a.base.name == lse]
+    if len(reads) != 1 or not weighted.free:
+        return weighted
+    by_index = {r.index: r for r in weighted.free[:-1]}
+    order = [by_index.get(index) for index in reads[0].indices]
+    if None in order or len(order) != len(by_index):
+        return weighted
+    return dataclasses.replace(weighted, free=(*order, weighted.free[-1]))
 
 
 def nested_ranges(nest: LoopNest) -> tuple[Reduce, ...]:

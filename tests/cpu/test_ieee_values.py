@@ -97,3 +97,20 @@ def test_cancelled_operations_print_as_written():
         assert lower(parse(str(nest))).nest == nest  # the printed source reads back
     # nothing cancels: sympy's form, unchanged
     assert str(lower(parse("Y[i] := X[i] + X[i] - 2*W[i]")).nest) == "Y[i] := 2*X[i] - 2*W[i]"
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("Y[i] := (alpha / (alpha * X[i]))", lambda a, x: a / (a * x)),
+        ("Y[i] := X[i] - (X[i] - alpha)", lambda a, x: x - (x - a)),
+        ("Y[i] := X[i] / (X[i] / alpha)", lambda a, x: x / (x / a)),
+    ],
+)
+def test_a_kept_operation_keeps_its_right_operand_whole(source, expected, backend) -> None:
+    """A cancelling operation is printed as written; its right operand at the same precedence
+    needs its parentheses (`a/(a*X)` printed as `a/a*X` computed X in C)."""
+    x = np.random.default_rng(31).uniform(0.5, 2.0, 7)
+    got = td.kernel(source, backend=backend)(alpha=1.7, X=x)
+    np.testing.assert_allclose(np.asarray(got), expected(1.7, x), rtol=1e-12)

@@ -12,7 +12,7 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from tensordsl import program_kernel as program_module
+from tensordsl.binding import programs as program_module
 from tensordsl.cli import main
 from tensordsl.errors import UnsupportedError
 from tests.corpus import make_inputs

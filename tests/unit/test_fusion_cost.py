@@ -77,7 +77,7 @@ def test_attention_scores_stay_recomputed_and_paired_in_one_pass():
     shapes = {name: arg.shape for name, arg in case.args.items()}
     result = fused(k, shapes)
     assert result.inlined == ("S",)
-    assert "in one pass with O" in decisions(k, shapes)["S"].reason
+    assert "read by a logsumexp and the weighted sum O" in decisions(k, shapes)["S"].reason
     assert [(n.output, n.online) for n in pair_stored(result.stored)] == [("O", "L")]
 
 
