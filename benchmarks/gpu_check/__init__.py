@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PHASES = ("machine", "tests", "corpus", "timings")
 #: Seconds per phase on a GPU; the sum stays under 8 minutes with the start-up of each.
 LIMITS = {"machine": 40, "tests": 140, "corpus": 75, "timings": 200}
