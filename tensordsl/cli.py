@@ -31,7 +31,7 @@ from codegen.progress import BUILDS
 from tensordsl.backends import table
 from tensordsl.program_kernel import ProgramKernel
 
-DEMO = (
+DEMO: tuple[tuple[Any, ...], ...] = (
     (
         "matmul",
         "C[i,j] := A[i,k] * B[k,j]",

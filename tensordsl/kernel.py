@@ -93,7 +93,7 @@ class Kernel:
     def __eq__(self, other: object) -> bool:
         """Kernels of the same canonical statement (its nest) and options are equal, so a
         kernel kept as a static field (Equinox, Flax) does not retrace per instance."""
-        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash(self._key())

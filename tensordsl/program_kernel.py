@@ -114,7 +114,7 @@ class ProgramKernel:
 
     def __eq__(self, other: object) -> bool:
         """Programs of the same statements (their nests), outputs and options are equal."""
-        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash(self._key())

@@ -180,9 +180,9 @@ def _rows_as_read(weighted: LoopNest, lse: str) -> LoopNest:
     if len(reads) != 1 or not weighted.free:
         return weighted
     by_index = {r.index: r for r in weighted.free[:-1]}
-    order = [by_index.get(index) for index in reads[0].indices]
-    if None in order or len(order) != len(by_index):
+    if set(reads[0].indices) != set(by_index) or len(reads[0].indices) != len(by_index):
         return weighted
+    order = [by_index[index] for index in reads[0].indices]
     return dataclasses.replace(weighted, free=(*order, weighted.free[-1]))
 
 

@@ -63,7 +63,7 @@ def conv_source(strides: tuple[int, ...], dilations: tuple[int, ...], bias: bool
 
 def _zeros(value: Any) -> bool:
     """Whether `value` is a count of zeros: an int >= 0, not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
 def _pads(
@@ -80,7 +80,7 @@ def _pads(
         if mode == "valid":
             return ((0, 0),) * count
         if mode == "same":  # lax's "SAME": ceil(size / stride) outputs, the extra zero high
-            pads = []
+            pads: Any = []
             for size, span, stride in zip(sizes, window, strides):
                 total = max((math.ceil(size / stride) - 1) * stride + span - size, 0)
                 pads.append((total // 2, total - total // 2))
