@@ -92,8 +92,8 @@ def format_error(
     return "\n".join(lines)
 
 
-class TensorDSLError(Exception):
-    """Base of every error caused by user input; `.source` and `.span` locate it."""
+class _Worded(Exception):
+    """A message in `format_error`'s layout; `.source` and `.span` locate what it is about."""
 
     def __init__(
         self,
@@ -110,6 +110,10 @@ class TensorDSLError(Exception):
         self.span = span
         self.expected = expected
         self.hint = hint
+
+
+class TensorDSLError(_Worded):
+    """Base of every error caused by user input; `.source` and `.span` locate it."""
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (type(self), self.what, self.source, self.span, self.expected, self.hint))
@@ -175,22 +179,8 @@ class UnsupportedError(TensorDSLError, NotImplementedError):
     """Valid input that tensordsl does not handle (yet)."""
 
 
-class TensorDSLWarning(UserWarning):
+class TensorDSLWarning(_Worded, UserWarning):
     """Base of the warnings about user input: the message has `format_error`'s layout."""
-
-    def __init__(
-        self,
-        what: str,
-        source: str | None = None,
-        span: tuple[int, int] | None = None,
-        *,
-        expected: str | None = None,
-        hint: str | None = None,
-    ) -> None:
-        super().__init__(format_error(what, source, span, expected, hint))
-        self.what = what
-        self.source = source
-        self.span = span
 
 
 class IndexNameWarning(TensorDSLWarning):
