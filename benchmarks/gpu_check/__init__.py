@@ -90,27 +90,15 @@ def run_phase(phase: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.gpu_check.phases", phase, "--out", str(out)]
     command += ["--emulate"] * args.emulate + ["--quick"] * args.quick
     started = time.monotonic()
-    log = (out / f"log-{phase}.txt").open("w")
     env = child_env(args.emulate)
     if phase == "timings":  # torch allocates beside JAX there: JAX must not take 75% first
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        code = process.wait(timeout=limit)
+    code = run_boxed(command, env, out / f"log-{phase}.txt", limit)
+    if code is None:
+        status, detail = "timeout", f"stopped after {limit:.0f} s; see log-{phase}.txt"
+    else:
         status = "ok" if code == 0 else "failed"
         detail = "" if code == 0 else f"exit status {code}; see log-{phase}.txt"
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the phase and the processes it started
-        process.wait()
-        status, detail = "timeout", f"stopped after {limit:.0f} s; see log-{phase}.txt"
-    log.close()
     seconds = round(time.monotonic() - started, 1)
     return {
         "phase": phase,
@@ -232,3 +220,26 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     bad = [r for r in (*summaries, *rows) if r["status"] in ("failed", "timeout")]
     return 1 if bad else 0
+
+
+def run_boxed(
+    command: list[str], env: dict[str, str], log_path: pathlib.Path, limit: float
+) -> int | None:
+    """Run `command` from the checkout, its output into `log_path` as it runs; its exit
+    status, or None when it ran past `limit` seconds (then it and every process it started
+    are killed: it runs in a session of its own)."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            return process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return None

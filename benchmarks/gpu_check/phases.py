@@ -14,7 +14,6 @@ import os
 import pathlib
 import platform
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import traceback
 import xml.etree.ElementTree as ElementTree
 from typing import Any
 
-from benchmarks.gpu_check import ROOT, record
+from benchmarks.gpu_check import record, run_boxed
 
 #: Corpus cases under the emulator (each costs compiler time); on a GPU: the whole corpus.
 EMULATED_CORPUS = ("matmul", "row_max", "logsumexp_rows", "conv1d_valid", "integer_mask")
@@ -135,21 +134,7 @@ def _pytest(
     command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts="]
     command += [f"--junitxml={xml_path}", *args]
     started = time.monotonic()
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            code: int | None = process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            code = None
+    code = run_boxed(command, env, log_path, limit)
     seconds = round(time.monotonic() - started, 1)
     outcomes = re.findall(
         r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)",

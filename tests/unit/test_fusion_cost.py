@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tensordsl as td
+from benchmarks.natural import ATTENTION_LAYER, TRIPLET
 from codegen.ir.program import live_statements
 from codegen.passes.online import pair_stored
 from tensordsl.binding.programs import fuse_program
@@ -13,24 +14,6 @@ from tests.programs import PROGRAMS_BY_NAME
 
 MLP = "H[b,u] := X[b,f] * W1[f,u]\nY[b,o] := tanh(H[b,u]) * W2[u,o]"
 MOE = "H[b,e,o] := X[b,f] * W[e,f,o]\nY[b,o] := G[b,e] * tanh(H[b,e,o])"
-TRIPLET = """
-    D[i,j] := (X[i,f] - X[j,f])^2            # the N x N distance matrix
-    (max) P[i] := D[i,j] * same[i,j]          # hardest positive
-    (min) N[i] := D[i,j] + 1000 * same[i,j]   # hardest negative
-    loss := relu(P[i] - N[i] + margin)
-"""
-ATTENTION_LAYER = """
-    mu[t] := X[t,c] / C
-    var[t] := (X[t,c] - mu[t])^2 / C
-    N[t,c] := (X[t,c] - mu[t]) * rsqrt(var[t] + 1e-5) * g[c] + beta[c]
-    Q[h,t,d] := N[t,c] * Wq[c,h,d]
-    K[h,t,d] := N[t,c] * Wk[c,h,d]
-    V[h,t,d] := N[t,c] * Wv[c,h,d]
-    S[h,i,j] := Q[h,i,d] * K[h,j,d] * 0.125 + where(j <= i, 0, -inf)
-    (logsumexp) L[h,i] := S[h,i,j]
-    O[h,i,d] := exp(S[h,i,j] - L[h,i]) * V[h,j,d]
-    Y[t,o] := O[h,t,d] * Wo[h,d,o]
-"""
 
 
 def fused(k: td.ProgramKernel, shapes: dict):
