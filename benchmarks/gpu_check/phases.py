@@ -172,8 +172,10 @@ def phase_tests(out: pathlib.Path, emulate: bool, quick: bool) -> None:
         ffi_args = ["tests/gpu/test_cuda_launch.py", "-x"] + (["-k", "poison"] if quick else [])
         callback_args = ["tests/gpu/test_cuda_backend.py", "-k", "forward and matmul and float32"]
     else:
-        ffi_args = ["tests/gpu", "-n", "0", *ignore]
-        callback_args = ["tests/gpu/test_cuda_backend.py", "-n", "0"]
+        # Six workers share the GPU (none preallocates): compiling is the CPU-bound part.
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        ffi_args = ["tests/gpu", "-n", "6", *ignore]
+        callback_args = ["tests/gpu/test_cuda_backend.py", "-n", "6"]
     scale = 2.0 if emulate else 1.0
     _pytest(
         out,
