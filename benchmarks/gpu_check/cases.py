@@ -57,8 +57,17 @@ def torch_or_none() -> Any:
 
 
 def _grad_fn(f: Callable[..., Any], args: list[Any]) -> Callable[[], Any]:
-    """A jitted forward+backward: the gradient of sum(f * fixed weights) w.r.t. all args."""
-    out = jax.eval_shape(f, *args)
+    """A jitted forward+backward: the gradient of sum(f * fixed weights) w.r.t. all args
+    (an `f` that cannot trace raises when the thunk is called, so that only its row fails)."""
+    try:
+        out = jax.eval_shape(f, *args)
+    except Exception as error:
+        failure = error
+
+        def fail() -> Any:
+            raise failure
+
+        return fail
     weights = jnp.asarray(_rng().uniform(0.5, 1.5, out.shape), out.dtype)
     g = jax.jit(
         jax.grad(

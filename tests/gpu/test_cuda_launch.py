@@ -229,8 +229,11 @@ def test_emulated_backend_under_jit_grad_and_vmap(monkeypatch, mode: str, order:
 
 
 def test_auto_backend_is_unchanged_by_emulation(monkeypatch) -> None:
+    monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "0")
+    unemulated = table.resolve_backend("auto")
     monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
-    assert table.resolve_backend("auto") == "c"
+    assert table.resolve_backend("auto") == unemulated
+    assert unemulated == ("cuda" if jax.default_backend() == "gpu" else "c")
 
 
 def test_the_cuda_backend_without_gpu_or_emulation_says_how_to_emulate(monkeypatch) -> None:

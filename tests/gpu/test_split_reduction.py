@@ -142,7 +142,8 @@ def test_through_jax_with_scratch_space_as_an_extra_output(monkeypatch, mode: st
     monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "reverse")
     monkeypatch.setenv("TENSORDSL_GPU_CALL", mode)
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
-    x = inputs("logsumexp", (300, 7), "float64")
+    # The emulator runs on JAX's CPU devices, also on a machine with a GPU.
+    x = jax.device_put(inputs("logsumexp", (300, 7), "float64"), jax.devices("cpu")[0])
     lse = td.kernel("s := X[i,j]", reduce="logsumexp", backend="cuda")
     np.testing.assert_allclose(jax.jit(lse)(x), expected("logsumexp", x), rtol=1e-12)
     top = td.kernel("s := X[i,j]", reduce="max", backend="cuda")
