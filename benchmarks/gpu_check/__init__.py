@@ -91,6 +91,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> dict[str, Any]:
     command += ["--emulate"] * args.emulate + ["--quick"] * args.quick
     started = time.monotonic()
     env = child_env(args.emulate)
+    env["GPU_CHECK_CASES"] = args.cases
     if phase == "timings":  # torch allocates beside JAX there: JAX must not take 75% first
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     code = run_boxed(command, env, out / f"log-{phase}.txt", limit)
@@ -189,6 +190,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer cases in every phase")
     parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply phase limits")
+    parser.add_argument(
+        "--cases", default="", help="timings: only cases whose name contains one of these (a,b)"
+    )
     args = parser.parse_args(argv)
     args.phases = tuple(p for p in args.phases.split(",") if p)
     unknown = sorted(set(args.phases) - set(PHASES))

@@ -362,7 +362,8 @@ def _build_emulated(names: tuple[str, ...] | list[str]) -> None:
 def phase_timings(out: pathlib.Path, emulate: bool, quick: bool) -> None:
     from benchmarks.gpu_check import timings as gpu_check_timings
 
-    gpu_check_timings.run_all(out, emulate, quick)
+    only = tuple(filter(None, os.environ.get("GPU_CHECK_CASES", "").split(",")))
+    gpu_check_timings.run_all(out, emulate, quick, only)
 
 
 PHASE_FUNCTIONS = {

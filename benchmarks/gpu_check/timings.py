@@ -67,13 +67,17 @@ def _wait(result: Any) -> None:
             return
 
 
-def run_all(out: pathlib.Path, emulate: bool, quick: bool) -> None:
+def run_all(out: pathlib.Path, emulate: bool, quick: bool, only: tuple[str, ...] = ()) -> None:
+    """Time every case (or those whose name contains one of `only`), one row per
+    implementation."""
     device = jax.devices()[0]
     peaks = peaks_for(getattr(device, "device_kind", ""))
     measure = timer(emulate)
     torch_note = "not measured (no torch with CUDA)" if torch_or_none() is None else ""
     for case in CASES:
         name, mode = case.name, case.modes[0]
+        if only and not any(part in name for part in only):
+            continue
         if quick and not case.quick:
             record(out, "timings", name, "skipped", mode=mode, detail=SKIP_QUICK)
             continue
