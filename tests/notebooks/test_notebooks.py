@@ -38,9 +38,10 @@ def _sync():
     return module
 
 
-def _run(twin: str, tmp_path: pathlib.Path, *names: str) -> tuple[dict, str]:
-    """Run notebooks/<twin> in a fresh process; return the named variables and its stdout."""
-    env = dict(os.environ, MPLBACKEND="Agg")
+def _run(twin: str, tmp_path: pathlib.Path, *names: str, **settings: str) -> tuple[dict, str]:
+    """Run notebooks/<twin> in a fresh process (`settings` added to its environment); return
+    the named variables and its stdout."""
+    env = dict(os.environ, MPLBACKEND="Agg", **settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     out = tmp_path / "variables.json"
     done = subprocess.run(
@@ -59,12 +60,14 @@ def _is_png(path: pathlib.Path) -> bool:
     return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_three_notebooks_each_with_a_twin():
-    twins = _sync().twins()
-    assert [t.name for t in twins] == ["01_quickstart.py", "02_layers.py", "03_performance.py"]
+TWINS = ["01_quickstart.py", "02_layers.py", "03_performance.py", "04_gpt.py"]
 
 
-@pytest.mark.parametrize("twin", ["01_quickstart.py", "02_layers.py", "03_performance.py"])
+def test_four_notebooks_each_with_a_twin():
+    assert [t.name for t in _sync().twins()] == TWINS
+
+
+@pytest.mark.parametrize("twin", TWINS)
 def test_ipynb_matches_its_twin(twin):
     sync = _sync()
     path = NOTEBOOKS / twin
@@ -115,3 +118,18 @@ def test_performance_notebook_reads_the_benchmark_results(tmp_path):
     assert f"{first:.2f}" in stdout
     assert f"measured {results['machine']['date']} on {results['machine']['model']}" in stdout
     assert _is_png(tmp_path / "03_performance.png")
+
+
+def test_gpt_notebook_trains_the_decoder_beside_jax_numpy(tmp_path):
+    pytest.importorskip("optax", reason="notebook 04 trains with optax (the test extra)")
+    names = ("losses_td", "losses_jnp", "gradient_error", "text_sample", "VOCAB")
+    variables, stdout = _run("04_gpt.py", tmp_path, *names, TENSORDSL_NOTEBOOK_STEPS="40")
+    ours, theirs = variables["losses_td"], variables["losses_jnp"]
+    assert len(ours) == len(theirs) == 40
+    assert abs(ours[0] - theirs[0]) < 1e-4  # the same function, the same first batch
+    assert variables["gradient_error"] < 1e-4
+    assert sum(ours[-5:]) / 5 < 0.85 * sum(ours[:5]) / 5  # it learns
+    assert max(abs(a - b) for a, b in zip(ours, theirs)) < 0.02  # and like jax.numpy
+    assert len(variables["text_sample"]) == len("The ") + 160
+    assert _is_png(tmp_path / "04_gpt_loss.png")
+    assert f"vocabulary of {variables['VOCAB']}" in stdout
