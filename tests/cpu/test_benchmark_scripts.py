@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from benchmarks import attention, gaussian, gpt_block, natural
+from benchmarks import attention, gaussian, gpt_block, gpt_model, natural
 from benchmarks.common import markers, write_section
 from codegen import config
 
@@ -42,6 +42,28 @@ def test_gpt_block_quick_checks_times_and_writes_its_section(results):
     for impl in (gpt_block.JNP, gpt_block.OURS):
         assert re.search(rf"^\| {size} \| {impl} \| {NUMBER} \| {NUMBER} \|", section, re.M)
     assert "### Targets (issue 14)" in section
+
+
+def test_gpt_model_quick_checks_times_and_writes_its_section(results):
+    assert gpt_model.main(["--quick", "--out", str(results)]) == 0
+    section = _section(results, "gpt_model")
+    assert str(gpt_model.QUICK) in section
+    for mode in gpt_model.MODES:
+        assert re.search(rf"^\| {re.escape(mode)} \| {NUMBER} \| {NUMBER} \| \d", section, re.M)
+
+
+def test_the_gpt_models_agree():
+    """Ours and jax.numpy's decoder: the same logits and gradients on one random batch
+    (independent code: jnp's attention, GELU and cross-entropy)."""
+    c = gpt_model.QUICK
+    params = gpt_model.init(c)
+    tokens, targets = gpt_model.tokens_of(c)
+    fns = gpt_model.functions(c)
+    ours, theirs = (
+        fns[impl][1](params, tokens, targets) for impl in (gpt_model.OURS, gpt_model.JNP)
+    )
+    assert gpt_model.mismatches(ours, theirs, 1e-4) == []
+    assert float(ours[0]) > 0.5 * np.log(c.vocab)  # a random model: near log(vocab)
 
 
 def test_gpt_block_check_reports_wrong_values_and_failures_instead_of_times():
