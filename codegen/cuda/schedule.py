@@ -30,6 +30,11 @@ Strategies (`GpuSchedule.strategy`):
   as an extra output of the launch). The second kernel, one block, combines the partial
   states in slice order: deterministic, no atomics. With one slice the first kernel writes
   the output and the second is not launched.
+* ``"online"`` -- a one-pass nest (`LoopNest.online`, `codegen.passes.online`: a logsumexp and
+  the softmax-weighted sum that reads it, attention's forward): one block per `rows` rows,
+  `cols` threads per row sharing the packed output columns, key tiles of `tile_k` keys
+  staged in shared memory, masks on the indices as skipped tiles (`codegen.cuda.online`).
+  The only strategy for such a nest, and such a nest's only strategy.
 * ``"xla"`` -- a contraction with its elementwise companions (`codegen.ir.contraction.xla_plan`):
   no kernel is generated, the runner calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on
   the CPU.
@@ -38,7 +43,8 @@ Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
 `tensordsl.backends.cuda.prepare` does from each call's shapes, a kernel variant per index type).
 
-The heuristic (`choose_gpu_schedule`): a nest of floats with an XLA plan -> ``xla``, unless the
+The heuristic (`choose_gpu_schedule`): a one-pass nest -> ``online`` (32 rows x 4 lanes,
+tiles of 32 keys); a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
 reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
@@ -70,9 +76,13 @@ from codegen.emit.loop_order import (
 from codegen.ir.contraction import xla_contraction
 from codegen.ir.nest import LoopNest, Reduce
 
-GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "xla")
+GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "online", "xla")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
 SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
+#: The online strategy: the most packed output columns (less the logsumexp) a block keeps
+#: in registers, `ONLINE_COLUMNS / cols` per thread (longer rows run as the two nests:
+#: `tensordsl.backends.table`).
+ONLINE_COLUMNS = 128
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,15 @@ class GpuSchedule(LoopOrder):
             return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
         if self.strategy == "tile":
             parts.append(f"tile={self.row}x1={self.rows}x1")
-        if self.strategy == "smem":
+        if self.strategy == "online":
+            parts.append(
+                f"tile=rows x keys={self.rows}x{self.tile_k} lanes/row={self.cols} "
+                f"columns<={ONLINE_COLUMNS} threads={self.rows * self.cols} "
+                f"staged=weights[{self.tile_k}][{ONLINE_COLUMNS}],scores[{self.rows}]"
+                f"[{self.tile_k}+pad] in shared memory; key tiles outside the rows' "
+                "ranges skipped"
+            )
+        elif self.strategy == "smem":
             parts.append(
                 f"tile={self.row}x{self.vector}={SMEM_THREADS * self.rows}x"
                 f"{SMEM_THREADS * self.cols} k={self.tile_k}"
@@ -153,6 +171,16 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     free = schedule.free_order
     if schedule.index_type not in INDEX_TYPES:
         raise ValueError(f"index_type must be one of {sorted(INDEX_TYPES)}")
+    if (schedule.strategy == "online") != bool(nest.online):
+        raise ValueError("the online strategy is for one-pass nests (codegen.passes.online)")
+    if nest.online:
+        packed = nest.free[-1].index.name
+        lanes, rows = schedule.cols, schedule.rows
+        if free[-1:] != (packed,):
+            raise ValueError(f"the packed index {packed!r} must be the last free index")
+        if 32 % lanes or rows * lanes > 1024 or rows * lanes % 32 or ONLINE_COLUMNS % lanes:
+            raise ValueError("online: cols (lanes per row) must divide 32, rows*cols in [32, 1024]")
+        return
     threads = schedule.threads
     if threads < 32 or threads > 1024 or threads & (threads - 1):
         raise ValueError("threads must be a power of two in [32, 1024]")
@@ -198,6 +226,8 @@ def choose_gpu_schedule(
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
+    if nest.online:
+        return online_schedule(nest, index_type=index_type)
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):
         return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
     base = GpuSchedule(free, reduced, index_type=index_type)
@@ -225,9 +255,35 @@ def choose_gpu_schedule(
     return base
 
 
+def online_schedule(
+    nest: LoopNest, *, index_type: str = "int32", rows: int = 32, lanes: int = 4, keys: int = 32
+) -> GpuSchedule:
+    """The online strategy's schedule of a one-pass nest: `rows` rows per block, `lanes`
+    threads per row, tiles of `keys` keys (`codegen.cuda.online`); the free indices as
+    written, the packed one last."""
+    order = default_loop_order(nest)
+    return GpuSchedule(
+        order.free_order,
+        order.reduced_order,
+        "online",
+        threads=rows * lanes,
+        row=order.free_order[-2],
+        vector=order.free_order[-1],
+        rows=rows,
+        cols=lanes,
+        tile_k=keys,
+        index_type=index_type,
+    )
+
+
 def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
     """The heuristic's kernel, the thread fallback, block and split schedules and small
     variants."""
+    if nest.online:
+        return tuple(
+            online_schedule(nest, rows=r, lanes=n, keys=k, index_type=t)
+            for r, n, k, t in ((32, 4, 32, "int32"), (8, 4, 8, "int64"), (32, 1, 16, "int32"))
+        )
     pick = choose_gpu_schedule(nest, kernel=True)
     free, reduced = pick.free_order, pick.reduced_order
     picks = [
