@@ -267,15 +267,24 @@ def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[st
     tensor it names): its tile and staging, the grid, the key tiles visited and skipped, and
     the score evaluations executed per useful one (SIMT lanes pay for every pair of a
     visited tile)."""
-    from codegen.cuda.online import shared_bytes, tile_counts
+    from codegen.cuda.key_tiles import PITCH
+    from codegen.cuda.online import shared_bytes, staged_keys, tile_counts
     from codegen.cuda.schedule import choose_gpu_schedule
 
     schedule = choose_gpu_schedule(nest, default_dtypes(nest))
     counts = tile_counts(nest, shapes, schedule)
     rows = schedule.rows * schedule.cols
+    keys = staged_keys(nest, schedule)
+    staged = (
+        f"the keys' read {keys.access} staged per tile as ks_[{schedule.tile_k}][{PITCH}] "
+        f"(float32, sum over {keys.nested.index} of at most {PITCH - 1})"
+        if keys is not None
+        else "no read of the score staged per key tile"
+    )
     return [
         f"cuda: {schedule.describe()}",
-        f"cuda: {counts.blocks} blocks of {rows} threads, {shared_bytes(schedule, 'float')} "
+        f"cuda: {staged}",
+        f"cuda: {counts.blocks} blocks of {rows} threads, {shared_bytes(nest, schedule, 'float')} "
         f"bytes of shared memory (float32); {counts.visited} of {counts.tiles} key tiles "
         f"visited ({counts.skipped} skipped, {counts.boundary} tested per pair); "
         f"FMAs executed/useful = {counts.executed_fmas}/{counts.useful_fmas} = "

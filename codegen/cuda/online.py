@@ -42,10 +42,11 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.cuda import key_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule, choose_gpu_schedule
 from codegen.cuda.smem import BANKS
-from codegen.emit.emitter import Lines, block_lines
+from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.emit.loop_order import term_order
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values
@@ -68,13 +69,24 @@ def launch(
     return grid, (rows * lanes, 1, 1)
 
 
-def shared_bytes(schedule: GpuSchedule, f: str) -> int:
-    """Bytes of shared memory the kernel declares (accumulation type `f`)."""
+def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
+    """Bytes of shared memory the kernel of `nest` declares (accumulation type `f`)."""
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
     size = 8 if f == "double" else 4
     index = 8 if schedule.index_type == "int64" else 4
     staged = keys * ONLINE_COLUMNS + rows * score_pitch(keys, lanes)
-    return staged * size + 2 * rows * index + rows * lanes * 4
+    found = (staged * size + 2 * rows * index + rows * lanes * 4,)
+    if f == "float" and staged_keys(nest, schedule) is not None:
+        found += (key_tiles.shared_bytes(keys),)
+    return sum(found)
+
+
+def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | None:
+    """The score's read staged per key tile (`codegen.cuda.key_tiles`; float accumulation
+    only), if any."""
+    by_name = {s.name: s for s in nest.free_indices}
+    key = term_order(nest, schedule, 0)[-1]
+    return key_tiles.key_tile(nest, by_name[schedule.free_order[-2]], key)
 
 
 def score_pitch(keys: int, lanes: int) -> int:
@@ -108,6 +120,8 @@ def online(e: CudaEmitter) -> Lines:
     first = e.idx(packed.start)
     ntiles = e.idx(e.count([row_name], {row_name: R}))
     nouter = e.idx(e.count(outer_names, {}))
+    staged = staged_keys(e.nest, e.schedule) if f == "float" else None
+    declared = key_tiles.declarations(e, staged, K) if staged else []
     tile = [
         f"const idx_t {i} = {e.idx(rows.start)} + bx_*{R} + r_;",
         f"const bool valid_ = {i} < {e.idx(rows.stop)};",
@@ -127,7 +141,8 @@ def online(e: CudaEmitter) -> Lines:
                 f"const bool full_ = j0_ >= flo_ && j0_ + {K} <= fhi_;",
                 f"const idx_t jn_ = tdsl_imin({K}, bhi_ - j0_);",
                 *_stage_weights(e, j, k, first),
-                *_scores(e, j),
+                *(key_tiles.stage(e, staged, j, K, R * P) if staged else []),
+                *_scores(e, j, staged),
                 "__syncthreads();",
                 *block_lines("if (live_)", _fold(e)),
                 "__syncthreads();",
@@ -147,6 +162,7 @@ def online(e: CudaEmitter) -> Lines:
         f"__shared__ int rany_[{R * P}];",
         f"const int tid_ = threadIdx.x, r_ = tid_ / {P}, ln_ = tid_ % {P};",
         f"const idx_t ne_ = {e.idx(packed.stop - 1 - packed.start)};",
+        *declared,
         *loops,
     ]
 
@@ -187,12 +203,23 @@ def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     return block_lines(head, body)
 
 
-def _scores(e: CudaEmitter, j: str) -> Lines:
-    """Each lane's keys of the tile: the score where the pair is in range, else -inf."""
-    _, lanes, keys, _ = _tile(e)
+def _element(e: CudaEmitter) -> Lines:
+    """The score of the pair (`v_`), the term's tests around it."""
     plan = e.plan(0, [e.reduced_levels(0)[-1]])
     value = e.printer.doprint(plan.value)
-    element = e.level_lines(plan, 0, [f"v_ = {value};", "any_ = 1;"])
+    return e.level_lines(plan, 0, [f"v_ = {value};", "any_ = 1;"])
+
+
+def _scores(e: CudaEmitter, j: str, staged: key_tiles.KeyTile | None) -> Lines:
+    """Each lane's keys of the tile: the score where the pair is in range, else -inf (from
+    the staged key tile where this call stages it)."""
+    _, lanes, keys, _ = _tile(e)
+    element = _element(e)
+    if staged is not None:
+        key = e.term_order(0)[-1]
+        terms = (key_tiles.staged_term(e.nest.terms[0], staged, key), e.nest.terms[1])
+        fast = indent_lines(_element(e.variant(terms=terms)))
+        element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
     body = [
         f"const idx_t {j} = j0_ + c_;",
         f"{e.f} v_ = -INFINITY;",
@@ -377,4 +404,4 @@ def _points(ranges: Sequence[range]) -> list[tuple[int, ...]]:
     return points
 
 
-__all__ = ["TileCounts", "launch", "online", "shared_bytes", "tile_counts"]
+__all__ = ["TileCounts", "launch", "online", "shared_bytes", "staged_keys", "tile_counts"]
