@@ -268,7 +268,8 @@ def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[st
     the score evaluations executed per useful one (SIMT lanes pay for every pair of a
     visited tile)."""
     from codegen.cuda.key_tiles import PITCH
-    from codegen.cuda.online import shared_bytes, staged_keys, tile_counts
+    from codegen.cuda.online import shared_bytes, staged_keys
+    from codegen.cuda.tile_counts import tile_counts
     from codegen.cuda.schedule import choose_gpu_schedule
 
     schedule = choose_gpu_schedule(nest, default_dtypes(nest))

@@ -107,6 +107,7 @@ STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
     "block": block_reduce,
     "split": split,
     "online": online,
+    "weighted": online,
 }
 #: Strategies of two kernels: the second one's body and grid.
 SECOND_PASSES: dict[str, tuple[Callable[[CudaEmitter], Lines], Callable[[CudaEmitter], Grid]]] = {
@@ -118,7 +119,7 @@ def _launch(
     e: CudaEmitter,
 ) -> tuple[tuple[sympy.Expr, sympy.Expr, sympy.Expr], tuple[int, int, int]]:
     s, one = e.schedule, sympy.Integer(1)
-    if s.strategy == "online":
+    if s.strategy in ("online", "weighted"):
         return online_launch(e)
     rn, vn = s.row or "", s.vector or ""
     if s.strategy == "smem":

@@ -29,28 +29,29 @@ tiles above the diagonal); a tile inside every row's range computes its scores w
 test, and only the tiles on a boundary test each (row, key) pair. Data masks (a padding
 mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more.
 
-`tile_counts` counts, for concrete shapes, the tiles visited and skipped and the score
+`codegen.cuda.tile_counts` counts, for concrete shapes, the tiles visited and skipped and the score
 evaluations executed (every pair of a visited tile, as SIMT lanes pay for them) against
 the useful ones (the pairs in range): `explain` prints them.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Sequence
 
 import sympy
 
 from codegen.cuda import key_tiles
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule, choose_gpu_schedule
+from codegen.cuda.schedule import (
+    ONLINE_COLUMNS,
+    GpuSchedule,
+    split_weighted,
+)
 from codegen.cuda.smem import BANKS
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.emit.loop_order import term_order
-from codegen.ir.bounds import loop_bounds
-from codegen.ir.extents import extent_values
-from codegen.ir.nest import LoopNest, Reduce
+from codegen.ir.nest import LoopNest, Term
 
 
 def _tile(e: CudaEmitter) -> tuple[int, int, int, int]:
@@ -86,7 +87,35 @@ def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | No
     only), if any."""
     by_name = {s.name: s for s in nest.free_indices}
     key = term_order(nest, schedule, 0)[-1]
-    return key_tiles.key_tile(nest, by_name[schedule.free_order[-2]], key)
+    view = dataclasses.replace(nest, terms=scores_and_weights(nest))
+    return key_tiles.key_tile(view, by_name[schedule.free_order[-2]], key)
+
+
+def scores_and_weights(nest: LoopNest) -> tuple[Term, Term]:
+    """The kernel's two terms over the keys: a one-pass nest's own (scores, weights), or a
+    weighted sum's `a` and `b` (`codegen.cuda.schedule.split_weighted`)."""
+    if len(nest.terms) == 2:
+        return nest.terms[0], nest.terms[1]
+    split = split_weighted(nest)
+    assert split is not None, "the weighted strategy needs split_weighted"
+    (term,) = nest.terms
+    # Tests of the column alone are the store's (`column_tests`), not each pair's.
+    kept = tuple(c for c in term.constraints if c not in column_tests(nest))
+    a, b = (dataclasses.replace(term, body=x, constraints=kept) for x in split)
+    return a, b
+
+
+def column_tests(nest: LoopNest) -> tuple[sympy.Expr, ...]:
+    """A weighted sum's constraints on the free indices alone that read its column (each
+    `c >= 0`): where one fails, the column's sum is 0."""
+    if nest.online or len(nest.terms) != 1:
+        return ()
+    column, reduced = nest.free[-1].index, set(nest.terms[0].reduced_indices)
+    return tuple(
+        c
+        for c in nest.terms[0].constraints
+        if column in c.free_symbols and not c.free_symbols & reduced
+    )
 
 
 def score_pitch(keys: int, lanes: int) -> int:
@@ -106,7 +135,11 @@ def score_pitch(keys: int, lanes: int) -> int:
 
 
 def online(e: CudaEmitter) -> Lines:
-    """The whole kernel body of a one-pass nest (module docstring)."""
+    """The whole kernel body of a one-pass nest or a weighted sum (module docstring)."""
+    order = e.schedule.reduced_order
+    both = dataclasses.replace(e.schedule, reduced_order=(order[0], order[0]))
+    by_column = column_tests(e.nest)
+    e = e.variant(terms=scores_and_weights(e.nest), schedule=both)
     f = e.f
     R, P, K, M = _tile(e)
     *outer_names, row_name, packed_name = e.schedule.free_order
@@ -131,6 +164,9 @@ def online(e: CudaEmitter) -> Lines:
         *block_lines("if (ln_ == 0)", ["rlo_[r_] = lo_;", "rhi_[r_] = hi_;"]),
         "__syncthreads();",
         *_block_range(R),
+    ]
+    columns = [
+        f"const idx_t ne_ = tdsl_imin({ONLINE_COLUMNS}, nc_ - cb_);",
         f"{f} m_ = -INFINITY, s_ = 0, o_[{M}];",
         "#pragma unroll",
         f"for (int q_ = 0; q_ < {M}; ++q_) o_[q_] = 0;",
@@ -144,12 +180,15 @@ def online(e: CudaEmitter) -> Lines:
                 *(key_tiles.stage(e, staged, j, K, R * P) if staged else []),
                 *_scores(e, j, staged),
                 "__syncthreads();",
-                *block_lines("if (live_)", _fold(e)),
+                *block_lines("if (live_)", _fold(e) if e.nest.online else _add(e)),
                 "__syncthreads();",
             ],
         ),
-        *_store(e, k, first),
+        *(_store(e, k, first) if e.nest.online else _store_sums(e, k, first, by_column)),
     ]
+    # Columns past a block's registers: the keys walked again for each 128 (weighted sums).
+    head = f"for (idx_t cb_ = 0; cb_ == 0 || cb_ < nc_; cb_ += {ONLINE_COLUMNS})"
+    tile += block_lines(head, columns)
     decode = e.decode("bz_", outer_names, {}) if outer_names else []
     loops = block_lines(f"for (idx_t bx_ = blockIdx.x; bx_ < {ntiles}; bx_ += gridDim.x)", tile)
     loops = block_lines(
@@ -161,7 +200,7 @@ def online(e: CudaEmitter) -> Lines:
         f"__shared__ idx_t rlo_[{R}], rhi_[{R}];",
         f"__shared__ int rany_[{R * P}];",
         f"const int tid_ = threadIdx.x, r_ = tid_ / {P}, ln_ = tid_ % {P};",
-        f"const idx_t ne_ = {e.idx(packed.stop - 1 - packed.start)};",
+        f"const idx_t nc_ = {e.idx(packed.stop - packed.start - (1 if e.nest.online else 0))};",
         *declared,
         *loops,
     ]
@@ -196,7 +235,7 @@ def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     body = [
         "const idx_t c_ = t_ / ne_, kk_ = t_ % ne_;",
         f"const idx_t {j} = j0_ + c_;",
-        f"const idx_t {k} = {first} + kk_;",
+        f"const idx_t {k} = {first} + cb_ + kk_;",
         f"ws_[c_][kk_] = c_ < jn_ ? ({e.f})({weight}) : ({e.f})0;",
     ]
     head = f"for (idx_t t_ = tid_; t_ < {keys}*ne_; t_ += {rows * lanes})"
@@ -222,7 +261,7 @@ def _scores(e: CudaEmitter, j: str, staged: key_tiles.KeyTile | None) -> Lines:
         element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
     body = [
         f"const idx_t {j} = j0_ + c_;",
-        f"{e.f} v_ = -INFINITY;",
+        f"{e.f} v_ = {e.reducer.init[0]};",
         *block_lines(f"if (live_ && c_ < jn_ && (full_ || ({j} >= lo_ && {j} < hi_)))", element),
         "ss_[r_][c_] = v_;",
     ]
@@ -275,12 +314,12 @@ def _store(e: CudaEmitter, k: str, first: str) -> Lines:
         *block_lines(
             "if (kk_ < ne_)",
             [
-                f"const idx_t {k} = {first} + kk_;",
+                f"const idx_t {k} = {first} + cb_ + kk_;",
                 f"out_[{e.out_offset()}] = {e.store('anyr_ ? o_[q_]/s_ : 0')};",
             ],
         ),
     ]
-    lse = [f"const idx_t {k} = {first} + ne_;", f"out_[{e.out_offset()}] = {e.store(result)};"]
+    lse = [f"const idx_t {k} = {first} + nc_;", f"out_[{e.out_offset()}] = {e.store(result)};"]
     return [
         "rany_[tid_] = any_;",
         "__syncthreads();",
@@ -297,111 +336,34 @@ def _store(e: CudaEmitter, k: str, first: str) -> Lines:
     ]
 
 
-@dataclass(frozen=True)
-class TileCounts:
-    """What the online kernel does for concrete shapes (`tile_counts`)."""
-
-    blocks: int  # row tiles times outer values
-    tiles: int  # key tiles of the whole key range, over every block
-    visited: int  # key tiles a block walks (the rest are skipped)
-    boundary: int  # visited tiles that test each pair
-    executed_pairs: int  # (row, key) pairs of visited tiles, valid rows only
-    useful_pairs: int  # pairs in range
-    score_fmas: int  # FMAs of one score (the nested sums' lengths), at least 1
-    columns: int  # packed columns less the logsumexp: FMAs of one weighted-sum update
-
-    @property
-    def skipped(self) -> int:
-        return self.tiles - self.visited
-
-    @property
-    def executed_fmas(self) -> int:
-        return self.executed_pairs * (self.score_fmas + self.columns)
-
-    @property
-    def useful_fmas(self) -> int:
-        return self.useful_pairs * (self.score_fmas + self.columns)
-
-    @property
-    def ratio(self) -> float:
-        return self.executed_fmas / self.useful_fmas if self.useful_fmas else 1.0
+def _add(e: CudaEmitter) -> Lines:
+    """A weighted sum: the lane's sums plus each key's weight times its staged row."""
+    _, lanes, _, owned = _tile(e)
+    columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", "if (kk_ < ne_) o_[q_] += p_*ws_[c_][kk_];"]
+    weights = [
+        f"const {e.f} p_ = ss_[r_][c_];",
+        "#pragma unroll",
+        *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
+    ]
+    return block_lines("for (int c_ = 0; c_ < jn_; ++c_)", weights)
 
 
-def _nested_length(body: sympy.Expr, extents: Mapping[sympy.Symbol, int]) -> int:
-    """The FMAs of one evaluation of `body`: the product of its nested sums' lengths (those
-    that depend on no index), summed over the nested sums; at least 1."""
-    total = 0
-    for nested in body.atoms(Reduce):
-        length = sympy.sympify((nested.stop - nested.start).xreplace(extents))
-        if length.is_Integer:
-            total += max(int(length), 0) * _nested_length(nested.body, extents)
-    return max(total, 1)
+def _store_sums(e: CudaEmitter, k: str, first: str, tests: Sequence[sympy.Expr]) -> Lines:
+    """A weighted sum's columns, each by the lane that owns it (0 where a test on the free
+    indices that reads the column fails: the term contributes nothing there)."""
+    value = "o_[q_]"
+    if tests:
+        value = f"({' && '.join(f'{e.idx(t)} >= 0' for t in tests)} ? o_[q_] : 0)"
+    _, lanes, _, owned = _tile(e)
+    columns = [
+        f"const idx_t kk_ = ln_ + {lanes}*q_;",
+        *block_lines(
+            "if (kk_ < ne_)",
+            [f"const idx_t {k} = {first} + cb_ + kk_;", e.store_line("", value)],
+        ),
+    ]
+    loop = block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns)
+    return block_lines("if (valid_)", ["#pragma unroll", *loop])
 
 
-def tile_counts(
-    nest: LoopNest, shapes: Mapping[str, Sequence[int]], schedule: GpuSchedule | None = None
-) -> TileCounts:
-    """Tiles visited and skipped, and score evaluations executed and useful, of the online
-    kernel of the one-pass `nest` for `shapes` (every tensor the nest names) under
-    `schedule` (the heuristic's by default)."""
-    extents = extent_values(nest, shapes)
-    order = schedule or choose_gpu_schedule(nest)
-    tile_rows, tile_keys = order.rows, order.tile_k
-    *outer, row, packed = (
-        next(r for r in nest.free if r.index.name == n) for n in order.free_order
-    )
-    j_symbol = term_order(nest, order, 0)[-1]
-    bounds = loop_bounds(nest.terms[0], (j_symbol,))
-    free_symbols = [r.index for r in (*outer, row)]
-    exprs = (bounds.starts[j_symbol], bounds.stops[j_symbol], *bounds.free_tests)
-    functions = [sympy.lambdify(free_symbols, x.xreplace(extents), "math") for x in exprs]
-
-    def value(r: object) -> int:
-        return int(sympy.sympify(sympy.sympify(r).xreplace(extents)))
-
-    outer_values = [range(value(r.start), value(r.stop)) for r in outer]
-    rows = range(value(row.start), value(row.stop))
-    key_range = nest.terms[0].reduced[0]
-    keys = max(value(key_range.stop) - value(key_range.start), 0)
-    depends = {s for x in exprs for s in x.free_symbols} & {r.index for r in outer}
-    blocks = visited = boundary = executed = useful = 0
-    for point in _points(outer_values if depends else [range(1) for _ in outer]):
-        for start in range(rows.start, rows.stop, tile_rows):
-            ranges = []
-            for i in range(start, min(start + tile_rows, rows.stop)):
-                lo, hi, *tests = (int(fn(*point, i)) for fn in functions)
-                if all(t >= 0 for t in tests) and hi > lo:
-                    ranges.append((lo, hi))
-            blocks += 1
-            if not ranges:
-                continue
-            blo, bhi = min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
-            flo, fhi = max(lo for lo, _ in ranges), min(hi for _, hi in ranges)
-            for j0 in range(blo, bhi, tile_keys):
-                visited += 1
-                boundary += not (j0 >= flo and j0 + tile_keys <= fhi)
-                executed += min(tile_rows, rows.stop - start) * min(tile_keys, bhi - j0)
-            useful += sum(hi - lo for lo, hi in ranges)
-    copies = 1 if depends else math.prod(len(r) for r in outer_values)
-    tiles = blocks * -(-keys // tile_keys)
-    body = nest.terms[0].body
-    return TileCounts(
-        blocks * copies,
-        tiles * copies,
-        visited * copies,
-        boundary * copies,
-        executed * copies,
-        useful * copies,
-        _nested_length(body, extents),
-        max(value(packed.stop) - value(packed.start) - 1, 0),
-    )
-
-
-def _points(ranges: Sequence[range]) -> list[tuple[int, ...]]:
-    points: list[tuple[int, ...]] = [()]
-    for r in ranges:
-        points = [(*p, v) for p in points for v in r]
-    return points
-
-
-__all__ = ["TileCounts", "launch", "online", "shared_bytes", "staged_keys", "tile_counts"]
+__all__ = ["launch", "online", "scores_and_weights", "shared_bytes", "staged_keys"]

@@ -206,19 +206,19 @@ def test_a_relative_position_bias():
     _check(_run(nest, values, "float32"), _reference(S, values["V"]), "float32")
 
 
-@pytest.mark.parametrize("name", ["causal", "bias"])
+@pytest.mark.parametrize("name", ["causal", "window", "bias"])
 def test_values_and_gradients_of_every_input_through_jax(name, monkeypatch):
-    """jit and grad on the cuda back end (the forward is the online kernel) against the
-    reference back end, in float64."""
+    """jit and grad on the cuda back end (the forward is the online kernel, dQ, dK and dV
+    the weighted one) against the reference back end, in float64; T over a tile."""
     import tensordsl as td
 
     monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
     monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
     rng = np.random.default_rng(7)
-    T = 11
-    if name == "causal":
-        source, values = _attention("causal", T, 4, 3, seed=7)
+    T = 37
+    if name != "bias":
+        source, values = _attention(name, T, 4, 3, seed=7)
     else:
         source = BIAS.format(T=T)
         values = {
@@ -254,4 +254,6 @@ def test_the_cuda_back_end_runs_the_program_in_one_kernel():
     source, values = _attention("causal", 5, 4, 3)
     k = td.kernel(source, outputs=("O", "L"), backend="cuda")
     sources = k.source("cuda", shapes={n: np.shape(v) for n, v in values.items()})
-    assert any("strategy=online" in text for text in sources.values())
+    assert "strategy=online" in sources["O+L"]
+    for gradient in ("dQ", "dK", "dV"):  # each score once per block, not per column
+        assert "strategy=weighted" in sources[gradient]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.cuda.online import tile_counts
 from codegen.cuda.schedule import choose_gpu_schedule
+from codegen.cuda.tile_counts import tile_counts
 from codegen.ir.nest import LoopNest
 from codegen.passes.online import pair_stored
 from tensordsl.binding.programs import compiled_statements
@@ -94,3 +94,25 @@ def test_full_attention_skips_nothing_and_a_window_most(mask):
         assert counts.skipped == 0 and counts.boundary == 0 and counts.ratio == 1
     else:
         assert counts.visited == 2 * (1 + 7 * 2)  # the first block, then two tiles each
+
+
+def test_the_gradient_nests_compute_each_score_once_per_block():
+    """dQ, dK and dV of causal attention run the weighted kernel: executed / useful FMAs
+    <= 1.3 (the thread strategy recomputed every score once per output column)."""
+    from tensordsl.timing import nest_equations
+
+    shapes = _shapes(1024, 64, 64, (8, 12))
+    k, _ = _nest("causal", shapes)
+    found = {}
+    for eqn in nest_equations(k._call_jaxpr(shapes, "float32")):
+        nest = eqn.params["nest"]
+        schedule = choose_gpu_schedule(nest)
+        if schedule.strategy != "weighted":
+            continue
+        known = {op.name: v.aval.shape for op, v in zip(nest.operands, eqn.invars)}
+        known[nest.output] = eqn.outvars[0].aval.shape
+        found[nest.output] = tile_counts(nest, known, schedule)
+    assert set(found) == {"dQ", "dK", "dV"}
+    for counts in found.values():
+        assert counts.ratio <= 1.3 and counts.skipped == 8 * 12 * (32 * 32 - 32 * 33 // 2)
+    assert found["dQ"].score_fmas == 128  # the scores and sum_e dO*V, once per pair
