@@ -269,8 +269,8 @@ def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[st
     visited tile)."""
     from codegen.cuda.key_tiles import PITCH
     from codegen.cuda.online import shared_bytes, staged_keys
-    from codegen.cuda.tile_counts import tile_counts
     from codegen.cuda.schedule import choose_gpu_schedule
+    from codegen.cuda.tile_counts import tile_counts
 
     schedule = choose_gpu_schedule(nest, default_dtypes(nest))
     counts = tile_counts(nest, shapes, schedule)
