@@ -277,10 +277,10 @@ def choose_gpu_schedule(
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
     if nest.online:
-        return online_schedule(nest, index_type=index_type)
+        return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
     weighted = not loop_order and free and split_weighted(nest) is not None
     if weighted and not _bounds_read_column(nest, order):
-        return online_schedule(nest, index_type=index_type)
+        return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):
         return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
     base = GpuSchedule(free, reduced, index_type=index_type)
@@ -306,6 +306,12 @@ def choose_gpu_schedule(
     if tileable and any(t.reduced for t in nest.terms):
         return GpuSchedule(free, reduced, "tile", row=free[-2], rows=4, index_type=index_type)
     return base
+
+
+def _lanes(dtypes: Mapping[str, str] | None) -> int:
+    """Threads per row of the online kernel: 4 (32 float sums each in registers), 8 where
+    float64 is involved (16 double sums each: 32 spill)."""
+    return 8 if dtypes and "float64" in dtypes.values() else 4
 
 
 def online_schedule(
