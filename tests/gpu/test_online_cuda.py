@@ -257,3 +257,55 @@ def test_the_cuda_back_end_runs_the_program_in_one_kernel():
     assert "strategy=online" in sources["O+L"]
     for gradient in ("dQ", "dK", "dV"):  # each score once per block, not per column
         assert "strategy=weighted" in sources[gradient]
+
+
+# A sum whose weight recomputes a dot product (the weighted strategy, as attention's
+# gradient nests): unnormalised causal attention, a column test, columns past 128.
+WEIGHTED = """
+S[b,i,j] := Q[b,i,d] * K[b,j,d] * scale
+O[b,i,e] := where(j <= i, where(e <= {last}, exp(S[b,i,j]) * V[b,j,e], 0), 0)
+"""
+
+
+def _weighted(T: int, E: int, last: int, seed: int = 9):
+    import tensordsl as td
+    from tensordsl.binding.programs import compiled_statements
+
+    rng = np.random.default_rng(seed)
+    values = {
+        "Q": rng.normal(size=(2, T, 6)),
+        "K": rng.normal(size=(2, T, 6)),
+        "scale": np.asarray(0.3),
+        "V": rng.normal(size=(2, T, E)),
+    }
+    k = td.kernel(WEIGHTED.format(last=last), fuse={"S": "inline"})
+    (nest,) = compiled_statements(k.program, values, "cuda", k.fuse)
+    return nest, values
+
+
+def _weighted_reference(values: dict, last: int) -> np.ndarray:
+    S = np.einsum("bid,bjd->bij", values["Q"], values["K"]) * values["scale"]
+    T = S.shape[-1]
+    P = np.where(np.tril(np.ones((T, T), bool)), np.exp(S), 0)
+    O = np.einsum("bij,bje->bie", P, values["V"])
+    O[..., last + 1 :] = 0
+    return O
+
+
+@pytest.mark.parametrize(
+    ("T", "E", "last", "dtype"),
+    [(37, 5, 2, "float32"), (33, 130, 200, "float64"), (20, 7, 100, "bfloat16")],
+)
+def test_a_weighted_sum_matches_numpy(T, E, last, dtype):
+    nest, values = _weighted(T, E, last)
+    arrays = [np.asarray(values[op.name], jnp.dtype(dtype)) for op in nest.operands]
+    shapes = {n: np.shape(v) for n, v in values.items()}
+    want = _weighted_reference(_rounded(values, dtype), last)
+    schedules = candidate_gpu_schedules(nest) if dtype == "float64" else (None,)
+    for schedule in schedules:
+        la = gpu.prepare(nest, arrays, shapes, dtype, schedule)
+        assert la.source.schedule.strategy == "weighted"
+        for order in ("forward", "reverse"):
+            got = np.asarray(emulated.run_arrays(la, arrays, order), np.float64)
+            tol = TOLERANCE[dtype]
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.max(np.abs(want)))
