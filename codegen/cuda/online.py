@@ -1,37 +1,44 @@
-"""The "online" strategy of the CUDA emitter: a logsumexp and its softmax-weighted sum in one
-pass (`codegen.passes.online`), FlashAttention's forward as SIMT code, for any nest of that
-form (the score is whatever the program computes: a dot product, a bias, a mask).
+"""The "online" and "weighted" strategies of the CUDA emitter: a logsumexp and its
+softmax-weighted sum in one pass (`codegen.passes.online`), FlashAttention's forward as SIMT
+code, for any nest of that form (the score is whatever the program computes: a dot
+product, a bias, a mask); and the same kernel for a sum `O[r, c] = sum_k a(r, k) * b(k, c)`
+whose weight `a` holds nested reductions (`codegen.cuda.schedule.split_weighted`:
+attention's gradient nests dQ, dK, dV), where `a` plays the score and `b` the weights.
 
-One block computes `ROWS` consecutive values of the row index (attention's query rows `i`)
-for one value of the outer free indices (batch, head), with `LANES` threads per row
-(`ROWS * LANES` threads; the lanes of a row are neighbours in one warp). The packed output
-axis (attention's `e`, at most `COLUMNS` values) is split among a row's lanes: lane `l`
-owns the columns `l, l + LANES, ...` and keeps their weighted sums in registers. The
-block walks the key range of its rows (the reduced index `j`) in tiles of `KEYS` keys:
+One block computes `rows` (schedule field, 32) consecutive values of the row index
+(attention's query rows `i`) for one value of the outer free indices (batch, head), with
+`cols` (4; 8 with float64) threads, the lanes, per row (the lanes of a row are neighbours
+in one warp). The output columns (attention's `e`) are split among a row's lanes: lane
+`l` owns the columns `l, l + lanes, ...` of a pass of `ONLINE_COLUMNS` (128) and keeps
+their sums in registers; more columns take further passes over the keys. The block walks
+the key range of its rows (the reduced index `j`) in tiles of `tile_k` (32) keys:
 
 1. the weights of the tile (attention's `V[j, :]`, which do not read the row:
-   `codegen.passes.online.pair`) are staged in shared memory `ws_[KEYS][COLUMNS]` by all
-   threads, consecutive threads loading consecutive columns (coalesced);
-2. each lane computes the scores of every `LANES`-th key of the tile for its row into
-   `ss_[ROWS][KEYS + 1]` (the whole score expression, nested sums included, in registers);
-3. after a barrier, each lane reads its row's scores: the tile's largest (NaN counted)
-   updates the running max `m`; the running sum `s` and the lane's weighted sums are
+   `codegen.passes.online.pair`) are staged in shared memory `ws_[keys][128]` by all
+   threads, consecutive threads loading consecutive columns (coalesced); the keys' read
+   of the score (`K[j, d]`) too where it has that form (`codegen.cuda.key_tiles`);
+2. each lane computes the scores of every `lanes`-th key of the tile for its row into
+   `ss_[rows][pitch]` (the whole score expression, nested sums included, in registers);
+3. after a barrier, each lane reads its row's scores. Online: the tile's largest (NaN
+   counted) updates the running max `m`; the running sum `s` and the lane's sums are
    rescaled by `exp(m - m')` once per tile; then `p = exp(score - m')` is added to `s`
-   and `p * ws_[key][column]` to each owned column.
+   and `p * ws_[key][column]` to each owned column. Weighted: `score * ws_[key][column]`.
 
 At the end `O = o / s` (0 for a row with no key in range, as a sum over nothing) and
-`L = m + log s` (the logsumexp's own result) are written once, L by lane 0.
+`L = m + log s` (the logsumexp's own result) are written once, L by lane 0; a weighted
+sum writes `o` (0 where a test of the column alone fails).
 
 Masks that are constraints on the indices (`j <= i`, a sliding window `i - w <= j`, a key
 range) are loop bounds of `j` per row (`codegen.ir.bounds`). The block's key range is the
 union of its rows' ranges: tiles outside it are never visited (causal attention skips the
 tiles above the diagonal); a tile inside every row's range computes its scores without a
 test, and only the tiles on a boundary test each (row, key) pair. Data masks (a padding
-mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more.
+mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more. Every output
+element is written by one block: no atomics.
 
-`codegen.cuda.tile_counts` counts, for concrete shapes, the tiles visited and skipped and the score
-evaluations executed (every pair of a visited tile, as SIMT lanes pay for them) against
-the useful ones (the pairs in range): `explain` prints them.
+`codegen.cuda.tile_counts` counts, for concrete shapes, the tiles visited and skipped and
+the FMAs executed (every pair of a visited tile, as SIMT lanes pay for them) against the
+useful ones (the pairs in range): `explain` prints them.
 """
 
 from __future__ import annotations

@@ -86,9 +86,9 @@ from codegen.ir.nest import LoopNest, Reduce
 GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "online", "weighted", "xla")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
 SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
-#: The online strategy: the most packed output columns (less the logsumexp) a block keeps
-#: in registers, `ONLINE_COLUMNS / cols` per thread (longer rows run as the two nests:
-#: `tensordsl.backends.table`).
+#: The online and weighted strategies: the output columns (the logsumexp aside) a block
+#: keeps in registers in one pass over the keys, `ONLINE_COLUMNS / cols` per thread; more
+#: take further passes (`tensordsl.backends.table` bounds the one-pass nest's).
 ONLINE_COLUMNS = 128
 
 

@@ -128,9 +128,10 @@ def _cuda_source() -> SourceEmitter:
 #: accumulates; the accumulators of a block of rows live on the stack.
 C_ONE_PASS_ROWS = 1024
 
-#: The longest output row the CUDA one-pass kernel (`codegen.cuda.online`) accumulates in
-#: registers.
-CUDA_ONE_PASS_ROWS = ONLINE_COLUMNS
+#: The longest packed row (the logsumexp included, as `tensordsl.binding.partitioning`
+#: compares it) the CUDA one-pass kernel (`codegen.cuda.online`) runs: its registers hold
+#: 128 columns per pass over the keys; two passes cost what the two nests would.
+CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
 
 BACKENDS: dict[str, Backend] = {
     "reference": Backend("reference", _run_reference),

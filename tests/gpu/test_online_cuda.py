@@ -309,3 +309,20 @@ def test_a_weighted_sum_matches_numpy(T, E, last, dtype):
             got = np.asarray(emulated.run_arrays(la, arrays, order), np.float64)
             tol = TOLERANCE[dtype]
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("E", [128, 200])
+def test_wide_rows_run_in_one_kernel_through_jax(E, monkeypatch):
+    """Head dims up to 256 run as the one-pass kernel (more than 128 columns: two passes
+    over the keys), not as the two nests."""
+    import tensordsl as td
+
+    monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    source, values = _attention("causal", 6, 8, E, seed=11)
+    k = td.kernel(source, outputs=("O", "L"), backend="cuda", fuse={"S": "inline"})
+    shapes = {n: np.shape(v) for n, v in values.items()}
+    assert "strategy=online" in k.source("cuda", shapes)["O+L"]
+    O, L = k(**{n: np.asarray(v, np.float32) for n, v in values.items()})
+    want = _attention_reference("causal", _rounded(values, "float32"))
+    _check((np.asarray(O, np.float64), np.asarray(L, np.float64)), want, "float32")
