@@ -116,3 +116,14 @@ def test_the_gradient_nests_compute_each_score_once_per_block():
     for counts in found.values():
         assert counts.ratio <= 1.3 and counts.skipped == 8 * 12 * (32 * 32 - 32 * 33 // 2)
     assert found["dQ"].score_fmas == 128  # the scores and sum_e dO*V, once per pair
+
+
+@pytest.mark.parametrize("f", ["float", "double"])
+def test_every_candidate_fits_in_static_shared_memory(f):
+    from codegen.cuda.online import shared_bytes
+    from codegen.cuda.schedule import candidate_gpu_schedules
+    from codegen.cuda.smem import STATIC_SHARED_LIMIT
+
+    _, nest = _nest("causal", _shapes(64, 8, 8))
+    for schedule in candidate_gpu_schedules(nest):
+        assert shared_bytes(nest, schedule, f) <= STATIC_SHARED_LIMIT, schedule
