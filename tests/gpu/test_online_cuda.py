@@ -12,6 +12,8 @@ reference back end.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,6 +43,7 @@ MASKS = {
         lambda i, j: (j <= i) & (i - j <= 4),
     ),  # noqa: E501
     "strict": ("where(j < i, 0, -inf)", lambda i, j: j < i),  # row 0: no key in range
+    "rows": ("where(i >= 3, 0, -inf)", lambda i, j: (i >= 3) & (j >= 0)),  # a test of rows
 }
 PADDED = """
 S[b,h,i,j] := Q[b,h,i,d] * K[b,h,j,d] * scale + M[b,j]
@@ -132,6 +135,7 @@ def _attention_reference(mask: str, values: dict):
         ("full", 35, 32, 40, "float32"),
         ("window", 40, 16, 8, "float64"),
         ("strict", 9, 8, 8, "float64"),
+        ("rows", 9, 8, 8, "float64"),
     ],
 )
 def test_attention_matches_numpy(mask, T, D, E, dtype):
@@ -170,6 +174,20 @@ def test_every_candidate_schedule(order):
     assert len(schedules) >= 3
     for schedule in schedules:
         _check(_run(nest, values, "float64", schedule, order), want, "float64")
+
+
+def test_one_block_loops_over_every_tile_and_batch():
+    """Every loop over blocks is grid-stride: a grid of one block (or two) computes all."""
+    source, values = _attention("causal", 70, 8, 6, seed=4)
+    nest = _online_nest(source, values)
+    arrays = [np.asarray(values[op.name], np.float64) for op in nest.operands]
+    shapes = {n: np.shape(v) for n, v in values.items()}
+    la = gpu.prepare(nest, arrays, shapes, "float64")
+    want = _attention_reference("causal", values)
+    for grid in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
+        small = dataclasses.replace(la, grids=(grid,))
+        out = np.asarray(emulated.run_arrays(small, arrays), np.float64)
+        _check((out[..., :-1], out[..., -1]), want, "float64")
 
 
 def test_a_padding_mask():
