@@ -83,10 +83,10 @@ def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
     size = 8 if f == "double" else 4
     index = 8 if schedule.index_type == "int64" else 4
     staged = keys * ONLINE_COLUMNS + rows * score_pitch(keys, lanes)
-    found = (staged * size + 2 * rows * index + rows * lanes * 4,)
+    found = staged * size + 2 * rows * index + rows * lanes * 4
     if f == "float" and staged_keys(nest, schedule) is not None:
-        found += (key_tiles.shared_bytes(keys),)
-    return sum(found)
+        found += key_tiles.shared_bytes(keys)
+    return found
 
 
 def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | None:
@@ -146,7 +146,7 @@ def online(e: CudaEmitter) -> Lines:
     order = e.schedule.reduced_order
     both = dataclasses.replace(e.schedule, reduced_order=(order[0], order[0]))
     by_column = column_tests(e.nest)
-    e = e.variant(terms=scores_and_weights(e.nest), schedule=both)
+    e = _variant(e, scores_and_weights(e.nest), both)
     f = e.f
     R, P, K, M = _tile(e)
     *outer_names, row_name, packed_name = e.schedule.free_order
@@ -249,6 +249,13 @@ def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     return block_lines(head, body)
 
 
+def _variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> CudaEmitter:
+    """`e` with other terms and schedule (same parameters, printer and names)."""
+    other = e.variant(terms=terms, schedule=schedule)
+    assert isinstance(other, CudaEmitter)
+    return other
+
+
 def _element(e: CudaEmitter) -> Lines:
     """The score of the pair (`v_`), the term's tests around it."""
     plan = e.plan(0, [e.reduced_levels(0)[-1]])
@@ -264,7 +271,7 @@ def _scores(e: CudaEmitter, j: str, staged: key_tiles.KeyTile | None) -> Lines:
     if staged is not None:
         key = e.term_order(0)[-1]
         terms = (key_tiles.staged_term(e.nest.terms[0], staged, key), e.nest.terms[1])
-        fast = indent_lines(_element(e.variant(terms=terms)))
+        fast = indent_lines(_element(_variant(e, terms, e.schedule)))
         element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
     body = [
         f"const idx_t {j} = j0_ + c_;",
