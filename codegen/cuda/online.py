@@ -196,6 +196,9 @@ def online(e: CudaEmitter) -> Lines:
     # Columns past a block's registers: the keys walked again for each 128 (weighted sums).
     head = f"for (idx_t cb_ = 0; cb_ == 0 || cb_ < nc_; cb_ += {ONLINE_COLUMNS})"
     tile += block_lines(head, columns)
+    # Without it, a block with no key in range passes no barrier before its threads write
+    # the next row tile's rlo_/rhi_ while others still read this one's.
+    tile.append("__syncthreads(); /* rlo_, rhi_ are rewritten for the next row tile */")
     decode = e.decode("bz_", outer_names, {}) if outer_names else []
     loops = block_lines(f"for (idx_t bx_ = blockIdx.x; bx_ < {ntiles}; bx_ += gridDim.x)", tile)
     loops = block_lines(
@@ -339,6 +342,7 @@ def _store(e: CudaEmitter, k: str, first: str) -> Lines:
         "__syncthreads();",
         "int anyr_ = 0;",
         f"for (int q_ = 0; q_ < {lanes}; ++q_) anyr_ |= rany_[r_*{lanes} + q_];",
+        "__syncthreads(); /* rany_ is rewritten by the next pass */",
         *block_lines(
             "if (valid_)",
             [
