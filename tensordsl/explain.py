@@ -20,13 +20,21 @@ gradient of W
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sympy
 
 from codegen.ir.bounds import loop_bounds
-from codegen.ir.nest import LoopNest, Range, Term, extent_of, extent_symbol, output_source
+from codegen.ir.nest import (
+    LoopNest,
+    Range,
+    Term,
+    default_dtypes,
+    extent_of,
+    extent_symbol,
+    output_source,
+)
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from codegen.ir.source import expr_source
 from codegen.passes import grad, gradient_rules
@@ -252,6 +260,37 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
         lines.append(f"  c:    {cpu.describe()}")
         lines.append(f"  cuda: {choose_gpu_schedule(n, dtypes).describe()}")
     return lines
+
+
+def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """The CUDA kernel of a one-pass nest (`codegen.cuda.online`) for concrete shapes (every
+    tensor it names): its tile and staging, the grid, the key tiles visited and skipped, and
+    the score evaluations executed per useful one (SIMT lanes pay for every pair of a
+    visited tile)."""
+    from codegen.cuda.key_tiles import PITCH
+    from codegen.cuda.online import shared_bytes, staged_keys
+    from codegen.cuda.schedule import choose_gpu_schedule
+    from codegen.cuda.tile_counts import tile_counts
+
+    schedule = choose_gpu_schedule(nest, default_dtypes(nest))
+    counts = tile_counts(nest, shapes, schedule)
+    rows = schedule.rows * schedule.cols
+    keys = staged_keys(nest, schedule)
+    staged = (
+        f"the keys' read {keys.access} staged per tile as ks_[{schedule.tile_k}][{PITCH}] "
+        f"(float32, sum over {keys.nested.index} of at most {PITCH - 1})"
+        if keys is not None
+        else "no read of the score staged per key tile"
+    )
+    return [
+        f"cuda: {schedule.describe()}",
+        f"cuda: {staged}",
+        f"cuda: {counts.blocks} blocks of {rows} threads, {shared_bytes(nest, schedule, 'float')} "
+        f"bytes of shared memory (float32); {counts.visited} of {counts.tiles} key tiles "
+        f"visited ({counts.skipped} skipped, {counts.boundary} tested per pair); "
+        f"FMAs executed/useful = {counts.executed_fmas}/{counts.useful_fmas} = "
+        f"{counts.ratio:.3f}",
+    ]
 
 
 def build_nests(

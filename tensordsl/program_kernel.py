@@ -180,7 +180,7 @@ class ProgramKernel:
         return "\n".join(lines)
 
     def _fused_lines(self, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
-        from tensordsl.explain import explain
+        from tensordsl.explain import explain, online_lines
 
         live = live_statements(self.program)
         if not config.fuse_programs():
@@ -201,12 +201,15 @@ class ProgramKernel:
         for nest in fused.stored:
             lines.append(f"fused statement {nest.output}")
             lines += ["  " + line for line in explain(nest).split("\n")]
-        lines += [
-            f"one pass: {nest.online} and {nest.output} in one nest on the C back end (online "
-            "softmax; the other back ends run the two)"
-            for nest in pair_stored(fused.stored)
-            if nest.online
-        ]
+        known = self.program.concrete_shapes(shapes)
+        for nest in pair_stored(fused.stored):
+            if nest.online:
+                lines.append(
+                    f"one pass: {nest.online} and {nest.output} in one nest on the C back end "
+                    "(online softmax) and on the CUDA back end (codegen.cuda.online; the "
+                    "reference back end runs the two)"
+                )
+                lines += ["  " + line for line in online_lines(nest, known)]
         return lines
 
     def _summary(self) -> list[str]:
@@ -254,8 +257,8 @@ class ProgramKernel:
         """Generated code (float32). Without `shapes`: every nest of every statement as
         written, `"<output>.<nest name>"` keys. With `shapes` (one per input): the nests a
         forward+backward call runs for them, fused, keyed by their output (`dQ`, ...; a
-        one-pass nest `O+L` in C, its two nests `L` and `O` elsewhere; a name run twice gets
-        `.2`), in the order `jax.value_and_grad` runs them; a nest that runs as XLA's dot
+        one-pass nest `O+L` in C and CUDA, its two nests `L` and `O` elsewhere; a name run
+        twice gets `.2`), in the order `jax.value_and_grad` runs them; a nest that runs as XLA's dot
         (`explain`) shows the kernel it falls back to.
         """
         from tensordsl.explain import generated_sources, source_emitter

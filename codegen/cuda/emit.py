@@ -39,6 +39,8 @@ from typing import Any
 import sympy
 
 from codegen.cuda.dialect import STORAGE, CudaEmitter, CudaPrinter
+from codegen.cuda.online import launch as online_launch
+from codegen.cuda.online import online
 from codegen.cuda.schedule import (
     INDEX_TYPES,
     SMEM_THREADS,
@@ -104,6 +106,8 @@ STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
     "smem": smem,
     "block": block_reduce,
     "split": split,
+    "online": online,
+    "weighted": online,
 }
 #: Strategies of two kernels: the second one's body and grid.
 SECOND_PASSES: dict[str, tuple[Callable[[CudaEmitter], Lines], Callable[[CudaEmitter], Grid]]] = {
@@ -115,6 +119,8 @@ def _launch(
     e: CudaEmitter,
 ) -> tuple[tuple[sympy.Expr, sympy.Expr, sympy.Expr], tuple[int, int, int]]:
     s, one = e.schedule, sympy.Integer(1)
+    if s.strategy in ("online", "weighted"):
+        return online_launch(e)
     rn, vn = s.row or "", s.vector or ""
     if s.strategy == "smem":
         t = SMEM_THREADS

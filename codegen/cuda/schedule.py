@@ -30,6 +30,15 @@ Strategies (`GpuSchedule.strategy`):
   as an extra output of the launch). The second kernel, one block, combines the partial
   states in slice order: deterministic, no atomics. With one slice the first kernel writes
   the output and the second is not launched.
+* ``"online"`` -- a one-pass nest (`LoopNest.online`, `codegen.passes.online`: a logsumexp and
+  the softmax-weighted sum that reads it, attention's forward): one block per `rows` rows,
+  `cols` threads per row sharing the packed output columns, key tiles of `tile_k` keys
+  staged in shared memory, masks on the indices as skipped tiles (`codegen.cuda.online`).
+  The only strategy for such a nest, and such a nest's only strategy.
+* ``"weighted"`` -- the same kernel for a sum `O[..., r, c] = sum_k a(r, k) * b(k, c)` whose
+  weight `a` holds nested reductions (attention's gradient nests dQ, dK, dV: the scores
+  and `sum_e dO*V` recomputed inside; `split_weighted`): each `a(r, k)` is computed once
+  per block, not once per column `c`, and `b` is staged per key tile.
 * ``"xla"`` -- a contraction with its elementwise companions (`codegen.ir.contraction.xla_plan`):
   no kernel is generated, the runner calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on
   the CPU.
@@ -38,7 +47,9 @@ Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
 `tensordsl.backends.cuda.prepare` does from each call's shapes, a kernel variant per index type).
 
-The heuristic (`choose_gpu_schedule`): a nest of floats with an XLA plan -> ``xla``, unless the
+The heuristic (`choose_gpu_schedule`): a one-pass nest -> ``online`` (32 rows x 4 lanes,
+tiles of 32 keys); a weighted sum with nested reductions in its weight -> ``weighted``
+(the same tiles); a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
 reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
@@ -64,15 +75,21 @@ from codegen.emit.loop_order import (
     LoopOrder,
     bound_indices,
     default_loop_order,
+    term_order,
     valid_unique,
     validate_schedule,
 )
+from codegen.ir.bounds import loop_bounds
 from codegen.ir.contraction import xla_contraction
 from codegen.ir.nest import LoopNest, Reduce
 
-GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "xla")
+GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "online", "weighted", "xla")
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
 SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
+#: The online and weighted strategies: the output columns (the logsumexp aside) a block
+#: keeps in registers in one pass over the keys, `ONLINE_COLUMNS / cols` per thread; more
+#: take further passes (`tensordsl.backends.table` bounds the one-pass nest's).
+ONLINE_COLUMNS = 128
 
 
 @dataclass(frozen=True)
@@ -98,7 +115,15 @@ class GpuSchedule(LoopOrder):
             return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
         if self.strategy == "tile":
             parts.append(f"tile={self.row}x1={self.rows}x1")
-        if self.strategy == "smem":
+        if self.strategy in ("online", "weighted"):
+            parts.append(
+                f"tile=rows x keys={self.rows}x{self.tile_k} lanes/row={self.cols} "
+                f"columns<={ONLINE_COLUMNS} threads={self.rows * self.cols} "
+                f"staged=weights[{self.tile_k}][{ONLINE_COLUMNS}],scores[{self.rows}]"
+                f"[{self.tile_k}+pad] in shared memory; key tiles outside the rows' "
+                "ranges skipped"
+            )
+        elif self.strategy == "smem":
             parts.append(
                 f"tile={self.row}x{self.vector}={SMEM_THREADS * self.rows}x"
                 f"{SMEM_THREADS * self.cols} k={self.tile_k}"
@@ -138,6 +163,45 @@ def split_contraction(
     return a, b
 
 
+def _uses(expr: sympy.Basic, name: str) -> bool:
+    """Whether `expr` reads the index `name` (in an access or elsewhere)."""
+    return any(s.name == name for s in expr.free_symbols if isinstance(s, sympy.Symbol))
+
+
+def _bounds_read_column(nest: LoopNest, order: LoopOrder) -> bool:
+    """Whether a reduced loop's bound reads the last free index (tests on the free indices
+    alone may: the weighted kernel tests them at the store)."""
+    column = order.free_order[-1]
+    for n, term in enumerate(nest.terms):
+        bounds = loop_bounds(term, term_order(nest, order, n))
+        for expr in (*bounds.starts.values(), *bounds.stops.values()):
+            if any(s.name == column for s in expr.free_symbols):
+                return True
+    return False
+
+
+def split_weighted(nest: LoopNest) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """`(a, b)` with the body of a sum of one reduced index `a*b` (every added term has the
+    same factors `b`), where `b`, the factors that read the last free index (the column),
+    reads no other free index but the outer ones, holds an access and no nested reduction,
+    and `a`, holding a nested reduction, does not read the column; else None."""
+    if nest.reduction != "sum" or nest.online or len(nest.terms) != 1 or len(nest.free) < 2:
+        return None
+    (term,) = nest.terms
+    if len(term.reduced) != 1 or term.guard != sympy.true or not term.body.atoms(Reduce):
+        return None
+    row, col = nest.free[-2].index.name, nest.free[-1].index.name
+    products = [sympy.Mul.make_args(t) for t in sympy.Add.make_args(term.body)]
+    columns = [frozenset(f for f in p if _uses(f, col)) for p in products]
+    if not columns[0] or any(c != columns[0] for c in columns):
+        return None
+    b = sympy.Mul(*sorted(columns[0], key=str))
+    if _uses(b, row) or b.atoms(Reduce) or not b.atoms(sympy.Indexed):
+        return None
+    a = sympy.Add(*(sympy.Mul(*(f for f in p if f not in columns[0])) for p in products))
+    return None if _uses(a, col) else (a, b)
+
+
 def _names_used(nest: LoopNest, index: str) -> bool:
     """True when some access of the nest does not use `index` (so a row tile saves loads)."""
     for term in nest.terms:
@@ -153,6 +217,20 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     free = schedule.free_order
     if schedule.index_type not in INDEX_TYPES:
         raise ValueError(f"index_type must be one of {sorted(INDEX_TYPES)}")
+    if (schedule.strategy == "online") != bool(nest.online):
+        raise ValueError("the online strategy is for one-pass nests (codegen.passes.online)")
+    if schedule.strategy == "weighted" and (
+        len(free) < 2 or _bounds_read_column(nest, schedule) or not split_weighted(nest)
+    ):
+        raise ValueError("the weighted strategy needs a sum a*b (codegen.cuda.schedule)")
+    if schedule.strategy in ("online", "weighted"):
+        packed = nest.free[-1].index.name
+        lanes, rows = schedule.cols, schedule.rows
+        if free[-1:] != (packed,):
+            raise ValueError(f"the column index {packed!r} must be the last free index")
+        if 32 % lanes or rows * lanes > 1024 or rows * lanes % 32 or ONLINE_COLUMNS % lanes:
+            raise ValueError("online: cols (lanes per row) must divide 32, rows*cols in [32, 1024]")
+        return
     threads = schedule.threads
     if threads < 32 or threads > 1024 or threads & (threads - 1):
         raise ValueError("threads must be a power of two in [32, 1024]")
@@ -198,6 +276,11 @@ def choose_gpu_schedule(
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
+    if nest.online:
+        return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
+    weighted = not loop_order and free and split_weighted(nest) is not None
+    if weighted and not _bounds_read_column(nest, order):
+        return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):
         return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
     base = GpuSchedule(free, reduced, index_type=index_type)
@@ -225,9 +308,41 @@ def choose_gpu_schedule(
     return base
 
 
+def _lanes(dtypes: Mapping[str, str] | None) -> int:
+    """Threads per row of the online kernel: 4 (32 float sums each in registers), 8 where
+    float64 is involved (16 double sums each: 32 spill)."""
+    return 8 if dtypes and "float64" in dtypes.values() else 4
+
+
+def online_schedule(
+    nest: LoopNest, *, index_type: str = "int32", rows: int = 32, lanes: int = 4, keys: int = 32
+) -> GpuSchedule:
+    """The online strategy's schedule of a one-pass nest: `rows` rows per block, `lanes`
+    threads per row, tiles of `keys` keys (`codegen.cuda.online`); the free indices as
+    written, the packed one last."""
+    order = default_loop_order(nest)
+    return GpuSchedule(
+        order.free_order,
+        order.reduced_order,
+        "online" if nest.online else "weighted",
+        threads=rows * lanes,
+        row=order.free_order[-2],
+        vector=order.free_order[-1],
+        rows=rows,
+        cols=lanes,
+        tile_k=keys,
+        index_type=index_type,
+    )
+
+
 def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
     """The heuristic's kernel, the thread fallback, block and split schedules and small
     variants."""
+    if nest.online or choose_gpu_schedule(nest, kernel=True).strategy == "weighted":
+        return tuple(
+            online_schedule(nest, rows=r, lanes=n, keys=k, index_type=t)
+            for r, n, k, t in ((32, 4, 32, "int32"), (8, 4, 8, "int64"), (32, 1, 16, "int32"))
+        )
     pick = choose_gpu_schedule(nest, kernel=True)
     free, reduced = pick.free_order, pick.reduced_order
     picks = [

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 
+from codegen.cuda.schedule import ONLINE_COLUMNS
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import reference
 
@@ -127,6 +128,11 @@ def _cuda_source() -> SourceEmitter:
 #: accumulates; the accumulators of a block of rows live on the stack.
 C_ONE_PASS_ROWS = 1024
 
+#: The longest packed row (the logsumexp included, as `tensordsl.binding.partitioning`
+#: compares it) the CUDA one-pass kernel (`codegen.cuda.online`) runs: its registers hold
+#: 128 columns per pass over the keys; two passes cost what the two nests would.
+CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
+
 BACKENDS: dict[str, Backend] = {
     "reference": Backend("reference", _run_reference),
     "c": Backend(
@@ -138,7 +144,9 @@ BACKENDS: dict[str, Backend] = {
         one_pass_rows=C_ONE_PASS_ROWS,
         profiled=True,
     ),
-    "cuda": Backend("cuda", _run_cuda, source_emitter=_cuda_source),
+    "cuda": Backend(
+        "cuda", _run_cuda, source_emitter=_cuda_source, one_pass_rows=CUDA_ONE_PASS_ROWS
+    ),
 }
 
 #: The back-end names a kernel accepts: "auto" or a key of BACKENDS.

@@ -50,3 +50,30 @@ def test_program_nest_compiles_for_sm90(name, nest, integer):
     source = emit_cuda(nest, dtypes=dtypes, role=name.rsplit("-", 1)[1])
     ptx = nvrtc.compile_source(source.text, arch="compute_90").ptx
     assert f".entry {source.entry}(" in ptx
+
+
+def fused_attention_nests() -> list[LoopNest]:
+    """The nests a forward+backward call of causal attention runs on CUDA (fused): the
+    one-pass forward (online strategy) and dQ, dK, dV (weighted), B 8 H 12 T 1024 E 64."""
+    import tensordsl as td
+    from codegen.cuda.schedule import choose_gpu_schedule
+    from tensordsl.timing import nest_equations
+
+    k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
+    shape = (8, 12, 1024, 64)
+    shapes = {"Q": shape, "K": shape, "scale": (), "V": shape}
+    nests = [eqn.params["nest"] for eqn in nest_equations(k._call_jaxpr(shapes, "float32"))]
+    return [
+        n for n in nests if choose_gpu_schedule(n, kernel=True).strategy in ("online", "weighted")
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_the_attention_kernels_compile_without_spills(dtype):
+    nests = fused_attention_nests()
+    assert sorted(n.label for n in nests) == ["O+L", "dK", "dQ", "dV"]
+    for nest in nests:
+        dtypes = {n: dtype for n in (*nest.operand_names, nest.output)}
+        source = emit_cuda(nest, dtypes=dtypes)
+        cubin = nvrtc.compile_source(source.text, arch="sm_90", options=["--ptxas-options=-v"])
+        assert (cubin.spill_stores, cubin.spill_loads) == (0, 0), (nest.label, cubin.log)

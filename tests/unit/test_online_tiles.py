@@ -1,0 +1,129 @@
+"""The static counts of the CUDA one-pass kernel (`codegen.cuda.online.tile_counts`) and what
+`explain` says of it: pure Python, no compiler. The kernel itself runs under the emulator
+in tests/gpu/test_online_cuda.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensordsl as td
+from codegen.cuda.schedule import choose_gpu_schedule
+from codegen.cuda.tile_counts import tile_counts
+from codegen.ir.nest import LoopNest
+from codegen.passes.online import pair_stored
+from tensordsl.binding.programs import compiled_statements
+
+ATTENTION = """
+S[b,h,i,j] := Q[b,h,i,d] * K[b,h,j,d] * scale + {mask}
+(logsumexp) L[b,h,i] := S[b,h,i,j]
+O[b,h,i,e] := exp(S[b,h,i,j] - L[b,h,i]) * V[b,h,j,e]
+"""
+MASKS = {
+    "causal": ("where(j <= i, 0, -inf)", lambda i, j: j <= i),
+    "full": ("0", lambda i, j: np.ones_like(i + j, bool)),
+    "window": (
+        "where(j <= i, 0, -inf) + where(i - j <= 4, 0, -inf)",
+        lambda i, j: (j <= i) & (i - j <= 4),
+    ),
+    "strict": ("where(j < i, 0, -inf)", lambda i, j: j < i),
+}
+
+
+def _nest(mask: str, shapes: dict) -> tuple[td.Kernel, LoopNest]:
+    k = td.kernel(ATTENTION.format(mask=MASKS[mask][0]), outputs=("O", "L"), fuse={"S": "inline"})
+    values = {n: np.zeros(s) for n, s in shapes.items()}
+    (nest,) = [n for n in pair_stored(compiled_statements(k.program, values, "cuda", k.fuse))]
+    return k, nest
+
+
+def _shapes(T: int, D: int, E: int, outer: tuple[int, int] = (2, 1)) -> dict:
+    return {"Q": (*outer, T, D), "K": (*outer, T, D), "scale": (), "V": (*outer, T, E)}
+
+
+@pytest.mark.parametrize("mask", ["causal", "full", "window", "strict"])
+def test_tile_counts_match_a_count_of_the_mask(mask):
+    """Useful pairs = the mask's true entries; executed = the pairs of visited tiles."""
+    T = 70
+    shapes = _shapes(T, 4, 3)
+    _, nest = _nest(mask, shapes)
+    schedule = choose_gpu_schedule(nest)
+    counts = tile_counts(nest, shapes, schedule)
+    i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    keep = MASKS[mask][1](i, j)
+    outer = 2  # b, h
+    assert counts.useful_pairs == outer * int(keep.sum())
+    executed = 0
+    for r0 in range(0, T, schedule.rows):
+        rows = keep[r0 : r0 + schedule.rows]
+        live = np.flatnonzero(rows.any(axis=0))
+        if live.size:
+            for j0 in range(live[0], live[-1] + 1, schedule.tile_k):
+                executed += rows.shape[0] * min(schedule.tile_k, live[-1] + 1 - j0)
+    assert counts.executed_pairs == outer * executed
+    assert counts.score_fmas == 4 and counts.columns == 3
+
+
+def test_causal_attention_does_about_half_the_work():
+    """The static check of issue 24: executed / useful FMAs <= 1.3, causal counting only the
+    unmasked half, for B 8, H 12, T 1024, E 64."""
+    _, nest = _nest("causal", _shapes(1024, 64, 64, (8, 12)))
+    counts = tile_counts(nest, _shapes(1024, 64, 64, (8, 12)))
+    assert counts.ratio <= 1.3
+    assert counts.useful_pairs == 8 * 12 * 1024 * 1025 // 2
+    assert counts.skipped == 8 * 12 * (32 * 32 - 32 * 33 // 2)  # above the diagonal
+    assert counts.boundary == 8 * 12 * 32  # the diagonal tiles
+
+
+def test_explain_prints_the_tile_the_staging_and_the_skipped_tiles():
+    k, _ = _nest("causal", _shapes(100, 16, 8))
+    text = k.explain(_shapes(100, 16, 8))
+    assert "strategy=online" in text and "tile=rows x keys=32x32 lanes/row=4" in text
+    assert "staged=weights[32][128]" in text
+    assert "the keys' read K[b, h, j, d_1] staged per tile as ks_[32][129]" in text
+    # 4 row blocks x 2 batches; blocks walk 1, 2, 3, 4 of their 4 key tiles
+    assert "8 blocks of 128 threads" in text
+    assert "20 of 32 key tiles visited (12 skipped, 8 tested per pair)" in text
+
+
+@pytest.mark.parametrize("mask", ["full", "window"])
+def test_full_attention_skips_nothing_and_a_window_most(mask):
+    _, nest = _nest(mask, _shapes(256, 4, 3))
+    counts = tile_counts(nest, _shapes(256, 4, 3))
+    if mask == "full":
+        assert counts.skipped == 0 and counts.boundary == 0 and counts.ratio == 1
+    else:
+        assert counts.visited == 2 * (1 + 7 * 2)  # the first block, then two tiles each
+
+
+def test_the_gradient_nests_compute_each_score_once_per_block():
+    """dQ, dK and dV of causal attention run the weighted kernel: executed / useful FMAs
+    <= 1.3 (the thread strategy recomputed every score once per output column)."""
+    from tensordsl.timing import nest_equations
+
+    shapes = _shapes(1024, 64, 64, (8, 12))
+    k, _ = _nest("causal", shapes)
+    found = {}
+    for eqn in nest_equations(k._call_jaxpr(shapes, "float32")):
+        nest = eqn.params["nest"]
+        schedule = choose_gpu_schedule(nest)
+        if schedule.strategy != "weighted":
+            continue
+        known = {op.name: v.aval.shape for op, v in zip(nest.operands, eqn.invars)}
+        known[nest.output] = eqn.outvars[0].aval.shape
+        found[nest.output] = tile_counts(nest, known, schedule)
+    assert set(found) == {"dQ", "dK", "dV"}
+    for counts in found.values():
+        assert counts.ratio <= 1.3 and counts.skipped == 8 * 12 * (32 * 32 - 32 * 33 // 2)
+    assert found["dQ"].score_fmas == 128  # the scores and sum_e dO*V, once per pair
+
+
+@pytest.mark.parametrize("f", ["float", "double"])
+def test_every_candidate_fits_in_static_shared_memory(f):
+    from codegen.cuda.online import shared_bytes
+    from codegen.cuda.schedule import candidate_gpu_schedules
+    from codegen.cuda.smem import STATIC_SHARED_LIMIT
+
+    _, nest = _nest("causal", _shapes(64, 8, 8))
+    for schedule in candidate_gpu_schedules(nest):
+        assert shared_bytes(nest, schedule, f) <= STATIC_SHARED_LIMIT, schedule
