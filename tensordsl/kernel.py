@@ -13,6 +13,7 @@ from codegen.ir.nest import LoopNest
 from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
+from tensordsl.binding import gather
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
     ScheduleError,
@@ -81,7 +82,7 @@ class Kernel:
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(
             callables.statement_text(source, self.nest),
-            [(op.name, op.rank) for op in self.nest.operands],
+            [(op.name, op.rank) for op in self.nest.operands if op.name in self.inputs],
             [self.nest],
             program=False,
         )
@@ -106,7 +107,7 @@ class Kernel:
     @property
     def inputs(self) -> tuple[str, ...]:
         """Input names in order of first appearance in the body."""
-        return self.nest.operand_names
+        return self._lowered.inputs
 
     @property
     def output(self) -> str:
@@ -219,20 +220,43 @@ class Kernel:
         out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
         if not jnp.issubdtype(out_dtype, jnp.inexact):
             out_dtype = jnp.result_type(float)
+        if self._lowered.gathers:
+            gather.check_index_dtypes(
+                self._lowered.gathers, dict(zip(self.inputs, values)), self.source_text
+            )
         # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
         record = table.backend(self.backend)
+        nograd = self.nograd
+        if self._lowered.gathers:
+            values, nograd = _with_gathered(self._lowered, values, shapes), nograd | self._lowered.unread
         return jax_bind.call_nest(
             self.nest,
             values,
             backend=record.name,
             shapes={},
             out_dtype=out_dtype,
-            nograd=self.nograd,
+            nograd=nograd,
             schedule=self.schedule if record.takes_schedule else None,
             precision=self.precision,
         )
+
+
+def _with_gathered(lowered: Lowered, values: list[Any], shapes: Mapping[str, Any]) -> list[Any]:
+    """The nest's operands: the call's arrays and the operands gathered from them."""
+    extents = gather.extents_of(shapes)
+    by_name = dict(zip(lowered.inputs, values))
+    by_name.update(
+        gather.gathered_operands(
+            lowered.gathers,
+            by_name,
+            gather.range_values(lowered.ranges, extents),
+            extents,
+            lowered.statement.source,
+        )
+    )
+    return [by_name[name] for name in lowered.nest.operand_names]
 
 
 def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: str) -> Any:

@@ -78,6 +78,8 @@ def _check_ranks(
     spans = {**dict(lowered.operand_spans), **spans}
     extents: dict[sympy.Symbol, int] = {}
     for op in lowered.nest.operands:
+        if op.name in lowered.gathered:
+            continue  # computed by the call from the table and index arrays
         span = spans.get(op.name)
         if op.name not in shapes:
             raise ShapeError(

@@ -33,6 +33,7 @@ from tensordsl.errors import (
     UnknownNameError,
     close_match,
 )
+from tensordsl.frontend.gathers import Gather
 from tensordsl.frontend.indices import (
     INFINITY,
     POSITIONS,
@@ -83,6 +84,7 @@ class Translation:
     # the top-level additive terms of the body, signed (`A - B` gives A and -B): a sum adds
     # once, outside its reduction, those that read none of the summed indices
     parts: tuple[sympy.Expr, ...] = ()
+    gathers: tuple[Gather, ...] = ()  # accesses through index arrays (gathered operands)
 
 
 class _Translator(IndexExpressions):
@@ -95,6 +97,7 @@ class _Translator(IndexExpressions):
         self.ranks: dict[str, int] = {}
         self.spans: dict[str, Span] = {}
         self.accesses: list[AccessUse] = []
+        self.gathers: list[Gather] = []
 
     def build(self) -> Translation:
         free = self.free_indices()
@@ -138,6 +141,7 @@ class _Translator(IndexExpressions):
             body_spans,
             self.spans,
             parts,
+            tuple(self.gathers),
         )
 
     def free_indices(self) -> list[str]:

@@ -1,0 +1,237 @@
+"""Gathered operands: a table read through index arrays, before the nest that reads it.
+
+`gathered_operands` computes each gathered operand of a statement (`tensordsl/frontend/
+gathers.py`) from the call's arrays: the position of every element in the flattened table,
+then `gather_p`, a primitive linear in the table:
+
+* forward: one read per element; a position outside the table reads NaN (0 for an integer
+  table), as `jnp.take(..., mode="fill")` does. When the index arrays are concrete (an eager
+  call outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
+* JVP: the gather of the table's tangent (0 where the forward reads outside).
+* transpose: the table's cotangent, each element the sum of the cotangents of the positions
+  that read it, without scatter or atomics: the positions are sorted once (a stable argsort),
+  a segmented scan sums each run of equal positions in a fixed order, and each table element
+  reads the end of its run (`searchsorted`), or 0 if nothing read it. The same arrays give
+  the same bits on every call.
+* batching: a batched table is flattened with its batch axis, the positions offset per
+  example; a batched position array just gives a batched result.
+
+Index arrays are integers, so JAX gives them no tangent (float0) and no cotangent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+from jax.interpreters import ad, batching, mlir
+
+from codegen.ir.nest import extent_symbol, index_symbol
+from tensordsl.binding import private_jax
+from tensordsl.errors import InputError, RangeError
+from tensordsl.frontend.gathers import Gather
+
+
+def _shape(table: Any, positions: Any, **_: Any) -> tuple[int, ...]:
+    return tuple(positions.shape)
+
+
+def _dtype(table: Any, positions: Any, **_: Any) -> Any:
+    return table.dtype
+
+
+def _sharding(table: Any, positions: Any, **_: Any) -> Any:
+    return positions.sharding
+
+
+gather_p = private_jax.primitive("tensordsl_gather", _shape, _dtype, _sharding)
+
+
+def _fill(dtype: Any, fill: bool) -> Any:
+    if fill and jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.array(jnp.nan, dtype)
+    return jnp.zeros((), dtype)
+
+
+def _gather(table: Any, positions: Any, *, fill: bool) -> Any:
+    """`table[positions]`, NaN (`fill`) or 0 where a position is -1."""
+    inside = positions >= 0
+    read = table[jnp.where(inside, positions, 0)] if table.size else jnp.zeros_like(positions)
+    return jnp.where(inside, read.astype(table.dtype), _fill(table.dtype, fill))
+
+
+mlir.register_lowering(gather_p, mlir.lower_fun(_gather, multiple_results=False))
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool) -> tuple[Any, Any]:
+    table, positions = primals
+    out = gather_p.bind(table, positions, fill=fill)
+    if type(tangents[0]) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, gather_p.bind(tangents[0], positions, fill=False)
+
+
+def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
+    """`out[r] = sum of cotangent where positions == r`, deterministic, without a scatter.
+
+    >>> segment_total(jnp.array([1.0, 2.0, 4.0, 8.0]), jnp.array([2, 0, 2, -1]), 4).tolist()
+    [2.0, 0.0, 5.0, 0.0]
+    """
+    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1)
+    if positions.size == 0:
+        return jnp.zeros((size,), cotangent.dtype)
+    order = jnp.argsort(positions, stable=True)
+    keys, values = positions[order], cotangent[order]
+    starts = jnp.concatenate([jnp.ones((1,), bool), keys[1:] != keys[:-1]])
+
+    def add(a: Any, b: Any) -> Any:  # a segmented sum: a run restarts where b starts one
+        return a[0] | b[0], jnp.where(b[0], b[1], a[1] + b[1])
+
+    _, sums = jax.lax.associative_scan(add, (starts, values))
+    rows = jnp.arange(size, dtype=keys.dtype)
+    last = jnp.searchsorted(keys, rows, side="right") - 1
+    first = jnp.searchsorted(keys, rows, side="left")
+    return jnp.where(last >= first, sums[jnp.clip(last, 0)], jnp.zeros((), cotangent.dtype))
+
+
+def _transpose(cotangent: Any, table: Any, positions: Any, *, fill: bool) -> list[Any]:
+    assert ad.is_undefined_primal(table) and not ad.is_undefined_primal(positions)
+    aval = table.aval
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(aval), None]
+    return [segment_total(cotangent, positions, aval.shape[0]).astype(aval.dtype), None]
+
+
+ad.primitive_jvps[gather_p] = _jvp
+ad.primitive_transposes[gather_p] = _transpose
+
+
+def _batch(args: Sequence[Any], dims: Sequence[Any], *, fill: bool) -> tuple[Any, int]:
+    table, positions = args
+    table_dim, positions_dim = dims
+    if table_dim is None:
+        return gather_p.bind(table, positions, fill=fill), positions_dim
+    table = jnp.moveaxis(table, table_dim, 0)
+    size, n = table.shape
+    if positions_dim is None:
+        positions = jnp.broadcast_to(positions, (size, *positions.shape))
+    else:
+        positions = jnp.moveaxis(positions, positions_dim, 0)
+    example = jnp.arange(size, dtype=positions.dtype).reshape((size,) + (1,) * (positions.ndim - 1))
+    flat = jnp.where(positions >= 0, positions + example * n, -1)
+    return gather_p.bind(table.reshape(-1), flat, fill=fill), 0
+
+
+batching.primitive_batchers[gather_p] = _batch
+
+
+def range_values(
+    ranges: Sequence[Any], extents: Mapping[sympy.Symbol, int]
+) -> dict[str, tuple[int, int]]:
+    """Every index's `(start, stop)` for these extents."""
+    return {
+        r.index.name: (int(sympy.sympify(r.start).xreplace(extents)), int(r.stop.xreplace(extents)))
+        for r in ranges
+    }
+
+
+def extents_of(shapes: Mapping[str, tuple[int, ...]]) -> dict[sympy.Symbol, int]:
+    return {extent_symbol(n, a): int(e) for n, shape in shapes.items() for a, e in enumerate(shape)}
+
+
+def check_index_dtypes(gathers: Sequence[Gather], values: Mapping[str, Any], source: str) -> None:
+    """An index array must hold integers: a float or bool one is a user error."""
+    for g in gathers:
+        for name in g.arrays:
+            dtype = jnp.result_type(values[name])
+            if dtype == jnp.bool_ or not jnp.issubdtype(dtype, jnp.integer):
+                span = next(r.span for a in g.axes for r in a.reads if r.array == name)
+                raise InputError(
+                    f"index array '{name}' has dtype {dtype}; an index must be an integer",
+                    source,
+                    span,
+                    expected=f"an integer array for '{name}' (int32 or int64)",
+                    hint=f"pass {name}.astype(jnp.int32) if its values are whole numbers",
+                )
+
+
+def gathered_operands(
+    gathers: Sequence[Gather],
+    values: Mapping[str, Any],
+    ranges: Mapping[str, tuple[int, int]],
+    extents: Mapping[sympy.Symbol, int],
+    source: str,
+) -> dict[str, Any]:
+    """The value of every gathered operand, by name (see the module docstring)."""
+    return {g.name: _gathered(g, values, ranges, extents, source) for g in gathers}
+
+
+def _gathered(
+    g: Gather,
+    values: Mapping[str, Any],
+    ranges: Mapping[str, tuple[int, int]],
+    extents: Mapping[sympy.Symbol, int],
+    source: str,
+) -> Any:
+    spans = [max(0, ranges[n][1] - ranges[n][0]) for n in g.indices]
+    rank = len(spans)
+    grid = {
+        index_symbol(n): (
+            jnp.arange(ranges[n][0], ranges[n][0] + e).reshape((1,) * d + (e,) + (1,) * (rank - d - 1))
+        )
+        for d, (n, e) in enumerate(zip(g.indices, spans))
+    }
+
+    def value_of(affine: Any) -> Any:
+        total = jnp.asarray(int(sympy.sympify(affine.constant).xreplace(extents)))
+        for symbol, coefficient in affine.coefficients:
+            total = total + coefficient * grid[symbol]
+        return jnp.broadcast_to(total, tuple(spans))
+
+    table = values[g.table]
+    valid = jnp.ones(tuple(spans), bool)
+    flat = jnp.zeros(tuple(spans), jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+    concrete = True
+    for axis, gathered_axis in enumerate(g.axes):
+        position = value_of(gathered_axis.affine)
+        for read in gathered_axis.reads:
+            array = values[read.array]
+            concrete = concrete and not isinstance(array, jax.core.Tracer)
+            at = tuple(
+                jnp.clip(value_of(a), 0, max(n - 1, 0)) for a, n in zip(read.axes, array.shape)
+            )
+            position = position + read.coefficient * array[at].astype(flat.dtype)
+        n = table.shape[axis]
+        inside = (position >= 0) & (position < n)
+        if gathered_axis.reads and concrete:
+            starts = [ranges[name][0] for name in g.indices]
+            _check_inside(g, axis, position, inside, n, starts, source)
+        valid = valid & inside
+        flat = flat * n + jnp.where(inside, position, 0).astype(flat.dtype)
+    positions = jnp.where(valid, flat, -1)
+    return gather_p.bind(table.reshape(-1), positions, fill=True)
+
+
+def _check_inside(
+    g: Gather, axis: int, position: Any, inside: Any, n: int, starts: list[int], source: str
+) -> None:
+    """Eagerly, an index array that points outside the table is a `RangeError`."""
+    bad = ~np.asarray(inside)
+    if not bad.any():
+        return
+    where = tuple(int(w[0]) for w in np.nonzero(bad))
+    at = ", ".join(f"{name}={w + s}" for name, w, s in zip(g.indices, where, starts))
+    value = int(np.asarray(position)[where])
+    arrays = ", ".join(f"'{a}'" for a in g.arrays)
+    raise RangeError(
+        f"index array {arrays} points to {value} on axis {axis} of '{g.table}' "
+        f"(at {at}), outside [0, {n})",
+        source,
+        g.span,
+        expected=f"index values inside [0, {n}) for axis {axis} of '{g.table}'",
+        hint="under jax.jit an index outside the table reads NaN instead",
+    )
