@@ -245,17 +245,8 @@ class Kernel:
 
 def _with_gathered(lowered: Lowered, values: list[Any], shapes: Mapping[str, Any]) -> list[Any]:
     """The nest's operands: the call's arrays and the operands gathered from them."""
-    extents = gather.extents_of(shapes)
     by_name = dict(zip(lowered.inputs, values))
-    by_name.update(
-        gather.gathered_operands(
-            lowered.gathers,
-            by_name,
-            gather.range_values(lowered.ranges, extents),
-            extents,
-            lowered.statement.source,
-        )
-    )
+    by_name.update(gather.gathered(lowered, by_name, shapes, lowered.statement.source))
     return [by_name[name] for name in lowered.nest.operand_names]
 
 

@@ -37,6 +37,7 @@ from codegen.passes.online import pair_stored, unpair
 from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
+from tensordsl.binding import gather
 from tensordsl.binding.programs import fuse_program, run_program
 from tensordsl.errors import UnknownNameError, UnsupportedError
 from tensordsl.frontend import arguments
@@ -103,7 +104,7 @@ class ProgramKernel:
         by_output = {nest.output: nest for nest in self.program.statements}
         self.__doc__ = callables.kernel_doc(
             "\n".join(line.strip() for line in source.strip().splitlines()),
-            [(op.name, op.rank) for op in self.program.inputs],
+            [(op.name, op.rank) for op in self.program.inputs if op.name in self.inputs],
             [by_output[name] for name in self.outputs],
             program=True,
         )
@@ -139,7 +140,8 @@ class ProgramKernel:
     @property
     def inputs(self) -> tuple[str, ...]:
         """The names no statement defines, in order of first appearance (scalars included)."""
-        return self.program.input_names
+        gathered = self._lowered.gathered
+        return tuple(n for n in self.program.input_names if n not in gathered)
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -315,16 +317,24 @@ class ProgramKernel:
             ShapeError, RangeError: ranks or extents that do not fit the statements.
         """
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)
+        if self._lowered.gathered:
+            given = [arguments.input_array(n, v, self.source_text) for n, v in zip(self.inputs, given)]
+            gathers = [g for s in self._lowered.statements for g in s.gathers]
+            gather.check_index_dtypes(gathers, dict(zip(self.inputs, given)), self.source_text)
         values = [
             arguments.computed_input(name, value, self.source_text)
             for name, value in zip(self.inputs, given)
         ]
-        check_program_shapes(
+        known = check_program_shapes(
             self._lowered, {name: np.shape(v) for name, v in zip(self.inputs, values)}
         )
+        by_name = dict(zip(self.inputs, values))
+        for statement in self._lowered.statements:
+            if statement.gathers:
+                by_name.update(gather.gathered(statement, by_name, known, self.source_text))
         results = run_program(
             self.program,
-            dict(zip(self.inputs, values)),
+            by_name,
             backend=table.resolve_backend(self.backend),
             nograd=self.nograd,
             precision=self.precision,

@@ -34,6 +34,7 @@ from codegen.ir.nest import extent_symbol, index_symbol
 from tensordsl.binding import private_jax
 from tensordsl.errors import InputError, RangeError
 from tensordsl.frontend.gathers import Gather
+from tensordsl.frontend.lower import Lowered
 
 
 def _shape(table: Any, positions: Any, **_: Any) -> tuple[int, ...]:
@@ -159,15 +160,17 @@ def check_index_dtypes(gathers: Sequence[Gather], values: Mapping[str, Any], sou
                 )
 
 
-def gathered_operands(
-    gathers: Sequence[Gather],
+def gathered(
+    lowered: Lowered,
     values: Mapping[str, Any],
-    ranges: Mapping[str, tuple[int, int]],
-    extents: Mapping[sympy.Symbol, int],
+    shapes: Mapping[str, tuple[int, ...]],
     source: str,
 ) -> dict[str, Any]:
-    """The value of every gathered operand, by name (see the module docstring)."""
-    return {g.name: _gathered(g, values, ranges, extents, source) for g in gathers}
+    """The value of every gathered operand of a statement, by name (see the module
+    docstring), from the call's arrays and the shapes of every tensor its ranges name."""
+    extents = extents_of(shapes)
+    ranges = range_values(lowered.ranges, extents)
+    return {g.name: _gathered(g, values, ranges, extents, source) for g in lowered.gathers}
 
 
 def _gathered(

@@ -33,6 +33,7 @@ from tensordsl.errors import (
     ShapeError,
     TensorDSLError,
     UnknownNameError,
+    UnsupportedError,
     close_match,
 )
 from tensordsl.frontend.lower import Lowered, lower, reduction_hint
@@ -58,6 +59,11 @@ class LoweredProgram:
     statements: tuple[Lowered, ...]  # one per statement, in order; sources are the program
     source: str
     returns_tuple: bool  # `outputs=` was given: results come back as a tuple
+
+    @property
+    def gathered(self) -> frozenset[str]:
+        """The gathered operands of every statement (computed by the call, not given)."""
+        return frozenset(n for s in self.statements for n in s.gathered)
 
 
 def is_program(source: object) -> bool:
@@ -284,8 +290,25 @@ def lower_program(
         lower(s, reduce=None if s.reduction else reduce, ranges=r)
         for s, r in zip(statements, per_statement)
     )
+    _check_gather_inputs(lowered, {s.output for s in statements}, source)
     program = make_program([low.nest for low in lowered], outputs=chosen)
     return LoweredProgram(program, lowered, source, returns_tuple=outputs is not None)
+
+
+def _check_gather_inputs(lowered: Sequence[Lowered], defined: set[str], source: str) -> None:
+    """A gather reads a program input through index arrays that are program inputs: the
+    call gathers before the statements run (`tensordsl/binding/gather.py`)."""
+    for low in lowered:
+        for g in low.gathers:
+            for name in (g.table, *g.arrays):
+                if name in defined:
+                    raise UnsupportedError(
+                        f"'{name}' is computed by the program and read through an index array",
+                        source,
+                        g.span,
+                        expected="a table and index arrays that are inputs of the program",
+                        hint=f"compute '{name}' in its own program or kernel and pass it in",
+                    )
 
 
 def check_program_shapes(
