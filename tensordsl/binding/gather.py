@@ -227,7 +227,13 @@ def _check_inside(
     if not bad.any():
         return
     where = tuple(int(w[0]) for w in np.nonzero(bad))
-    at = ", ".join(f"{name}={w + s}" for name, w, s in zip(g.indices, where, starts))
+    gathered_axis = g.axes[axis]
+    named = {i.name for i in gathered_axis.affine.indices} | {
+        i.name for r in gathered_axis.reads for a in r.axes for i in a.indices
+    }
+    at = ", ".join(
+        f"{name}={w + s}" for name, w, s in zip(g.indices, where, starts) if name in named
+    )
     value = int(np.asarray(position)[where])
     arrays = ", ".join(f"'{a}'" for a in g.arrays)
     raise RangeError(
