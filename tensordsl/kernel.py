@@ -230,7 +230,10 @@ class Kernel:
         record = table.backend(self.backend)
         nograd = self.nograd
         if self._lowered.gathers:
-            values, nograd = _with_gathered(self._lowered, values, shapes), nograd | self._lowered.unread
+            values, nograd = (
+                _with_gathered(self._lowered, values, shapes),
+                nograd | self._lowered.unread,
+            )
         return jax_bind.call_nest(
             self.nest,
             values,

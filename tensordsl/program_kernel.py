@@ -318,7 +318,9 @@ class ProgramKernel:
         """
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)
         if self._lowered.gathered:
-            given = [arguments.input_array(n, v, self.source_text) for n, v in zip(self.inputs, given)]
+            given = [
+                arguments.input_array(n, v, self.source_text) for n, v in zip(self.inputs, given)
+            ]
             gathers = [g for s in self._lowered.statements for g in s.gathers]
             gather.check_index_dtypes(gathers, dict(zip(self.inputs, given)), self.source_text)
         values = [

@@ -72,7 +72,7 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool) -> tupl
     table, positions = primals
     out = gather_p.bind(table, positions, fill=fill)
     if type(tangents[0]) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
+        return out, ad.Zero(jax.typeof(out).to_tangent_aval())
     return out, gather_p.bind(tangents[0], positions, fill=False)
 
 
@@ -184,7 +184,9 @@ def _gathered(
     rank = len(spans)
     grid = {
         index_symbol(n): (
-            jnp.arange(ranges[n][0], ranges[n][0] + e).reshape((1,) * d + (e,) + (1,) * (rank - d - 1))
+            jnp.arange(ranges[n][0], ranges[n][0] + e).reshape(
+                (1,) * d + (e,) + (1,) * (rank - d - 1)
+            )
         )
         for d, (n, e) in enumerate(zip(g.indices, spans))
     }
@@ -197,7 +199,7 @@ def _gathered(
 
     table = values[g.table]
     valid = jnp.ones(tuple(spans), bool)
-    flat = jnp.zeros(tuple(spans), jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+    flat = jnp.zeros(tuple(spans), jax.dtypes.canonicalize_dtype(jnp.int64))
     concrete = True
     for axis, gathered_axis in enumerate(g.axes):
         position = value_of(gathered_axis.affine)
@@ -216,7 +218,7 @@ def _gathered(
         valid = valid & inside
         flat = flat * n + jnp.where(inside, position, 0).astype(flat.dtype)
     positions = jnp.where(valid, flat, -1)
-    return gather_p.bind(table.reshape(-1), positions, fill=True)
+    return gather_p.bind(*private_jax.same_varying_axes([table.reshape(-1), positions]), fill=True)
 
 
 def _check_inside(

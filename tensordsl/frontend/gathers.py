@@ -35,8 +35,9 @@ from typing import Any
 import sympy
 
 from codegen.ir.affine import Affine, NotAffine, as_affine
-from codegen.ir.nest import index_symbol, scalar_symbol, tensor_base
+from codegen.ir.nest import extent_symbol, index_symbol, scalar_symbol, tensor_base
 from tensordsl.errors import IndexExpressionError, UnsupportedError
+from tensordsl.frontend.indices import AccessUse, IndexExpressions, text_of, walk
 from tensordsl.frontend.parse import Access, Expr, Name, Span
 
 
@@ -76,8 +77,6 @@ class Gather:
 
 def reads_array(node: Access) -> bool:
     """Whether an index of `node` reads a tensor (an index array)."""
-    from tensordsl.frontend.indices import walk
-
     return any(isinstance(n, Access) for index in node.indices for n in walk(index))
 
 
@@ -93,8 +92,6 @@ def gathered_name(table: str, span: Span, taken: set[str]) -> str:
 def gather_access(tr: Any, node: Access) -> Any:
     """Translate a gathered access (the translator `tr` is `IndexExpressions`); returns the
     read of its gathered operand and records the `Gather` in `tr.gathers`."""
-    from tensordsl.frontend.indices import AccessUse, walk
-
     tr.register(node.name, len(node.indices), node.name_span)
     axes, uses = [], []
     for axis, index in enumerate(node.indices):
@@ -125,22 +122,16 @@ def gather_access(tr: Any, node: Access) -> Any:
 
 
 def _names(tr: Any) -> set[str]:
-    from tensordsl.frontend.indices import walk
-
     return {getattr(n, "name", "") for n in walk(tr.st.body)} | set(tr.ranks) | {tr.st.output}
 
 
 def _extent(name: str, axis: int) -> sympy.Expr:
-    from codegen.ir.nest import extent_symbol
-
     return extent_symbol(name, axis)
 
 
 def _gathered_axis(tr: Any, node: Access, axis: int, index: Expr, reads: list[Access]) -> Any:
     """An axis that reads index arrays: each read becomes a stand-in symbol, the expression
     must be affine in the loop indices and the stand-ins together."""
-    from tensordsl.frontend.indices import text_of, walk
-
     stand_ins: dict[int, sympy.Symbol] = {}
     found: dict[sympy.Symbol, Access] = {}
     for n, read in enumerate(reads):
@@ -185,15 +176,31 @@ def _gathered_axis(tr: Any, node: Access, axis: int, index: Expr, reads: list[Ac
             expected="loop indices and index-array reads with integer coefficients, such as "
             "'inds[i] + j'",
         ) from None
-    plain = Affine(
-        tuple((s, c) for s, c in affine.coefficients if s not in found), affine.constant
-    )
+    plain = Affine(tuple((s, c) for s, c in affine.coefficients if s not in found), affine.constant)
     index_reads = []
     for symbol, read in found.items():
         coefficient = affine.coefficient(symbol)
         tr.access(read)  # registers the index array and its access (ranges, shape checks)
         if coefficient:
-            index_reads.append(
-                IndexRead(coefficient, read.name, tr.accesses[-1].axes, read.span)
-            )
+            index_reads.append(IndexRead(coefficient, read.name, tr.accesses[-1].axes, read.span))
     return GatherAxis(plain, tuple(index_reads))
+
+
+class GatheredAccesses(IndexExpressions):
+    """`IndexExpressions` that also take index arrays: a gathered access is translated by
+    `gather_access`, and an index-array read inside it by its stand-in symbol."""
+
+    gathers: list[Gather]
+    #: the stand-in symbol of each index-array read while a gathered axis is translated
+    stand_ins: dict[int, sympy.Symbol] = {}  # noqa: RUF012 (replaced, never mutated)
+    st: Any
+
+    def access(self, node: Access) -> Any:
+        if node.indices and reads_array(node):
+            return gather_access(self, node)
+        return super().access(node)
+
+    def index_expr(self, node: Expr, whole: Expr) -> sympy.Expr:
+        if isinstance(node, Access) and id(node) in self.stand_ins:
+            return self.stand_ins[id(node)]
+        return super().index_expr(node, whole)

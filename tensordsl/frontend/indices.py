@@ -29,7 +29,6 @@ from codegen.ir.affine import (
 )
 from codegen.ir.nest import extent_symbol, index_symbol, tensor_base
 from tensordsl.errors import IndexExpressionError
-from tensordsl.frontend.gathers import Gather, gather_access, reads_array
 from tensordsl.frontend.parse import Access, Binary, Call, Compare, Expr, Name, Number, Span, Unary
 
 #: Tullio's positions inside an index expression: `D[i,end]` reads the last position of that
@@ -86,10 +85,6 @@ class IndexExpressions:
     accesses: list[AccessUse]
     index_symbols: Any
     extent: sympy.Expr
-    st: Any
-    gathers: list[Gather]
-    #: the stand-in symbol of each index-array read while a gathered axis is translated
-    stand_ins: dict[int, sympy.Symbol] = {}  # noqa: RUF012 (replaced, never mutated)
 
     def register(self, name: str, rank: int, span: Span) -> None:
         raise NotImplementedError
@@ -102,8 +97,6 @@ class IndexExpressions:
                 node.span,
                 expected=f"a scalar written without brackets: '{node.name}'",
             )
-        if reads_array(node):
-            return gather_access(self, node)
         self.register(node.name, len(node.indices), node.name_span)
         axes = tuple(
             self.affine(index, extent_symbol(node.name, axis))
@@ -164,8 +157,6 @@ class IndexExpressions:
         if isinstance(node, Unary):
             operand = self.index_expr(node.operand, whole)
             return -operand if node.op == "-" else operand
-        if isinstance(node, Access) and id(node) in self.stand_ins:
-            return self.stand_ins[id(node)]
         if not isinstance(node, Binary):
             kind = {Access: "a tensor read", Call: "a function call"}.get(
                 type(node), "a comparison"

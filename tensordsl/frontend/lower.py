@@ -57,9 +57,7 @@ class Lowered:
     def unread(self) -> frozenset[str]:
         """Tables and index arrays the nest does not read (read only through gathers): the
         nest gives them no gradient."""
-        read = {
-            str(b.label) for t in self.nest.terms for b in t.body.atoms(sympy.IndexedBase)
-        }
+        read = {str(b.label) for t in self.nest.terms for b in t.body.atoms(sympy.IndexedBase)}
         used = {n for g in self.gathers for n in (g.table, *g.arrays)}
         return frozenset(used - read)
 

@@ -33,12 +33,11 @@ from tensordsl.errors import (
     UnknownNameError,
     close_match,
 )
-from tensordsl.frontend.gathers import Gather
+from tensordsl.frontend.gathers import Gather, GatheredAccesses
 from tensordsl.frontend.indices import (
     INFINITY,
     POSITIONS,
     AccessUse,
-    IndexExpressions,
     text_of,
     walk,
 )
@@ -87,7 +86,7 @@ class Translation:
     gathers: tuple[Gather, ...] = ()  # accesses through index arrays (gathered operands)
 
 
-class _Translator(IndexExpressions):
+class _Translator(GatheredAccesses):
     """Turns the syntax tree of the right-hand side into sympy, recording names and accesses."""
 
     def __init__(self, statement: Statement, named: Collection[str] = ()) -> None:

@@ -54,7 +54,12 @@ def _cases(rng):
     y = _indices(rng, 7, (2, 3))
     odd = _indices(rng, 6, (5,)) + 1
     return {
-        "embedding": ("E[b,t,d] := W[tok[b,t], d]", {}, {"W": W, "tok": tok}, lambda W, tok: W[tok]),
+        "embedding": (
+            "E[b,t,d] := W[tok[b,t], d]",
+            {},
+            {"W": W, "tok": tok},
+            lambda W, tok: W[tok],
+        ),
         "shifted": (
             "Y[i,j] := A[inds[i] + j]",
             {"ranges": {"j": 3}},
@@ -184,9 +189,7 @@ def test_vmap_over_the_index_array_the_table_or_both(backend):
     for e in range(3):
         np.add.at(want[e], tok[e], cotangent[e])
     np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-12)
-    shared = jax.grad(lambda W: jnp.sum(jax.vmap(k, in_axes=(None, 0))(W, tok) * cotangent))(
-        W[0]
-    )
+    shared = jax.grad(lambda W: jnp.sum(jax.vmap(k, in_axes=(None, 0))(W, tok) * cotangent))(W[0])
     want = np.zeros_like(W[0])
     for e in range(3):
         np.add.at(want, tok[e], cotangent[e])
@@ -199,7 +202,10 @@ def test_forward_mode(backend):
     _, _, inputs, reference = CASES["summed"]
     k = _kernel("summed", backend)
     A, inds, B = inputs["A"], inputs["inds"], inputs["B"]
-    tA, tB = np.random.default_rng(4).normal(size=A.shape), np.random.default_rng(5).normal(size=B.shape)
+    tA, tB = (
+        np.random.default_rng(4).normal(size=A.shape),
+        np.random.default_rng(5).normal(size=B.shape),
+    )
     out, tangent = jax.jvp(lambda A, B: k(A, inds, B), (A, B), (tA, tB))
     np.testing.assert_allclose(np.asarray(out), reference(A, inds, B), rtol=1e-12)
     want = reference(tA, inds, B) + reference(A, inds, tB)
@@ -232,7 +238,7 @@ def test_out_of_range_index_eagerly_an_error_under_jit_nan(backend):
         got = np.asarray(jax.jit(k)(W, tok))
         assert np.isnan(got[1]).all()
         np.testing.assert_allclose(got[[0, 2]], W[[0, 2]], rtol=1e-12)
-        grad = jax.jit(jax.grad(lambda W: jnp.sum(jnp.nan_to_num(k(W, tok)))))(W)
+        grad = jax.jit(jax.grad(lambda W, tok: jnp.sum(jnp.nan_to_num(k(W, tok)))))(W, tok)
         np.testing.assert_allclose(np.asarray(grad), np.eye(5)[[0, 2]].sum(0)[:, None] + 0 * W)
 
 
@@ -251,7 +257,7 @@ def test_program_with_index_arrays():
         np.testing.assert_allclose(
             np.asarray(p(Z, y)), L - np.take_along_axis(Z, y[..., None], -1)[..., 0], rtol=1e-12
         )
-        grad = jax.jit(jax.grad(lambda Z: jnp.sum(p(Z, y))))(Z)
+        grad = jax.jit(jax.grad(lambda Z, p=p: jnp.sum(p(Z, y))))(Z)
         np.testing.assert_allclose(
             np.asarray(grad), np.exp(Z - L[..., None]) - np.eye(7)[y], rtol=1e-10, atol=1e-12
         )
@@ -274,3 +280,28 @@ def test_refused_forms():
         td.kernel("Y[i,j] := A[inds[i] + j]")
     with pytest.raises(td.errors.IndexExpressionError, match="not affine"):
         td.kernel("Y[i] := A[inds[i] * i]")
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (tests/conftest.py)")
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_partitioned(backend):
+    """The index array split over 4 devices: shard_map and plain jit of sharded arrays."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(8)
+    W = rng.normal(size=(11, 4))
+    tok = _indices(rng, 11, (8, 3))
+    cotangent = rng.normal(size=(8, 3, 4))
+    want = np.zeros_like(W)
+    np.add.at(want, tok, cotangent)
+    k = td.kernel("E[b,t,d] := W[tok[b,t], d]", backend=backend)
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    mapped = jax.shard_map(k, mesh=mesh, in_specs=(P(), P("d")), out_specs=P("d"))
+    np.testing.assert_allclose(np.asarray(jax.jit(mapped)(W, tok)), W[tok], rtol=1e-12)
+    grad = jax.jit(jax.grad(lambda W, tok: jnp.sum(mapped(W, tok) * cotangent)))(W, tok)
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-12)
+    split = jax.device_put(tok, NamedSharding(mesh, P("d")))
+    np.testing.assert_allclose(np.asarray(jax.jit(k)(W, split)), W[tok], rtol=1e-12)
+    grad = jax.jit(jax.grad(lambda W, tok: jnp.sum(k(W, tok) * cotangent)))(W, split)
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-12)
