@@ -126,9 +126,13 @@ class Kernel:
         """
         from tensordsl.explain import explain
 
+        low = self._lowered
         if shapes is not None:
             shapes = self.check_shapes(shapes)
-        return explain(self.nest, shapes=shapes)
+            shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
+        src = low.statement.source
+        gathered = [(g.name, src[g.span[0] : g.span[1]]) for g in low.gathers]
+        return explain(self.nest, shapes=shapes, gathered=gathered, unread=low.unread)
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""
@@ -166,12 +170,13 @@ class Kernel:
             raise UnknownNameError(
                 f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
             )
+        checked = self.check_shapes(shapes)
         return profile_nests(
             self.nest,
-            self.check_shapes(shapes),
+            {**checked, **gather.gathered_shapes(self._lowered, checked)},
             dtype=dtype,
             schedule=self.schedule,
-            nograd=self.nograd,
+            nograd=self.nograd | self._lowered.unread,
             reps=reps,
         )
 
@@ -192,6 +197,7 @@ class Kernel:
             ShapeError, RangeError: as for a call with inputs of these shapes.
         """
         table, dtypes = callables.example_shapes(shapes, callables.check_dtype(dtype))
+        dtypes = gather.index_dtypes(self._lowered.gathers, shapes, dtypes)
         arguments.bind(self.inputs, self.source_text, (), table)
         table = self.check_shapes(table)
         callables.warm_up(self, self.inputs, table, dtypes, self.nograd)
@@ -230,10 +236,11 @@ class Kernel:
         record = table.backend(self.backend)
         nograd = self.nograd
         if self._lowered.gathers:
-            values, nograd = (
-                _with_gathered(self._lowered, values, shapes),
-                nograd | self._lowered.unread,
-            )
+            values = _with_gathered(self._lowered, values, shapes)
+            nograd = nograd | self._lowered.unread
+            copied = self._lowered.copied_gather
+            if copied is not None:  # the gather is the result: no nest to run
+                return values[self.nest.operand_names.index(copied)].astype(out_dtype)
         return jax_bind.call_nest(
             self.nest,
             values,

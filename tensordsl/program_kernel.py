@@ -128,6 +128,8 @@ class ProgramKernel:
             ShapeError, RangeError: as for a call with inputs of these shapes.
         """
         table, dtypes = callables.example_shapes(shapes, callables.check_dtype(dtype))
+        gathers = [g for s in self._lowered.statements for g in s.gathers]
+        dtypes = gather.index_dtypes(gathers, shapes, dtypes)
         arguments.bind(self.inputs, self.source_text, (), table)
         check_program_shapes(self._lowered, table)
         callables.warm_up(self, self.inputs, table, dtypes, self.nograd)

@@ -38,7 +38,7 @@ from tensordsl.frontend.lower import Lowered
 
 
 def _shape(table: Any, positions: Any, **_: Any) -> tuple[int, ...]:
-    return tuple(positions.shape)
+    return (*positions.shape, table.shape[1])
 
 
 def _dtype(table: Any, positions: Any, **_: Any) -> Any:
@@ -46,7 +46,8 @@ def _dtype(table: Any, positions: Any, **_: Any) -> Any:
 
 
 def _sharding(table: Any, positions: Any, **_: Any) -> Any:
-    return positions.sharding
+    sharding = positions.sharding
+    return sharding.update(spec=jax.sharding.PartitionSpec(*sharding.spec, None))
 
 
 gather_p = private_jax.primitive("tensordsl_gather", _shape, _dtype, _sharding)
@@ -59,10 +60,12 @@ def _fill(dtype: Any, fill: bool) -> Any:
 
 
 def _gather(table: Any, positions: Any, *, fill: bool) -> Any:
-    """`table[positions]`, NaN (`fill`) or 0 where a position is -1."""
-    inside = positions >= 0
-    read = table[jnp.where(inside, positions, 0)] if table.size else jnp.zeros_like(positions)
-    return jnp.where(inside, read.astype(table.dtype), _fill(table.dtype, fill))
+    """`table[positions]` (rows of a 2-d table), NaN (`fill`) or 0 where a position is -1."""
+    inside = (positions >= 0)[..., None]
+    if table.shape[0] == 0:
+        return jnp.full((*positions.shape, table.shape[1]), _fill(table.dtype, fill))
+    read = table[jnp.where(positions >= 0, positions, 0)]
+    return jnp.where(inside, read, _fill(table.dtype, fill))
 
 
 mlir.register_lowering(gather_p, mlir.lower_fun(_gather, multiple_results=False))
@@ -77,26 +80,30 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool) -> tupl
 
 
 def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
-    """`out[r] = sum of cotangent where positions == r`, deterministic, without a scatter.
+    """`out[r] = sum of the rows of cotangent where positions == r`, deterministic, without a
+    scatter: `cotangent` has the shape of `positions` and one more axis (a row).
 
-    >>> segment_total(jnp.array([1.0, 2.0, 4.0, 8.0]), jnp.array([2, 0, 2, -1]), 4).tolist()
-    [2.0, 0.0, 5.0, 0.0]
+    >>> rows = jnp.array([[1.0], [2.0], [4.0], [8.0]])
+    >>> segment_total(rows, jnp.array([2, 0, 2, -1]), 4).tolist()
+    [[2.0], [0.0], [5.0], [0.0]]
     """
-    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1)
+    width = cotangent.shape[-1]
+    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
     if positions.size == 0:
-        return jnp.zeros((size,), cotangent.dtype)
+        return jnp.zeros((size, width), cotangent.dtype)
     order = jnp.argsort(positions, stable=True)
     keys, values = positions[order], cotangent[order]
-    starts = jnp.concatenate([jnp.ones((1,), bool), keys[1:] != keys[:-1]])
+    starts = jnp.concatenate([jnp.ones((1,), bool), keys[1:] != keys[:-1]])[:, None]
 
     def add(a: Any, b: Any) -> Any:  # a segmented sum: a run restarts where b starts one
         return a[0] | b[0], jnp.where(b[0], b[1], a[1] + b[1])
 
-    _, sums = jax.lax.associative_scan(add, (starts, values))
+    _, sums = jax.lax.associative_scan(add, (jnp.broadcast_to(starts, values.shape), values))
     rows = jnp.arange(size, dtype=keys.dtype)
     last = jnp.searchsorted(keys, rows, side="right") - 1
     first = jnp.searchsorted(keys, rows, side="left")
-    return jnp.where(last >= first, sums[jnp.clip(last, 0)], jnp.zeros((), cotangent.dtype))
+    read = sums[jnp.clip(last, 0)]
+    return jnp.where((last >= first)[:, None], read, jnp.zeros((), cotangent.dtype))
 
 
 def _transpose(cotangent: Any, table: Any, positions: Any, *, fill: bool) -> list[Any]:
@@ -104,7 +111,8 @@ def _transpose(cotangent: Any, table: Any, positions: Any, *, fill: bool) -> lis
     aval = table.aval
     if type(cotangent) is ad.Zero:
         return [ad.Zero(aval), None]
-    return [segment_total(cotangent, positions, aval.shape[0]).astype(aval.dtype), None]
+    total = segment_total(cotangent, positions, aval.shape[0])
+    return [total.astype(aval.dtype), None]
 
 
 ad.primitive_jvps[gather_p] = _jvp
@@ -117,14 +125,14 @@ def _batch(args: Sequence[Any], dims: Sequence[Any], *, fill: bool) -> tuple[Any
     if table_dim is None:
         return gather_p.bind(table, positions, fill=fill), positions_dim
     table = jnp.moveaxis(table, table_dim, 0)
-    size, n = table.shape
+    size, n, width = table.shape
     if positions_dim is None:
         positions = jnp.broadcast_to(positions, (size, *positions.shape))
     else:
         positions = jnp.moveaxis(positions, positions_dim, 0)
     example = jnp.arange(size, dtype=positions.dtype).reshape((size,) + (1,) * (positions.ndim - 1))
     flat = jnp.where(positions >= 0, positions + example * n, -1)
-    return gather_p.bind(table.reshape(-1), flat, fill=fill), 0
+    return gather_p.bind(table.reshape(size * n, width), flat, fill=fill), 0
 
 
 batching.primitive_batchers[gather_p] = _batch
@@ -142,6 +150,28 @@ def range_values(
 
 def extents_of(shapes: Mapping[str, tuple[int, ...]]) -> dict[sympy.Symbol, int]:
     return {extent_symbol(n, a): int(e) for n, shape in shapes.items() for a, e in enumerate(shape)}
+
+
+def gathered_shapes(
+    lowered: Lowered, shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """The shape of every gathered operand of a statement for these shapes."""
+    ranges = range_values(lowered.ranges, extents_of(shapes))
+    return {
+        g.name: tuple(max(0, ranges[n][1] - ranges[n][0]) for n in g.indices)
+        for g in lowered.gathers
+    }
+
+
+def index_dtypes(
+    gathers: Sequence[Gather], given: Mapping[str, Any], dtypes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`build`'s dtypes: an index array given by its shape alone is int32, not a float."""
+    arrays = {n for g in gathers for n in g.arrays}
+    return {
+        n: jnp.int32 if n in arrays and not hasattr(given[n], "dtype") else d
+        for n, d in dtypes.items()
+    }
 
 
 def check_index_dtypes(gathers: Sequence[Gather], values: Mapping[str, Any], source: str) -> None:
@@ -173,6 +203,31 @@ def gathered(
     return {g.name: _gathered(g, values, ranges, extents, source) for g in lowered.gathers}
 
 
+def _row_axes(g: Gather, ranges: Mapping[str, tuple[int, int]], shape: Sequence[int]) -> int:
+    """How many trailing axes of the table the gather reads whole (`d` in `W[tok[b,t], d]`):
+    each indexed by a bare index over all of it, found nowhere else in the access, in the
+    same order at the end of the gathered operand's indices. The gather then moves rows
+    of that many axes, and its transpose sorts rows, not elements."""
+    count = 0
+    for m in range(1, min(len(g.axes), len(g.indices)) + 1):
+        axis = g.axes[-m]
+        bare = axis.affine.bare_index
+        if axis.reads or bare is None or g.indices[-m] != bare.name:
+            break
+        elsewhere = [
+            i
+            for other in g.axes[: len(g.axes) - m]
+            for i in (
+                *other.affine.indices,
+                *(x for r in other.reads for a in r.axes for x in a.indices),
+            )
+        ]
+        if bare in elsewhere or ranges[bare.name] != (0, shape[-m]):
+            break
+        count = m
+    return count
+
+
 def _gathered(
     g: Gather,
     values: Mapping[str, Any],
@@ -180,28 +235,29 @@ def _gathered(
     extents: Mapping[sympy.Symbol, int],
     source: str,
 ) -> Any:
+    table = values[g.table]
+    whole = _row_axes(g, ranges, table.shape)
     spans = [max(0, ranges[n][1] - ranges[n][0]) for n in g.indices]
-    rank = len(spans)
+    lead = len(g.indices) - whole  # the indices of the rows' positions
     grid = {
         index_symbol(n): (
             jnp.arange(ranges[n][0], ranges[n][0] + e).reshape(
-                (1,) * d + (e,) + (1,) * (rank - d - 1)
+                (1,) * d + (e,) + (1,) * (lead - d - 1)
             )
         )
-        for d, (n, e) in enumerate(zip(g.indices, spans))
+        for d, (n, e) in enumerate(zip(g.indices[:lead], spans[:lead]))
     }
 
     def value_of(affine: Any) -> Any:
         total = jnp.asarray(int(sympy.sympify(affine.constant).xreplace(extents)))
         for symbol, coefficient in affine.coefficients:
             total = total + coefficient * grid[symbol]
-        return jnp.broadcast_to(total, tuple(spans))
+        return jnp.broadcast_to(total, tuple(spans[:lead]))
 
-    table = values[g.table]
-    valid = jnp.ones(tuple(spans), bool)
-    flat = jnp.zeros(tuple(spans), jax.dtypes.canonicalize_dtype(jnp.int64))
+    valid = jnp.ones(tuple(spans[:lead]), bool)
+    flat = jnp.zeros(tuple(spans[:lead]), jax.dtypes.canonicalize_dtype(jnp.int64))
     concrete = True
-    for axis, gathered_axis in enumerate(g.axes):
+    for axis, gathered_axis in enumerate(g.axes[: len(g.axes) - whole]):
         position = value_of(gathered_axis.affine)
         for read in gathered_axis.reads:
             array = values[read.array]
@@ -218,7 +274,11 @@ def _gathered(
         valid = valid & inside
         flat = flat * n + jnp.where(inside, position, 0).astype(flat.dtype)
     positions = jnp.where(valid, flat, -1)
-    return gather_p.bind(*private_jax.same_varying_axes([table.reshape(-1), positions]), fill=True)
+    width = int(np.prod(table.shape[len(table.shape) - whole :], dtype=np.int64))
+    count = int(np.prod(table.shape[: len(table.shape) - whole], dtype=np.int64))
+    rows = table.reshape(count, width)
+    rows, positions = private_jax.same_varying_axes([rows, positions])
+    return gather_p.bind(rows, positions, fill=True).reshape(tuple(spans))
 
 
 def _check_inside(

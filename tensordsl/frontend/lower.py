@@ -62,6 +62,19 @@ class Lowered:
         return frozenset(used - read)
 
     @property
+    def copied_gather(self) -> str | None:
+        """The gathered operand when the statement only copies it (`E[b,t,d] := W[tok[b,t],
+        d]`): the call returns it and runs no nest."""
+        terms = self.nest.terms
+        if len(self.gathers) != 1 or len(terms) != 1 or terms[0].reduced:
+            return None
+        g = self.gathers[0]
+        free = tuple(r.index for r in self.nest.free)
+        if g.indices != tuple(i.name for i in free) or any(r.start != 0 for r in self.nest.free):
+            return None
+        return g.name if terms[0].body == tensor_base(g.name)[free] else None
+
+    @property
     def inputs(self) -> tuple[str, ...]:
         """What a caller gives: the nest's operands but the gathered ones."""
         return tuple(n for n in self.nest.operand_names if n not in self.gathered)
