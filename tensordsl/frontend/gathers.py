@@ -103,9 +103,9 @@ def gather_access(tr: Any, node: Access) -> Any:
             continue
         axes.append(_gathered_axis(tr, node, axis, index, reads))
         uses.append(Affine((), sympy.Integer(0)))  # gives its indices no range
-    tr.accesses.append(
-        AccessUse(node.name, tuple(uses), node.span, tuple(i.span for i in node.indices))
-    )
+    spans = tuple(i.span for i in node.indices)
+    through = tuple(n for n, a in enumerate(axes) if a.reads)
+    tr.accesses.append(AccessUse(node.name, tuple(uses), node.span, spans, through))
     indices = tuple(
         dict.fromkeys(
             s.name

@@ -66,7 +66,7 @@ class Lowered:
         """The gathered operand when the statement only copies it (`E[b,t,d] := W[tok[b,t],
         d]`): the call returns it and runs no nest."""
         terms = self.nest.terms
-        if len(self.gathers) != 1 or len(terms) != 1 or terms[0].reduced:
+        if len(self.gathers) != 1 or len(terms) != 1 or terms[0].reduced or not self.nest.free:
             return None
         g = self.gathers[0]
         free = tuple(r.index for r in self.nest.free)

@@ -222,6 +222,8 @@ def _check_reads(
     src = lowered.statement.source
     for access in lowered.accesses:
         for axis, affine in enumerate(access.axes):
+            if axis in access.gathered:
+                continue
             n = extents[extent_symbol(access.tensor, axis)]
             interval = _interval(affine, values, extents)
             if interval is None or (interval[0] >= 0 and interval[1] < n):

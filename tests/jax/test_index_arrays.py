@@ -305,3 +305,42 @@ def test_partitioned(backend):
     np.testing.assert_allclose(np.asarray(jax.jit(k)(W, split)), W[tok], rtol=1e-12)
     grad = jax.jit(jax.grad(lambda W, tok: jnp.sum(k(W, tok) * cotangent)))(W, split)
     np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_more_forms(backend):
+    """A scalar gather, `end` inside an index array's index, a table row read shifted (each
+    element gathered, not whole rows), the same gather twice, an index array also read as a
+    value, and an empty index array."""
+    rng = np.random.default_rng(9)
+    A, W = rng.normal(size=6), rng.normal(size=(3, 4))
+    inds, tok = np.array([4, 1, 5, 1]), np.array([2, 0, 2])
+    cases = [
+        ("s := A[inds[2]]", (A, inds), A[5]),
+        ("Y[i] := A[inds[end]] * A[i]", (A, inds), A[1] * A),
+        ("E[b,d] := W[tok[b], d+1]", (W, tok), W[tok]),  # d in [-1, 3)
+        ("E[b,d] := W[tok[b], 3-d]", (W, tok), W[tok][:, ::-1]),
+        ("Y[i] := A[inds[i]] + A[inds[i]]", (A, inds), 2 * A[inds]),
+        ("Y[i] := A[inds[i]] * inds[i]", (A, inds), A[inds] * inds),
+        ("Y[i] := A[inds[i]]", (A, inds[:0]), A[:0]),
+    ]
+    for source, args, want in cases:
+        k = td.kernel(source, backend=backend)
+        np.testing.assert_allclose(np.asarray(k(*args)), want, rtol=1e-12, err_msg=source)
+        np.testing.assert_allclose(np.asarray(jax.jit(k)(*args)), want, rtol=1e-12)
+    k = td.kernel("E[b,d] := W[tok[b], 3-d]", backend=backend)
+    cotangent = rng.normal(size=(3, 4))
+    grad = jax.grad(lambda W: jnp.sum(k(W, tok) * cotangent))(W)
+    want = np.zeros_like(W)
+    np.add.at(want, tok, cotangent[:, ::-1])
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-12)
+
+
+def test_explain_build_and_profile():
+    k = td.kernel("E[b,t,d] := W[tok[b,t], d] * s", backend="c")
+    text = k.explain({"W": (7, 5), "tok": (2, 3), "s": ()})
+    assert text.startswith("gathered W__at12 = W[tok[b,t], d]")
+    assert "gradient of W\n" not in text and "gradient of tok" not in text
+    assert "gradient of s" in text
+    k.build({"W": (7, 5), "tok": (2, 3), "s": ()})  # tok given by shape: int32
+    assert "grad_W__at12" in str(k.profile({"W": (7, 5), "tok": (2, 3), "s": ()}, reps=1))
