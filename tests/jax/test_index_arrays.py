@@ -344,3 +344,37 @@ def test_explain_build_and_profile():
     assert "gradient of s" in text
     k.build({"W": (7, 5), "tok": (2, 3), "s": ()})  # tok given by shape: int32
     assert "grad_W__at12" in str(k.profile({"W": (7, 5), "tok": (2, 3), "s": ()}, reps=1))
+
+
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_program_forward_mode_and_unfused(fuse, monkeypatch):
+    """jvp and hessian of a program that picks targets; a kernel's forward-over-reverse
+    Hessian-vector product; the same program unfused (TENSORDSL_FUSE=0)."""
+    monkeypatch.setenv("TENSORDSL_FUSE", fuse)
+    rng = np.random.default_rng(10)
+    Z, tZ = rng.normal(size=(2, 3, 7)), rng.normal(size=(2, 3, 7))
+    y = _indices(rng, 7, (2, 3))
+    p = td.program(
+        "(logsumexp) L[b,t] := Z[b,t,v]; loss[b,t] := L[b,t] - Z[b,t,y[b,t]]",
+        backend="reference",
+    )
+
+    def f(Z):
+        return jnp.sum(p(Z, y))
+
+    def twin(Z):
+        return jnp.sum(jax.nn.logsumexp(Z, -1) - jnp.take_along_axis(Z, y[..., None], -1)[..., 0])
+
+    np.testing.assert_allclose(jax.jvp(f, (Z,), (tZ,))[1], jax.jvp(twin, (Z,), (tZ,))[1])
+    np.testing.assert_allclose(np.asarray(jax.hessian(f)(Z)), jax.hessian(twin)(Z), atol=1e-12)
+    k = td.kernel("Y[i] := A[inds[j]] * B[i,j]", backend="c")
+    A, B, inds = rng.normal(size=6), rng.normal(size=(2, 3)), np.array([1, 1, 4])
+
+    def g(A):
+        return jnp.sum(k(A, inds, B) ** 2)
+
+    def g_twin(A):
+        return jnp.sum((B @ A[inds]) ** 2)
+
+    hvp = jax.jvp(jax.grad(g), (A,), (A,))[1]
+    np.testing.assert_allclose(hvp, jax.jvp(jax.grad(g_twin), (A,), (A,))[1], rtol=1e-12)
