@@ -97,7 +97,7 @@ def gather_access(tr: Any, node: Access) -> Any:
     for axis, index in enumerate(node.indices):
         reads = [n for n in walk(index) if isinstance(n, Access)]
         if not reads:
-            affine = tr.affine(index, _extent(node.name, axis))
+            affine = tr.affine(index, extent_symbol(node.name, axis))
             axes.append(GatherAxis(affine))
             uses.append(affine)
             continue
@@ -123,10 +123,6 @@ def gather_access(tr: Any, node: Access) -> Any:
 
 def _names(tr: Any) -> set[str]:
     return {getattr(n, "name", "") for n in walk(tr.st.body)} | set(tr.ranks) | {tr.st.output}
-
-
-def _extent(name: str, axis: int) -> sympy.Expr:
-    return extent_symbol(name, axis)
 
 
 def _gathered_axis(tr: Any, node: Access, axis: int, index: Expr, reads: list[Access]) -> Any:
@@ -156,7 +152,7 @@ def _gathered_axis(tr: Any, node: Access, axis: int, index: Expr, reads: list[Ac
     saved = tr.index_symbols
     tr.index_symbols = (*saved, *found)
     try:
-        tr.extent = _extent(node.name, axis)
+        tr.extent = extent_symbol(node.name, axis)
         expr = tr.index_expr(index, index)
     finally:
         tr.stand_ins, tr.index_symbols = {}, saved
