@@ -47,6 +47,8 @@ from tensordsl.frontend.statements import (
     check_program_shapes,
     line_of,
     lower_program,
+    stage_groups,
+    statement_spans,
 )
 
 __all__ = ["ProgramKernel"]
@@ -95,6 +97,8 @@ class ProgramKernel:
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
         self.precision = arguments.precision(precision)
         self.fuse = fuse_option(fuse, self._lowered, source)
+        groups = stage_groups(self._lowered)
+        self._stages = _stages(self, groups, reduce, ranges) if len(groups) > 1 else ()
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -292,6 +296,14 @@ class ProgramKernel:
     def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
         """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (C back
         end, every input of `dtype`): its nest equations are the nests a call runs."""
+        if self._lowered.gathered:
+            raise UnsupportedError(
+                "profile() and source(shapes=...) of a program with index arrays are not "
+                "supported yet",
+                self.source_text,
+                expected="a program without index arrays, or source() without shapes",
+                hint="jax.jit(program).lower(...) shows what a call runs",
+            )
         from tensordsl.timing import value_and_grad_jaxpr
 
         check_program_shapes(self._lowered, shapes)
@@ -319,6 +331,13 @@ class ProgramKernel:
             ShapeError, RangeError: ranks or extents that do not fit the statements.
         """
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)
+        if self._stages:
+            known = dict(zip(self.inputs, given))
+            for stage in self._stages:
+                found = stage(*(known[name] for name in stage.inputs))
+                known.update(zip(stage.outputs, found))
+            results = tuple(known[name] for name in self.outputs)
+            return results if self._lowered.returns_tuple else results[0]
         if self._lowered.gathered:
             given = [
                 arguments.input_array(n, v, self.source_text) for n, v in zip(self.inputs, given)
@@ -345,3 +364,43 @@ class ProgramKernel:
             fuse=self.fuse,
         )
         return results if self._lowered.returns_tuple else results[0]
+
+
+def _stages(
+    whole: ProgramKernel,
+    groups: tuple[tuple[int, ...], ...],
+    reduce: str | None,
+    ranges: Mapping[str, int | range] | None,
+) -> tuple[ProgramKernel, ...]:
+    """A program that gathers from its own outputs, as programs run in turn
+    (`stage_groups`): each is the source with the other statements blanked, so that every
+    offset, and every error's caret, is that of the whole program."""
+    source, lowered = whole.source_text, whole._lowered
+    spans = statement_spans(source)
+    reads = [set(s.nest.operand_names) for s in lowered.statements]
+    stages = []
+    for k, group in enumerate(groups):
+        later = set().union(*(reads[n] for g in groups[k + 1 :] for n in g))
+        defined = [lowered.statements[n].nest.output for n in group]
+        outputs = tuple(n for n in defined if n in later or n in whole.outputs)
+        if not outputs:
+            continue
+        text = list(source)
+        for n, (start, stop) in enumerate(spans):
+            if n not in group:
+                text[start:stop] = " " * (stop - start)
+        indices = {r.index.name for n in group for r in lowered.statements[n].ranges}
+        inner = {name: choice for name, choice in whole.fuse if name in defined}
+        stage = ProgramKernel(
+            "".join(text),
+            outputs=outputs,
+            reduce=reduce,
+            ranges={i: r for i, r in (ranges or {}).items() if i in indices},
+            backend=whole.backend,
+            nograd=(),
+            precision=whole.precision,
+            fuse={n: c for n, c in inner.items() if n not in outputs} or True,
+        )
+        stage.nograd = frozenset(whole.nograd & set(stage.inputs))
+        stages.append(stage)
+    return tuple(stages)

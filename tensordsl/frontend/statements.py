@@ -33,7 +33,6 @@ from tensordsl.errors import (
     ShapeError,
     TensorDSLError,
     UnknownNameError,
-    UnsupportedError,
     close_match,
 )
 from tensordsl.frontend.lower import Lowered, lower, reduction_hint
@@ -290,25 +289,28 @@ def lower_program(
         lower(s, reduce=None if s.reduction else reduce, ranges=r)
         for s, r in zip(statements, per_statement)
     )
-    _check_gather_inputs(lowered, {s.output for s in statements}, source)
     program = make_program([low.nest for low in lowered], outputs=chosen)
     return LoweredProgram(program, lowered, source, returns_tuple=outputs is not None)
 
 
-def _check_gather_inputs(lowered: Sequence[Lowered], defined: set[str], source: str) -> None:
-    """A gather reads a program input through index arrays that are program inputs: the
-    call gathers before the statements run (`tensordsl/binding/gather.py`)."""
-    for low in lowered:
-        for g in low.gathers:
-            for name in (g.table, *g.arrays):
-                if name in defined:
-                    raise UnsupportedError(
-                        f"'{name}' is computed by the program and read through an index array",
-                        source,
-                        g.span,
-                        expected="a table and index arrays that are inputs of the program",
-                        hint=f"compute '{name}' in its own program or kernel and pass it in",
-                    )
+def stage_groups(lowered: LoweredProgram) -> tuple[tuple[int, ...], ...]:
+    """The statements split where one gathers from an earlier statement's output (its table
+    or an index array is computed by the program): each group runs as a program of its own,
+    in order, so that the gather reads a computed array. One group when there is none.
+
+    >>> low = lower_program("Z[i,v] := 2 * X[i,v]; P[i] := Z[i, y[i]]; Q[i] := P[i] + 1")
+    >>> stage_groups(low)
+    ((0,), (1, 2))
+    """
+    groups: list[list[int]] = [[]]
+    defined: set[str] = set()
+    for n, statement in enumerate(lowered.statements):
+        late = any(name in defined for g in statement.gathers for name in (g.table, *g.arrays))
+        if late and groups[-1]:
+            groups.append([])
+        groups[-1].append(n)
+        defined.add(statement.nest.output)
+    return tuple(tuple(group) for group in groups)
 
 
 def check_program_shapes(

@@ -272,8 +272,8 @@ def test_program_with_index_arrays():
 
 
 def test_refused_forms():
-    with pytest.raises(UnsupportedError, match="computed by the program and read through"):
-        td.program("T[i] := 2 * A[i]; Y[j] := T[inds[j]]")
+    with pytest.raises(UnsupportedError, match="profile.* of a program with index arrays"):
+        td.program("T[i] := 2 * A[i]; Y[j] := T[inds[j]]").profile({"A": (3,), "inds": (2,)})
     with pytest.raises(UnsupportedError, match="index that reads another array"):
         td.kernel("Y[i] := A[inds[perm[i]]]")
     with pytest.raises(td.errors.RangeError, match="'j'"):
@@ -378,3 +378,35 @@ def test_program_forward_mode_and_unfused(fuse, monkeypatch):
 
     hvp = jax.jvp(jax.grad(g), (A,), (A,))[1]
     np.testing.assert_allclose(hvp, jax.jvp(jax.grad(g_twin), (A,), (A,))[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_program_gathers_from_its_own_output(backend):
+    """Logits computed by the program, then picked by the labels: the program runs as two
+    programs (the second reads the logits as an input), gradients through both."""
+    rng = np.random.default_rng(11)
+    H, W = rng.normal(size=(2, 3, 4)), rng.normal(size=(7, 4))
+    y = _indices(rng, 7, (2, 3))
+    p = td.program(
+        "Z[b,t,v] := H[b,t,d] * W[v,d]\n(logsumexp) L[b,t] := Z[b,t,v]\n"
+        "loss[b,t] := L[b,t] - Z[b,t,y[b,t]]",
+        backend=backend,
+        outputs=("loss", "Z"),
+    )
+    assert p.inputs == ("H", "W", "y") and len(p._stages) == 2
+
+    def twin(H, W):
+        Z = jnp.einsum("btd,vd->btv", H, W)
+        pick = jnp.take_along_axis(Z, y[..., None], -1)[..., 0]
+        return jax.nn.logsumexp(Z, -1) - pick, Z
+
+    loss, Z = p(H, W, y)
+    want_loss, want_Z = twin(H, W)
+    np.testing.assert_allclose(np.asarray(loss), want_loss, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(Z), want_Z, rtol=1e-12)
+    grads = jax.jit(jax.grad(lambda H, W: jnp.sum(p(H, W, y)[0]), argnums=(0, 1)))(H, W)
+    wants = jax.grad(lambda H, W: jnp.sum(twin(H, W)[0]), argnums=(0, 1))(H, W)
+    for got, want in zip(grads, wants):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(RangeError, match="index array 'y' points to 7"):
+        p(H, W, np.full((2, 3), 7))
