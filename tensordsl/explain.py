@@ -123,21 +123,35 @@ def nest_lines(
     return lines
 
 
-def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+def explain(
+    nest: LoopNest,
+    *,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    gathered: Sequence[tuple[str, str]] = (),
+    unread: frozenset[str] = frozenset(),
+) -> str:
     """The forward nest and the gradient nest of every operand, with their bounds.
 
     Args:
         nest: a forward nest.
         shapes: optional shapes by tensor name; bounds are then shown as numbers.
+        gathered: (operand, the access it stands for) of each gathered operand.
+        unread: operands the nest does not read (tables read only through gathers).
 
     Returns:
         Several lines of text.
     """
-    lines = ["forward"] + ["  " + line for line in nest_lines(nest, shapes=shapes)]
+    lines = [
+        f"gathered {name} = {access} (before the nest; gradient: a sorted segmented sum)"
+        for name, access in gathered
+    ]
+    lines += ["forward"] + ["  " + line for line in nest_lines(nest, shapes=shapes)]
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         lines.append(f"saved for the gradients ({role})")
         lines += ["  " + line for line in nest_lines(aux, shapes=shapes)]
     for op in nest.operands:
+        if op.name in unread:
+            continue
         with user_facing():
             gradient = grad.gradient(nest, op.name)
         cotangent = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)

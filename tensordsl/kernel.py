@@ -13,6 +13,7 @@ from codegen.ir.nest import LoopNest
 from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
+from tensordsl.binding import gather
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
     ScheduleError,
@@ -81,7 +82,7 @@ class Kernel:
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(
             callables.statement_text(source, self.nest),
-            [(op.name, op.rank) for op in self.nest.operands],
+            [(op.name, op.rank) for op in self.nest.operands if op.name in self.inputs],
             [self.nest],
             program=False,
         )
@@ -106,7 +107,7 @@ class Kernel:
     @property
     def inputs(self) -> tuple[str, ...]:
         """Input names in order of first appearance in the body."""
-        return self.nest.operand_names
+        return self._lowered.inputs
 
     @property
     def output(self) -> str:
@@ -125,9 +126,13 @@ class Kernel:
         """
         from tensordsl.explain import explain
 
+        low = self._lowered
         if shapes is not None:
             shapes = self.check_shapes(shapes)
-        return explain(self.nest, shapes=shapes)
+            shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
+        src = low.statement.source
+        gathered = [(g.name, src[g.span[0] : g.span[1]]) for g in low.gathers]
+        return explain(self.nest, shapes=shapes, gathered=gathered, unread=low.unread)
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""
@@ -165,12 +170,13 @@ class Kernel:
             raise UnknownNameError(
                 f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
             )
+        checked = self.check_shapes(shapes)
         return profile_nests(
             self.nest,
-            self.check_shapes(shapes),
+            {**checked, **gather.gathered_shapes(self._lowered, checked)},
             dtype=dtype,
             schedule=self.schedule,
-            nograd=self.nograd,
+            nograd=self.nograd | self._lowered.unread,
             reps=reps,
         )
 
@@ -191,6 +197,7 @@ class Kernel:
             ShapeError, RangeError: as for a call with inputs of these shapes.
         """
         table, dtypes = callables.example_shapes(shapes, callables.check_dtype(dtype))
+        dtypes = gather.index_dtypes(self._lowered.gathers, shapes, dtypes)
         arguments.bind(self.inputs, self.source_text, (), table)
         table = self.check_shapes(table)
         callables.warm_up(self, self.inputs, table, dtypes, self.nograd)
@@ -219,20 +226,38 @@ class Kernel:
         out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
         if not jnp.issubdtype(out_dtype, jnp.inexact):
             out_dtype = jnp.result_type(float)
+        if self._lowered.gathers:
+            gather.check_index_dtypes(
+                self._lowered.gathers, dict(zip(self.inputs, values)), self.source_text
+            )
         # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
         record = table.backend(self.backend)
+        nograd = self.nograd
+        if self._lowered.gathers:
+            values = _with_gathered(self._lowered, values, shapes)
+            nograd = nograd | self._lowered.unread
+            copied = self._lowered.copied_gather
+            if copied is not None:  # the gather is the result: no nest to run
+                return values[self.nest.operand_names.index(copied)].astype(out_dtype)
         return jax_bind.call_nest(
             self.nest,
             values,
             backend=record.name,
             shapes={},
             out_dtype=out_dtype,
-            nograd=self.nograd,
+            nograd=nograd,
             schedule=self.schedule if record.takes_schedule else None,
             precision=self.precision,
         )
+
+
+def _with_gathered(lowered: Lowered, values: list[Any], shapes: Mapping[str, Any]) -> list[Any]:
+    """The nest's operands: the call's arrays and the operands gathered from them."""
+    by_name = dict(zip(lowered.inputs, values))
+    by_name.update(gather.gathered(lowered, by_name, shapes, lowered.statement.source))
+    return [by_name[name] for name in lowered.nest.operand_names]
 
 
 def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: str) -> Any:

@@ -37,6 +37,7 @@ from codegen.passes.online import pair_stored, unpair
 from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
+from tensordsl.binding import gather
 from tensordsl.binding.programs import fuse_program, run_program
 from tensordsl.errors import UnknownNameError, UnsupportedError
 from tensordsl.frontend import arguments
@@ -46,6 +47,8 @@ from tensordsl.frontend.statements import (
     check_program_shapes,
     line_of,
     lower_program,
+    stage_groups,
+    statement_spans,
 )
 
 __all__ = ["ProgramKernel"]
@@ -94,6 +97,8 @@ class ProgramKernel:
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="program")
         self.precision = arguments.precision(precision)
         self.fuse = fuse_option(fuse, self._lowered, source)
+        groups = stage_groups(self._lowered)
+        self._stages = _stages(self, groups, reduce, ranges) if len(groups) > 1 else ()
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -103,7 +108,7 @@ class ProgramKernel:
         by_output = {nest.output: nest for nest in self.program.statements}
         self.__doc__ = callables.kernel_doc(
             "\n".join(line.strip() for line in source.strip().splitlines()),
-            [(op.name, op.rank) for op in self.program.inputs],
+            [(op.name, op.rank) for op in self.program.inputs if op.name in self.inputs],
             [by_output[name] for name in self.outputs],
             program=True,
         )
@@ -127,6 +132,8 @@ class ProgramKernel:
             ShapeError, RangeError: as for a call with inputs of these shapes.
         """
         table, dtypes = callables.example_shapes(shapes, callables.check_dtype(dtype))
+        gathers = [g for s in self._lowered.statements for g in s.gathers]
+        dtypes = gather.index_dtypes(gathers, shapes, dtypes)
         arguments.bind(self.inputs, self.source_text, (), table)
         check_program_shapes(self._lowered, table)
         callables.warm_up(self, self.inputs, table, dtypes, self.nograd)
@@ -139,7 +146,8 @@ class ProgramKernel:
     @property
     def inputs(self) -> tuple[str, ...]:
         """The names no statement defines, in order of first appearance (scalars included)."""
-        return self.program.input_names
+        gathered = self._lowered.gathered
+        return tuple(n for n in self.program.input_names if n not in gathered)
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -291,6 +299,14 @@ class ProgramKernel:
     def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
         """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (C back
         end, every input of `dtype`): its nest equations are the nests a call runs."""
+        if self._lowered.gathered:
+            raise UnsupportedError(
+                "profile() and source(shapes=...) of a program with index arrays are not "
+                "supported yet",
+                self.source_text,
+                expected="a program without index arrays, or source() without shapes",
+                hint="jax.jit(program).lower(...) shows what a call runs",
+            )
         from tensordsl.timing import value_and_grad_jaxpr
 
         check_program_shapes(self._lowered, shapes)
@@ -318,19 +334,76 @@ class ProgramKernel:
             ShapeError, RangeError: ranks or extents that do not fit the statements.
         """
         given = arguments.bind(self.inputs, self.source_text, args, kwargs)
+        if self._stages:
+            known = dict(zip(self.inputs, given))
+            for stage in self._stages:
+                found = stage(*(known[name] for name in stage.inputs))
+                known.update(zip(stage.outputs, found))
+            results = tuple(known[name] for name in self.outputs)
+            return results if self._lowered.returns_tuple else results[0]
+        if self._lowered.gathered:
+            given = [
+                arguments.input_array(n, v, self.source_text) for n, v in zip(self.inputs, given)
+            ]
+            gathers = [g for s in self._lowered.statements for g in s.gathers]
+            gather.check_index_dtypes(gathers, dict(zip(self.inputs, given)), self.source_text)
         values = [
             arguments.computed_input(name, value, self.source_text)
             for name, value in zip(self.inputs, given)
         ]
-        check_program_shapes(
+        known = check_program_shapes(
             self._lowered, {name: np.shape(v) for name, v in zip(self.inputs, values)}
         )
+        by_name = dict(zip(self.inputs, values))
+        for statement in self._lowered.statements:
+            if statement.gathers:
+                by_name.update(gather.gathered(statement, by_name, known, self.source_text))
         results = run_program(
             self.program,
-            dict(zip(self.inputs, values)),
+            by_name,
             backend=table.resolve_backend(self.backend),
             nograd=self.nograd,
             precision=self.precision,
             fuse=self.fuse,
         )
         return results if self._lowered.returns_tuple else results[0]
+
+
+def _stages(
+    whole: ProgramKernel,
+    groups: tuple[tuple[int, ...], ...],
+    reduce: str | None,
+    ranges: Mapping[str, int | range] | None,
+) -> tuple[ProgramKernel, ...]:
+    """A program that gathers from its own outputs, as programs run in turn
+    (`stage_groups`): each is the source with the other statements blanked, so that every
+    offset, and every error's caret, is that of the whole program."""
+    source, lowered = whole.source_text, whole._lowered
+    spans = statement_spans(source)
+    reads = [set(s.nest.operand_names) for s in lowered.statements]
+    stages = []
+    for k, group in enumerate(groups):
+        later = set().union(*(reads[n] for g in groups[k + 1 :] for n in g))
+        defined = [lowered.statements[n].nest.output for n in group]
+        outputs = tuple(n for n in defined if n in later or n in whole.outputs)
+        if not outputs:
+            continue
+        text = list(source)
+        for n, (start, stop) in enumerate(spans):
+            if n not in group:
+                text[start:stop] = " " * (stop - start)
+        indices = {r.index.name for n in group for r in lowered.statements[n].ranges}
+        inner = {name: choice for name, choice in whole.fuse if name in defined}
+        stage = ProgramKernel(
+            "".join(text),
+            outputs=outputs,
+            reduce=reduce,
+            ranges={i: r for i, r in (ranges or {}).items() if i in indices},
+            backend=whole.backend,
+            nograd=(),
+            precision=whole.precision,
+            fuse={n: c for n, c in inner.items() if n not in outputs} or True,
+        )
+        stage.nograd = frozenset(whole.nograd & set(stage.inputs))
+        stages.append(stage)
+    return tuple(stages)

@@ -54,6 +54,7 @@ class AccessUse:
     axes: tuple[Affine, ...]
     span: Span
     axis_spans: tuple[Span, ...]
+    gathered: tuple[int, ...] = ()  # axes read through index arrays: checked when gathered
 
 
 def walk(node: Expr) -> Iterator[Expr]:

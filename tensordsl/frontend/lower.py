@@ -15,15 +15,16 @@ call-time shape checks (`tensordsl/frontend/shapes.py`) need.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
-from codegen.ir.nest import LoopNest, Operand, Range, Term, index_symbol
+from codegen.ir.nest import LoopNest, Operand, Range, Term, index_symbol, tensor_base
 from codegen.ir.reductions import USER_REDUCTIONS
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from tensordsl.errors import ReductionError, close_match
+from tensordsl.frontend.gathers import Gather
 from tensordsl.frontend.parse import Span, Statement
 from tensordsl.frontend.ranges import index_ranges
 from tensordsl.frontend.translate import AccessUse, Translation, translate
@@ -45,6 +46,38 @@ class Lowered:
     # every index's range as inferred, before the nest passes (guards as bounds, factored
     # sums) narrow or nest them: free indices first, then reduced ones
     ranges: tuple[Range, ...] = ()
+    gathers: tuple[Gather, ...] = ()  # operands gathered through index arrays
+
+    @property
+    def gathered(self) -> frozenset[str]:
+        """The names of the gathered operands (computed by the call, not given)."""
+        return frozenset(g.name for g in self.gathers)
+
+    @property
+    def unread(self) -> frozenset[str]:
+        """Tables and index arrays the nest does not read (read only through gathers): the
+        nest gives them no gradient."""
+        read = {str(b.label) for t in self.nest.terms for b in t.body.atoms(sympy.IndexedBase)}
+        used = {n for g in self.gathers for n in (g.table, *g.arrays)}
+        return frozenset(used - read)
+
+    @property
+    def copied_gather(self) -> str | None:
+        """The gathered operand when the statement only copies it (`E[b,t,d] := W[tok[b,t],
+        d]`): the call returns it and runs no nest."""
+        terms = self.nest.terms
+        if len(self.gathers) != 1 or len(terms) != 1 or terms[0].reduced or not self.nest.free:
+            return None
+        g = self.gathers[0]
+        free = tuple(r.index for r in self.nest.free)
+        if g.indices != tuple(i.name for i in free) or any(r.start != 0 for r in self.nest.free):
+            return None
+        return g.name if terms[0].body == tensor_base(g.name)[free] else None
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """What a caller gives: the nest's operands but the gathered ones."""
+        return tuple(n for n in self.nest.operand_names if n not in self.gathered)
 
     @property
     def reduced_ranges(self) -> tuple[Range, ...]:
@@ -128,6 +161,24 @@ def _terms(
     return Term(sympy.Add(*inside), reduced), Term(outside)
 
 
+def _shift_gathered(translation: Translation, found: Mapping[str, Range]) -> Translation:
+    """A gathered operand holds its indices' ranges from their starts: read `G[i - start]`."""
+    shifts = {}
+    for g in translation.gathers:
+        starts = [found[n].start for n in g.indices]
+        if any(start != 0 for start in starts):
+            base = tensor_base(g.name)
+            symbols = [index_symbol(n) for n in g.indices]
+            shifts[base[tuple(symbols)]] = base[tuple(s - a for s, a in zip(symbols, starts))]
+    if not shifts:
+        return translation
+    return replace(
+        translation,
+        body=translation.body.xreplace(shifts),
+        parts=tuple(p.xreplace(shifts) for p in translation.parts),
+    )
+
+
 def lower(
     statement: Statement,
     *,
@@ -158,6 +209,7 @@ def lower(
     index_typos(statement, translation.reduced)
     free = tuple(found[n] for n in translation.free)
     reduced = tuple(found[n] for n in translation.reduced)
+    translation = _shift_gathered(translation, found)
     nest = LoopNest(
         output=statement.output,
         free=free,
@@ -174,4 +226,5 @@ def lower(
         frozenset(ranges or ()),
         tuple(translation.operand_spans.items()),
         free + reduced,
+        translation.gathers,
     )

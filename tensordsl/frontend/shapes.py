@@ -78,6 +78,8 @@ def _check_ranks(
     spans = {**dict(lowered.operand_spans), **spans}
     extents: dict[sympy.Symbol, int] = {}
     for op in lowered.nest.operands:
+        if op.name in lowered.gathered:
+            continue  # computed by the call from the table and index arrays
         span = spans.get(op.name)
         if op.name not in shapes:
             raise ShapeError(
@@ -220,6 +222,8 @@ def _check_reads(
     src = lowered.statement.source
     for access in lowered.accesses:
         for axis, affine in enumerate(access.axes):
+            if axis in access.gathered:
+                continue
             n = extents[extent_symbol(access.tensor, axis)]
             interval = _interval(affine, values, extents)
             if interval is None or (interval[0] >= 0 and interval[1] < n):

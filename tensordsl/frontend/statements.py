@@ -59,6 +59,11 @@ class LoweredProgram:
     source: str
     returns_tuple: bool  # `outputs=` was given: results come back as a tuple
 
+    @property
+    def gathered(self) -> frozenset[str]:
+        """The gathered operands of every statement (computed by the call, not given)."""
+        return frozenset(n for s in self.statements for n in s.gathered)
+
 
 def is_program(source: object) -> bool:
     """True for a source that is not one plain statement (several lines, `;` or `#`)."""
@@ -286,6 +291,26 @@ def lower_program(
     )
     program = make_program([low.nest for low in lowered], outputs=chosen)
     return LoweredProgram(program, lowered, source, returns_tuple=outputs is not None)
+
+
+def stage_groups(lowered: LoweredProgram) -> tuple[tuple[int, ...], ...]:
+    """The statements split where one gathers from an earlier statement's output (its table
+    or an index array is computed by the program): each group runs as a program of its own,
+    in order, so that the gather reads a computed array. One group when there is none.
+
+    >>> low = lower_program("Z[i,v] := 2 * X[i,v]; P[i] := Z[i, y[i]]; Q[i] := P[i] + 1")
+    >>> stage_groups(low)
+    ((0,), (1, 2))
+    """
+    groups: list[list[int]] = [[]]
+    defined: set[str] = set()
+    for n, statement in enumerate(lowered.statements):
+        late = any(name in defined for g in statement.gathers for name in (g.table, *g.arrays))
+        if late and groups[-1]:
+            groups.append([])
+        groups[-1].append(n)
+        defined.add(statement.nest.output)
+    return tuple(tuple(group) for group in groups)
 
 
 def check_program_shapes(

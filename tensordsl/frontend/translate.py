@@ -33,11 +33,11 @@ from tensordsl.errors import (
     UnknownNameError,
     close_match,
 )
+from tensordsl.frontend.gathers import Gather, GatheredAccesses
 from tensordsl.frontend.indices import (
     INFINITY,
     POSITIONS,
     AccessUse,
-    IndexExpressions,
     text_of,
     walk,
 )
@@ -83,9 +83,10 @@ class Translation:
     # the top-level additive terms of the body, signed (`A - B` gives A and -B): a sum adds
     # once, outside its reduction, those that read none of the summed indices
     parts: tuple[sympy.Expr, ...] = ()
+    gathers: tuple[Gather, ...] = ()  # accesses through index arrays (gathered operands)
 
 
-class _Translator(IndexExpressions):
+class _Translator(GatheredAccesses):
     """Turns the syntax tree of the right-hand side into sympy, recording names and accesses."""
 
     def __init__(self, statement: Statement, named: Collection[str] = ()) -> None:
@@ -95,6 +96,7 @@ class _Translator(IndexExpressions):
         self.ranks: dict[str, int] = {}
         self.spans: dict[str, Span] = {}
         self.accesses: list[AccessUse] = []
+        self.gathers: list[Gather] = []
 
     def build(self) -> Translation:
         free = self.free_indices()
@@ -138,6 +140,7 @@ class _Translator(IndexExpressions):
             body_spans,
             self.spans,
             parts,
+            tuple(self.gathers),
         )
 
     def free_indices(self) -> list[str]:

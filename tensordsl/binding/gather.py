@@ -1,0 +1,308 @@
+"""Gathered operands: a table read through index arrays, before the nest that reads it.
+
+`gathered_operands` computes each gathered operand of a statement (`tensordsl/frontend/
+gathers.py`) from the call's arrays: the position of every element in the flattened table,
+then `gather_p`, a primitive linear in the table:
+
+* forward: one read per element; a position outside the table reads NaN (0 for an integer
+  table), as `jnp.take(..., mode="fill")` does. When the index arrays are concrete (an eager
+  call outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
+* JVP: the gather of the table's tangent (0 where the forward reads outside).
+* transpose: the table's cotangent, each element the sum of the cotangents of the positions
+  that read it, without scatter or atomics: the positions are sorted once (a stable argsort),
+  a segmented scan sums each run of equal positions in a fixed order, and each table element
+  reads the end of its run (`searchsorted`), or 0 if nothing read it. The same arrays give
+  the same bits on every call.
+* batching: a batched table is flattened with its batch axis, the positions offset per
+  example; a batched position array just gives a batched result.
+
+Index arrays are integers, so JAX gives them no tangent (float0) and no cotangent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+from jax.interpreters import ad, batching, mlir
+
+from codegen.ir.nest import extent_symbol, index_symbol
+from tensordsl.binding import private_jax
+from tensordsl.errors import InputError, RangeError
+from tensordsl.frontend.gathers import Gather
+from tensordsl.frontend.lower import Lowered
+
+
+def _shape(table: Any, positions: Any, **_: Any) -> tuple[int, ...]:
+    return (*positions.shape, table.shape[1])
+
+
+def _dtype(table: Any, positions: Any, **_: Any) -> Any:
+    return table.dtype
+
+
+def _sharding(table: Any, positions: Any, **_: Any) -> Any:
+    sharding = positions.sharding
+    return sharding.update(spec=jax.sharding.PartitionSpec(*sharding.spec, None))
+
+
+gather_p = private_jax.primitive("tensordsl_gather", _shape, _dtype, _sharding)
+
+
+def _fill(dtype: Any, fill: bool) -> Any:
+    if fill and jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.array(jnp.nan, dtype)
+    return jnp.zeros((), dtype)
+
+
+def _gather(table: Any, positions: Any, *, fill: bool) -> Any:
+    """`table[positions]` (rows of a 2-d table), NaN (`fill`) or 0 where a position is -1."""
+    inside = (positions >= 0)[..., None]
+    if table.shape[0] == 0:
+        return jnp.full((*positions.shape, table.shape[1]), _fill(table.dtype, fill))
+    read = table[jnp.where(positions >= 0, positions, 0)]
+    return jnp.where(inside, read, _fill(table.dtype, fill))
+
+
+mlir.register_lowering(gather_p, mlir.lower_fun(_gather, multiple_results=False))
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool) -> tuple[Any, Any]:
+    table, positions = primals
+    out = gather_p.bind(table, positions, fill=fill)
+    if type(tangents[0]) is ad.Zero:
+        return out, ad.Zero(jax.typeof(out).to_tangent_aval())
+    return out, gather_p.bind(tangents[0], positions, fill=False)
+
+
+def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
+    """`out[r] = sum of the rows of cotangent where positions == r`, deterministic, without a
+    scatter: `cotangent` has the shape of `positions` and one more axis (a row).
+
+    >>> rows = jnp.array([[1.0], [2.0], [4.0], [8.0]])
+    >>> segment_total(rows, jnp.array([2, 0, 2, -1]), 4).tolist()
+    [[2.0], [0.0], [5.0], [0.0]]
+    """
+    width = cotangent.shape[-1]
+    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
+    if positions.size == 0:
+        return jnp.zeros((size, width), cotangent.dtype)
+    order = jnp.argsort(positions, stable=True)
+    keys, values = positions[order], cotangent[order]
+    starts = jnp.concatenate([jnp.ones((1,), bool), keys[1:] != keys[:-1]])[:, None]
+
+    def add(a: Any, b: Any) -> Any:  # a segmented sum: a run restarts where b starts one
+        return a[0] | b[0], jnp.where(b[0], b[1], a[1] + b[1])
+
+    _, sums = jax.lax.associative_scan(add, (jnp.broadcast_to(starts, values.shape), values))
+    rows = jnp.arange(size, dtype=keys.dtype)
+    last = jnp.searchsorted(keys, rows, side="right") - 1
+    first = jnp.searchsorted(keys, rows, side="left")
+    read = sums[jnp.clip(last, 0)]
+    return jnp.where((last >= first)[:, None], read, jnp.zeros((), cotangent.dtype))
+
+
+def _transpose(cotangent: Any, table: Any, positions: Any, *, fill: bool) -> list[Any]:
+    assert ad.is_undefined_primal(table) and not ad.is_undefined_primal(positions)
+    aval = table.aval
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(aval), None]
+    total = segment_total(cotangent, positions, aval.shape[0])
+    return [total.astype(aval.dtype), None]
+
+
+ad.primitive_jvps[gather_p] = _jvp
+ad.primitive_transposes[gather_p] = _transpose
+
+
+def _batch(args: Sequence[Any], dims: Sequence[Any], *, fill: bool) -> tuple[Any, int]:
+    table, positions = args
+    table_dim, positions_dim = dims
+    if table_dim is None:
+        return gather_p.bind(table, positions, fill=fill), positions_dim
+    table = jnp.moveaxis(table, table_dim, 0)
+    size, n, width = table.shape
+    if positions_dim is None:
+        positions = jnp.broadcast_to(positions, (size, *positions.shape))
+    else:
+        positions = jnp.moveaxis(positions, positions_dim, 0)
+    example = jnp.arange(size, dtype=positions.dtype).reshape((size,) + (1,) * (positions.ndim - 1))
+    flat = jnp.where(positions >= 0, positions + example * n, -1)
+    return gather_p.bind(table.reshape(size * n, width), flat, fill=fill), 0
+
+
+batching.primitive_batchers[gather_p] = _batch
+
+
+def range_values(
+    ranges: Sequence[Any], extents: Mapping[sympy.Symbol, int]
+) -> dict[str, tuple[int, int]]:
+    """Every index's `(start, stop)` for these extents."""
+    return {
+        r.index.name: (int(sympy.sympify(r.start).xreplace(extents)), int(r.stop.xreplace(extents)))
+        for r in ranges
+    }
+
+
+def extents_of(shapes: Mapping[str, tuple[int, ...]]) -> dict[sympy.Symbol, int]:
+    return {extent_symbol(n, a): int(e) for n, shape in shapes.items() for a, e in enumerate(shape)}
+
+
+def gathered_shapes(
+    lowered: Lowered, shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """The shape of every gathered operand of a statement for these shapes."""
+    ranges = range_values(lowered.ranges, extents_of(shapes))
+    return {
+        g.name: tuple(max(0, ranges[n][1] - ranges[n][0]) for n in g.indices)
+        for g in lowered.gathers
+    }
+
+
+def index_dtypes(
+    gathers: Sequence[Gather], given: Mapping[str, Any], dtypes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`build`'s dtypes: an index array given by its shape alone is int32, not a float."""
+    arrays = {n for g in gathers for n in g.arrays}
+    return {
+        n: jnp.int32 if n in arrays and not hasattr(given[n], "dtype") else d
+        for n, d in dtypes.items()
+    }
+
+
+def check_index_dtypes(gathers: Sequence[Gather], values: Mapping[str, Any], source: str) -> None:
+    """An index array must hold integers: a float or bool one is a user error."""
+    for g in gathers:
+        for name in g.arrays:
+            dtype = jnp.result_type(values[name])
+            if dtype == jnp.bool_ or not jnp.issubdtype(dtype, jnp.integer):
+                span = next(r.span for a in g.axes for r in a.reads if r.array == name)
+                raise InputError(
+                    f"index array '{name}' has dtype {dtype}; an index must be an integer",
+                    source,
+                    span,
+                    expected=f"an integer array for '{name}' (int32 or int64)",
+                    hint=f"pass {name}.astype(jnp.int32) if its values are whole numbers",
+                )
+
+
+def gathered(
+    lowered: Lowered,
+    values: Mapping[str, Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    source: str,
+) -> dict[str, Any]:
+    """The value of every gathered operand of a statement, by name (see the module
+    docstring), from the call's arrays and the shapes of every tensor its ranges name."""
+    extents = extents_of(shapes)
+    ranges = range_values(lowered.ranges, extents)
+    return {g.name: _gathered(g, values, ranges, extents, source) for g in lowered.gathers}
+
+
+def _row_axes(g: Gather, ranges: Mapping[str, tuple[int, int]], shape: Sequence[int]) -> int:
+    """How many trailing axes of the table the gather reads whole (`d` in `W[tok[b,t], d]`):
+    each indexed by a bare index over all of it, found nowhere else in the access, in the
+    same order at the end of the gathered operand's indices. The gather then moves rows
+    of that many axes, and its transpose sorts rows, not elements."""
+    count = 0
+    for m in range(1, min(len(g.axes), len(g.indices)) + 1):
+        axis = g.axes[-m]
+        bare = axis.affine.bare_index
+        if axis.reads or bare is None or g.indices[-m] != bare.name:
+            break
+        elsewhere = [
+            i
+            for other in g.axes[: len(g.axes) - m]
+            for i in (
+                *other.affine.indices,
+                *(x for r in other.reads for a in r.axes for x in a.indices),
+            )
+        ]
+        if bare in elsewhere or ranges[bare.name] != (0, shape[-m]):
+            break
+        count = m
+    return count
+
+
+def _gathered(
+    g: Gather,
+    values: Mapping[str, Any],
+    ranges: Mapping[str, tuple[int, int]],
+    extents: Mapping[sympy.Symbol, int],
+    source: str,
+) -> Any:
+    table = values[g.table]
+    whole = _row_axes(g, ranges, table.shape)
+    spans = [max(0, ranges[n][1] - ranges[n][0]) for n in g.indices]
+    lead = len(g.indices) - whole  # the indices of the rows' positions
+    grid = {
+        index_symbol(n): (
+            jnp.arange(ranges[n][0], ranges[n][0] + e).reshape(
+                (1,) * d + (e,) + (1,) * (lead - d - 1)
+            )
+        )
+        for d, (n, e) in enumerate(zip(g.indices[:lead], spans[:lead]))
+    }
+
+    def value_of(affine: Any) -> Any:
+        total = jnp.asarray(int(sympy.sympify(affine.constant).xreplace(extents)))
+        for symbol, coefficient in affine.coefficients:
+            total = total + coefficient * grid[symbol]
+        return jnp.broadcast_to(total, tuple(spans[:lead]))
+
+    valid = jnp.ones(tuple(spans[:lead]), bool)
+    flat = jnp.zeros(tuple(spans[:lead]), jax.dtypes.canonicalize_dtype(jnp.int64))
+    concrete = True
+    for axis, gathered_axis in enumerate(g.axes[: len(g.axes) - whole]):
+        position = value_of(gathered_axis.affine)
+        for read in gathered_axis.reads:
+            array = values[read.array]
+            concrete = concrete and not isinstance(array, jax.core.Tracer)
+            at = tuple(
+                jnp.clip(value_of(a), 0, max(n - 1, 0)) for a, n in zip(read.axes, array.shape)
+            )
+            position = position + read.coefficient * array[at].astype(flat.dtype)
+        n = table.shape[axis]
+        inside = (position >= 0) & (position < n)
+        if gathered_axis.reads and concrete:
+            starts = [ranges[name][0] for name in g.indices]
+            _check_inside(g, axis, position, inside, n, starts, source)
+        valid = valid & inside
+        flat = flat * n + jnp.where(inside, position, 0).astype(flat.dtype)
+    positions = jnp.where(valid, flat, -1)
+    width = int(np.prod(table.shape[len(table.shape) - whole :], dtype=np.int64))
+    count = int(np.prod(table.shape[: len(table.shape) - whole], dtype=np.int64))
+    rows = table.reshape(count, width)
+    rows, positions = private_jax.same_varying_axes([rows, positions])
+    return gather_p.bind(rows, positions, fill=True).reshape(tuple(spans))
+
+
+def _check_inside(
+    g: Gather, axis: int, position: Any, inside: Any, n: int, starts: list[int], source: str
+) -> None:
+    """Eagerly, an index array that points outside the table is a `RangeError`."""
+    bad = ~np.asarray(inside)
+    if not bad.any():
+        return
+    where = tuple(int(w[0]) for w in np.nonzero(bad))
+    gathered_axis = g.axes[axis]
+    named = {i.name for i in gathered_axis.affine.indices} | {
+        i.name for r in gathered_axis.reads for a in r.axes for i in a.indices
+    }
+    at = ", ".join(
+        f"{name}={w + s}" for name, w, s in zip(g.indices, where, starts) if name in named
+    )
+    value = int(np.asarray(position)[where])
+    arrays = ", ".join(f"'{a}'" for a in g.arrays)
+    raise RangeError(
+        f"index array {arrays} points to {value} on axis {axis} of '{g.table}' "
+        f"(at {at}), outside [0, {n})",
+        source,
+        g.span,
+        expected=f"index values inside [0, {n}) for axis {axis} of '{g.table}'",
+        hint="under jax.jit an index outside the table reads NaN instead",
+    )
