@@ -5,8 +5,8 @@ Run from the repository root:
     python -m benchmarks.gpt_model           # 2 layers, D 128, T 128; writes RESULTS.md
     python -m benchmarks.gpt_model --quick   # tiny sizes, smoke run; writes nothing
 
-The model (notebook 04's, as a library function of a `Config`): token and position
-embeddings, pre-norm blocks (LayerNorm, causal multi-head attention, a GELU MLP written as one
+The model (notebook 04's, as a library function of a `Config`): token (a gather through the
+token ids, `W[tok[b,t], d]`) and position embeddings, pre-norm blocks (LayerNorm, causal multi-head attention, a GELU MLP written as one
 program), a lm_head tied to the token embedding and the mean cross-entropy. Ours uses
 `tensordsl.nn` layers and programs on `backend`; jax.numpy's the same layers in jnp
 (`jax.nn.dot_product_attention`, `optax`-free cross-entropy). Rows: the forward (the logits)
@@ -110,6 +110,7 @@ def tokens_of(c: Config, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
 def model_td(c: Config, backend: str = "auto") -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(logits(params, tokens), loss(params, tokens, targets)) written with tensordsl."""
     mlp = td.program(MLP, backend=backend)
+    embed = td.kernel("E[b,t,d] := W[tok[b,t], d]", backend=backend)
     lm_head = td.kernel("Z[n,v] := X[n,d] * W[v,d]", backend=backend)
     nn = td.nn
 
@@ -125,7 +126,7 @@ def model_td(c: Config, backend: str = "auto") -> tuple[Callable[..., Any], Call
 
     def logits(params: dict[str, Any], tokens: Any) -> Any:
         b, t = tokens.shape
-        x = nn.embedding(tokens, params["wte"]) + params["wpe"][:t]
+        x = embed(W=params["wte"], tok=tokens) + params["wpe"][:t]
         for p in params["blocks"]:
             x = block(p, x)
         x = nn.layer_norm(x, params["lnf_g"], params["lnf_b"], backend=backend)

@@ -51,8 +51,10 @@ print(f"{len(text)} characters, vocabulary of {VOCAB}")
 # %% [markdown]
 # ## The layers
 #
-# `td.nn` has the layers every model needs (`embedding`, `layer_norm`, `dense`,
-# `attention`, `cross_entropy`). The MLP is one program of two statements: the hidden layer,
+# `td.nn` has the layers every model needs (`layer_norm`, `dense`, `attention`,
+# `cross_entropy`). The token embedding reads the table through an index array,
+# `W[tok[b,t], d]`: a gather, whose gradient sums each row's cotangents deterministically
+# (no scatter, no atomics). The MLP is one program of two statements: the hidden layer,
 # then GELU inside the second contraction — tensordsl decides whether to store the hidden
 # layer or recompute it (`td.explain(mlp)` shows the decision). The lm_head is tied to the
 # token embedding: `Z[n,v] := X[n,d] * W[v,d]` reads the table transposed, with no copy.
@@ -65,6 +67,7 @@ mlp = td.program(
     Y[n,o] := 0.5 * G[n,u] * (1 + erf(G[n,u] * 0.7071067811865476)) * W2[u,o]
     """
 )
+embed = td.kernel("E[b,t,d] := W[tok[b,t], d]")  # tok: an index array (a gather)
 lm_head = td.kernel("Z[n,v] := X[n,d] * W[v,d]")
 
 
@@ -91,7 +94,7 @@ def block_td(p, x, key):
 
 def logits_td(params, tokens, key=None):
     b, t = tokens.shape
-    x = td.nn.embedding(tokens, params["wte"]) + params["wpe"][:t]
+    x = embed(W=params["wte"], tok=tokens) + params["wpe"][:t]
     keys = [None] * LAYERS if key is None else list(jax.random.split(key, LAYERS))
     for p, k in zip(params["blocks"], keys):
         x = block_td(p, x, k)
