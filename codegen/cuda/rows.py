@@ -14,8 +14,9 @@ The combine is a butterfly of `__shfl_xor_sync` within the group (the group's la
 mask), then, for a group wider than a warp, each warp's lane 0 writes its state to shared
 memory and the group's lane 0 folds the warps' states in order: a fixed order for given
 shapes, so results are bitwise equal across calls. Every thread runs the same number of
-iterations of the grid-stride loop (a group past the last element recomputes the last one
-and stores nothing), so barriers and shuffles are reached by all threads that name them.
+iterations of the grid-stride loop (a group past the last element skips the terms, all its
+lanes together, and stores nothing), so barriers and shuffles are reached by all threads
+that name them.
 """
 
 from __future__ import annotations
@@ -140,15 +141,17 @@ def rows(e: CudaEmitter) -> Lines:
     e.named.append((WIDTH, row_width(e)))
     total = e.idx(e.count(s.free_order, {}))
     body = [f"const idx_t e_ = r_ + (idx_t)threadIdx.x / {WIDTH};"]
-    body += e.decode(f"tdsl_imin(e_, {total} - 1)", s.free_order, {})
-    body += e.declare()
+    body += [*e.decode("e_", s.free_order, {}), *e.declare()]
+    terms: Lines = []
     for n, term in enumerate(e.nest.terms):
         plan = e.plan(n, [[], *e.reduced_levels(n)])
         fold = e.fold_lines(n, plan, "")
         if not term.reduced:
             fold = block_lines("if (lane_ == 0)", fold)
         loops = e.loops(n, fold, step=("lane_", WIDTH), plan=plan)
-        body += ["{", *indent_lines(_outer_level(e, plan, loops)), "}"]
+        terms += ["{", *indent_lines(_outer_level(e, plan, loops)), "}"]
+    # A group past the last element keeps its initial state (its lanes all skip together).
+    body += block_lines(f"if (e_ < {total})", terms)
     body += butterfly(e, e.names(), e.state_types(), e.reducer)
     body += _block_combine(e)
     body += block_lines(f"if (lane_ == 0 && e_ < {total})", [e.store_line("")])

@@ -176,6 +176,23 @@ def _row_indices(nest: LoopNest, order: LoopOrder) -> set[str]:
     return found
 
 
+def _widest_contiguous(
+    nest: LoopNest, reduced: tuple[tuple[str, ...], ...]
+) -> tuple[tuple[str, ...], ...]:
+    """Each term's reduced loops with the contiguous axis of its highest-rank access
+    innermost (the split strategy's threads stride the innermost loop: LayerNorm's
+    `dF := dV[b,t]*(X[b,t,f] - M[b,t])^2` strides f, not t, which more accesses read last)."""
+    found = []
+    for term, names in zip(nest.terms, reduced, strict=True):
+        ranked = sorted(accesses(term.body), key=lambda a: -len(a.indices))
+        last = {s.name for s in ranked[0].indices[-1].free_symbols} if ranked else set()
+        inner = [name for name in names if name in last]
+        if len(inner) == 1 and names and names[-1] != inner[0]:
+            names = (*(n for n in names if n != inner[0]), inner[0])
+        found.append(tuple(names))
+    return tuple(found)
+
+
 def _rectangular(nest: LoopNest, order: LoopOrder) -> bool:
     """Whether every reduced loop's bounds are expressions of extents alone (the columns
     strategy flattens them and counts their iterations on the host)."""
@@ -277,6 +294,8 @@ def choose_gpu_schedule(
         return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
     base = GpuSchedule(free, reduced, index_type=index_type)
     if not free:
+        if loop_order is None:
+            reduced = _widest_contiguous(nest, reduced)
         strategy = "split" if any(reduced) else "block"
         return GpuSchedule(free, reduced, strategy=strategy, index_type=index_type)
     bounded = bound_indices(nest, base)
