@@ -54,9 +54,10 @@ Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 The heuristic (`choose_gpu_schedule`): a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
-reduced loop); contraction-shaped -> ``smem``; a row reduction -> ``rows``; a column
-reduction -> ``columns``; a second-to-last free index that bounds do not depend on and that
-some access does not use -> ``tile`` with 4 rows; else ``thread``. Row and column
+reduced loop); contraction-shaped -> ``smem``; a row reduction -> ``rows``; a
+second-to-last free index that bounds do not depend on and that some access does not use ->
+``tile`` with 4 rows (its rows share loads); a column reduction -> ``columns``; else
+``thread``. Row and column
 reductions are told apart by `reduction_layout`: which index the largest access reads
 contiguously.
 
@@ -209,7 +210,8 @@ def _rectangular(nest: LoopNest, order: LoopOrder) -> bool:
 def reduction_layout(nest: LoopNest, order: LoopOrder) -> str | None:
     """ "rows" when the largest access reads a reduced index contiguously (its last axis),
     "columns" when it reads the last free index there and a term has reduced loops, else
-    None. The largest access is the one of highest rank; ties go to rows.
+    None. The largest access is the one of highest rank; an access whose last axis reads
+    both (a convolution's `dY[p - k]`) counts for columns, and ties too.
 
     >>> from codegen.ir.examples import matmul as example
     >>> from codegen.emit.loop_order import default_loop_order
@@ -223,10 +225,14 @@ def reduction_layout(nest: LoopNest, order: LoopOrder) -> str | None:
     for term in nest.terms:
         for access in accesses(term.body):
             names = {s.name for s in access.indices[-1].free_symbols}
-            for kind, hit in (("rows", bool(names & rows)), ("columns", last in names)):
+            # Where the last axis reads both, consecutive output elements already coalesce.
+            for kind, hit in (
+                ("rows", bool(names & rows) and last not in names),
+                ("columns", last in names),
+            ):
                 if hit:
                     rank[kind] = max(rank[kind], len(access.indices))
-    if rank["rows"] >= 0 and rank["rows"] >= rank["columns"]:
+    if rank["rows"] > rank["columns"]:
         return "rows"
     if rank["columns"] >= 0 and any(t.reduced for t in nest.terms):
         return "columns" if _rectangular(nest, order) else None
@@ -314,11 +320,13 @@ def choose_gpu_schedule(
                     index_type=index_type,
                 )
     layout = reduction_layout(nest, base)
-    if layout is not None:
-        return GpuSchedule(free, reduced, layout, index_type=index_type)
+    if layout == "rows":
+        return GpuSchedule(free, reduced, "rows", index_type=index_type)
     tileable = len(free) > 1 and free[-2] not in bounded and _names_used(nest, free[-2])
     if tileable and any(t.reduced for t in nest.terms):
         return GpuSchedule(free, reduced, "tile", row=free[-2], rows=4, index_type=index_type)
+    if layout == "columns":
+        return GpuSchedule(free, reduced, "columns", index_type=index_type)
     return base
 
 
