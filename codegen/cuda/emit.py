@@ -41,7 +41,7 @@ import sympy
 from codegen.cuda.columns import columns, columns_grid, combine_columns
 from codegen.cuda.columns import combine_grid as combine_columns_grid
 from codegen.cuda.dialect import STORAGE, CudaEmitter, CudaPrinter
-from codegen.cuda.rows import rows, rows_grid
+from codegen.cuda.row_groups import rows, rows_grid
 from codegen.cuda.schedule import (
     INDEX_TYPES,
     SMEM_THREADS,

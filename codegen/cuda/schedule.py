@@ -36,7 +36,7 @@ Strategies (`GpuSchedule.strategy`):
   `__shfl_xor_sync` (and, for groups wider than a warp, the warps' partial states folded in
   order through shared memory). `width` is a host parameter, a power of two chosen from the
   row length: the row's length up to 32 (several short rows per warp), a warp up to
-  `ROW_ELEMENTS` values per lane, then wider, up to the block (`codegen.cuda.rows`).
+  `ROW_ELEMENTS` values per lane, then wider, up to the block (`codegen.cuda.row_groups`).
 * ``"columns"`` -- a column reduction (the last free index is the contiguous axis of the
   largest access, as in LayerNorm's `dg[f] := dY[b,t,f]*N[b,t,f]`): threads walk the output
   elements (coalesced); the flattened reduced loops are cut into `parts` slices on
