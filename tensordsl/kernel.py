@@ -128,7 +128,8 @@ class Kernel:
         forward+backward call runs: grid, block, how lanes read memory, FMAs and bytes per
         output element against the minimum, registers (docs/backends.md).
         """
-        from tensordsl.explain import check_report_target, cuda_report_lines, explain, kernel_nests
+        from tensordsl.explain import check_report_target, explain, kernel_nests
+        from tensordsl.gpu_report import cuda_report_lines
         from tensordsl.timing import nest_jaxpr
 
         if target is not None:

@@ -167,7 +167,8 @@ class ProgramKernel:
         With `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
         forward+backward call runs (see `Kernel.explain`).
         """
-        from tensordsl.explain import check_report_target, cuda_report_lines, explain
+        from tensordsl.explain import check_report_target, explain
+        from tensordsl.gpu_report import cuda_report_lines
 
         if target is not None:
             check_report_target(target, shapes)
