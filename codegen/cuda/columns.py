@@ -4,12 +4,13 @@ See `codegen.cuda.schedule` for when it applies (LayerNorm's `dg[f] := dY[b,t,f]
 768 outputs, 8192 values each). The first kernel gives each thread one output element,
 consecutive threads consecutive elements (`blockIdx.x`: loads along the contiguous axis
 coalesce), and cuts every term's reduced loops, flattened in loop order, into `parts`
-slices, one per `blockIdx.y` (a host parameter: enough for `TARGET_BLOCKS` blocks in all, at
-most the schedule's `blocks`, at most the loop's length). Within a slice the reduced indices
-advance like an odometer (no division per value). Each slice's partial state goes to the
-workspace (`wa_[c*total + e]`, `wb_` likewise); the second kernel gives each thread one
-output element and folds its `parts` states in slice order: deterministic, no atomics. With
-one slice (many outputs) the first kernel writes the output and the second is not launched.
+slices, one per `blockIdx.y` (a host parameter: enough for `TARGET_BLOCKS` blocks in all,
+at most the schedule's `blocks`, each of at least `SLICE_VALUES` iterations). Within a
+slice the reduced indices advance like an odometer (no division per value). Each slice's
+partial state goes to the workspace (`wa_[c*total + e]`, `wb_` likewise); the second
+kernel gives each thread one output element and folds its `parts` states in slice order:
+deterministic, no atomics. With one slice (many outputs, or a short reduction) the first
+kernel writes the output and the second is not launched.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from codegen.ir.functions import CeilDiv
 #: Blocks the first kernel aims for: 4 per SM of a 132-SM H100/H200 (at least 2 per SM
 #: keep every SM busy while another block waits on memory).
 TARGET_BLOCKS = 528
+#: The fewest values a slice reduces (a short reduction is not worth a second kernel).
+SLICE_VALUES = 16
 FLAT = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
 STRIDE = "(idx_t)gridDim.x*(idx_t)blockDim.x"
 
@@ -38,11 +41,12 @@ def _length(e: CudaEmitter, n: int) -> sympy.Expr:
 
 def column_parts(e: CudaEmitter) -> sympy.Expr:
     """The number of slices: enough for `TARGET_BLOCKS` blocks, at most the schedule's
-    `blocks` and the longest term's iterations; at least 1."""
+    `blocks`, at least `SLICE_VALUES` iterations of the longest term each; at least 1."""
     lengths = [_length(e, n) for n, t in enumerate(e.nest.terms) if t.reduced]
     across = CeilDiv(e.count(e.schedule.free_order, {}), e.schedule.threads)
     wanted = sympy.Min(e.schedule.blocks, CeilDiv(TARGET_BLOCKS, sympy.Max(across, 1)))
-    return sympy.Max(1, sympy.Min(wanted, sympy.Max(1, *lengths)))
+    longest = sympy.Max(1, *lengths)
+    return sympy.Max(1, sympy.Min(wanted, CeilDiv(longest, SLICE_VALUES)))
 
 
 def columns_grid(e: CudaEmitter) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:

@@ -210,8 +210,9 @@ def _rectangular(nest: LoopNest, order: LoopOrder) -> bool:
 def reduction_layout(nest: LoopNest, order: LoopOrder) -> str | None:
     """ "rows" when the largest access reads a reduced index contiguously (its last axis),
     "columns" when it reads the last free index there and a term has reduced loops, else
-    None. The largest access is the one of highest rank; an access whose last axis reads
-    both (a convolution's `dY[p - k]`) counts for columns, and ties too.
+    None. The largest access is the one of highest rank; ties go to columns. An access
+    whose last axis reads both (a convolution's `X[i + k]`) is neither, and the widest such
+    access rules both out: a thread per output element already coalesces there.
 
     >>> from codegen.ir.examples import matmul as example
     >>> from codegen.emit.loop_order import default_loop_order
@@ -221,20 +222,17 @@ def reduction_layout(nest: LoopNest, order: LoopOrder) -> str | None:
     if not nest.free or not any(t.reduced or t.body.atoms(Reduce) for t in nest.terms):
         return None
     rows, last = _row_indices(nest, order), order.free_order[-1]
-    rank = {"rows": -1, "columns": -1}
+    rank = {"rows": -1, "columns": -1, "both": -1}
     for term in nest.terms:
         for access in accesses(term.body):
             names = {s.name for s in access.indices[-1].free_symbols}
-            # Where the last axis reads both, consecutive output elements already coalesce.
-            for kind, hit in (
-                ("rows", bool(names & rows) and last not in names),
-                ("columns", last in names),
-            ):
-                if hit:
-                    rank[kind] = max(rank[kind], len(access.indices))
-    if rank["rows"] > rank["columns"]:
+            kind = "both" if names & rows and last in names else "rows" if names & rows else None
+            kind = kind or ("columns" if last in names else None)
+            if kind is not None:
+                rank[kind] = max(rank[kind], len(access.indices))
+    if rank["rows"] > max(rank["columns"], rank["both"]):
         return "rows"
-    if rank["columns"] >= 0 and any(t.reduced for t in nest.terms):
+    if rank["columns"] >= max(rank["rows"], rank["both"], 0) and any(t.reduced for t in nest.terms):
         return "columns" if _rectangular(nest, order) else None
     return None
 
