@@ -41,9 +41,10 @@ from codegen.cuda import nvrtc
 from codegen.cuda.emit import GRID_LIMITS, SMEM_THREADS, CudaSource, emit_cuda
 from codegen.cuda.schedule import GpuSchedule
 from codegen.ir.bounds import loop_bounds
-from codegen.ir.extents import output_shape
+from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, extent_of
+from codegen.passes.proven import drop_proven
 
 SMS = 132  # streaming multiprocessors of an H100 SXM or H200
 ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
@@ -142,6 +143,7 @@ def cuda_report(
         A `CudaReport`.
     """
     shapes = {**shapes, nest.output: output_shape(nest, shapes)}
+    nest = drop_proven(nest, extents=extent_values(nest, shapes))  # as the runner emits it
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
     s = source.schedule
     values = _host(source, shapes)

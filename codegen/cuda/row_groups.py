@@ -152,8 +152,9 @@ def rows(e: CudaEmitter) -> Lines:
         terms += ["{", *indent_lines(_outer_level(e, plan, loops)), "}"]
     # A group past the last element keeps its initial state (its lanes all skip together).
     body += block_lines(f"if (e_ < {total})", terms)
-    body += butterfly(e, e.names(), e.state_types(), e.reducer)
-    body += _block_combine(e)
+    if any(term.reduced for term in e.nest.terms):  # else lane 0 alone holds a state
+        body += butterfly(e, e.names(), e.state_types(), e.reducer)
+        body += _block_combine(e)
     body += block_lines(f"if (lane_ == 0 && e_ < {total})", [e.store_line("")])
     ta, tb = e.state_types()
     warps = max(s.threads // WARP, 1)

@@ -23,7 +23,7 @@ import tensordsl as td
 from codegen.cuda.emulator import emulate
 from codegen.cuda.schedule import choose_gpu_schedule
 from codegen.ir.nest import LoopNest, Reduce
-from codegen.passes import gradient_rules
+from codegen.passes import grad, gradient_rules
 from tensordsl.backends import cuda as gpu
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
@@ -202,3 +202,19 @@ def test_layer_norm_forward_and_gradients(shape, emulated_cuda) -> None:
     np.testing.assert_allclose(float(got[0]), ((normal * g + beta) * w).sum(), rtol=1e-10)
     for a, b in zip(got[1], want[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_tests_that_the_shapes_prove_true_are_dropped() -> None:
+    """A gradient nest's `b + 1 <= X.shape[0]` for `b` in `[0, dM.shape[0])`: no test in
+    the kernel when the shapes make it true everywhere, kept (and obeyed) where not."""
+    n = grad.gradient(lower(parse("V[b] := (X[b,f] - M[b])^2")).nest, "M").nest
+    assert [str(c) for c in n.terms[0].constraints] == ["X.shape[0] - b - 1"]
+    rng = np.random.default_rng(4)
+    for rows, kept in ((6, False), (4, True)):
+        dv, x, m = rng.normal(size=6), rng.normal(size=(rows, 40)), rng.normal(size=6)
+        la = gpu.prepare(n, [dv, x, m], {"dM": (6,)}, "float64")
+        assert ("- 1 >= 0" in la.source.text) == kept
+        want = np.zeros(6)
+        want[:rows] = (dv[:rows, None] * (2 * m[:rows, None] - 2 * x)).sum(1)
+        got = emulated.run_arrays(la, [dv, x, m], "reverse", "dM")
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
