@@ -77,7 +77,8 @@ def _partials(e: CudaEmitter) -> Lines:
 
 def _odometer(e: CudaEmitter, names: list[str], n: int) -> Lines:
     """Advance term `n`'s reduced indices `names` (outermost first) by one iteration."""
-    bounds, lines = e.bounds[n], []
+    bounds = e.bounds[n]
+    lines: Lines = []
     for depth in range(len(names)):  # the innermost index's test is the outermost if
         r = e.term_order(n)[depth]
         lo, hi = e.idx(bounds.starts[r]), e.idx(bounds.stops[r])
