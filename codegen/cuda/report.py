@@ -21,7 +21,7 @@ element of a staged tile once). Caches are not modelled: a load that hits L1/L2 
 >>> nest = lower(parse("L[i] := X[i,j]"), reduce="logsumexp").nest
 >>> r = cuda_report(nest, {"X": "float32", "L": "float32"}, {"X": (4096, 8192)})
 >>> r.grids, r.block, r.fmas
-(((512, 1, 1),), (256, 1, 1), (8192.0, 8192.0))
+(((4096, 1, 1),), (256, 1, 1), (8192.0, 8192.0))
 >>> [(a.text, a.lane, a.stride) for a in r.accesses]
 [('X[i, j]', 'j', 1)]
 """
