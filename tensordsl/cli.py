@@ -114,7 +114,7 @@ def explain_command(args: argparse.Namespace) -> int:
     print(f"inputs     {', '.join(k.inputs)}   output {k.output}   reduction {k.nest.reduction}")
     print("ranges")
     print("\n".join("  " + line for line in range_lines(k.nest, shapes or None)))
-    print(k.explain(shapes=shapes or None))
+    print(k.explain(shapes=shapes or None, target=args.report_target))
     print(f"schedules ({args.dtype})")
     print("\n".join("  " + line for line in schedule_lines(k.nest, dtype=args.dtype)))
     if args.build:
@@ -140,7 +140,7 @@ def _explain_program(k: ProgramKernel, args: argparse.Namespace, shapes: dict) -
     from tensordsl.explain import build_nests, schedule_lines
 
     print(f"inputs     {', '.join(k.inputs)}   outputs {', '.join(k.outputs)}")
-    print(k.explain(shapes=shapes or None))
+    print(k.explain(shapes=shapes or None, target=args.report_target))
     for n, nest in enumerate(k.program.statements):
         print(f"schedules of statement {n + 1}, {nest.output} ({args.dtype})")
         print("\n".join("  " + line for line in schedule_lines(nest, dtype=args.dtype)))
@@ -232,6 +232,7 @@ examples:
   %(prog)s explain "D[i,j] := (W[k,i] - X[k,j])^2" --shapes W=64x300 X=64x200
   %(prog)s explain "(max) M[i] := X[i,j]" --shapes X=4x7 --source c
   %(prog)s explain "Y[i] := X[i+k] * W[k]" --shapes X=1000 W=5 --build --time
+  %(prog)s explain "(logsumexp) L[i] := X[i,j]" --shapes X=4096x8192 --target cuda
 
 Kernels build on first use; TENSORDSL_VERBOSE=0 silences the build progress line.
 Guide: README.md and docs/ in the source tree.
@@ -300,6 +301,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "tensordsl") -> int:
         "--time", action="store_true", help="time every C nest alone on --shapes (all inputs)"
     )
     explain.add_argument("--reps", type=int, default=7, help="calls per nest for --time")
+    explain.add_argument(
+        "--target",
+        dest="report_target",
+        choices=("cuda",),
+        default=None,
+        help="also print the static report of every kernel a forward+backward call runs on "
+        "--shapes for this target: grid, block, lanes, FMAs and bytes per output element, "
+        "registers",
+    )
     args = parser.parse_args(argv)
     from tensordsl.errors import TensorDSLError
 

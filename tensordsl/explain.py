@@ -39,7 +39,7 @@ from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from codegen.ir.source import expr_source
 from codegen.passes import grad, gradient_rules
 from tensordsl.backends import table
-from tensordsl.errors import UnknownNameError, close_match, user_facing
+from tensordsl.errors import OptionError, UnknownNameError, close_match, user_facing
 
 
 def _body_source(body: sympy.Expr, first: str | None) -> str:
@@ -348,3 +348,22 @@ def build_nests(
             what = f"{name} loaded from cache" if loaded else what
             progress(f"[{n}/{len(nests)}] {what}")
     return seconds
+
+
+#: Targets with a static report of the kernels a call runs (`explain(..., target=)`).
+REPORT_TARGETS = ("cuda",)
+
+
+def check_report_target(target: str, shapes: Any) -> None:
+    """Raise unless `target` has a static report and `shapes` are given."""
+    if target not in REPORT_TARGETS:
+        raise UnknownNameError(
+            f"no static report for target '{target}'",
+            expected="one of " + ", ".join(REPORT_TARGETS),
+            hint=close_match(str(target), REPORT_TARGETS),
+        )
+    if shapes is None:
+        raise OptionError(
+            f"a report for target '{target}' needs shapes",
+            expected="the shape of every input (shapes={...}; --shapes on the command line)",
+        )

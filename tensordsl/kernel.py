@@ -119,20 +119,33 @@ class Kernel:
     def __str__(self) -> str:
         return self.explain()
 
-    def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+    def explain(
+        self, shapes: Mapping[str, tuple[int, ...]] | None = None, *, target: str | None = None
+    ) -> str:
         """The forward nest and every gradient nest, with their ranges, readable.
 
-        `shapes` (one per input) are checked as a call checks its inputs' shapes.
+        `shapes` (one per input) are checked as a call checks its inputs' shapes. With
+        `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
+        forward+backward call runs: grid, block, how lanes read memory, FMAs and bytes per
+        output element against the minimum, registers (docs/backends.md).
         """
-        from tensordsl.explain import explain
+        from tensordsl.explain import check_report_target, explain, kernel_nests
+        from tensordsl.gpu_report import cuda_report_lines
+        from tensordsl.timing import nest_jaxpr
 
         low = self._lowered
+        if target is not None:
+            check_report_target(target, shapes)
         if shapes is not None:
             shapes = self.check_shapes(shapes)
             shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
         src = low.statement.source
         gathered = [(g.name, src[g.span[0] : g.span[1]]) for g in low.gathers]
-        return explain(self.nest, shapes=shapes, gathered=gathered, unread=low.unread)
+        text = explain(self.nest, shapes=shapes, gathered=gathered, unread=low.unread)
+        if target is None or shapes is None:
+            return text
+        names = {each: name for name, each in kernel_nests(self.nest).items()}
+        return "\n".join([text, *cuda_report_lines(nest_jaxpr(self.nest, shapes), names)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""

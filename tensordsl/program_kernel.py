@@ -164,14 +164,25 @@ class ProgramKernel:
         start, stop = self._lowered.statements[n].statement.span
         return self.source_text[start:stop]
 
-    def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
+    def explain(
+        self, shapes: Mapping[str, tuple[int, ...]] | None = None, *, target: str | None = None
+    ) -> str:
         """The program's inputs, outputs and shapes, then each statement's nests; with
         `shapes`, also what runs for them: which intermediates are recomputed inside which
         statements, and the fused nests with their gradient nests.
 
         `shapes` (one per input) are checked as a call checks them; bounds are then numbers.
+        With `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
+        forward+backward call runs (see `Kernel.explain`).
         """
-        from tensordsl.explain import explain
+        from tensordsl.explain import check_report_target, explain
+        from tensordsl.gpu_report import cuda_report_lines
+
+        if target is not None:
+            check_report_target(target, shapes)
+            assert shapes is not None
+            text = self.explain(shapes)
+            return "\n".join([text, *cuda_report_lines(self._call_jaxpr(shapes, "float32"))])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         lines = self._summary()

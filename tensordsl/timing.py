@@ -132,6 +132,20 @@ def profile_nests(
     Returns:
         A `Profile`; `str()` of it is a table.
     """
+    jaxpr = nest_jaxpr(nest, shapes, dtype=dtype, schedule=schedule, nograd=nograd)
+    names = {each: name for name, each in kernel_nests(nest).items()}
+    return profile_jaxpr(jaxpr, names, reps=reps, seed=seed, dtype=dtype)
+
+
+def nest_jaxpr(
+    nest: LoopNest,
+    shapes: Mapping[str, tuple[int, ...]],
+    *,
+    dtype: str = "float32",
+    schedule: Any = None,
+    nograd: frozenset[str] = frozenset(),
+) -> Any:
+    """The jaxpr of `jax.value_and_grad` of the sum of `nest`'s output (`value_and_grad_jaxpr`)."""
     from tensordsl.binding.primitive import call_nest
 
     def loss(*values: Any) -> Any:
@@ -146,9 +160,7 @@ def profile_nests(
         )
         return jnp.sum(out)
 
-    jaxpr = value_and_grad_jaxpr(loss, nest.operand_names, shapes, dtype, nograd)
-    names = {each: name for name, each in kernel_nests(nest).items()}
-    return profile_jaxpr(jaxpr, names, reps=reps, seed=seed, dtype=dtype)
+    return value_and_grad_jaxpr(loss, nest.operand_names, shapes, dtype, nograd)
 
 
 def value_and_grad_jaxpr(

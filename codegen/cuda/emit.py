@@ -38,9 +38,12 @@ from typing import Any
 
 import sympy
 
+from codegen.cuda.columns import columns, columns_grid, combine_columns
+from codegen.cuda.columns import combine_grid as combine_columns_grid
 from codegen.cuda.dialect import STORAGE, CudaEmitter, CudaPrinter
 from codegen.cuda.online import launch as online_launch
 from codegen.cuda.online import online
+from codegen.cuda.row_groups import rows, rows_grid
 from codegen.cuda.schedule import (
     INDEX_TYPES,
     SMEM_THREADS,
@@ -108,10 +111,13 @@ STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
     "split": split,
     "online": online,
     "weighted": online,
+    "rows": rows,
+    "columns": columns,
 }
 #: Strategies of two kernels: the second one's body and grid.
 SECOND_PASSES: dict[str, tuple[Callable[[CudaEmitter], Lines], Callable[[CudaEmitter], Grid]]] = {
     "split": (combine_partials, combine_grid),
+    "columns": (combine_columns, combine_columns_grid),
 }
 
 
@@ -133,6 +139,10 @@ def _launch(
         return grid, (t, t, 1)
     if s.strategy == "split":
         return (partial_count(e), one, one), (s.threads, 1, 1)
+    if s.strategy == "rows":
+        return (rows_grid(e), one, one), (s.threads, 1, 1)
+    if s.strategy == "columns":
+        return columns_grid(e), (s.threads, 1, 1)
     tiles = {rn: s.rows} if s.strategy == "tile" else {}
     total = e.count(s.free_order, tiles)
     x = total if s.strategy == "block" else CeilDiv(total, s.threads)

@@ -39,6 +39,19 @@ Strategies (`GpuSchedule.strategy`):
   weight `a` holds nested reductions (attention's gradient nests dQ, dK, dV: the scores
   and `sum_e dO*V` recomputed inside; `split_weighted`): each `a(r, k)` is computed once
   per block, not once per column `c`, and `b` is staged per key tile.
+* ``"rows"`` -- a row reduction (the innermost reduced index, or a nested reduction's, is
+  the contiguous axis of the largest access): groups of `width` consecutive threads reduce
+  one output element each, their lanes striding the row so loads coalesce, combined by
+  `__shfl_xor_sync` (and, for groups wider than a warp, the warps' partial states folded in
+  order through shared memory). `width` is a host parameter, a power of two chosen from the
+  row length: the row's length up to 32 (several short rows per warp), a warp up to
+  `ROW_ELEMENTS` values per lane, then wider, up to the block (`codegen.cuda.row_groups`).
+* ``"columns"`` -- a column reduction (the last free index is the contiguous axis of the
+  largest access, as in LayerNorm's `dg[f] := dY[b,t,f]*N[b,t,f]`): threads walk the output
+  elements (coalesced); the flattened reduced loops are cut into `parts` slices on
+  `blockIdx.y`, as many as give the grid `TARGET_BLOCKS` blocks; each writes its partial
+  states to scratch space, and a second kernel folds them in slice order (deterministic,
+  no atomics; `codegen.cuda.columns`).
 * ``"xla"`` -- a contraction with its elementwise companions (`codegen.ir.contraction.xla_plan`):
   no kernel is generated, the runner calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on
   the CPU.
@@ -52,8 +65,12 @@ tiles of 32 keys); a weighted sum with nested reductions in its weight -> ``weig
 (the same tiles); a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
-reduced loop); contraction-shaped -> ``smem``; a second-to-last free index that bounds do
-not depend on and that some access does not use -> ``tile`` with 4 rows; else ``thread``.
+reduced loop); contraction-shaped -> ``smem``; a row reduction -> ``rows``; a
+second-to-last free index that bounds do not depend on and that some access does not use ->
+``tile`` with 4 rows (its rows share loads); a column reduction -> ``columns``; else
+``thread``. Row and column
+reductions are told apart by `reduction_layout`: which index the largest access reads
+contiguously.
 
 >>> from codegen.ir.examples import matmul as example
 >>> matmul = example()
@@ -81,9 +98,20 @@ from codegen.emit.loop_order import (
 )
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.contraction import xla_contraction
-from codegen.ir.nest import LoopNest, Reduce
+from codegen.ir.nest import LoopNest, Reduce, accesses, extent_of
 
-GPU_STRATEGIES = ("thread", "tile", "smem", "block", "split", "online", "weighted", "xla")
+GPU_STRATEGIES = (
+    "thread",
+    "tile",
+    "smem",
+    "block",
+    "split",
+    "rows",
+    "columns",
+    "online",
+    "weighted",
+    "xla",
+)
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
 SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
 #: The online and weighted strategies: the output columns (the logsumexp aside) a block
@@ -211,6 +239,78 @@ def _names_used(nest: LoopNest, index: str) -> bool:
     return False
 
 
+def _row_indices(nest: LoopNest, order: LoopOrder) -> set[str]:
+    """The indices a group of lanes may stride: each term's innermost reduced loop, or, in a
+    term without reduced loops, the index of a nested reduction of its body."""
+    found: set[str] = set()
+    for n, term in enumerate(nest.terms):
+        if order.reduced_order[n]:
+            found.add(order.reduced_order[n][-1])
+        else:
+            found.update(r.index.name for r in term.body.atoms(Reduce))
+    return found
+
+
+def _widest_contiguous(
+    nest: LoopNest, reduced: tuple[tuple[str, ...], ...]
+) -> tuple[tuple[str, ...], ...]:
+    """Each term's reduced loops with the contiguous axis of its highest-rank access
+    innermost (the split strategy's threads stride the innermost loop: LayerNorm's
+    `dF := dV[b,t]*(X[b,t,f] - M[b,t])^2` strides f, not t, which more accesses read last)."""
+    found = []
+    for term, names in zip(nest.terms, reduced, strict=True):
+        ranked = sorted(accesses(term.body), key=lambda a: -len(a.indices))
+        last = {s.name for s in ranked[0].indices[-1].free_symbols} if ranked else set()
+        inner = [name for name in names if name in last]
+        if len(inner) == 1 and names and names[-1] != inner[0]:
+            names = (*(n for n in names if n != inner[0]), inner[0])
+        found.append(tuple(names))
+    return tuple(found)
+
+
+def _rectangular(nest: LoopNest, order: LoopOrder) -> bool:
+    """Whether every reduced loop's bounds are expressions of extents alone (the columns
+    strategy flattens them and counts their iterations on the host)."""
+    for n, term in enumerate(nest.terms):
+        names = order.reduced_order[n]
+        by_name = {s.name: s for s in term.reduced_indices}
+        bounds = loop_bounds(term, tuple(by_name[name] for name in names))
+        for expr in (*bounds.starts.values(), *bounds.stops.values()):
+            if any(extent_of(s) is None for s in expr.free_symbols):
+                return False
+    return True
+
+
+def reduction_layout(nest: LoopNest, order: LoopOrder) -> str | None:
+    """ "rows" when the largest access reads a reduced index contiguously (its last axis),
+    "columns" when it reads the last free index there and a term has reduced loops, else
+    None. The largest access is the one of highest rank; ties go to columns. An access
+    whose last axis reads both (a convolution's `X[i + k]`) is neither, and the widest such
+    access rules both out: a thread per output element already coalesces there.
+
+    >>> from codegen.ir.examples import matmul as example
+    >>> from codegen.emit.loop_order import default_loop_order
+    >>> reduction_layout(example(), default_loop_order(example()))  # B[k,j]: j
+    'columns'
+    """
+    if not nest.free or not any(t.reduced or t.body.atoms(Reduce) for t in nest.terms):
+        return None
+    rows, last = _row_indices(nest, order), order.free_order[-1]
+    rank = {"rows": -1, "columns": -1, "both": -1}
+    for term in nest.terms:
+        for access in accesses(term.body):
+            names = {s.name for s in access.indices[-1].free_symbols}
+            kind = "both" if names & rows and last in names else "rows" if names & rows else None
+            kind = kind or ("columns" if last in names else None)
+            if kind is not None:
+                rank[kind] = max(rank[kind], len(access.indices))
+    if rank["rows"] > max(rank["columns"], rank["both"]):
+        return "rows"
+    if rank["columns"] >= max(rank["rows"], rank["both"], 0) and any(t.reduced for t in nest.terms):
+        return "columns" if _rectangular(nest, order) else None
+    return None
+
+
 def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
     validate_schedule(nest, schedule, GPU_STRATEGIES, ("rows", "cols", "tile_k", "blocks"))
@@ -237,6 +337,12 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     bounded = bound_indices(nest, schedule)
     if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
         raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")
+    if schedule.strategy == "columns" and not (
+        any(t.reduced for t in nest.terms) and _rectangular(nest, schedule)
+    ):
+        raise ValueError("the columns strategy needs reduced loops bounded by extents alone")
+    if schedule.strategy in ("rows", "columns") and not free:
+        raise ValueError(f"the {schedule.strategy} strategy needs a free index")
     if schedule.strategy == "smem":
         if (
             schedule.row not in free
@@ -285,6 +391,8 @@ def choose_gpu_schedule(
         return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
     base = GpuSchedule(free, reduced, index_type=index_type)
     if not free:
+        if loop_order is None:
+            reduced = _widest_contiguous(nest, reduced)
         strategy = "split" if any(reduced) else "block"
         return GpuSchedule(free, reduced, strategy=strategy, index_type=index_type)
     bounded = bound_indices(nest, base)
@@ -302,9 +410,14 @@ def choose_gpu_schedule(
                     cols=4,
                     index_type=index_type,
                 )
+    layout = reduction_layout(nest, base)
+    if layout == "rows":
+        return GpuSchedule(free, reduced, "rows", index_type=index_type)
     tileable = len(free) > 1 and free[-2] not in bounded and _names_used(nest, free[-2])
     if tileable and any(t.reduced for t in nest.terms):
         return GpuSchedule(free, reduced, "tile", row=free[-2], rows=4, index_type=index_type)
+    if layout == "columns":
+        return GpuSchedule(free, reduced, "columns", index_type=index_type)
     return base
 
 
@@ -370,4 +483,9 @@ def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
         )
     if len(free) > 1:
         picks.append(GpuSchedule(free, reduced, "tile", row=free[-2], rows=3, threads=32))
+    if free:
+        picks += [
+            GpuSchedule(free, reduced, "rows", threads=64),
+            GpuSchedule(free, reduced, "columns", threads=32, blocks=5),
+        ]
     return valid_unique(nest, picks, validate_gpu)

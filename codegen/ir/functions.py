@@ -93,6 +93,20 @@ class CeilDiv(sympy.Function):
         return None
 
 
+class CeilPow2(sympy.Function):
+    """The smallest power of two at least `a` (1 for `a` <= 1): host values only, such as
+    the lanes per row of the CUDA rows strategy."""
+
+    nargs = 1
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer:
+            return sympy.Integer(1 << max(int(a) - 1, 0).bit_length())
+        return None
+
+
 def indicator(condition: sympy.Basic) -> sympy.Expr:
     """1 where `condition` holds, else 0 (comparisons used as values)."""
     return sympy.Piecewise((sympy.Integer(1), condition), (sympy.Integer(0), True))

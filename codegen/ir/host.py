@@ -33,6 +33,7 @@ INT64_MAX = (1 << 63) - 1
 _HOST_FUNCTIONS: dict[str, Callable[..., int]] = {
     "FloorDiv": lambda a, b: a // b,
     "CeilDiv": lambda a, b: -(-a // b),
+    "CeilPow2": lambda a: 1 << max(a - 1, 0).bit_length(),
     "Min": min,
     "Max": max,
     "floor": lambda a: a,
@@ -75,7 +76,7 @@ def host_function(parameters: Sequence[tuple[str, sympy.Expr]]) -> HostFunction:
 
     Args:
         parameters: each value's name and its expression (extent symbols, integers,
-            FloorDiv, CeilDiv, Min, Max).
+            FloorDiv, CeilDiv, CeilPow2, Min, Max).
 
     Returns:
         A `HostFunction` that reads the extents in a fixed order (sorted by name).

@@ -46,9 +46,10 @@ from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda.emulator import emulate
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
 from codegen.cuda.smem import STATIC_SHARED_LIMIT
-from codegen.ir.extents import output_shape
+from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest
+from codegen.passes.proven import drop_proven
 from tensordsl.backends.xla_dot import run_xla
 from tensordsl.errors import UnsupportedError
 
@@ -112,6 +113,7 @@ def prepare(
     out_shape = output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
     dtypes = _dtypes(nest, operands, dtype)
+    nest = drop_proven(nest, extents=extent_values(nest, all_shapes))  # tests true here
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
     params, grids, workspace = _host_values(source, all_shapes)
     if source.schedule.index_type == "int32" and needs_64bit_indices(

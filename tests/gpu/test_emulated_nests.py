@@ -2,9 +2,9 @@
 
 * every forward, auxiliary and gradient nest with the heuristic's schedule in float32, in
   both scheduling orders (all kernels compiled in a few translation units);
-* a representative subset (every GPU strategy: thread, tile, smem, block, split; int32 and
-  int64 indices; one and two reduction states; integer outputs and inputs; several terms;
-  constraint bounds) with every candidate schedule, in float32, float64, float16 and
+* a representative subset (every GPU strategy: thread, tile, smem, block, split, rows,
+  columns; int32 and int64 indices; one and two reduction states; integer outputs and
+  inputs; several terms; constraint bounds) with every candidate schedule, in float32, float64, float16 and
   bfloat16, both orders, inputs longer than the corpus's so that several blocks and tiles
   run; in float64 also with grids of at most 2 x 2 x 2 blocks (every loop is grid-stride).
 
@@ -102,6 +102,6 @@ def test_the_subset_covers_every_strategy_and_index_type() -> None:
         for nest_id in SUBSET
         for s in candidate_gpu_schedules(instance(nest_id).nest)
     }
-    strategies = {"thread", "tile", "smem", "block", "split"}
+    strategies = {"thread", "tile", "smem", "block", "split", "rows", "columns"}
     assert {(s, i) for s in strategies for i in ("int32",)} <= found
     assert {s for s, i in found if i == "int64"} >= {"thread", "smem", "split"}

@@ -1,0 +1,118 @@
+"""The static CUDA report (`codegen.cuda.report`, `explain(..., target="cuda")`): launch
+shapes, lanes, FMAs and bytes per output element, checked on the shapes the GPU benchmark
+runs, so that a schedule that idles SMs, strides lanes or repeats work shows up here."""
+
+from __future__ import annotations
+
+import pytest
+
+import tensordsl as td
+from codegen.cuda.report import SMS, cuda_report
+from codegen.cuda.schedule import choose_gpu_schedule
+from codegen.ir.extents import output_shape
+from tensordsl.errors import OptionError, UnknownNameError
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
+from tensordsl.timing import equation_dtypes, nest_equations
+
+LAYER_NORM = """
+M[b,t] := X[b,t,f] / F
+V[b,t] := (X[b,t,f] - M[b,t])^2 / F
+N[b,t,f] := (X[b,t,f] - M[b,t]) * rsqrt(V[b,t] + eps) * g[f] + beta[f]
+"""
+LN_SHAPES = {"X": (8, 1024, 768), "F": (), "eps": (), "g": (768,), "beta": (768,)}
+
+
+def f32(nest) -> dict[str, str]:
+    return {n: "float32" for n in (nest.output, *nest.operand_names)}
+
+
+def assert_no_waste(report, what: str) -> None:
+    assert report.blocks_per_sm >= 2, (what, report.grids)
+    assert all(a.coalesced for a in report.accesses), (what, report.accesses)
+    assert report.fmas is not None and report.fmas[0] == report.fmas[1], (what, report.fmas)
+
+
+def test_row_logsumexp_4096_by_8192_uses_every_sm_coalesced_without_redundant_work() -> None:
+    nest = lower(parse("L[i] := X[i,j]"), reduce="logsumexp").nest
+    report = cuda_report(nest, f32(nest), {"X": (4096, 8192)}, registers=False)
+    assert report.schedule.startswith("strategy=rows")
+    assert report.grids == ((4096, 1, 1),) and report.block == (256, 1, 1)  # a block per row
+    assert_no_waste(report, "logsumexp")
+    assert [(a.text, a.lane, a.stride) for a in report.accesses] == [("X[i, j]", "j", 1)]
+    assert report.loads == (8192 * 4, 8192 * 4)  # each value read once
+
+
+@pytest.mark.parametrize(
+    "length, width, grid",
+    [(1, 1, 4), (7, 8, 32), (33, 32, 128), (1000, 32, 128), (2048, 64, 256), (5000, 256, 1024)],
+)
+def test_lanes_per_row_follow_the_row_length(length, width, grid) -> None:
+    nest = lower(parse("S[i] := X[i,j]")).nest
+    report = cuda_report(nest, f32(nest), {"X": (1024, length)}, registers=False)
+    assert report.grids[0][0] == grid  # 1024 rows, 256 // width rows per block
+    assert 1024 // (256 // width) == grid
+    assert all(a.coalesced for a in report.accesses)
+
+
+def layer_norm_nests():
+    """Every nest a forward+backward call of LayerNorm runs on 8x1024x768, with its
+    shapes and dtypes (F and eps get no gradient, as in a model)."""
+    k = td.kernel(LAYER_NORM, nograd=("F", "eps"))
+    found = []
+    for eqn in nest_equations(k._call_jaxpr(LN_SHAPES, "float32")):
+        nest = eqn.params["nest"]
+        shapes = {**dict(eqn.params["extents"])}
+        shapes.update({op.name: v.aval.shape for op, v in zip(nest.operands, eqn.invars)})
+        found.append((nest, equation_dtypes(eqn), shapes))
+    return found
+
+
+def test_layer_norm_forward_and_backward_use_every_sm_coalesced_without_redundant_work():
+    strategies = {}
+    for nest, dtypes, shapes in layer_norm_nests():
+        schedule = choose_gpu_schedule(nest, dtypes)
+        report = cuda_report(nest, dtypes, shapes, schedule, registers=False)
+        assert_no_waste(report, str(nest))
+        strategies[nest.output, output_shape(nest, shapes)] = schedule.strategy
+    assert strategies[("M", (8, 1024))] == "rows"
+    assert strategies[("V", (8, 1024))] == "rows"
+    assert strategies[("dM", (8, 1024))] == "rows"  # a nested sum over f, strided by lanes
+    assert strategies[("dg", (768,))] == "columns"  # dgamma and dbeta: columns cut in slices
+    assert strategies[("dbeta", (768,))] == "columns"
+
+
+def test_column_reduction_is_cut_into_enough_slices() -> None:
+    nest = lower(parse("dbeta[f] := dY[b,t,f]")).nest
+    report = cuda_report(nest, f32(nest), {"dY": (8, 1024, 768)}, registers=False)
+    assert report.grids == ((3, 176, 1), (3, 1, 1))  # 528 blocks, then one pass to combine
+    assert report.blocks_per_sm == 528 / SMS
+    assert_no_waste(report, "dbeta")
+
+
+def test_the_report_shows_what_a_schedule_wastes() -> None:
+    nest = lower(parse("S[i] := X[i,j]")).nest
+    thread = choose_gpu_schedule(nest).__class__(("i",), (("j",),), "thread")
+    report = cuda_report(nest, f32(nest), {"X": (4096, 8192)}, thread, registers=False)
+    assert report.blocks_per_sm < 2 and not report.accesses[0].coalesced
+    assert report.accesses[0].stride == 8192
+    matmul = lower(parse("C[i,j] := A[i,k] * B[k,j]")).nest
+    padded = cuda_report(
+        matmul, f32(matmul), {"A": (100, 70), "B": (70, 50)}, registers=False
+    )  # 64x64 tiles, k by 16: 128 x 64 x 80 points computed for 100 x 50 x 70
+    assert padded.fmas == (128 * 64 * 80 / 5000, 70)
+
+
+def test_explain_with_target_cuda_and_its_errors() -> None:
+    k = td.kernel("L[i] := X[i,j]", reduce="logsumexp")
+    text = k.explain({"X": (64, 300)}, target="cuda")
+    assert "forward: strategy=rows" in text and "grad_X: strategy=thread" in text
+    assert "X[i, j]: lanes step j, stride 1" in text
+    with pytest.raises(OptionError, match="needs shapes"):
+        k.explain(target="cuda")
+    with pytest.raises(UnknownNameError, match="no static report for target 'cdua'"):
+        k.explain({"X": (64, 300)}, target="cdua")
+    program = td.kernel(LAYER_NORM, nograd=("F", "eps"))
+    shapes = {"X": (2, 8, 24), "F": (), "eps": (), "g": (24,), "beta": (24,)}
+    text = program.explain(shapes, target="cuda")
+    assert "dg: strategy=columns" in text and "M: strategy=rows" in text
