@@ -27,7 +27,7 @@ import numpy as np
 import sympy
 
 from codegen.ir.extents import evaluate_int, extent_values
-from codegen.ir.functions import FUNCTIONS, CeilDiv, FloorDiv
+from codegen.ir.functions import FUNCTIONS, CeilDiv, Clamp, FloorDiv, Padded, Wrap
 from codegen.ir.ieee import IeeeAdd, IeeeDiv, IeeeMul
 from codegen.ir.nest import LoopNest, Range, Reduce, Term
 from codegen.ir.reductions import REDUCTIONS
@@ -57,6 +57,9 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
     FloorDiv: jnp.floor_divide,
     CeilDiv: lambda a, b: -jnp.floor_divide(-a, b),
     sympy.Mod: jnp.mod,
+    Wrap: jnp.mod,
+    Clamp: lambda e, n: jnp.clip(e, 0, n - 1),
+    Padded: lambda e, n: jnp.clip(e, 0, n - 1),
     sympy.Min: lambda *a: functools.reduce(jnp.minimum, a),
     sympy.Max: lambda *a: functools.reduce(jnp.maximum, a),
     sympy.StrictLessThan: jnp.less,
