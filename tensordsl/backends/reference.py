@@ -54,6 +54,7 @@ def _kept(operation: Callable[..., Any], a: Any, b: Any) -> Any:
 _FUNCTIONS: dict[type, Callable[..., Any]] = {
     **{s.function: _resolve(s.reference) for s in FUNCTIONS.values() if s.function is not None},
     sympy.sign: jnp.sign,
+    sympy.atan: jnp.arctan,  # atan2(y, x) with a constant x > 0
     FloorDiv: jnp.floor_divide,
     CeilDiv: lambda a, b: -jnp.floor_divide(-a, b),
     sympy.Mod: jnp.mod,
