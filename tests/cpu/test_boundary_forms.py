@@ -13,7 +13,7 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from tensordsl.errors import IndexExpressionError, RangeError, UnsupportedError
+from tensordsl.errors import IndexExpressionError, RangeError, ReductionError, UnsupportedError
 
 HAVE_CC = shutil.which(config.c_compiler()) is not None
 BACKENDS = ["reference", pytest.param("c", marks=pytest.mark.skipif(not HAVE_CC, reason="no C"))]
@@ -196,3 +196,30 @@ def test_ranges_follow_tullio() -> None:
 def test_mistakes(source: str, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         td.kernel(source, ranges={"i": 3})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_init(backend: str) -> None:
+    X = RNG.normal(size=(3, 4))
+    cases = {
+        "sum": (5.0, X.sum(1) + 5),
+        "max": (0.5, np.maximum(X.max(1), 0.5)),
+        "min": (-0.5, np.minimum(X.min(1), -0.5)),
+        "prod": (2.0, X.prod(1) * 2),
+        "logsumexp": (1.0, np.logaddexp(np.log(np.exp(X).sum(1)), 1.0)),
+    }
+    for reduction, (init, want) in cases.items():
+        kernel = td.kernel("Y[i] := X[i,j]", reduce=reduction, init=init, backend=backend)
+        np.testing.assert_allclose(kernel(X), want, rtol=1e-12)
+    grad = jax.grad(lambda x: td.kernel("(max) m := X[i]", init=0.0, backend=backend)(x))
+    assert grad(np.array([-1.0, -2.0])).tolist() == [0.0, 0.0]  # init wins: no gradient
+    assert grad(np.array([1.0, 2.0])).tolist() == [0.0, 1.0]
+
+
+def test_init_mistakes() -> None:
+    with pytest.raises(ReductionError, match="reduces no index"):
+        td.kernel("Y[i] := X[i]", init=1.0)
+    with pytest.raises(ReductionError, match="init= is 'x'"):
+        td.kernel("Y[i] := X[i,j]", init="x")
+    with pytest.raises(UnsupportedError, match="kernel of one statement"):
+        td.program("Y[i] := X[i,j]; Z[i] := Y[i]", init=1.0)

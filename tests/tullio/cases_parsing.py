@@ -319,6 +319,34 @@ CASES = [
         {"L": np.sin(np.arange(100_000.0))},
         np.sin(np.arange(100_000.0)).max(),
     ),
+    value(
+        "init", "200 == (max) m := A[i] init=200", "(max) m := A[i]", {"A": A10}, 200.0, init=200
+    ),
+    value(
+        "init_widens",
+        "(max) C[i] := i^2   (i in 1:10, j in 1:1)  init=33.3",
+        "(max) C[i] := (i+1)^2 * (j == 0)",
+        {},
+        np.maximum(33.3, A10),
+        ranges={"i": 10, "j": 1},
+        init=33.3,
+    ),
+    value(
+        "init_once",
+        "C[i] := 0   (i in 1:10, j in 1:1)  init=randn() tensor=false",
+        "C[i] := 0 * (j == 0)",
+        {},
+        np.full(10, 0.25),
+        ranges={"i": 10, "j": 1},
+        init=0.25,
+    ),
+    error(
+        "init_without_reduced",
+        "@test_throws A2[i] := A[i]^2 init=0.0",
+        "A2[i] := A[i]^2",
+        None,
+        init=0.0,
+    ),
     # ---- finalisers: a second statement of a program
     program(
         "norm2", "n2 = A[i]^2 |> sqrt", "s := A[i]^2\nn := sqrt(s)", {"A": A10}, np.linalg.norm(A10)
@@ -449,17 +477,6 @@ SKIPS = [
     Skip("update_power", "(max) C[i] ^= 5i", IN_PLACE),
     Skip("update_power_error", "@test_throws A[i] ^= A[i]", IN_PLACE),
     Skip("update_power_prod_error", "@test_throws (*) A[i] ^= A[i]", IN_PLACE),
-    Skip("init", "200 == (max) m := A[i] init=200", "init= is not implemented"),
-    Skip(
-        "init_widens",
-        "(max) C[i] := i^2 (i in 1:10, j in 1:1) init=33.3",
-        "init= is not implemented",
-    ),
-    Skip(
-        "init_once",
-        "C[i] := 0 (i in 1:10, j in 1:1) init=randn() tensor=false",
-        "init= is not implemented",
-    ),
     Skip("gather_prod", "(*) Z[j] := M[ind[k],j] * exp(-V[k])", INDEX_ARRAYS),
     Skip("scalar_update_prod", "(*) s *= float(A[i])", IN_PLACE),
     Skip("scalar_update_default", "s *= float(A[i])", IN_PLACE),
@@ -469,9 +486,6 @@ SKIPS = [
         "max_without_reduced",
         "@test_throws (max) A2[i] := A[i]^2",
         "a reduction prefix with nothing to reduce is allowed (the body itself)",
-    ),
-    Skip(
-        "init_without_reduced", "@test_throws A2[i] := A[i]^2 init=0.0", "init= is not implemented"
     ),
     Skip("finaliser_trivial_1", "@test_throws A2[i] := A[i]^2 |> sqrt", "no finalisers (`|>`)"),
     Skip("finaliser_trivial_2", "@test_throws (*) A2[i] := A[i]^2 |> sqrt", "no finalisers (`|>`)"),
