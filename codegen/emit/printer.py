@@ -260,8 +260,9 @@ class CPrinter(C99CodePrinter):
     # -- helpers the printed code calls ---------------------------------------------------
 
     def helpers(self, code: str = "") -> str:
-        """C definitions of the helper functions printed expressions may call; with
-        `vector_math` in float32, the declarations and helpers that C text `code` needs."""
+        """C definitions of the helper functions printed expressions may call (those of
+        the boundary forms where C text `code` calls them); with `vector_math` in float32,
+        the declarations and helpers that `code` needs."""
         f, i, inline, p = self.float_type, self.int_type, self.inline, self.helper_prefix
         sfx = "f" if f == "float" else ""
         common = [
@@ -273,10 +274,17 @@ class CPrinter(C99CodePrinter):
             f"{inline} {i} {p}ceildiv({i} a, {i} b) {{ return -{p}floordiv(-a, b); }}",
             f"{inline} {i} {p}imin({i} a, {i} b) {{ return a < b ? a : b; }}",
             f"{inline} {i} {p}imax({i} a, {i} b) {{ return a > b ? a : b; }}",
-            f"{inline} {i} {p}wrap({i} a, {i} n) {{ {i} r = a % n; return r < 0 ? r + n : r; }}",
-            f"{inline} {i} {p}clamp({i} a, {i} n) {{ return a < 0 ? 0 : a >= n ? n - 1 : a; }}",
             f"{inline} {f} {p}sign({f} x) {{ return ({f})((x > 0) - (x < 0)); }}",
         ]
+        # the boundary forms' helpers, only where the code reads through them
+        if f"{p}wrap(" in code:
+            common.append(
+                f"{inline} {i} {p}wrap({i} a, {i} n) {{ {i} r = a % n; return r < 0 ? r + n : r; }}"
+            )
+        if f"{p}clamp(" in code:
+            common.append(
+                f"{inline} {i} {p}clamp({i} a, {i} n) {{ return a < 0 ? 0 : a >= n ? n - 1 : a; }}"
+            )
         if self.vector_math and f == "float":
             vector = vecmath.float_helpers(code, inline=inline, prefix=p)
             return "\n".join([*common, vector] if vector else common)
