@@ -27,7 +27,7 @@ from codegen.ir.functions import indicator
 from codegen.ir.nest import Range, index_symbol
 from tensordsl.errors import IndexExpressionError
 from tensordsl.frontend.indices import POSITIONS, walk
-from tensordsl.frontend.parse import Name, Number, Statement
+from tensordsl.frontend.parse import Expr, Name, Number, Statement
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,9 @@ def left_forms(statement: Statement) -> LeftForms:
     body_names = {n.name for n in walk(statement.body) if isinstance(n, Name)}
     taken = body_names | {n.name for n in statement.indices if isinstance(n, Name)}
     seen: set[str] = set()
-    diagonal, unit, indices = [], [], []
+    diagonal: list[tuple[str, str]] = []
+    unit: list[str] = []
+    indices: list[Expr] = []
     for node in statement.indices:
         if isinstance(node, Number) and node.text == "0" or _unit_name(node, body_names):
             name = _fresh("one", taken)
