@@ -219,10 +219,18 @@ def _check_reads(
     for access in lowered.accesses:
         for axis, affine in enumerate(access.axes):
             widths = access.widths(axis)
-            if widths is None:
-                continue  # mod, clamp, pad(e): every value reads inside the array or zero
             n = extents[extent_symbol(access.tensor, axis)]
             interval = _interval(affine, values, extents)
+            if not access.plain(axis) and n == 0 and interval is not None:
+                raise RangeError(
+                    f"'{src[access.span[0] : access.span[1]]}' wraps, clamps or pads into "
+                    f"axis {axis} of '{access.tensor}', which is empty",
+                    src,
+                    access.span,
+                    expected="a nonempty axis under mod, clamp and pad",
+                )
+            if widths is None:
+                continue  # mod, clamp, pad(e): every value reads inside the array or zero
             if interval is None or (interval[0] >= -widths[0] and interval[1] < n + widths[1]):
                 continue
             names = [index.name for index in affine.indices]

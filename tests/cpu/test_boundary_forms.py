@@ -179,6 +179,9 @@ def test_ranges_follow_tullio() -> None:
         td.kernel("Y[i] := X[mod(i+1)]")
     with pytest.raises(RangeError, match="outside"):
         td.kernel("Y[i] := X[pad(i-2, 1)]", ranges={"i": 5})(np.ones(5))
+    for form in ("mod(i)", "clamp(i)", "pad(i, 1)"):
+        with pytest.raises(RangeError, match="which is empty"):
+            td.kernel(f"Y[i] := X[{form}]", ranges={"i": 3})(np.ones(0))
 
 
 @pytest.mark.parametrize(
