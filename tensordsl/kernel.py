@@ -16,6 +16,7 @@ from tensordsl.backends import table
 from tensordsl.binding import gather
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
+    ReductionError,
     ScheduleError,
     UnknownNameError,
     UnsupportedError,
@@ -47,6 +48,9 @@ class Kernel:
             their gradients): None (default: jnp's default, `jax.default_matmul_precision`),
             "default", "high", "highest" or a `jax.lax.Precision`, as `jnp.einsum` takes it.
             The reference back end (the test oracle) ignores it: its sums run at HIGHEST.
+        init: Tullio's starting value of the reduction, a real number: the result is
+            `init` combined with the reduction (`init + sum`, `max(init, max)`, ...), so it
+            is also the value of an empty reduction; gradients follow.
 
     Raises:
         TensorDSLError: a subclass naming the mistake in the source or an option.
@@ -70,6 +74,7 @@ class Kernel:
         schedule: Any = None,
         loop_order: str | tuple[str, ...] | None = None,
         precision: Any = None,
+        init: float | None = None,
     ):
         self.source_text = source = arguments.source_text(source)
         extents = arguments.extents(ranges, source)
@@ -78,6 +83,7 @@ class Kernel:
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self.precision = arguments.precision(precision)
+        self.init = _initial_value(init, self.nest, source)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(
@@ -89,7 +95,7 @@ class Kernel:
 
     def _key(self) -> tuple[Any, ...]:
         """What a kernel computes and how: equal keys, interchangeable kernels."""
-        return (self.nest, self.backend, self.nograd, self.schedule)
+        return (self.nest, self.backend, self.nograd, self.schedule, self.init)
 
     def __eq__(self, other: object) -> bool:
         """Kernels of the same canonical statement (its nest) and options are equal, so a
@@ -254,7 +260,7 @@ class Kernel:
             copied = self._lowered.copied_gather
             if copied is not None:  # the gather is the result: no nest to run
                 return values[self.nest.operand_names.index(copied)].astype(out_dtype)
-        return jax_bind.call_nest(
+        result = jax_bind.call_nest(
             self.nest,
             values,
             backend=record.name,
@@ -264,6 +270,37 @@ class Kernel:
             schedule=self.schedule if record.takes_schedule else None,
             precision=self.precision,
         )
+        if self.init is None:
+            return result
+        return INIT_COMBINE[self.nest.reduction](jnp.asarray(self.init, result.dtype), result)
+
+
+#: How `init=` joins the result of each reduction (associative, so this is the reduction
+#: started from `init`).
+INIT_COMBINE = {
+    "sum": jnp.add,
+    "prod": jnp.multiply,
+    "max": jnp.maximum,
+    "min": jnp.minimum,
+    "logsumexp": jnp.logaddexp,
+}
+
+
+def _initial_value(init: Any, nest: LoopNest, source: str) -> float | None:
+    """`init=` checked: a real number, for a statement that reduces something."""
+    if init is None:
+        return None
+    if isinstance(init, bool) or not isinstance(init, int | float | np.integer | np.floating):
+        raise ReductionError(
+            f"init= is {init!r}", source, expected="a real number, e.g. init=0.0 or init=-inf"
+        )
+    if not any(term.reduced for term in nest.terms):
+        raise ReductionError(
+            "init= starts a reduction, but the statement reduces no index",
+            source,
+            expected="an index on the right that is not on the left, or no init=",
+        )
+    return float(init)
 
 
 def _with_gathered(lowered: Lowered, values: list[Any], shapes: Mapping[str, Any]) -> list[Any]:
@@ -307,6 +344,7 @@ OPTIONS = (
     "outputs",
     "precision",
     "fuse",
+    "init",
 )
 
 
@@ -319,6 +357,7 @@ def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     """
     _check_options(options, "td.kernel")
     if is_program(source) or "outputs" in options:
+        _no_init(options, source)
         return ProgramKernel(source, **options)
     if "fuse" in options:
         raise UnsupportedError(
@@ -342,7 +381,18 @@ def program(source: str, **options: Any) -> ProgramKernel:
     [[1.0, 1.0]]
     """
     _check_options(options, "td.program")
+    _no_init(options, source)
     return ProgramKernel(source, **options)
+
+
+def _no_init(options: Mapping[str, Any], source: str) -> None:
+    if "init" in options:
+        raise UnsupportedError(
+            "init= applies to a kernel of one statement",
+            source,
+            expected="init= on td.kernel of one statement; in a program, combine the value in "
+            "a statement of its own",
+        )
 
 
 def _check_options(options: Mapping[str, Any], caller: str) -> None:

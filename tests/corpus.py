@@ -354,6 +354,29 @@ _CASES: list[Case] = [
         {"I": Arg((2, 7, 8)), "K": Arg((3, 2, 3, 2))},
         _conv2d_channels,
     ),
+    # Tullio's boundary forms. pad(i+k-1, 1): i+k-1 in [-1, 9], so i in 0..8 (same size),
+    # reading zero past each end.
+    _case(
+        "conv1d_same_pad",
+        "Y[i] := X[pad(i+k-1, 1)] * W[k]",
+        {"X": Arg((9,)), "W": Arg((3,))},
+        lambda X, W: np.correlate(np.pad(X, 1), W, mode="valid"),
+    ),
+    # mod constrains nothing: i takes its range from ranges=; a circular correlation.
+    _case(
+        "conv1d_circular_mod",
+        "Y[i] := X[mod(i+k)] * W[k]",
+        {"X": Arg((7,)), "W": Arg((3,))},
+        lambda X, W: np.array([sum(X[(i + k) % 7] * W[k] for k in range(3)) for i in range(7)]),
+        ranges={"i": 7},
+    ),
+    # clamp(i-2) repeats X[0] for i < 2: each edge element gathers several positions.
+    _case(
+        "clamped_shift",
+        "Y[i] := X[clamp(i-2)] * X[i]",
+        {"X": Arg((8,))},
+        lambda X: X[np.clip(np.arange(8) - 2, 0, 7)] * X,
+    ),
     # i + 2k <= 8 for k <= 2: i in 0..4.
     _case(
         "conv1d_dilated",

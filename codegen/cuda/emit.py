@@ -231,11 +231,12 @@ def _assemble(
         head.append("#include <cuda_fp16.h>")
     if "bfloat16" in e.dtypes.values():
         head.append("#include <cuda_bf16.h>")
+    code = "\n".join(line for _, body in kernels for line in body)
     head += [
-        *_prelude("\n".join(line for _, body in kernels for line in body)),
+        *_prelude(code),
         f"typedef {INDEX_TYPES[e.schedule.index_type]} idx_t;",
         "",
-        e.printer.helpers(),
+        e.printer.helpers(code),
     ]
     lines = head
     for entry, body in kernels:

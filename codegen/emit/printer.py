@@ -36,14 +36,21 @@ from sympy.printing.c import C99CodePrinter
 
 from codegen.c import vecmath
 from codegen.ir.affine import INDEX_LIMIT
-from codegen.ir.functions import CeilDiv, FloorDiv, helper_functions
+from codegen.ir.functions import CeilDiv, Clamp, FloorDiv, Wrap, helper_functions
 from codegen.ir.ieee import print_written
 from codegen.ir.nest import scalar_symbol
 
 
 def c_name(name: str) -> str:
-    """`name` with every character C does not allow in an identifier replaced by `_`."""
-    return re.sub(r"\W", "_", name)
+    """`name` with every character C does not allow in an identifier replaced by `_`, and
+    each non-ASCII letter spelled by its code point (`α` is `_u3b1_`): C compilers differ in
+    the identifiers they accept beyond ASCII.
+
+    >>> c_name("Δt")
+    '_u394_t'
+    """
+    ascii_only = re.sub(r"[^\x00-\x7f]", lambda m: f"_u{ord(m.group()):x}_", name)
+    return re.sub(r"\W", "_", ascii_only)
 
 
 def c_identifier(symbol: sympy.Symbol, scalars: Mapping[sympy.Symbol, str] = {}) -> str:  # noqa: B006
@@ -178,6 +185,14 @@ class CPrinter(C99CodePrinter):
     def _print_CeilDiv(self, expr: CeilDiv) -> str:
         return self._helper("ceildiv", expr, index=True)
 
+    def _print_Wrap(self, expr: Wrap) -> str:
+        return self._helper("wrap", expr, index=True)
+
+    def _print_Clamp(self, expr: Clamp) -> str:
+        return self._helper("clamp", expr, index=True)
+
+    _print_Padded = _print_Clamp  # sympy skips a renamed subclass's base printer
+
     def _print_sign(self, expr: sympy.Expr) -> str:
         return self._helper("sign", expr)
 
@@ -245,8 +260,9 @@ class CPrinter(C99CodePrinter):
     # -- helpers the printed code calls ---------------------------------------------------
 
     def helpers(self, code: str = "") -> str:
-        """C definitions of the helper functions printed expressions may call; with
-        `vector_math` in float32, the declarations and helpers that C text `code` needs."""
+        """C definitions of the helper functions printed expressions may call (those of
+        the boundary forms where C text `code` calls them); with `vector_math` in float32,
+        the declarations and helpers that `code` needs."""
         f, i, inline, p = self.float_type, self.int_type, self.inline, self.helper_prefix
         sfx = "f" if f == "float" else ""
         common = [
@@ -260,6 +276,15 @@ class CPrinter(C99CodePrinter):
             f"{inline} {i} {p}imax({i} a, {i} b) {{ return a > b ? a : b; }}",
             f"{inline} {f} {p}sign({f} x) {{ return ({f})((x > 0) - (x < 0)); }}",
         ]
+        # the boundary forms' helpers, only where the code reads through them
+        if f"{p}wrap(" in code:
+            common.append(
+                f"{inline} {i} {p}wrap({i} a, {i} n) {{ {i} r = a % n; return r < 0 ? r + n : r; }}"
+            )
+        if f"{p}clamp(" in code:
+            common.append(
+                f"{inline} {i} {p}clamp({i} a, {i} n) {{ return a < 0 ? 0 : a >= n ? n - 1 : a; }}"
+            )
         if self.vector_math and f == "float":
             vector = vecmath.float_helpers(code, inline=inline, prefix=p)
             return "\n".join([*common, vector] if vector else common)

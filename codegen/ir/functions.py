@@ -14,7 +14,7 @@ function's whole domain and docs/backends.md documents.
 >>> FUNCTIONS["sigmoid"].build(sympy.Symbol("x"))
 sigmoid(x)
 >>> sorted(FUNCTIONS)[:4]
-['abs', 'cos', 'erf', 'exp']
+['abs', 'abs2', 'atan2', 'cos']
 """
 
 from __future__ import annotations
@@ -107,6 +107,39 @@ class CeilPow2(sympy.Function):
         return None
 
 
+class Wrap(sympy.Function):
+    """`mod(e)` in an index: `e` wrapped into `[0, n)` (a floor modulo, index arithmetic
+    only); `n` is the extent of the axis it indexes."""
+
+    nargs = 2
+    is_integer = True
+
+    @classmethod
+    def eval(cls, e: sympy.Expr, n: sympy.Expr) -> sympy.Expr | None:
+        if e.is_Integer and n.is_Integer and n > 0:
+            return sympy.Integer(int(e) % int(n))
+        return None
+
+
+class Clamp(sympy.Function):
+    """`clamp(e)` in an index: `e` clamped into `[0, n)`, `n` the extent of its axis."""
+
+    nargs = 2
+    is_integer = True
+
+    @classmethod
+    def eval(cls, e: sympy.Expr, n: sympy.Expr) -> sympy.Expr | None:
+        if e.is_Integer and n.is_Integer and n > 0:
+            return sympy.Integer(min(max(int(e), 0), int(n) - 1))
+        return None
+
+
+class Padded(Clamp):
+    """`pad(e, ...)` in an index: read as `Clamp(e, n)`, so the load stays inside the array,
+    always under a mask `0 <= e < n` that gives zero elsewhere (the translator builds
+    both); where the read counts it equals `e`, which is how a gradient solves it."""
+
+
 def indicator(condition: sympy.Basic) -> sympy.Expr:
     """1 where `condition` holds, else 0 (comparisons used as values)."""
     return sympy.Piecewise((sympy.Integer(1), condition), (sympy.Integer(0), True))
@@ -179,6 +212,8 @@ FUNCTIONS: dict[str, FunctionSpec] = dict(
         _row("max", 2, lambda a, b: select(a >= b, a, b), "jax.numpy.maximum"),
         _row("where", 3, select, "jax.numpy.where"),
         _row("pow", 2, sympy.Pow, "jax.numpy.power", (0.5, 2.0)),
+        _row("abs2", 1, lambda x: x**2, "jax.numpy.square"),  # Tullio's |x|^2 of a real x
+        _row("atan2", 2, sympy.atan2, "jax.numpy.arctan2", (0.5, 2.0)),
     ]
 )
 
@@ -193,4 +228,4 @@ def helper_functions(prefix: str) -> dict[str, str]:
 
 
 #: Function classes that may appear in a lowered body, beyond sympy's arithmetic.
-CUSTOM_FUNCTIONS = (sigmoid, softplus, log1p, expm1, FloorDiv, CeilDiv)
+CUSTOM_FUNCTIONS = (sigmoid, softplus, log1p, expm1, FloorDiv, CeilDiv, Wrap, Clamp, Padded)

@@ -91,6 +91,14 @@ class SourcePrinter(StrPrinter):
 
     _print_Abs = _print_Function
 
+    def _print_Wrap(self, expr: Any) -> str:
+        return f"mod({self._print(expr.args[0])})"  # the extent is the axis's own
+
+    def _print_Clamp(self, expr: Any) -> str:
+        return f"clamp({self._print(expr.args[0])})"
+
+    _print_Padded = _print_Clamp  # sympy skips a renamed subclass's base printer
+
     def _print_And(self, expr: sympy.And) -> str:
         return " & ".join(f"({self._print(a)})" for a in expr.args)
 

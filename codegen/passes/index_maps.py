@@ -25,7 +25,7 @@ import sympy
 
 from codegen.errors import Unsupported
 from codegen.ir.affine import NotAffine, affine_parts
-from codegen.ir.functions import FloorDiv
+from codegen.ir.functions import Clamp, FloorDiv, Padded, Wrap
 from codegen.ir.nest import Range
 
 
@@ -61,6 +61,14 @@ class IndexSolver:
     def solve_axis(
         self, axis_expr: sympy.Expr, target: sympy.Symbol, access: sympy.Indexed
     ) -> None:
+        if isinstance(axis_expr, Padded):
+            # a padded read counts only where its index is inside the axis, and there the
+            # index is the expression itself: solved like a plain read
+            axis_expr = axis_expr.args[0]
+        if isinstance(axis_expr, Wrap | Clamp):
+            # mod/clamp map many points to one: each point tests whether it reads `target`
+            self.guards.append(sympy.Eq(target, axis_expr.xreplace(self.substitution)))
+            return
         expr = sympy.expand(axis_expr.xreplace(self.substitution))
         coefficients = affine_or_unsupported(expr, list(self.ranges), access)
         if not coefficients:

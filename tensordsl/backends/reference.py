@@ -27,7 +27,7 @@ import numpy as np
 import sympy
 
 from codegen.ir.extents import evaluate_int, extent_values
-from codegen.ir.functions import FUNCTIONS, CeilDiv, FloorDiv
+from codegen.ir.functions import FUNCTIONS, CeilDiv, Clamp, FloorDiv, Padded, Wrap
 from codegen.ir.ieee import IeeeAdd, IeeeDiv, IeeeMul
 from codegen.ir.nest import LoopNest, Range, Reduce, Term
 from codegen.ir.reductions import REDUCTIONS
@@ -54,9 +54,13 @@ def _kept(operation: Callable[..., Any], a: Any, b: Any) -> Any:
 _FUNCTIONS: dict[type, Callable[..., Any]] = {
     **{s.function: _resolve(s.reference) for s in FUNCTIONS.values() if s.function is not None},
     sympy.sign: jnp.sign,
+    sympy.atan: jnp.arctan,  # atan2(y, x) with a constant x > 0
     FloorDiv: jnp.floor_divide,
     CeilDiv: lambda a, b: -jnp.floor_divide(-a, b),
     sympy.Mod: jnp.mod,
+    Wrap: jnp.mod,
+    Clamp: lambda e, n: jnp.clip(e, 0, n - 1),
+    Padded: lambda e, n: jnp.clip(e, 0, n - 1),
     sympy.Min: lambda *a: functools.reduce(jnp.minimum, a),
     sympy.Max: lambda *a: functools.reduce(jnp.maximum, a),
     sympy.StrictLessThan: jnp.less,

@@ -27,8 +27,10 @@ from codegen.ir.affine import (
     as_affine,
     combine,
 )
+from codegen.ir.functions import select
 from codegen.ir.nest import extent_symbol, index_symbol, tensor_base
 from tensordsl.errors import IndexExpressionError
+from tensordsl.frontend.boundaries import BOUNDARY_FORMS, Boundary, boundary_form
 from tensordsl.frontend.parse import Access, Binary, Call, Compare, Expr, Name, Number, Span, Unary
 
 #: Tullio's positions inside an index expression: `D[i,end]` reads the last position of that
@@ -55,6 +57,18 @@ class AccessUse:
     span: Span
     axis_spans: tuple[Span, ...]
     gathered: tuple[int, ...] = ()  # axes read through index arrays: checked when gathered
+    # per axis: the boundary form (mod, clamp, pad) the axis is read through, or None
+    boundaries: tuple[Boundary | None, ...] = ()
+
+    def widths(self, axis: int) -> tuple[int, int] | None:
+        """How far the index expression of `axis` may leave it at each end (0, 0 for a
+        plain read); None when it constrains no index (mod, clamp, pad without widths)."""
+        boundary = self.boundaries[axis] if self.boundaries else None
+        return (0, 0) if boundary is None else boundary.widths
+
+    def plain(self, axis: int) -> bool:
+        """Whether `axis` is read without a boundary form."""
+        return not self.boundaries or self.boundaries[axis] is None
 
 
 def walk(node: Expr) -> Iterator[Expr]:
@@ -99,14 +113,25 @@ class IndexExpressions:
                 expected=f"a scalar written without brackets: '{node.name}'",
             )
         self.register(node.name, len(node.indices), node.name_span)
+        forms = [boundary_form(index, self.src) for index in node.indices]
         axes = tuple(
-            self.affine(index, extent_symbol(node.name, axis))
-            for axis, index in enumerate(node.indices)
+            self.affine(inner, extent_symbol(node.name, axis))
+            for axis, (inner, _) in enumerate(forms)
         )
-        self.accesses.append(
-            AccessUse(node.name, axes, node.span, tuple(i.span for i in node.indices))
-        )
-        return tensor_base(node.name)[tuple(a.expr() for a in axes)]
+        boundaries = tuple(boundary for _, boundary in forms)
+        spans = tuple(i.span for i in node.indices)
+        self.accesses.append(AccessUse(node.name, axes, node.span, spans, boundaries))
+        reads, masks = [], []
+        for axis, (affine, boundary) in enumerate(zip(axes, boundaries, strict=True)):
+            if boundary is None:
+                reads.append(affine.expr())
+                continue
+            extent = extent_symbol(node.name, axis)
+            reads.append(boundary.index(affine.expr(), extent))
+            masks.append(boundary.mask(affine.expr(), extent))
+        read = tensor_base(node.name)[tuple(reads)]
+        mask = sympy.And(*masks)
+        return read if mask == sympy.true else select(mask, read, sympy.Integer(0))
 
     def affine(self, node: Expr, extent: sympy.Expr) -> Affine:
         """The affine form of one index expression on an axis of length `extent`, its
@@ -158,6 +183,15 @@ class IndexExpressions:
         if isinstance(node, Unary):
             operand = self.index_expr(node.operand, whole)
             return -operand if node.op == "-" else operand
+        if isinstance(node, Call) and node.name in BOUNDARY_FORMS:
+            raise IndexExpressionError(
+                f"'{node.name}(...)' is part of the index expression "
+                f"'{text_of(self.src, whole.span)}'",
+                self.src,
+                node.span,
+                expected=f"'{node.name}' around the whole index of an axis, as in "
+                f"'A[{node.name}(i + 1)]'",
+            )
         if not isinstance(node, Binary):
             kind = {Access: "a tensor read", Call: "a function call"}.get(
                 type(node), "a comparison"

@@ -25,6 +25,7 @@ from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from tensordsl.errors import ReductionError, close_match
 from tensordsl.frontend.gathers import Gather
+from tensordsl.frontend.left import diagonal_mask, left_forms, left_ranges
 from tensordsl.frontend.parse import Span, Statement
 from tensordsl.frontend.ranges import index_ranges
 from tensordsl.frontend.translate import AccessUse, Translation, translate
@@ -93,7 +94,17 @@ class Lowered:
             (access, axis)
             for access in self.accesses
             for axis, affine in enumerate(access.axes)
-            if affine.bare_index == index
+            if affine.bare_index == index and access.plain(axis)
+        )
+
+    def constraining_uses(self, name: str) -> int:
+        """How many axes read `name` and constrain its range (not mod, clamp or pad(e))."""
+        index = index_symbol(name)
+        return sum(
+            1
+            for access in self.accesses
+            for axis, affine in enumerate(access.axes)
+            if affine.coefficient(index) and access.widths(axis) is not None
         )
 
 
@@ -204,9 +215,19 @@ def lower(
     (Range(index=k, start=0, stop=A.shape[1]),)
     """
     reduction = _reduction(statement, reduce)
-    translation = translate(statement, indices=tuple(ranges or ()))
-    found = index_ranges(translation, ranges, statement.source)
-    index_typos(statement, translation.reduced)
+    forms = left_forms(statement)
+    translation = translate(forms.statement, indices=tuple(ranges or ()))
+    new = {name for name, _ in forms.diagonal} | set(forms.unit)
+    if new:
+        mask = diagonal_mask(forms)
+        translation.body *= mask
+        translation.parts = tuple(part * mask for part in translation.parts)
+        plain = replace(translation, free=[n for n in translation.free if n not in new])
+        found = index_ranges(plain, ranges, statement.source)
+        found.update(left_ranges(forms, found))
+    else:
+        found = index_ranges(translation, ranges, statement.source)
+    index_typos(forms.statement, translation.reduced)
     free = tuple(found[n] for n in translation.free)
     reduced = tuple(found[n] for n in translation.reduced)
     translation = _shift_gathered(translation, found)

@@ -120,7 +120,7 @@ class Token:
 _TOKEN = re.compile(
     r"(?P<space>\s+)"
     r"|(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
-    r"|(?P<name>[A-Za-z_][A-Za-z_0-9]*)"
+    r"|(?P<name>[^\W\d]\w*)"  # Python's identifiers, unicode included: `α`, `Δt`
     r"|(?P<op>:=|\*\*|<=|>=|==|!=|[-+*/^<>()\[\],])"
     r"|(?P<bad>.)",
     re.DOTALL,

@@ -117,10 +117,11 @@ def _bounds(
             start, stop = known[other.name]
             low += d * (start if d > 0 else stop - 1)
             high += d * (stop - 1 if d > 0 else start)
-    last = extent_symbol(use.tensor, axis) - 1
+    below, beyond = use.widths(axis) or (0, 0)  # pad(e, p): the axis widened by p each end
+    first, last = -below, extent_symbol(use.tensor, axis) - 1 + beyond
     if c > 0:
-        return [("start", c, -low), ("stop", c, last - high)]
-    return [("start", -c, high - last), ("stop", -c, low)]
+        return [("start", c, first - low), ("stop", c, last - high)]
+    return [("start", -c, high - last), ("stop", -c, low - first)]
 
 
 def _combine(bounds: list[tuple[str, int, sympy.Expr]]) -> tuple[sympy.Expr, sympy.Expr]:
@@ -159,6 +160,8 @@ def _infer_ranges(
     uses: dict[str, list[tuple[AccessUse, int]]] = {name: [] for name in free + reduced}
     for access in accesses:
         for axis, affine in enumerate(access.axes):
+            if access.widths(axis) is None:
+                continue  # mod, clamp, pad(e): any value reads the array (Tullio's rule)
             for index in affine.indices:
                 uses[index.name].append((access, axis))
     for name, found in uses.items():
@@ -190,4 +193,4 @@ def others(name: str, access: AccessUse, axis: int) -> set[str]:
 def _bare(access: AccessUse, axis: int) -> str | None:
     """The index name that indexes `axis` of `access` alone (unshifted), if any."""
     index = access.axes[axis].bare_index
-    return None if index is None else index.name
+    return None if index is None or not access.plain(axis) else index.name

@@ -21,7 +21,7 @@ from typing import Any
 import sympy
 
 from codegen.ir.affine import INDEX_LIMIT, Affine
-from codegen.ir.nest import extent_symbol, index_symbol
+from codegen.ir.nest import extent_symbol
 from tensordsl.errors import RangeError, ShapeError, UnsupportedError
 from tensordsl.frontend.lower import Lowered
 
@@ -106,9 +106,7 @@ def _check_agreement(lowered: Lowered, extents: Mapping[sympy.Symbol, int]) -> N
     for r in lowered.ranges:
         name = r.index.name
         uses = lowered.unshifted_uses(name)
-        if name in lowered.explicit or len(uses) != sum(
-            1 for a in lowered.accesses for f in a.axes if f.coefficient(index_symbol(name))
-        ):
+        if name in lowered.explicit or not uses or len(uses) != lowered.constraining_uses(name):
             continue  # shifted or explicit: the range is an intersection, checked by reads
         (first, axis), *rest = uses
         n = extents[extent_symbol(first.tensor, axis)]
@@ -224,9 +222,20 @@ def _check_reads(
         for axis, affine in enumerate(access.axes):
             if axis in access.gathered:
                 continue
+            widths = access.widths(axis)
             n = extents[extent_symbol(access.tensor, axis)]
             interval = _interval(affine, values, extents)
-            if interval is None or (interval[0] >= 0 and interval[1] < n):
+            if not access.plain(axis) and n == 0 and interval is not None:
+                raise RangeError(
+                    f"'{src[access.span[0] : access.span[1]]}' wraps, clamps or pads into "
+                    f"axis {axis} of '{access.tensor}', which is empty",
+                    src,
+                    access.span,
+                    expected="a nonempty axis under mod, clamp and pad",
+                )
+            if widths is None:
+                continue  # mod, clamp, pad(e): every value reads inside the array or zero
+            if interval is None or (interval[0] >= -widths[0] and interval[1] < n + widths[1]):
                 continue
             names = [index.name for index in affine.indices]
             where = ", ".join(f"{k} in [{values[k][0]}, {values[k][1]})" for k in names)
@@ -234,7 +243,7 @@ def _check_reads(
             text = src[access.span[0] : access.span[1]]
             raise RangeError(
                 f"'{text}' reads axis {axis} of '{access.tensor}' at "
-                f"{interval[0]}..{interval[1]}, outside [0, {n})",
+                f"{interval[0]}..{interval[1]}, outside [{-widths[0]}, {n + widths[1]})",
                 src,
                 access.span,
                 expected="every read inside the array" + (f" for {where}" if where else ""),

@@ -31,9 +31,11 @@ from tensordsl.errors import (
     IndexExpressionError,
     ShapeError,
     UnknownNameError,
+    UnsupportedError,
     close_match,
 )
 from tensordsl.frontend.gathers import Gather, GatheredAccesses
+from tensordsl.frontend.boundaries import BOUNDARY_FORMS
 from tensordsl.frontend.indices import (
     INFINITY,
     POSITIONS,
@@ -304,6 +306,21 @@ class _Translator(GatheredAccesses):
 
     def call(self, node: Call) -> Any:
         spec = FUNCTIONS.get(node.name)
+        if spec is None and node.name in BOUNDARY_FORMS:
+            raise IndexExpressionError(
+                f"'{node.name}' is an index form, not a function of values",
+                self.src,
+                node.span,
+                expected=f"'{node.name}' as the whole index of a tensor's axis, as in "
+                f"'A[{node.name}(i + 1)]'",
+            )
+        if spec is None and node.name == "conj":
+            raise UnsupportedError(
+                "'conj' needs complex numbers, which tensordsl does not support",
+                self.src,
+                node.span,
+                expected="real inputs, whose conjugate is the value itself: drop 'conj'",
+            )
         if spec is None:
             raise UnknownNameError(
                 f"unknown function '{node.name}'",
