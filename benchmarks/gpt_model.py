@@ -6,11 +6,11 @@ Run from the repository root:
     python -m benchmarks.gpt_model --quick   # tiny sizes, smoke run; writes nothing
 
 The model (notebook 04's, as a library function of a `Config`): token (a gather through the
-token ids, `W[tok[b,t], d]`) and position embeddings, pre-norm blocks (LayerNorm, causal multi-head attention, a GELU MLP written as one
-program), a lm_head tied to the token embedding and the mean cross-entropy. Ours uses
-`tensordsl.nn` layers and programs on `backend`; jax.numpy's the same layers in jnp
-(`jax.nn.dot_product_attention`, `optax`-free cross-entropy). Rows: the forward (the logits)
-and the forward+backward (`jax.value_and_grad` of the loss with respect to every parameter),
+token ids, `W[tok[b,t], d]`) and position embeddings, pre-norm blocks (LayerNorm, causal multi-head
+attention, a GELU MLP written as one program), a lm_head tied to the token embedding and the mean
+cross-entropy. Ours uses `tensordsl.nn` layers and programs on `backend`; jax.numpy's the same
+layers in jnp (`jax.nn.dot_product_attention`, `optax`-free cross-entropy). Rows: the forward (the
+logits) and the forward+backward (`jax.value_and_grad` of the loss with respect to every parameter),
 both under `jax.jit`, medians, implementations in turns (benchmarks/common.py); the loss and
 every gradient are checked against jax.numpy before anything is timed. On a GPU,
 benchmarks/gpu_check times a decoder of GPT-2 small's shape (`GPT2_SMALL`).

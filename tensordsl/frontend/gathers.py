@@ -105,7 +105,7 @@ def gather_access(tr: Any, node: Access) -> Any:
         uses.append(Affine((), sympy.Integer(0)))  # gives its indices no range
     spans = tuple(i.span for i in node.indices)
     through = tuple(n for n, a in enumerate(axes) if a.reads)
-    tr.accesses.append(AccessUse(node.name, tuple(uses), node.span, spans, through))
+    tr.accesses.append(AccessUse(node.name, tuple(uses), node.span, spans, gathered=through))
     indices = tuple(
         dict.fromkeys(
             s.name

@@ -120,7 +120,7 @@ class IndexExpressions:
         )
         boundaries = tuple(boundary for _, boundary in forms)
         spans = tuple(i.span for i in node.indices)
-        self.accesses.append(AccessUse(node.name, axes, node.span, spans, boundaries))
+        self.accesses.append(AccessUse(node.name, axes, node.span, spans, boundaries=boundaries))
         reads, masks = [], []
         for axis, (affine, boundary) in enumerate(zip(axes, boundaries, strict=True)):
             if boundary is None:

@@ -34,8 +34,8 @@ from tensordsl.errors import (
     UnsupportedError,
     close_match,
 )
-from tensordsl.frontend.gathers import Gather, GatheredAccesses
 from tensordsl.frontend.boundaries import BOUNDARY_FORMS
+from tensordsl.frontend.gathers import Gather, GatheredAccesses
 from tensordsl.frontend.indices import (
     INFINITY,
     POSITIONS,

@@ -4,9 +4,9 @@
   both scheduling orders (all kernels compiled in a few translation units);
 * a representative subset (every GPU strategy: thread, tile, smem, block, split, rows,
   columns; int32 and int64 indices; one and two reduction states; integer outputs and
-  inputs; several terms; constraint bounds) with every candidate schedule, in float32, float64, float16 and
-  bfloat16, both orders, inputs longer than the corpus's so that several blocks and tiles
-  run; in float64 also with grids of at most 2 x 2 x 2 blocks (every loop is grid-stride).
+  inputs; several terms; constraint bounds) with every candidate schedule, in float32, float64,
+  float16 and bfloat16, both orders, inputs longer than the corpus's so that several blocks and
+  tiles run; in float64 also with grids of at most 2 x 2 x 2 blocks (every loop is grid-stride).
 
 `TENSORDSL_EMULATOR_FULL=1` (`make test-emulator-full`) runs the subset's matrix on every
 nest. Needs a C++ compiler and the CUDA headers, no GPU.
