@@ -44,7 +44,11 @@ def _body_source(body: sympy.Expr, first: str | None) -> str:
             rest_source = expr_source(rest_expr)
             if isinstance(rest_expr, sympy.Add):
                 rest_source = f"({rest_source})"
-            return f"{expr_source(lead[0])}*{rest_source}" if rest else expr_source(lead[0])
+            if not rest:
+                return expr_source(lead[0])
+            if rest_source.startswith("1/"):  # `dY[i]/n`, not `dY[i]*1/n`
+                return f"{expr_source(lead[0])}/{rest_source[2:]}"
+            return f"{expr_source(lead[0])}*{rest_source}"
     return expr_source(body)
 
 
@@ -129,6 +133,8 @@ def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = No
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         lines.append(f"saved for the gradients ({role})")
         lines += ["  " + line for line in nest_lines(aux, shapes=shapes)]
+    if not differentiable(nest):
+        return "\n".join([*lines, f"no gradient: {nest.output} is an integer position"])
     for op in nest.operands:
         with user_facing():
             gradient = grad.gradient(nest, op.name)
@@ -142,12 +148,17 @@ def explain(nest: LoopNest, *, shapes: Mapping[str, tuple[int, ...]] | None = No
     return "\n".join(lines)
 
 
+def differentiable(nest: LoopNest) -> bool:
+    """Whether a nest has gradient nests: an argmax/argmin position has none."""
+    return not REDUCTIONS[nest.reduction].positional
+
+
 def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
     """Every nest a kernel may run: "forward", the auxiliary nests, and "grad_<input>"."""
     nests = {"forward": nest}
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         nests[f"aux_{role}"] = aux
-    for op in nest.operands:
+    for op in nest.operands if differentiable(nest) else ():
         with user_facing():
             nests[f"grad_{op.name}"] = grad.gradient(nest, op.name).nest
     return nests

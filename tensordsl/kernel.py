@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir.nest import LoopNest
@@ -216,9 +215,7 @@ class Kernel:
         if checked not in self._checked:  # shapes already checked pass again: skip the work
             check_shapes(self._lowered, shapes)
             self._checked.add(checked)
-        out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
-        if not jnp.issubdtype(out_dtype, jnp.inexact):
-            out_dtype = jnp.result_type(float)
+        out_dtype = jax_bind.output_dtype(self.nest, values)
         # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]

@@ -25,17 +25,15 @@ from dataclasses import dataclass, replace
 
 from codegen.ir.extents import output_shape
 from codegen.ir.program import Program, make_program
-from codegen.ir.reductions import USER_REDUCTIONS
 from tensordsl.errors import (
     ParseError,
     RangeError,
-    ReductionError,
     ShapeError,
     TensorDSLError,
     UnknownNameError,
     close_match,
 )
-from tensordsl.frontend.lower import Lowered, lower, reduction_hint
+from tensordsl.frontend.lower import Lowered, check_reduction, lower
 from tensordsl.frontend.parse import Span, Statement, parse
 from tensordsl.frontend.shapes import check_shapes, concrete_shapes
 from tensordsl.frontend.translate import Translation, translate
@@ -188,13 +186,8 @@ class _Names:
 
 
 def _check_reduce(reduce: str | None, source: str) -> None:
-    if reduce is not None and reduce not in USER_REDUCTIONS:
-        raise ReductionError(
-            f"unknown reduction '{reduce}'",
-            source,
-            expected="one of " + ", ".join(USER_REDUCTIONS),
-            hint=reduction_hint(str(reduce)),
-        )
+    if reduce is not None:
+        check_reduction(reduce, source)
 
 
 def _statement_ranges(

@@ -300,14 +300,16 @@ class _Translator(IndexExpressions):
         return self.checked(node, lambda: _RELATIONS[node.op](left, right))
 
     def call(self, node: Call) -> Any:
+        if node.name == SIZE:
+            return self.size(node)
         spec = FUNCTIONS.get(node.name)
         if spec is None:
             raise UnknownNameError(
                 f"unknown function '{node.name}'",
                 self.src,
                 node.name_span,
-                expected="one of " + ", ".join(sorted(FUNCTIONS)),
-                hint=close_match(node.name, FUNCTIONS),
+                expected="one of " + ", ".join(sorted([*FUNCTIONS, SIZE])),
+                hint=_SIZE_HINTS.get(node.name) or close_match(node.name, [*FUNCTIONS, SIZE]),
             )
         if len(node.args) != spec.arity:
             params = ", ".join("xyz"[: spec.arity])
@@ -324,6 +326,30 @@ class _Translator(IndexExpressions):
             for n, a in enumerate(node.args)
         ]
         return self.checked(node, lambda: spec.build(*args))
+
+    def size(self, node: Call) -> Any:
+        """`size(j)`: the number of values index `j` runs over (`size_placeholder`, replaced
+        by the extents of its range once ranges are inferred)."""
+        arg = node.args[0] if len(node.args) == 1 else None
+        if not isinstance(arg, Name) or arg.name not in self.indices:
+            raise self.fail(
+                f"'{text_of(self.src, node.span)}' does not name an index of this statement",
+                node,
+                "size(j) of an index j that the statement uses, as in 'M[i] := X[i,j] / size(j)'",
+            )
+        return size_placeholder(arg.name)
+
+
+#: The name of the extent of an index inside an expression: `size(j)`.
+SIZE = "size"
+_SIZE_HINTS = {
+    name: "the extent of an index is size(j)" for name in ("len", "length", "extent", "count", "n")
+}
+
+
+def size_placeholder(index: str) -> sympy.Symbol:
+    """The symbol `size(index)` stands for until `lower` knows the index's range."""
+    return sympy.Symbol(f"size({index})", integer=True, nonnegative=True)
 
 
 #: Integer constants of this magnitude or more in values (not in index expressions) are
