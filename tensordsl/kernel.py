@@ -117,16 +117,22 @@ class Kernel:
     def __str__(self) -> str:
         return self.explain()
 
-    def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
-        """The forward nest and every gradient nest, with their ranges, readable.
+    def explain(
+        self, shapes: Mapping[str, tuple[int, ...]] | None = None, *, summary: bool = True
+    ) -> str:
+        """A summary (the nests, the back end, each schedule in words), then the forward
+        nest and every gradient nest, with their ranges, readable.
 
-        `shapes` (one per input) are checked as a call checks its inputs' shapes.
+        `shapes` (one per input) are checked as a call checks its inputs' shapes;
+        `summary=False` leaves the summary out (the CLI shows the schedules of both targets).
         """
         from tensordsl.explain import explain
 
         if shapes is not None:
             shapes = self.check_shapes(shapes)
-        return explain(self.nest, shapes=shapes)
+        schedule = self.schedule if table.backend(self.backend).takes_schedule else None
+        backend = self.backend if summary else None
+        return explain(self.nest, shapes=shapes, backend=backend, schedule=schedule)
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""

@@ -157,9 +157,9 @@ class ProgramKernel:
         return self.source_text[start:stop]
 
     def explain(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
-        """The program's inputs, outputs and shapes, then each statement's nests; with
-        `shapes`, also what runs for them: which intermediates are recomputed inside which
-        statements, and the fused nests with their gradient nests.
+        """A summary (inputs, outputs, shapes; with `shapes`, what is recomputed or stored and
+        the nests a call runs, with each schedule in words), then each statement's nests;
+        with `shapes`, also the fused nests with their gradient nests.
 
         `shapes` (one per input) are checked as a call checks them; bounds are then numbers.
         """
@@ -167,6 +167,15 @@ class ProgramKernel:
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         lines = self._summary()
+        details: list[str] = []
+        if known is None:
+            lines.append(
+                "nests: each statement's forward and gradient nests as written, below; "
+                "explain(shapes) shows the fused nests a call runs, with their schedules"
+            )
+        else:
+            head, details = self._fused_lines(known)
+            lines += head
         for n, low in enumerate(self._lowered.statements):
             start = low.statement.span[0]
             lines.append(
@@ -175,19 +184,19 @@ class ProgramKernel:
             )
             text = explain(low.nest, shapes=known)
             lines += ["  " + line for line in text.split("\n")]
-        if shapes is not None:
-            lines += self._fused_lines({op.name: shapes[op.name] for op in self.program.inputs})
-        return "\n".join(lines)
+        return "\n".join([*lines, *details])
 
-    def _fused_lines(self, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+    def _fused_lines(self, known: Mapping[str, tuple[int, ...]]) -> tuple[list[str], list[str]]:
+        """The summary of what a call with these shapes runs, and the fused nests' details."""
         from tensordsl.explain import explain
+        from tensordsl.explain_summary import summary_lines
 
         live = live_statements(self.program)
         if not config.fuse_programs():
-            return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"]
-        fused = fuse_program(
-            live, self.program.outputs, self.program.concrete_shapes(shapes), self.fuse
-        )
+            return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"], []
+        inputs = {op.name: known[op.name] for op in self.program.inputs}
+        concrete = self.program.concrete_shapes(inputs)
+        fused = fuse_program(live, self.program.outputs, concrete, self.fuse)
         stored = [nest.output for nest in fused.stored]
         lines = [
             f"fused for these shapes: {', '.join(stored)} computed by {len(stored)} nest(s); "
@@ -198,16 +207,25 @@ class ProgramKernel:
             )
         ]
         lines += ["  " + str(decision) for decision in fused.decisions]
-        for nest in fused.stored:
-            lines.append(f"fused statement {nest.output}")
-            lines += ["  " + line for line in explain(nest).split("\n")]
+        record = table.backend(self.backend)
+        runs = pair_stored(fused.stored) if record.one_pass_rows else fused.stored
+        forward = {f"forward {n.output}{'+' + n.online if n.online else ''}": n for n in runs}
+        lines += summary_lines(forward, self.backend)
         lines += [
-            f"one pass: {nest.online} and {nest.output} in one nest on the C back end (online "
-            "softmax; the other back ends run the two)"
-            for nest in pair_stored(fused.stored)
+            f"  ({nest.output}+{nest.online}: {nest.online} and {nest.output} in one pass "
+            "where rows are short enough; the other back ends run the two)"
+            for nest in runs
             if nest.online
         ]
-        return lines
+        lines.append(
+            "backward: each fused statement's gradient nests (below); those of an input "
+            "that several statements read run as one nest"
+        )
+        details = []
+        for nest in fused.stored:
+            details.append(f"fused statement {nest.output}")
+            details += ["  " + line for line in explain(nest, shapes=concrete).split("\n")]
+        return lines, details
 
     def _summary(self) -> list[str]:
         program = self.program
