@@ -19,7 +19,7 @@ from tensordsl.errors import (
     UnsupportedError,
     close_match,
 )
-from tensordsl.frontend import arguments
+from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.lower import Lowered, lower
 from tensordsl.frontend.parse import parse
 from tensordsl.frontend.shapes import check_shapes
@@ -76,6 +76,7 @@ class Kernel:
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self.precision = arguments.precision(precision)
+        self._batched = ellipsis.leading_axes(self.nest)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(
@@ -138,6 +139,9 @@ class Kernel:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""
         table = arguments.shape_table(shapes, self.source_text)
         arguments.unknown_names(table, self.inputs, self.source_text)
+        if self._batched is not None:
+            lead = ellipsis.batch_shape(self._batched, table, self.source_text)
+            table = ellipsis.flat_shapes(self._batched, table, lead)
         check_shapes(self._lowered, table)
         return table
 
@@ -217,6 +221,15 @@ class Kernel:
             )
         ]
         shapes = {name: tuple(np.shape(v)) for name, v in zip(self.inputs, values)}
+        lead: tuple[int, ...] = ()
+        if self._batched is not None:  # `...`: the leading axes flattened into one
+            lead = ellipsis.batch_shape(self._batched, shapes, self.source_text)
+            flat = ellipsis.flat_shapes(self._batched, shapes, lead)
+            values = [
+                v.reshape(flat[n]) if flat[n] != shapes[n] else v
+                for n, v in zip(self.inputs, values)
+            ]
+            shapes = flat
         checked = tuple(shapes.items())
         if checked not in self._checked:  # shapes already checked pass again: skip the work
             check_shapes(self._lowered, shapes)
@@ -226,7 +239,7 @@ class Kernel:
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
         record = table.backend(self.backend)
-        return jax_bind.call_nest(
+        out = jax_bind.call_nest(
             self.nest,
             values,
             backend=record.name,
@@ -236,6 +249,9 @@ class Kernel:
             schedule=self.schedule if record.takes_schedule else None,
             precision=self.precision,
         )
+        if self._batched is not None and self._batched.output:
+            out = out.reshape((*lead, *out.shape[1:]))
+        return out
 
 
 def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: str) -> Any:

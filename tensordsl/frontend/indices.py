@@ -34,6 +34,9 @@ from tensordsl.frontend.parse import Access, Binary, Call, Compare, Expr, Name, 
 #: Tullio's positions inside an index expression: `D[i,end]` reads the last position of that
 #: axis, `D[i,begin]` the first (0); neither is an index.
 POSITIONS = ("begin", "end")
+#: Leading batch axes (`Y[..., o] := X[..., i] * W[i, o]`): one index over the leading axes,
+#: flattened into one at each call (`tensordsl/frontend/ellipsis.py`).
+ELLIPSIS = "..."
 #: The IEEE infinity literal: `-inf` in a mask (`where(j <= i, 0, -inf)`), never a scalar input.
 INFINITY = "inf"
 _AFFINE_EXAMPLE = "an affine expression of indices with integer coefficients, such as 'i+k', '2i+1'"

@@ -31,8 +31,10 @@ from tensordsl.errors import (
     ShapeError,
     TensorDSLError,
     UnknownNameError,
+    UnsupportedError,
     close_match,
 )
+from tensordsl.frontend.ellipsis import leading_axes
 from tensordsl.frontend.lower import Lowered, check_reduction, lower
 from tensordsl.frontend.parse import Span, Statement, parse
 from tensordsl.frontend.shapes import check_shapes, concrete_shapes
@@ -277,6 +279,15 @@ def lower_program(
         lower(s, reduce=None if s.reduction else reduce, ranges=r)
         for s, r in zip(statements, per_statement)
     )
+    for low in lowered:
+        if leading_axes(low.nest) is not None:
+            raise UnsupportedError(
+                "'...' (leading batch axes) is not supported in a program yet",
+                source,
+                low.statement.span,
+                expected="the batch axes written out, as in 'Y[b,t,o] := X[b,t,i] * W[i,o]'",
+                hint="or write the program without the batch axes and jax.vmap it",
+            )
     program = make_program([low.nest for low in lowered], outputs=chosen)
     return LoweredProgram(program, lowered, source, returns_tuple=outputs is not None)
 

@@ -34,6 +34,7 @@ from tensordsl.errors import (
     close_match,
 )
 from tensordsl.frontend.indices import (
+    ELLIPSIS,
     INFINITY,
     POSITIONS,
     AccessUse,
@@ -97,6 +98,7 @@ class _Translator(IndexExpressions):
         self.accesses: list[AccessUse] = []
 
     def build(self) -> Translation:
+        self.check_ellipsis()
         free = self.free_indices()
         bracketed = [
             n
@@ -139,6 +141,29 @@ class _Translator(IndexExpressions):
             self.spans,
             parts,
         )
+
+    def check_ellipsis(self) -> None:
+        """`...` stands for leading batch axes: only the first index of an index list."""
+        allowed = {
+            id(node.indices[0])
+            for node in walk(self.st.body)
+            if isinstance(node, Access) and node.indices
+        }
+        allowed |= {id(self.st.indices[0])} if self.st.indices else set()
+        nodes = [*walk(self.st.body), *(n for i in self.st.indices or () for n in walk(i))]
+        span = self.st.output_span if self.st.output == ELLIPSIS else None
+        for node in nodes:
+            if isinstance(node, Name) and node.name == ELLIPSIS and id(node) not in allowed:
+                span = node.span
+                break
+        if span is not None:
+            raise IndexExpressionError(
+                "'...' is not the first index of an index list",
+                self.src,
+                span,
+                expected="'...' for the leading (batch) axes, first in an index list, as in "
+                "'Y[..., o] := X[..., i] * W[i, o]'",
+            )
 
     def free_indices(self) -> list[str]:
         names: list[str] = []

@@ -210,3 +210,45 @@ def test_unknown_reduction_lists_mean_and_argmax():
     ) as err:
         td.kernel("A[i] := X[i,j]", reduce="avg")
     assert "reduce='mean'" in str(err.value)
+
+
+# -- ... (leading batch axes) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ellipsis_stands_for_any_number_of_leading_axes(backend):
+    W = _x((5, 6), seed=10)
+    dense = td.kernel("Y[..., o] := X[..., i] * W[i,o]", backend=backend)
+    for lead in [(2, 3), (4,), ()]:
+        X = _x((*lead, 5), seed=11)
+        got = dense(X, W)
+        assert got.shape == (*lead, 6)
+        np.testing.assert_allclose(np.asarray(got), X @ W, rtol=1e-12, atol=1e-12)
+    X = _x((2, 3, 5), seed=12)
+    _grad_close(
+        lambda X, W: jnp.sum(dense(X, W) ** 2),
+        lambda X, W: jnp.sum((X @ W) ** 2),
+        X,
+        W,
+        argnums=(0, 1),
+    )
+    batched = jax.jit(jax.vmap(dense, in_axes=(0, None)))(X, W)
+    np.testing.assert_allclose(np.asarray(batched), X @ W, rtol=1e-12, atol=1e-12)
+    # an output without `...` sums over the leading axes
+    total = td.kernel("s[o] := X[..., o] * X[..., o]", backend=backend)
+    np.testing.assert_allclose(np.asarray(total(X)), (X**2).sum((0, 1)), rtol=1e-12)
+
+
+def test_ellipsis_errors():
+    dense = td.kernel("Y[..., o] := X[..., i] * W[i,o]", backend="reference")
+    with pytest.raises(td.ShapeError, match=r"leading axes \(2, 3\) of 'X' but \(3, 3\) of 'V'"):
+        td.kernel("Y[..., i] := X[..., i] * V[..., i]")(np.ones((2, 3, 4)), np.ones((3, 3, 4)))
+    with pytest.raises(td.ShapeError, match="'X' has 0 axes, fewer than the 1"):
+        dense(np.float64(1.0), np.ones((1, 2)))
+    with pytest.raises(td.IndexExpressionError, match="'...' is not the first index"):
+        td.kernel("Y[o, ...] := X[..., o]")
+    with pytest.raises(td.TensorDSLError):  # an empty index list (found by the parser fuzzer)
+        td.kernel("Y[i]:=min(X[i,j],W[])")
+    with pytest.raises(td.UnsupportedError, match="not supported in a program yet"):
+        td.kernel("H[..., o] := X[..., i] * W[i,o]; Y[..., o] := H[..., o] * 2")
+    assert "  Y[..., o] = sum_i X[..., i]*W[i, o]\n" in dense.explain()
