@@ -25,9 +25,10 @@ from codegen.ir.reductions import USER_REDUCTIONS
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from tensordsl.errors import ReductionError, UnsupportedError, close_match
+from tensordsl.frontend.indices import size_placeholder
 from tensordsl.frontend.parse import Span, Statement
 from tensordsl.frontend.ranges import index_ranges
-from tensordsl.frontend.translate import AccessUse, Translation, size_placeholder, translate
+from tensordsl.frontend.translate import AccessUse, Translation, translate
 from tensordsl.frontend.typos import index_typos
 
 __all__ = ["LANGUAGE_REDUCTIONS", "USER_REDUCTIONS", "Lowered", "check_reduction", "lower"]

@@ -37,8 +37,11 @@ from tensordsl.frontend.indices import (
     ELLIPSIS,
     INFINITY,
     POSITIONS,
+    SIZE,
+    SIZE_HINTS,
     AccessUse,
     IndexExpressions,
+    size_placeholder,
     text_of,
     walk,
 )
@@ -334,7 +337,7 @@ class _Translator(IndexExpressions):
                 self.src,
                 node.name_span,
                 expected="one of " + ", ".join(sorted([*FUNCTIONS, SIZE])),
-                hint=_SIZE_HINTS.get(node.name) or close_match(node.name, [*FUNCTIONS, SIZE]),
+                hint=SIZE_HINTS.get(node.name) or close_match(node.name, [*FUNCTIONS, SIZE]),
             )
         if len(node.args) != spec.arity:
             params = ", ".join("xyz"[: spec.arity])
@@ -363,18 +366,6 @@ class _Translator(IndexExpressions):
                 "size(j) of an index j that the statement uses, as in 'M[i] := X[i,j] / size(j)'",
             )
         return size_placeholder(arg.name)
-
-
-#: The name of the extent of an index inside an expression: `size(j)`.
-SIZE = "size"
-_SIZE_HINTS = {
-    name: "the extent of an index is size(j)" for name in ("len", "length", "extent", "count", "n")
-}
-
-
-def size_placeholder(index: str) -> sympy.Symbol:
-    """The symbol `size(index)` stands for until `lower` knows the index's range."""
-    return sympy.Symbol(f"size({index})", integer=True, nonnegative=True)
 
 
 #: Integer constants of this magnitude or more in values (not in index expressions) are
