@@ -319,7 +319,8 @@ class ProgramKernel:
                 nograd=self.nograd,
                 fuse=self.fuse,
             )
-            return sum(jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact))
+            floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
+            return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0
 
         return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
 

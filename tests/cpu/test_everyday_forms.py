@@ -252,3 +252,23 @@ def test_ellipsis_errors():
     with pytest.raises(td.UnsupportedError, match="not supported in a program yet"):
         td.kernel("H[..., o] := X[..., i] * W[i,o]; Y[..., o] := H[..., o] * 2")
     assert "  Y[..., o] = sum_i X[..., i]*W[i, o]\n" in dense.explain()
+
+
+def test_build_and_profile_take_an_argmax_alone_or_in_a_program():
+    k = td.kernel("(argmax) A[i] := X[i,j]", backend="c")
+    k.build({"X": (4, 5)})
+    assert [row.name for row in k.profile({"X": (16, 9)}, reps=1).timings] == ["forward"]
+    p = td.kernel("(argmax) A[i] := X[i,j]; (mean) M[i] := X[i,j] * A[i]", outputs=("A", "M"))
+    p.build({"X": (4, 5)})
+    assert {"A", "M", "dX"} <= {row.name for row in p.profile({"X": (16, 9)}, reps=1).timings}
+
+
+def test_a_body_reading_an_extent_keeps_that_axis_whole_under_sharding():
+    from tensordsl.binding.partitioning import plan_sharding
+    from tensordsl.frontend.lower import lower
+    from tensordsl.frontend.parse import parse
+
+    # a device's shard would divide by its own extent: the axis is never split
+    assert plan_sharding(lower(parse("M[i] := X[i,j]"), reduce="mean").nest).rule == "i r0 -> i"
+    assert plan_sharding(lower(parse("M[i] := X[i,j]")).nest).rule == "i j -> i"
+    assert plan_sharding(lower(parse("Y[i,j] := X[i,j] * size(i)")).nest).rule == "r0 j -> r1 j"
