@@ -272,3 +272,15 @@ def test_a_body_reading_an_extent_keeps_that_axis_whole_under_sharding():
     assert plan_sharding(lower(parse("M[i] := X[i,j]"), reduce="mean").nest).rule == "i r0 -> i"
     assert plan_sharding(lower(parse("M[i] := X[i,j]")).nest).rule == "i j -> i"
     assert plan_sharding(lower(parse("Y[i,j] := X[i,j] * size(i)")).nest).rule == "r0 j -> r1 j"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nearest_neighbour_recomputes_the_distances_inside_the_argmin(backend):
+    W, X = _x((3, 37), seed=13), _x((3, 26), seed=14)
+    nearest = td.kernel("D[i,j] := (W[k,i] - X[k,j])^2; (argmin) N[i] := D[i,j]", backend=backend)
+    want = np.argmin(((W[:, :, None] - X[:, None, :]) ** 2).sum(0), 1)
+    np.testing.assert_array_equal(np.asarray(nearest(W, X)), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(nearest)(W, X)), want)
+    text = nearest.explain({"W": W.shape, "X": X.shape})
+    # a position has no gradient, so nothing argues for storing the (i, j) distances
+    assert "D recomputed where read, never stored" in text
