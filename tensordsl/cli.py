@@ -114,7 +114,7 @@ def explain_command(args: argparse.Namespace) -> int:
     print(f"inputs     {', '.join(k.inputs)}   output {k.output}   reduction {k.nest.reduction}")
     print("ranges")
     print("\n".join("  " + line for line in range_lines(k.nest, shapes or None)))
-    print(k.explain(shapes=shapes or None, target=args.report_target))
+    print(k.explain(shapes=shapes or None, target=args.report_target, summary=False))
     print(f"schedules ({args.dtype})")
     print("\n".join("  " + line for line in schedule_lines(k.nest, dtype=args.dtype)))
     if args.build:
@@ -281,8 +281,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "tensordsl") -> int:
         "--reduce",
         default=None,
         metavar="REDUCTION",
-        help="the reduction of indices not on the left: sum (default), max, min, prod, "
-        "logsumexp (or a prefix in the source: '(max) M[i] := X[i,j]')",
+        help="the reduction of indices not on the left: sum (default), mean, max, min, prod, "
+        "logsumexp, argmax, argmin (or a prefix in the source: '(max) M[i] := X[i,j]')",
     )
     explain.add_argument(
         "--source",

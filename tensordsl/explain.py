@@ -4,7 +4,7 @@
 >>> from tensordsl.frontend.parse import parse
 >>> print(explain(lower(parse("Y[i] := X[i+k] * W[k]")).nest))
 forward
-  Y[i] = sum_k W[k]*X[i + k]
+  Y[i] = sum_k X[i + k]*W[k]
     i in [0, X.shape[0] - W.shape[0] + 1)
     k in [0, W.shape[0])
 gradient of X
@@ -40,20 +40,33 @@ from codegen.ir.source import expr_source
 from codegen.passes import grad, gradient_rules
 from tensordsl.backends import table
 from tensordsl.errors import OptionError, UnknownNameError, close_match, user_facing
+from tensordsl.explain_facts import equal_extents, implied
+from tensordsl.explain_summary import summary_lines
 
 
-def _body_source(body: sympy.Expr, first: str | None) -> str:
-    """The body, with the factor that reads tensor `first` (the cotangent) printed first."""
+def _body_source(body: sympy.Expr, first: str | None, operands: tuple[str, ...] = ()) -> str:
+    """The body, with the factor that reads tensor `first` (the cotangent) printed first;
+    terms and factors in the order their operands first appear in the statement (`W - X`
+    as written, not sympy's `-X + W`)."""
     if first is not None and isinstance(body, sympy.Mul):
         lead = [f for f in body.args if isinstance(f, sympy.Indexed) and f.base.name == first]
         if lead:
             rest = [f for f in body.args if f is not lead[0]]
             rest_expr = sympy.Mul(*rest)
-            rest_source = expr_source(rest_expr)
+            negative = not rest_expr.is_Add and rest_expr.could_extract_minus_sign()
+            rest_expr = -rest_expr if negative else rest_expr
+            rest_source = expr_source(rest_expr, operands, positive_first=True)
             if isinstance(rest_expr, sympy.Add):
                 rest_source = f"({rest_source})"
-            return f"{expr_source(lead[0])}*{rest_source}" if rest else expr_source(lead[0])
-    return expr_source(body)
+            if not rest:
+                return expr_source(lead[0])
+            sign = "-" if negative else ""
+            if rest_expr == 1:
+                return f"{sign}{expr_source(lead[0])}"
+            if rest_source.startswith("1/"):  # `dY[i]/n`, not `dY[i]*1/n`
+                return f"{sign}{expr_source(lead[0])}/{rest_source[2:]}"
+            return f"{sign}{expr_source(lead[0])}*{rest_source}"
+    return expr_source(body, operands, positive_first=True)
 
 
 def _sum_prefix(nest: LoopNest, term: Term) -> str:
@@ -91,9 +104,17 @@ def nest_lines(
     first: str | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     aliases: Mapping[str, str] | None = None,
+    operands: tuple[str, ...] = (),
+    same: Mapping[sympy.Symbol, sympy.Symbol] | None = None,
 ) -> list[str]:
-    """The nest as `OUT[...] = reduce_r body` lines, with the bounds of every index."""
+    """The nest as `OUT[...] = reduce_r body` lines, with the bounds of every index.
+
+    `operands`: the order terms and factors print in (the statement's inputs); `same`:
+    extents a call's checks make equal (`explain_facts.equal_extents`), so that a test they
+    imply is left out."""
     aliases = aliases or {}
+    same = same or {}
+    order = operands or nest.operand_names
 
     def show(expr: sympy.Basic) -> sympy.Basic:
         return _substitute(expr, shapes, aliases)
@@ -102,7 +123,9 @@ def nest_lines(
     lines = []
     for n, term in enumerate(nest.terms):
         lead = f"{lhs} = " if n == 0 else " " * len(lhs) + " + "
-        text = f"{_sum_prefix(nest, term)}{_body_source(show(term.body), first)}"
+        text = f"{_sum_prefix(nest, term)}{_body_source(show(term.body), first, order)}"
+        if n > 0 and not term.reduced and text.startswith("-"):
+            lead, text = lead[:-2] + "- ", text[1:]  # `- b[i]`, not `+ -b[i]`
         # Parentheses show where each reduction ends: `(sum_i W*X) + c[o]` adds c once.
         lines.append(f"{lead}({text})" if term.reduced and len(nest.terms) > 1 else lead + text)
     ranges: list[Range] = list(nest.free)
@@ -116,7 +139,10 @@ def nest_lines(
         for r in term.reduced:
             start, stop = show(bounds.starts[r.index]), show(bounds.stops[r.index])
             lines.append(f"{label}{r.index} in [{_bound(start, True)}, {_bound(stop, False)})")
+        free = [Range(r.index, show(r.start), show(r.stop)) for r in nest.free]
         for test in bounds.free_tests:
+            if implied(show(test), free, same):
+                continue
             lines.append(f"{label}only where {expr_source(show(test))} >= 0")
         if term.guard is not sympy.true:
             lines.append(f"{label}only where {expr_source(show(term.guard))}")
@@ -129,6 +155,8 @@ def explain(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     gathered: Sequence[tuple[str, str]] = (),
     unread: frozenset[str] = frozenset(),
+    backend: str | None = None,
+    schedule: Any = None,
 ) -> str:
     """The forward nest and the gradient nest of every operand, with their bounds.
 
@@ -137,18 +165,47 @@ def explain(
         shapes: optional shapes by tensor name; bounds are then shown as numbers.
         gathered: (operand, the access it stands for) of each gathered operand.
         unread: operands the nest does not read (tables read only through gathers).
+        backend: where given, a summary comes first: the nests, the back end, the schedule
+            of each in words (`tensordsl.explain_summary`).
+        schedule: the user's schedule of the forward nest, if any.
 
     Returns:
         Several lines of text.
     """
-    lines = [
+    summary = [] if backend is None else kernel_summary(nest, backend, schedule)
+    gathers = [
         f"gathered {name} = {access} (before the nest; gradient: a sorted segmented sum)"
         for name, access in gathered
     ]
-    lines += ["forward"] + ["  " + line for line in nest_lines(nest, shapes=shapes)]
+    return "\n".join([*summary, *gathers, _explain(nest, shapes, unread)])
+
+
+def kernel_summary(nest: LoopNest, backend: str, schedule: Any = None) -> list[str]:
+    """The summary lines of a kernel's nests (`explain_summary.summary_lines`)."""
+    labels = {"forward": f"forward {nest.output}"}
+    nests = {}
+    for name, each in kernel_nests(nest).items():
+        label = labels.get(name) or name.replace("aux_", "saved for gradients: ")
+        label = label.replace("grad_", "gradient of ")
+        nests[label] = each
+    schedules = {f"forward {nest.output}": schedule} if schedule is not None else None
+    return summary_lines(nests, backend, positions=frozenset(_positions(nest)), schedules=schedules)
+
+
+def _explain(
+    nest: LoopNest,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    unread: frozenset[str] = frozenset(),
+) -> str:
+    same = equal_extents(nest)
+    order = (nest.output, *nest.operand_names)
+    options: dict[str, Any] = {"shapes": shapes, "operands": order, "same": same}
+    lines = ["forward"] + ["  " + line for line in nest_lines(nest, **options)]
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         lines.append(f"saved for the gradients ({role})")
-        lines += ["  " + line for line in nest_lines(aux, shapes=shapes)]
+        lines += ["  " + line for line in nest_lines(aux, **options)]
+    if not differentiable(nest):
+        return "\n".join([*lines, f"no gradient: {nest.output} is an integer position"])
     for op in nest.operands:
         if op.name in unread:
             continue
@@ -159,9 +216,14 @@ def explain(
         lines.append(f"gradient of {op.name}")
         lines += [
             "  " + line
-            for line in nest_lines(gradient.nest, first=cotangent, shapes=shapes, aliases=aliases)
+            for line in nest_lines(gradient.nest, first=cotangent, aliases=aliases, **options)
         ]
     return "\n".join(lines)
+
+
+def differentiable(nest: LoopNest) -> bool:
+    """Whether a nest has gradient nests: an argmax/argmin position has none."""
+    return not REDUCTIONS[nest.reduction].positional
 
 
 def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
@@ -169,7 +231,7 @@ def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
     nests = {"forward": nest}
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         nests[f"aux_{role}"] = aux
-    for op in nest.operands:
+    for op in nest.operands if differentiable(nest) else ():
         with user_facing():
             nests[f"grad_{op.name}"] = grad.gradient(nest, op.name).nest
     return nests
@@ -247,17 +309,18 @@ def range_lines(nest: LoopNest, shapes: Mapping[str, tuple[int, ...]] | None = N
 
 
 def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = None) -> list[str]:
-    """The schedule each target picks for every nest of a kernel (`forward`: the user's one).
+    """The schedule each target picks for every nest of a kernel (`forward`: the user's one),
+    in words (generated code's header comment has the terse form, `describe()`).
 
     >>> from tensordsl.frontend.lower import lower
     >>> from tensordsl.frontend.parse import parse
     >>> print("\\n".join(schedule_lines(lower(parse("y[i] := A[i,j] * x[j]")).nest)))
     forward
-      c:    strategy=...
-      cuda: strategy=...
+      c:    XLA's dot (jnp.einsum): no generated kernel
+      cuda: XLA's dot (jnp.einsum, cuBLAS): no generated kernel
     grad_A
-      c:    strategy=...
-      cuda: strategy=...
+      c:    register tiles of 6 i x 32 j outputs (j in vector lanes), no reduction; threads ...
+      cuda: one output element per thread, no reduction
     grad_x
     ...
     """
@@ -271,8 +334,8 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
         cpu = forward if name == "forward" and forward is not None else None
         cpu = cpu or choose_cpu_schedule(n, dtypes)
         lines.append(name)
-        lines.append(f"  c:    {cpu.describe()}")
-        lines.append(f"  cuda: {choose_gpu_schedule(n, dtypes).describe()}")
+        lines.append(f"  c:    {cpu.in_words()}")
+        lines.append(f"  cuda: {choose_gpu_schedule(n, dtypes).in_words()}")
     return lines
 
 

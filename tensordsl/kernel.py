@@ -22,7 +22,7 @@ from tensordsl.errors import (
     UnsupportedError,
     close_match,
 )
-from tensordsl.frontend import arguments
+from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.lower import Lowered, lower
 from tensordsl.frontend.parse import parse
 from tensordsl.frontend.shapes import check_shapes
@@ -84,6 +84,7 @@ class Kernel:
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self.precision = arguments.precision(precision)
         self.init = _initial_value(init, self.nest, source)
+        self._batched = ellipsis.leading_axes(self.nest)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(
@@ -126,12 +127,18 @@ class Kernel:
         return self.explain()
 
     def explain(
-        self, shapes: Mapping[str, tuple[int, ...]] | None = None, *, target: str | None = None
+        self,
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
+        *,
+        target: str | None = None,
+        summary: bool = True,
     ) -> str:
-        """The forward nest and every gradient nest, with their ranges, readable.
+        """A summary (the nests, the back end, each schedule in words), then the forward
+        nest and every gradient nest, with their ranges, readable.
 
-        `shapes` (one per input) are checked as a call checks its inputs' shapes. With
-        `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
+        `shapes` (one per input) are checked as a call checks its inputs' shapes;
+        `summary=False` leaves the summary out (the CLI shows the schedules of both targets).
+        With `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
         forward+backward call runs: grid, block, how lanes read memory, FMAs and bytes per
         output element against the minimum, registers (docs/backends.md).
         """
@@ -147,7 +154,15 @@ class Kernel:
             shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
         src = low.statement.source
         gathered = [(g.name, src[g.span[0] : g.span[1]]) for g in low.gathers]
-        text = explain(self.nest, shapes=shapes, gathered=gathered, unread=low.unread)
+        schedule = self.schedule if table.backend(self.backend).takes_schedule else None
+        text = explain(
+            self.nest,
+            shapes=shapes,
+            gathered=gathered,
+            unread=low.unread,
+            backend=self.backend if summary else None,
+            schedule=schedule,
+        )
         if target is None or shapes is None:
             return text
         names = {each: name for name, each in kernel_nests(self.nest).items()}
@@ -157,6 +172,9 @@ class Kernel:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""
         table = arguments.shape_table(shapes, self.source_text)
         arguments.unknown_names(table, self.inputs, self.source_text)
+        if self._batched is not None:
+            lead = ellipsis.batch_shape(self._batched, table, self.source_text)
+            table = ellipsis.flat_shapes(self._batched, table, lead)
         check_shapes(self._lowered, table)
         return table
 
@@ -238,13 +256,20 @@ class Kernel:
             )
         ]
         shapes = {name: tuple(np.shape(v)) for name, v in zip(self.inputs, values)}
+        lead: tuple[int, ...] = ()
+        if self._batched is not None:  # `...`: the leading axes flattened into one
+            lead = ellipsis.batch_shape(self._batched, shapes, self.source_text)
+            flat = ellipsis.flat_shapes(self._batched, shapes, lead)
+            values = [
+                v.reshape(flat[n]) if flat[n] != shapes[n] else v
+                for n, v in zip(self.inputs, values)
+            ]
+            shapes = flat
         checked = tuple(shapes.items())
         if checked not in self._checked:  # shapes already checked pass again: skip the work
             check_shapes(self._lowered, shapes)
             self._checked.add(checked)
-        out_dtype = jnp.result_type(*values) if values else jnp.result_type(float)
-        if not jnp.issubdtype(out_dtype, jnp.inexact):
-            out_dtype = jnp.result_type(float)
+        out_dtype = jax_bind.output_dtype(self.nest, values)
         if self._lowered.gathers:
             gather.check_index_dtypes(
                 self._lowered.gathers, dict(zip(self.inputs, values)), self.source_text
@@ -254,25 +279,29 @@ class Kernel:
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
         record = table.backend(self.backend)
         nograd = self.nograd
+        copied = None
         if self._lowered.gathers:
             values = _with_gathered(self._lowered, values, shapes)
             nograd = nograd | self._lowered.unread
             copied = self._lowered.copied_gather
-            if copied is not None:  # the gather is the result: no nest to run
-                return values[self.nest.operand_names.index(copied)].astype(out_dtype)
-        result = jax_bind.call_nest(
-            self.nest,
-            values,
-            backend=record.name,
-            shapes={},
-            out_dtype=out_dtype,
-            nograd=nograd,
-            schedule=self.schedule if record.takes_schedule else None,
-            precision=self.precision,
-        )
-        if self.init is None:
-            return result
-        return INIT_COMBINE[self.nest.reduction](jnp.asarray(self.init, result.dtype), result)
+        if copied is not None:  # the gather is the result: no nest to run
+            out = values[self.nest.operand_names.index(copied)].astype(out_dtype)
+        else:
+            out = jax_bind.call_nest(
+                self.nest,
+                values,
+                backend=record.name,
+                shapes={},
+                out_dtype=out_dtype,
+                nograd=nograd,
+                schedule=self.schedule if record.takes_schedule else None,
+                precision=self.precision,
+            )
+        if self.init is not None:
+            out = INIT_COMBINE[self.nest.reduction](jnp.asarray(self.init, out.dtype), out)
+        if self._batched is not None and self._batched.output:
+            out = out.reshape((*lead, *out.shape[1:]))
+        return out
 
 
 #: How `init=` joins the result of each reduction (associative, so this is the reduction

@@ -167,9 +167,9 @@ class ProgramKernel:
     def explain(
         self, shapes: Mapping[str, tuple[int, ...]] | None = None, *, target: str | None = None
     ) -> str:
-        """The program's inputs, outputs and shapes, then each statement's nests; with
-        `shapes`, also what runs for them: which intermediates are recomputed inside which
-        statements, and the fused nests with their gradient nests.
+        """A summary (inputs, outputs, shapes; with `shapes`, what is recomputed or stored and
+        the nests a call runs, with each schedule in words), then each statement's nests;
+        with `shapes`, also the fused nests with their gradient nests.
 
         `shapes` (one per input) are checked as a call checks them; bounds are then numbers.
         With `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
@@ -186,6 +186,15 @@ class ProgramKernel:
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         lines = self._summary()
+        details: list[str] = []
+        if known is None:
+            lines.append(
+                "nests: each statement's forward and gradient nests as written, below; "
+                "explain(shapes) shows the fused nests a call runs, with their schedules"
+            )
+        else:
+            head, details = self._fused_lines(known)
+            lines += head
         for n, low in enumerate(self._lowered.statements):
             start = low.statement.span[0]
             lines.append(
@@ -194,19 +203,19 @@ class ProgramKernel:
             )
             text = explain(low.nest, shapes=known)
             lines += ["  " + line for line in text.split("\n")]
-        if shapes is not None:
-            lines += self._fused_lines({op.name: shapes[op.name] for op in self.program.inputs})
-        return "\n".join(lines)
+        return "\n".join([*lines, *details])
 
-    def _fused_lines(self, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+    def _fused_lines(self, known: Mapping[str, tuple[int, ...]]) -> tuple[list[str], list[str]]:
+        """The summary of what a call with these shapes runs, and the fused nests' details."""
         from tensordsl.explain import explain, online_lines
+        from tensordsl.explain_summary import summary_lines
 
         live = live_statements(self.program)
         if not config.fuse_programs():
-            return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"]
-        fused = fuse_program(
-            live, self.program.outputs, self.program.concrete_shapes(shapes), self.fuse
-        )
+            return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"], []
+        inputs = {op.name: known[op.name] for op in self.program.inputs}
+        concrete = self.program.concrete_shapes(inputs)
+        fused = fuse_program(live, self.program.outputs, concrete, self.fuse)
         stored = [nest.output for nest in fused.stored]
         lines = [
             f"fused for these shapes: {', '.join(stored)} computed by {len(stored)} nest(s); "
@@ -217,19 +226,33 @@ class ProgramKernel:
             )
         ]
         lines += ["  " + str(decision) for decision in fused.decisions]
+        record = table.backend(self.backend)
+        runs = pair_stored(fused.stored) if record.one_pass_rows else fused.stored
+        forward = {f"forward {n.output}{'+' + n.online if n.online else ''}": n for n in runs}
+        lines += summary_lines(forward, self.backend)
+        lines += [
+            f"  ({nest.output}+{nest.online}: {nest.online} and {nest.output} in one pass "
+            "where rows are short enough; the other back ends run the two)"
+            for nest in runs
+            if nest.online
+        ]
+        lines.append(
+            "backward: each fused statement's gradient nests (below); those of an input "
+            "that several statements read run as one nest"
+        )
+        details = []
         for nest in fused.stored:
-            lines.append(f"fused statement {nest.output}")
-            lines += ["  " + line for line in explain(nest).split("\n")]
-        known = self.program.concrete_shapes(shapes)
-        for nest in pair_stored(fused.stored):
+            details.append(f"fused statement {nest.output}")
+            details += ["  " + line for line in explain(nest, shapes=concrete).split("\n")]
+        for nest in runs:
             if nest.online:
-                lines.append(
+                details.append(
                     f"one pass: {nest.online} and {nest.output} in one nest on the C back end "
                     "(online softmax) and on the CUDA back end (codegen.cuda.online; the "
                     "reference back end runs the two)"
                 )
-                lines += ["  " + line for line in online_lines(nest, known)]
-        return lines
+                details += ["  " + line for line in online_lines(nest, concrete)]
+        return lines, details
 
     def _summary(self) -> list[str]:
         program = self.program
@@ -331,7 +354,8 @@ class ProgramKernel:
                 nograd=self.nograd,
                 fuse=self.fuse,
             )
-            return sum(jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact))
+            floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
+            return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0
 
         return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
 

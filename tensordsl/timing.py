@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir.nest import LoopNest
+from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl.backends import table
 from tensordsl.explain import kernel_nests
 
@@ -148,17 +149,20 @@ def nest_jaxpr(
     """The jaxpr of `jax.value_and_grad` of the sum of `nest`'s output (`value_and_grad_jaxpr`)."""
     from tensordsl.binding.primitive import call_nest
 
+    positional = REDUCTIONS[nest.reduction].positional
+
     def loss(*values: Any) -> Any:
         out = call_nest(
             nest,
             values,
             backend=table.PROFILED.name,
             shapes={},
-            out_dtype=dtype,
+            out_dtype=POSITION_DTYPE if positional else dtype,
             nograd=nograd,
             schedule=schedule,
         )
-        return jnp.sum(out)
+        # an argmax has no gradient: its (integer) sum in a float loss, differentiated to 0
+        return jnp.sum(out).astype(dtype)
 
     return value_and_grad_jaxpr(loss, nest.operand_names, shapes, dtype, nograd)
 

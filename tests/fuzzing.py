@@ -192,7 +192,8 @@ def draws(draw: st.DrawFn, reduce: str | None = None, specials: bool = False) ->
     output = f"Y[{', '.join(free)}]" if free else "s"
     return Draw(
         source=f"{output} := {body}",
-        reduce=reduce or draw(st.sampled_from(REDUCTIONS)),
+        # mean: a sum whose body divides by extents (issue 28)
+        reduce=reduce or draw(st.sampled_from((*REDUCTIONS, "mean"))),
         ranges=ranges,
         shapes=tuple(sorted(shapes.items())),
         dtype=draw(st.sampled_from(["float64", "float32"])),

@@ -120,6 +120,37 @@ class Schedule(LoopOrder):
             parts.append(f"| if {self.vector} < {self.width}: {self.small.describe()}")
         return " ".join(parts)
 
+    def in_words(self) -> str:
+        """The schedule in plain words, for `explain` (`describe` is the terse header form).
+
+        >>> Schedule(("i", "j"), (("k",),), strategy="tile", row="i", vector="j", rows=6,
+        ...          width=32).in_words()
+        'register tiles of 6 i x 32 j outputs (j in vector lanes), reducing k inside; threads ...'
+        """
+        loops = ", ".join(self.free_order)
+        reduced = " then ".join(", ".join(o) for o in self.reduced_order if o)
+        inside = f"reducing {reduced} inside" if reduced else "no reduction"
+        outputs = f"{self.rows} {self.row} x {self.width} {self.vector}"
+        if self.row is None:
+            outputs = f"{self.width} {self.vector}"
+        words = {
+            "scalar": f"one output element at a time, {inside}",
+            "tile": f"register tiles of {outputs} outputs ({self.vector} in vector lanes), "
+            + inside,
+            "dot": f"{outputs} dot products at a time, each as {self.lanes} vector partial "
+            f"sums over {reduced or 'nothing'}",
+            "split": f"the reduction over {reduced} cut into {self.chunks} chunks reduced in "
+            "parallel and combined in order",
+            "online": "one pass over each row's scores with a running max (online softmax), "
+            "blocks of 8 rows",
+            "xla": "XLA's dot (jnp.einsum): no generated kernel",
+        }[self.strategy]
+        if self.strategy not in ("xla", "split"):
+            words += f"; threads share the {loops} loops" if self.parallel and loops else ""
+        if self.small is not None:
+            words += f"; below {self.width} values of {self.vector}: {self.small.in_words()}"
+        return words
+
 
 def _names(indices: Sequence[sympy.Symbol]) -> tuple[str, ...]:
     return tuple(s.name for s in indices)

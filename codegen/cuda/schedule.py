@@ -164,6 +164,28 @@ class GpuSchedule(LoopOrder):
         parts.append(f"index={self.index_type}")
         return " ".join(parts)
 
+    def in_words(self) -> str:
+        """The schedule in plain words, for `explain` (`describe` is the terse header form).
+
+        >>> GpuSchedule(("i",), (("j",),), strategy="block", threads=256).in_words()
+        'one block of 256 threads per output element, splitting j across its threads'
+        """
+        reduced = " then ".join(", ".join(o) for o in self.reduced_order if o) or "nothing"
+        side = SMEM_THREADS
+        registers = f"reducing {reduced} in registers" if reduced != "nothing" else "no reduction"
+        return {
+            "thread": f"one output element per thread, {registers}",
+            "tile": f"{self.rows} consecutive {self.row} per thread, {registers}",
+            "smem": f"{side} x {side} threads per {side * self.rows} {self.row} x "
+            f"{side * self.cols} {self.vector} output tile, staging {self.tile_k}-deep "
+            f"slices of {reduced} in shared memory",
+            "block": f"one block of {self.threads} threads per output element, splitting "
+            f"{reduced} across its threads",
+            "split": f"the reduction over {reduced} split across up to {self.blocks} blocks, "
+            "then combined in order by one block",
+            "xla": "XLA's dot (jnp.einsum, cuBLAS): no generated kernel",
+        }[self.strategy]
+
 
 def split_contraction(
     nest: LoopNest, row: str, vector: str

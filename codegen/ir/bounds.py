@@ -78,7 +78,10 @@ def hoist_parameters(
     {-W.shape[0] + X.shape[0] + 1: _P0}
     """
     symbols = expr.free_symbols
-    if symbols and all(extent_of(s) is not None for s in symbols) and not expr.is_Symbol:
+    extents_only = symbols and all(extent_of(s) is not None for s in symbols)
+    # Parameters are integers: a value such as `1/X.shape[1]` (a mean's scale) keeps its
+    # division in the generated code, with its integer parts hoisted.
+    if extents_only and not expr.is_Symbol and expr.is_integer:
         if expr not in params:
             params[expr] = sympy.Dummy(f"{prefix}{len(params)}", integer=True)
         return params[expr]

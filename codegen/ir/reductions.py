@@ -13,7 +13,7 @@ fold in, `{exp}`/`{log}` the math functions of the accumulation type.
 >>> REDUCTIONS["logsumexp"].identity, REDUCTIONS["argmax"].positional
 (-inf, True)
 >>> USER_REDUCTIONS
-('sum', 'max', 'min', 'prod', 'logsumexp')
+('sum', 'max', 'min', 'prod', 'logsumexp', 'argmax', 'argmin')
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Reduction:
     """One reduction (see the module docstring for the template placeholders)."""
 
     name: str
-    user: bool  # users may ask for it; the others are internal to gradients
+    user: bool  # users may ask for it (every row today; an internal one would not be)
     identity: float  # the value that leaves the result unchanged
     init: tuple[str, ...]  # C initial value of each state variable
     update: str  # fold `{v}` (at `{pos}`) into the state
@@ -73,7 +73,7 @@ _ARG_COMBINE = (
 def _positional(name: str, op: str, init: str) -> Reduction:
     return Reduction(
         name,
-        user=False,
+        user=True,
         identity=math.nan,
         init=(init, "-1"),
         update=_ARG.replace("{op}", op),

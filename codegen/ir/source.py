@@ -35,9 +35,12 @@ class SourcePrinter(StrPrinter):
     def _print_IndexedBase(self, expr: sympy.IndexedBase) -> str:
         return str(expr.name)
 
-    def __init__(self, settings: dict[str, Any], operands: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, settings: dict[str, Any], operands: tuple[str, ...] = (), positive_first: bool = False
+    ) -> None:
         super().__init__(settings)
         self.operands = operands
+        self.positive_first = positive_first
 
     def _position(self, expr: sympy.Basic) -> int:
         """Where the first operand read by `expr` stands in the operand order."""
@@ -56,6 +59,8 @@ class SourcePrinter(StrPrinter):
     def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
         # Terms in the order their operands first appear; constants last (`p + 1`).
         ordered = self._ordered(expr.args, numbers_first=False)
+        if self.positive_first:  # `S - L` and `W - X`, not `-L + S`
+            ordered.sort(key=lambda a: a.could_extract_minus_sign())
         return super()._print_Add(sympy.Add(*ordered, evaluate=False), order)
 
     def _print_Mul(self, expr: sympy.Mul) -> str:
@@ -115,10 +120,24 @@ class SourcePrinter(StrPrinter):
 _PRINTER = SourcePrinter({"order": "none"})
 
 
-def expr_source(expr: sympy.Basic, operands: tuple[str, ...] = ()) -> str:
-    """One sympy expression as index-notation source; factors and terms follow `operands`."""
-    printer = SourcePrinter({"order": "none"}, operands) if operands else _PRINTER
-    return printer.doprint(expr)
+def expr_source(
+    expr: sympy.Basic, operands: tuple[str, ...] = (), *, positive_first: bool = False
+) -> str:
+    """One sympy expression as index-notation source; factors and terms follow `operands`
+    (`positive_first`: within a sum, the terms without a minus sign first, as people write a
+    difference; `explain` prints so, generated headers keep the stable order).
+
+    >>> from codegen.ir.nest import index_symbol, tensor_base
+    >>> k, i, j = index_symbol("k"), index_symbol("i"), index_symbol("j")
+    >>> W, X = tensor_base("W"), tensor_base("X")
+    >>> expr_source((W[k, i] - X[k, j])**2)
+    '(-X[k, j] + W[k, i])**2'
+    >>> expr_source((W[k, i] - X[k, j])**2, ("W", "X"), positive_first=True)
+    '(W[k, i] - X[k, j])**2'
+    """
+    if not operands and not positive_first:
+        return _PRINTER.doprint(expr)
+    return SourcePrinter({"order": "none"}, operands, positive_first).doprint(expr)
 
 
 def constraint_source(constraint: sympy.Expr) -> str:

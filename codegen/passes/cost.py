@@ -52,6 +52,7 @@ import sympy
 
 from codegen.ir.contraction import contraction
 from codegen.ir.nest import LoopNest, Reduce, Term, extent_symbol, scalar_symbol, tensor_base
+from codegen.ir.reductions import REDUCTIONS
 
 #: The cost of a transcendental function (exp, tanh, erf, ...) against an addition.
 FUNCTION_COST = 8
@@ -188,7 +189,9 @@ def _uses(reader: LoopNest, name: str, shapes: Shapes) -> list[_Use]:
 
 def nonlinear_in(reader: LoopNest, name: str) -> bool:
     """Whether the reader's derivative with respect to `name` still reads `name` (its
-    gradient nests then recompute the intermediate)."""
+    gradient nests then recompute the intermediate). An argmax/argmin has no gradient."""
+    if REDUCTIONS[reader.reduction].positional:
+        return False
     if reader.reduction != "sum":
         return True
     for term in reader.terms:
@@ -207,6 +210,8 @@ def _gradient_weight(reader: LoopNest, producer: LoopNest) -> int:
     derivative reads it, and, when the reader is nonlinear in it, those of its own inputs."""
     name = producer.output
     weight = 1
+    if REDUCTIONS[reader.reduction].positional:
+        return weight  # a position has no gradient nests
     for op in reader.operands:
         if op.name == name or op.is_scalar:
             continue

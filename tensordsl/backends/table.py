@@ -58,6 +58,9 @@ class Backend:
     one_pass_rows: int = 0
     #: `profile()` and `explain --time` time its compiled nests one by one.
     profiled: bool = False
+    #: Its schedule heuristic, `choose(nest, dtypes)` (a schedule with `in_words()`); None:
+    #: it has no schedule (jax.numpy runs the nest).
+    scheduler: Callable[[], Callable[..., Any]] | None = None
 
     @property
     def emits_code(self) -> bool:
@@ -118,6 +121,18 @@ def _run_cuda(
     return run_cuda(nest, operands, shapes, dtype, schedule=schedule, precision=precision)
 
 
+def _c_scheduler() -> Callable[..., Any]:
+    from codegen.c.schedule import choose_cpu_schedule
+
+    return choose_cpu_schedule
+
+
+def _cuda_scheduler() -> Callable[..., Any]:
+    from codegen.cuda.schedule import choose_gpu_schedule
+
+    return choose_gpu_schedule
+
+
 def _cuda_source() -> SourceEmitter:
     from codegen.cuda.emit import cuda_source
 
@@ -143,9 +158,14 @@ BACKENDS: dict[str, Backend] = {
         takes_schedule=True,
         one_pass_rows=C_ONE_PASS_ROWS,
         profiled=True,
+        scheduler=_c_scheduler,
     ),
     "cuda": Backend(
-        "cuda", _run_cuda, source_emitter=_cuda_source, one_pass_rows=CUDA_ONE_PASS_ROWS
+        "cuda",
+        _run_cuda,
+        source_emitter=_cuda_source,
+        one_pass_rows=CUDA_ONE_PASS_ROWS,
+        scheduler=_cuda_scheduler,
     ),
 }
 

@@ -47,6 +47,15 @@ def is_differentiable(dtype: Any) -> bool:
     return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
+def output_dtype(nest: LoopNest, operands: Sequence[Any]) -> Any:
+    """A nest's output dtype: `POSITION_DTYPE` for argmax/argmin (no gradient), else the
+    operands' result type, a float where every operand is an integer."""
+    if REDUCTIONS[nest.reduction].positional:
+        return jnp.dtype(POSITION_DTYPE)
+    dtype = jnp.result_type(*operands) if operands else jnp.result_type(float)
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
+
+
 def _frozen(shapes: Shapes) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
 

@@ -43,7 +43,7 @@ from codegen.passes.online import pair_stored
 from codegen.recursion import deeply
 from tensordsl.binding import one_pass as online
 from tensordsl.binding import program_jvp
-from tensordsl.binding.primitive import call_nest, is_differentiable
+from tensordsl.binding.primitive import call_nest, is_differentiable, output_dtype
 from tensordsl.errors import user_facing
 
 
@@ -130,7 +130,7 @@ class FusedProgram:
                 backend=self.backend,
                 precision=self.precision,
                 shapes={},
-                out_dtype=_dtype(operands),
+                out_dtype=output_dtype(nest, operands),
                 nograd=self.nograd & set(nest.operand_names),
             )
             if nest.online:

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from codegen import config
@@ -68,7 +67,7 @@ def run_program(
             operands,
             backend=backend,
             shapes={},
-            out_dtype=_output_dtype(operands),
+            out_dtype=jax_bind.output_dtype(nest, operands),
             nograd=nograd & set(nest.operand_names),
             precision=precision,
         )
@@ -168,9 +167,3 @@ def fuse_program(
     (the `fuse=` option, as sorted pairs)."""
     known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
     return _fused(live, outputs, known, force)
-
-
-def _output_dtype(operands: Sequence[Any]) -> Any:
-    """As a one-statement kernel: the operands' result type, a float for integer operands."""
-    dtype = jnp.result_type(*operands) if operands else jnp.result_type(float)
-    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)

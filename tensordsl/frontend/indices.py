@@ -36,6 +36,21 @@ from tensordsl.frontend.parse import Access, Binary, Call, Compare, Expr, Name, 
 #: Tullio's positions inside an index expression: `D[i,end]` reads the last position of that
 #: axis, `D[i,begin]` the first (0); neither is an index.
 POSITIONS = ("begin", "end")
+#: Leading batch axes (`Y[..., o] := X[..., i] * W[i, o]`): one index over the leading axes,
+#: flattened into one at each call (`tensordsl/frontend/ellipsis.py`).
+ELLIPSIS = "..."
+#: The extent of an index inside an expression: `size(j)`, and names users try for it.
+SIZE = "size"
+SIZE_HINTS = {
+    name: "the extent of an index is size(j)" for name in ("len", "length", "extent", "count", "n")
+}
+
+
+def size_placeholder(index: str) -> sympy.Symbol:
+    """The symbol `size(index)` stands for until `lower` knows the index's range."""
+    return sympy.Symbol(f"size({index})", integer=True, nonnegative=True)
+
+
 #: The IEEE infinity literal: `-inf` in a mask (`where(j <= i, 0, -inf)`), never a scalar input.
 INFINITY = "inf"
 _AFFINE_EXAMPLE = "an affine expression of indices with integer coefficients, such as 'i+k', '2i+1'"

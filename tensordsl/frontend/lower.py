@@ -14,6 +14,7 @@ call-time shape checks (`tensordsl/frontend/shapes.py`) need.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -23,15 +24,16 @@ from codegen.ir.nest import LoopNest, Operand, Range, Term, index_symbol, tensor
 from codegen.ir.reductions import USER_REDUCTIONS
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
-from tensordsl.errors import ReductionError, close_match
+from tensordsl.errors import ReductionError, UnsupportedError, close_match
 from tensordsl.frontend.gathers import Gather
+from tensordsl.frontend.indices import size_placeholder
 from tensordsl.frontend.left import diagonal_mask, left_forms, left_ranges
 from tensordsl.frontend.parse import Span, Statement
 from tensordsl.frontend.ranges import index_ranges
 from tensordsl.frontend.translate import AccessUse, Translation, translate
 from tensordsl.frontend.typos import index_typos
 
-__all__ = ["USER_REDUCTIONS", "Lowered", "lower"]
+__all__ = ["LANGUAGE_REDUCTIONS", "USER_REDUCTIONS", "Lowered", "check_reduction", "lower"]
 
 
 @dataclass(frozen=True)
@@ -108,16 +110,24 @@ class Lowered:
         )
 
 
+#: The reductions a statement may ask for: the table's user rows, and `mean`, which `lower`
+#: writes as a sum of the body divided by the number of values it reduces.
+MEAN = "mean"
+LANGUAGE_REDUCTIONS = ("sum", MEAN, *(r for r in USER_REDUCTIONS if r != "sum"))
+
 #: Reductions users reach for that the language does not have, and how to write them today.
 MISSING_REDUCTIONS = {
-    "mean": "mean is not a reduction yet: reduce with sum and divide by the count, e.g. "
-    "td.kernel('M[i] := X[i,j]')(X) / X.shape[1]",
-    "avg": "write a mean as a sum divided by the count, e.g. "
-    "td.kernel('M[i] := X[i,j]')(X) / X.shape[1]",
-    "argmax": "argmax is not a user reduction; reduce='max' saves the position for the "
-    "gradient, and jnp.argmax gives it",
-    "argmin": "argmin is not a user reduction; reduce='min' saves the position for the "
-    "gradient, and jnp.argmin gives it",
+    "avg": "a mean is reduce='mean' (or the prefix '(mean)')",
+    "average": "a mean is reduce='mean' (or the prefix '(mean)')",
+}
+
+#: Selections of several values along an axis: not a reduction to one value per output
+#: element, so not in the language (UnsupportedError, with what to use instead).
+SELECTIONS = {
+    name: "top-k is not in the language (a kernel reduces to one value per output element): "
+    "use jax.lax.top_k (jax.lax.top_k(-D, k) for the k smallest) on the kernel's output, "
+    "or reduce='argmax'/'argmin' for k = 1"
+    for name in ("topk", "top_k", "argkmin", "argkmax", "kmin", "kmax", "argsort", "sort")
 }
 
 
@@ -125,7 +135,33 @@ def reduction_hint(name: object) -> str | None:
     """A hint for an unknown reduction: how to write a missing one, else a close match."""
     if isinstance(name, str) and name.lower() in MISSING_REDUCTIONS:
         return MISSING_REDUCTIONS[name.lower()]
-    return close_match(name, USER_REDUCTIONS)  # type: ignore[arg-type]
+    return close_match(name, LANGUAGE_REDUCTIONS)  # type: ignore[arg-type]
+
+
+def check_reduction(name: object, source: str, span: Span | None = None) -> None:
+    """Refuse a reduction the language does not have, with a hint.
+
+    Raises:
+        UnsupportedError: a selection of several values (top-k, sort).
+        ReductionError: any other unknown name.
+    """
+    if name in LANGUAGE_REDUCTIONS:
+        return
+    if isinstance(name, str) and name.lower() in SELECTIONS:
+        raise UnsupportedError(
+            f"'{name}' is not supported",
+            source,
+            span,
+            expected="one of " + ", ".join(LANGUAGE_REDUCTIONS),
+            hint=SELECTIONS[name.lower()],
+        )
+    raise ReductionError(
+        f"unknown reduction '{name}'",
+        source,
+        span,
+        expected="one of " + ", ".join(LANGUAGE_REDUCTIONS),
+        hint=reduction_hint(name),
+    )
 
 
 def _reduction(statement: Statement, reduce: str | None) -> str:
@@ -139,15 +175,32 @@ def _reduction(statement: Statement, reduce: str | None) -> str:
             expected="one reduction: the prefix or reduce=, or both the same",
         )
     name = prefix if prefix is not None else (reduce if reduce is not None else "sum")
-    if name not in USER_REDUCTIONS:
-        raise ReductionError(
-            f"unknown reduction '{name}'",
-            src,
-            span if prefix is not None else None,
-            expected="one of " + ", ".join(USER_REDUCTIONS),
-            hint=reduction_hint(name),
-        )
+    check_reduction(name, src, span if prefix is not None else None)
     return name
+
+
+def _sizes(translation: Translation, found: Mapping[str, Range]) -> Translation:
+    """`size(j)` replaced by the extent of `j`'s inferred range, in the body and its parts."""
+    sizes = {size_placeholder(name): r.stop - r.start for name, r in found.items()}
+    if not translation.body.free_symbols & set(sizes):
+        return translation
+    return dataclasses.replace(
+        translation,
+        body=translation.body.xreplace(sizes),
+        parts=tuple(p.xreplace(sizes) for p in translation.parts),
+    )
+
+
+def _mean(terms: tuple[Term, ...]) -> tuple[Term, ...]:
+    """A mean: each summed term divided by the number of values it sums (the product of its
+    reduced ranges' lengths, as inferred: a mask in the body does not change it, as in
+    `jnp.mean` of a `jnp.where`); a term added once, outside the sum, is its own mean."""
+    return tuple(
+        dataclasses.replace(t, body=t.body / sympy.Mul(*(r.stop - r.start for r in t.reduced)))
+        if t.reduced
+        else t
+        for t in terms
+    )
 
 
 def _terms(
@@ -162,7 +215,7 @@ def _terms(
     >>> [(t.body, t.reduced_indices) for t in lower(parse("Y[o] := X[i]*W[i,o] + c[o]")).nest.terms]
     [(W[i, o]*X[i], (i,)), (c[o], ())]
     """
-    if reduction != "sum" or not reduced:
+    if reduction not in ("sum", MEAN) or not reduced:
         return (Term(translation.body, reduced),)
     summed = {r.index for r in reduced}
     inside = [p for p in translation.parts if p.free_symbols & summed]
@@ -227,16 +280,18 @@ def lower(
         found.update(left_ranges(forms, found))
     else:
         found = index_ranges(translation, ranges, statement.source)
+    translation = _sizes(translation, found)
     index_typos(forms.statement, translation.reduced)
     free = tuple(found[n] for n in translation.free)
     reduced = tuple(found[n] for n in translation.reduced)
     translation = _shift_gathered(translation, found)
+    terms = _terms(translation, reduction, reduced)
     nest = LoopNest(
         output=statement.output,
         free=free,
-        terms=_terms(translation, reduction, reduced),
+        terms=_mean(terms) if reduction == MEAN else terms,
         operands=tuple(Operand(name, rank) for name, rank in translation.operands),
-        reduction=reduction,
+        reduction="sum" if reduction == MEAN else reduction,
     )
     nest = factor_sums(bound_guards(nest))
     return Lowered(

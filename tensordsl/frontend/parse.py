@@ -119,6 +119,7 @@ class Token:
 
 _TOKEN = re.compile(
     r"(?P<space>\s+)"
+    r"|(?P<ellipsis>\.\.\.)"
     r"|(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
     r"|(?P<name>[^\W\d]\w*)"  # Python's identifiers, unicode included: `α`, `Δt`
     r"|(?P<op>:=|\*\*|<=|>=|==|!=|[-+*/^<>()\[\],])"
@@ -142,6 +143,9 @@ def tokenize(source: str) -> tuple[Token, ...]:
         kind = match.lastgroup
         assert kind is not None
         if kind != "space":
+            # `...` (leading batch axes) reads as a name; the translator allows it only as
+            # the first index of an index list
+            kind = "name" if kind == "ellipsis" else kind
             tokens.append(Token(kind, match.group(), match.span()))
         pos = match.end()
     tokens.append(Token("end", "", (len(source), len(source))))

@@ -25,17 +25,17 @@ from dataclasses import dataclass, replace
 
 from codegen.ir.extents import output_shape
 from codegen.ir.program import Program, make_program
-from codegen.ir.reductions import USER_REDUCTIONS
 from tensordsl.errors import (
     ParseError,
     RangeError,
-    ReductionError,
     ShapeError,
     TensorDSLError,
     UnknownNameError,
+    UnsupportedError,
     close_match,
 )
-from tensordsl.frontend.lower import Lowered, lower, reduction_hint
+from tensordsl.frontend.ellipsis import leading_axes
+from tensordsl.frontend.lower import Lowered, check_reduction, lower
 from tensordsl.frontend.parse import Span, Statement, parse
 from tensordsl.frontend.shapes import check_shapes, concrete_shapes
 from tensordsl.frontend.translate import Translation, translate
@@ -193,13 +193,8 @@ class _Names:
 
 
 def _check_reduce(reduce: str | None, source: str) -> None:
-    if reduce is not None and reduce not in USER_REDUCTIONS:
-        raise ReductionError(
-            f"unknown reduction '{reduce}'",
-            source,
-            expected="one of " + ", ".join(USER_REDUCTIONS),
-            hint=reduction_hint(str(reduce)),
-        )
+    if reduce is not None:
+        check_reduction(reduce, source)
 
 
 def _statement_ranges(
@@ -289,6 +284,15 @@ def lower_program(
         lower(s, reduce=None if s.reduction else reduce, ranges=r)
         for s, r in zip(statements, per_statement)
     )
+    for low in lowered:
+        if leading_axes(low.nest) is not None:
+            raise UnsupportedError(
+                "'...' (leading batch axes) is not supported in a program yet",
+                source,
+                low.statement.span,
+                expected="the batch axes written out, as in 'Y[b,t,o] := X[b,t,i] * W[i,o]'",
+                hint="or write the program without the batch axes and jax.vmap it",
+            )
     program = make_program([low.nest for low in lowered], outputs=chosen)
     return LoweredProgram(program, lowered, source, returns_tuple=outputs is not None)
 

@@ -37,9 +37,13 @@ from tensordsl.errors import (
 from tensordsl.frontend.boundaries import BOUNDARY_FORMS
 from tensordsl.frontend.gathers import Gather, GatheredAccesses
 from tensordsl.frontend.indices import (
+    ELLIPSIS,
     INFINITY,
     POSITIONS,
+    SIZE,
+    SIZE_HINTS,
     AccessUse,
+    size_placeholder,
     text_of,
     walk,
 )
@@ -101,6 +105,7 @@ class _Translator(GatheredAccesses):
         self.gathers: list[Gather] = []
 
     def build(self) -> Translation:
+        self.check_ellipsis()
         free = self.free_indices()
         bracketed = [
             n
@@ -144,6 +149,29 @@ class _Translator(GatheredAccesses):
             parts,
             tuple(self.gathers),
         )
+
+    def check_ellipsis(self) -> None:
+        """`...` stands for leading batch axes: only the first index of an index list."""
+        allowed = {
+            id(node.indices[0])
+            for node in walk(self.st.body)
+            if isinstance(node, Access) and node.indices
+        }
+        allowed |= {id(self.st.indices[0])} if self.st.indices else set()
+        nodes = [*walk(self.st.body), *(n for i in self.st.indices or () for n in walk(i))]
+        span = self.st.output_span if self.st.output == ELLIPSIS else None
+        for node in nodes:
+            if isinstance(node, Name) and node.name == ELLIPSIS and id(node) not in allowed:
+                span = node.span
+                break
+        if span is not None:
+            raise IndexExpressionError(
+                "'...' is not the first index of an index list",
+                self.src,
+                span,
+                expected="'...' for the leading (batch) axes, first in an index list, as in "
+                "'Y[..., o] := X[..., i] * W[i, o]'",
+            )
 
     def free_indices(self) -> list[str]:
         names: list[str] = []
@@ -305,6 +333,8 @@ class _Translator(GatheredAccesses):
         return self.checked(node, lambda: _RELATIONS[node.op](left, right))
 
     def call(self, node: Call) -> Any:
+        if node.name == SIZE:
+            return self.size(node)
         spec = FUNCTIONS.get(node.name)
         if spec is None and node.name in BOUNDARY_FORMS:
             raise IndexExpressionError(
@@ -326,8 +356,8 @@ class _Translator(GatheredAccesses):
                 f"unknown function '{node.name}'",
                 self.src,
                 node.name_span,
-                expected="one of " + ", ".join(sorted(FUNCTIONS)),
-                hint=close_match(node.name, FUNCTIONS),
+                expected="one of " + ", ".join(sorted([*FUNCTIONS, SIZE])),
+                hint=SIZE_HINTS.get(node.name) or close_match(node.name, [*FUNCTIONS, SIZE]),
             )
         if len(node.args) != spec.arity:
             params = ", ".join("xyz"[: spec.arity])
@@ -344,6 +374,18 @@ class _Translator(GatheredAccesses):
             for n, a in enumerate(node.args)
         ]
         return self.checked(node, lambda: spec.build(*args))
+
+    def size(self, node: Call) -> Any:
+        """`size(j)`: the number of values index `j` runs over (`size_placeholder`, replaced
+        by the extents of its range once ranges are inferred)."""
+        arg = node.args[0] if len(node.args) == 1 else None
+        if not isinstance(arg, Name) or arg.name not in self.indices:
+            raise self.fail(
+                f"'{text_of(self.src, node.span)}' does not name an index of this statement",
+                node,
+                "size(j) of an index j that the statement uses, as in 'M[i] := X[i,j] / size(j)'",
+            )
+        return size_placeholder(arg.name)
 
 
 #: Integer constants of this magnitude or more in values (not in index expressions) are

@@ -60,7 +60,7 @@ def test_attention_pairs_its_logsumexp_and_weighted_sum():
     assert one.free[-1].stop == stored[1].free[-1].stop + 1  # O's last axis, then L
     shapes = {name: np.shape(v) for name, v in values.items()}
     text = td.kernel(CAUSAL, outputs=("O", "L")).explain(shapes)
-    assert "one pass: L and O in one nest on the C back end (online softmax" in text
+    assert "  forward O+L  one pass over each row's scores with a running max" in text
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ def test_a_bias_inside_a_fused_program(backend):
 
 def test_explain_shows_where_the_sum_ends():
     text = td.kernel("Y[b,o] := X[b,i] * W[i,o] + c[o]").explain()
-    assert "  Y[b, o] = (sum_i W[i, o]*X[b, i])\n          + c[o]\n" in text
+    assert "  Y[b, o] = (sum_i X[b, i]*W[i, o])\n          + c[o]\n" in text
     assert "  dc[o] = sum_b dY[b, o]\n" in text
 
 

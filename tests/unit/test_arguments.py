@@ -119,7 +119,7 @@ def test_inputs_are_not_modified() -> None:
 
 def test_explain_checks_the_shapes_like_a_call() -> None:
     k = kernel()
-    assert "Y[i] = sum_k W[k]*X[i, k]" in k.explain(shapes={"X": (3, 4), "W": (np.int64(4),)})
+    assert "Y[i] = sum_k X[i, k]*W[k]" in k.explain(shapes={"X": (3, 4), "W": (np.int64(4),)})
     cases = [
         ({"X": (3, 4), "W": (5,)}, td.RangeError, "index 'k' has extent 4"),
         ({"X": (3,), "W": (4,)}, td.ShapeError, "'X' is a tensor of rank 2"),

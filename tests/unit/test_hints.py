@@ -27,7 +27,7 @@ def test_einsum_strings_and_matmul_operators_get_a_targeted_hint(source, hint):
 @pytest.mark.parametrize("prefix", [False, True])
 @pytest.mark.parametrize(
     ("name", "hint"),
-    [("mean", "reduce with sum and divide by the count"), ("argmax", "jnp.argmax gives it")],
+    [("avg", "a mean is reduce='mean'"), ("average", "a mean is reduce='mean'")],
 )
 def test_missing_reductions_say_how_to_write_them(prefix, name, hint):
     source, options = ("M[i] := X[i,j]", {"reduce": name})

@@ -71,7 +71,9 @@ def test_reduction(prefix: str, option: str | None, expected: str) -> None:
     assert low(f"{prefix}Y[i] := X[i, k]", reduce=option).nest.reduction == expected
 
 
-@pytest.mark.parametrize("prefix, option", [("(max) ", "min"), ("(argmax) ", None), ("", "mean")])
+@pytest.mark.parametrize(
+    "prefix, option", [("(max) ", "min"), ("(argmax) ", "mean"), ("", "median")]
+)
 def test_bad_reduction(prefix: str, option: str | None) -> None:
     with pytest.raises(ReductionError):
         low(f"{prefix}Y[i] := X[i, k]", reduce=option)

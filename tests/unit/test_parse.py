@@ -207,5 +207,5 @@ def test_nesting_at_the_limit_goes_through_every_stage(name: str) -> None:
     from tensordsl.kernel import kernel
 
     k = kernel(AT_THE_LIMIT[name])
-    assert k.explain().startswith("forward")
+    assert "forward" in k.explain().splitlines()
     assert set(k.source("c")) == {"forward", "grad_X"}

@@ -82,7 +82,7 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
         None,
         ReductionError,
     ),
-    "unknown_reduce_option": (ATTENTION, {"reduce": "mean"}, None, ReductionError),
+    "unknown_reduce_option": (ATTENTION, {"reduce": "average"}, None, ReductionError),
     "unknown_range_key": (ATTENTION, {"ranges": {"kk": 3}}, None, RangeError),
     "infinity_minus_infinity": (
         "A[i] := X[i]\nB[i] := A[i] + (inf - inf)",

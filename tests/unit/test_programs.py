@@ -177,7 +177,7 @@ def test_explain_has_one_section_per_statement_with_its_gradients():
         assert f"  gradient of {name}\n" in text
     # The mask reads no summed index: it is added once, outside the sum over d.
     assert (
-        "    S[b, h, i, j] = (sum_d scale*K[b, h, j, d]*Q[b, h, i, d])\n"
+        "    S[b, h, i, j] = (sum_d Q[b, h, i, d]*K[b, h, j, d]*scale)\n"
         "                  + where(i >= j, 0, -inf)\n" in text
     )
 
