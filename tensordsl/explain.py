@@ -172,7 +172,7 @@ def explain(
     Returns:
         Several lines of text.
     """
-    summary = [] if backend is None else kernel_summary(nest, backend, schedule)
+    summary = [] if backend is None else kernel_summary(nest, backend, schedule, unread)
     gathers = [
         f"gathered {name} = {access} (before the nest; gradient: a sorted segmented sum)"
         for name, access in gathered
@@ -180,11 +180,16 @@ def explain(
     return "\n".join([*summary, *gathers, _explain(nest, shapes, unread)])
 
 
-def kernel_summary(nest: LoopNest, backend: str, schedule: Any = None) -> list[str]:
-    """The summary lines of a kernel's nests (`explain_summary.summary_lines`)."""
+def kernel_summary(
+    nest: LoopNest, backend: str, schedule: Any = None, unread: frozenset[str] = frozenset()
+) -> list[str]:
+    """The summary lines of a kernel's nests (`explain_summary.summary_lines`); none for the
+    gradients of `unread` operands (read only through gathers: no nest runs for them)."""
     labels = {"forward": f"forward {nest.output}"}
     nests = {}
     for name, each in kernel_nests(nest).items():
+        if name.startswith("grad_") and name[len("grad_") :] in unread:
+            continue
         label = labels.get(name) or name.replace("aux_", "saved for gradients: ")
         label = label.replace("grad_", "gradient of ")
         nests[label] = each

@@ -1,13 +1,71 @@
-"""Which way a reduction nest reads memory: along its reduced index ("rows": a group of lanes
-per output element strides the row) or along its last free index ("columns": a thread per
-output element, the reduced loops cut across blocks). `codegen.cuda.schedule` picks the
-rows and columns strategies from it."""
+"""The shape of a nest's body and memory reads, from which `codegen.cuda.schedule` picks a
+strategy: a product of two factors split by their indices (`split_contraction`: the smem
+tile; `split_weighted`: the online kernel's weighted sum), and which way a reduction reads
+memory (`reduction_layout`): along its reduced index ("rows": a group of lanes per output
+element strides the row) or along its last free index ("columns": a thread per output
+element, the reduced loops cut across blocks)."""
 
 from __future__ import annotations
+
+import sympy
 
 from codegen.emit.loop_order import LoopOrder
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.nest import LoopNest, Reduce, accesses, extent_of
+
+
+def split_contraction(
+    nest: LoopNest, row: str, vector: str
+) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """`(a, b)` with body `a*b`, `a` free of `vector` and `b` free of `row`, else None.
+
+    A body with a nested reduction (an inlined intermediate, attention's scores) is None:
+    the smem strategy loads each element of a tile as one expression, with no loop of its
+    own for a nested reduction (issue 27: attention whose K and V lack the batch index)."""
+    if nest.reduction != "sum" or len(nest.terms) != 1:
+        return None
+    (term,) = nest.terms
+    if not term.reduced or term.guard != sympy.true or term.body.atoms(Reduce):
+        return None
+    a_factors: list[sympy.Expr] = []
+    b_factors: list[sympy.Expr] = []
+    for factor in sympy.Mul.make_args(term.body):
+        names = {s.name for s in factor.free_symbols if isinstance(s, sympy.Symbol)}
+        names |= {s.name for access in factor.atoms(sympy.Indexed) for s in access.free_symbols}
+        if row in names and vector in names:
+            return None
+        (b_factors if vector in names else a_factors).append(factor)
+    a, b = sympy.Mul(*a_factors), sympy.Mul(*b_factors)
+    if not a.atoms(sympy.Indexed) or not b.atoms(sympy.Indexed):
+        return None
+    return a, b
+
+
+def uses(expr: sympy.Basic, name: str) -> bool:
+    """Whether `expr` reads the index `name` (in an access or elsewhere)."""
+    return any(s.name == name for s in expr.free_symbols if isinstance(s, sympy.Symbol))
+
+
+def split_weighted(nest: LoopNest) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """`(a, b)` with the body of a sum of one reduced index `a*b` (every added term has the
+    same factors `b`), where `b`, the factors that read the last free index (the column),
+    reads no other free index but the outer ones, holds an access and no nested reduction,
+    and `a`, holding a nested reduction, does not read the column; else None."""
+    if nest.reduction != "sum" or nest.online or len(nest.terms) != 1 or len(nest.free) < 2:
+        return None
+    (term,) = nest.terms
+    if len(term.reduced) != 1 or term.guard != sympy.true or not term.body.atoms(Reduce):
+        return None
+    row, col = nest.free[-2].index.name, nest.free[-1].index.name
+    products = [sympy.Mul.make_args(t) for t in sympy.Add.make_args(term.body)]
+    columns = [frozenset(f for f in p if uses(f, col)) for p in products]
+    if not columns[0] or any(c != columns[0] for c in columns):
+        return None
+    b = sympy.Mul(*sorted(columns[0], key=str))
+    if uses(b, row) or b.atoms(Reduce) or not b.atoms(sympy.Indexed):
+        return None
+    a = sympy.Add(*(sympy.Mul(*(f for f in p if f not in columns[0])) for p in products))
+    return None if uses(a, col) else (a, b)
 
 
 def _row_indices(nest: LoopNest, order: LoopOrder) -> set[str]:

@@ -2,7 +2,7 @@
 softmax-weighted sum in one pass (`codegen.passes.online`), FlashAttention's forward as SIMT
 code, for any nest of that form (the score is whatever the program computes: a dot
 product, a bias, a mask); and the same kernel for a sum `O[r, c] = sum_k a(r, k) * b(k, c)`
-whose weight `a` holds nested reductions (`codegen.cuda.schedule.split_weighted`:
+whose weight `a` holds nested reductions (`codegen.cuda.layout.split_weighted`:
 attention's gradient nests dQ, dK, dV), where `a` plays the score and `b` the weights.
 
 One block computes `rows` (schedule field, 32) consecutive values of the row index
@@ -50,11 +50,8 @@ import sympy
 
 from codegen.cuda import key_tiles
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.schedule import (
-    ONLINE_COLUMNS,
-    GpuSchedule,
-    split_weighted,
-)
+from codegen.cuda.layout import split_weighted
+from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.cuda.smem import BANKS
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.emit.loop_order import term_order
@@ -100,7 +97,7 @@ def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | No
 
 def scores_and_weights(nest: LoopNest) -> tuple[Term, Term]:
     """The kernel's two terms over the keys: a one-pass nest's own (scores, weights), or a
-    weighted sum's `a` and `b` (`codegen.cuda.schedule.split_weighted`)."""
+    weighted sum's `a` and `b` (`codegen.cuda.layout.split_weighted`)."""
     if len(nest.terms) == 2:
         return nest.terms[0], nest.terms[1]
     split = split_weighted(nest)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.schedule import SMEM_THREADS, split_contraction
+from codegen.cuda.layout import split_contraction
+from codegen.cuda.schedule import SMEM_THREADS
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 
 

@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from codegen.ir.nest import LoopNest, accesses, index_symbol
-from tensordsl.errors import ShapeError
-from tensordsl.frontend.indices import ELLIPSIS
+from tensordsl.errors import IndexExpressionError, ShapeError
+from tensordsl.frontend.indices import ELLIPSIS, walk
+from tensordsl.frontend.parse import Access, Name, Statement
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,25 @@ def flat_shapes(
         name: (math.prod(lead), *shape[len(lead) :]) if name in names else tuple(shape)
         for name, shape in shapes.items()
     }
+
+
+def check_placement(st: Statement, src: str) -> None:
+    """`...` stands for leading batch axes: only the first index of an index list."""
+    allowed = {
+        id(node.indices[0]) for node in walk(st.body) if isinstance(node, Access) and node.indices
+    }
+    allowed |= {id(st.indices[0])} if st.indices else set()
+    nodes = [*walk(st.body), *(n for i in st.indices or () for n in walk(i))]
+    span = st.output_span if st.output == ELLIPSIS else None
+    for node in nodes:
+        if isinstance(node, Name) and node.name == ELLIPSIS and id(node) not in allowed:
+            span = node.span
+            break
+    if span is not None:
+        raise IndexExpressionError(
+            "'...' is not the first index of an index list",
+            src,
+            span,
+            expected="'...' for the leading (batch) axes, first in an index list, as in "
+            "'Y[..., o] := X[..., i] * W[i, o]'",
+        )

@@ -35,9 +35,9 @@ from tensordsl.errors import (
     close_match,
 )
 from tensordsl.frontend.boundaries import BOUNDARY_FORMS
+from tensordsl.frontend.ellipsis import check_placement
 from tensordsl.frontend.gathers import Gather, GatheredAccesses
 from tensordsl.frontend.indices import (
-    ELLIPSIS,
     INFINITY,
     POSITIONS,
     SIZE,
@@ -105,7 +105,7 @@ class _Translator(GatheredAccesses):
         self.gathers: list[Gather] = []
 
     def build(self) -> Translation:
-        self.check_ellipsis()
+        check_placement(self.st, self.src)
         free = self.free_indices()
         bracketed = [
             n
@@ -149,29 +149,6 @@ class _Translator(GatheredAccesses):
             parts,
             tuple(self.gathers),
         )
-
-    def check_ellipsis(self) -> None:
-        """`...` stands for leading batch axes: only the first index of an index list."""
-        allowed = {
-            id(node.indices[0])
-            for node in walk(self.st.body)
-            if isinstance(node, Access) and node.indices
-        }
-        allowed |= {id(self.st.indices[0])} if self.st.indices else set()
-        nodes = [*walk(self.st.body), *(n for i in self.st.indices or () for n in walk(i))]
-        span = self.st.output_span if self.st.output == ELLIPSIS else None
-        for node in nodes:
-            if isinstance(node, Name) and node.name == ELLIPSIS and id(node) not in allowed:
-                span = node.span
-                break
-        if span is not None:
-            raise IndexExpressionError(
-                "'...' is not the first index of an index list",
-                self.src,
-                span,
-                expected="'...' for the leading (batch) axes, first in an index list, as in "
-                "'Y[..., o] := X[..., i] * W[i, o]'",
-            )
 
     def free_indices(self) -> list[str]:
         names: list[str] = []

@@ -339,7 +339,7 @@ def test_more_forms(backend):
 def test_explain_build_and_profile():
     k = td.kernel("E[b,t,d] := W[tok[b,t], d] * s", backend="c")
     text = k.explain({"W": (7, 5), "tok": (2, 3), "s": ()})
-    assert text.startswith("gathered W__at12 = W[tok[b,t], d]")
+    assert "\ngathered W__at12 = W[tok[b,t], d] (before the nest" in text
     assert "gradient of W\n" not in text and "gradient of tok" not in text
     assert "gradient of s" in text
     k.build({"W": (7, 5), "tok": (2, 3), "s": ()})  # tok given by shape: int32

@@ -27,7 +27,9 @@ def test_a_kernel_summary_counts_its_nests_and_says_each_schedule_in_words():
     cuda = td.kernel("M[i] := X[i,j]", reduce="max", backend="cuda").explain().splitlines()
     assert cuda[0] == "3 nests on the cuda back end, each scheduled for float32 inputs as:"
     assert cuda[1].startswith("  forward M  ")
-    assert cuda[1].endswith("  one output element per thread, reducing j in registers")
+    assert cuda[1].endswith(
+        "  a group of lanes per output element striding j (coalesced), combined by warp shuffles"
+    )
 
 
 def test_schedules_are_words_not_codes(capsys):
