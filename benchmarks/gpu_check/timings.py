@@ -67,6 +67,30 @@ def _wait(result: Any) -> None:
             return
 
 
+#: Largest difference from the jnp result, relative to its largest magnitude, per dtype (jnp
+#: at HIGHEST where the case has it; TF32 or bf16 products and other summation orders).
+TOLERANCE = {"float32": 2e-3, "bfloat16": 5e-2}
+
+
+def check_values(fns: dict[str, Callable[[], Any]], dtype: str) -> tuple[str, str]:
+    """("ok" or "wrong", "max rel err ...") of ours against a JAX implementation's result
+    (jnp at HIGHEST where there is one), or ("ok", "") when there is none to compare with."""
+    import numpy as np
+
+    jax_impls = [k for k in fns if k != OURS and not k.startswith("torch")]
+    theirs = "jnp (HIGHEST)" if "jnp (HIGHEST)" in fns else next(iter(jax_impls), None)
+    if theirs is None:
+        return "ok", ""
+    got, want = jax.tree.leaves(fns[OURS]()), jax.tree.leaves(fns[theirs]())
+    worst = 0.0
+    for a, b in zip(got, want, strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = max(float(np.max(np.abs(b))), 1e-30) if b.size else 1.0
+        worst = max(worst, float(np.max(np.abs(a - b))) / scale if b.size else 0.0)
+    status = "ok" if worst <= TOLERANCE.get(dtype, 2e-3) else "wrong"
+    return status, f"max rel err {worst:.1e} vs {theirs}"
+
+
 def run_all(out: pathlib.Path, emulate: bool, quick: bool, only: tuple[str, ...] = ()) -> None:
     """Time every case (or those whose name contains one of `only`), one row per
     implementation."""
@@ -91,6 +115,11 @@ def run_all(out: pathlib.Path, emulate: bool, quick: bool, only: tuple[str, ...]
             continue
         limit_s = max(flops / peaks[dtype], traffic / peaks["bandwidth"]) if peaks else None
         ours_ms = None
+        try:
+            verdict, checked = check_values(fns, dtype)
+        except Exception as error:
+            verdict, checked = "failed", short(error)
+            traceback.print_exc()
         for impl, fn in list(fns.items())[: 2 if quick else None]:
             try:
                 ms = measure(fn)
@@ -114,10 +143,11 @@ def run_all(out: pathlib.Path, emulate: bool, quick: bool, only: tuple[str, ...]
                 out,
                 "timings",
                 name,
-                "ok",
+                verdict if impl == OURS else "ok",
                 mode=mode,
                 impl=impl,
                 ms=ms,
+                detail=checked if impl == OURS else "",
                 ratio=ours_ms / ms if ours_ms else None,
                 shape=shape,
                 percent=percent,
