@@ -31,8 +31,6 @@ from codegen.ir.nest import (
     Range,
     Term,
     default_dtypes,
-    extent_of,
-    extent_symbol,
     output_source,
 )
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
@@ -41,6 +39,7 @@ from codegen.passes import grad, gradient_rules
 from tensordsl.backends import table
 from tensordsl.errors import OptionError, UnknownNameError, close_match, user_facing
 from tensordsl.explain_facts import equal_extents, implied
+from tensordsl.explain_prologues import prologue_lines, substitute
 from tensordsl.explain_summary import summary_lines
 
 
@@ -82,22 +81,6 @@ def _bound(expr: sympy.Expr, lowest: bool) -> str:
     return text.replace("Max(", "max(").replace("Min(", "min(")
 
 
-def _substitute(
-    expr: sympy.Basic, shapes: Mapping[str, tuple[int, ...]] | None, aliases: Mapping[str, str]
-) -> sympy.Basic:
-    mapping = {}
-    for s in expr.free_symbols:
-        found = extent_of(s)
-        if found is None:
-            continue
-        name = aliases.get(found[0], found[0])
-        if shapes is not None and name in shapes:
-            mapping[s] = sympy.Integer(shapes[name][found[1]])
-        elif name != found[0]:
-            mapping[s] = extent_symbol(name, found[1])
-    return expr.xreplace(mapping)
-
-
 def nest_lines(
     nest: LoopNest,
     *,
@@ -117,7 +100,7 @@ def nest_lines(
     order = operands or nest.operand_names
 
     def show(expr: sympy.Basic) -> sympy.Basic:
-        return _substitute(expr, shapes, aliases)
+        return substitute(expr, shapes, aliases)
 
     lhs = output_source(nest)
     lines = []
@@ -206,6 +189,7 @@ def _explain(
     order = (nest.output, *nest.operand_names)
     options: dict[str, Any] = {"shapes": shapes, "operands": order, "same": same}
     lines = ["forward"] + ["  " + line for line in nest_lines(nest, **options)]
+    lines += ["  " + line for line in prologue_lines(nest, shapes)]
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         lines.append(f"saved for the gradients ({role})")
         lines += ["  " + line for line in nest_lines(aux, **options)]
@@ -223,6 +207,7 @@ def _explain(
             "  " + line
             for line in nest_lines(gradient.nest, first=cotangent, aliases=aliases, **options)
         ]
+        lines += ["  " + line for line in prologue_lines(gradient.nest, shapes, aliases)]
     return "\n".join(lines)
 
 
@@ -306,7 +291,7 @@ def range_lines(nest: LoopNest, shapes: Mapping[str, tuple[int, ...]] | None = N
     for r, kind in rows:
         text = f"{r.index} in [{_bound(r.start, True)}, {_bound(r.stop, False)})"
         if shapes is not None:
-            start, stop = _substitute(r.start, shapes, {}), _substitute(r.stop, shapes, {})
+            start, stop = substitute(r.start, shapes, {}), substitute(r.stop, shapes, {})
             if start != r.start or stop != r.stop:
                 text += f" = [{_bound(start, True)}, {_bound(stop, False)})"
         lines.append(f"{text}   {kind}")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import sympy
 
 from codegen.c.rows import row_loop
-from codegen.c.tiles import CEmitter, lane_levels, lane_loops, tiled
+from codegen.c.tiles import CEmitter, lane_levels, lane_loops, stored, tiled
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Plan
 
@@ -143,7 +143,7 @@ def dot(e: CEmitter) -> Lines:
         store = [
             *p.declare("tot_"),
             *block_lines(f"for (int64_t l_ = 0; l_ < {lanes}; ++l_)", [combine]),
-            p.store_line(base="tot_"),
+            *stored(p, [p.store_line(base="tot_")]),
         ]
         return lines + lane_loops(p, rn, wn, store, simd=False)
 

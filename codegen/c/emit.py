@@ -26,7 +26,7 @@ from codegen.c.online import online
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.strategies import scalar, split
-from codegen.c.tiles import TILE_HELPERS, tile
+from codegen.c.tiles import TILE_HELPERS, interior_length, tile
 from codegen.emit.emitter import (
     STORAGE,
     Emitter,
@@ -113,15 +113,23 @@ def emit_c(
         )
     )
     e.named.append(("work_", work))
-    body = STRATEGY_EMITTERS[schedule.strategy](e)
-    if schedule.small is not None:
-        vector = next(r for r in nest.free if r.index.name == schedule.vector)
-        small = STRATEGY_EMITTERS[schedule.small.strategy](e.variant(schedule=schedule.small))
-        head = f"if ({e.idx(vector.stop - vector.start)} >= {schedule.width})"
-        body = [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
+    body = _strategy_lines(e, schedule)
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
     entry = entry_name(nest, dtypes, schedule, role)
     return CSource(_assemble(e, entry, params, body), entry, tuple(params))
+
+
+def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
+    """The loops of `schedule`, and those of its `small` schedules (each in turn) where the
+    vector index's interior (`codegen.c.tiles.interior_length`: its extent, less the edges
+    that need per-lane tests) is shorter than its tile."""
+    here = e.variant(schedule=schedule)
+    body = STRATEGY_EMITTERS[schedule.strategy](here)
+    if schedule.small is None:
+        return body
+    small = _strategy_lines(e, schedule.small)
+    head = f"if ({interior_length(here)} >= {schedule.width})"
+    return [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
 
 
 def _assemble(

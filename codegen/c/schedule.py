@@ -38,8 +38,13 @@ The heuristic (`choose_cpu_schedule`):
    has it in its last axis; the register tile's rows are the previous free index (6 rows of
    32 float / 16 double lanes). When `v` is a window offset (it shares an access axis with
    a reduced index, as `k` in `dW[o, c, k] = dY[o, i]*X[c, i + k]`) it is often short: the
-   schedule then carries a ``small`` dot schedule over two other free indices, taken at run
-   time when `v`'s extent is below the tile width. So does a tile whose costly work (a
+   schedule then carries a ``small`` schedule taken at run time when `v`'s extent is below
+   the tile width: a tile one vector wide (8 float lanes), itself with a ``small`` dot
+   schedule over two other free indices for an extent below that (a window offset of 3).
+   So a conv2d output 30 wide keeps vector lanes over its output's columns, not over a
+   3-wide kernel axis. The last tile of an axis moves back to end where the axis ends
+   (`codegen.c.tiles`), a whole tile that stores only its new lanes, so 30 columns run as
+   four whole tiles of 8. So does a tile whose costly work (a
    function call, a nested reduction) does not read `v` while no access reads `v` either
    (only tests select by it: the coordinates `p` of the Gaussian kernel's `dX[i, p]`):
    the dot products there compute that work in vector lanes once for all the columns;
@@ -287,6 +292,18 @@ def choose_cpu_schedule(
             plain = [name for name in free if name not in windowed]
             dot_free = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
             small = _dot_schedule(nest, dot_free, reduced, wide) if plain else None
+            # Between the two, a tile one vector wide (conv2d's output 30 wide).
+            narrow = 4 if wide else 8
+            small = Schedule(
+                free,
+                reduced,
+                strategy="tile",
+                row=row,
+                vector=vector,
+                rows=6 if row else 1,
+                width=narrow,
+                small=small,
+            )
         # Costly work per row (a nested reduction, an exp) is done once per tile width of the
         # vector axis: wider tiles (8 x 64 floats) do it fewer times, and each value read
         # along the reduced axis (attention's K and V rows) serves 8 rows (attention's nests

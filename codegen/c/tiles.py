@@ -208,11 +208,21 @@ TILE_HELPERS = """\
 static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
     return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
 }
+/* Tile t: its start, its width in *n. The last tile of a part at least S long moves back
+ * to end where the part ends, a whole tile (constant trip counts) whose first *k rows or
+ * lanes the tile before it already stores. */
 static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
-                                int64_t S, int64_t *n) {
+                                int64_t S, int64_t *n, int64_t *k) {
     const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
     const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
-    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    const int64_t from = t < na ? s : t < na + ni ? a : e, to = t < na ? a : t < na + ni ? e : z;
+    *n = tdsl_imin(S, to - x0);
+    *k = 0;
+    if (*n < S && to - from >= S) {
+        *k = S - *n;
+        *n = S;
+        return to - S;
+    }
     return x0;
 }"""
 
@@ -237,6 +247,21 @@ def _interior_range(
     for more in highs[1:]:
         high = f"tdsl_imin({high}, {more})"
     return low, high
+
+
+def interior_length(e: CEmitter) -> str:
+    """C expression of the length of the vector index's interior part, the tiles of which
+    need no per-lane tests (its whole range where no constraint mentions it): where it is
+    shorter than the tile, a narrower tile keeps its lanes untested (a convolution's input
+    gradient, 32 wide with a 28-wide interior)."""
+    s = e.schedule
+    x = next(x for x in e.nest.free_indices if x.name == s.vector)
+    r = next(r for r in e.nest.free if r.index == x)
+    lo, hi = e.idx(r.start), e.idx(r.stop)
+    low, high = _interior_range(e, x, _tile_paths(e).alone[x])
+    a = f"tdsl_imin(tdsl_imax({low}, {lo}), {hi})" if low else lo
+    end = f"tdsl_imin(tdsl_imax({high}, {a}), {hi})" if high else hi
+    return f"{end} - {a}"
 
 
 def tiled(e: CEmitter, body: TileBody) -> Lines:
@@ -266,10 +291,12 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
             f"const int64_t {last} = {end};",
             f"const int64_t {count} = tdsl_tiles({lo}, {first}, {last}, {hi}, {size});",
         ]
+        skip = "sk_" if x.name == s.vector else "skr_"
         tile += [
             f"int64_t {width};",
+            f"int64_t {skip};",
             f"const int64_t {origin} = "
-            f"tdsl_tile({number}, {lo}, {first}, {last}, {hi}, {size}, &{width});",
+            f"tdsl_tile({number}, {lo}, {first}, {last}, {hi}, {size}, &{width}, &{skip});",
         ]
         full.append(f"{width} == {size}")
     check = " && ".join(full)
@@ -319,9 +346,17 @@ def tile(e: CEmitter) -> Lines:
             lane = lane_loops(p, rn, wn, p.fold_lines(n, plan, sub), plan=plan, level=first_lane)
             loops = p.loops(n, lane, plan=plan)
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
-        return lines + lane_loops(p, rn, wn, [p.store_line(sub)])
+        return lines + lane_loops(p, rn, wn, stored(p, [p.store_line(sub)]))
 
     return tiled(e, body)
+
+
+def stored(e: CEmitter, lines: Lines) -> Lines:
+    """A lane's stores, but for the first `skr_` rows and `sk_` lanes of a tile moved back to
+    end where its part of the axis ends (`tdsl_tile`): the tile before it stores those."""
+    return block_lines(
+        "if (w_ >= sk_ && r_ >= skr_)" if e.schedule.row else "if (w_ >= sk_)", lines
+    )
 
 
 def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
@@ -332,7 +367,7 @@ def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.E
     if len(p.nest.terms) == 1:
         plan = p.plan(0, [[], *lanes], tests[0])
         if not any(plan.tests[:-1]):
-            around = ([*p.declare()], [p.store_line()])
+            around = ([*p.declare()], stored(p, [p.store_line()]))
             lines = lane_loops(
                 p, rn, wn, p.fold_lines(0, plan, ""), plan=plan, level=1, around=around
             )
@@ -341,4 +376,4 @@ def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.E
     for n in range(len(p.nest.terms)):
         plan = p.plan(n, [[sym for level in lanes for sym in level]], tests[n])
         lane += ["{", *indent_lines(p.level_lines(plan, 0, p.fold_lines(n, plan, ""))), "}"]
-    return lane_loops(p, rn, wn, [*lane, p.store_line()])
+    return lane_loops(p, rn, wn, [*lane, *stored(p, [p.store_line()])])

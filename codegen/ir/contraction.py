@@ -17,7 +17,13 @@ pick the ``"xla"`` strategy and the runner calls `jnp.einsum` instead of a kerne
 ...     (Term(2 * scalar_symbol("s") * A[i, k] * B[k, j], (Range(k, 0, extent_symbol("A", 1)),)),),
 ...     (Operand("s", 0), Operand("A", 2), Operand("B", 2)))
 >>> contraction(nest)
-Contraction(subscripts='ac,cb->ab', tensors=(1, 2), scalars=(0,), constant=2.0)
+Contraction(subscripts='ac,cb->ab', tensors=(1, 2), scalars=(0,), constant=2.0, prologues=())
+
+A contraction whose factors include elementwise functions of the inputs (GELU, tanh, a mask, a
+scale: `0.5*H[b,u]*(1 + erf(H[b,u]/sqrt(2)))*W[u,o]`) is one too once those factors are
+evaluated apart (`prologue_contraction`): each group of them that reads fewer indices than the
+term's loops is a `Prologue`, computed once per point of its own indices (once per `(b, u)`,
+not per `(b, u, o)`) and given to the einsum as one more input, as `gelu(H) @ W` is in jnp.
 """
 
 from __future__ import annotations
@@ -37,13 +43,24 @@ _LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
 
 @dataclass(frozen=True)
+class Prologue:
+    """Elementwise factors of a contraction's term, evaluated once per point of their own
+    indices (`indices`, in the term's loop order: free, then reduced) into one einsum input."""
+
+    body: sympy.Expr
+    indices: tuple[sympy.Symbol, ...]
+
+
+@dataclass(frozen=True)
 class Contraction:
-    """`constant * prod(scalars) * einsum(subscripts, *tensors)`; operands by position."""
+    """`constant * prod(scalars) * einsum(subscripts, *tensors, *prologues)`; operands by
+    position, each prologue evaluated over its indices first (`Prologue`)."""
 
     subscripts: str
     tensors: tuple[int, ...]  # operand positions, one per einsum input (repeats allowed)
     scalars: tuple[int, ...]  # operand positions of scalar factors
     constant: float
+    prologues: tuple[Prologue, ...] = ()  # einsum inputs after the tensors'
 
 
 def contraction(nest: LoopNest) -> Contraction | None:
@@ -54,9 +71,9 @@ def contraction(nest: LoopNest) -> Contraction | None:
     return term_contraction(nest, nest.terms[0])
 
 
-def term_contraction(nest: LoopNest, term: Term) -> Contraction | None:
+def term_contraction(nest: LoopNest, term: Term, *, prologues: bool = False) -> Contraction | None:
     """One term of a summed nest as an einsum over the nest's free indices (`contraction`'s
-    rules), or None."""
+    rules; with `prologues`, `prologue_contraction`'s), or None."""
     if term.guard != sympy.true or not term.reduced:
         return None
     reduced = set(term.reduced_indices)
@@ -65,7 +82,33 @@ def term_contraction(nest: LoopNest, term: Term) -> Contraction | None:
     ranges = (*nest.free, *term.reduced)
     if any(r.start != 0 for r in ranges):
         return None
-    return _einsum(nest, term.body, [r.index for r in ranges], [r.index for r in nest.free])
+    indices = [r.index for r in ranges]
+    return _einsum(nest, term.body, indices, [r.index for r in nest.free], prologues=prologues)
+
+
+def prologue_contraction(nest: LoopNest, term: Term) -> Contraction | None:
+    """A summed term whose factors are plain accesses, scalars, constants and elementwise
+    factors that each read fewer of the term's indices than it loops over, as an einsum
+    whose extra inputs are those factors evaluated apart (`Prologue`), or None.
+
+    The factors of one prologue read the same indices, or fewer: a factor joins the widest
+    prologue whose indices include its own, a plain access too (`H[b,u]` of GELU's
+    `0.5*H[b,u]*(1 + erf(...))` is multiplied in once per `(b, u)`). A factor that reads
+    every index of the term is evaluated as often either way, and a nested reduction or an
+    access that is not plain (`X[i + k]`) would be materialised larger than read: none of
+    these has a prologue.
+
+    >>> from tensordsl.frontend.lower import lower
+    >>> from tensordsl.frontend.parse import parse
+    >>> nest = lower(parse("Y[b,o] := 0.5*H[b,u]*(1 + erf(H[b,u]*0.7))*W[u,o]")).nest
+    >>> found = prologue_contraction(nest, nest.terms[0])
+    >>> found.subscripts, found.tensors, found.constant
+    ('cb,ac->ab', (1,), 0.5)
+    >>> found.prologues[0].body, found.prologues[0].indices
+    ((erf(0.7*H[b, u]) + 1)*H[b, u], (b, u))
+    >>> prologue_contraction(nest, lower(parse("Y[i] := exp(X[i,k]) * W[k]")).nest.terms[0])
+    """
+    return term_contraction(nest, term, prologues=True)
 
 
 def nested_contraction(
@@ -95,13 +138,17 @@ def _einsum(
     body: sympy.Expr,
     indices: Sequence[sympy.Symbol],
     output: Sequence[sympy.Symbol],
+    *,
+    prologues: bool = False,
 ) -> Contraction | None:
-    """`body`, summed over `indices` not in `output`, as an einsum (see `contraction`)."""
+    """`body`, summed over `indices` not in `output`, as an einsum (see `contraction`; with
+    `prologues`, elementwise factors become `Prologue`s, see `prologue_contraction`)."""
     letters = {s: _LETTERS[n] for n, s in enumerate(indices) if n < len(_LETTERS)}
     if len(letters) != len(indices):
         return None
     position = {op.name: n for n, op in enumerate(nest.operands)}
-    reads: list[tuple[int, str]] = []  # (operand position, einsum subscripts)
+    plain: list[sympy.Indexed] = []
+    others: list[sympy.Expr] = []
     scalars: list[int] = []
     constant = 1.0
     for factor in sympy.Mul.make_args(body):
@@ -111,20 +158,74 @@ def _einsum(
             if not nest.operand(factor.name).is_scalar:
                 return None
             scalars.append(position[factor.name])
-        elif isinstance(factor, sympy.Indexed) and factor.base.name in position:
-            axes = factor.indices
-            if not all(a in letters for a in axes) or len(set(axes)) != len(axes):
-                return None
-            reads.append((position[factor.base.name], "".join(letters[a] for a in axes)))
+        elif _plain(factor, position, letters):
+            plain.append(factor)
+        elif prologues:
+            others.append(factor)
         else:
             return None
-    reads.sort()
+    groups = _groups(others, plain, position, letters) if others else []
+    if groups is None:
+        return None
+    grouped = {f for _, factors in groups for f in factors}
+    reads = sorted(
+        (position[f.base.name], "".join(letters[a] for a in f.indices))
+        for f in plain
+        if f not in grouped
+    )
     tensors, inputs = [p for p, _ in reads], [s for _, s in reads]
+    made = tuple(
+        Prologue(sympy.Mul(*factors), tuple(i for i in indices if i in group))
+        for group, factors in groups
+    )
+    inputs += ["".join(letters[i] for i in p.indices) for p in made]
     used = set("".join(inputs))
-    if len(tensors) < 2 or any(letters[s] not in used for s in indices):
+    # Two inputs with indices: a dot, not a sum scaled by a scalar prologue (`X[b,f] / F`).
+    if sum(1 for i in inputs if i) < 2 or any(letters[s] not in used for s in indices):
         return None
     out = "".join(letters[s] for s in output)
-    return Contraction(f"{','.join(inputs)}->{out}", tuple(tensors), tuple(scalars), constant)
+    subscripts = f"{','.join(inputs)}->{out}"
+    return Contraction(subscripts, tuple(tensors), tuple(scalars), constant, made)
+
+
+def _plain(factor: sympy.Expr, position: Mapping[str, int], letters: Mapping) -> bool:
+    """Whether `factor` is an access of an operand by distinct bare loop indices."""
+    if not isinstance(factor, sympy.Indexed) or factor.base.name not in position:
+        return False
+    axes = factor.indices
+    return all(a in letters for a in axes) and len(set(axes)) == len(axes)
+
+
+def _groups(
+    others: Sequence[sympy.Expr],
+    plain: Sequence[sympy.Indexed],
+    position: Mapping[str, int],
+    letters: Mapping,
+) -> list[tuple[frozenset, list[sympy.Expr]]] | None:
+    """The elementwise factors `others` grouped into prologues (each with the indices it
+    reads), the `plain` accesses that read no index outside one of them joined to it; None
+    where a factor cannot be evaluated apart (`prologue_contraction`)."""
+    loop = frozenset(letters)
+    reads = []
+    for factor in others:
+        within = frozenset(factor.free_symbols) & loop
+        if within == loop or factor.atoms(Reduce):
+            return None
+        if not all(_plain(a, position, letters) for a in factor.atoms(sympy.Indexed)):
+            return None
+        reads.append((within, factor))
+    groups: list[tuple[frozenset, list[sympy.Expr]]] = []
+    for within, factor in sorted(reads, key=lambda r: -len(r[0])):
+        home = next((g for g in groups if within <= g[0]), None)
+        if home is None:
+            groups.append((within, [factor]))
+        else:
+            home[1].append(factor)
+    for access in plain:
+        home = next((g for g in groups if frozenset(access.indices) <= g[0]), None)
+        if home is not None:
+            home[1].append(access)
+    return groups
 
 
 def fits(nest: LoopNest, shapes: Mapping[str, Sequence[int]], term: Term | None = None) -> bool:
@@ -179,8 +280,10 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
     Besides pure contractions, this covers a contraction plus a bias, a where() over a summed
     contraction (`S = sum_e where(j <= i, Q*K, -1e9)`: the sum moves into the branches,
     `_sum_into_select`), and an elementwise term of nested contractions (attention's
-    `dS = exp(S - L) * sum_e dO*V`, a `matrix_product`). Nothing is materialised beyond the
-    output's size.
+    `dS = exp(S - L) * sum_e dO*V`, a `matrix_product`), and a contraction of elementwise
+    functions of its inputs (`prologue_contraction`: `gelu(H[b,u]) * W[u,o]`, evaluated once
+    per `(b, u)`). Nothing is materialised beyond the output's size, except each prologue, over
+    its own indices.
 
     >>> from tensordsl.frontend.lower import lower
     >>> from tensordsl.frontend.parse import parse
@@ -198,16 +301,20 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
     terms: list[Term] = []
     dots: list[Contraction | None] = []
     einsums: dict[Reduce, Contraction] = {}
-    for term in nest.terms:
-        dot = term_contraction(nest, term)
+    for written in nest.terms:
+        term, dot = written, term_contraction(nest, written)
         if dot is None:
             term = _sum_into_select(term)
             nested = [n for n in term.body.atoms(Reduce) if n.index in n.body.free_symbols]
             if term.reduced:
                 short = None if nested else _short(term)
                 if short is None:
-                    return None
-                term = short
+                    # Elementwise factors evaluated apart, then a dot (GELU before a matmul).
+                    term, dot, nested = written, prologue_contraction(nest, written), []
+                    if dot is None:
+                        return None
+                else:
+                    term = short
             for node in nested:
                 found = nested_contraction(nest, node, free)
                 if found is None or not matrix_product(found):

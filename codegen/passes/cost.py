@@ -6,16 +6,18 @@ transcendental function = `FUNCTION_COST`, a byte through memory = `BYTE_COST`):
 
 * inline: every evaluation of `P`'s value inside its readers (a read is evaluated once per
   iteration of the reader's loops outside it: its free loops and its reduced loops up to the
-  innermost one it depends on, as `codegen.emit.staging` hoists it), forward and in the
-  readers' gradient nests;
+  innermost one it depends on, as `codegen.emit.staging` hoists it; once per point of its
+  prologue's indices where XLA evaluates the factor that reads it before a dot,
+  `codegen.ir.contraction.prologue_contraction`), forward and in the readers' gradient nests;
 * store: `P` computed once, written, and read back by each reader and gradient nest.
 
 Two rules come before the counts, because the counts cannot see what happens in the
 backward pass:
 
-* **Never recompute a reduction inside a loop that does not index it** (the MLP's
-  `tanh(H[b,u]) * W2[u,o]` would redo H's sum over f for every o; the gradient of a reader
-  nonlinear in H would redo it for every f): such an intermediate is stored ...
+* **Never recompute a reduction inside a loop that does not index it** (a reader
+  `tanh(H[b,u] * W2[u,o])` would redo H's sum over f for every o; the gradient of a reader
+  nonlinear in H, as the MLP's `tanh(H[b,u]) * W2[u,o]`, would redo it for every f): such an
+  intermediate is stored ...
 * ... **unless storing it materialises something larger than every input and output that the
   forward computes once per element in one pass**: attention's `T x T` scores, read by the
   logsumexp and by the weighted sum that the one-pass strategy pairs with it
@@ -39,7 +41,12 @@ Decisions are `Decision` records; `explain` prints them with their estimates.
 >>> shapes = {"X": (8, 4), "W1": (4, 16), "W2": (16, 3), "H": (8, 16), "Y": (8, 3)}
 >>> decision = decide(hidden, (out,), outputs=("Y",), shapes=shapes)
 >>> decision.choice, decision.reason
-('store', "recomputing it would repeat its sum 3x inside Y's loop over o")
+('store', 'the gradients of Y would recompute its sum per element')
+>>> import dataclasses
+>>> inside = Term(sympy.tanh(H[b, u] * W2[u, o]), out.terms[0].reduced)
+>>> inside = dataclasses.replace(out, terms=(inside,))
+>>> decide(hidden, (inside,), outputs=("Y",), shapes=shapes).reason
+"recomputing it would repeat its sum 3x inside Y's loop over o"
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.ir.contraction import contraction
+from codegen.ir.contraction import Prologue, contraction, xla_contraction, xla_plan
 from codegen.ir.nest import LoopNest, Reduce, Term, extent_symbol, scalar_symbol, tensor_base
 from codegen.ir.reductions import REDUCTIONS
 
@@ -172,19 +179,39 @@ class _Use:
 def _uses(reader: LoopNest, name: str, shapes: Shapes) -> list[_Use]:
     extents = _extents(reader, shapes)
     uses = []
+    prologues = _prologues(reader)
     for term in reader.terms:
         for read in _reads(reader, name, term):
             depends = read.free_symbols
             positions = [n for n, r in enumerate(term.reduced) if r.index in depends]
             inner = positions[-1] + 1 if positions else 0  # hoisted out of deeper loops
+            loops = (*reader.free, *term.reduced[:inner])
+            within = next((p for p in prologues.get(term, ()) if p.body.has(read)), None)
+            if within is not None:  # evaluated once per point of the prologue's indices
+                loops = tuple(r for r in (*reader.free, *term.reduced) if r.index in within.indices)
             evaluations, repeats = 1, []
-            for r in (*reader.free, *term.reduced[:inner]):
+            for r in loops:
                 n = _extent(r.start, r.stop, extents)
                 evaluations *= n
                 if r.index not in depends and n > 1:
                     repeats.append((r.index.name, n))
             uses.append(_Use(evaluations, tuple(repeats)))
     return uses
+
+
+def _prologues(reader: LoopNest) -> dict[Term, tuple[Prologue, ...]]:
+    """The prologues of each term of a reader that XLA computes as a dot after them
+    (`codegen.ir.contraction.prologue_contraction`): what they read is evaluated once per
+    point of their own indices, not once per iteration of the reader's loops."""
+    if not xla_contraction(reader):
+        return {}
+    plan = xla_plan(reader)
+    assert plan is not None
+    return {
+        term: dot.prologues
+        for term, dot in zip(reader.terms, plan.dots)
+        if dot is not None and dot.prologues
+    }
 
 
 def nonlinear_in(reader: LoopNest, name: str) -> bool:

@@ -50,6 +50,7 @@ def _indices(expr: sympy.Expr, loop: set[sympy.Symbol]) -> set[sympy.Symbol]:
 def factor_term(term: Term, free: Sequence[sympy.Symbol]) -> Term:
     """`term` with every reduced index worth nesting moved into a nested sum (a summed term
     only; see the module docstring)."""
+    term = dataclasses.replace(term, body=common_factors_out(term.body, term.reduced_indices))
     while True:
         loop = {*free, *term.reduced_indices}
         factors = sympy.Mul.make_args(term.body)
@@ -109,3 +110,42 @@ def invariant_factors_out(expr: sympy.Expr) -> sympy.Expr:
         return expr
     inside = sympy.Mul(*(f for f in factors if expr.index in f.free_symbols))
     return sympy.Mul(*outside) * Reduce("sum", inside, expr.index, expr.start, expr.stop)
+
+
+def common_factors_out(body: sympy.Expr, reduced: Sequence[sympy.Symbol]) -> sympy.Expr:
+    """`body` with the factors that read a reduced index and that every addend of one of its
+    sums shares taken out of that sum, where the sum then reads no reduced index: so the
+    gradient of `gelu(H[b,u]) * W[u,o]` with respect to H, `dY[b,o]*(a(H)*W[u,o] +
+    c(H)*W[u,o])`, becomes `dY[b,o]*W[u,o]*(a(H) + c(H))`, whose sum over o `factor_term`
+    nests as a matrix product (`gelu'(H) * (dY W^T)`), instead of evaluating the derivative
+    once per `(b, u, o)`.
+
+    >>> from codegen.ir.nest import index_symbol, tensor_base
+    >>> b, u, o = (index_symbol(n) for n in "buo")
+    >>> H, W, dY = tensor_base("H")[b, u], tensor_base("W")[u, o], tensor_base("dY")[b, o]
+    >>> common_factors_out(dY * (sympy.tanh(H) * W + H * W), (o,))
+    (tanh(H[b, u]) + H[b, u])*W[u, o]*dY[b, o]
+    """
+    loop = set(reduced)
+    factors = list(sympy.Mul.make_args(body))
+    for n, factor in enumerate(factors):
+        if not isinstance(factor, sympy.Add) or not factor.free_symbols & loop:
+            continue
+        addends = [list(sympy.Mul.make_args(a)) for a in factor.args]
+        shared = [f for f in addends[0] if f.free_symbols & loop]
+        shared = [f for f in shared if all(f in rest for rest in addends[1:])]
+        if not shared:
+            continue
+        kept = sympy.Add(*(sympy.Mul(*_without(a, shared)) for a in addends))
+        if kept.free_symbols & loop:
+            continue
+        factors[n] = sympy.Mul(*shared) * kept
+    return sympy.Mul(*factors)
+
+
+def _without(factors: list[sympy.Expr], taken: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    """`factors` less one occurrence of each of `taken`."""
+    rest = list(factors)
+    for f in taken:
+        rest.remove(f)
+    return rest

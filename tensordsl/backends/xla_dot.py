@@ -25,7 +25,7 @@ import sympy
 from codegen.ir.contraction import Contraction, XlaPlan, fits, xla_plan
 from codegen.ir.extents import evaluate_int, extent_values, output_shape
 from codegen.ir.nest import LoopNest, Reduce
-from tensordsl.backends.reference import REDUCE, Evaluator, compute_dtype, term_values
+from tensordsl.backends.reference import REDUCE, Evaluator, compute_dtype, grid, term_values
 
 
 class _NoFit(Exception):
@@ -58,7 +58,8 @@ def run_xla(
             if dot is not None:
                 if not fits(nest, all_shapes, term):
                     return None
-                value = _dot(dot, operands, work, precision)
+                made = _prologues(nest, term, dot, values, extents, work, all_shapes, plan)
+                value = _dot(dot, operands, work, precision, made)
             else:
                 value = _elementwise(nest, plan, term, values, extents, work, all_shapes, precision)
             result = value if result is None else result + value
@@ -68,19 +69,25 @@ def run_xla(
     return jnp.broadcast_to(result, shape).astype(out_dtype)
 
 
-def _dot(plan: Contraction, operands: Sequence[Any], work: Any, precision: Any) -> jax.Array:
-    """`plan` on the operands; half-precision products accumulate in float32. A sum over no
-    points is 0 whatever the scalar factors (as in the kernels: an infinite scale times an
-    empty sum is not NaN)."""
+def _dot(
+    plan: Contraction,
+    operands: Sequence[Any],
+    work: Any,
+    precision: Any,
+    prologues: Sequence[jax.Array] = (),
+) -> jax.Array:
+    """`plan` on the operands and its evaluated `prologues`; half-precision products
+    accumulate in float32. A sum over no points is 0 whatever the scalar factors (as in the
+    kernels: an infinite scale times an empty sum is not NaN)."""
     inputs, output = plan.subscripts.split("->")
+    tensors = [jnp.asarray(operands[p]) for p in plan.tensors] + list(prologues)
     sizes = {
         letter: n
-        for p, letters in zip(plan.tensors, inputs.split(","))
-        for letter, n in zip(letters, jnp.shape(operands[p]))
+        for tensor, letters in zip(tensors, inputs.split(","))
+        for letter, n in zip(letters, jnp.shape(tensor))
     }
     if any(sizes[letter] == 0 for letter in sizes if letter not in output):
         return jnp.zeros(tuple(sizes[letter] for letter in output), work)
-    tensors = [jnp.asarray(operands[p]) for p in plan.tensors]
     wide = jnp.float32 if min(t.dtype.itemsize for t in tensors) < 4 else None
     result = jnp.einsum(
         plan.subscripts,
@@ -93,6 +100,42 @@ def _dot(plan: Contraction, operands: Sequence[Any], work: Any, precision: Any) 
     if plan.constant != 1.0:
         result = result * plan.constant
     return result
+
+
+def _prologues(
+    nest: LoopNest,
+    term: Any,
+    plan: Contraction,
+    values: Mapping[str, Any],
+    extents: Mapping[sympy.Symbol, int],
+    work: Any,
+    shapes: Mapping[str, tuple[int, ...]],
+    xla: XlaPlan,
+) -> list[jax.Array]:
+    """Each prologue of `plan` evaluated over its own indices (their ranges in `nest`), an
+    array with one axis per index in the prologue's order, for XLA to fuse before its dot."""
+    by_index = {r.index: r for r in (*nest.free, *term.reduced)}
+    made = []
+    for prologue in plan.prologues:
+        ranges = tuple(by_index[i] for i in prologue.indices)
+        points, shape = grid(ranges, extents)
+        spans = {
+            r.index: (axis, evaluate_int(r.start, extents), n)
+            for axis, (r, n) in enumerate(zip(ranges, shape))
+        }
+        evaluate = _XlaEvaluator(
+            points,
+            values,
+            extents,
+            work,
+            nest=nest,
+            plan=xla,
+            spans=spans,
+            shapes=shapes,
+            precision=None,
+        )
+        made.append(jnp.broadcast_to(jnp.asarray(evaluate(prologue.body), work), shape))
+    return made
 
 
 def _elementwise(

@@ -152,8 +152,10 @@ def _check_stored_sizes(
 
 @functools.lru_cache(maxsize=256)
 def _fused(
-    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: tuple, force: tuple
+    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: tuple, force: tuple, xla: bool
 ) -> Fused:
+    # `xla`: the decisions count a read inside a prologue of XLA's dot once per its points,
+    # so they depend on whether contractions run as XLA's dot (`config.xla_contractions`).
     return fuse(live, outputs=outputs, shapes=dict(shapes), force=dict(force))
 
 
@@ -166,4 +168,4 @@ def fuse_program(
     """`codegen.passes.fusion.fuse` of the live statements, cached per shapes and `force`
     (the `fuse=` option, as sorted pairs)."""
     known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
-    return _fused(live, outputs, known, force)
+    return _fused(live, outputs, known, force, config.xla_contractions())

@@ -25,9 +25,16 @@ def decisions(k: td.ProgramKernel, shapes: dict) -> dict:
     return {d.name: d for d in fused(k, shapes).decisions}
 
 
-def test_the_mlp_hidden_layer_is_stored_not_recomputed_per_output_feature():
+def test_the_mlp_hidden_layer_is_stored_not_recomputed_per_output_feature(monkeypatch):
     k = td.program(MLP, backend="reference")
-    for outputs in (128, 8):  # even a few output features would repeat H's sum
+    for outputs in (128, 8):
+        # XLA evaluates tanh(H) once per (b, u) before its dot (a prologue): no sum repeated
+        # forward, but the gradient of W2 would redo H's sum per element.
+        found = decisions(k, {"X": (512, 128), "W1": (128, 512), "W2": (512, outputs)})["H"]
+        assert found.choice == "store"
+        assert found.reason == "the gradients of Y would recompute its sum per element"
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
+    for outputs in (128, 8):  # as a kernel, even a few output features would repeat H's sum
         found = decisions(k, {"X": (512, 128), "W1": (128, 512), "W2": (512, outputs)})["H"]
         assert found.choice == "store"
         assert (
@@ -156,9 +163,13 @@ def test_explain_shows_each_decision_and_its_estimated_cost():
     k = td.program(MLP, backend="reference")
     text = k.explain({"X": (512, 128), "W1": (128, 512), "W2": (512, 128)})
     assert (
-        "  H: stored (recomputing it would repeat its sum 128x inside Y's loop over o); "
-        "estimated cost inline 34.4G, store " in text
+        "  H: stored (the gradients of Y would recompute its sum per element); "
+        "estimated cost inline 268M, store 74.4M" in text
     )
+    # Y's tanh runs once per (b, u) before XLA's dot, forward and in the gradient of W2.
+    fused_y = text[text.index("fused statement Y") :]
+    assert "prologue 1: tanh(H[b, u]) evaluated once per (b, u), not per (b, o, u)" in fused_y
+    assert "prologue 1: tanh(H[b, u]) evaluated once per (u, b), not per (u, o, b)" in fused_y
 
 
 # -- shift-invariant statistics ----------------------------------------------------------------

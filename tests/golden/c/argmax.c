@@ -20,11 +20,21 @@ static inline float tdsl_sign(float x) { return (float)((x > 0) - (x < 0)); }
 static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
     return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
 }
+/* Tile t: its start, its width in *n. The last tile of a part at least S long moves back
+ * to end where the part ends, a whole tile (constant trip counts) whose first *k rows or
+ * lanes the tile before it already stores. */
 static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
-                                int64_t S, int64_t *n) {
+                                int64_t S, int64_t *n, int64_t *k) {
     const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
     const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
-    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    const int64_t from = t < na ? s : t < na + ni ? a : e, to = t < na ? a : t < na + ni ? e : z;
+    *n = tdsl_imin(S, to - x0);
+    *k = 0;
+    if (*n < S && to - from >= S) {
+        *k = S - *n;
+        *n = S;
+        return to - S;
+    }
     return x0;
 }
 
@@ -43,7 +53,8 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
     #pragma omp parallel for schedule(guided) if(work_ >= 65536)
     for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
         int64_t wn_;
-        const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 4, &wn_);
+        int64_t sk_;
+        const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 4, &wn_, &sk_);
         if (wn_ == 4) {
             float acc_[4][8];
             int64_t acc_b_[4][8];
@@ -92,7 +103,9 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     { const int t_ = acc_b_[w_][l_] >= 0 && (tot_b_ < 0 || acc_[w_][l_] > tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ == tot_) || ((acc_[w_][l_] == tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ != tot_)) && acc_b_[w_][l_] < tot_b_)); tot_ = t_ ? acc_[w_][l_] : tot_; tot_b_ = t_ ? acc_b_[w_][l_] : tot_b_; }
                 }
-                out_[v_i] = (int32_t)(tot_b_);
+                if (w_ >= sk_) {
+                    out_[v_i] = (int32_t)(tot_b_);
+                }
             }
         } else {
             float acc_[4][8];
@@ -142,7 +155,9 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
                     { const int t_ = acc_b_[w_][l_] >= 0 && (tot_b_ < 0 || acc_[w_][l_] > tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ == tot_) || ((acc_[w_][l_] == tot_ || (acc_[w_][l_] != acc_[w_][l_] && tot_ != tot_)) && acc_b_[w_][l_] < tot_b_)); tot_ = t_ ? acc_[w_][l_] : tot_; tot_b_ = t_ ? acc_b_[w_][l_] : tot_b_; }
                 }
-                out_[v_i] = (int32_t)(tot_b_);
+                if (w_ >= sk_) {
+                    out_[v_i] = (int32_t)(tot_b_);
+                }
             }
         }
     }

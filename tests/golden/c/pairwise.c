@@ -20,11 +20,21 @@ static inline float tdsl_sign(float x) { return (float)((x > 0) - (x < 0)); }
 static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
     return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
 }
+/* Tile t: its start, its width in *n. The last tile of a part at least S long moves back
+ * to end where the part ends, a whole tile (constant trip counts) whose first *k rows or
+ * lanes the tile before it already stores. */
 static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
-                                int64_t S, int64_t *n) {
+                                int64_t S, int64_t *n, int64_t *k) {
     const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
     const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
-    *n = tdsl_imin(S, (t < na ? a : t < na + ni ? e : z) - x0);
+    const int64_t from = t < na ? s : t < na + ni ? a : e, to = t < na ? a : t < na + ni ? e : z;
+    *n = tdsl_imin(S, to - x0);
+    *k = 0;
+    if (*n < S && to - from >= S) {
+        *k = S - *n;
+        *n = S;
+        return to - S;
+    }
     return x0;
 }
 
@@ -49,9 +59,11 @@ void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64
     for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
         for (int64_t ti_j = 0; ti_j < nt_j; ++ti_j) {
             int64_t rn_;
-            const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 6, &rn_);
+            int64_t skr_;
+            const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 6, &rn_, &skr_);
             int64_t wn_;
-            const int64_t o_j = tdsl_tile(ti_j, 0, ta_j, te_j, P1, 32, &wn_);
+            int64_t sk_;
+            const int64_t o_j = tdsl_tile(ti_j, 0, ta_j, te_j, P1, 32, &wn_, &sk_);
             if (rn_ == 6 && wn_ == 32) {
                 float acc_[6][32];
                 #pragma GCC unroll 6
@@ -84,7 +96,9 @@ void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < 32; ++w_) {
                         const int64_t v_j = o_j + w_;
-                        out_[v_i*s_OUT_0 + v_j] = acc_[r_][w_];
+                        if (w_ >= sk_ && r_ >= skr_) {
+                            out_[v_i*s_OUT_0 + v_j] = acc_[r_][w_];
+                        }
                     }
                 }
             } else {
@@ -119,7 +133,9 @@ void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64
                     #pragma omp simd
                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                         const int64_t v_j = o_j + w_;
-                        out_[v_i*s_OUT_0 + v_j] = acc_[r_][w_];
+                        if (w_ >= sk_ && r_ >= skr_) {
+                            out_[v_i*s_OUT_0 + v_j] = acc_[r_][w_];
+                        }
                     }
                 }
             }
