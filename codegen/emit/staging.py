@@ -227,11 +227,27 @@ def unique_reduce_indices(body: sympy.Expr, taken: set[sympy.Symbol]) -> sympy.E
                 n += 1
                 index = sympy.Symbol(f"{new.index.name}_{n}", integer=True)
             used.add(index)
-            new = new.xreplace({new.index: index}) if index != new.index else new
+            if index != new.index:
+                body = _rebind(new.body, new.index, index)
+                new = Reduce(new.reduction, body, index, new.start, new.stop)
         done[node] = new
         return new
 
     return rename(body)
+
+
+def _rebind(expr: sympy.Basic, old: sympy.Symbol, new: sympy.Symbol) -> sympy.Basic:
+    """`expr` with the free occurrences of `old` replaced by `new`: a nested reduction that
+    binds `old` itself keeps it in its body (its own loop, renamed before its parent); its
+    bounds are in the enclosing scope."""
+    if isinstance(expr, Reduce) and expr.index == old:
+        start, stop = (_rebind(x, old, new) for x in (expr.start, expr.stop))
+        return Reduce(expr.reduction, expr.body, expr.index, start, stop)
+    if expr == old:
+        return new
+    if not expr.args:
+        return expr
+    return expr.func(*(_rebind(a, old, new) for a in expr.args))
 
 
 def plan(

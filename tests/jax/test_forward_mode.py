@@ -432,3 +432,19 @@ def test_program_nested_vmaps_grad_and_jvp():
     got = jax.jvp(loss(attention), args, args)[1]
     want = jax.jvp(loss(attention_twin), args, args)[1]
     np.testing.assert_allclose(float(got), float(want), rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_jvp_of_a_fused_logsumexp_whose_tangent_nests_a_sum_over_the_same_index(backend):
+    """The tangent of `L - G` with L inlined reads `sum_v softmax * dZ`, whose softmax holds
+    a second sum over v: two nested loops of one index name, each bound on its own."""
+    k = td.program("(logsumexp) L[b,t] := Z[b,t,v]\nloss[b,t] := L[b,t] - G[b,t]", backend=backend)
+    rng = np.random.default_rng(5)
+    z, g = rng.normal(size=(2, 3, 5)), rng.normal(size=(2, 3))
+    dz, dg = rng.normal(size=z.shape), rng.normal(size=g.shape)
+    out, tangent = jax.jvp(lambda z, g: k(Z=z, G=g), (z, g), (dz, dg))
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.log(np.exp(z).sum(-1)) - g
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(tangent, np.float64), (p * dz).sum(-1) - dg, rtol=1e-5)
