@@ -364,10 +364,32 @@ def nest_source(nest: LoopNest) -> str:
     lines = []
     for n, term in enumerate(nest.terms):
         op = ":=" if n == 0 else "+="
-        lines.append(
-            f"{prefix}{lhs} {op} {expr_source(term.body, nest.operand_names)}{_guards(term)}"
-        )
+        lines.append(f"{prefix}{lhs} {op} {_term_source(term, nest.operand_names)}")
     return "\n".join(lines)
+
+
+def _term_source(term: Term, operands: tuple[str, ...]) -> str:
+    """A term's body as a statement reads it back: a sum whose addends are free of the
+    term's reduced indices would be added once there (the language's rule for a term free
+    of its reduced indices), so such a body is printed as one product, `(...)*1`; guards
+    multiply the whole body.
+
+    >>> i, k = index_symbol("i"), index_symbol("k")
+    >>> x = tensor_base("X")[i + k]
+    >>> _term_source(Term(2*x + 4, reduced=(Range(k, 0, 3),)), ("X",))
+    '(2*X[i + k] + 4)*1'
+    >>> _term_source(Term(2*x + 4, reduced=()), ("X",))
+    '2*X[i + k] + 4'
+    """
+    text = expr_source(term.body, operands)
+    reduced = {r.index for r in term.reduced}
+    once = isinstance(term.body, sympy.Add) and any(
+        not (a.free_symbols & reduced) for a in term.body.args
+    )
+    guards = _guards(term)
+    if isinstance(term.body, sympy.Add) and (guards or (reduced and once)):
+        text = f"({text})" + ("" if guards else "*1")
+    return text + guards
 
 
 def _guards(term: Term) -> str:
