@@ -153,7 +153,12 @@ class Schedule(LoopOrder):
         if self.strategy not in ("xla", "split"):
             words += f"; threads share the {loops} loops" if self.parallel and loops else ""
         if self.small is not None:
-            words += f"; below {self.width} values of {self.vector}: {self.small.in_words()}"
+            small = self.small
+            if small.strategy == "tile" and small.vector == self.vector:
+                what = f"{small.width}-lane tiles"
+            else:
+                what = small.in_words().split(";")[0]
+            words += f" ({what} below {self.width} values of {self.vector})"
         return words
 
 

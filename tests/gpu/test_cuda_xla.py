@@ -44,7 +44,7 @@ def test_the_heuristic_gives_pure_contractions_of_floats_to_xla(monkeypatch) -> 
         emit_cuda(NEST, dtypes=floats, schedule=xla)
     assert "strategy=smem" in emit_cuda(NEST, dtypes=floats).text  # k.source("cuda")
     assert "strategy=smem" in td.kernel(MATMUL).source("cuda")["forward"]
-    assert schedule_lines(NEST)[2].startswith("  cuda: strategy=xla")  # explain: forward
+    assert schedule_lines(NEST)[2].startswith("  cuda: XLA's dot")  # explain: forward
     monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
     assert choose_gpu_schedule(NEST, floats).strategy == "smem"
 
