@@ -8,6 +8,8 @@ compiled in one translation unit.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 KERNELS = {
+    "count_threads": """
+extern "C" __global__ void count_threads(int *out) {
+    out[blockIdx.x * blockDim.x + threadIdx.x] = int(threadIdx.x);
+}
+""",
     "block_sum": """
 extern "C" __global__ void block_sum(float *out, const float *x, long long n) {
     __shared__ float s[256];
@@ -164,6 +171,22 @@ def test_block_reduction_with_shuffles_and_atomics(k, order: str) -> None:
     out = np.zeros(1, np.float32)
     k["block_sum"]((7, 1, 1), (256, 1, 1), (out, x, np.int64(x.size)), order=order)
     np.testing.assert_allclose(out[0], x.astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_a_launch_leaves_no_fiber_stacks_mapped(k) -> None:
+    """Each fiber stack is two mappings; kept after a launch, a long run of emulated kernels
+    (each library its own pool) reached vm.max_map_count and mmap/malloc failed."""
+    out = np.full(2 * 512, -1, np.int32)
+    before = _mappings()
+    k["count_threads"]((2, 1, 1), (512, 1, 1), (out,))  # this kernel's first launch
+    assert _mappings() - before < 64  # 1024 more while the stacks stayed mapped
+    np.testing.assert_array_equal(out, np.tile(np.arange(512), 2))
 
 
 def cuda_shuffle(values: np.ndarray, op: str, arg: int, width: int) -> np.ndarray:

@@ -200,6 +200,16 @@ char *stack(size_t n) {
     return rt.stacks[n];
 }
 
+/* Unmap every stack: called when a launch ends. Each stack is two memory mappings (the
+ * stack and its guard page), and every emulated kernel library has its own pool, so pools
+ * kept between launches exhaust the process's mappings (vm.max_map_count, 65530 by default)
+ * in a long test run: mmap and malloc then fail. */
+void release_stacks() {
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    for (char *top : rt.stacks) munmap(top - page, kStackBytes + page);
+    rt.stacks.clear();
+}
+
 bool start_fibers() {
     size_t count = size_t(rt.block_dim.x) * rt.block_dim.y * rt.block_dim.z;
     rt.fibers.assign(count, Fiber{});
@@ -405,6 +415,8 @@ int launch(const tdsl_emu_kernel *kernel, const long long *grid, const long long
         if (!poison_shared_memory()) rt.error = "cannot find the shared memory (TLS) block";
         else run_block(order != 0);
     }
+    rt.fibers.clear();
+    release_stacks();
     if (rt.error.empty()) return 0;
     snprintf(error, size_t(error_size), "%s: %s", kernel->name, rt.error.c_str());
     return 1;
