@@ -42,6 +42,7 @@ def expressions(draw):
 # Found by hypothesis: a constraint recorded before a later elimination kept its index.
 @example(("Y[i] := (A[i]) + B[i+k, i]", "sum"), 0)
 @example(("Y[i] := B[i+k, i] * B[k, i+k]", "max"), 1)
+@example(("Y[i] := sqrt((A[i]) - A[i])", "sum"), 0)  # JAX: 0 * inf, a NaN derivative
 def test_random_expression_gradients(statement, seed):
     source, reduction = statement
     try:
@@ -68,11 +69,21 @@ def test_random_expression_gradients(statement, seed):
     argnums = tuple(range(len(inputs)))
     got = jax.grad(ours, argnums)(*inputs)
     want = jax.grad(truth, argnums)(*inputs)
-    for name, g, w in zip(k.inputs, got, want):
+    for n, (name, g, w) in enumerate(zip(k.inputs, got, want)):
+        w = np.array(w)
+        # Where JAX's chain rule meets 0 * inf (sqrt(A - A): the derivative of sqrt at 0
+        # times that of A - A) it gives NaN for a derivative that is finite: there, central
+        # differences of the reference are the truth (ours keeps the derivative's value).
+        for at in zip(*np.nonzero(np.isnan(w))):
+            step = np.zeros_like(inputs[n])
+            step[at] = 1e-6
+            up = [v + step if m == n else v for m, v in enumerate(inputs)]
+            down = [v - step if m == n else v for m, v in enumerate(inputs)]
+            w[at] = (float(truth(*up)) - float(truth(*down))) / 2e-6
         np.testing.assert_allclose(
             np.asarray(g),
             np.asarray(w),
-            rtol=1e-8,
-            atol=1e-10,
+            rtol=1e-8 if not np.isnan(want[n]).any() else 1e-5,
+            atol=1e-10 if not np.isnan(want[n]).any() else 1e-6,
             err_msg=f"{source} ({reduction}): gradient of {name}",
         )
