@@ -4,47 +4,18 @@ saved output by a factor (issue 27: `dW = dY * Y / W` was NaN at `W = 0`)."""
 
 from __future__ import annotations
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
-from codegen.cuda.emulator import emulate
+from tests.backends import BACKENDS, generated_kernels  # noqa: F401 (a fixture)
 
 TINY = 3e-310  # a float64 subnormal: `Y / W` loses most of its digits
 
 
-def _cuda_reason() -> str | None:
-    if jax.default_backend() == "gpu":
-        return None
-    return None if emulate.available() else "no GPU and no CUDA emulator"
-
-
-BACKENDS = [
-    "reference",
-    pytest.param(
-        "c",
-        marks=pytest.mark.skipif(
-            shutil.which(config.c_compiler()) is None,
-            reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-        ),
-    ),
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
-    ),
-]
-
-
-@pytest.fixture(autouse=True)
-def _settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
-    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")  # these test generated kernels
-    if jax.default_backend() != "gpu":
-        monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+pytestmark = pytest.mark.usefixtures("generated_kernels")  # every test: generated kernels
 
 
 def _x(shape, seed=0):

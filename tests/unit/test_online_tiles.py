@@ -13,21 +13,7 @@ from codegen.cuda.tile_counts import tile_counts
 from codegen.ir.nest import LoopNest
 from codegen.passes.online import pair_stored
 from tensordsl.binding.programs import compiled_statements
-
-ATTENTION = """
-S[b,h,i,j] := Q[b,h,i,d] * K[b,h,j,d] * scale + {mask}
-(logsumexp) L[b,h,i] := S[b,h,i,j]
-O[b,h,i,e] := exp(S[b,h,i,j] - L[b,h,i]) * V[b,h,j,e]
-"""
-MASKS = {
-    "causal": ("where(j <= i, 0, -inf)", lambda i, j: j <= i),
-    "full": ("0", lambda i, j: np.ones_like(i + j, bool)),
-    "window": (
-        "where(j <= i, 0, -inf) + where(i - j <= 4, 0, -inf)",
-        lambda i, j: (j <= i) & (i - j <= 4),
-    ),
-    "strict": ("where(j < i, 0, -inf)", lambda i, j: j < i),
-}
+from tests.gpu.test_online_cuda import ATTENTION, MASKS
 
 
 def _nest(mask: str, shapes: dict) -> tuple[td.Kernel, LoopNest]:
