@@ -25,6 +25,9 @@ GPT2 = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "batch": 8, "vocab
 TOY_GPT2 = {"layers": 2, "width": 16, "heads": 2, "seq": 8, "batch": 2, "vocab": 37}
 SKIP_QUICK = "not measured (--quick)"
 OURS = "tensordsl (cuda)"
+#: A float32 computation on the same (rounded) inputs that low-precision results are checked
+#: against; not timed.
+REFERENCE = "float32 reference"
 NO_COMPILE = {"torch compiled": "not measured: compiling 12 layers takes longer than the phase"}
 
 
@@ -140,6 +143,15 @@ def _highest(f: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any) -> Any:
         with jax.default_matmul_precision("highest"):
             return f(*args)
+
+    return run
+
+
+def _in_float32(f: Callable[..., Any]) -> Callable[..., Any]:
+    """`f` computed in float32 on its arguments' values, returned in their dtype."""
+
+    def run(*args: Any) -> Any:
+        return f(*[a.astype(jnp.float32) for a in args]).astype(args[0].dtype)
 
     return run
 
@@ -308,6 +320,8 @@ def attention(mode: str, seq: int, dtype: str) -> Callable[[bool], Any]:
         }
         if not emulate:
             alts["jax.nn.dot_product_attention (cudnn)"] = cudnn
+        if dtype != "float32":
+            alts[REFERENCE] = _in_float32(_highest(layers.attention_jnp))
         fns = _modes(mode, ours, args, alts, torch_sdpa, _to_torch(arrays, dtype))
         flops = 2 * batch * heads * t * t * e * (1 if mode == "fwd" else 3.5)
         size = jnp.dtype(kind).itemsize
