@@ -37,7 +37,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PHASES = ("machine", "tests", "corpus", "timings")
 #: Seconds per phase on a GPU; the sum stays under 8 minutes with the start-up of each.
-LIMITS = {"machine": 40, "tests": 140, "corpus": 75, "timings": 200}
+LIMITS = {"machine": 40, "tests": 100, "corpus": 50, "timings": 290}
 EMULATED_LIMITS = {"machine": 60, "tests": 240, "corpus": 300, "timings": 400}
 
 #: Physical limits by device name (first key contained in the name wins): HBM bytes/s,

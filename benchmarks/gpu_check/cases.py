@@ -159,24 +159,32 @@ def _in_float32(f: Callable[..., Any]) -> Callable[..., Any]:
 # --------------------------------------------------------------------------- cases
 
 
-def matmul(mode: str) -> Callable[[bool], Any]:
+def matmul(mode: str, dtype: str = "float32") -> Callable[[bool], Any]:
     def make(emulate: bool) -> Any:
         import tensordsl as td
 
         m, k, n = (48, 40, 56) if emulate else (4096, 4096, 4096)
         a, b = _rng().standard_normal((m, k)), _rng().standard_normal((k, n))
-        args = [_device(a), _device(b)]
+        kind = jnp.dtype(dtype)
+        args = [_device(a, kind), _device(b, kind)]
         ours = td.kernel("C[i,j] := A[i,k] * B[k,j]", backend="cuda")
         alts = {
             "jnp (default precision)": lambda x, y: x @ y,
             "jnp (HIGHEST)": lambda x, y: jnp.matmul(x, y, precision=HI),
         }
+        if dtype != "float32":
+            alts[REFERENCE] = _in_float32(lambda x, y: jnp.matmul(x, y, precision=HI))
         fns = _modes(
-            mode, lambda x, y: ours(A=x, B=y), args, alts, lambda x, y: x @ y, _to_torch([a, b])
+            mode,
+            lambda x, y: ours(A=x, B=y),
+            args,
+            alts,
+            lambda x, y: x @ y,
+            _to_torch([a, b], dtype),
         )
         flops = 2 * m * n * k * (1 if mode == "fwd" else 3)
-        traffic = 4 * (m * k + k * n + m * n) * (1 if mode == "fwd" else 3)
-        return flops, traffic, "float32", fns, f"{m}x{k} @ {k}x{n}"
+        traffic = kind.itemsize * (m * k + k * n + m * n) * (1 if mode == "fwd" else 3)
+        return flops, traffic, dtype, fns, f"{m}x{k} @ {k}x{n}"
 
     return make
 
@@ -408,6 +416,7 @@ def gpt2(mode: str) -> Callable[[bool], Any]:
 CASES = (
     Case("matmul 4096^3", matmul("fwd"), ("fwd",), quick=True, xla_contractions=False),
     Case("matmul 4096^3", matmul("fwd+bwd"), ("fwd+bwd",), xla_contractions=False),
+    Case("matmul bfloat16 4096^3", matmul("fwd", "bfloat16"), ("fwd",), xla_contractions=False),
     Case("pairwise distances 16384^2, k 64", pairwise),
     Case("row logsumexp 4096 x 8192", logsumexp_rows, quick=True),
     Case("LayerNorm 8x1024x768", layer_norm("fwd"), ("fwd",)),

@@ -175,10 +175,11 @@ def phase_tests(out: pathlib.Path, emulate: bool, quick: bool) -> None:
         ffi_args = ["tests/gpu/test_cuda_launch.py", "-x"] + (["-k", "poison"] if quick else [])
         callback_args = ["tests/gpu/test_cuda_backend.py", "-k", "forward and matmul and float32"]
     else:
-        # Six workers share the GPU (none preallocates): compiling is the CPU-bound part.
+        # Twelve workers share the GPU (none preallocates): compiling is the CPU-bound part
+        # (16 cores on the machines lent so far).
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-        ffi_args = ["tests/gpu", "-n", "6", *ignore]
-        callback_args = ["tests/gpu/test_cuda_backend.py", "-n", "6"]
+        ffi_args = ["tests/gpu", "-n", "12", *ignore]
+        callback_args = ["tests/gpu/test_cuda_backend.py", "-n", "12"]
     scale = 2.0 if emulate else 1.0
     _pytest(
         out,
@@ -186,7 +187,7 @@ def phase_tests(out: pathlib.Path, emulate: bool, quick: bool) -> None:
         "tests/gpu (JAX FFI)",
         ffi_args,
         {**env, "TENSORDSL_GPU_CALL": "ffi"},
-        80 * scale,
+        60 * scale,
     )
     _pytest(
         out,
@@ -194,7 +195,7 @@ def phase_tests(out: pathlib.Path, emulate: bool, quick: bool) -> None:
         "test_cuda_backend (CuPy callback)",
         callback_args,
         {**env, "TENSORDSL_GPU_CALL": "callback"},
-        55 * scale,
+        35 * scale,
     )
 
 
