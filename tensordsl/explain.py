@@ -334,8 +334,9 @@ def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[st
     tensor it names): its tile and staging, the grid, the key tiles visited and skipped, and
     the score evaluations executed per useful one (SIMT lanes pay for every pair of a
     visited tile)."""
+    from codegen.cuda import query_tiles
     from codegen.cuda.key_tiles import PITCH
-    from codegen.cuda.online import shared_bytes, staged_keys
+    from codegen.cuda.online import shared_bytes, staged_keys, staged_queries
     from codegen.cuda.schedule import choose_gpu_schedule
     from codegen.cuda.tile_counts import tile_counts
 
@@ -349,6 +350,12 @@ def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[st
         if keys is not None
         else "no read of the score staged per key tile"
     )
+    query = staged_queries(nest, schedule, keys) if keys is not None else None
+    if query is not None:
+        staged += (
+            f"; the rows' read {query} staged once per row tile as "
+            f"qs_[{schedule.rows}][{query_tiles.PITCH}] (sum of at most {query_tiles.DEPTH})"
+        )
     return [
         f"cuda: {schedule.describe()}",
         f"cuda: {staged}",

@@ -44,7 +44,7 @@ class KeyTile:
     nested: Reduce
 
 
-def _axis_with(access: sympy.Indexed, index: sympy.Symbol) -> int | None:
+def axis_with(access: sympy.Indexed, index: sympy.Symbol) -> int | None:
     """The one axis of `access` that reads `index`, with coefficient 1; else None."""
     axes = [n for n, x in enumerate(access.indices) if index in x.free_symbols]
     if len(axes) != 1:
@@ -68,7 +68,7 @@ def key_tile(nest: LoopNest, row: sympy.Symbol, key: sympy.Symbol) -> KeyTile | 
                 continue
             if not used <= indices | {d} | {s for s in used if extent_of(s) is not None}:
                 continue
-            key_axis, d_axis = _axis_with(access, key), _axis_with(access, d)
+            key_axis, d_axis = axis_with(access, key), axis_with(access, d)
             if key_axis is None or d_axis is None or key_axis == d_axis:
                 continue
             return KeyTile(access, nested)

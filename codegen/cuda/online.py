@@ -16,7 +16,8 @@ the key range of its rows (the reduced index `j`) in tiles of `tile_k` (32) keys
 1. the weights of the tile (attention's `V[j, :]`, which do not read the row:
    `codegen.passes.online.pair`) are staged in shared memory `ws_[keys][128]` by all
    threads, consecutive threads loading consecutive columns (coalesced); the keys' read
-   of the score (`K[j, d]`) too where it has that form (`codegen.cuda.key_tiles`);
+   of the score (`K[j, d]`) too where it has that form (`codegen.cuda.key_tiles`), and
+   once per row tile the rows' read of the same sum (`Q[i, d]`, `codegen.cuda.query_tiles`);
 2. each lane computes the scores of every `lanes`-th key of the tile for its row into
    `ss_[rows][pitch]` (the whole score expression, nested sums included, in registers);
 3. after a barrier, each lane reads its row's scores. Online: the tile's largest (NaN
@@ -48,7 +49,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles
+from codegen.cuda import key_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
@@ -81,8 +82,11 @@ def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
     index = 8 if schedule.index_type == "int64" else 4
     staged = keys * ONLINE_COLUMNS + rows * score_pitch(keys, lanes)
     found = staged * size + 2 * rows * index + rows * lanes * 4
-    if f == "float" and staged_keys(nest, schedule) is not None:
+    staged = staged_keys(nest, schedule) if f == "float" else None
+    if staged is not None:
         found += key_tiles.shared_bytes(keys)
+        if staged_queries(nest, schedule, staged) is not None:
+            found += query_tiles.shared_bytes(rows)
     return found
 
 
@@ -93,6 +97,19 @@ def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | No
     key = term_order(nest, schedule, 0)[-1]
     view = dataclasses.replace(nest, terms=scores_and_weights(nest))
     return key_tiles.key_tile(view, by_name[schedule.free_order[-2]], key)
+
+
+def staged_queries(
+    nest: LoopNest, schedule: GpuSchedule, keys: key_tiles.KeyTile
+) -> sympy.Indexed | None:
+    """The read of the score's staged nested reduction staged per row tile
+    (`codegen.cuda.query_tiles`), if any: one-pass nests only (with it, ptxas gives the
+    weighted kernel of attention's dK more than 128 registers and spills)."""
+    if not nest.online:
+        return None
+    by_name = {s.name: s for s in nest.free_indices}
+    view = dataclasses.replace(nest, terms=scores_and_weights(nest))
+    return query_tiles.query_tile(view, by_name[schedule.free_order[-2]], keys)
 
 
 def scores_and_weights(nest: LoopNest) -> tuple[Term, Term]:
@@ -159,8 +176,13 @@ def online(e: CudaEmitter) -> Lines:
     nouter = e.idx(e.count(outer_names, {}))
     staged = staged_keys(e.nest, e.schedule) if f == "float" else None
     declared = key_tiles.declarations(e, staged, K) if staged else []
-    tile = [
-        f"const idx_t {i} = {e.idx(rows.start)} + bx_*{R} + r_;",
+    query = staged_queries(e.nest, e.schedule, staged) if staged else None
+    tile = [f"const idx_t i0_ = {e.idx(rows.start)} + bx_*{R};"]
+    if query is not None:
+        declared += query_tiles.declarations(e, R)
+        tile += query_tiles.stage(e, query, staged, i, e.idx(rows.stop))  # type: ignore[arg-type]
+    tile += [
+        f"const idx_t {i} = i0_ + r_;",
         f"const bool valid_ = {i} < {e.idx(rows.stop)};",
         "idx_t lo_ = 0, hi_ = 0;",
         *block_lines(f"if ({tests})", [f"lo_ = {lo};", f"hi_ = {hi};"]),
@@ -182,7 +204,7 @@ def online(e: CudaEmitter) -> Lines:
                 f"const idx_t jn_ = tdsl_imin({K}, bhi_ - j0_);",
                 *_stage_weights(e, j, k, first),
                 *(key_tiles.stage(e, staged, j, K, R * P) if staged else []),
-                *_scores(e, j, staged),
+                *_scores(e, j, staged, query),
                 "__syncthreads();",
                 *block_lines("if (live_)", _fold(e) if e.nest.online else _add(e)),
                 "__syncthreads();",
@@ -263,16 +285,23 @@ def _element(e: CudaEmitter) -> Lines:
     return e.level_lines(plan, 0, [f"v_ = {value};", "any_ = 1;"])
 
 
-def _scores(e: CudaEmitter, j: str, staged: key_tiles.KeyTile | None) -> Lines:
+def _scores(
+    e: CudaEmitter, j: str, staged: key_tiles.KeyTile | None, query: sympy.Indexed | None
+) -> Lines:
     """Each lane's keys of the tile: the score where the pair is in range, else -inf (from
-    the staged key tile where this call stages it)."""
+    the staged key tile, and the staged row tile, where this call stages them)."""
     _, lanes, keys, _ = _tile(e)
     element = _element(e)
     if staged is not None:
         key = e.term_order(0)[-1]
-        terms = (key_tiles.staged_term(e.nest.terms[0], staged, key), e.nest.terms[1])
-        fast = indent_lines(_element(_variant(e, terms, e.schedule)))
+        score = key_tiles.staged_term(e.nest.terms[0], staged, key)
+        fast = indent_lines(_element(_variant(e, (score, e.nest.terms[1]), e.schedule)))
         element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
+        if query is not None:
+            row = e.free_range(e.schedule.free_order[-2]).index
+            both = query_tiles.staged_term(score, query, staged, row)
+            fastest = indent_lines(_element(_variant(e, (both, e.nest.terms[1]), e.schedule)))
+            element = ["if (qst_) {", *fastest, "} else", *element]
     body = [
         f"const idx_t {j} = j0_ + c_;",
         f"{e.f} v_ = {e.reducer.init[0]};",

@@ -67,6 +67,7 @@ def test_explain_prints_the_tile_the_staging_and_the_skipped_tiles():
     assert "strategy=online" in text and "tile=rows x keys=32x32 lanes/row=4" in text
     assert "staged=weights[32][128]" in text
     assert "the keys' read K[b, h, j, d_1] staged per tile as ks_[32][129]" in text
+    assert "the rows' read Q[b, h, i, d_1] staged once per row tile as qs_[32][65]" in text
     # 4 row blocks x 2 batches; blocks walk 1, 2, 3, 4 of their 4 key tiles
     assert "8 blocks of 128 threads" in text
     assert "20 of 32 key tiles visited (12 skipped, 8 tested per pair)" in text
@@ -113,3 +114,17 @@ def test_every_candidate_fits_in_static_shared_memory(f):
     _, nest = _nest("causal", _shapes(64, 8, 8))
     for schedule in candidate_gpu_schedules(nest):
         assert shared_bytes(nest, schedule, f) <= STATIC_SHARED_LIMIT, schedule
+
+
+def test_the_forward_stages_the_rows_once_and_reads_both_operands_from_shared_memory():
+    """Query staging (`codegen.cuda.query_tiles`): the one-pass kernel loads Q once per row
+    tile, and the inner product of its fastest variant reads `qs_` and `ks_` only."""
+    from codegen.cuda.emit import emit_cuda
+
+    _, nest = _nest("causal", _shapes(100, 16, 8))
+    dtypes = {n: "float32" for n in (*nest.operand_names, nest.output)}
+    text = emit_cuda(nest, dtypes=dtypes).text
+    staged = text[text.index("if (qst_) {", text.index("float v_")) :]
+    product = staged[: staged.index("} else")]
+    assert "qs_[" in product and "ks_[" in product and "in_Q" not in product, product
+    assert text.count("in_Q[") == 3  # the stage; the variants for a longer d (kst_ or none)

@@ -1,0 +1,90 @@
+"""The rows' operand of the online strategy's scores, staged in shared memory per row tile.
+
+Attention's score `sum_d Q[b,h,i,d] * K[b,h,j,d]` reads, for every (row, key) pair, the
+row's `Q[b,h,i,:]`: read as written, each element of Q is loaded from global memory once per
+key. When the key tile stages K (`codegen.cuda.key_tiles`), `query_tile` finds the read of
+the same nested reduction that reads the row index `i` and `d` (each in one axis, with
+coefficient 1) and not the key index; the kernel (`codegen.cuda.online`) loads the block's
+`rows x len(d)` elements once per row tile into `qs_` (consecutive threads on consecutive
+`d`: coalesced where `d` is the contiguous axis), and the scores read
+`qs_[i - i0_][d - start]`. Each element of Q is then read from global memory once.
+A nested range longer than `DEPTH` (checked at run time) reads Q as written: the two tiles
+and the online kernel's own arrays must fit the 48 KiB of static shared memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.key_tiles import KeyTile, axis_with
+from codegen.emit.emitter import Lines, block_lines
+from codegen.emit.printer import TensorView
+from codegen.ir.nest import LoopNest, Term, extent_of, tensor_base
+
+#: The longest nested range (attention's head dim) whose row tile is staged.
+DEPTH = 64
+#: The row length of `qs_`: odd, so that the rows of a warp (each row's lanes read the same
+#: element, a broadcast) read distinct banks.
+PITCH = DEPTH + 1
+#: The tensor name of the staged tile in the rewritten score.
+STAGED = "QS_"
+#: The first row of the block's row tile, a C variable of the kernel.
+ORIGIN = sympy.Dummy("i0_", integer=True)
+
+
+def query_tile(nest: LoopNest, row: sympy.Symbol, keys: KeyTile) -> sympy.Indexed | None:
+    """The read of the staged key tile's nested reduction to stage per row tile (module
+    docstring), or None."""
+    d = keys.nested.index
+    indices = {*nest.free_indices, d}
+    for access in sorted(keys.nested.body.atoms(sympy.Indexed), key=str):
+        used = set().union(*(x.free_symbols for x in access.indices))
+        if access == keys.access or row not in used or d not in used:
+            continue
+        if not used <= indices | {s for s in used if extent_of(s) is not None}:
+            continue
+        row_axis, d_axis = axis_with(access, row), axis_with(access, d)
+        if row_axis is not None and d_axis is not None and row_axis != d_axis:
+            return access
+    return None
+
+
+def staged_term(term: Term, access: sympy.Indexed, keys: KeyTile, row: sympy.Symbol) -> Term:
+    """`term` with `access` replaced by `QS_[row - i0_, d - start]`."""
+    staged = tensor_base(STAGED)[row - ORIGIN, keys.nested.index - keys.nested.start]
+    return dataclasses.replace(term, body=term.body.xreplace({access: staged}))
+
+
+def declarations(e: CudaEmitter, rows: int) -> Lines:
+    """The shared tile and whether this call stages it (`qst_`, with the key tile's `kst_`
+    and length `kd_`); registers the tile's view with the printer."""
+    e.printer.tensors[STAGED] = TensorView("qs_", ("qp_", None), "{}")
+    return [
+        f"__shared__ {e.f} qs_[{rows * PITCH}];",
+        f"const idx_t qp_ = {PITCH};",
+        f"const bool qst_ = kst_ && kd_ <= {DEPTH};",
+    ]
+
+
+def stage(e: CudaEmitter, access: sympy.Indexed, keys: KeyTile, row: str, stop: str) -> Lines:
+    """The loads of the block's rows from `i0_` (zeros past `stop`), `kd_` values of d; the
+    kernel's next barrier orders them before the scores."""
+    rows, threads = e.schedule.rows, e.schedule.rows * e.schedule.cols
+    d = e.printer.index(keys.nested.index)
+    value = e.printer.doprint(e.hoist(access))
+    body = [
+        "const idx_t r0_ = t_ / kd_, dd_ = t_ % kd_;",
+        f"const idx_t {row} = i0_ + r0_;",
+        f"const idx_t {d} = {e.idx(keys.nested.start)} + dd_;",
+        f"qs_[r0_*qp_ + dd_] = {row} < {stop} ? ({e.f})({value}) : ({e.f})0;",
+    ]
+    loop = block_lines(f"for (idx_t t_ = tid_; t_ < {rows}*kd_; t_ += {threads})", body)
+    return block_lines("if (qst_)", loop)
+
+
+def shared_bytes(rows: int) -> int:
+    """Bytes of the float tile."""
+    return rows * PITCH * 4
