@@ -18,11 +18,12 @@ import dataclasses
 
 import sympy
 
+from codegen.cuda import key_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.key_tiles import KeyTile, axis_with
 from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.printer import TensorView
-from codegen.ir.nest import LoopNest, Term, extent_of, tensor_base
+from codegen.ir.nest import LoopNest, Reduce, Term, extent_of, tensor_base
 
 #: The longest nested range (attention's head dim) whose row tile is staged.
 DEPTH = 64
@@ -56,6 +57,22 @@ def staged_term(term: Term, access: sympy.Indexed, keys: KeyTile, row: sympy.Sym
     """`term` with `access` replaced by `QS_[row - i0_, d - start]`."""
     staged = tensor_base(STAGED)[row - ORIGIN, keys.nested.index - keys.nested.start]
     return dataclasses.replace(term, body=term.body.xreplace({access: staged}))
+
+
+#: What the kernel calls the staged tiles' inner product of one (row, key) pair.
+DOT = sympy.Dummy("sd_", real=True)
+
+
+def dot_term(term: Term) -> Term | None:
+    """`term` with its staged sum `sum_d QS_[...] * KS_[...]` replaced by `DOT`, or None when
+    the score has no such sum (a product of the two staged reads alone)."""
+    for nested in term.body.atoms(Reduce):
+        if nested.reduction != "sum" or not isinstance(nested.body, sympy.Mul):
+            continue
+        factors = sorted(str(f.base) for f in nested.body.args if isinstance(f, sympy.Indexed))
+        if len(nested.body.args) == 2 and factors == [key_tiles.STAGED, STAGED]:
+            return dataclasses.replace(term, body=term.body.xreplace({nested: DOT}))
+    return None
 
 
 def declarations(e: CudaEmitter, rows: int) -> Lines:

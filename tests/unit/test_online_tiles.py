@@ -118,13 +118,15 @@ def test_every_candidate_fits_in_static_shared_memory(f):
 
 def test_the_forward_stages_the_rows_once_and_reads_both_operands_from_shared_memory():
     """Query staging (`codegen.cuda.query_tiles`): the one-pass kernel loads Q once per row
-    tile, and the inner product of its fastest variant reads `qs_` and `ks_` only."""
+    tile, and where both tiles are staged, a lane sums the products of all its keys in one
+    pass over d from `qs_` and `ks_` only."""
     from codegen.cuda.emit import emit_cuda
 
     _, nest = _nest("causal", _shapes(100, 16, 8))
     dtypes = {n: "float32" for n in (*nest.operand_names, nest.output)}
     text = emit_cuda(nest, dtypes=dtypes).text
-    staged = text[text.index("if (qst_) {", text.index("float v_")) :]
-    product = staged[: staged.index("} else")]
-    assert "qs_[" in product and "ks_[" in product and "in_Q" not in product, product
+    staged = text[text.index("float sd8_[8];") :]
+    product = staged[: staged.index("} else {")]
+    assert "sd8_[m_] += q_*ks_[(ln_ + 4*m_)*kp_ + d_];" in product
+    assert "qs_[r_*qp_ + d_]" in product and "in_Q" not in product, product
     assert text.count("in_Q[") == 3  # the stage; the variants for a longer d (kst_ or none)
