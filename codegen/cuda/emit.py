@@ -244,6 +244,13 @@ def _assemble(
     return "\n".join([*lines, ""])
 
 
+#: Threads per SM that ptxas must leave registers for (128 each), by strategy: the one-pass
+#: kernels' static shared memory allows 4 blocks of 128 threads (46 KiB each); without the
+#: figure ptxas has given their weighted variant (attention's dK) 96 registers and spilled
+#: 196 bytes.
+RESIDENT_THREADS = {"online": 512, "weighted": 512}
+
+
 def _kernel(
     e: CudaEmitter, entry: str, params: list[tuple[str, sympy.Expr]], body: Lines, block: Any
 ) -> Lines:
@@ -264,8 +271,10 @@ def _kernel(
     arguments += [f"long long {name}_" for name, _ in params]
     prologue += [f"const idx_t {name} = (idx_t){name}_;" for name, _ in params]
     threads = block[0] * block[1] * block[2]
+    resident = RESIDENT_THREADS.get(e.schedule.strategy)
+    bounds = f"{threads}, {max(resident // threads, 1)}" if resident else f"{threads}"
     signature = (
-        f'extern "C" __global__ void __launch_bounds__({threads}) {entry}(\n    '
+        f'extern "C" __global__ void __launch_bounds__({bounds}) {entry}(\n    '
         + ",\n    ".join(arguments)
         + ")"
     )

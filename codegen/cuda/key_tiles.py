@@ -101,17 +101,39 @@ def declarations(e: CudaEmitter, tile: KeyTile, keys: int) -> Lines:
     ]
 
 
+def tile_loop(
+    rows: int | str, width: str, threads: int, names: tuple[str, str], body: Lines
+) -> Lines:
+    """The block's threads over a `rows x width` tile, consecutive threads on consecutive
+    columns: `body` with the row and column `names` of each element. The row and column of
+    a thread's next element are stepped from the last (`threads` is a multiple of the row
+    and a remainder) instead of a division and a remainder by the run-time `width` per
+    element, a dozen integer instructions or more each; nothing runs for a width of 0."""
+    r, c = names
+    step = [
+        f"{c} += dc_;",
+        f"const bool wrap_ = {c} >= {width};",
+        f"{r} += dr_ + wrap_;",
+        f"{c} -= wrap_ ? {width} : 0;",
+    ]
+    head = f"for (idx_t {r} = tid_ / {width}, {c} = tid_ % {width}; {r} < {rows};)"
+    inner = [
+        f"const idx_t dr_ = {threads} / {width}, dc_ = {threads} % {width};",
+        *block_lines(head, [*body, *step]),
+    ]
+    return block_lines(f"if ({width} > 0)", inner)
+
+
 def stage(e: CudaEmitter, tile: KeyTile, key: str, keys: int, threads: int) -> Lines:
     """The loads of the tile from `j0_`: `jn_` keys (zeros after them), `kd_` values of d."""
     d = e.printer.index(tile.nested.index)
     value = e.printer.doprint(e.hoist(tile.access))
     body = [
-        "const idx_t c_ = t_ / kd_, dd_ = t_ % kd_;",
         f"const idx_t {key} = j0_ + c_;",
         f"const idx_t {d} = {e.idx(tile.nested.start)} + dd_;",
         f"ks_[c_*kp_ + dd_] = c_ < jn_ ? ({e.f})({value}) : ({e.f})0;",
     ]
-    loop = block_lines(f"for (idx_t t_ = tid_; t_ < {keys}*kd_; t_ += {threads})", body)
+    loop = tile_loop(keys, "kd_", threads, ("c_", "dd_"), body)
     return [*block_lines("if (kst_)", loop), "__syncthreads(); /* the scores read ks_ */"]
 
 

@@ -103,8 +103,8 @@ def staged_queries(
     nest: LoopNest, schedule: GpuSchedule, keys: key_tiles.KeyTile
 ) -> sympy.Indexed | None:
     """The read of the score's staged nested reduction staged per row tile
-    (`codegen.cuda.query_tiles`), if any: one-pass nests only (with it, ptxas gives the
-    weighted kernel of attention's dK more than 128 registers and spills)."""
+    (`codegen.cuda.query_tiles`), if any: one-pass nests only (with it, the weighted
+    kernels of attention's gradient need more than their 128 registers and spill)."""
     if not nest.online:
         return None
     by_name = {s.name: s for s in nest.free_indices}
@@ -262,13 +262,11 @@ def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     rows, lanes, keys, _ = _tile(e)
     weight = e.printer.doprint(e.hoist(e.nest.terms[1].body))
     body = [
-        "const idx_t c_ = t_ / ne_, kk_ = t_ % ne_;",
         f"const idx_t {j} = j0_ + c_;",
         f"const idx_t {k} = {first} + cb_ + kk_;",
         f"ws_[c_][kk_] = c_ < jn_ ? ({e.f})({weight}) : ({e.f})0;",
     ]
-    head = f"for (idx_t t_ = tid_; t_ < {keys}*ne_; t_ += {rows * lanes})"
-    return block_lines(head, body)
+    return key_tiles.tile_loop(keys, "ne_", rows * lanes, ("c_", "kk_"), body)
 
 
 def _variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> CudaEmitter:

@@ -93,12 +93,11 @@ def stage(e: CudaEmitter, access: sympy.Indexed, keys: KeyTile, row: str, stop: 
     d = e.printer.index(keys.nested.index)
     value = e.printer.doprint(e.hoist(access))
     body = [
-        "const idx_t r0_ = t_ / kd_, dd_ = t_ % kd_;",
         f"const idx_t {row} = i0_ + r0_;",
         f"const idx_t {d} = {e.idx(keys.nested.start)} + dd_;",
         f"qs_[r0_*qp_ + dd_] = {row} < {stop} ? ({e.f})({value}) : ({e.f})0;",
     ]
-    loop = block_lines(f"for (idx_t t_ = tid_; t_ < {rows}*kd_; t_ += {threads})", body)
+    loop = key_tiles.tile_loop(rows, "kd_", threads, ("r0_", "dd_"), body)
     return block_lines("if (qst_)", loop)
 
 
