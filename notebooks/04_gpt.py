@@ -199,8 +199,9 @@ print(f"first jit(value_and_grad) call, compiling every kernel: {first_call_s:.1
 # %% [markdown]
 # ## Training both models the same way
 #
-# The same optimizer (Adam, gradients clipped to norm 1), the same batches and the same dropout keys. The two curves should
-# lie on top of each other up to float32 rounding (the kernels sum in other orders).
+# The same optimizer (Adam, gradients clipped to norm 1), the same batches and the same
+# dropout keys. The two curves should lie on top of each other up to float32 rounding (the
+# kernels sum in other orders).
 
 
 # %%
