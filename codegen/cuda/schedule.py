@@ -364,9 +364,10 @@ def choose_gpu_schedule(
     tileable = len(free) > 1 and free[-2] not in bounded and _names_used(nest, free[-2])
     tile = GpuSchedule(free, reduced, "tile", row=free[-2] if tileable else None, rows=4,
                        index_type=index_type)  # fmt: skip
-    # Rows of a tile share the loads of a widest access that misses their index (pairwise
-    # distances' Y[j,k] across rows i): that beats a warp per short row (measured on an
-    # H200: 16384^2 distances over k 64, 119 ms with rows, 19.7 ms with tiles).
+    # Rows of a tile share the loads of a widest access that misses their index (Y[j,k]
+    # across rows i of pairwise distances' gradient dX[i,k]): that beats a warp per short
+    # row (measured on an H200 for the distances themselves, before they took pairwise:
+    # 16384^2 over k 64, 119 ms with rows, 19.7 ms with tiles).
     if tileable and any(t.reduced for t in nest.terms) and _widest_misses(nest, free[-2]):
         return tile
     if layout == "rows":
