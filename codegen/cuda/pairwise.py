@@ -47,7 +47,16 @@ class Staged:
 
 
 def staged_accesses(e: CudaEmitter) -> tuple[Staged, ...]:
-    """The accesses of the body in the arrays `pairwise` stages them in."""
+    """The accesses of the body in the arrays `pairwise` stages them in.
+
+    >>> from codegen.cuda.schedule import choose_gpu_schedule
+    >>> from tensordsl.frontend.lower import lower
+    >>> from tensordsl.frontend.parse import parse
+    >>> nest = lower(parse("D[i,j] := w[k]*(W[k,i] - X[j,k])^2")).nest
+    >>> e = CudaEmitter(nest, dict.fromkeys("DwWX", "float32"), choose_gpu_schedule(nest))
+    >>> [(str(a.access), a.array, a.width, a.walks_k) for a in staged_accesses(e)]
+    [('W[k, i]', 'rs0_', 64, False), ('X[j, k]', 'cs0_', 64, True), ('w[k]', 'ks0_', 1, True)]
+    """
     s, t = e.schedule, SMEM_THREADS
     sides = split_pairwise(e.nest, s.row or "", s.vector or "")
     assert sides is not None, "validate_gpu admits pairwise schedules of pairwise bodies only"
@@ -104,13 +113,12 @@ def _points(e: CudaEmitter, staged: tuple[Staged, ...]) -> Lines:
     }
     for a in staged:
         count, lane = {"row": (s.rows, "ty_"), "column": (s.cols, "tx_")}.get(a.side, (1, ""))
-        names = [f"{a.array}{q}" for q in range(count)]
-        for q, name in enumerate(names):
+        values = [sympy.Dummy(f"{a.array}{q}", real=True) for q in range(count)]
+        for q, value in enumerate(values):
             at = f"{lane} + {t * q}" if lane else "0"
-            lines.append(f"const {e.f} {name} = {a.array}[kk_][{at}];")
+            lines.append(f"const {e.f} {value.name} = {a.array}[kk_][{at}];")
         for (r, c), mapping in registers.items():
-            q = r if a.side == "row" else c if a.side == "column" else 0
-            mapping[a.access] = sympy.Dummy(names[q], real=True)
+            mapping[a.access] = values[r if a.side == "row" else c if a.side == "column" else 0]
     first = term.body.xreplace(registers[0, 0])
     if inner in first.free_symbols or e.reducer.positional:
         k0 = e.tile_name("o", inner)
