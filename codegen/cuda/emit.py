@@ -43,6 +43,7 @@ from codegen.cuda.columns import combine_grid as combine_columns_grid
 from codegen.cuda.dialect import STORAGE, CudaEmitter, CudaPrinter
 from codegen.cuda.online import launch as online_launch
 from codegen.cuda.online import online
+from codegen.cuda.pairwise import pairwise
 from codegen.cuda.row_groups import rows, rows_grid
 from codegen.cuda.schedule import (
     INDEX_TYPES,
@@ -107,6 +108,7 @@ STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
     "thread": thread,
     "tile": tile,
     "smem": smem,
+    "pairwise": pairwise,
     "block": block_reduce,
     "split": split,
     "online": online,
@@ -128,7 +130,7 @@ def _launch(
     if s.strategy in ("online", "weighted"):
         return online_launch(e)
     rn, vn = s.row or "", s.vector or ""
-    if s.strategy == "smem":
+    if s.strategy in ("smem", "pairwise"):
         t = SMEM_THREADS
         batch = [n for n in s.free_order if n not in (rn, vn)]
         grid = (

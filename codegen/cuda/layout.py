@@ -1,17 +1,61 @@
 """The shape of a nest's body and memory reads, from which `codegen.cuda.schedule` picks a
 strategy: a product of two factors split by their indices (`split_contraction`: the smem
-tile; `split_weighted`: the online kernel's weighted sum), and which way a reduction reads
+tile; `split_weighted`: the online kernel's weighted sum), a body whose accesses each read
+one of two free indices (`split_pairwise`: the pairwise tile), and which way a reduction reads
 memory (`reduction_layout`): along its reduced index ("rows": a group of lanes per output
 element strides the row) or along its last free index ("columns": a thread per output
 element, the reduced loops cut across blocks)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sympy
 
 from codegen.emit.loop_order import LoopOrder
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.nest import LoopNest, Reduce, accesses, extent_of
+
+
+@dataclass(frozen=True)
+class Sides:
+    """The accesses of a pairwise body (`split_pairwise`), each staged on its own."""
+
+    rows: tuple[sympy.Indexed, ...]  # read the row index, not the column
+    columns: tuple[sympy.Indexed, ...]  # read the column index, not the row
+    common: tuple[sympy.Indexed, ...]  # read neither (`w[k]`, a batch index)
+
+
+def split_pairwise(nest: LoopNest, row: str, column: str) -> Sides | None:
+    """The accesses of a one-term body split by which of `row` and `column` they read (every
+    row against every column: pairwise distances' `(X[i,k] - Y[j,k])^2`), else None: an
+    access that reads both, or reads through another access; a body that reads `row` or
+    `column` outside its accesses, holds a nested reduction or no access on a side; a
+    guard, more terms than one, or no reduced index.
+
+    >>> from tensordsl.frontend.lower import lower
+    >>> from tensordsl.frontend.parse import parse
+    >>> split_pairwise(lower(parse("D[i,j] := (X[i,k] - Y[j,k])^2 * w[k]")).nest, "i", "j")
+    Sides(rows=(X[i, k],), columns=(Y[j, k],), common=(w[k],))
+    """
+    if nest.online or len(nest.terms) != 1:
+        return None
+    (term,) = nest.terms
+    if not term.reduced or term.guard != sympy.true or term.body.atoms(Reduce):
+        return None
+    found: dict[str, list[sympy.Indexed]] = {"rows": [], "columns": [], "common": []}
+    for access in accesses(term.body):
+        if any(x.atoms(sympy.Indexed) for x in access.indices):
+            return None
+        reads = {s.name for x in access.indices for s in x.free_symbols}
+        if row in reads and column in reads:
+            return None
+        side = "rows" if row in reads else "columns" if column in reads else "common"
+        found[side].append(access)
+    rest = term.body.xreplace({a: sympy.Dummy() for a in accesses(term.body)})
+    if uses(rest, row) or uses(rest, column) or not found["rows"] or not found["columns"]:
+        return None
+    return Sides(tuple(found["rows"]), tuple(found["columns"]), tuple(found["common"]))
 
 
 def split_contraction(

@@ -11,10 +11,13 @@ and static shared memory per block come from ptxas for sm_90.
 
 The counts follow the mapping each strategy writes (`codegen.cuda.schedule`): every
 strategy evaluates each point once, except a tile's clamped rows (the last partial tile
-recomputes its last row) and an smem tile's padding (whole tiles, zeros outside); loads are
+recomputes its last row), an smem tile's padding (whole tiles, zeros outside) and a pairwise
+tile's padded rows and columns (its slices stop where the reduced range does); loads are
 counted where the staging plan puts them (a value that reads no reduced index once per
 output element; a tile shares loads that do not read its row index; an smem tile loads each
-element of a staged tile once). Caches are not modelled: a load that hits L1/L2 counts.
+element of a staged tile once, a pairwise tile each element in range). A staged access's
+lanes are those of the threads that stage it. Caches are not modelled: a load that hits
+L1/L2 counts.
 
 >>> from tensordsl.frontend.lower import lower
 >>> from tensordsl.frontend.parse import parse
@@ -39,6 +42,7 @@ import sympy
 
 from codegen.cuda import nvrtc
 from codegen.cuda.emit import GRID_LIMITS, SMEM_THREADS, CudaSource, emit_cuda
+from codegen.cuda.layout import split_pairwise
 from codegen.cuda.schedule import GpuSchedule
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values, output_shape
@@ -57,8 +61,9 @@ class AccessLanes:
     """How consecutive lanes read one access: the index they step and the stride."""
 
     text: str
-    lane: str | None  # None: staged through shared memory (smem)
+    lane: str | None  # None: no index (smem's staging, which the report does not follow)
     stride: int  # elements between consecutive lanes' addresses
+    staged: bool = False  # loaded into shared memory (the lanes are the staging threads')
 
     @property
     def coalesced(self) -> bool:
@@ -106,8 +111,9 @@ class CudaReport:
             )
         lanes = [
             f"{a.text}: "
-            + ("staged in shared memory" if a.lane is None else f"lanes step {a.lane}, ")
-            + ("" if a.lane is None else f"stride {a.stride}")
+            + ("staged in shared memory" if a.staged or a.lane is None else "")
+            + (", " if a.staged and a.lane is not None else "")
+            + ("" if a.lane is None else f"lanes step {a.lane}, stride {a.stride}")
             + ("" if a.coalesced else " (not coalesced)")
             for a in self.accesses
         ]
@@ -264,6 +270,8 @@ def _counts(
         return None
     if s.strategy == "smem":
         return points, _smem_loads(nest, s, extents, dtypes)
+    if s.strategy == "pairwise":
+        return points, _pairwise_loads(nest, s, extents, dtypes, points)
     return points, requested
 
 
@@ -332,6 +340,27 @@ def _smem_loads(
     return total
 
 
+def _pairwise_loads(
+    nest: LoopNest, s: GpuSchedule, extents: Mapping, dtypes: Mapping[str, str], points: float
+) -> float:
+    """Bytes a pairwise schedule loads: a row-side element in range once per block column,
+    a column-side one once per block row, one that reads neither once per block. Loop
+    bounds do not read the tile's indices, so each (row, column) has `points / (m*n)`."""
+    sizes = {r.index.name: max(int((r.stop - r.start).xreplace(extents)), 1) for r in nest.free}
+    m, n = sizes[s.row or ""], sizes[s.vector or ""]
+    blocks = (math.ceil(m / (SMEM_THREADS * s.rows)), math.ceil(n / (SMEM_THREADS * s.cols)))
+    sides = split_pairwise(nest, s.row or "", s.vector or "")
+    assert sides is not None
+    share = [(sides.rows, blocks[1] * m), (sides.columns, blocks[0] * n)]
+    share.append((sides.common, blocks[0] * blocks[1]))
+    total = 0.0
+    for group, times in share:
+        for access in group:
+            item = ITEM_BYTES.get(dtypes.get(str(access.base), "float32"), 4)
+            total += points / (m * n) * times * item
+    return total
+
+
 def _redundancy(nest: LoopNest, s: GpuSchedule, extents: Mapping) -> float:
     """Executed over useful points of a schedule's mapping (see the module docstring)."""
     sizes = {r.index.name: max(int((r.stop - r.start).xreplace(extents)), 1) for r in nest.free}
@@ -345,6 +374,10 @@ def _redundancy(nest: LoopNest, s: GpuSchedule, extents: Mapping) -> float:
         k = max(int((inner.stop - inner.start).xreplace(extents)), 1)
         pad = (math.ceil(m / tm) * tm / m) * (math.ceil(n / tn) * tn / n)
         return pad * math.ceil(k / s.tile_k) * s.tile_k / k
+    if s.strategy == "pairwise":
+        tm, tn = SMEM_THREADS * s.rows, SMEM_THREADS * s.cols
+        m, n = sizes[s.row or ""], sizes[s.vector or ""]
+        return (math.ceil(m / tm) * tm / m) * (math.ceil(n / tn) * tn / n)
     return 1.0
 
 
@@ -359,18 +392,42 @@ def _lanes(
         nested = sorted(r.index.name for r in term.body.atoms(Reduce))
         if s.strategy in ("block", "split") or (s.strategy == "rows" and (width or 1) > 1):
             lane = inner or (nested[0] if nested else None)
+        staging = _staging_lanes(nest, s)
         for access in accesses(term.body):
             text = str(access)
             if s.strategy == "smem":
                 found.setdefault(text, AccessLanes(text, None, 0))
                 continue
-            extents = shapes[str(access.base)]
-            stride, scale = 0, 1
-            for axis in reversed(range(len(access.indices))):
-                index = access.indices[axis]
-                step = [x for x in index.free_symbols if x.name == lane]
-                if step:
-                    stride += int(sympy.diff(index, step[0])) * scale
-                scale *= int(extents[axis])
-            found.setdefault(text, AccessLanes(text, lane, stride))
+            step = staging.get(access, lane)
+            stride = _stride(access, step, shapes[str(access.base)])
+            found.setdefault(text, AccessLanes(text, step, stride, access in staging))
     return list(found.values())
+
+
+def _stride(access: sympy.Indexed, lane: str | None, extents: Sequence[int]) -> int:
+    """Elements between the addresses of `access` at consecutive values of `lane`."""
+    stride, scale = 0, 1
+    for axis in reversed(range(len(access.indices))):
+        index = access.indices[axis]
+        step = [x for x in index.free_symbols if x.name == lane]
+        if step:
+            stride += int(sympy.diff(index, step[0])) * scale
+        scale *= int(extents[axis])
+    return stride
+
+
+def _staging_lanes(nest: LoopNest, s: GpuSchedule) -> dict[sympy.Indexed, str]:
+    """The index consecutive threads step where a pairwise schedule stages each access:
+    the slice's reduced index where the access's last axis reads it (and for an access
+    that reads neither free index of the tile), else the side's free index."""
+    if s.strategy != "pairwise":
+        return {}
+    sides = split_pairwise(nest, s.row or "", s.vector or "")
+    assert sides is not None
+    inner = s.reduced_order[0][-1]
+    found = {}
+    for group, index in ((sides.rows, s.row), (sides.columns, s.vector), (sides.common, inner)):
+        for access in group:
+            walks = inner in {x.name for x in access.indices[-1].free_symbols}
+            found[access] = inner if walks else index or inner
+    return found

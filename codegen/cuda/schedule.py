@@ -18,6 +18,11 @@ Strategies (`GpuSchedule.strategy`):
   16 x 16 threads compute a ``16*rows x 16*cols`` output tile (4 x 4 per thread), staging
   ``tile_k``-deep tiles of `a` and `b` along the innermost reduced index through shared
   memory. Other free indices (batch) go on `blockIdx.z`.
+* ``"pairwise"`` -- the same tile for a body whose accesses each read the free index `row`
+  or `vector`, not both (pairwise distances `(X[i,k] - Y[j,k])^2`, `exp(-(X-Y)^2)`; any
+  reduction): each access staged on its own along the innermost reduced index, loads
+  walking its contiguous axis; each thread evaluates the whole body for its ``rows x cols``
+  outputs from shared memory (`codegen.cuda.pairwise`).
 * ``"block"`` -- few outputs with a long reduction: one block per output element, the
   innermost reduced loop of every term strided across the block's `threads` threads, partial
   states combined by a shared-memory tree (deterministic order).
@@ -65,7 +70,8 @@ tiles of 32 keys); a weighted sum with nested reductions in its weight -> ``weig
 (the same tiles); a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
-reduced loop); contraction-shaped -> ``smem``; a row reduction -> ``rows``; a
+reduced loop); contraction-shaped -> ``smem``; a body split by two free indices ->
+``pairwise``; a row reduction -> ``rows``; a
 second-to-last free index that bounds do not depend on and that some access does not use ->
 ``tile`` with 4 rows (its rows share loads); a column reduction -> ``columns``; else
 ``thread``. Row and column
@@ -83,6 +89,7 @@ contiguously.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -92,6 +99,7 @@ from codegen.cuda.layout import (
     rectangular,
     reduction_layout,
     split_contraction,
+    split_pairwise,
     split_weighted,
 )
 from codegen.emit.loop_order import (
@@ -110,6 +118,7 @@ GPU_STRATEGIES = (
     "thread",
     "tile",
     "smem",
+    "pairwise",
     "block",
     "split",
     "rows",
@@ -157,7 +166,7 @@ class GpuSchedule(LoopOrder):
                 f"[{self.tile_k}+pad] in shared memory; key tiles outside the rows' "
                 "ranges skipped"
             )
-        elif self.strategy == "smem":
+        elif self.strategy in ("smem", "pairwise"):
             parts.append(
                 f"tile={self.row}x{self.vector}={SMEM_THREADS * self.rows}x"
                 f"{SMEM_THREADS * self.cols} k={self.tile_k}"
@@ -184,6 +193,9 @@ class GpuSchedule(LoopOrder):
             "smem": f"{side} x {side} threads per {side * self.rows} {self.row} x "
             f"{side * self.cols} {self.vector} output tile, staging {self.tile_k}-deep "
             f"slices of {reduced} in shared memory",
+            "pairwise": f"{side} x {side} threads per {side * self.rows} {self.row} x "
+            f"{side * self.cols} {self.vector} output tile, {self.rows} x {self.cols} per thread, "
+            f"each access staged in {self.tile_k}-deep slices of {reduced} in shared memory",
             "block": f"one block of {self.threads} threads per output element, splitting "
             f"{reduced} across its threads",
             "split": f"the reduction over {reduced} split across up to {self.blocks} blocks, "
@@ -279,18 +291,20 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
         raise ValueError("the columns strategy needs reduced loops bounded by extents alone")
     if schedule.strategy in ("rows", "columns") and not free:
         raise ValueError(f"the {schedule.strategy} strategy needs a free index")
-    if schedule.strategy == "smem":
+    if schedule.strategy in ("smem", "pairwise"):
         if (
             schedule.row not in free
             or schedule.vector not in free
             or schedule.row == schedule.vector
         ):
-            raise ValueError("an smem schedule needs two distinct free indices row and vector")
+            raise ValueError("a tile needs two distinct free indices row and vector")
         if {schedule.row, schedule.vector} & bounded:
-            raise ValueError("loop bounds depend on the smem tile's indices")
-        if split_contraction(nest, schedule.row or "", schedule.vector or "") is None:
+            raise ValueError("loop bounds depend on the tile's indices")
+        split = split_contraction if schedule.strategy == "smem" else split_pairwise
+        if split(nest, schedule.row or "", schedule.vector or "") is None:
             raise ValueError(
-                "the smem strategy needs one sum term a*b (a without vector, b without row)"
+                f"the {schedule.strategy} strategy needs one term: a*b (smem, a without vector,"
+                " b without row), or accesses that read row or vector, not both (pairwise)"
             )
 
 
@@ -333,13 +347,13 @@ def choose_gpu_schedule(
         return GpuSchedule(free, reduced, strategy=strategy, index_type=index_type)
     bounded = bound_indices(nest, base)
     vector = free[-1]
-    if vector not in bounded:
-        for row in reversed(free[:-1]):
-            if row not in bounded and split_contraction(nest, row, vector) is not None:
+    for split, strategy in ((split_contraction, "smem"), (split_pairwise, "pairwise")):
+        for row in reversed(free[:-1]) if vector not in bounded else ():
+            if row not in bounded and split(nest, row, vector) is not None:
                 return GpuSchedule(
                     free,
                     reduced,
-                    "smem",
+                    strategy,
                     row=row,
                     vector=vector,
                     rows=4,
@@ -350,9 +364,10 @@ def choose_gpu_schedule(
     tileable = len(free) > 1 and free[-2] not in bounded and _names_used(nest, free[-2])
     tile = GpuSchedule(free, reduced, "tile", row=free[-2] if tileable else None, rows=4,
                        index_type=index_type)  # fmt: skip
-    # Rows of a tile share the loads of a widest access that misses their index (pairwise
-    # distances' Y[j,k] across rows i): that beats a warp per short row (measured on an
-    # H200: 16384^2 distances over k 64, 119 ms with rows, 19.7 ms with tiles).
+    # Rows of a tile share the loads of a widest access that misses their index (Y[j,k]
+    # across rows i of pairwise distances' gradient dX[i,k]): that beats a warp per short
+    # row (measured on an H200 for the distances themselves, before they took pairwise:
+    # 16384^2 over k 64, 119 ms with rows, 19.7 ms with tiles).
     if tileable and any(t.reduced for t in nest.terms) and _widest_misses(nest, free[-2]):
         return tile
     if layout == "rows":
@@ -418,12 +433,9 @@ def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
             index_type="int64",
         ),
     ]
-    if pick.strategy == "smem":
-        picks.append(
-            GpuSchedule(
-                free, reduced, "smem", row=pick.row, vector=pick.vector, rows=2, cols=1, tile_k=8
-            )
-        )
+    if pick.strategy in ("smem", "pairwise"):
+        small = GpuSchedule(free, reduced, pick.strategy, row=pick.row, vector=pick.vector)
+        picks.append(dataclasses.replace(small, rows=2, cols=1, tile_k=8))
     if len(free) > 1:
         picks.append(GpuSchedule(free, reduced, "tile", row=free[-2], rows=3, threads=32))
     if free:

@@ -5,6 +5,8 @@ See `codegen.cuda.schedule` for when it applies.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
@@ -124,19 +126,25 @@ ELEMENT_BYTES = {"float": 4, "double": 8}
 
 
 def tile_declarations(e: CudaEmitter, tk: int, pitches: tuple[int, int]) -> Lines:
-    """`As_` and `Bs_`, `tk` rows each: static `__shared__` arrays up to
-    `STATIC_SHARED_LIMIT` bytes, else views of the block's dynamic shared memory, whose size
-    the emitter records (`e.dynamic_shared`) for the launch."""
-    sizes = [tk * pitch * ELEMENT_BYTES[e.f] for pitch in pitches]
+    """`As_` and `Bs_`, `tk` rows each (see `shared_declarations`)."""
+    return shared_declarations(
+        e, [(name, tk, p) for name, p in zip(("As_", "Bs_"), pitches, strict=True)]
+    )
+
+
+def shared_declarations(e: CudaEmitter, arrays: Sequence[tuple[str, int, int]]) -> Lines:
+    """Two-dimensional shared arrays `(name, rows, pitch)` of the accumulation type: static
+    `__shared__` arrays up to `STATIC_SHARED_LIMIT` bytes in all, else views of the block's
+    dynamic shared memory, whose size the emitter records (`e.dynamic_shared`) for the
+    launch."""
+    sizes = [rows * pitch * ELEMENT_BYTES[e.f] for _, rows, pitch in arrays]
     if sum(sizes) <= STATIC_SHARED_LIMIT:
-        return [
-            f"__shared__ {e.f} {name}[{tk}][{pitch}];"
-            for name, pitch in zip(("As_", "Bs_"), pitches, strict=True)
-        ]
+        return [f"__shared__ {e.f} {name}[{rows}][{pitch}];" for name, rows, pitch in arrays]
     e.dynamic_shared = sum(sizes)
+    offsets = [sum(sizes[:n]) for n in range(len(sizes))]
     views = [
         f"{e.f} (*const {name})[{pitch}] = reinterpret_cast<{e.f} (*)[{pitch}]>(smem_ + {offset});"
-        for name, pitch, offset in zip(("As_", "Bs_"), pitches, (0, sizes[0]), strict=True)
+        for (name, _, pitch), offset in zip(arrays, offsets, strict=True)
     ]
     return [
         f"extern __shared__ __align__(16) unsigned char smem_[];  /* {sum(sizes)} bytes */",

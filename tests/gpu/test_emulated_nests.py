@@ -2,8 +2,8 @@
 
 * every forward, auxiliary and gradient nest with the heuristic's schedule in float32, in
   both scheduling orders (all kernels compiled in a few translation units);
-* a representative subset (every GPU strategy: thread, tile, smem, block, split, rows,
-  columns; int32 and int64 indices; one and two reduction states; integer outputs and
+* a representative subset (every GPU strategy: thread, tile, smem, pairwise, block, split,
+  rows, columns; int32 and int64 indices; one and two reduction states; integer outputs and
   inputs; several terms; constraint bounds) with every candidate schedule, in float32, float64,
   float16 and bfloat16, both orders, inputs longer than the corpus's so that several blocks and
   tiles run; in float64 also with grids of at most 2 x 2 x 2 blocks (every loop is grid-stride).
@@ -36,6 +36,7 @@ SUBSET = {
     "matmul-forward": 3,  # smem (4x4 and 2x1 register tiles), tile, thread, block
     "matmul-grad_A": 3,
     "conv2d_channels-forward": 1,  # smem with a batch index on blockIdx.z
+    "pairwise_sq_dist-forward": 3,  # pairwise (4x4 and 2x1 register tiles), not a product
     "logsumexp_rows-forward": 3,  # two reduction states
     "logsumexp_full-forward": 3,  # split (and block), two states
     "full_inner_product-forward": 3,  # split (and block)
@@ -102,6 +103,6 @@ def test_the_subset_covers_every_strategy_and_index_type() -> None:
         for nest_id in SUBSET
         for s in candidate_gpu_schedules(instance(nest_id).nest)
     }
-    strategies = {"thread", "tile", "smem", "block", "split", "rows", "columns"}
+    strategies = {"thread", "tile", "smem", "pairwise", "block", "split", "rows", "columns"}
     assert {(s, i) for s in strategies for i in ("int32",)} <= found
     assert {s for s, i in found if i == "int64"} >= {"thread", "smem", "split"}

@@ -4,6 +4,8 @@ runs, so that a schedule that idles SMs, strides lanes or repeats work shows up 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import tensordsl as td
@@ -116,3 +118,45 @@ def test_explain_with_target_cuda_and_its_errors() -> None:
     shapes = {"X": (2, 8, 24), "F": (), "eps": (), "g": (24,), "beta": (24,)}
     text = program.explain(shapes, target="cuda")
     assert "dg: strategy=columns" in text and "M: strategy=rows" in text
+
+
+PAIRWISE = "D[i,j] := (X[i,k] - Y[j,k])^2"
+PAIRWISE_SHAPES = {"X": (16384, 64), "Y": (16384, 64)}
+
+
+def test_pairwise_distances_16384_squared_stage_coalesced_tiles_on_every_sm() -> None:
+    nest = lower(parse(PAIRWISE)).nest
+    report = cuda_report(nest, f32(nest), PAIRWISE_SHAPES, registers=False)
+    assert report.schedule.startswith("strategy=pairwise")
+    assert report.grids == ((256, 256, 1),) and report.block == (16, 16, 1)  # 64 x 64 tiles
+    assert_no_waste(report, "pairwise distances")
+    assert report.fmas == (64, 64)
+    lanes = [(a.text, a.lane, a.stride, a.staged) for a in report.accesses]
+    assert lanes == [("X[i, k]", "k", 1, True), ("Y[j, k]", "k", 1, True)]
+    # each row of X and of Y once per 64 outputs of the other side: 2 * 64 * 4 / 64 bytes
+    assert report.loads == (8, 2 * 16384 * 64 * 4 / 16384**2)
+    tile = dataclasses.replace(choose_gpu_schedule(nest), strategy="tile", row="i", rows=4)
+    before = cuda_report(nest, f32(nest), PAIRWISE_SHAPES, tile, registers=False)
+    assert not before.accesses[1].coalesced and before.loads[0] == 40 * report.loads[0]
+    text = "\n".join(report.lines())
+    assert "X[i, k]: staged in shared memory, lanes step k, stride 1" in text
+
+
+def test_pairwise_tiles_of_odd_extents_count_only_their_padding() -> None:
+    nest = lower(parse("D[i,j] := exp(-g*w[k]*(W[k,i] - V[k,j])^2)")).nest
+    shapes = {"g": (), "w": (50,), "W": (50, 1000), "V": (50, 700)}
+    report = cuda_report(nest, f32(nest), shapes, registers=False)
+    assert report.schedule.startswith("strategy=pairwise")
+    assert report.fmas == pytest.approx((50 * 1024 / 1000 * 704 / 700, 50))  # none along k
+    lanes = {a.text: (a.lane, a.stride, a.staged) for a in report.accesses}
+    assert lanes == {"W[k, i]": ("i", 1, True), "V[k, j]": ("j", 1, True), "w[k]": ("k", 1, True)}
+    # W: each element once per 11 block columns, V once per 16 block rows, w once per block
+    least = 4 * (1 + 50 + 50 * 1000 + 50 * 700) / 700000
+    assert report.loads == pytest.approx((4 * 50 * (11 * 1000 + 16 * 700 + 176) / 700000, least))
+
+
+def test_the_gradients_of_pairwise_distances_keep_coalesced_tiles() -> None:
+    k = td.kernel(PAIRWISE)
+    text = k.explain(PAIRWISE_SHAPES, target="cuda")
+    assert "forward: strategy=pairwise" in text and "(not coalesced)" not in text
+    assert "grad_X: strategy=tile" in text and "grad_Y: strategy=tile" in text
