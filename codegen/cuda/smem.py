@@ -99,44 +99,53 @@ def smem(e: CudaEmitter) -> Lines:
         *e.guarded(0, reduction),
         *stores,
     ]
+    pitches = (row_pitch(tm, tk, contiguous_k(a_part)), row_pitch(tn, tk, contiguous_k(b_part)))
+    return [
+        *tile_declarations(e, ((tk, pitches[0]), (tk, pitches[1])), e.f),
+        "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
+        *tile_loops(e, tile, tm, tn),
+    ]
+
+
+def tile_loops(e: CudaEmitter, tile: Lines, tm: int, tn: int) -> Lines:
+    """Grid-stride loops of the blocks over `tm x tn` output tiles (`bx_` along the vector
+    index, `by_` along the row index) and the other free indices (`bz_`) around `tile`."""
+    s = e.schedule
+    rn, vn = s.row or "", s.vector or ""
     batch = [name for name in s.free_order if name not in (rn, vn)]
     ntm = e.idx(e.count([rn], {rn: tm}))
     ntn = e.idx(e.count([vn], {vn: tn}))
     loops = block_lines(f"for (idx_t bx_ = blockIdx.x; bx_ < {ntn}; bx_ += gridDim.x)", tile)
     loops = block_lines(f"for (idx_t by_ = blockIdx.y; by_ < {ntm}; by_ += gridDim.y)", loops)
     nbatch = e.idx(e.count(batch, {}))
-    loops = block_lines(
+    return block_lines(
         f"for (idx_t bz_ = blockIdx.z; bz_ < {nbatch}; bz_ += gridDim.z)",
         [*(e.decode("bz_", batch, {}) if batch else []), *loops],
     )
-    pitches = (row_pitch(tm, tk, contiguous_k(a_part)), row_pitch(tn, tk, contiguous_k(b_part)))
-    return [
-        *tile_declarations(e, tk, pitches),
-        "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
-        *loops,
-    ]
 
 
 #: Bytes of static shared memory a block may declare; more needs dynamic shared memory and
 #: the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize), set at launch.
 STATIC_SHARED_LIMIT = 48 * 1024
-ELEMENT_BYTES = {"float": 4, "double": 8}
+ELEMENT_BYTES = {"float": 4, "double": 8, "unsigned": 4}
 
 
-def tile_declarations(e: CudaEmitter, tk: int, pitches: tuple[int, int]) -> Lines:
-    """`As_` and `Bs_`, `tk` rows each: static `__shared__` arrays up to
-    `STATIC_SHARED_LIMIT` bytes, else views of the block's dynamic shared memory, whose size
-    the emitter records (`e.dynamic_shared`) for the launch."""
-    sizes = [tk * pitch * ELEMENT_BYTES[e.f] for pitch in pitches]
+def tile_declarations(e: CudaEmitter, shapes: tuple[tuple[int, int], ...], ctype: str) -> Lines:
+    """`As_` and `Bs_` of `ctype` with `shapes` (rows, row length): static `__shared__`
+    arrays up to `STATIC_SHARED_LIMIT` bytes, else views of the block's dynamic shared
+    memory, whose size the emitter records (`e.dynamic_shared`) for the launch."""
+    sizes = [rows * pitch * ELEMENT_BYTES[ctype] for rows, pitch in shapes]
+    names = ("As_", "Bs_")
     if sum(sizes) <= STATIC_SHARED_LIMIT:
         return [
-            f"__shared__ {e.f} {name}[{tk}][{pitch}];"
-            for name, pitch in zip(("As_", "Bs_"), pitches, strict=True)
+            f"__shared__ {ctype} {name}[{rows}][{pitch}];"
+            for name, (rows, pitch) in zip(names, shapes, strict=True)
         ]
     e.dynamic_shared = sum(sizes)
     views = [
-        f"{e.f} (*const {name})[{pitch}] = reinterpret_cast<{e.f} (*)[{pitch}]>(smem_ + {offset});"
-        for name, pitch, offset in zip(("As_", "Bs_"), pitches, (0, sizes[0]), strict=True)
+        f"{ctype} (*const {name})[{pitch}] = reinterpret_cast<{ctype} (*)[{pitch}]>"
+        f"(smem_ + {offset});"
+        for name, (_, pitch), offset in zip(names, shapes, (0, sizes[0]), strict=True)
     ]
     return [
         f"extern __shared__ __align__(16) unsigned char smem_[];  /* {sum(sizes)} bytes */",
