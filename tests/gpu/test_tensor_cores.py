@@ -182,11 +182,21 @@ def test_a_kernel_and_its_gradients_through_jax(monkeypatch) -> None:
     rng = np.random.default_rng(9)
     a, b = _rounded(rng, (21, 35), "bfloat16"), _rounded(rng, (35, 13), "bfloat16")
     weights = rng.standard_normal((21, 13))
+    strategies = []
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        launch = prepare(*args, **kwargs)
+        strategies.append(launch.source.schedule.strategy)
+        return launch
+
+    prepare = gpu.prepare
+    monkeypatch.setattr(gpu, "prepare", spy)
     k = td.kernel(MATMUL, backend="cuda")
     with jax.default_device(jax.devices("cpu")[0]):
         A, B = jnp.asarray(a), jnp.asarray(b)
         got = k(A, B)
         dA, dB = jax.grad(lambda A, B: jnp.sum(k(A, B).astype(jnp.float32) * weights), (0, 1))(A, B)
+    assert strategies and set(strategies) == {"mma"}  # the forward, dA and dB
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = a64 @ b64
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2**-8, atol=1e-3)
