@@ -235,3 +235,15 @@ def test_an_mma_schedule_that_does_not_fit_is_refused() -> None:
     floats = dict.fromkeys(halves, "float32")
     with pytest.raises(ValueError, match="two bfloat16 .or two float16. accesses"):
         emit_cuda(nest, dtypes=floats, schedule=schedule)
+
+
+def test_explain_says_tensor_cores(monkeypatch) -> None:
+    from tensordsl.explain import schedule_lines
+
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
+    lines = schedule_lines(lower(parse(MATMUL)).nest, dtype="bfloat16")
+    assert lines[0] == "forward" and lines[2] == (
+        "  cuda: 16 x 16 threads per 64 i x 64 j output tile, staging 32-deep slices of k in "
+        "shared memory, products on tensor cores (mma.sync m16n8k16, float sums)"
+    )
+    assert "tensor cores" not in "\n".join(schedule_lines(lower(parse(MATMUL)).nest))
