@@ -91,6 +91,15 @@ def test_the_emulated_mma_is_exact_on_small_integers(dtype: str) -> None:
     np.testing.assert_array_equal(out, a.astype(np.float64) @ b.astype(np.float64) + c)
 
 
+@needs_emulator
+def test_the_emulated_mma_needs_a_whole_warp() -> None:
+    (kernel,) = emulate.build([(probe_source("bfloat16"), "probe")])
+    a, b = np.ones((16, 16), np.uint16), np.ones((16, 8), np.uint16)
+    c, out = np.zeros((16, 8), np.float32), np.zeros((16, 8), np.float32)
+    with pytest.raises(emulate.EmulationError, match="td_mma_16816_bf16 needs a warp of 32"):
+        kernel((1, 1, 1), (16, 1, 1), (out, a, b, c))
+
+
 def _rounded(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return rng.standard_normal(shape).astype(NUMPY[dtype])
 
@@ -141,6 +150,8 @@ def test_a_half_output_and_the_reverse_order() -> None:
         ("C[i,j] := A[k,i] * B[k,j]", (37, 20), (37, 70), "ki,kj->ij"),
         ("C[i,j] := A[i,k] * B[j,k]", (65, 19), (30, 19), "ik,jk->ij"),
         ("C[i,j] := A[k,i] * B[j,k]", (16, 33), (8, 16), "ki,jk->ij"),
+        ("C[b,i,j] := A[b,i,k] * B[k,j]", (2, 19, 40), (40, 66), "bik,kj->bij"),
+        ("C[i,j] := A[i,k,l] * B[k,l,j]", (18, 3, 11), (3, 11, 20), "ikl,klj->ij"),
     ],
 )
 def test_batched_and_transposed_operands(dtype, source, a_shape, b_shape, reference) -> None:  # type: ignore[no-untyped-def]
