@@ -44,7 +44,7 @@ MMA_OUTPUTS = ("float32", "bfloat16", "float16")
 Cell = tuple[int, int]
 
 
-def a_fragment(lane: int) -> tuple[tuple[Cell, Cell], ...]:
+def a_fragment(lane: int) -> tuple[tuple[Cell, ...], ...]:
     """(row, column) of A in each half of each of the lane's 4 A registers."""
     g, q = divmod(lane, 4)
     return tuple(
@@ -52,7 +52,7 @@ def a_fragment(lane: int) -> tuple[tuple[Cell, Cell], ...]:
     )
 
 
-def b_fragment(lane: int) -> tuple[tuple[Cell, Cell], ...]:
+def b_fragment(lane: int) -> tuple[tuple[Cell, ...], ...]:
     """(row, column) of B in each half of each of the lane's 2 B registers."""
     g, q = divmod(lane, 4)
     return tuple(tuple((2 * q + 8 * r + h, g) for h in (0, 1)) for r in range(2))

@@ -16,6 +16,8 @@ later), a warp-collective function of the same layout under the emulator
 
 from __future__ import annotations
 
+import sympy
+
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.fragments import MMA_K, MMA_N, MMA_TYPES, tensor_core_type, warp_tiles
 from codegen.cuda.layout import split_contraction
@@ -87,7 +89,9 @@ def mma(e: CudaEmitter) -> Lines:
     bounds = e.bounds[0]
     k_lo, k_hi = e.idx(bounds.starts[order[-1]]), e.idx(bounds.stops[order[-1]])
 
-    def stage(part, array: str, width: int, index: str, origin: str, stop: str) -> Lines:  # type: ignore[no-untyped-def]
+    def stage(
+        part: sympy.Indexed, array: str, width: int, index: str, origin: str, stop: str
+    ) -> Lines:
         """Stage a `width x tk` slice of `part` as words of two values along k; consecutive
         threads step k where the access reads it contiguously (coalesced), else `index`."""
         contiguous = order[-1] in part.indices[-1].free_symbols

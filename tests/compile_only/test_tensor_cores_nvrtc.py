@@ -4,12 +4,15 @@ report says the tile uses tensor cores. Needs NVRTC only, no GPU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
 from codegen.cuda.report import cuda_report
 from codegen.ir.extents import extent_values
+from codegen.ir.nest import LoopNest
 from codegen.passes import grad
 from codegen.passes.proven import drop_proven
 from tensordsl.frontend.lower import lower
@@ -29,7 +32,7 @@ SOURCES = {
 }
 
 
-def _nests(source: str):  # type: ignore[no-untyped-def]
+def _nests(source: str) -> Iterator[tuple[str, LoopNest]]:
     """The forward nest and the gradient nests of both inputs, without the tests their
     shapes prove (as a call emits them: `drop_proven`)."""
     a, b, c = SOURCES[source]
@@ -44,7 +47,9 @@ def _nests(source: str):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("dtype", sorted(PTX_TYPES))
 @pytest.mark.parametrize("out", ["float32", "half"])
 @pytest.mark.parametrize("source", SOURCES)
-def test_every_mma_kernel_compiles_for_sm_90_without_spills(source, out, dtype) -> None:  # type: ignore[no-untyped-def]
+def test_every_mma_kernel_compiles_for_sm_90_without_spills(
+    source: str, out: str, dtype: str
+) -> None:
     t = PTX_TYPES[dtype]
     for role, nest in _nests(source):
         dtypes = {op.name: dtype for op in nest.operands}

@@ -5,6 +5,8 @@ and their gradients, against float64 numpy on the same (rounded) inputs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -110,7 +112,9 @@ def _check(got: np.ndarray, want: np.ndarray, scale: np.ndarray) -> None:
     np.testing.assert_array_less(np.abs(got - want), 1e-5 * scale + 1e-30)
 
 
-def _run(source: str, arrays: dict[str, np.ndarray], out: str = "float32", order: str = "forward"):  # type: ignore[no-untyped-def]
+def _run(
+    source: str, arrays: dict[str, np.ndarray], out: str = "float32", order: str = "forward"
+) -> np.ndarray:
     nest = lower(parse(source)).nest
     operands = [arrays[op.name] for op in nest.operands]
     la = gpu.prepare(nest, operands, {}, out, None)
@@ -154,7 +158,9 @@ def test_a_half_output_and_the_reverse_order() -> None:
         ("C[i,j] := A[i,k,l] * B[k,l,j]", (18, 3, 11), (3, 11, 20), "ikl,klj->ij"),
     ],
 )
-def test_batched_and_transposed_operands(dtype, source, a_shape, b_shape, reference) -> None:  # type: ignore[no-untyped-def]
+def test_batched_and_transposed_operands(
+    dtype: str, source: str, a_shape: tuple, b_shape: tuple, reference: str
+) -> None:
     rng = np.random.default_rng(len(source))
     a, b = _rounded(rng, a_shape, dtype), _rounded(rng, b_shape, dtype)
     got = _run(source, {"A": a, "B": b})
@@ -193,9 +199,9 @@ def test_a_kernel_and_its_gradients_through_jax(monkeypatch) -> None:
     rng = np.random.default_rng(9)
     a, b = _rounded(rng, (21, 35), "bfloat16"), _rounded(rng, (35, 13), "bfloat16")
     weights = rng.standard_normal((21, 13))
-    strategies = []
+    strategies: list[str] = []
 
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def spy(*args: Any, **kwargs: Any) -> gpu.Launch:
         launch = prepare(*args, **kwargs)
         strategies.append(launch.source.schedule.strategy)
         return launch
@@ -206,7 +212,9 @@ def test_a_kernel_and_its_gradients_through_jax(monkeypatch) -> None:
     with jax.default_device(jax.devices("cpu")[0]):
         A, B = jnp.asarray(a), jnp.asarray(b)
         got = k(A, B)
-        dA, dB = jax.grad(lambda A, B: jnp.sum(k(A, B).astype(jnp.float32) * weights), (0, 1))(A, B)
+        dA, dB = jax.grad(
+            lambda A, B: jnp.sum(jnp.asarray(k(A, B), jnp.float32) * weights), (0, 1)
+        )(A, B)
     assert strategies and set(strategies) == {"mma"}  # the forward, dA and dB
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = a64 @ b64
