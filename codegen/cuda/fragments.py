@@ -27,6 +27,7 @@ group `g = lane / 4` and its place in the group `q = lane % 4`; a 32-bit registe
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import sympy
 
@@ -64,20 +65,42 @@ def c_fragment(lane: int) -> tuple[Cell, ...]:
     return tuple((g + 8 * (v // 2), 2 * q + v % 2) for v in range(4))
 
 
-def warp_tiles(rows: int, cols: int, tile_k: int) -> tuple[int, int] | None:
-    """How the 8 warps of a `16*rows x 16*cols` smem tile share it: (warps along the row
-    index, 8-column mma tiles per warp), each warp taking 16 rows; None when the tile does
-    not divide so or `tile_k` is not a multiple of 16.
+#: The most mma tiles a warp keeps (4 float accumulators per lane each).
+WARP_TILES = 16
 
-    >>> warp_tiles(4, 4, 32), warp_tiles(2, 1, 8)
-    ((4, 4), None)
+
+class WarpTiles(NamedTuple):
+    """How the 8 warps share an mma block tile: `row_warps` warps along the row index, each
+    warp `m_tiles` x `n_tiles` mma tiles (16 x 8 outputs each)."""
+
+    row_warps: int
+    m_tiles: int
+    n_tiles: int
+
+
+def warp_tiles(rows: int, cols: int, tile_k: int) -> WarpTiles | None:
+    """The split of a `16*rows x 16*cols` smem tile among the 8 warps that loads the fewest
+    fragment words per mma (4 per A tile, 2 per B tile; ties: more warps along the rows);
+    None when `tile_k` is not a multiple of 16, no split is even, or a warp would keep
+    more than `WARP_TILES` tiles.
+
+    >>> warp_tiles(4, 4, 32), warp_tiles(8, 8, 32)
+    (WarpTiles(row_warps=4, m_tiles=1, n_tiles=4), WarpTiles(row_warps=4, m_tiles=2, n_tiles=8))
+    >>> warp_tiles(2, 4, 16), warp_tiles(4, 4, 8), warp_tiles(2, 1, 16), warp_tiles(8, 16, 16)
+    (WarpTiles(row_warps=2, m_tiles=1, n_tiles=2), None, None, None)
     """
-    if tile_k % MMA_K or WARPS % rows:
+    if tile_k % MMA_K or rows < 1 or cols < 1:
         return None
-    across, columns = WARPS // rows, 16 * cols // MMA_N
-    if columns % across:
-        return None
-    return rows, columns // across
+    found = None
+    for row_warps in (8, 4, 2, 1):
+        across = WARPS // row_warps
+        if rows % row_warps or 16 * cols // MMA_N % across:
+            continue
+        split = WarpTiles(row_warps, rows // row_warps, 16 * cols // MMA_N // across)
+        cost = 4 * split.m_tiles + 2 * split.n_tiles
+        if split.m_tiles * split.n_tiles <= WARP_TILES and (found is None or cost < found[0]):
+            found = (cost, split)
+    return None if found is None else found[1]
 
 
 def tensor_core_type(

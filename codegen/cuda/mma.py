@@ -2,8 +2,9 @@
 
 The block, grid and output tile are the smem strategy's (16 x 16 threads, a `16*rows x
 16*cols` tile, 64 x 64 by default); the 8 warps split the tile (`fragments.warp_tiles`):
-warp `w` takes 16 rows (`w % rows`) and 8-column mma tiles along the vector index
-(`w // rows`), keeping their float accumulators in registers in the C/D fragment layout.
+warp `w` takes `m_tiles` 16-row mma tiles along the row index (`w % row_warps`) by
+`n_tiles` 8-column ones along the vector index (`w // row_warps`), 16 x 32 outputs by
+default, keeping their float accumulators in registers in the C/D fragment layout.
 `tile_k`-deep slices of both factors are staged as 32-bit words of two 16-bit values
 along the reduced index (`As_[row][k/2]`, `Bs_[column][k/2]`: both fragments' registers
 are then one word each); the word pitch `tile_k/2 + 4` makes a warp's fragment loads
@@ -19,7 +20,7 @@ from __future__ import annotations
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.fragments import MMA_K, MMA_N, MMA_TYPES, tensor_core_type, warp_tiles
+from codegen.cuda.fragments import MMA_K, MMA_M, MMA_N, MMA_TYPES, tensor_core_type, warp_tiles
 from codegen.cuda.layout import split_contraction
 from codegen.cuda.schedule import SMEM_THREADS
 from codegen.cuda.smem import tile_declarations, tile_loops
@@ -77,7 +78,7 @@ def mma(e: CudaEmitter) -> Lines:
     tm, tn, tk = t * s.rows, t * s.cols, s.tile_k
     grid = warp_tiles(s.rows, s.cols, tk)
     assert grid is not None  # validate_gpu
-    row_warps, n_tiles = grid
+    row_warps, m_tiles, n_tiles = grid
     words, pitch = tk // 2, tk // 2 + 4
     a_part, b_part = split_contraction(e.nest, rn, vn)  # type: ignore[misc]
     free = {name: e.free_range(name) for name in (rn, vn)}
@@ -120,18 +121,24 @@ def mma(e: CudaEmitter) -> Lines:
         count = -(-width * words // (t * t))
         return ["#pragma unroll", *block_lines(f"for (int l_ = 0; l_ < {count}; ++l_)", body)]
 
+    a_loads = [
+        f"a_[m_][{r}] = As_[wm_ + {MMA_M}*m_ + lg_ + {8 * (r % 2)}][ks_ + lq_ + {4 * (r // 2)}];"
+        for r in range(4)
+    ]
     step = [
-        "unsigned a_[4], b_[2];",
-        *(
-            f"a_[{r}] = As_[wm_ + lg_ + {8 * (r % 2)}][ks_ + lq_ + {4 * (r // 2)}];"
-            for r in range(4)
-        ),
+        f"unsigned a_[{m_tiles}][4], b_[2];",
+        "#pragma unroll",
+        *block_lines(f"for (int m_ = 0; m_ < {m_tiles}; ++m_)", a_loads),
         "#pragma unroll",
         *block_lines(
             f"for (int n_ = 0; n_ < {n_tiles}; ++n_)",
             [
                 *(f"b_[{r}] = Bs_[wn_ + {MMA_N}*n_ + lg_][ks_ + lq_ + {4 * r}];" for r in range(2)),
-                f"td_mma_16816_{t_name}(acc_[n_], a_, b_);",
+                "#pragma unroll",
+                *block_lines(
+                    f"for (int m_ = 0; m_ < {m_tiles}; ++m_)",
+                    [f"td_mma_16816_{t_name}(acc_[m_][n_], a_[m_], b_);"],
+                ),
             ],
         ),
     ]
@@ -148,39 +155,34 @@ def mma(e: CudaEmitter) -> Lines:
     )
     inner = ["{", *indent_lines([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
     reduction = e.loops(0, inner, stop_at=len(order) - 1)
-    stores = []
-    for n in range(n_tiles):
-        for v in range(4):
-            stores += [
-                "{",
-                *indent_lines(
-                    [
-                        f"const idx_t {row} = {row0} + wm_ + lg_ + {8 * (v // 2)};",
-                        f"const idx_t {col} = {col0} + wn_ + {MMA_N * n} + 2*lq_ + {v % 2};",
-                        *block_lines(
-                            f"if ({row} < {row_stop} && {col} < {col_stop})",
-                            [e.store_line(f"[{n}][{v}]")],
-                        ),
-                    ]
-                ),
-                "}",
-            ]
+    store = [
+        f"const idx_t {row} = {row0} + wm_ + {MMA_M}*m_ + lg_ + 8*(c_ / 2);",
+        f"const idx_t {col} = {col0} + wn_ + {MMA_N}*n_ + 2*lq_ + c_ % 2;",
+        *block_lines(
+            f"if ({row} < {row_stop} && {col} < {col_stop})", [e.store_line("[m_][n_][c_]")]
+        ),
+    ]
     tile = [
         f"const idx_t {row0} = {e.idx(free[rn].start)} + by_*{tm};",
         f"const idx_t {col0} = {e.idx(free[vn].start)} + bx_*{tn};",
-        f"float acc_[{n_tiles}][4];",
-        *block_lines(
-            f"for (int n_ = 0; n_ < {n_tiles}; ++n_)",
-            block_lines("for (int c_ = 0; c_ < 4; ++c_)", ["acc_[n_][c_] = 0;"]),
-        ),
+        f"float acc_[{m_tiles}][{n_tiles}][4];",
+        *_tiles(m_tiles, n_tiles, ["acc_[m_][n_][c_] = 0;"]),
         *e.guarded(0, reduction),
-        *stores,
+        *_tiles(m_tiles, n_tiles, store),
     ]
     return [
         *tile_declarations(e, ((tm, pitch), (tn, pitch)), "unsigned"),
         "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
         "/* lane group lg_ and place lq_ in it: the fragment layout (codegen.cuda.fragments) */",
         "const int warp_ = tid_ / 32, lg_ = tid_ % 32 / 4, lq_ = tid_ % 4;",
-        f"const int wm_ = warp_ % {row_warps} * 16, wn_ = warp_ / {row_warps} * {MMA_N * n_tiles};",
+        f"const int wm_ = warp_ % {row_warps} * {MMA_M * m_tiles}, "
+        f"wn_ = warp_ / {row_warps} * {MMA_N * n_tiles};",
         *tile_loops(e, tile, tm, tn),
     ]
+
+
+def _tiles(m_tiles: int, n_tiles: int, body: Lines) -> Lines:
+    """`body` for each value `c_` of each mma tile `m_`, `n_` of a warp, unrolled."""
+    loops = ["#pragma unroll", *block_lines("for (int c_ = 0; c_ < 4; ++c_)", body)]
+    loops = ["#pragma unroll", *block_lines(f"for (int n_ = 0; n_ < {n_tiles}; ++n_)", loops)]
+    return ["#pragma unroll", *block_lines(f"for (int m_ = 0; m_ < {m_tiles}; ++m_)", loops)]

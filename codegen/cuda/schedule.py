@@ -289,7 +289,7 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     if schedule.strategy in ("rows", "columns") and not free:
         raise ValueError(f"the {schedule.strategy} strategy needs a free index")
     if schedule.strategy == "mma" and not warp_tiles(schedule.rows, schedule.cols, schedule.tile_k):
-        raise ValueError("an mma tile needs tile_k a multiple of 16 and 8 warps of 16 x 8n")
+        raise ValueError("an mma tile needs tile_k a multiple of 16, split evenly by 8 warps")
     if schedule.strategy in ("smem", "mma"):
         if (
             schedule.row not in free

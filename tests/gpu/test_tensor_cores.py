@@ -5,6 +5,7 @@ and their gradients, against float64 numpy on the same (rounded) inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -137,6 +138,26 @@ def test_gemms_at_any_size(dtype: str, m: int, k: int, n: int) -> None:
 
 
 @needs_emulator
+@pytest.mark.parametrize(
+    ("rows", "cols", "tile_k", "shape"),
+    [(8, 8, 32, (150, 70, 130)), (2, 4, 16, (33, 17, 70)), (4, 8, 64, (65, 100, 129))],
+)
+def test_other_warp_tiles(rows: int, cols: int, tile_k: int, shape: tuple) -> None:
+    m, k, n = shape
+    nest = lower(parse(MATMUL)).nest
+    rng = np.random.default_rng(rows * cols)
+    a, b = _rounded(rng, (m, k), "float16"), _rounded(rng, (k, n), "float16")
+    halves = {"A": "float16", "B": "float16", "C": "float32"}
+    picked = choose_gpu_schedule(nest, halves, kernel=True)
+    schedule = dataclasses.replace(picked, rows=rows, cols=cols, tile_k=tile_k)
+    la = gpu.prepare(nest, [a, b], {}, "float32", schedule)
+    assert f"tile=ixj={16 * rows}x{16 * cols} k={tile_k} tensor-cores" in la.source.text
+    got = np.asarray(emulated.run_arrays(la, [a, b], what="warp tiles"), np.float64)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    _check(got, a64 @ b64, np.abs(a64) @ np.abs(b64))
+
+
+@needs_emulator
 def test_a_half_output_and_the_reverse_order() -> None:
     rng = np.random.default_rng(4)
     a, b = _rounded(rng, (70, 50), "bfloat16"), _rounded(rng, (50, 90), "bfloat16")
@@ -244,8 +265,6 @@ def test_what_keeps_the_simt_tile() -> None:
 
 
 def test_an_mma_schedule_that_does_not_fit_is_refused() -> None:
-    import dataclasses
-
     nest = lower(parse(MATMUL)).nest
     halves = {"A": "bfloat16", "B": "bfloat16", "C": "float32"}
     schedule = choose_gpu_schedule(nest, halves, kernel=True)
