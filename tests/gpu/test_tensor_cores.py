@@ -1,7 +1,8 @@
 """Tensor cores (the mma strategy, `codegen.cuda.mma`) under the CUDA emulator: the
 warp-collective `td_mma_16816_*` against numpy on its fragment layout, and generated GEMMs
 of bfloat16 and float16 inputs at sizes no tile divides, batched, with transposed operands,
-and their gradients, against float64 numpy on the same (rounded) inputs."""
+and their gradients, against float64 numpy on the same (rounded) inputs. The call through
+JAX runs on a GPU's tensor cores where there is one."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tensordsl.backends import cuda as gpu
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.gpu import emulated
+from tests.gpu.test_cuda_backend import EMULATED, REASON
 
 needs_emulator = pytest.mark.skipif(not emulate.available(), reason="no CUDA emulator here")
 HALVES = ("bfloat16", "float16")
@@ -212,9 +214,11 @@ def test_the_gradients_of_both_inputs_use_tensor_cores(dtype: str) -> None:
         _check(np.asarray(got, np.float64), want, scale)
 
 
-@needs_emulator
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_a_kernel_and_its_gradients_through_jax(monkeypatch) -> None:
-    monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+    """On real tensor cores where there is a GPU, else under the emulator."""
+    if EMULATED:
+        monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
     monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
     rng = np.random.default_rng(9)
@@ -230,7 +234,7 @@ def test_a_kernel_and_its_gradients_through_jax(monkeypatch) -> None:
     prepare = gpu.prepare
     monkeypatch.setattr(gpu, "prepare", spy)
     k = td.kernel(MATMUL, backend="cuda")
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.devices("cpu" if EMULATED else None)[0]):
         A, B = jnp.asarray(a), jnp.asarray(b)
         got = k(A, B)
         dA, dB = jax.grad(
