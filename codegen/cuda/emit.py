@@ -41,6 +41,7 @@ import sympy
 from codegen.cuda.columns import columns, columns_grid, combine_columns
 from codegen.cuda.columns import combine_grid as combine_columns_grid
 from codegen.cuda.dialect import STORAGE, CudaEmitter, CudaPrinter
+from codegen.cuda.mma import device_functions, mma, mma_type
 from codegen.cuda.online import launch as online_launch
 from codegen.cuda.online import online
 from codegen.cuda.pairwise import pairwise
@@ -109,6 +110,7 @@ STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
     "tile": tile,
     "smem": smem,
     "pairwise": pairwise,
+    "mma": mma,
     "block": block_reduce,
     "split": split,
     "online": online,
@@ -130,7 +132,7 @@ def _launch(
     if s.strategy in ("online", "weighted"):
         return online_launch(e)
     rn, vn = s.row or "", s.vector or ""
-    if s.strategy in ("smem", "pairwise"):
+    if s.strategy in ("smem", "mma", "pairwise"):
         t = SMEM_THREADS
         batch = [n for n in s.free_order if n not in (rn, vn)]
         grid = (
@@ -239,6 +241,7 @@ def _assemble(
         f"typedef {INDEX_TYPES[e.schedule.index_type]} idx_t;",
         "",
         e.printer.helpers(code),
+        *(device_functions(mma_type(e)) if e.schedule.strategy == "mma" else []),
     ]
     lines = head
     for entry, body in kernels:

@@ -268,7 +268,7 @@ def _counts(
                 requested += times * ITEM_BYTES.get(dtypes.get(str(access.base), "float32"), 4)
     except OverflowError:
         return None
-    if s.strategy == "smem":
+    if s.strategy in ("smem", "mma"):
         return points, _smem_loads(nest, s, extents, dtypes)
     if s.strategy == "pairwise":
         return points, _pairwise_loads(nest, s, extents, dtypes, points)
@@ -367,7 +367,7 @@ def _redundancy(nest: LoopNest, s: GpuSchedule, extents: Mapping) -> float:
     if s.strategy == "tile":
         rows = sizes[s.row or ""]
         return math.ceil(rows / s.rows) * s.rows / rows
-    if s.strategy == "smem":
+    if s.strategy in ("smem", "mma"):
         tm, tn = SMEM_THREADS * s.rows, SMEM_THREADS * s.cols
         m, n = sizes[s.row or ""], sizes[s.vector or ""]
         inner = nest.terms[0].reduced[-1]
@@ -395,7 +395,7 @@ def _lanes(
         staging = _staging_lanes(nest, s)
         for access in accesses(term.body):
             text = str(access)
-            if s.strategy == "smem":
+            if s.strategy in ("smem", "mma"):
                 found.setdefault(text, AccessLanes(text, None, 0))
                 continue
             step = staging.get(access, lane)

@@ -23,6 +23,9 @@ Strategies (`GpuSchedule.strategy`):
   reduction): each access staged on its own along the innermost reduced index, loads
   walking its contiguous axis; each thread evaluates the whole body for its ``rows x cols``
   outputs from shared memory (`codegen.cuda.pairwise`).
+* ``"mma"`` -- the smem tile with its products on tensor cores (`mma.sync` m16n8k16, float
+  accumulators), for a product of two bfloat16 (or two float16) accesses
+  (`codegen.cuda.fragments`, `codegen.cuda.mma`).
 * ``"block"`` -- few outputs with a long reduction: one block per output element, the
   innermost reduced loop of every term strided across the block's `threads` threads, partial
   states combined by a shared-memory tree (deterministic order).
@@ -70,13 +73,12 @@ tiles of 32 keys); a weighted sum with nested reductions in its weight -> ``weig
 (the same tiles); a nest of floats with an XLA plan -> ``xla``, unless the
 caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
-reduced loop); contraction-shaped -> ``smem``; a body split by two free indices ->
-``pairwise``; a row reduction -> ``rows``; a
-second-to-last free index that bounds do not depend on and that some access does not use ->
-``tile`` with 4 rows (its rows share loads); a column reduction -> ``columns``; else
-``thread``. Row and column
-reductions are told apart by `reduction_layout`: which index the largest access reads
-contiguously.
+reduced loop); contraction-shaped -> ``smem`` (``mma`` for bf16/f16 products); a body
+split by two free indices -> ``pairwise``; a row reduction -> ``rows``; a second-to-last
+free index that bounds do not depend on and that some access does not use -> ``tile`` with 4
+rows (its rows share loads); a column reduction -> ``columns``; else ``thread``. Row and
+column reductions are told apart by `reduction_layout`: which index the largest access
+reads contiguously.
 
 >>> from codegen.ir.examples import matmul as example
 >>> matmul = example()
@@ -95,6 +97,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from codegen.cuda.fragments import tensor_core_type, warp_tiles
 from codegen.cuda.layout import (
     rectangular,
     reduction_layout,
@@ -119,6 +122,7 @@ GPU_STRATEGIES = (
     "tile",
     "smem",
     "pairwise",
+    "mma",
     "block",
     "split",
     "rows",
@@ -166,10 +170,11 @@ class GpuSchedule(LoopOrder):
                 f"[{self.tile_k}+pad] in shared memory; key tiles outside the rows' "
                 "ranges skipped"
             )
-        elif self.strategy in ("smem", "pairwise"):
+        elif self.strategy in ("smem", "mma", "pairwise"):
             parts.append(
                 f"tile={self.row}x{self.vector}={SMEM_THREADS * self.rows}x"
                 f"{SMEM_THREADS * self.cols} k={self.tile_k}"
+                + (" tensor-cores=mma.sync.m16n8k16" if self.strategy == "mma" else "")
             )
         else:
             parts.append(f"threads={self.threads}")
@@ -187,12 +192,16 @@ class GpuSchedule(LoopOrder):
         reduced = " then ".join(", ".join(o) for o in self.reduced_order if o) or "nothing"
         side = SMEM_THREADS
         registers = f"reducing {reduced} in registers" if reduced != "nothing" else "no reduction"
+        smem = (
+            f"{side} x {side} threads per {side * self.rows} {self.row} x "
+            f"{side * self.cols} {self.vector} output tile, staging {self.tile_k}-deep "
+            f"slices of {reduced} in shared memory"
+        )
         return {
             "thread": f"one output element per thread, {registers}",
             "tile": f"{self.rows} consecutive {self.row} per thread, {registers}",
-            "smem": f"{side} x {side} threads per {side * self.rows} {self.row} x "
-            f"{side * self.cols} {self.vector} output tile, staging {self.tile_k}-deep "
-            f"slices of {reduced} in shared memory",
+            "smem": smem,
+            "mma": f"{smem}, products on tensor cores (mma.sync m16n8k16, float sums)",
             "pairwise": f"{side} x {side} threads per {side * self.rows} {self.row} x "
             f"{side * self.cols} {self.vector} output tile, {self.rows} x {self.cols} per thread, "
             f"each access staged in {self.tile_k}-deep slices of {reduced} in shared memory",
@@ -291,7 +300,9 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
         raise ValueError("the columns strategy needs reduced loops bounded by extents alone")
     if schedule.strategy in ("rows", "columns") and not free:
         raise ValueError(f"the {schedule.strategy} strategy needs a free index")
-    if schedule.strategy in ("smem", "pairwise"):
+    if schedule.strategy == "mma" and not warp_tiles(schedule.rows, schedule.cols, schedule.tile_k):
+        raise ValueError("an mma tile needs tile_k a multiple of 16, split evenly by 8 warps")
+    if schedule.strategy in ("smem", "mma", "pairwise"):
         if (
             schedule.row not in free
             or schedule.vector not in free
@@ -350,14 +361,16 @@ def choose_gpu_schedule(
     for split, strategy in ((split_contraction, "smem"), (split_pairwise, "pairwise")):
         for row in reversed(free[:-1]) if vector not in bounded else ():
             if row not in bounded and split(nest, row, vector) is not None:
+                mma = strategy == "smem" and tensor_core_type(nest, dtypes, row, vector) is not None
                 return GpuSchedule(
                     free,
                     reduced,
-                    strategy,
+                    "mma" if mma else strategy,
                     row=row,
                     vector=vector,
                     rows=4,
                     cols=4,
+                    tile_k=32 if mma else 16,
                     index_type=index_type,
                 )
     layout = reduction_layout(nest, base)

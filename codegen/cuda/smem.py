@@ -101,49 +101,62 @@ def smem(e: CudaEmitter) -> Lines:
         *e.guarded(0, reduction),
         *stores,
     ]
+    pitches = (row_pitch(tm, tk, contiguous_k(a_part)), row_pitch(tn, tk, contiguous_k(b_part)))
+    return [
+        *tile_declarations(e, ((tk, pitches[0]), (tk, pitches[1])), e.f),
+        "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
+        *tile_loops(e, tile, tm, tn),
+    ]
+
+
+def tile_loops(e: CudaEmitter, tile: Lines, tm: int, tn: int) -> Lines:
+    """Grid-stride loops of the blocks over `tm x tn` output tiles (`bx_` along the vector
+    index, `by_` along the row index) and the other free indices (`bz_`) around `tile`."""
+    s = e.schedule
+    rn, vn = s.row or "", s.vector or ""
     batch = [name for name in s.free_order if name not in (rn, vn)]
     ntm = e.idx(e.count([rn], {rn: tm}))
     ntn = e.idx(e.count([vn], {vn: tn}))
     loops = block_lines(f"for (idx_t bx_ = blockIdx.x; bx_ < {ntn}; bx_ += gridDim.x)", tile)
     loops = block_lines(f"for (idx_t by_ = blockIdx.y; by_ < {ntm}; by_ += gridDim.y)", loops)
     nbatch = e.idx(e.count(batch, {}))
-    loops = block_lines(
+    return block_lines(
         f"for (idx_t bz_ = blockIdx.z; bz_ < {nbatch}; bz_ += gridDim.z)",
         [*(e.decode("bz_", batch, {}) if batch else []), *loops],
     )
-    pitches = (row_pitch(tm, tk, contiguous_k(a_part)), row_pitch(tn, tk, contiguous_k(b_part)))
-    return [
-        *tile_declarations(e, tk, pitches),
-        "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
-        *loops,
-    ]
 
 
 #: Bytes of static shared memory a block may declare; more needs dynamic shared memory and
 #: the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize), set at launch.
 STATIC_SHARED_LIMIT = 48 * 1024
-ELEMENT_BYTES = {"float": 4, "double": 8}
+ELEMENT_BYTES = {"float": 4, "double": 8, "unsigned": 4}
 
 
-def tile_declarations(e: CudaEmitter, tk: int, pitches: tuple[int, int]) -> Lines:
-    """`As_` and `Bs_`, `tk` rows each (see `shared_declarations`)."""
-    return shared_declarations(
-        e, [(name, tk, p) for name, p in zip(("As_", "Bs_"), pitches, strict=True)]
-    )
+def tile_declarations(e: CudaEmitter, shapes: tuple[tuple[int, int], ...], ctype: str) -> Lines:
+    """`As_` and `Bs_` of `ctype` with `shapes` (rows, row length); see
+    `shared_declarations`."""
+    arrays = [
+        (name, rows, pitch) for name, (rows, pitch) in zip(("As_", "Bs_"), shapes, strict=True)
+    ]
+    return shared_declarations(e, arrays, ctype)
 
 
-def shared_declarations(e: CudaEmitter, arrays: Sequence[tuple[str, int, int]]) -> Lines:
-    """Two-dimensional shared arrays `(name, rows, pitch)` of the accumulation type: static
-    `__shared__` arrays up to `STATIC_SHARED_LIMIT` bytes in all, else views of the block's
-    dynamic shared memory, whose size the emitter records (`e.dynamic_shared`) for the
-    launch."""
-    sizes = [rows * pitch * ELEMENT_BYTES[e.f] for _, rows, pitch in arrays]
+def shared_declarations(
+    e: CudaEmitter, arrays: Sequence[tuple[str, int, int]], ctype: str | None = None
+) -> Lines:
+    """Two-dimensional shared arrays `(name, rows, pitch)` of `ctype` (the accumulation
+    type by default): static `__shared__` arrays up to `STATIC_SHARED_LIMIT` bytes in all,
+    else views of the block's dynamic shared memory, whose size the emitter records
+    (`e.dynamic_shared`) for the launch."""
+    ctype = ctype or e.f
+    sizes = [rows * pitch * ELEMENT_BYTES[ctype] for _, rows, pitch in arrays]
     if sum(sizes) <= STATIC_SHARED_LIMIT:
-        return [f"__shared__ {e.f} {name}[{rows}][{pitch}];" for name, rows, pitch in arrays]
+        return [f"__shared__ {ctype} {name}[{rows}][{pitch}];" for name, rows, pitch in arrays]
     e.dynamic_shared = sum(sizes)
     offsets = [sum(sizes[:n]) for n in range(len(sizes))]
     views = [
-        f"{e.f} (*const {name})[{pitch}] = reinterpret_cast<{e.f} (*)[{pitch}]>(smem_ + {offset});"
+        f"{ctype} (*const {name})[{pitch}] = reinterpret_cast<{ctype} (*)[{pitch}]>"
+        f"(smem_ + {offset});"
         for (name, _, pitch), offset in zip(arrays, offsets, strict=True)
     ]
     return [

@@ -198,12 +198,13 @@ def run_cuda(
     order = config.cuda_emulate()
     if order is None:
         _gpus()  # no GPU is an error, also where XLA would run the nest
-    schedule = schedule or choose_gpu_schedule(nest, _dtypes(nest, operands, dtype))
-    if schedule.strategy == "xla":
+    picked = schedule or choose_gpu_schedule(nest, _dtypes(nest, operands, dtype))
+    if picked.strategy == "xla":
         found = run_xla(nest, operands, shapes, dtype, precision=precision)
         if found is not None:
             return found
-        schedule = None  # the shapes do not fit the plan: the heuristic's kernel
+    # None: the heuristic's kernel for the nest without the tests its shapes prove (`prepare`;
+    # a matmul's dB holds `k + 1 <= A.shape[1]`, which bounds k and hides its smem tile).
     launch = prepare(nest, operands, shapes, dtype, schedule)
     _check_shared(launch.source, EMULATED_SHARED_LIMIT if order is not None else None)
     if order is not None:

@@ -19,6 +19,11 @@
  *   the block did not write gives NaN or -1;
  * - when no fiber can run and no barrier can be released, the launch stops and reports
  *   which threads wait where (a deadlock), instead of hanging;
+ * - `td_mma_16816_bf16` / `td_mma_16816_f16(d, a, b)`, the tensor-core product of the mma
+ *   strategy (codegen/cuda/mma.py; inline PTX `mma.sync.aligned.m16n8k16` on a GPU), are
+ *   warp-collective here too: each lane publishes its A and B fragments, the warp syncs,
+ *   each lane computes its own four D values in float (k ascending), the warp syncs again.
+ *   The generated source skips its inline PTX where `TDSL_CUDA_EMULATOR` is defined;
  * - `order` 1 runs the blocks and the threads of each block in reverse order, so that a
  *   missing barrier changes the result.
  * Fibers switch only at barriers, so atomics are plain read-modify-writes. Launches of one
@@ -67,6 +72,7 @@
 #define __shared__ thread_local
 #define __constant__
 
+#define TDSL_CUDA_EMULATOR 1 /* generated CUDA takes the emulator's td_mma_16816_* */
 #define TDSL_EMU_EXPORT extern "C" __attribute__((visibility("default")))
 #define TDSL_EMU_MAX_SHARED (227 * 1024) /* dynamic shared memory per block (H100) */
 
@@ -516,6 +522,57 @@ T shfl(Op op, const char *what, const char *file, int line, unsigned mask, T val
 }
 } // namespace
 } // namespace tdsl_emu
+
+/* ---- tensor cores: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}, fragment layout of
+ * the PTX ISA (codegen/cuda/fragments.py): lane = 4*g + q holds A rows g and g+8, columns
+ * 2q, 2q+1 (+8); B rows 2q, 2q+1 (+8) of column g; D rows g, g+8, columns 2q, 2q+1. ---- */
+
+namespace tdsl_emu {
+namespace {
+struct MmaLane {
+    unsigned a[4], b[2];
+};
+std::vector<MmaLane> mma_lanes;
+
+inline float bf16_value(unsigned short bits) { return __bfloat162float(__ushort_as_bfloat16(bits)); }
+inline float f16_value(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
+
+/* The 16-bit value in half `h` (0: the lower) of a register word. */
+inline unsigned short half_of(unsigned word, int h) { return (unsigned short)(word >> (16 * h)); }
+
+void mma_16816(float (*value)(unsigned short), const char *what, const char *file, int line,
+               float d[4], const unsigned a[4], const unsigned b[2]) {
+    Fiber &f = *rt.current;
+    int first = f.linear & ~31, lane = f.linear & 31;
+    if (first + 32 > int(rt.fibers.size()))
+        fail(thread_name(f) + ": " + what + " needs a warp of 32 threads");
+    if (mma_lanes.size() < rt.fibers.size()) mma_lanes.resize(rt.fibers.size());
+    MmaLane &mine = mma_lanes[size_t(f.linear)];
+    memcpy(mine.a, a, sizeof mine.a);
+    memcpy(mine.b, b, sizeof mine.b);
+    warp_op<unsigned>(Op::syncwarp, what, file, line, kFullMask, 0u, 0, 32); /* published */
+    const MmaLane *warp = &mma_lanes[size_t(first)];
+    int g = lane >> 2, q = lane & 3;
+    float out[4];
+    for (int v = 0; v < 4; ++v) {
+        int row = g + 8 * (v >> 1), col = 2 * q + (v & 1);
+        float sum = d[v];
+        for (int k = 0; k < 16; ++k) {
+            int k8 = k & 7, high = k >> 3;
+            float x = value(half_of(warp[4 * (row & 7) + k8 / 2].a[(row >> 3) + 2 * high], k & 1));
+            float y = value(half_of(warp[4 * col + k8 / 2].b[high], k & 1));
+            sum += x * y; /* exact product (16-bit inputs), float sum */
+        }
+        out[v] = sum;
+    }
+    warp_op<unsigned>(Op::syncwarp, what, file, line, kFullMask, 0u, 0, 32); /* all read */
+    memcpy(d, out, sizeof out);
+}
+} // namespace
+} // namespace tdsl_emu
+
+#define td_mma_16816_bf16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::bf16_value, "td_mma_16816_bf16", __FILE__, __LINE__, d, a, b)
+#define td_mma_16816_f16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::f16_value, "td_mma_16816_f16", __FILE__, __LINE__, d, a, b)
 
 #define __activemask() ::tdsl_emu::warp_op<unsigned>(::tdsl_emu::Op::active, "__activemask", __FILE__, __LINE__, 0xffffffffu, 0u, 0, 32)
 [[noreturn]] inline void __trap() { ::tdsl_emu::fail("__trap() called"); }
