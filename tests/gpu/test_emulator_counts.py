@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -25,26 +26,29 @@ GEMM = "C[i,j] := A[i,k] * B[k,j]"
 FLOAT = {"A": "float32", "B": "float32", "C": "float32"}
 
 
-def _gemm(strategy: str) -> tuple[Counts, np.ndarray, np.ndarray]:
+def _gemm(strategy: str, dtype: str = "float32") -> tuple[Counts, np.ndarray, np.ndarray]:
     """The counts of a 5x3 @ 3x7 product under the first schedule of `strategy`."""
     nest = lower(parse(GEMM)).nest
     rng = np.random.default_rng(1)
-    A, B = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(3, 7)).astype(np.float32)
+    A = rng.normal(size=(5, 3)).astype(jnp.dtype(dtype))
+    B = rng.normal(size=(3, 7)).astype(jnp.dtype(dtype))
     schedule = next(s for s in candidate_gpu_schedules(nest) if s.strategy == strategy)
-    la = gpu.prepare(nest, [A, B], {}, "float32", schedule, counting=True)
+    la = gpu.prepare(nest, [A, B], {}, dtype, schedule, counting=True)
     (kernel,) = emulate.build([(la.source.text, p.entry) for p in la.source.passes], counting=True)
-    out = np.full((5, 7), np.nan, np.float32)
+    out = np.full((5, 7), np.nan, jnp.dtype(dtype))
     args = (out, A, B, *(np.int64(p) for p in la.params))
     counts = kernel.count(la.passes[0][1], la.source.block, args, shared_mem=la.source.shared)
-    return counts, out, A.astype(np.float64) @ B
+    want = np.asarray(A, np.float64) @ np.asarray(B, np.float64)
+    return counts, np.asarray(out, np.float64), want
 
 
-def test_a_thread_per_element_gemm_counts_every_fma_once():
-    counts, out, want = _gemm("thread")
-    np.testing.assert_allclose(out, want, rtol=1e-5)
+@pytest.mark.parametrize(("dtype", "size"), [("float32", 4), ("bfloat16", 2)])
+def test_a_thread_per_element_gemm_counts_every_fma_once(dtype, size):
+    counts, out, want = _gemm("thread", dtype)
+    np.testing.assert_allclose(out, want, rtol=1e-5 if size == 4 else 2e-2, atol=1e-2)
     assert counts.fmas == 5 * 7 * 3
-    assert counts.loaded == 5 * 7 * (3 + 3) * 4  # each element reads its row and column
-    assert counts.stored == 5 * 7 * 4
+    assert counts.loaded == 5 * 7 * (3 + 3) * size  # each element reads its row and column
+    assert counts.stored == 5 * 7 * size  # bfloat16: a struct returned in place, counted too
     assert (counts.shared_loads, counts.conflicts) == (0, 0)
 
 

@@ -8,7 +8,8 @@
  * - global bytes loaded and stored: every load and store the host compiler leaves in the
  *   kernel's code (`-fsanitize=thread` instruments each one with a call to a `__tsan_readN`
  *   or `__tsan_writeN` hook, defined here instead of by the TSan runtime, which is not
- *   linked) whose address lies in one of the buffers the launch registered (its arrays);
+ *   linked; calls to memcpy, memmove and memset are wrapped at link time) whose address
+ *   lies in one of the buffers the launch registered (its arrays);
  * - shared-memory bank conflicts: an access whose address lies in the module's TLS block
  *   (every `__shared__` variable) is recorded per warp, per access site (the instruction,
  *   the hook's return address) and per occurrence (the n-th time the lane executes that
@@ -142,9 +143,23 @@ TDSL_EMU_QUIET void count_fmas(long long n) {
     if (counting.active) counting.value[fmas] += n;
 }
 
+/* GCC's instrumentation misses a store that a call makes directly into memory (`out_[k] =
+ * __float2bfloat16_rn(v)` when the conversion is not inlined, as a struct returned in
+ * place): through these, the value lands in a temporary and the store is an assignment. */
+__attribute__((always_inline)) inline __nv_bfloat16 stored_bfloat16(float x) {
+    __nv_bfloat16 value = __float2bfloat16_rn(x);
+    return value;
+}
+__attribute__((always_inline)) inline __half stored_half(float x) {
+    __half value = __float2half_rn(x);
+    return value;
+}
+
 } // namespace
 } // namespace tdsl_emu
 
+#define __float2bfloat16_rn(x) ::tdsl_emu::stored_bfloat16(x)
+#define __float2half_rn(x) ::tdsl_emu::stored_half(x)
 #define TDSL_COUNT_FMA(n) ::tdsl_emu::count_fmas(n)
 #define TDSL_EMU_PC reinterpret_cast<uintptr_t>(__builtin_return_address(0))
 
@@ -180,6 +195,27 @@ TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_read_range(void *p, unsigned long siz
 TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_write_range(void *p, unsigned long size) {
     ::tdsl_emu::count_access(p, size, true, TDSL_EMU_PC);
 }
+/* memcpy, memmove and memset called by the unit (cuda_bf16.h's stores of a bfloat16, GCC's
+ * block copies): the linker sends them here (-Wl,--wrap=...; TSan's runtime intercepts them
+ * instead), counted as one read and one write of the range. */
+extern "C" void *__real_memcpy(void *, const void *, size_t);
+extern "C" void *__real_memmove(void *, const void *, size_t);
+extern "C" void *__real_memset(void *, int, size_t);
+TDSL_EMU_EXPORT TDSL_EMU_QUIET void *__wrap_memcpy(void *to, const void *from, size_t size) {
+    ::tdsl_emu::count_access(from, size, false, TDSL_EMU_PC);
+    ::tdsl_emu::count_access(to, size, true, TDSL_EMU_PC);
+    return __real_memcpy(to, from, size);
+}
+TDSL_EMU_EXPORT TDSL_EMU_QUIET void *__wrap_memmove(void *to, const void *from, size_t size) {
+    ::tdsl_emu::count_access(from, size, false, TDSL_EMU_PC);
+    ::tdsl_emu::count_access(to, size, true, TDSL_EMU_PC);
+    return __real_memmove(to, from, size);
+}
+TDSL_EMU_EXPORT TDSL_EMU_QUIET void *__wrap_memset(void *to, int value, size_t size) {
+    ::tdsl_emu::count_access(to, size, true, TDSL_EMU_PC);
+    return __real_memset(to, value, size);
+}
+
 /* Atomic loads and stores (the guard of a function's static variable): plain, as fibers
  * switch only at barriers. */
 #define TDSL_EMU_ATOMICS(bits, T)                                                             \

@@ -68,7 +68,15 @@ COUNT_FLAGS = (
     "--param=tsan-distinguish-volatile=0",
 )
 #: Linked without the sanitizer's runtime (the driver adds it otherwise).
-COUNT_LIBRARIES = ("-nodefaultlibs", "-lstdc++", "-lm", "-lc", "-lgcc_s", "-Wl,-z,defs")
+COUNT_LIBRARIES = (
+    "-nodefaultlibs",
+    "-lstdc++",
+    "-lm",
+    "-lc",
+    "-lgcc_s",
+    "-Wl,-z,defs",
+    "-Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset",  # counted too (counting.h)
+)
 ERROR_BYTES = 16384
 _REQUIRED_HEADERS = ("vector_types.h", "cuda_fp16.h", "cuda_bf16.h", "crt/host_defines.h")
 _SCALARS = {
