@@ -53,8 +53,16 @@ N[b,t,f] := (X[b,t,f] - M[b,t]) * rsqrt(V[b,t] + eps) * g[f] + beta[f]
 """
 FMA_TARGET = 1.3
 BYTES_TARGET = 2.0
-KEYS = ("case", "kernel", "executed_fmas", "useful_fmas", "global_bytes", "min_global_bytes")
-KEYS += ("bank_conflicts",)
+#: The keys of every JSON record (issue 24); records have more.
+KEYS = (
+    "case",
+    "kernel",
+    "executed_fmas",
+    "useful_fmas",
+    "global_bytes",
+    "min_global_bytes",
+    "bank_conflicts",
+)
 
 
 @dataclass(frozen=True)
@@ -200,7 +208,7 @@ def run_case(case: Case, quick: bool = False) -> list[dict[str, Any]]:
     from tensordsl.timing import equation_dtypes
 
     shapes = case.sizes(quick)
-    records = []
+    records: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
     with _environment({"TENSORDSL_CUDA_EMULATE": "1", **case.env}):
         for eqn in _equations(case, shapes):
