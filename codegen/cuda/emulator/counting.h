@@ -161,26 +161,28 @@ __attribute__((always_inline)) inline __half stored_half(float x) {
 #define __float2bfloat16_rn(x) ::tdsl_emu::stored_bfloat16(x)
 #define __float2half_rn(x) ::tdsl_emu::stored_half(x)
 #define TDSL_COUNT_FMA(n) ::tdsl_emu::count_fmas(n)
+/* Hidden: each counting library's code calls its own hooks, whatever else is loaded. */
+#define TDSL_EMU_HOOK extern "C" TDSL_EMU_QUIET
 #define TDSL_EMU_PC reinterpret_cast<uintptr_t>(__builtin_return_address(0))
 
 /* The hooks that -fsanitize=thread calls (the TSan runtime is not linked). */
 #define TDSL_EMU_HOOKS(n)                                                                     \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_read##n(void *p) {                           \
+    TDSL_EMU_HOOK void __tsan_read##n(void *p) {                                              \
         ::tdsl_emu::count_access(p, n, false, TDSL_EMU_PC);                                   \
     }                                                                                         \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_write##n(void *p) {                          \
+    TDSL_EMU_HOOK void __tsan_write##n(void *p) {                                             \
         ::tdsl_emu::count_access(p, n, true, TDSL_EMU_PC);                                    \
     }                                                                                         \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_unaligned_read##n(void *p) {                 \
+    TDSL_EMU_HOOK void __tsan_unaligned_read##n(void *p) {                                    \
         ::tdsl_emu::count_access(p, n, false, TDSL_EMU_PC);                                   \
     }                                                                                         \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_unaligned_write##n(void *p) {                \
+    TDSL_EMU_HOOK void __tsan_unaligned_write##n(void *p) {                                   \
         ::tdsl_emu::count_access(p, n, true, TDSL_EMU_PC);                                    \
     }                                                                                         \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_volatile_read##n(void *p) {                  \
+    TDSL_EMU_HOOK void __tsan_volatile_read##n(void *p) {                                     \
         ::tdsl_emu::count_access(p, n, false, TDSL_EMU_PC);                                   \
     }                                                                                         \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_volatile_write##n(void *p) {                 \
+    TDSL_EMU_HOOK void __tsan_volatile_write##n(void *p) {                                    \
         ::tdsl_emu::count_access(p, n, true, TDSL_EMU_PC);                                    \
     }
 TDSL_EMU_HOOKS(1)
@@ -189,10 +191,10 @@ TDSL_EMU_HOOKS(4)
 TDSL_EMU_HOOKS(8)
 TDSL_EMU_HOOKS(16)
 #undef TDSL_EMU_HOOKS
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_read_range(void *p, unsigned long size) {
+TDSL_EMU_HOOK void __tsan_read_range(void *p, unsigned long size) {
     ::tdsl_emu::count_access(p, size, false, TDSL_EMU_PC);
 }
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_write_range(void *p, unsigned long size) {
+TDSL_EMU_HOOK void __tsan_write_range(void *p, unsigned long size) {
     ::tdsl_emu::count_access(p, size, true, TDSL_EMU_PC);
 }
 /* memcpy, memmove and memset called by the unit (cuda_bf16.h's stores of a bfloat16, GCC's
@@ -201,17 +203,17 @@ TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_write_range(void *p, unsigned long si
 extern "C" void *__real_memcpy(void *, const void *, size_t);
 extern "C" void *__real_memmove(void *, const void *, size_t);
 extern "C" void *__real_memset(void *, int, size_t);
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void *__wrap_memcpy(void *to, const void *from, size_t size) {
+TDSL_EMU_HOOK void *__wrap_memcpy(void *to, const void *from, size_t size) {
     ::tdsl_emu::count_access(from, size, false, TDSL_EMU_PC);
     ::tdsl_emu::count_access(to, size, true, TDSL_EMU_PC);
     return __real_memcpy(to, from, size);
 }
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void *__wrap_memmove(void *to, const void *from, size_t size) {
+TDSL_EMU_HOOK void *__wrap_memmove(void *to, const void *from, size_t size) {
     ::tdsl_emu::count_access(from, size, false, TDSL_EMU_PC);
     ::tdsl_emu::count_access(to, size, true, TDSL_EMU_PC);
     return __real_memmove(to, from, size);
 }
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void *__wrap_memset(void *to, int value, size_t size) {
+TDSL_EMU_HOOK void *__wrap_memset(void *to, int value, size_t size) {
     ::tdsl_emu::count_access(to, size, true, TDSL_EMU_PC);
     return __real_memset(to, value, size);
 }
@@ -219,10 +221,10 @@ TDSL_EMU_EXPORT TDSL_EMU_QUIET void *__wrap_memset(void *to, int value, size_t s
 /* Atomic loads and stores (the guard of a function's static variable): plain, as fibers
  * switch only at barriers. */
 #define TDSL_EMU_ATOMICS(bits, T)                                                             \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET T __tsan_atomic##bits##_load(const volatile T *p, int) {  \
+    TDSL_EMU_HOOK T __tsan_atomic##bits##_load(const volatile T *p, int) {                    \
         return *p;                                                                            \
     }                                                                                         \
-    TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_atomic##bits##_store(volatile T *p, T v, int) { \
+    TDSL_EMU_HOOK void __tsan_atomic##bits##_store(volatile T *p, T v, int) {                 \
         *p = v;                                                                               \
     }
 TDSL_EMU_ATOMICS(8, char)
@@ -230,11 +232,11 @@ TDSL_EMU_ATOMICS(16, short)
 TDSL_EMU_ATOMICS(32, int)
 TDSL_EMU_ATOMICS(64, long long)
 #undef TDSL_EMU_ATOMICS
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_init() {}
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_func_entry(void *) {}
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_func_exit() {}
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_vptr_update(void *, void *) {}
-TDSL_EMU_EXPORT TDSL_EMU_QUIET void __tsan_vptr_read(void *) {}
+TDSL_EMU_HOOK void __tsan_init() {}
+TDSL_EMU_HOOK void __tsan_func_entry(void *) {}
+TDSL_EMU_HOOK void __tsan_func_exit() {}
+TDSL_EMU_HOOK void __tsan_vptr_update(void *, void *) {}
+TDSL_EMU_HOOK void __tsan_vptr_read(void *) {}
 
 /* Reset the counters and register the launch's global buffers ([lo, hi) pairs). */
 TDSL_EMU_EXPORT TDSL_EMU_QUIET void tdsl_emu_count_reset(const unsigned long long *ranges,
