@@ -159,6 +159,7 @@ def emit_cuda(
     dtypes: Mapping[str, str],
     schedule: GpuSchedule | None = None,
     role: str = "forward",
+    counting: bool = False,
 ) -> CudaSource:
     """Generate CUDA for `nest` (see the module docstring for the calling convention).
 
@@ -168,6 +169,8 @@ def emit_cuda(
         schedule: the thread mapping; `choose_gpu_schedule(..., kernel=True)` when None (a
             pure contraction gets a kernel too: the "xla" strategy is the runner's).
         role: the nest's role in its kernel ("forward", "grad_A", ...), used in the name.
+        counting: write the CUDA emulator's `TDSL_COUNT_FMA` hooks at each body evaluation
+            (codegen/cuda/emulator/counting.h): text for the emulator only, never NVRTC.
 
     Returns:
         The `CudaSource`.
@@ -182,6 +185,7 @@ def emit_cuda(
     if schedule.strategy not in STRATEGY_EMITTERS:
         raise ValueError(f"the {schedule.strategy} strategy generates no kernel")
     e = CudaEmitter(nest, dtypes, schedule)
+    e.count_fmas = counting
     entry = entry_name(nest, dtypes, schedule, role)
     grid, block = _launch(e)
     kernels = [(Pass(entry, grid), STRATEGY_EMITTERS[schedule.strategy](e))]

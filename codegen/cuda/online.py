@@ -358,13 +358,11 @@ def _fold(e: CudaEmitter) -> Lines:
     """The row's running max, sum and the lane's weighted sums updated for the tile."""
     f, exp = e.f, e.exp
     _, lanes, _, owned = _tile(e)
-    columns = [
-        f"const idx_t kk_ = ln_ + {lanes}*q_;",
-        "if (kk_ < ne_) o_[q_] += p_*ws_[c_][kk_];",
-    ]
+    columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
         f"const {f} p_ = {exp}(ss_[r_][c_] - mn_);",
         "s_ += p_;",
+        *e.fma_hook(),
         "#pragma unroll",
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
@@ -389,6 +387,14 @@ def _fold(e: CudaEmitter) -> Lines:
             "if (mn_ != -INFINITY)", block_lines("for (int c_ = 0; c_ < jn_; ++c_)", weights)
         ),
     ]
+
+
+def _weighted_column(e: CudaEmitter) -> str:
+    """An owned column's sum plus the key's weight times its staged value."""
+    update = "o_[q_] += p_*ws_[c_][kk_];"
+    if e.count_fmas:
+        update = f"{{ {update} {' '.join(e.fma_hook())} }}"
+    return f"if (kk_ < ne_) {update}"
 
 
 def _store(e: CudaEmitter, k: str, first: str) -> Lines:
@@ -426,7 +432,7 @@ def _store(e: CudaEmitter, k: str, first: str) -> Lines:
 def _add(e: CudaEmitter) -> Lines:
     """A weighted sum: the lane's sums plus each key's weight times its staged row."""
     _, lanes, _, owned = _tile(e)
-    columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", "if (kk_ < ne_) o_[q_] += p_*ws_[c_][kk_];"]
+    columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
         f"const {e.f} p_ = ss_[r_][c_];",
         "#pragma unroll",

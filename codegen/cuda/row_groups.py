@@ -92,6 +92,7 @@ def _strided(e: CudaEmitter, loop: Loop) -> Lines:
         *e.statement_lines(loop.inner, True),
         f"const {e.f} nv_ = {e.printer.doprint(loop.value)};",
         e.fmt(reducer.update, state, value="nv_"),
+        *e.fma_hook(),
     ]
     head = f"for (idx_t {name} = {lo} + lane_; {name} < {hi}; {name} += {WIDTH})"
     lines += block_lines(head, body)

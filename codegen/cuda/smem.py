@@ -58,6 +58,7 @@ def smem(e: CudaEmitter) -> Lines:
         *(f"a_[{r}] = As_[kk_][ty_ + {t * r}];" for r in range(s.rows)),
         *(f"b_[{c}] = Bs_[kk_][tx_ + {t * c}];" for c in range(s.cols)),
         *(f"acc_[{r}][{c}] += a_[{r}]*b_[{c}];" for r in range(s.rows) for c in range(s.cols)),
+        *e.fma_hook(s.rows * s.cols),
     ]
     k_loop = block_lines(
         f"for (idx_t {k0} = lo_; {k0} < hi_; {k0} += {tk})",

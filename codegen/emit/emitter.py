@@ -83,6 +83,10 @@ class Emitter(Generic[S]):
     half_to_float = {"float16": "tdsl_h2f", "bfloat16": "tdsl_bf2f"}
     float_to_half = {"float16": "tdsl_f2h", "bfloat16": "tdsl_f2bf"}
 
+    #: Write a `TDSL_COUNT_FMA(n)` hook at each body evaluation (`fma_hook`): the CUDA
+    #: emulator's counters (codegen/cuda/emulator/counting.h); never in text for a compiler.
+    count_fmas = False
+
     def __init__(self, nest: LoopNest, dtypes: Mapping[str, str], schedule: S):
         self.nest, self.dtypes, self.schedule = nest, dtypes, schedule
         self.f = accumulation_type(dtypes)
@@ -176,6 +180,10 @@ class Emitter(Generic[S]):
 
     def idx(self, expr: sympy.Basic) -> str:
         return self.printer.index(self.hoist(expr))
+
+    def fma_hook(self, count: int | str = 1) -> Lines:
+        """The counting hook of `count` body evaluations, where `count_fmas` asks for it."""
+        return [f"TDSL_COUNT_FMA({count});"] if self.count_fmas else []
 
     # -- reduction state -----------------------------------------------------------------
 
@@ -290,6 +298,7 @@ class Emitter(Generic[S]):
             *self.statement_lines(loop.inner, True),
             f"const {self.f} nv_ = {self.printer.doprint(loop.value)};",
             self.fmt(reducer.update, state, value="nv_"),
+            *self.fma_hook(),
         ]
         if not simd and loop.reduction == "sum" and self.simd_sum_pragma:
             lines.append(self.simd_sum_pragma.format(state=state[0]))
@@ -320,7 +329,8 @@ class Emitter(Generic[S]):
         lines = [f"const {self.f} val_ = {self.printer.doprint(plan.value)};"]
         if self.reducer.positional:
             lines.append(f"const {self.index_type} pos_ = {self.position(self.nest.terms[n])};")
-        return [*lines, self.fmt(update or self.reducer.update, self.names("acc_", sub))]
+        update = self.fmt(update or self.reducer.update, self.names("acc_", sub))
+        return [*lines, update, *self.fma_hook()]
 
     def position(self, term: Term) -> str:
         """The flat row-major position over the term's reduced ranges (argmax/argmin)."""

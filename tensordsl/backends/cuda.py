@@ -102,10 +102,14 @@ def prepare(
     shapes: Mapping[str, Any],
     dtype: Any,
     schedule: GpuSchedule | None = None,
+    *,
+    counting: bool = False,
 ) -> Launch:
     """Emit `nest` for the operands' dtypes and compute its parameters and grid.
 
     `operands` only need `.shape` and `.dtype` (arrays, tracers or `jax.ShapeDtypeStruct`).
+    `counting`: the text has the CUDA emulator's counting hooks (`emit_cuda`), for
+    `emulate.build(..., counting=True)` only.
     """
     all_shapes = dict(shapes)
     for op, value in zip(nest.operands, operands, strict=True):
@@ -114,13 +118,13 @@ def prepare(
     all_shapes[nest.output] = out_shape
     dtypes = _dtypes(nest, operands, dtype)
     nest = drop_proven(nest, extents=extent_values(nest, all_shapes))  # tests true here
-    source = emit_cuda(nest, dtypes=dtypes, schedule=schedule)
+    source = emit_cuda(nest, dtypes=dtypes, schedule=schedule, counting=counting)
     params, grids, workspace = _host_values(source, all_shapes)
     if source.schedule.index_type == "int32" and needs_64bit_indices(
         all_shapes.values(), params, grids, source.block
     ):
         wide = dataclasses.replace(source.schedule, index_type="int64")
-        source = emit_cuda(nest, dtypes=dtypes, schedule=wide)
+        source = emit_cuda(nest, dtypes=dtypes, schedule=wide, counting=counting)
         params, grids, workspace = _host_values(source, all_shapes)
     order = (dtypes[nest.output], *(dtypes[op.name] for op in nest.operands))
     result = jax.ShapeDtypeStruct(out_shape, jnp.dtype(dtype))

@@ -16,6 +16,12 @@ data pointer is passed) or integer/float scalar per kernel parameter, checked ag
 kernel's own parameter list. `order="reverse"` runs blocks and threads in reverse order.
 A deadlock, a `__trap()` or a bad launch raises `EmulationError` with the emulator's report.
 
+A kernel built with `counting=True` (a unit of its own: `-DTDSL_EMU_COUNT`, every load and
+store instrumented, codegen/cuda/emulator/counting.h) also counts per launch: `count(...)`
+runs it like a call and returns its `Counts` (FMAs of the text's `TDSL_COUNT_FMA` hooks,
+global bytes loaded and stored in the array arguments, shared-memory bank conflicts). The
+suite's emulated tests build without it and pay nothing.
+
 >>> available() in (True, False)
 True
 """
@@ -38,8 +44,10 @@ import numpy as np
 from codegen import config
 from codegen.c.compiler import Toolchain, compile_c, compiler_version
 from codegen.cuda import nvrtc
+from codegen.cuda.emulator.counts import COUNTERS, Counts
 
 HEADER = pathlib.Path(__file__).with_name("runtime.h")
+COUNTING_HEADER = HEADER.with_name("counting.h")
 CACHE_VERSION = 1
 ORDERS = {"forward": 0, "reverse": 1}
 BASE_FLAGS = (
@@ -50,6 +58,24 @@ BASE_FLAGS = (
     "-fvisibility=hidden",
     "-ffp-contract=fast",  # nvcc contracts a*b+c into an FMA by default
     "-w",
+)
+#: Flags of a counting unit: the hooks, and a call before every load and store (GCC's
+#: ThreadSanitizer instrumentation without its runtime: counting.h defines the hooks).
+COUNT_FLAGS = (
+    "-DTDSL_EMU_COUNT",
+    "-fsanitize=thread",
+    "--param=tsan-instrument-func-entry-exit=0",
+    "--param=tsan-distinguish-volatile=0",
+)
+#: Linked without the sanitizer's runtime (the driver adds it otherwise).
+COUNT_LIBRARIES = (
+    "-nodefaultlibs",
+    "-lstdc++",
+    "-lm",
+    "-lc",
+    "-lgcc_s",
+    "-Wl,-z,defs",
+    "-Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset",  # counted too (counting.h)
 )
 ERROR_BYTES = 16384
 _REQUIRED_HEADERS = ("vector_types.h", "cuda_fp16.h", "cuda_bf16.h", "crt/host_defines.h")
@@ -65,7 +91,8 @@ _DYNAMIC_SHARED = re.compile(
 
 _LOCK = threading.Lock()
 _LIBRARIES: dict[pathlib.Path, ctypes.CDLL] = {}
-_KERNELS: dict[tuple[str, str], EmulatedKernel] = {}
+_KERNELS: dict[tuple[str, str, bool], EmulatedKernel] = {}
+_COUNT_LOCK = threading.Lock()
 #: Kernels compiled in this process (compiler calls and disk hits: `codegen.c.build.STATS`).
 STATS = {"kernels": 0}
 
@@ -167,6 +194,7 @@ def compile_unit(
     extra_flags: Sequence[str] = (),
     libraries: Sequence[str] = (),
     key: object = None,
+    counting: bool = False,
 ) -> pathlib.Path:
     """Compile a C++ translation unit into a cached shared object; return its path.
 
@@ -175,19 +203,22 @@ def compile_unit(
         extra_flags: more compiler flags (include folders).
         libraries: linker arguments placed after the source (`-ldl`).
         key: anything else the object depends on (headers outside the flags).
+        counting: build with the counters (`COUNT_FLAGS`).
 
     Raises:
         BuildError: when the compiler rejects the unit (a tensordsl bug; the kept unit is named).
     """
+    counted = COUNT_FLAGS if counting else ()
     toolchain = Toolchain(
         config.cxx_compiler(),
-        (*compile_flags(), *extra_flags),
+        (*compile_flags(), *counted, *extra_flags),
         "TENSORDSL_CXX",
         folder="cuda_emu",
         suffix=".cc",
-        libraries=tuple(libraries),
+        libraries=(*libraries, *(COUNT_LIBRARIES if counting else ())),
     )
-    return compile_c(text, key=(HEADER.read_text(), CACHE_VERSION, key), toolchain=toolchain)
+    headers = (HEADER.read_text(), COUNTING_HEADER.read_text() if counting else "")
+    return compile_c(text, key=(*headers, CACHE_VERSION, key), toolchain=toolchain)
 
 
 @dataclass(frozen=True)
@@ -199,6 +230,7 @@ class EmulatedKernel:
     signature: tuple[str, ...]  # "p" pointer, "i8" int64, "f4" float32, ...
     address: int = field(repr=False)  # of its `tdsl_emu_kernel` descriptor
     _launch: Any = field(repr=False, compare=False)
+    counting: bool = False  # built with the counters (`count`)
 
     def __call__(
         self,
@@ -232,6 +264,35 @@ class EmulatedKernel:
         del keep
         if status != 0:
             raise EmulationError(error.value.decode(errors="replace"))
+
+    def count(
+        self,
+        grid: Sequence[int],
+        block: Sequence[int],
+        args: Sequence[Any],
+        *,
+        shared_mem: int = 0,
+        order: str = "forward",
+    ) -> Counts:
+        """Run the kernel like a call; return what this launch counted (`Counts`). Global
+        bytes are those of loads and stores in the NumPy arrays among `args`.
+
+        Raises:
+            EmulationError: as a call, or when the kernel was built without counting.
+        """
+        if not self.counting:
+            raise EmulationError(f"{self.entry} was built without counting (counting=True)")
+        library = _LIBRARIES[self.library]
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        ranges = [n for a in arrays for n in (a.ctypes.data, a.ctypes.data + a.nbytes)]
+        values = (ctypes.c_longlong * len(COUNTERS))()
+        with _COUNT_LOCK:  # the counters are the library's: one counted launch at a time
+            library.tdsl_emu_count_reset(
+                (ctypes.c_ulonglong * max(len(ranges), 1))(*ranges), len(arrays)
+            )
+            self(grid, block, args, shared_mem=shared_mem, order=order)
+            library.tdsl_emu_count_read(values, len(COUNTERS))
+        return Counts(**dict(zip(COUNTERS, (int(v) for v in values), strict=True)))
 
     def pack(self, args: Sequence[Any]) -> tuple[Any, list[Any]]:
         """`void *args[]` as `cuLaunchKernel` takes it, and the objects it points into."""
@@ -279,7 +340,7 @@ def _argument(entry: str, n: int, kind: str, value: Any) -> Any:
     return ctype(int(value))
 
 
-def _load(library: pathlib.Path, entry: str) -> EmulatedKernel:
+def _load(library: pathlib.Path, entry: str, counting: bool = False) -> EmulatedKernel:
     with _LOCK:
         loaded = _LIBRARIES.get(library)
         if loaded is None:
@@ -287,11 +348,16 @@ def _load(library: pathlib.Path, entry: str) -> EmulatedKernel:
     descriptor = _Descriptor.in_dll(loaded, f"tdsl_emu_kernel_{entry}")
     signature = tuple((descriptor.signature or b"").decode().split())
     launch = _LAUNCH(descriptor.launch)
-    return EmulatedKernel(entry, library, signature, ctypes.addressof(descriptor), launch)
+    address = ctypes.addressof(descriptor)
+    return EmulatedKernel(entry, library, signature, address, launch, counting)
 
 
 def build(
-    kernels: Iterable[tuple[str, str]], *, per_unit: int = 48, jobs: int = 2
+    kernels: Iterable[tuple[str, str]],
+    *,
+    per_unit: int = 48,
+    jobs: int = 2,
+    counting: bool = False,
 ) -> list[EmulatedKernel]:
     """Compile (or fetch) every `(text, entry)` pair; many kernels per compiler call.
 
@@ -299,21 +365,22 @@ def build(
         kernels: CUDA source text and entry name of each kernel.
         per_unit: kernels per translation unit.
         jobs: compiler calls run at once.
+        counting: build with the counters (`EmulatedKernel.count`), in units of their own.
 
     Returns:
         One `EmulatedKernel` per pair, in order. The entries asked for with one text come
         from one library (the emulated launch handler opens one per source).
     """
-    wanted = list(kernels)
-    by_text: dict[str, list[tuple[str, str]]] = {}
-    for pair in dict.fromkeys(wanted):
-        by_text.setdefault(pair[0], []).append(pair)
+    wanted = [(text, entry, counting) for text, entry in kernels]
+    by_text: dict[str, list[tuple[str, str, bool]]] = {}
+    for key in dict.fromkeys(wanted):
+        by_text.setdefault(key[0], []).append(key)
     with _LOCK:  # a text with a missing entry is built again with all its entries
         groups = [g for g in by_text.values() if any(k not in _KERNELS for k in g)]
-    units: list[list[tuple[str, str]]] = []
+    units: list[list[tuple[str, str, bool]]] = []
     entries: list[set[str]] = []  # an entry is a C symbol: once per unit
     for group in groups:
-        names = {entry for _, entry in group}
+        names = {entry for _, entry, _ in group}
         n = next(
             (
                 n
@@ -328,18 +395,23 @@ def build(
             n = len(units) - 1
         units[n] += group
         entries[n] |= names
+
+    def compiled(unit: list[tuple[str, str, bool]]) -> pathlib.Path:
+        pairs = [(text, entry) for text, entry, _ in unit]
+        return compile_unit(translation_unit(pairs), counting=counting)
+
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        libraries = list(pool.map(lambda u: compile_unit(translation_unit(u)), units))
+        libraries = list(pool.map(compiled, units))
     for unit, library in zip(units, libraries, strict=True):
         STATS["kernels"] += len(unit)
-        for text, entry in unit:
-            loaded = _load(library, entry)
+        for text, entry, _ in unit:
+            loaded = _load(library, entry, counting)
             with _LOCK:
-                _KERNELS[(text, entry)] = loaded
+                _KERNELS[(text, entry, counting)] = loaded
     with _LOCK:
         return [_KERNELS[k] for k in wanted]
 
 
-def kernel(text: str, entry: str) -> EmulatedKernel:
+def kernel(text: str, entry: str, *, counting: bool = False) -> EmulatedKernel:
     """The emulated kernel `entry` of `text` (from memory, the disk cache or the compiler)."""
-    return build([(text, entry)])[0]
+    return build([(text, entry)], counting=counting)[0]

@@ -28,6 +28,10 @@
  *   missing barrier changes the result.
  * Fibers switch only at barriers, so atomics are plain read-modify-writes. Launches of one
  * translation unit are serialised by a mutex.
+ *
+ * Counting (a unit built with TDSL_EMU_COUNT, see codegen/cuda/emulator/counting.h): the
+ * kernel's `TDSL_COUNT_FMA(n)` hooks, its global loads and stores and its shared-memory
+ * bank conflicts are counted per launch.
  */
 #ifndef TDSL_CUDA_EMU_H
 #define TDSL_CUDA_EMU_H
@@ -122,6 +126,8 @@ struct Runtime {
 
 Runtime rt;
 std::mutex launch_mutex;
+/* This module's TLS block on the launching thread: every `__shared__` variable. */
+uintptr_t shared_lo = 0, shared_hi = 0;
 /* Touched before each block so that this module's TLS block exists on this OS thread. */
 [[gnu::used]] thread_local char tls_anchor;
 
@@ -189,6 +195,8 @@ bool poison_shared_memory() {
     dl_iterate_phdr(find_tls, &search);
     if (search.data == nullptr) return false;
     memset(search.data, 0xff, search.size);
+    shared_lo = reinterpret_cast<uintptr_t>(search.data);
+    shared_hi = shared_lo + search.size;
     return true;
 }
 
@@ -365,6 +373,18 @@ std::string deadlock_report() {
     return text;
 }
 
+/* Counting (counting.h): lanes run kernel code between these two calls; a block barrier or
+ * the block's end closes the shared-memory accesses of the warps. Nothing without counting. */
+#ifdef TDSL_EMU_COUNT
+void count_enter();
+void count_leave();
+void count_barrier(bool end);
+#else
+inline void count_enter() {}
+inline void count_leave() {}
+inline void count_barrier(bool) {}
+#endif
+
 bool run_block(bool reverse) {
     if (!start_fibers()) {
         rt.error = "cannot allocate fiber stacks";
@@ -376,14 +396,20 @@ bool run_block(bool reverse) {
             Fiber &f = rt.fibers[reverse ? count - 1 - k : k];
             if (f.wait != Wait::none) continue;
             rt.current = &f;
+            count_enter();
             swapcontext(&rt.scheduler, &f.context);
+            count_leave();
             if (!rt.error.empty()) return false;
         }
         bool alive = false;
         for (const Fiber &f : rt.fibers) alive = alive || f.wait != Wait::exited;
-        if (!alive) return true;
+        if (!alive) {
+            count_barrier(true);
+            return true;
+        }
         int warps = release_warps();
         int block = warps == 0 ? release_block() : 0;
+        if (block > 0) count_barrier(false);
         if (warps < 0 || block < 0) return false;
         if (warps > 0 || block > 0) continue;
         rt.error = deadlock_report();
@@ -483,6 +509,12 @@ template <class... A, void (*Kernel)(A...)> struct Invoke<Kernel> {
 
 } // namespace
 } // namespace tdsl_emu
+
+#ifdef TDSL_EMU_COUNT
+#include "counting.h"
+#else
+#define TDSL_COUNT_FMA(n) ((void)0)
+#endif
 
 #define TDSL_EMU_KERNEL(space, entry)                                                         \
     TDSL_EMU_EXPORT const tdsl_emu_kernel tdsl_emu_kernel_##entry = {                         \

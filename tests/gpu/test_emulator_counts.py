@@ -1,0 +1,130 @@
+"""The CUDA emulator's counters (codegen/cuda/emulator/counting.h, counts.py): FMAs of the
+emitter's hooks, global bytes, shared-memory bank conflicts, on kernels small enough to
+count by hand; the nest's useful FMAs and minimum bytes; the static benchmark's JSON."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from codegen.cuda.emit import emit_cuda
+from codegen.cuda.emulator import emulate
+from codegen.cuda.emulator.counts import Counts, min_global_bytes, useful_fmas
+from codegen.cuda.schedule import candidate_gpu_schedules
+from tensordsl.backends import cuda as gpu
+from tensordsl.frontend.lower import lower
+from tensordsl.frontend.parse import parse
+
+pytestmark = pytest.mark.skipif(
+    not emulate.available(), reason=f"CUDA emulator: {emulate.unavailable_reason()}"
+)
+
+GEMM = "C[i,j] := A[i,k] * B[k,j]"
+FLOAT = {"A": "float32", "B": "float32", "C": "float32"}
+
+
+def _gemm(strategy: str, dtype: str = "float32") -> tuple[Counts, np.ndarray, np.ndarray]:
+    """The counts of a 5x3 @ 3x7 product under the first schedule of `strategy`."""
+    nest = lower(parse(GEMM)).nest
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(5, 3)).astype(jnp.dtype(dtype))
+    B = rng.normal(size=(3, 7)).astype(jnp.dtype(dtype))
+    schedule = next(s for s in candidate_gpu_schedules(nest) if s.strategy == strategy)
+    la = gpu.prepare(nest, [A, B], {}, dtype, schedule, counting=True)
+    (kernel,) = emulate.build([(la.source.text, p.entry) for p in la.source.passes], counting=True)
+    out = np.full((5, 7), np.nan, jnp.dtype(dtype))
+    args = (out, A, B, *(np.int64(p) for p in la.params))
+    counts = kernel.count(la.passes[0][1], la.source.block, args, shared_mem=la.source.shared)
+    want = np.asarray(A, np.float64) @ np.asarray(B, np.float64)
+    return counts, np.asarray(out, np.float64), want
+
+
+@pytest.mark.parametrize(("dtype", "size"), [("float32", 4), ("bfloat16", 2)])
+def test_a_thread_per_element_gemm_counts_every_fma_once(dtype, size):
+    counts, out, want = _gemm("thread", dtype)
+    np.testing.assert_allclose(out, want, rtol=1e-5 if size == 4 else 2e-2, atol=1e-2)
+    assert counts.fmas == 5 * 7 * 3
+    assert counts.loaded == 5 * 7 * (3 + 3) * size  # each element reads its row and column
+    assert counts.stored == 5 * 7 * size  # bfloat16: a struct returned in place, counted too
+    assert (counts.shared_loads, counts.conflicts) == (0, 0)
+
+
+def test_a_staged_gemm_loads_each_element_once_and_pays_for_whole_tiles():
+    counts, out, want = _gemm("smem")
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+    assert counts.fmas == 64 * 64 * 16  # one 64x64 tile, one k step of 16, zeros padded
+    assert counts.loaded == (5 * 3 + 3 * 7) * 4
+    assert counts.stored == 5 * 7 * 4
+    assert counts.shared_stores == 2 * 64 * 16 and counts.conflicts == 0
+
+
+def test_useful_fmas_and_minimum_bytes_of_a_gemm():
+    nest = lower(parse(GEMM)).nest
+    assert useful_fmas(nest, {"A": (5, 3), "B": (3, 7)}) == 105
+    assert min_global_bytes(nest, {"A": (5, 3), "B": (3, 7)}, FLOAT) == (15 + 21 + 35) * 4
+
+
+def test_useful_fmas_of_causal_attention_count_the_unmasked_pairs_once():
+    from benchmarks import gpu_static
+
+    case = next(c for c in gpu_static.CASES if c.name == "attention_causal_fwd")
+    T, D, E = 5, 2, 3
+    shapes = {"Q": (1, 1, T, D), "K": (1, 1, T, D), "scale": (), "V": (1, 1, T, E)}
+    (eqn,) = gpu_static._equations(case, shapes)
+    pairs = T * (T + 1) // 2
+    # the score's dot product, the logsumexp's step and the weighted sum's FMA per column
+    assert useful_fmas(eqn.params["nest"], shapes) == pairs * (D + 1 + E)
+
+
+BANKS = r"""
+extern "C" __global__ void tdsl_banks(float *out, const float *in, long long stride) {
+    __shared__ float s_[32 * 33];
+    s_[threadIdx.x * stride] = in[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = s_[threadIdx.x * stride] + s_[0];
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("stride", "conflicts"),
+    [(1, 0), (33, 0), (2, 2 * 1), (32, 2 * 31), (16, 2 * 15)],
+)
+def test_bank_conflicts_of_a_strided_shared_array(stride, conflicts):
+    """A warp's 32 lanes at stride s hit gcd(s, 32) words in one bank: that many - 1 extra
+    wavefronts at the store and at the load (the broadcast read of s_[0] costs none)."""
+    kernel = emulate.kernel(BANKS, "tdsl_banks", counting=True)
+    data = np.arange(32, dtype=np.float32) + 1
+    out = np.zeros(32, np.float32)
+    counts = kernel.count((1, 1, 1), (32, 1, 1), (out, data, np.int64(stride)))
+    np.testing.assert_array_equal(out, data + data[0])
+    assert counts.conflicts == conflicts
+    assert (counts.loaded, counts.stored) == (32 * 4, 32 * 4)
+    assert counts.requests == 3 and counts.fmas == 0
+
+
+def test_counting_is_asked_for():
+    """The text NVRTC compiles has no hooks; a kernel built without counting cannot count."""
+    nest = lower(parse(GEMM)).nest
+    assert "TDSL_COUNT_FMA" not in emit_cuda(nest, dtypes=FLOAT).text
+    assert "TDSL_COUNT_FMA" in emit_cuda(nest, dtypes=FLOAT, counting=True).text
+    kernel = emulate.kernel(BANKS, "tdsl_banks")
+    out = np.zeros(32, np.float32)
+    with pytest.raises(emulate.EmulationError, match="without counting"):
+        kernel.count((1, 1, 1), (32, 1, 1), (out, out.copy(), np.int64(1)))
+
+
+def test_the_static_benchmark_writes_its_records(tmp_path):
+    from benchmarks import gpu_static
+
+    gpu_static.main(["--quick", "--out", str(tmp_path), "--cases", "gemm,row_logsumexp"])
+    records = json.loads((tmp_path / "gpu_static.json").read_text())
+    assert {r["case"] for r in records} == {"gemm", "row_logsumexp"}
+    for record in records:
+        assert set(gpu_static.KEYS) <= set(record)
+        assert all(isinstance(record[k], int) for k in gpu_static.KEYS[2:])
+    gemm = next(r for r in records if r["case"] == "gemm")
+    assert gemm["useful_fmas"] == 105 and gemm["min_global_bytes"] == 284
