@@ -137,7 +137,11 @@ def mma(e: CudaEmitter) -> Lines:
                 "#pragma unroll",
                 *block_lines(
                     f"for (int m_ = 0; m_ < {m_tiles}; ++m_)",
-                    [f"td_mma_16816_{t_name}(acc_[m_][n_], a_[m_], b_);"],
+                    [
+                        f"td_mma_16816_{t_name}(acc_[m_][n_], a_[m_], b_);",
+                        # A warp's 16 x 8 x 16 products: 64 per lane.
+                        *e.fma_hook(MMA_M * MMA_N * MMA_K // 32),
+                    ],
                 ),
             ],
         ),

@@ -339,6 +339,7 @@ def _keys_at_once(e: CudaEmitter, j: str, dot: Term, otherwise: Lines) -> Lines:
         f"const {e.f} q_ = qs_[r_*qp_ + d_];",
         "#pragma unroll",
         f"for (int m_ = 0; m_ < {per}; ++m_) sd8_[m_] += q_*ks_[(ln_ + {lanes}*m_)*kp_ + d_];",
+        *e.fma_hook(per),
     ]
     staged = [
         f"{e.f} sd8_[{per}];",

@@ -129,7 +129,7 @@ def _points(e: CudaEmitter, staged: tuple[Staged, ...]) -> Lines:
         value = e.printer.doprint(e.hoist(term.body.xreplace(mapping)))
         update = e.fmt(e.reducer.update, e.names("acc_", f"[{r}][{c}]"))
         lines += ["{", *indent_lines([f"const {e.f} val_ = {value};", update]), "}"]
-    return lines
+    return [*lines, *e.fma_hook(s.rows * s.cols)]
 
 
 def pairwise(e: CudaEmitter) -> Lines:
