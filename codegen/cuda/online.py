@@ -53,16 +53,11 @@ from codegen.cuda import key_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
+from codegen.cuda.scores import scores, tile_shape, variant
 from codegen.cuda.smem import BANKS
-from codegen.emit.emitter import Lines, block_lines, indent_lines
+from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.loop_order import term_order
 from codegen.ir.nest import LoopNest, Term
-
-
-def _tile(e: CudaEmitter) -> tuple[int, int, int, int]:
-    """(rows, lanes, keys, owned columns per thread) of the emitter's schedule."""
-    s = e.schedule
-    return s.rows, s.cols, s.tile_k, ONLINE_COLUMNS // s.cols
 
 
 def launch(
@@ -70,7 +65,7 @@ def launch(
 ) -> tuple[tuple[sympy.Expr, sympy.Expr, sympy.Expr], tuple[int, int, int]]:
     """The grid (row tiles on x, the outer free indices flattened on y) and the block."""
     *outer, row, _ = e.schedule.free_order
-    rows, lanes, _, _ = _tile(e)
+    rows, lanes, _, _ = tile_shape(e)
     grid = (e.count([row], {row: rows}), e.count(outer, {}), sympy.Integer(1))
     return grid, (rows * lanes, 1, 1)
 
@@ -160,9 +155,9 @@ def online(e: CudaEmitter) -> Lines:
     order = e.schedule.reduced_order
     both = dataclasses.replace(e.schedule, reduced_order=(order[0], order[0]))
     by_column = column_tests(e.nest)
-    e = _variant(e, scores_and_weights(e.nest), both)
+    e = variant(e, scores_and_weights(e.nest), both)
     f = e.f
-    R, P, K, M = _tile(e)
+    R, P, K, M = tile_shape(e)
     *outer_names, row_name, packed_name = e.schedule.free_order
     rows, packed = e.free_range(row_name), e.free_range(packed_name)
     i, k = e.printer.index(rows.index), e.printer.index(packed.index)
@@ -204,7 +199,7 @@ def online(e: CudaEmitter) -> Lines:
                 f"const idx_t jn_ = tdsl_imin({K}, bhi_ - j0_);",
                 *_stage_weights(e, j, k, first),
                 *(key_tiles.stage(e, staged, j, K, R * P) if staged else []),
-                *_scores(e, j, staged, query),
+                *scores(e, j, staged, query),
                 "__syncthreads();",
                 *block_lines("if (live_)", _fold(e) if e.nest.online else _add(e)),
                 "__syncthreads();",
@@ -259,7 +254,7 @@ def _block_range(rows: int) -> Lines:
 def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     """`ws_[c][col]` = the weight at key `j0_ + c` and column `col` (0 past the tile's keys),
     consecutive threads on consecutive columns."""
-    rows, lanes, keys, _ = _tile(e)
+    rows, lanes, keys, _ = tile_shape(e)
     weight = e.printer.doprint(e.hoist(e.nest.terms[1].body))
     body = [
         f"const idx_t {j} = j0_ + c_;",
@@ -269,96 +264,10 @@ def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     return key_tiles.tile_loop(keys, "ne_", rows * lanes, ("c_", "kk_"), body)
 
 
-def _variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> CudaEmitter:
-    """`e` with other terms and schedule (same parameters, printer and names)."""
-    other = e.variant(terms=terms, schedule=schedule)
-    assert isinstance(other, CudaEmitter)
-    return other
-
-
-def _element(e: CudaEmitter) -> Lines:
-    """The score of the pair (`v_`), the term's tests around it."""
-    plan = e.plan(0, [e.reduced_levels(0)[-1]])
-    value = e.printer.doprint(plan.value)
-    return e.level_lines(plan, 0, [f"v_ = {value};", "any_ = 1;"])
-
-
-def _scores(
-    e: CudaEmitter, j: str, staged: key_tiles.KeyTile | None, query: sympy.Indexed | None
-) -> Lines:
-    """Each lane's keys of the tile: the score where the pair is in range, else -inf (from
-    the staged key tile, and the staged row tile, where this call stages them)."""
-    _, lanes, keys, _ = _tile(e)
-    element = _element(e)
-    if staged is not None:
-        key = e.term_order(0)[-1]
-        score = key_tiles.staged_term(e.nest.terms[0], staged, key)
-        fast = indent_lines(_element(_variant(e, (score, e.nest.terms[1]), e.schedule)))
-        element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
-        if query is not None:
-            row = e.free_range(e.schedule.free_order[-2]).index
-            both = query_tiles.staged_term(score, query, staged, row)
-            dot = query_tiles.dot_term(both)
-            if dot is not None:  # all of the lane's keys at once, below
-                return _keys_at_once(e, j, dot, _key_loop(e, j, element))
-            fastest = indent_lines(_element(_variant(e, (both, e.nest.terms[1]), e.schedule)))
-            element = ["if (qst_) {", *fastest, "} else", *element]
-    return _key_loop(e, j, element)
-
-
-def _key_loop(e: CudaEmitter, j: str, element: Lines) -> Lines:
-    """Each lane's keys `ln_, ln_ + lanes, ...` of the tile (`_key`)."""
-    _, lanes, keys, _ = _tile(e)
-    return block_lines(f"for (int c_ = ln_; c_ < {keys}; c_ += {lanes})", _key(e, j, element))
-
-
-def _key(e: CudaEmitter, j: str, element: Lines) -> Lines:
-    """Key `c_` of the tile: `element` sets the score `v_` where the pair is in range, else
-    it is -inf."""
-    return [
-        f"const idx_t {j} = j0_ + c_;",
-        f"{e.f} v_ = {e.reducer.init[0]};",
-        *block_lines(f"if (live_ && c_ < jn_ && (full_ || ({j} >= lo_ && {j} < hi_)))", element),
-        "ss_[r_][c_] = v_;",
-    ]
-
-
-def _keys_at_once(e: CudaEmitter, j: str, dot: Term, otherwise: Lines) -> Lines:
-    """Where both tiles are staged (`qst_`), the inner products of all of a lane's keys in
-    one pass over `d`: each `qs_` value read once for the lane's `keys / lanes` keys (a
-    register tile of 1 row x 8 keys: 1.125 shared loads per FMA instead of 2), each summed
-    in the nest's order; then the rest of the score (`dot`: the sum replaced by `sd_`) per
-    key. `otherwise`: the key loop of the calls that do not stage both tiles."""
-    _, lanes, keys, _ = _tile(e)
-    per = keys // lanes
-    element = [
-        f"const {e.f} sd_ = sd8_[m_];",
-        *_element(_variant(e, (dot, e.nest.terms[1]), e.schedule)),
-    ]
-    products = [
-        f"const {e.f} q_ = qs_[r_*qp_ + d_];",
-        "#pragma unroll",
-        f"for (int m_ = 0; m_ < {per}; ++m_) sd8_[m_] += q_*ks_[(ln_ + {lanes}*m_)*kp_ + d_];",
-        *e.fma_hook(per),
-    ]
-    staged = [
-        f"{e.f} sd8_[{per}];",
-        "#pragma unroll",
-        f"for (int m_ = 0; m_ < {per}; ++m_) sd8_[m_] = 0;",
-        *block_lines("for (idx_t d_ = 0; d_ < kd_; ++d_)", products),
-        "#pragma unroll",
-        *block_lines(
-            f"for (int m_ = 0; m_ < {per}; ++m_)",
-            [f"const int c_ = ln_ + {lanes}*m_;", *_key(e, j, element)],
-        ),
-    ]
-    return ["if (qst_) {", *indent_lines(staged), "} else {", *indent_lines(otherwise), "}"]
-
-
 def _fold(e: CudaEmitter) -> Lines:
     """The row's running max, sum and the lane's weighted sums updated for the tile."""
     f, exp = e.f, e.exp
-    _, lanes, _, owned = _tile(e)
+    _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
         f"const {f} p_ = {exp}(ss_[r_][c_] - mn_);",
@@ -401,7 +310,7 @@ def _weighted_column(e: CudaEmitter) -> str:
 def _store(e: CudaEmitter, k: str, first: str) -> Lines:
     """`O = o / s` (0 where no key was in range) by each lane for its columns, `L` by lane 0."""
     result = e.fmt(e.reducer.result, ("m_", "s_"))
-    _, lanes, _, owned = _tile(e)
+    _, lanes, _, owned = tile_shape(e)
     columns = [
         f"const idx_t kk_ = ln_ + {lanes}*q_;",
         *block_lines(
@@ -432,7 +341,7 @@ def _store(e: CudaEmitter, k: str, first: str) -> Lines:
 
 def _add(e: CudaEmitter) -> Lines:
     """A weighted sum: the lane's sums plus each key's weight times its staged row."""
-    _, lanes, _, owned = _tile(e)
+    _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
         f"const {e.f} p_ = ss_[r_][c_];",
@@ -448,7 +357,7 @@ def _store_sums(e: CudaEmitter, k: str, first: str, tests: Sequence[sympy.Expr])
     value = "o_[q_]"
     if tests:
         value = f"({' && '.join(f'{e.idx(t)} >= 0' for t in tests)} ? o_[q_] : 0)"
-    _, lanes, _, owned = _tile(e)
+    _, lanes, _, owned = tile_shape(e)
     columns = [
         f"const idx_t kk_ = ln_ + {lanes}*q_;",
         *block_lines(

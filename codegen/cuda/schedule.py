@@ -30,14 +30,9 @@ Strategies (`GpuSchedule.strategy`):
   innermost reduced loop of every term strided across the block's `threads` threads, partial
   states combined by a shared-memory tree (deterministic order).
 * ``"split"`` -- a full reduction (no free index) over many blocks, in two kernels
-  (`codegen.cuda.split`). The first cuts the outermost reduced loop of every term into
-  slices, as many as give every thread an iteration (with one reduced loop; with more,
-  every row of threads, a row being as wide as the innermost loop) and at most `blocks`;
-  each block reduces its slices with its threads and a shared-memory tree and writes each
-  slice's partial state to a workspace buffer (passed to the kernel: scratch space declared
-  as an extra output of the launch). The second kernel, one block, combines the partial
-  states in slice order: deterministic, no atomics. With one slice the first kernel writes
-  the output and the second is not launched.
+  (`codegen.cuda.split`): the outermost reduced loop cut into at most `blocks` slices, each
+  block's partial states written to scratch space, then combined in slice order by one
+  block (deterministic, no atomics); with one slice, the first kernel writes the output.
 * ``"online"`` -- a one-pass nest (`LoopNest.online`, `codegen.passes.online`: a logsumexp and
   the softmax-weighted sum that reads it, attention's forward): one block per `rows` rows,
   `cols` threads per row sharing the packed output columns, key tiles of `tile_k` keys
@@ -49,17 +44,13 @@ Strategies (`GpuSchedule.strategy`):
   per block, not once per column `c`, and `b` is staged per key tile.
 * ``"rows"`` -- a row reduction (the innermost reduced index, or a nested reduction's, is
   the contiguous axis of the largest access): groups of `width` consecutive threads reduce
-  one output element each, their lanes striding the row so loads coalesce, combined by
-  `__shfl_xor_sync` (and, for groups wider than a warp, the warps' partial states folded in
-  order through shared memory). `width` is a host parameter, a power of two chosen from the
-  row length: the row's length up to 32 (several short rows per warp), a warp up to
-  `ROW_ELEMENTS` values per lane, then wider, up to the block (`codegen.cuda.row_groups`).
+  one output element each, their lanes striding the row (coalesced), combined by
+  `__shfl_xor_sync` and in order through shared memory past a warp; `width`, a host
+  parameter, follows the row length (`codegen.cuda.row_groups`).
 * ``"columns"`` -- a column reduction (the last free index is the contiguous axis of the
-  largest access, as in LayerNorm's `dg[f] := dY[b,t,f]*N[b,t,f]`): threads walk the output
-  elements (coalesced); the flattened reduced loops are cut into `parts` slices on
-  `blockIdx.y`, as many as give the grid `TARGET_BLOCKS` blocks; each writes its partial
-  states to scratch space, and a second kernel folds them in slice order (deterministic,
-  no atomics; `codegen.cuda.columns`).
+  largest access, LayerNorm's `dg[f] := dY[b,t,f]*N[b,t,f]`): threads walk the outputs; the
+  reduced loops are cut into `parts` slices on `blockIdx.y` (`TARGET_BLOCKS` blocks), folded
+  in slice order by a second kernel (`codegen.cuda.columns`).
 * ``"xla"`` -- a contraction with its elementwise companions (`codegen.ir.contraction.xla_plan`):
   no kernel is generated, the runner calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on
   the CPU.

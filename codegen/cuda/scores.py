@@ -1,0 +1,109 @@
+"""The scores of the online strategy's key tiles (`codegen.cuda.online`): each lane's keys
+of the tile, from the global operands as written, the staged key tile
+(`codegen.cuda.key_tiles`) or both staged tiles (`codegen.cuda.query_tiles`), where the
+last computes all of a lane's inner products in one pass over `d`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sympy
+
+from codegen.cuda import key_tiles, query_tiles
+from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
+from codegen.emit.emitter import Lines, block_lines, indent_lines
+from codegen.ir.nest import Term
+
+
+def tile_shape(e: CudaEmitter) -> tuple[int, int, int, int]:
+    """(rows, lanes, keys, owned columns per thread) of the emitter's schedule."""
+    s = e.schedule
+    return s.rows, s.cols, s.tile_k, ONLINE_COLUMNS // s.cols
+
+
+def variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> CudaEmitter:
+    """`e` with other terms and schedule (same parameters, printer and names)."""
+    other = e.variant(terms=terms, schedule=schedule)
+    assert isinstance(other, CudaEmitter)
+    return other
+
+
+def pair_score(e: CudaEmitter) -> Lines:
+    """The score of the pair (`v_`), the term's tests around it."""
+    plan = e.plan(0, [e.reduced_levels(0)[-1]])
+    value = e.printer.doprint(plan.value)
+    return e.level_lines(plan, 0, [f"v_ = {value};", "any_ = 1;"])
+
+
+def scores(
+    e: CudaEmitter, j: str, staged: key_tiles.KeyTile | None, query: sympy.Indexed | None
+) -> Lines:
+    """Each lane's keys of the tile: the score where the pair is in range, else -inf (from
+    the staged key tile, and the staged row tile, where this call stages them)."""
+    _, lanes, keys, _ = tile_shape(e)
+    element = pair_score(e)
+    if staged is not None:
+        key = e.term_order(0)[-1]
+        score = key_tiles.staged_term(e.nest.terms[0], staged, key)
+        fast = indent_lines(pair_score(variant(e, (score, e.nest.terms[1]), e.schedule)))
+        element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
+        if query is not None:
+            row = e.free_range(e.schedule.free_order[-2]).index
+            both = query_tiles.staged_term(score, query, staged, row)
+            dot = query_tiles.dot_term(both)
+            if dot is not None:  # all of the lane's keys at once, below
+                return _keys_at_once(e, j, dot, _key_loop(e, j, element))
+            fastest = indent_lines(pair_score(variant(e, (both, e.nest.terms[1]), e.schedule)))
+            element = ["if (qst_) {", *fastest, "} else", *element]
+    return _key_loop(e, j, element)
+
+
+def _key_loop(e: CudaEmitter, j: str, element: Lines) -> Lines:
+    """Each lane's keys `ln_, ln_ + lanes, ...` of the tile (`_key`)."""
+    _, lanes, keys, _ = tile_shape(e)
+    return block_lines(f"for (int c_ = ln_; c_ < {keys}; c_ += {lanes})", _key(e, j, element))
+
+
+def _key(e: CudaEmitter, j: str, element: Lines) -> Lines:
+    """Key `c_` of the tile: `element` sets the score `v_` where the pair is in range, else
+    it is -inf."""
+    return [
+        f"const idx_t {j} = j0_ + c_;",
+        f"{e.f} v_ = {e.reducer.init[0]};",
+        *block_lines(f"if (live_ && c_ < jn_ && (full_ || ({j} >= lo_ && {j} < hi_)))", element),
+        "ss_[r_][c_] = v_;",
+    ]
+
+
+def _keys_at_once(e: CudaEmitter, j: str, dot: Term, otherwise: Lines) -> Lines:
+    """Where both tiles are staged (`qst_`), the inner products of all of a lane's keys in
+    one pass over `d`: each `qs_` value read once for the lane's `keys / lanes` keys (a
+    register tile of 1 row x 8 keys: 1.125 shared loads per FMA instead of 2), each summed
+    in the nest's order; then the rest of the score (`dot`: the sum replaced by `sd_`) per
+    key. `otherwise`: the key loop of the calls that do not stage both tiles."""
+    _, lanes, keys, _ = tile_shape(e)
+    per = keys // lanes
+    element = [
+        f"const {e.f} sd_ = sd8_[m_];",
+        *pair_score(variant(e, (dot, e.nest.terms[1]), e.schedule)),
+    ]
+    products = [
+        f"const {e.f} q_ = qs_[r_*qp_ + d_];",
+        "#pragma unroll",
+        f"for (int m_ = 0; m_ < {per}; ++m_) sd8_[m_] += q_*ks_[(ln_ + {lanes}*m_)*kp_ + d_];",
+        *e.fma_hook(per),
+    ]
+    staged = [
+        f"{e.f} sd8_[{per}];",
+        "#pragma unroll",
+        f"for (int m_ = 0; m_ < {per}; ++m_) sd8_[m_] = 0;",
+        *block_lines("for (idx_t d_ = 0; d_ < kd_; ++d_)", products),
+        "#pragma unroll",
+        *block_lines(
+            f"for (int m_ = 0; m_ < {per}; ++m_)",
+            [f"const int c_ = ln_ + {lanes}*m_;", *_key(e, j, element)],
+        ),
+    ]
+    return ["if (qst_) {", *indent_lines(staged), "} else {", *indent_lines(otherwise), "}"]
