@@ -52,11 +52,11 @@ def scores(
         if query is not None:
             row = e.free_range(e.schedule.free_order[-2]).index
             both = query_tiles.staged_term(score, query, staged, row)
-            dot = query_tiles.dot_term(both)
-            if dot is not None:  # all of the lane's keys at once, below
-                return _keys_at_once(e, j, dot, _key_loop(e, j, element))
             fastest = indent_lines(pair_score(variant(e, (both, e.nest.terms[1]), e.schedule)))
             element = ["if (qst_) {", *fastest, "} else", *element]
+            dot = query_tiles.dot_term(both)
+            if dot is not None:  # all of a lane's keys at once in the tiles without tests
+                return _keys_at_once(e, j, dot, _key_loop(e, j, element))
     return _key_loop(e, j, element)
 
 
@@ -78,11 +78,13 @@ def _key(e: CudaEmitter, j: str, element: Lines) -> Lines:
 
 
 def _keys_at_once(e: CudaEmitter, j: str, dot: Term, otherwise: Lines) -> Lines:
-    """Where both tiles are staged (`qst_`), the inner products of all of a lane's keys in
-    one pass over `d`: each `qs_` value read once for the lane's `keys / lanes` keys (a
-    register tile of 1 row x 8 keys: 1.125 shared loads per FMA instead of 2), each summed
-    in the nest's order; then the rest of the score (`dot`: the sum replaced by `sd_`) per
-    key. `otherwise`: the key loop of the calls that do not stage both tiles."""
+    """In a tile inside every row's key range (`full_`, the same for the whole block) where
+    both tiles are staged (`qst_`), the inner products of all of a lane's keys in one pass
+    over `d`: each `qs_` value read once for the lane's `keys / lanes` keys (a register
+    tile of 1 row x 8 keys: 1.125 shared loads per FMA instead of 2), each summed in the
+    nest's order; then the rest of the score (`dot`: the sum replaced by `sd_`) per key.
+    `otherwise`: the key loop of the other tiles (a boundary tile tests each pair first)
+    and of the calls that do not stage both tiles."""
     _, lanes, keys, _ = tile_shape(e)
     per = keys // lanes
     element = [
@@ -99,11 +101,13 @@ def _keys_at_once(e: CudaEmitter, j: str, dot: Term, otherwise: Lines) -> Lines:
         f"{e.f} sd8_[{per}];",
         "#pragma unroll",
         f"for (int m_ = 0; m_ < {per}; ++m_) sd8_[m_] = 0;",
-        *block_lines("for (idx_t d_ = 0; d_ < kd_; ++d_)", products),
+        # A row past the end (or without keys) has nothing to add: its lanes wait.
+        *block_lines("if (live_)", block_lines("for (idx_t d_ = 0; d_ < kd_; ++d_)", products)),
         "#pragma unroll",
         *block_lines(
             f"for (int m_ = 0; m_ < {per}; ++m_)",
             [f"const int c_ = ln_ + {lanes}*m_;", *_key(e, j, element)],
         ),
     ]
-    return ["if (qst_) {", *indent_lines(staged), "} else {", *indent_lines(otherwise), "}"]
+    head = ["if (qst_ && full_) {", *indent_lines(staged), "} else {"]
+    return [*head, *indent_lines(otherwise), "}"]

@@ -128,5 +128,7 @@ def test_the_forward_stages_the_rows_once_and_reads_both_operands_from_shared_me
     staged = text[text.index("float sd8_[8];") :]
     product = staged[: staged.index("} else {")]
     assert "sd8_[m_] += q_*ks_[(ln_ + 4*m_)*kp_ + d_];" in product
+    assert "if (qst_ && full_) {" in text
     assert "qs_[r_*qp_ + d_]" in product and "in_Q" not in product, product
     assert text.count("in_Q[") == 3  # the stage; the variants for a longer d (kst_ or none)
+    assert text.count("qs_[") == 4  # declared; the stage, the 1 x 8 tile, a boundary pair
