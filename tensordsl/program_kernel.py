@@ -40,7 +40,7 @@ from tensordsl.backends import table
 from tensordsl.binding import gather
 from tensordsl.binding.programs import fuse_program, run_program
 from tensordsl.errors import UnknownNameError, UnsupportedError
-from tensordsl.frontend import arguments
+from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.fusion_choices import fuse_option
 from tensordsl.frontend.statements import (
     LoweredProgram,
@@ -343,7 +343,7 @@ class ProgramKernel:
             )
         from tensordsl.timing import value_and_grad_jaxpr
 
-        check_program_shapes(self._lowered, shapes)
+        shapes = check_program_shapes(self._lowered, shapes)  # `...` flattened
 
         def loss(*values: Any) -> Any:
             known = dict(zip(self.inputs, values))
@@ -386,6 +386,9 @@ class ProgramKernel:
             arguments.computed_input(name, value, self.source_text)
             for name, value in zip(self.inputs, given)
         ]
+        batched, lead = self._lowered.batched, ()
+        if batched is not None:  # `...`: the leading axes flattened into one
+            values, _, lead = ellipsis.flatten(batched, self.inputs, values, self.source_text)
         known = check_program_shapes(
             self._lowered, {name: np.shape(v) for name, v in zip(self.inputs, values)}
         )
@@ -401,6 +404,8 @@ class ProgramKernel:
             precision=self.precision,
             fuse=self.fuse,
         )
+        if batched is not None:
+            results = ellipsis.restore(batched, self.outputs, results, lead)
         return results if self._lowered.returns_tuple else results[0]
 
 
