@@ -84,7 +84,7 @@ class Kernel:
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self.precision = arguments.precision(precision)
         self.init = _initial_value(init, self.nest, source)
-        self._batched = ellipsis.leading_axes(self.nest)
+        self._batched = ellipsis.leading_axes([self._lowered.statement], source)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(

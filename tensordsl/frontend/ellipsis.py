@@ -7,16 +7,15 @@ output its leading axes back. Any number of leading axes, none included, runs th
 kernel; jit, grad and vmap see a reshape, which they handle. An output without `...` sums
 over them (`s[o] := X[..., o]`).
 
-In a program (`program_leading_axes`) every input read with `...` shares the same leading
+In a program (`leading_axes`) every input read with `...` shares the same leading
 axes; an intermediate defined with `...` on its left holds them as its one first axis and is
 read with `...` wherever it is read (and one defined without it, without), so a statement
 never reads the flattened axis under another name.
 
->>> from tensordsl.frontend.lower import lower
 >>> from tensordsl.frontend.parse import parse
->>> batched = leading_axes(lower(parse("Y[..., o] := X[..., i] * W[i, o]")).nest)
+>>> batched = leading_axes([parse("Y[..., o] := X[..., i] * W[i, o]")], "")
 >>> batched
-Batched(ranks=(('X', 2),), output=True, defined=())
+Batched(ranks=(('X', 2),), output=True, defined=('Y',))
 >>> lead = batch_shape(batched, {"X": (4, 5, 3), "W": (3, 2)}, "")
 >>> lead, flat_shapes(batched, {"X": (4, 5, 3), "W": (3, 2)}, lead)
 ((4, 5), {'X': (20, 3), 'W': (3, 2)})
@@ -29,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from codegen.ir.nest import LoopNest, accesses, index_symbol
 from tensordsl.errors import IndexExpressionError, ShapeError, UnsupportedError
 from tensordsl.frontend.indices import ELLIPSIS, walk
 from tensordsl.frontend.parse import Access, Expr, Name, Statement
@@ -44,21 +42,6 @@ class Batched:
     output: bool
     #: in a program, the statement outputs whose left side starts with `...`
     defined: tuple[str, ...] = ()
-
-
-def leading_axes(nest: LoopNest) -> Batched | None:
-    """Where `nest` uses `...`, else None."""
-    batch = index_symbol(ELLIPSIS)
-    names = {
-        read.base.name
-        for term in nest.terms
-        for read in accesses(term.body)
-        if read.indices and read.indices[0] == batch
-    }
-    output = bool(nest.free) and nest.free[0].index == batch
-    if not names and not output:
-        return None
-    return Batched(tuple((op.name, op.rank) for op in nest.operands if op.name in names), output)
 
 
 def batch_shape(
@@ -159,9 +142,9 @@ def _leads(indices: tuple[Expr, ...] | None) -> bool:
     return bool(indices) and isinstance(indices[0], Name) and indices[0].name == ELLIPSIS
 
 
-def program_leading_axes(statements: Sequence[Statement], source: str) -> Batched | None:
-    """Where a program's statements use `...`, else None: the inputs read with it, and the
-    statements defining their output with it.
+def leading_axes(statements: Sequence[Statement], source: str) -> Batched | None:
+    """Where a kernel's or a program's statements use `...`, else None: the inputs read
+    with it (an index array included), and the statements defining their output with it.
 
     Raises:
         UnsupportedError: an input read with `...` in one place and without it in another,
@@ -169,7 +152,7 @@ def program_leading_axes(statements: Sequence[Statement], source: str) -> Batche
             without `...`): the flattened axis would be read under another name.
 
     >>> from tensordsl.frontend.parse import parse
-    >>> program_leading_axes([parse("H[..., o] := X[..., i] * W[i, o]"),
+    >>> leading_axes([parse("H[..., o] := X[..., i] * W[i, o]"),
     ...                       parse("Y[..., o] := tanh(H[..., o])")], "")
     Batched(ranks=(('X', 2),), output=True, defined=('H', 'Y'))
     """

@@ -37,7 +37,7 @@ from tensordsl.frontend.ellipsis import (
     Batched,
     batch_shape,
     flat_shapes,
-    program_leading_axes,
+    leading_axes,
 )
 from tensordsl.frontend.lower import Lowered, check_reduction, lower
 from tensordsl.frontend.parse import Span, Statement, parse
@@ -289,7 +289,7 @@ def lower_program(
         lower(s, reduce=None if s.reduction else reduce, ranges=r)
         for s, r in zip(statements, per_statement)
     )
-    batched = program_leading_axes([low.statement for low in lowered], source)
+    batched = leading_axes([low.statement for low in lowered], source)
     program = make_program([low.nest for low in lowered], outputs=chosen)
     return LoweredProgram(
         program, lowered, source, returns_tuple=outputs is not None, batched=batched
