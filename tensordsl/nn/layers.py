@@ -202,8 +202,9 @@ def cross_entropy(
     `loss = logsumexp(logits) - sum_c logits[c] * t[c]` where `t` is the one-hot label
     smoothed as in optax: `(1 - label_smoothing) * onehot + label_smoothing / classes`. The
     target is picked by the comparison `(c == y[n])` inside a sum over the classes (no
-    one-hot array, no gather). A label outside `[0, classes)` picks nothing: its loss is the
-    logsumexp minus the smoothing term alone.
+    one-hot array; without smoothing the language runs this pick as a masked gather,
+    `tensordsl/frontend/one_hot.py`). A label outside `[0, classes)` picks nothing: its loss
+    is the logsumexp minus the smoothing term alone.
 
     Args:
         logits: scores of shape `(..., classes)`.
