@@ -1,13 +1,11 @@
 """`td.kernel` for programs: several statements in one callable.
 
-`ProgramKernel` is what `td.kernel` returns for a source of several statements (or with
-`outputs=`). A call checks the inputs' shapes against every statement, then
-`tensordsl.binding.programs.run_program` fuses the statements for those shapes
-(`codegen.passes.fusion`: large intermediates recomputed where read) and runs the fused nests as
-one differentiable function (`tensordsl.binding.program_grad.FusedProgram`); with
-`TENSORDSL_FUSE=0`, each statement in order through `jax_bind.call_nest`, every intermediate
-stored. Every nest is the primitive of a one-statement kernel, so `jit`, `grad` (second order
-included) and `vmap` work on every back end.
+`td.kernel` gives a `ProgramKernel` for several statements (or `outputs=`). A call checks
+the inputs' shapes against every statement, then `binding.programs.run_program` fuses the
+statements for those shapes (`codegen.passes.fusion`: the cost model's choices) and runs the
+fused nests as one differentiable function (`binding.program_grad.FusedProgram`); with
+`TENSORDSL_FUSE=0`, each statement in order, every intermediate stored. Every nest is the
+primitive of a one-statement kernel: `jit`, `grad` and `vmap` work on every back end.
 
 >>> import numpy as np
 >>> softmax = ProgramKernel('''
@@ -333,31 +331,34 @@ class ProgramKernel:
     def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
         """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (C back
         end, every input of `dtype`): its nest equations are the nests a call runs."""
-        if self._lowered.gathered:
+        if self._stages:
             raise UnsupportedError(
-                "profile() and source(shapes=...) of a program with index arrays are not "
-                "supported yet",
+                "profile() and source(shapes=...) of a program that gathers from its own "
+                "outputs are not supported yet",
                 self.source_text,
-                expected="a program without index arrays, or source() without shapes",
+                expected="a program that gathers from inputs only, or source() without shapes",
                 hint="jax.jit(program).lower(...) shows what a call runs",
             )
         from tensordsl.timing import value_and_grad_jaxpr
 
         shapes = check_program_shapes(self._lowered, shapes)  # `...` flattened
+        gathers = [s for s in self._lowered.statements if s.gathers]
+        arrays = {n for s in gathers for g in s.gathers for n in g.arrays}
 
-        def loss(*values: Any) -> Any:
-            known = dict(zip(self.inputs, values))
+        def loss(*values: Any) -> Any:  # index arrays come as floats: their positions
+            known = {
+                n: v.astype(jnp.int32) if n in arrays else v for n, v in zip(self.inputs, values)
+            }
+            for statement in gathers:
+                known.update(gather.gathered(statement, known, shapes, self.source_text))
+            program, backend = self.program, table.PROFILED.name
             results = run_program(
-                self.program,
-                known,
-                backend=table.PROFILED.name,
-                nograd=self.nograd,
-                fuse=self.fuse,
+                program, known, backend=backend, nograd=self.nograd, fuse=self.fuse
             )
             floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
             return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0
 
-        return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
+        return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd | arrays)
 
     @deeply
     def __call__(self, /, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:

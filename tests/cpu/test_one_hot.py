@@ -133,3 +133,12 @@ def test_cross_entropy_program_picks_the_target_by_a_gather(backend):
     g = jax.grad(lambda X: jnp.sum(jnp.sin(program(X, y))))(X)
     w = jax.grad(lambda X: jnp.sum(jnp.sin(looped(X, y))))(X)
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-12)
+
+
+def test_profile_and_source_of_a_program_with_a_pick():
+    source = "(logsumexp) L[n] := X[n,c]\nP[n] := X[n,c] * (c == y[n])\nloss[n] := L[n] - P[n]"
+    program = td.program(source, backend="c")
+    shapes = {"X": (8, 16), "y": (8,)}
+    names = [row.name for row in program.profile(shapes, reps=1).timings]
+    assert "loss" in names and "dX" in names
+    assert set(program.source("c", shapes=shapes)) == set(names)
