@@ -159,19 +159,16 @@ class ProgramKernel:
 
     def statement_text(self, n: int) -> str:
         """The source text of statement `n` (0-based)."""
-        start, stop = self._lowered.statements[n].statement.span
-        return self.source_text[start:stop]
+        return self.source_text[slice(*self._lowered.statements[n].statement.span)]
 
     def explain(
         self, shapes: Mapping[str, tuple[int, ...]] | None = None, *, target: str | None = None
     ) -> str:
         """A summary (inputs, outputs, shapes; with `shapes`, what is recomputed or stored and
         the nests a call runs, with each schedule in words), then each statement's nests;
-        with `shapes`, also the fused nests with their gradient nests.
-
-        `shapes` (one per input) are checked as a call checks them; bounds are then numbers.
-        With `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
-        forward+backward call runs (see `Kernel.explain`).
+        with `shapes` (checked as a call checks them: bounds are then numbers), also the
+        fused nests with their gradient nests. With `target="cuda"` (needs `shapes`), also
+        the static report of every CUDA kernel a forward+backward call runs (`Kernel.explain`).
         """
         from tensordsl.explain import check_report_target, explain
         from tensordsl.gpu_report import cuda_report_lines
@@ -183,6 +180,8 @@ class ProgramKernel:
             return "\n".join([text, *cuda_report_lines(self._call_jaxpr(shapes, "float32"))])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
+        for low in self._lowered.statements if known is not None else ():
+            known.update(gather.gathered_shapes(low, known))
         lines = self._summary()
         details: list[str] = []
         if known is None:
