@@ -93,6 +93,8 @@ def test_an_index_outside_picks_nothing_and_a_float_index_picks_whole_numbers(ba
     np.testing.assert_array_equal(np.asarray(grad), np.zeros_like(Z))
     Yf = np.array([[0.0, 2.5, np.nan, 3.0], [6.0, 7.0, -1.0, np.inf], [1.0, 1.0, 0.5, -0.0]])
     np.testing.assert_allclose(np.asarray(k(Z, Yf)), _pick(Z, Yf), rtol=1e-12, atol=1e-12)
+    dY = jax.grad(lambda Y: jnp.sum(k(Z, Y)))(np.nan_to_num(Yf, posinf=9.0))
+    np.testing.assert_array_equal(np.asarray(dY), np.zeros_like(Yf))  # as d(Y == v)/dY
     Yb = np.arange(B * T).reshape(B, T) % 2 == 0
     np.testing.assert_allclose(np.asarray(k(Z, Yb)), _pick(Z, Yb), rtol=1e-12, atol=1e-12)
 
