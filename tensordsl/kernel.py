@@ -24,6 +24,7 @@ from tensordsl.errors import (
 )
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.lower import Lowered, lower
+from tensordsl.frontend.one_hot import pick_text
 from tensordsl.frontend.parse import parse
 from tensordsl.frontend.shapes import check_shapes
 from tensordsl.frontend.statements import is_program
@@ -84,7 +85,7 @@ class Kernel:
         self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
         self.precision = arguments.precision(precision)
         self.init = _initial_value(init, self.nest, source)
-        self._batched = ellipsis.leading_axes(self.nest)
+        self._batched = ellipsis.leading_axes([self._lowered.statement], source)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
         self.__signature__ = callables.signature(self.inputs)
         self.__doc__ = callables.kernel_doc(
@@ -153,7 +154,10 @@ class Kernel:
             shapes = self.check_shapes(shapes)
             shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
         src = low.statement.source
-        gathered = [(g.name, src[g.span[0] : g.span[1]]) for g in low.gathers]
+        gathered = [
+            (g.name, pick_text(low.statement, g) if g.masked else src[g.span[0] : g.span[1]])
+            for g in low.gathers
+        ]
         schedule = self.schedule if table.backend(self.backend).takes_schedule else None
         text = explain(
             self.nest,

@@ -1,13 +1,11 @@
 """`td.kernel` for programs: several statements in one callable.
 
-`ProgramKernel` is what `td.kernel` returns for a source of several statements (or with
-`outputs=`). A call checks the inputs' shapes against every statement, then
-`tensordsl.binding.programs.run_program` fuses the statements for those shapes
-(`codegen.passes.fusion`: large intermediates recomputed where read) and runs the fused nests as
-one differentiable function (`tensordsl.binding.program_grad.FusedProgram`); with
-`TENSORDSL_FUSE=0`, each statement in order through `jax_bind.call_nest`, every intermediate
-stored. Every nest is the primitive of a one-statement kernel, so `jit`, `grad` (second order
-included) and `vmap` work on every back end.
+`td.kernel` gives a `ProgramKernel` for several statements (or `outputs=`). A call checks
+the inputs' shapes against every statement, then `binding.programs.run_program` fuses the
+statements for those shapes (`codegen.passes.fusion`: the cost model's choices) and runs the
+fused nests as one differentiable function (`binding.program_grad.FusedProgram`); with
+`TENSORDSL_FUSE=0`, each statement in order, every intermediate stored. Every nest is the
+primitive of a one-statement kernel: `jit`, `grad` and `vmap` work on every back end.
 
 >>> import numpy as np
 >>> softmax = ProgramKernel('''
@@ -40,7 +38,7 @@ from tensordsl.backends import table
 from tensordsl.binding import gather
 from tensordsl.binding.programs import fuse_program, run_program
 from tensordsl.errors import UnknownNameError, UnsupportedError
-from tensordsl.frontend import arguments
+from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.fusion_choices import fuse_option
 from tensordsl.frontend.statements import (
     LoweredProgram,
@@ -161,19 +159,16 @@ class ProgramKernel:
 
     def statement_text(self, n: int) -> str:
         """The source text of statement `n` (0-based)."""
-        start, stop = self._lowered.statements[n].statement.span
-        return self.source_text[start:stop]
+        return self.source_text[slice(*self._lowered.statements[n].statement.span)]
 
     def explain(
         self, shapes: Mapping[str, tuple[int, ...]] | None = None, *, target: str | None = None
     ) -> str:
         """A summary (inputs, outputs, shapes; with `shapes`, what is recomputed or stored and
         the nests a call runs, with each schedule in words), then each statement's nests;
-        with `shapes`, also the fused nests with their gradient nests.
-
-        `shapes` (one per input) are checked as a call checks them; bounds are then numbers.
-        With `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
-        forward+backward call runs (see `Kernel.explain`).
+        with `shapes` (checked as a call checks them: bounds are then numbers), also the
+        fused nests with their gradient nests. With `target="cuda"` (needs `shapes`), also
+        the static report of every CUDA kernel a forward+backward call runs (`Kernel.explain`).
         """
         from tensordsl.explain import check_report_target, explain
         from tensordsl.gpu_report import cuda_report_lines
@@ -185,6 +180,8 @@ class ProgramKernel:
             return "\n".join([text, *cuda_report_lines(self._call_jaxpr(shapes, "float32"))])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
+        for low in self._lowered.statements if known is not None else ():
+            known.update(gather.gathered_shapes(low, known))
         lines = self._summary()
         details: list[str] = []
         if known is None:
@@ -333,31 +330,34 @@ class ProgramKernel:
     def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
         """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (C back
         end, every input of `dtype`): its nest equations are the nests a call runs."""
-        if self._lowered.gathered:
+        if self._stages:
             raise UnsupportedError(
-                "profile() and source(shapes=...) of a program with index arrays are not "
-                "supported yet",
+                "profile() and source(shapes=...) of a program that gathers from its own "
+                "outputs are not supported yet",
                 self.source_text,
-                expected="a program without index arrays, or source() without shapes",
+                expected="a program that gathers from inputs only, or source() without shapes",
                 hint="jax.jit(program).lower(...) shows what a call runs",
             )
         from tensordsl.timing import value_and_grad_jaxpr
 
-        check_program_shapes(self._lowered, shapes)
+        shapes = check_program_shapes(self._lowered, shapes)  # `...` flattened
+        gathers = [s for s in self._lowered.statements if s.gathers]
+        arrays = {n for s in gathers for g in s.gathers for n in g.arrays}
 
-        def loss(*values: Any) -> Any:
-            known = dict(zip(self.inputs, values))
+        def loss(*values: Any) -> Any:  # index arrays come as floats: their positions
+            known = {
+                n: v.astype(jnp.int32) if n in arrays else v for n, v in zip(self.inputs, values)
+            }
+            for statement in gathers:
+                known.update(gather.gathered(statement, known, shapes, self.source_text))
+            program, backend = self.program, table.PROFILED.name
             results = run_program(
-                self.program,
-                known,
-                backend=table.PROFILED.name,
-                nograd=self.nograd,
-                fuse=self.fuse,
+                program, known, backend=backend, nograd=self.nograd, fuse=self.fuse
             )
             floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
             return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0
 
-        return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd)
+        return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd | arrays)
 
     @deeply
     def __call__(self, /, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
@@ -386,6 +386,9 @@ class ProgramKernel:
             arguments.computed_input(name, value, self.source_text)
             for name, value in zip(self.inputs, given)
         ]
+        batched, lead = self._lowered.batched, ()
+        if batched is not None:  # `...`: the leading axes flattened into one
+            values, _, lead = ellipsis.flatten(batched, self.inputs, values, self.source_text)
         known = check_program_shapes(
             self._lowered, {name: np.shape(v) for name, v in zip(self.inputs, values)}
         )
@@ -401,6 +404,8 @@ class ProgramKernel:
             precision=self.precision,
             fuse=self.fuse,
         )
+        if batched is not None:
+            results = ellipsis.restore(batched, self.outputs, results, lead)
         return results if self._lowered.returns_tuple else results[0]
 
 

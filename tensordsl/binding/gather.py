@@ -16,7 +16,9 @@ then `gather_p`, a primitive linear in the table:
 * batching: a batched table is flattened with its batch axis, the positions offset per
   example; a batched position array just gives a batched result.
 
-Index arrays are integers, so JAX gives them no tangent (float0) and no cotangent.
+Index arrays are integers, so JAX gives them no tangent (float0) and no cotangent. A masked
+gather (a one-hot pick, `tensordsl/frontend/one_hot.py`) reads 0 outside the table, eagerly
+too, and takes a float index array (a whole number picks, any other value nothing).
 """
 
 from __future__ import annotations
@@ -177,6 +179,8 @@ def index_dtypes(
 def check_index_dtypes(gathers: Sequence[Gather], values: Mapping[str, Any], source: str) -> None:
     """An index array must hold integers: a float or bool one is a user error."""
     for g in gathers:
+        if g.masked:  # a one-hot pick: an equality, which any number takes
+            continue
         for name in g.arrays:
             dtype = jnp.result_type(values[name])
             if dtype == jnp.bool_ or not jnp.issubdtype(dtype, jnp.integer):
@@ -265,10 +269,11 @@ def _gathered(
             at = tuple(
                 jnp.clip(value_of(a), 0, max(n - 1, 0)) for a, n in zip(read.axes, array.shape)
             )
-            position = position + read.coefficient * array[at].astype(flat.dtype)
+            picked = _whole_or_outside(array[at]) if g.masked else array[at]
+            position = position + read.coefficient * picked.astype(flat.dtype)
         n = table.shape[axis]
         inside = (position >= 0) & (position < n)
-        if gathered_axis.reads and concrete:
+        if gathered_axis.reads and concrete and not g.masked:
             starts = [ranges[name][0] for name in g.indices]
             _check_inside(g, axis, position, inside, n, starts, source)
         valid = valid & inside
@@ -278,7 +283,18 @@ def _gathered(
     count = int(np.prod(table.shape[: len(table.shape) - whole], dtype=np.int64))
     rows = table.reshape(count, width)
     rows, positions = private_jax.same_varying_axes([rows, positions])
-    return gather_p.bind(rows, positions, fill=True).reshape(tuple(spans))
+    return gather_p.bind(rows, positions, fill=not g.masked).reshape(tuple(spans))
+
+
+def _whole_or_outside(values: Any) -> Any:
+    """An index array of a one-hot pick as positions: a float that is a whole number in
+    int32's range picks it, any other (a fraction, NaN, inf) equals no index: -1, outside."""
+    if jnp.issubdtype(values.dtype, jnp.integer):
+        return values
+    if values.dtype == jnp.bool_:
+        return values.astype(jnp.int32)
+    whole = (values == jnp.floor(values)) & (jnp.abs(values) < 2**31 - 1)
+    return jnp.where(whole, values, -1)
 
 
 def _check_inside(

@@ -7,11 +7,15 @@ output its leading axes back. Any number of leading axes, none included, runs th
 kernel; jit, grad and vmap see a reshape, which they handle. An output without `...` sums
 over them (`s[o] := X[..., o]`).
 
->>> from tensordsl.frontend.lower import lower
+In a program (`leading_axes`) every input read with `...` shares the same leading
+axes; an intermediate defined with `...` on its left holds them as its one first axis and is
+read with `...` wherever it is read (and one defined without it, without), so a statement
+never reads the flattened axis under another name.
+
 >>> from tensordsl.frontend.parse import parse
->>> batched = leading_axes(lower(parse("Y[..., o] := X[..., i] * W[i, o]")).nest)
+>>> batched = leading_axes([parse("Y[..., o] := X[..., i] * W[i, o]")], "")
 >>> batched
-Batched(ranks=(('X', 2),), output=True)
+Batched(ranks=(('X', 2),), output=True, defined=('Y',))
 >>> lead = batch_shape(batched, {"X": (4, 5, 3), "W": (3, 2)}, "")
 >>> lead, flat_shapes(batched, {"X": (4, 5, 3), "W": (3, 2)}, lead)
 ((4, 5), {'X': (20, 3), 'W': (3, 2)})
@@ -20,13 +24,13 @@ Batched(ranks=(('X', 2),), output=True)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from codegen.ir.nest import LoopNest, accesses, index_symbol
-from tensordsl.errors import IndexExpressionError, ShapeError
+from tensordsl.errors import IndexExpressionError, ShapeError, UnsupportedError
 from tensordsl.frontend.indices import ELLIPSIS, walk
-from tensordsl.frontend.parse import Access, Name, Statement
+from tensordsl.frontend.parse import Access, Expr, Name, Statement
 
 
 @dataclass(frozen=True)
@@ -36,21 +40,8 @@ class Batched:
 
     ranks: tuple[tuple[str, int], ...]
     output: bool
-
-
-def leading_axes(nest: LoopNest) -> Batched | None:
-    """Where `nest` uses `...`, else None."""
-    batch = index_symbol(ELLIPSIS)
-    names = {
-        read.base.name
-        for term in nest.terms
-        for read in accesses(term.body)
-        if read.indices and read.indices[0] == batch
-    }
-    output = bool(nest.free) and nest.free[0].index == batch
-    if not names and not output:
-        return None
-    return Batched(tuple((op.name, op.rank) for op in nest.operands if op.name in names), output)
+    #: in a program, the statement outputs whose left side starts with `...`
+    defined: tuple[str, ...] = ()
 
 
 def batch_shape(
@@ -98,6 +89,32 @@ def flat_shapes(
     }
 
 
+def flatten(
+    batched: Batched, names: Sequence[str], values: Sequence[Any], source: str
+) -> tuple[list[Any], dict[str, tuple[int, ...]], tuple[int, ...]]:
+    """A call's arrays with the leading axes `...` stands for flattened into one.
+
+    Returns:
+        The arrays (reshaped where `...` reads them), their shapes by name, and the leading
+        axes (`restore` gives them back to the results).
+    """
+    shapes = {name: tuple(v.shape) for name, v in zip(names, values)}
+    lead = batch_shape(batched, shapes, source)
+    flat = flat_shapes(batched, shapes, lead)
+    reshaped = [v.reshape(flat[n]) if flat[n] != shapes[n] else v for n, v in zip(names, values)]
+    return reshaped, flat, lead
+
+
+def restore(
+    batched: Batched, names: Sequence[str], results: Sequence[Any], lead: tuple[int, ...]
+) -> tuple[Any, ...]:
+    """The results whose left side starts with `...` with the leading axes given back."""
+    return tuple(
+        r.reshape((*lead, *r.shape[1:])) if name in batched.defined else r
+        for name, r in zip(names, results)
+    )
+
+
 def check_placement(st: Statement, src: str) -> None:
     """`...` stands for leading batch axes: only the first index of an index list."""
     allowed = {
@@ -118,3 +135,59 @@ def check_placement(st: Statement, src: str) -> None:
             expected="'...' for the leading (batch) axes, first in an index list, as in "
             "'Y[..., o] := X[..., i] * W[i, o]'",
         )
+
+
+def _leads(indices: tuple[Expr, ...] | None) -> bool:
+    """True for an index list (of an access or a left side) that starts with `...`."""
+    return bool(indices) and isinstance(indices[0], Name) and indices[0].name == ELLIPSIS
+
+
+def leading_axes(statements: Sequence[Statement], source: str) -> Batched | None:
+    """Where a kernel's or a program's statements use `...`, else None: the inputs read
+    with it (an index array included), and the statements defining their output with it.
+
+    Raises:
+        UnsupportedError: an input read with `...` in one place and without it in another,
+            or an intermediate read otherwise than its statement defines it (with or
+            without `...`): the flattened axis would be read under another name.
+
+    >>> from tensordsl.frontend.parse import parse
+    >>> leading_axes([parse("H[..., o] := X[..., i] * W[i, o]"),
+    ...                       parse("Y[..., o] := tanh(H[..., o])")], "")
+    Batched(ranks=(('X', 2),), output=True, defined=('H', 'Y'))
+    """
+    defined: dict[str, bool] = {}
+    inputs: dict[str, tuple[bool, int, Access]] = {}
+    for st in statements:
+        for node in walk(st.body):
+            if not isinstance(node, Access):
+                continue
+            batched = _leads(node.indices)
+            if node.name in defined:
+                if defined[node.name] != batched:
+                    raise _mixed(node, source, intermediate=True, batched=batched)
+            elif node.name in inputs:
+                if inputs[node.name][0] != batched:
+                    raise _mixed(node, source, intermediate=False, batched=batched)
+            else:
+                inputs[node.name] = (batched, len(node.indices), node)
+        defined[st.output] = _leads(st.indices)
+    ranks = tuple((name, rank) for name, (batched, rank, _) in inputs.items() if batched)
+    outputs = tuple(name for name, batched in defined.items() if batched)
+    if not ranks and not outputs:
+        return None
+    return Batched(ranks, bool(outputs), outputs)
+
+
+def _mixed(node: Access, source: str, *, intermediate: bool, batched: bool) -> UnsupportedError:
+    what = "defined" if intermediate else "read elsewhere"
+    other = "without" if batched else "with"
+    return UnsupportedError(
+        f"'{node.name}' is read {'with' if batched else 'without'} '...' here but {what} "
+        f"{other} it",
+        source,
+        node.span,
+        expected=f"'{node.name}' read {other} '...' here too: '...' stands for the same "
+        "leading axes, flattened into one, in every statement",
+        hint="write the batch axes out (as in 'X[b, t, i]') in every statement, or in none",
+    )

@@ -68,6 +68,9 @@ class Gather:
     indices: tuple[str, ...]
     axes: tuple[GatherAxis, ...]
     span: Span
+    #: a one-hot pick (`frontend/one_hot.py`): a position outside the table reads 0, never
+    #: a `RangeError`, and an index array may hold floats (a whole number picks, else none)
+    masked: bool = False
 
     @property
     def arrays(self) -> tuple[str, ...]:

@@ -26,9 +26,10 @@ from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from tensordsl.errors import ReductionError, UnsupportedError, close_match
 from tensordsl.frontend.gathers import Gather
-from tensordsl.frontend.indices import size_placeholder
+from tensordsl.frontend.indices import size_placeholder, walk
 from tensordsl.frontend.left import diagonal_mask, left_forms, left_ranges
-from tensordsl.frontend.parse import Span, Statement
+from tensordsl.frontend.one_hot import one_hot_gathers
+from tensordsl.frontend.parse import Access, Span, Statement
 from tensordsl.frontend.ranges import index_ranges
 from tensordsl.frontend.translate import AccessUse, Translation, translate
 from tensordsl.frontend.typos import index_typos
@@ -243,6 +244,20 @@ def _shift_gathered(translation: Translation, found: Mapping[str, Range]) -> Tra
     )
 
 
+def _masked(
+    translation: Translation, masked: tuple[Span, ...], statement: Statement
+) -> Translation:
+    """The gathers of one-hot picks masked (outside reads 0), and the operands in the order
+    the user wrote them (the rewrite moves the index array into the table's access)."""
+    first = {}
+    for node in walk(statement.body):
+        if isinstance(node, Access):
+            first.setdefault(node.name, node.span[0])
+    gathers = tuple(replace(g, masked=g.span in masked) for g in translation.gathers)
+    order = sorted(translation.operands, key=lambda op: first.get(op[0], len(statement.source)))
+    return replace(translation, gathers=gathers, operands=order)
+
+
 def lower(
     statement: Statement,
     *,
@@ -269,7 +284,13 @@ def lower(
     """
     reduction = _reduction(statement, reduce)
     forms = left_forms(statement)
+    masked: tuple[Span, ...] = ()
+    if reduction == "sum":  # a one-hot pick `Z[b,v] * (Y[b] == v)` read as a gather
+        picked, masked = one_hot_gathers(forms.statement, tuple(ranges or ()))
+        forms = replace(forms, statement=picked)
     translation = translate(forms.statement, indices=tuple(ranges or ()))
+    if masked:
+        translation = _masked(translation, masked, statement)
     new = {name for name, _ in forms.diagonal} | set(forms.unit)
     if new:
         mask = diagonal_mask(forms)

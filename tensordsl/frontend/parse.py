@@ -32,6 +32,7 @@ from functools import lru_cache
 from typing import Union
 
 from tensordsl.errors import IndexExpressionError, ParseError
+from tensordsl.frontend.foreign import foreign_notation_hint
 
 Span = tuple[int, int]
 
@@ -365,37 +366,6 @@ class _Parser:
             call = Call(token.text, args, (token.span[0], end), token.span)
             return self.node(call, token.span, *args)
         return Name(token.text, token.span)
-
-
-_EINSUM = re.compile(r"\s*([A-Za-z]*(?:\s*,\s*[A-Za-z]*)*)\s*->\s*([A-Za-z]*)\s*")
-
-
-def foreign_notation_hint(source: str) -> str | None:
-    """How to write an einsum string or a `@` product in this language, when `source` is
-    one (a parse error's hint).
-
-    >>> print(foreign_notation_hint("ik,kj->ij"))  # doctest: +ELLIPSIS
-    an einsum string: name the tensors, as in 'Y[i,j] := A[i,k] * B[k,j]' (...)
-    """
-    einsum = _EINSUM.fullmatch(source)
-    if einsum is not None:
-        names = iter("ABCDEFGHKLMNPQRSTUVWXZ")
-        reads = [_access(next(names), part.strip()) for part in einsum.group(1).split(",")]
-        left = _access("Y", einsum.group(2))
-        return (
-            f"an einsum string: name the tensors, as in '{left} := {' * '.join(reads)}' "
-            "(indices on no left side are summed)"
-        )
-    if "@" in source:
-        return (
-            "'@' is not an operator: write the product with its indices, as in "
-            "'C[i,j] := A[i,k] * B[k,j]' (k, on no left side, is summed)"
-        )
-    return None
-
-
-def _access(name: str, letters: str) -> str:
-    return f"{name}[{','.join(letters)}]" if letters else name
 
 
 @lru_cache(maxsize=1024)

@@ -31,10 +31,14 @@ from tensordsl.errors import (
     ShapeError,
     TensorDSLError,
     UnknownNameError,
-    UnsupportedError,
     close_match,
 )
-from tensordsl.frontend.ellipsis import leading_axes
+from tensordsl.frontend.ellipsis import (
+    Batched,
+    batch_shape,
+    flat_shapes,
+    leading_axes,
+)
 from tensordsl.frontend.lower import Lowered, check_reduction, lower
 from tensordsl.frontend.parse import Span, Statement, parse
 from tensordsl.frontend.shapes import check_shapes, concrete_shapes
@@ -58,6 +62,7 @@ class LoweredProgram:
     statements: tuple[Lowered, ...]  # one per statement, in order; sources are the program
     source: str
     returns_tuple: bool  # `outputs=` was given: results come back as a tuple
+    batched: Batched | None = None  # where statements use `...` (frontend/ellipsis.py)
 
     @property
     def gathered(self) -> frozenset[str]:
@@ -284,17 +289,11 @@ def lower_program(
         lower(s, reduce=None if s.reduction else reduce, ranges=r)
         for s, r in zip(statements, per_statement)
     )
-    for low in lowered:
-        if leading_axes(low.nest) is not None:
-            raise UnsupportedError(
-                "'...' (leading batch axes) is not supported in a program yet",
-                source,
-                low.statement.span,
-                expected="the batch axes written out, as in 'Y[b,t,o] := X[b,t,i] * W[i,o]'",
-                hint="or write the program without the batch axes and jax.vmap it",
-            )
+    batched = leading_axes([low.statement for low in lowered], source)
     program = make_program([low.nest for low in lowered], outputs=chosen)
-    return LoweredProgram(program, lowered, source, returns_tuple=outputs is not None)
+    return LoweredProgram(
+        program, lowered, source, returns_tuple=outputs is not None, batched=batched
+    )
 
 
 def stage_groups(lowered: LoweredProgram) -> tuple[tuple[int, ...], ...]:
@@ -327,12 +326,16 @@ def check_program_shapes(
         shapes: the shape of every input by name.
 
     Returns:
-        The shape of every input and every statement output.
+        The shape of every input and every statement output (with `...`, as the call runs
+        them: the leading axes flattened into one).
 
     Raises:
         ShapeError, RangeError: as `check_shapes`, the caret in the program source.
     """
     known = concrete_shapes(shapes, lowered.source)
+    if lowered.batched is not None:  # `...`: the leading axes flattened into one
+        lead = batch_shape(lowered.batched, known, lowered.source)
+        known = flat_shapes(lowered.batched, known, lead)
     for statement in lowered.statements:
         check_shapes(statement, known)
         known[statement.nest.output] = output_shape(statement.nest, known)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax.numpy as jnp
-
 from tensordsl.errors import ShapeError
 from tensordsl.nn._common import (
     as_float_array,
@@ -31,6 +29,7 @@ from tensordsl.nn._common import (
 )
 
 DENSE = "Y[n,o] := X[n,i] * W[i,o]"
+EMBEDDING = "Y[..., d] := table[ids[...], d]"
 DENSE_BIAS = "H[n,o] := X[n,i] * W[i,o]\nY[n,o] := H[n,o] + bias[o]"
 
 #: LayerNorm over the last axis; `F` is its width (a scalar input), `eps` a scalar.
@@ -161,24 +160,28 @@ def rms_norm(x: Any, gamma: Any = None, eps: float = 1e-6, *, backend: str = "au
     return _normalise("rms_norm", RMS_NORM, last, x, params, eps, backend)
 
 
-def embedding(ids: Any, table: Any) -> Any:
+def embedding(ids: Any, table: Any, *, backend: str = "auto") -> Any:
     """Rows of `table` picked by `ids`: `table[ids]`, of shape `ids.shape + (features,)`.
 
-    The gather runs in XLA (`jnp.take`) until the language has index arrays (`W[tok[n], d]`):
-    written as a sum over the vocabulary (`W[v,d] * (v == tok[n])`) it would cost
-    `vocabulary x features` operations per token. Its gradient is XLA's scatter-add.
-    Ids outside `[0, vocabulary)` follow `jnp.take`: the row is NaN.
+    The statement `EMBEDDING` reads the table through the index array (the language's
+    gather, `tensordsl/binding/gather.py`): one read per element, no sum over the
+    vocabulary; its gradient sums the cotangents of each row's reads in a fixed order
+    (sorted positions, no scatter or atomics), so the same ids give the same bits. An id
+    outside `[0, vocabulary)` is a `RangeError` in an eager call; under `jit`, `grad` or
+    `vmap` (ids not known yet) its row reads NaN and gets no gradient, as `jnp.take`.
 
     Args:
         ids: integer token ids, any shape.
         table: the embedding table, `(vocabulary, features)`.
+        backend: the kernels' back end (the gather alone runs no nest: the same on all).
 
     Returns:
-        An array of shape `ids.shape + (features,)`.
+        An array of shape `ids.shape + (features,)`, in the dtype of `table`.
 
     Raises:
         InputError: `ids` are not integers, or `table` is not a float array.
         ShapeError: `table` is not 2-d.
+        RangeError: an eager call with an id outside the table.
 
     >>> import numpy as np
     >>> embedding(np.array([2, 0]), np.arange(6.0).reshape(3, 2)).tolist()
@@ -187,7 +190,7 @@ def embedding(ids: Any, table: Any) -> Any:
     ids = as_int_array(ids, "embedding", "ids")
     table = as_float_array(table, "embedding", "table")
     check_rank(table, "embedding", "table", 2, "(vocabulary, features)", at_least=False)
-    return jnp.take(table, ids, axis=0)
+    return build(EMBEDDING, backend)(table=table, ids=ids)
 
 
 def cross_entropy(
@@ -199,8 +202,9 @@ def cross_entropy(
     `loss = logsumexp(logits) - sum_c logits[c] * t[c]` where `t` is the one-hot label
     smoothed as in optax: `(1 - label_smoothing) * onehot + label_smoothing / classes`. The
     target is picked by the comparison `(c == y[n])` inside a sum over the classes (no
-    one-hot array, no gather). A label outside `[0, classes)` picks nothing: its loss is the
-    logsumexp minus the smoothing term alone.
+    one-hot array; without smoothing the language runs this pick as a masked gather,
+    `tensordsl/frontend/one_hot.py`). A label outside `[0, classes)` picks nothing: its loss
+    is the logsumexp minus the smoothing term alone.
 
     Args:
         logits: scores of shape `(..., classes)`.

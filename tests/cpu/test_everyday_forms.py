@@ -1,6 +1,7 @@
-"""Everyday forms (issue 28): `mean`, `argmax`/`argmin`, `size(j)` inside an expression, and
-the errors for top-k, against float64 numpy on random inputs, on the reference, C and CUDA
-back ends (the CUDA emulator where there is no GPU), under jit, grad and vmap."""
+"""Everyday forms (issue 28): `mean`, `argmax`/`argmin`, `size(j)` inside an expression,
+`...` in kernels and programs, and the errors for top-k, against float64 numpy on random
+inputs, on the reference, C and CUDA back ends (the CUDA emulator where there is no GPU),
+under jit, grad and vmap."""
 
 from __future__ import annotations
 
@@ -219,9 +220,59 @@ def test_ellipsis_errors():
         td.kernel("Y[o, ...] := X[..., o]")
     with pytest.raises(td.TensorDSLError):  # an empty index list (found by the parser fuzzer)
         td.kernel("Y[i]:=min(X[i,j],W[])")
-    with pytest.raises(td.UnsupportedError, match="not supported in a program yet"):
-        td.kernel("H[..., o] := X[..., i] * W[i,o]; Y[..., o] := H[..., o] * 2")
     assert "  Y[..., o] = sum_i X[..., i]*W[i, o]\n" in dense.explain()
+
+
+DENSE_TANH = """
+    H[..., o] := X[..., i] * W[i, o] + B[o]
+    Y[..., o] := tanh(H[..., o])
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ellipsis_in_a_program_of_a_dense_layer_and_an_activation(backend):
+    W, B = _x((5, 6), seed=20), _x(6, seed=21)
+    layer = td.program(DENSE_TANH, backend=backend)
+    both = td.program(DENSE_TANH, backend=backend, outputs=("H", "Y"))
+    for lead in [(4,), (2, 3), (2, 1, 3)]:
+        X = _x((*lead, 5), seed=22)
+        got = layer(X, W, B)
+        assert got.shape == (*lead, 6)
+        np.testing.assert_allclose(np.asarray(got), np.tanh(X @ W + B), rtol=1e-12, atol=1e-12)
+        H, Y = both(X, W, B)
+        assert H.shape == Y.shape == (*lead, 6)
+        np.testing.assert_allclose(np.asarray(H), X @ W + B, rtol=1e-12, atol=1e-12)
+        _grad_close(
+            lambda X, W, B: jnp.sum(jnp.sin(layer(X, W, B))),
+            lambda X, W, B: jnp.sum(jnp.sin(jnp.tanh(X @ W + B))),
+            X,
+            W,
+            B,
+            argnums=(0, 1, 2),
+        )
+    X = _x((3, 2, 5), seed=23)
+    batched = jax.jit(jax.vmap(layer, in_axes=(0, None, None)))(X, W, B)
+    np.testing.assert_allclose(np.asarray(batched), np.tanh(X @ W + B), rtol=1e-12, atol=1e-12)
+    # a statement without `...` on its left sums the leading axes of its reads
+    total = td.program("H[..., o] := X[..., i] * W[i, o]; s[o] := H[..., o] ** 2", backend=backend)
+    np.testing.assert_allclose(np.asarray(total(X, W)), ((X @ W) ** 2).sum((0, 1)), rtol=1e-12)
+
+
+def test_ellipsis_in_a_program_errors_and_explain():
+    layer = td.program(DENSE_TANH, backend="reference")
+    with pytest.raises(td.ShapeError, match=r"leading axes \(2, 3\) of 'X' but \(3, 2\) of 'V'"):
+        td.program("H[..., i] := X[..., i] * 2; Y[..., i] := H[..., i] * V[..., i]")(
+            np.ones((2, 3, 4)), np.ones((3, 2, 4))
+        )
+    with pytest.raises(td.UnsupportedError, match="'H' is read without '...' here but defined"):
+        td.program("H[..., o] := X[..., i] * W[i,o]; Y[b, o] := H[b, o] * 2")
+    with pytest.raises(td.UnsupportedError, match="'H' is read with '...' here but defined"):
+        td.program("H[b, o] := X[b, i] * W[i,o]; Y[..., o] := H[..., o] * 2")
+    with pytest.raises(td.UnsupportedError, match="'X' is read without '...' here but read"):
+        td.program("H[..., o] := X[..., i] * W[i,o]; Y[o] := X[b, o]")
+    shapes = {"X": (2, 3, 5), "W": (5, 6), "B": (6,)}
+    assert "fused for these shapes" in layer.explain(shapes)
+    td.program(DENSE_TANH, backend="c").build(shapes)
 
 
 def test_build_and_profile_take_an_argmax_alone_or_in_a_program():

@@ -13,6 +13,8 @@ import pytest
 
 import tensordsl as td
 from tensordsl import nn
+from tests.backends import BACKENDS as ALL_BACKENDS
+from tests.backends import generated_kernels  # noqa: F401 (a fixture)
 
 BACKENDS = ("reference", "c")
 DTYPES = ("float64", "float32")
@@ -152,12 +154,29 @@ def test_rms_norm(backend, dtype):
     )
 
 
+@pytest.mark.usefixtures("generated_kernels")
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_embedding(dtype):
+def test_embedding_is_the_languages_gather(backend, dtype):
     rng = _rng(4)
     table, ids = _normal(rng, 9, 4, dtype=dtype), jnp.asarray(rng.integers(0, 9, (2, 5)))
-    check(lambda t: nn.embedding(ids, t), lambda t: t[ids], (table,), dtype, (0,))
+    layer = jax.jit(lambda t, i: nn.embedding(i, t, backend=backend))
+    check(lambda t: layer(t, ids), lambda t: t[ids], (table,), dtype, (0,))
+    check(lambda t: nn.embedding(ids, t, backend=backend), lambda t: t[ids], (table,), dtype, (0,))
     assert nn.embedding(ids, table).shape == (2, 5, 4)
+    assert nn.embedding(ids[0, 0], table).shape == (4,)  # one id: one row
+    assert nn.embedding(jnp.zeros((0, 3), int), table).shape == (0, 3, 4)
+    with pytest.raises(td.RangeError, match=r"'ids' points to 9 on axis 0 of 'table'"):
+        nn.embedding(np.array([[3, 9]]), table, backend=backend)
+    # under jit (ids not known when traced) an id outside the table reads NaN, no gradient
+    outside = jnp.array([3, -1, 9, 3])
+    got = layer(table, outside)
+    assert np.isnan(np.asarray(got[1:3])).all()
+    _close(got[::3], table[jnp.array([3, 3])], dtype)
+    grad = jax.grad(lambda t: jnp.sum(jnp.nan_to_num(layer(t, outside))))(table)
+    _close(grad, jnp.zeros_like(table).at[3].set(2), dtype)
+    explained = td.kernel(nn.layers.EMBEDDING).explain()
+    assert "gather" in explained and "sum_" not in explained
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -15,6 +15,18 @@ import tensordsl as td
         ("i,i->", "as in 'Y := A[i] * B[i]'"),
         ("C = A @ B", "'@' is not an operator: write the product with its indices"),
         ("C[i,j] := A[i,k] @ B[k,j]", "as in 'C[i,j] := A[i,k] * B[k,j]'"),
+        # the user's own statement, '@' replaced by '*', and what is summed
+        (
+            "Y[b,o] := X[b, i] @ W[i, o]",
+            "'@' is not an operator: write the product with its indices and '*', as in "
+            "'Y[b,o] := X[b, i] * W[i, o]' (i, on no left side, is summed)",
+        ),
+        ("Y[b,o] := X @ W", "as in 'Y[b,o] := X[b,k] * W[k,o]' (k, on no left side, is summed)"),
+        ("C := A @ B", "as in 'C[i,j] := A[i,k] * B[k,j]'"),
+        # an einsum call or a quoted einsum string in a statement: the user's names
+        ("C[i,j] := einsum('ik,kj->ij', A, B)", "as in 'C[i,j] := A[i,k] * B[k,j]'"),
+        ('jnp.einsum("bij,bjk->bik", Q, K)', "as in 'Y[b,i,k] := Q[b,i,j] * K[b,j,k]'"),
+        ("s := 'ij->'", "an einsum string: name the tensors, as in 's := A[i,j]'"),
     ],
 )
 def test_einsum_strings_and_matmul_operators_get_a_targeted_hint(source, hint):
@@ -38,3 +50,20 @@ def test_missing_reductions_say_how_to_write_them(prefix, name, hint):
     assert hint in info.value.hint
     with pytest.raises(td.ReductionError, match=hint):
         td.kernel("M[i] := X[i,j]; N[i] := M[i]", reduce=name)
+
+
+def test_matmul_in_a_program_points_at_the_statement():
+    source = "H[b,o] := X[b,i] * W[i,o]\nY[b,p] := tanh(H[b,o]) @ V[o,p]"
+    with pytest.raises(td.ParseError) as info:
+        td.kernel(source)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "unexpected '@' after the end of the expression"
+    assert lines[1:4] == [
+        "  Y[b,p] := tanh(H[b,o]) @ V[o,p]",
+        "                         ^",
+        "expected an operator or end of input",
+    ]
+    assert lines[-1] == (
+        "hint: '@' is not an operator: write the product with its indices and '*', as in "
+        "'Y[b,p] := tanh(H[b,o]) * V[o,p]' (o, on no left side, is summed)"
+    )
