@@ -1,0 +1,161 @@
+"""The gradients of several inputs of one nest: those that share their loops run as one
+multi-output nest (`codegen.passes.group`), the others each as its own gradient nest.
+
+Only on a back end whose record says it computes multi-output nests together
+(`Backend.groups_gradients`, the C back end's ``members`` strategy); elsewhere, and for a
+single input, each gradient nest runs alone. A gradient nest that XLA's dot computes (the
+``xla`` strategy) is never grouped: no loop nest beats it. The group is a `nest_p` call like
+any other, so it is batched, jitted and differentiated again as one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from codegen import config
+from codegen.ir.nest import LoopNest
+from codegen.passes import grad, gradient_rules
+from codegen.passes.group import Group, group_gradients
+from tensordsl.backends import table
+from tensordsl.errors import user_facing
+
+#: Runs one gradient nest: (gradient, operands, shapes, out dtype, nograd) -> its array.
+CallNest = Callable[..., jax.Array]
+
+
+def gradient_shapes(
+    nest: LoopNest,
+    gradients: Sequence[grad.Gradient],
+    values: dict[str, Any],
+    params: dict,
+    output_shape: tuple[int, ...],
+) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor the gradient nests of `nest` name."""
+    shapes = dict(params["extents"])
+    shapes[nest.output] = output_shape
+    for gradient in gradients:
+        cotangent = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
+        shapes[cotangent] = output_shape
+        shapes[gradient.nest.output] = tuple(np.shape(values[gradient.wrt]))
+    for name, value in values.items():
+        shapes[name] = tuple(np.shape(value))
+    return shapes
+
+
+def operands_of(gradient_roles: dict[str, str], nest: LoopNest, values: dict, by_role: dict):
+    """The arrays of `nest`'s operands: forward inputs by name, the others by role."""
+    return [
+        values[name] if gradient_roles[name] == "input" else by_role[gradient_roles[name]]
+        for name in nest.operand_names
+    ]
+
+
+def integer_operands(nest: LoopNest, operands: Sequence[Any]) -> frozenset[str]:
+    return frozenset(
+        name
+        for name, v in zip(nest.operand_names, operands)
+        if not jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+    )
+
+
+def run_gradients(
+    nest: LoopNest,
+    perturbed: Sequence[str],
+    values: dict[str, Any],
+    by_role: dict[str, Any],
+    params: dict,
+    output_shape: tuple[int, ...],
+    call_nest: CallNest,
+) -> list[jax.Array]:
+    """The gradient of each input in `perturbed`, in order (see the module docstring)."""
+    with user_facing():
+        gradients = [grad.gradient(nest, wrt) for wrt in perturbed]
+    shapes = gradient_shapes(nest, gradients, values, params, output_shape)
+    roles = {name: role for g in gradients for name, role in g.roles}
+    wrt_of = {g.nest.output: g.wrt for g in gradients}
+    found: dict[str, Any] = {}
+    for group in plan_groups(gradients, values, shapes, params):
+        operands = operands_of(roles, group.nest, values, by_role)
+        dtype = jnp.result_type(values[wrt_of[group.members[0].output]])
+        packed = call_nest(
+            group.nest,
+            operands,
+            backend=params["backend"],
+            shapes=shapes,
+            out_dtype=dtype,
+            nograd=integer_operands(group.nest, operands),
+            precision=params["precision"],
+        )
+        found |= unpack(group, packed, shapes)
+    results = []
+    for gradient in gradients:
+        if gradient.nest.output in found:
+            results.append(found[gradient.nest.output])
+            continue
+        operands = operands_of(dict(gradient.roles), gradient.nest, values, by_role)
+        results.append(
+            call_nest(
+                gradient.nest,
+                operands,
+                backend=params["backend"],
+                shapes=shapes,
+                out_dtype=jnp.result_type(values[gradient.wrt]),
+                nograd=integer_operands(gradient.nest, operands),
+                precision=params["precision"],
+            )
+        )
+    return results
+
+
+def plan_groups(
+    gradients: Sequence[grad.Gradient], values: dict, shapes: dict, params: dict
+) -> tuple[Group, ...]:
+    """The groups to run: none unless the back end groups gradients and there are two."""
+    record = table.BACKENDS[params["backend"]]
+    if len(gradients) < 2 or not record.groups_gradients or not config.group_gradients():
+        return ()
+    choose = record.scheduler() if record.scheduler is not None else None
+    by_dtype: dict[str, dict[str, LoopNest]] = {}
+    for g in gradients:
+        dtype = jnp.dtype(jnp.result_type(values[g.wrt])).name
+        dtypes = {
+            n: jnp.dtype(jnp.result_type(values.get(n, values[g.wrt]))).name
+            for n in g.nest.operand_names
+        }
+        dtypes[g.nest.output] = dtype
+        if choose is not None and choose(g.nest, dtypes).strategy == "xla":
+            continue
+        by_dtype.setdefault(dtype, {})[g.nest.output] = g.nest
+    return tuple(group for nests in by_dtype.values() for group in group_gradients(nests, shapes))
+
+
+def unpack(group: Group, packed: Any, shapes: dict) -> dict[str, jax.Array]:
+    """Each gradient of `group` from its packed output (a split gradient's positions put
+    back along their axis, zeros at the positions no member computes)."""
+    columns: dict[str, dict[int, Any]] = {}
+    axes: dict[str, int | None] = {}
+    for k, member in enumerate(group.members):
+        columns.setdefault(member.output, {})[member.position] = packed[..., k]
+        axes[member.output] = member.axis
+    found = {}
+    for output, by_position in columns.items():
+        axis = axes[output]
+        if axis is None:
+            found[output] = by_position[0]
+            continue
+        extent = shapes[output][axis]
+        positions = sorted(by_position)
+        if positions == list(range(len(positions))):  # the first positions: stack, pad
+            stacked = jnp.stack([by_position[p] for p in positions], axis=axis)
+            pad = [(0, 0)] * stacked.ndim
+            pad[axis] = (0, extent - len(positions))
+            found[output] = jnp.pad(stacked, pad) if extent > len(positions) else stacked
+            continue
+        zero = jnp.zeros_like(by_position[positions[0]])
+        found[output] = jnp.stack([by_position.get(p, zero) for p in range(extent)], axis=axis)
+    return found
