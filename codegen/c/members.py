@@ -46,22 +46,38 @@ def members(e: Emitter[Schedule]) -> Lines:
             [f"for (int64_t l_ = 0; l_ < {lanes}; ++l_) {a}[w_][l_] = 0;"],
         )
     kind = e.index_type
+    across = row is not None and e.schedule.vector == row.name
+    step = lanes if across else rows
     if row is not None:
         r = next(x for x in e.nest.free if x.index == row)
         start, stop = e.idx(r.start), e.idx(r.stop)
-        tile.insert(0, f"const {kind} o_r_ = {start} + tr_*{rows};")
-        if rows == 1:
+        tile.insert(0, f"const {kind} o_r_ = {start} + tr_*{step};")
+        if rows == 1 and not across:
             tile.insert(1, f"const {kind} {e.printer.index(row)} = o_r_;")
-    for n in range(len(e.nest.terms)):
-        tile += _term_lines(e, n, bodies[n], accumulators, row)
+    if across:
+        whole = [x for n in range(len(e.nest.terms)) for x in _across(e, n, bodies[n], row, False)]
+        edge = [x for n in range(len(e.nest.terms)) for x in _across(e, n, bodies[n], row, True)]
+        tile += [*block_lines(f"if (o_r_ + {lanes} <= {stop})", whole)[:-1], "} else {"]
+        tile += [*indent_lines(edge), "}"]
+    else:
+        for n in range(len(e.nest.terms)):
+            tile += _term_lines(e, n, bodies[n], accumulators, row)
     stores: Lines = []
     for k, a in enumerate(accumulators):
+        if across:
+            stores.append(f"out_[{_offset(e, k)}] = {e.store(f'{a}[0][l_]')};")
+            continue
         stores += [
             f"{e.f} tot{k}_ = 0;",
             f"for (int64_t l_ = 0; l_ < {lanes}; ++l_) tot{k}_ += {a}[w_][l_];",
         ]
         stores.append(f"out_[{_offset(e, k)}] = {e.store(f'tot{k}_')};")
-    if row is None:
+    if across:
+        at_row = f"const {kind} {e.printer.index(row)} = o_r_ + l_;"
+        head = f"for (int64_t l_ = 0; l_ < {lanes} && o_r_ + l_ < {stop}; ++l_)"
+        tile += block_lines(head, [at_row, *stores])
+        lines = block_lines("for (int64_t tr_ = 0; tr_ < nt_; ++tr_)", tile)
+    elif row is None:
         tile += ["{", "const int64_t w_ = 0;", *stores, "}"]
         lines = tile
     else:
@@ -73,8 +89,43 @@ def members(e: Emitter[Schedule]) -> Lines:
         lines = block_lines(e.free_loop(index), lines)
     if row is None:
         return lines
-    count = f"const {kind} nt_ = (tdsl_imax({stop} - {start}, 0) + {rows - 1})/{rows};"
+    count = f"const {kind} nt_ = (tdsl_imax({stop} - {start}, 0) + {step - 1})/{step};"
     return [count, *omp_parallel(e, len(free)), *lines]
+
+
+def _across(
+    e: Emitter[Schedule], n: int, bodies: tuple[sympy.Expr, ...], row: sympy.Symbol, edge: bool
+) -> Lines:
+    """Term `n` with the row in vector lanes (`Schedule.vector`: the row is every access's
+    contiguous axis, LayerNorm's `dgamma[c]` and `dbeta[c]`): its reduced loops outside, the
+    members' bodies in one simd loop over the tile's rows (at the `edge`, the rows past the
+    last recompute it)."""
+    terms = list(e.nest.terms)
+    terms[n] = replace(terms[n], body=sympy.Tuple(*bodies))
+    here = e.variant(terms=terms)
+    order = here.term_order(n)
+    plan = here.plan(n, [[], *([r] for r in order), [row]])
+    e.temporaries = here.temporaries
+    kind, name = here.index_type, here.printer.index(row)
+    value = "tdsl_imin(o_r_ + l_, nt_last_)" if edge else "o_r_ + l_"
+    folds = [
+        f"acc{k}_[0][l_] += {here.printer.doprint(v)};" for k, v in enumerate(plan.value) if v != 0
+    ]
+    lane = [
+        f"const {kind} {name} = {value};",
+        *here.level_lines(plan, len(order) + 1, folds, simd=True),
+    ]
+    lines = ["#pragma omp simd", *_for("l_", here.schedule.lanes, lane)]
+    for depth in reversed(range(len(order))):
+        r = order[depth]
+        lines = here.level_lines(plan, depth + 1, lines)
+        lo, hi = here.idx(here.bounds[n].starts[r]), here.idx(here.bounds[n].stops[r])
+        index = here.printer.index(r)
+        lines = block_lines(f"for ({kind} {index} = {lo}; {index} < {hi}; ++{index})", lines)
+    lines = here.level_lines(plan, 0, lines)
+    stop = next(x for x in e.nest.free if x.index == row).stop
+    last = [f"const {kind} nt_last_ = {e.idx(stop)} - 1;"] if edge else []
+    return ["{", *indent_lines([*last, *lines]), "}"]
 
 
 def _term_lines(

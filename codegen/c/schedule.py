@@ -154,8 +154,7 @@ class Schedule(LoopOrder):
             "online": "one pass over each row's scores with a running max (online softmax), "
             "blocks of 8 rows",
             "xla": "XLA's dot (jnp.einsum): no generated kernel",
-            "members": f"{self.rows} {self.row or 'output'} of every member at a time, their "
-            f"common work computed once, {inside} ({self.lanes} vector lanes)",
+            "members": f"every member at once ({self.lanes} lanes, {self.rows} rows), {inside}",
         }[self.strategy]
         if self.strategy not in ("xla", "split"):
             words += f"; threads share the {loops} loops" if self.parallel and loops else ""
@@ -183,13 +182,12 @@ def _symbols(nest: LoopNest) -> dict[str, sympy.Symbol]:
 def validate(nest: LoopNest, schedule: Schedule) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
     validate_schedule(nest, schedule, STRATEGIES, ("rows", "width", "chunks", "lanes"))
-    free = schedule.free_order
+    free, last = schedule.free_order, nest.free[-1].index.name if nest.free else None
     if (schedule.strategy == "online") != bool(nest.online):
         raise ValueError("the online strategy is for one-pass softmax-weighted sums, and only it")
     if nest.online and free[-1:] != (nest.free[-1].index.name,):
         raise ValueError("a one-pass nest keeps its packed output axis innermost")
-    members = member_bodies(nest) is not None and free[-1:] == (nest.free[-1].index.name,)
-    if schedule.strategy == "members" and not members:
+    if schedule.strategy == "members" and (member_bodies(nest) is None or free[-1:] != (last,)):
         raise ValueError("the members strategy is for multi-output nests, member axis innermost")
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
@@ -344,15 +342,17 @@ def choose_cpu_schedule(
 
 
 def _members_schedule(nest: LoopNest, free: tuple[str, ...], reduced: tuple, wide: bool):
-    """Tiles of 4 rows (the free index before the member axis) by 8 float lanes (4 double),
-    as the forward's dot products; one row where a reduced loop's bounds read the row."""
-    last = nest.free[-1].index.name
-    order = (*(name for name in free if name != last), last)
+    """`codegen.c.members`: the row (last free index but the member axis) in the lanes where
+    all read it contiguously, else 4 rows (1 if a bound reads it) by lanes of the reduction."""
+    order = (*(n for n in free if n != nest.free[-1].index.name), nest.free[-1].index.name)
     row = order[-2] if len(order) > 1 else None
     limits = [x for t in nest.terms for x in t.expressions() if x is not t.body]
-    reads = {s.name for x in limits for s in sympy.sympify(x).free_symbols}
-    rows = 4 if row and row not in reads else 1
-    return Schedule(order, reduced, strategy="members", row=row, rows=rows, lanes=4 if wide else 8)
+    given = {"strategy": "members", "row": row, "lanes": 4 if wide else 8}
+    if row in {s.name for x in limits for s in sympy.sympify(x).free_symbols}:
+        return Schedule(order, reduced, **given)
+    if row and _vector_friendly(nest, row):
+        return Schedule(order, reduced, **(given | {"vector": row, "lanes": 16 if wide else 32}))
+    return Schedule(order, reduced, **given, rows=4 if row else 1)
 
 
 def _reads(nest: LoopNest, name: str) -> bool:

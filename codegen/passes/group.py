@@ -140,7 +140,7 @@ def _pinned_positions(nest: LoopNest, r: Range) -> tuple[int, ...]:
             return ()
         if term.body.xreplace({t: sympy.false for t in tests}) != 0:
             return ()
-    return tuple(sorted(found)) if len(found) > 1 and min(found) >= 0 else ()
+    return tuple(sorted(found)) if found and min(found) >= 0 else ()
 
 
 def _pinned(nest: LoopNest, free: tuple[Range, ...], p: sympy.Symbol, c: int) -> LoopNest:

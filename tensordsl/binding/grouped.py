@@ -3,8 +3,9 @@ multi-output nest (`codegen.passes.group`), the others each as its own gradient 
 
 Only on a back end whose record says it computes multi-output nests together
 (`Backend.groups_gradients`, the C back end's ``members`` strategy); elsewhere, and for a
-single input, each gradient nest runs alone. A gradient nest that XLA's dot computes (the
-``xla`` strategy) is never grouped: no loop nest beats it. The group is a `nest_p` call like
+single input, each gradient nest runs alone. A gradient nest whose own schedule is faster
+stays alone (`_keeps_its_own`): XLA's dot, a register tile over a contiguous free axis, a
+nested reduction. The group is a `nest_p` call like
 any other, so it is batched, jitted and differentiated again as one.
 """
 
@@ -18,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen import config
-from codegen.ir.nest import LoopNest
+from codegen.ir.nest import LoopNest, Reduce
 from codegen.passes import grad, gradient_rules
-from codegen.passes.group import Group, group_gradients
+from codegen.passes.group import Group, group_gradients, split_members
 from tensordsl.backends import table
 from tensordsl.errors import user_facing
 
@@ -116,22 +117,42 @@ def plan_groups(
     gradients: Sequence[grad.Gradient], values: dict, shapes: dict, params: dict
 ) -> tuple[Group, ...]:
     """The groups to run: none unless the back end groups gradients and there are two."""
-    record = table.BACKENDS[params["backend"]]
+    dtypes = {g.wrt: jnp.dtype(jnp.result_type(values[g.wrt])).name for g in gradients}
+    return groups_for(gradients, dtypes, shapes, params["backend"])
+
+
+def groups_for(
+    gradients: Sequence[grad.Gradient], dtypes: dict[str, str], shapes: dict, backend: str
+) -> tuple[Group, ...]:
+    """The groups of `gradients` (each input's dtype in `dtypes`) on `backend`: gradients of
+    the same dtype, never one that XLA's dot computes."""
+    record = table.backend(backend)
     if len(gradients) < 2 or not record.groups_gradients or not config.group_gradients():
         return ()
     choose = record.scheduler() if record.scheduler is not None else None
     by_dtype: dict[str, dict[str, LoopNest]] = {}
     for g in gradients:
-        dtype = jnp.dtype(jnp.result_type(values[g.wrt])).name
-        dtypes = {
-            n: jnp.dtype(jnp.result_type(values.get(n, values[g.wrt]))).name
-            for n in g.nest.operand_names
-        }
-        dtypes[g.nest.output] = dtype
-        if choose is not None and choose(g.nest, dtypes).strategy == "xla":
+        dtype = dtypes[g.wrt]
+        kernel_dtypes = {n: dtypes.get(n, dtype) for n in (*g.nest.operand_names, g.nest.output)}
+        alone = choose(g.nest, kernel_dtypes) if choose is not None else None
+        if alone is None or _keeps_its_own(g.nest, alone):
             continue
         by_dtype.setdefault(dtype, {})[g.nest.output] = g.nest
     return tuple(group for nests in by_dtype.values() for group in group_gradients(nests, shapes))
+
+
+def _keeps_its_own(nest: LoopNest, schedule: Any) -> bool:
+    """Whether a gradient nest runs faster alone than in a group (whose kernel puts the
+    innermost reduced index or the last free one in vector lanes, `codegen.c.members`):
+    XLA's dot; a register tile of several rows over a free axis it keeps (not over the
+    constant positions that split it, the Gaussian kernel's `dX[i, p]`); a nested
+    reduction, which a tile computes once for all its lanes and the group once per row."""
+    if schedule.strategy == "xla" or any(t.body.atoms(Reduce) for t in nest.terms):
+        return True
+    if schedule.strategy != "tile" or schedule.row is None:  # a tile of one row: so is the group's
+        return False
+    axis = split_members(nest.output, nest)[0].axis
+    return axis is None or nest.free[axis].index.name != schedule.vector
 
 
 def unpack(group: Group, packed: Any, shapes: dict) -> dict[str, jax.Array]:
