@@ -140,7 +140,7 @@ def _term_lines(
     tiled = row is not None and e.schedule.rows > 1
     outer, inner = (order[:-1], order[-1]) if order else ((), None)
     staged: list[tuple[str, sympy.Indexed]] = []
-    if inner is not None and _calls(sympy.Tuple(*bodies)):
+    if inner is not None:
         fixed = {*outer, *(s for s in e.free_symbols()[:-1] if s != row)}
         bodies, staged = _stage(e, bodies, inner, fixed)
     terms = list(e.nest.terms)
@@ -203,13 +203,14 @@ def _calls(expr: sympy.Basic) -> bool:
 
 
 def _chunks(here, n, plan, inner, level, lane_lines, rows_of, staged) -> Lines:
-    """The innermost reduced loop of term `n` in chunks. Without calls, chunks of `lanes`
-    values, each row's bodies in one simd loop. With calls (an exp), chunks of
-    `CHUNK_VECTORS * lanes`: first each row's calls into buffers `<t>b_[row][value]`, one
-    simd loop with nothing else alive across the calls; then the accumulation from the
-    buffers, one simd loop per `lanes` values, accumulators in registers throughout (a
-    vector call in the accumulating loop spills every accumulator: the Gaussian kernel's
-    grouped gradients ran 2.3x its forward, not 1.x)."""
+    """The innermost reduced loop of term `n` in chunks. Without calls or staged reads,
+    chunks of `lanes` values, each row's bodies in one simd loop. Else chunks of
+    `CHUNK_VECTORS * lanes`, the staged reads loaded first (`_stage`); with calls (an exp),
+    first each row's calls into buffers `<t>b_[row][value]`, one simd loop with nothing else
+    alive across the calls; then the accumulation (from the buffers), one simd loop per
+    `lanes` values, accumulators in registers throughout (a vector call in the accumulating
+    loop spills every accumulator: the Gaussian kernel's grouped gradients ran 2.3x its
+    forward, not 1.x)."""
     kind, lanes, rows = here.index_type, here.schedule.lanes, here.schedule.rows
     name = here.printer.index(inner)
     bounds = here.bounds[n]
@@ -217,7 +218,7 @@ def _chunks(here, n, plan, inner, level, lane_lines, rows_of, staged) -> Lines:
     head = [f"const {kind} lo_ = {lo}, hi_ = {hi};", f"{kind} c_ = lo_;"]
     calls = [st for st in plan.statements[level] if isinstance(st, Assign) and _calls(st.expr)]
     at = f"const {kind} {name} = c_ + q_;"
-    if not calls:
+    if not calls and not staged:
         chunk = [f"const {kind} q_ = l_;", at, *lane_lines("l_", plan)]
         full = rows_of(["#pragma omp simd", *_for("l_", lanes, chunk)])
         rest = rows_of(_for("l_", "hi_ - c_", chunk))
@@ -239,15 +240,10 @@ def _chunks(here, n, plan, inner, level, lane_lines, rows_of, staged) -> Lines:
     ]
     reading = plan.with_level(level, read)
     fold = [at, *lane_lines("l_", reading)]
+    filled = [f"const {kind} q_ = l0_ + l_;", *fill]
+    fills = _for("l0_", size, rows_of(["#pragma omp simd", *_for("l_", lanes, filled)]), lanes)
     full = [
-        *_for(
-            "l0_",
-            size,
-            rows_of(
-                ["#pragma omp simd", *_for("l_", lanes, [f"const {kind} q_ = l0_ + l_;", *fill])]
-            ),
-            step=lanes,
-        ),
+        *(fills if calls else []),
         *_for(
             "l0_",
             size,
@@ -259,7 +255,7 @@ def _chunks(here, n, plan, inner, level, lane_lines, rows_of, staged) -> Lines:
     ]
     rest_fold = [f"const {kind} q_ = l_;", at, *lane_lines("0", reading)]
     rest = [
-        *rows_of(_for("l_", "hi_ - c_", [f"const {kind} q_ = l_;", *fill])),
+        *(rows_of(_for("l_", "hi_ - c_", [f"const {kind} q_ = l_;", *fill])) if calls else []),
         *rows_of(_for("l_", "hi_ - c_", rest_fold)),
     ]
     lines = [
