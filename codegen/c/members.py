@@ -209,8 +209,7 @@ def _chunks(here, n, plan, inner, level, lane_lines, rows_of, staged) -> Lines:
     first each row's calls into buffers `<t>b_[row][value]`, one simd loop with nothing else
     alive across the calls; then the accumulation (from the buffers), one simd loop per
     `lanes` values, accumulators in registers throughout (a vector call in the accumulating
-    loop spills every accumulator: the Gaussian kernel's grouped gradients ran 2.3x its
-    forward, not 1.x)."""
+    loop would spill every accumulator around each call)."""
     kind, lanes, rows = here.index_type, here.schedule.lanes, here.schedule.rows
     name = here.printer.index(inner)
     bounds = here.bounds[n]

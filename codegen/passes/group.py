@@ -132,10 +132,10 @@ def _pinned_positions(nest: LoopNest, r: Range) -> tuple[int, ...]:
             return ()
         tests = [e for e in term.body.atoms(sympy.Eq) if p in e.free_symbols]
         for test in tests:
-            (c,) = set(test.args) - {p} or {None}
-            if c is None or not getattr(c, "is_Integer", False) or len(test.args) != 2:
+            others = [a for a in test.args if a != p]
+            if len(others) != 1 or not others[0].is_Integer:
                 return ()
-            found.add(int(c))
+            found.add(int(others[0]))
         if p in term.body.xreplace({t: sympy.false for t in tests}).free_symbols:
             return ()
         if term.body.xreplace({t: sympy.false for t in tests}) != 0:

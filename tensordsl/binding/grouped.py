@@ -2,11 +2,14 @@
 multi-output nest (`codegen.passes.group`), the others each as its own gradient nest.
 
 Only on a back end whose record says it computes multi-output nests together
-(`Backend.groups_gradients`, the C back end's ``members`` strategy); elsewhere, and for a
-single input, each gradient nest runs alone. A gradient nest whose own schedule is faster
-stays alone (`_keeps_its_own`): XLA's dot, a register tile over a contiguous free axis, a
-nested reduction. The group is a `nest_p` call like
-any other, so it is batched, jitted and differentiated again as one.
+(`Backend.groups_gradients`, the C back end's ``members`` strategy); elsewhere each
+gradient nest runs alone. One input's gradient split into members (`dX[i, p]` read at
+constant `p`) is a group of its own: one nest for the positions, cheaper than `dX` as
+written, which computes the positions' common work once per position; a single input whose
+gradient does not split runs only its own nest, never the others of a group (cheaper). A
+gradient nest whose own schedule is faster stays alone (`_keeps_its_own`): XLA's dot, a
+register tile of several rows over a free axis, a nested reduction. The group is a `nest_p`
+call like any other, so it is batched, jitted and differentiated again as one.
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def run_gradients(
 def plan_groups(
     gradients: Sequence[grad.Gradient], values: dict, shapes: dict, params: dict
 ) -> tuple[Group, ...]:
-    """The groups to run: none unless the back end groups gradients and there are two."""
+    """The groups to run: none unless the back end groups gradients."""
     dtypes = {g.wrt: jnp.dtype(jnp.result_type(values[g.wrt])).name for g in gradients}
     return groups_for(gradients, dtypes, shapes, params["backend"])
 
@@ -127,7 +130,7 @@ def groups_for(
     """The groups of `gradients` (each input's dtype in `dtypes`) on `backend`: gradients of
     the same dtype, never one that XLA's dot computes."""
     record = table.backend(backend)
-    if len(gradients) < 2 or not record.groups_gradients or not config.group_gradients():
+    if not gradients or not record.groups_gradients or not config.group_gradients():
         return ()
     choose = record.scheduler() if record.scheduler is not None else None
     by_dtype: dict[str, dict[str, LoopNest]] = {}

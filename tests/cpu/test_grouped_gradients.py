@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sympy
 
 import tensordsl as td
 from codegen.c.emit import emit_c
@@ -48,14 +49,14 @@ def _cauchy_vjp(X, Y, W, ct):
     return -2 * (G[..., None] * D).sum(1), 2 * (G[..., None] * D).sum(0), (ct[:, None] * Q).sum(0)
 
 
-def _grad(source, values, ct, argnums, backend="c"):
+def _grad(source, values, ct, argnums, backend="c", dtype=jnp.float32):
     kernel = td.kernel(source, backend=backend)
     names = list(values)
 
     def loss(*args):
         return jnp.sum(kernel(**dict(zip(names, args))) * ct)
 
-    args = [jnp.asarray(v, jnp.float32) for v in values.values()]
+    args = [jnp.asarray(v, dtype) for v in values.values()]
     return jax.jit(jax.grad(loss, argnums=argnums))(*args)
 
 
@@ -86,6 +87,15 @@ def test_gaussian_gradients_together(monkeypatch, n, m):
     expected = _gaussian_vjp(*_rounded(values).values(), ct.astype(np.float32))
     for f, e in zip(found, expected, strict=True):
         _close(f, e)
+
+
+def test_gaussian_gradients_in_float64(monkeypatch):
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    values, ct = _gaussian_inputs(13, 41, seed=8)
+    found = _grad(GAUSSIAN, values, ct, (0, 1, 2), dtype=jnp.float64)
+    for f, e in zip(found, _gaussian_vjp(*values.values(), ct), strict=True):
+        assert f.dtype == jnp.float64
+        np.testing.assert_allclose(f, e, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("argnums", [0, 1, 2, (1, 2), (2, 0)])
@@ -197,6 +207,7 @@ def test_the_backward_runs_the_groups():
     values, _ = _gaussian_inputs(8, 5)
     assert _nest_outputs(GAUSSIAN, values, (0, 1, 2)) == ["Y", "dX_", "dZ_dB"]
     assert _nest_outputs(GAUSSIAN, values, 2) == ["Y", "dB"]  # one input: its nest alone
+    assert _nest_outputs(GAUSSIAN, values, 0) == ["Y", "dX_"]  # its three positions, one nest
     assert _nest_outputs(GAUSSIAN, values, (0, 1, 2), "reference") == ["Y", "dX", "dZ", "dB"]
     rng = np.random.default_rng(7)
     values = {"X": rng.random((5, 8)), "M": rng.random(5), "R": rng.random(5)}
@@ -214,6 +225,14 @@ def test_gradients_that_share_no_loops_stay_apart():
     # dZ alone with a dB whose rows differ in number: nothing pairs dB.
     nests = _nests(GAUSSIAN, "ZB")
     assert [len(split_members("dZ", nests["dZ"])), len(split_members("dB", nests["dB"]))] == [3, 1]
+
+
+def test_only_tests_against_constants_split_a_gradient():
+    # the gradient of a max tests the saved winning position: `k == argmax[i]`, not a constant
+    nest = gradient(lower(parse("M[i] := A[i,k] * B[k]"), reduce="max").nest, "A").nest
+    assert any(e.has(sympy.Indexed) for e in nest.terms[0].body.atoms(sympy.Eq))
+    (member,) = split_members("dA", nest)
+    assert member.axis is None
 
 
 def test_the_multi_output_kernel():
