@@ -52,7 +52,8 @@ def group_lines(
     with user_facing():
         gradients = [grad.gradient(nest, op.name) for op in nest.operands if op.name not in unread]
     known = _shapes(nest, gradients, shapes)
-    groups = groups_for(gradients, {g.wrt: dtype for g in gradients}, known, backend)
+    nests = {g.nest.output: g.nest for g in gradients}
+    groups = groups_for(nests, dict.fromkeys(nests, dtype), known, backend)
     if not groups:
         return []
     lines = ["gradients computed together when grad asks for several inputs (one nest each):"]

@@ -120,28 +120,67 @@ def plan_groups(
     gradients: Sequence[grad.Gradient], values: dict, shapes: dict, params: dict
 ) -> tuple[Group, ...]:
     """The groups to run: none unless the back end groups gradients."""
-    dtypes = {g.wrt: jnp.dtype(jnp.result_type(values[g.wrt])).name for g in gradients}
-    return groups_for(gradients, dtypes, shapes, params["backend"])
+    nests = {g.nest.output: g.nest for g in gradients}
+    dtypes = {g.nest.output: jnp.dtype(jnp.result_type(values[g.wrt])).name for g in gradients}
+    return groups_for(nests, dtypes, shapes, params["backend"])
 
 
 def groups_for(
-    gradients: Sequence[grad.Gradient], dtypes: dict[str, str], shapes: dict, backend: str
+    nests: dict[str, LoopNest], dtypes: dict[str, str], shapes: dict, backend: str
 ) -> tuple[Group, ...]:
-    """The groups of `gradients` (each input's dtype in `dtypes`) on `backend`: gradients of
-    the same dtype, never one that XLA's dot computes."""
+    """The groups of gradient `nests` (by output, each output's dtype in `dtypes`) on
+    `backend`: nests of the same dtype, never one that runs faster alone."""
     record = table.backend(backend)
-    if not gradients or not record.groups_gradients or not config.group_gradients():
+    if not nests or not record.groups_gradients or not config.group_gradients():
         return ()
     choose = record.scheduler() if record.scheduler is not None else None
     by_dtype: dict[str, dict[str, LoopNest]] = {}
-    for g in gradients:
-        dtype = dtypes[g.wrt]
-        kernel_dtypes = {n: dtypes.get(n, dtype) for n in (*g.nest.operand_names, g.nest.output)}
-        alone = choose(g.nest, kernel_dtypes) if choose is not None else None
-        if alone is None or _keeps_its_own(g.nest, alone):
+    for output, nest in nests.items():
+        dtype = dtypes[output]
+        kernel_dtypes = {n: dtype for n in (*nest.operand_names, nest.output)}
+        alone = choose(nest, kernel_dtypes) if choose is not None else None
+        if alone is None or _keeps_its_own(nest, alone):
             continue
-        by_dtype.setdefault(dtype, {})[g.nest.output] = g.nest
-    return tuple(group for nests in by_dtype.values() for group in group_gradients(nests, shapes))
+        by_dtype.setdefault(dtype, {})[output] = nest
+    return tuple(group for found in by_dtype.values() for group in group_gradients(found, shapes))
+
+
+def run_together(
+    items: dict[str, tuple[LoopNest, dict[str, Any], dict[str, tuple[int, ...]], Any]],
+    backend: str,
+    precision: Any,
+    call_nest: CallNest,
+) -> dict[str, jax.Array]:
+    """The gradient nests of `items` (key -> nest, its operands' values by name, shapes of
+    the tensors it names, an array of the gradient's shape and dtype) that group, run as
+    groups; by key. A nest in no group is left out (its caller runs it)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    values: dict[str, Any] = {}
+    nests, dtypes, by_output = {}, {}, {}
+    for key, (nest, named, known, like) in items.items():
+        if any(values.get(n, v) is not v for n, v in named.items()):
+            continue  # a name that means another array in a nest already taken: alone
+        if any(shapes.get(n, v) != v for n, v in known.items()) or nest.output in nests:
+            continue
+        shapes |= known
+        shapes[nest.output] = tuple(np.shape(like))
+        values |= named
+        nests[nest.output], by_output[nest.output] = nest, key
+        dtypes[nest.output] = jnp.dtype(jnp.result_type(like)).name
+    found: dict[str, Any] = {}
+    for group in groups_for(nests, dtypes, shapes, backend):
+        operands = [values[name] for name in group.nest.operand_names]
+        packed = call_nest(
+            group.nest,
+            operands,
+            backend=backend,
+            shapes=shapes,
+            out_dtype=dtypes[group.members[0].output],
+            nograd=integer_operands(group.nest, operands),
+            precision=precision,
+        )
+        found |= {by_output[k]: v for k, v in unpack(group, packed, shapes).items()}
+    return found
 
 
 def _keeps_its_own(nest: LoopNest, schedule: Any) -> bool:

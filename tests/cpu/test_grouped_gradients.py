@@ -149,6 +149,36 @@ def test_layernorm_gradients(monkeypatch):
         _close(f, e)
 
 
+LAYERNORM_PROGRAM = """
+mu[b] := X[b,f] / F
+var[b] := (X[b,f] - mu[b])^2 / F
+N[b,f] := (X[b,f] - mu[b]) * rsqrt(var[b] + eps)
+Y[b,f] := N[b,f] * g[f] + beta[f]
+"""
+
+
+def test_a_programs_gradients_together(monkeypatch):
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    rng = np.random.default_rng(9)
+    X, g, beta = rng.standard_normal((11, 37)), rng.standard_normal(37), rng.standard_normal(37)
+    ct = rng.standard_normal((11, 37))
+    layer = td.kernel(LAYERNORM_PROGRAM, backend="c")
+
+    def loss(X, g, beta):
+        return jnp.sum(layer(X=X, F=37.0, eps=1e-3, g=g, beta=beta) * ct)
+
+    args = [jnp.asarray(v, jnp.float32) for v in (X, g, beta)]
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(1, 2)))(*args)
+    text = str(jaxpr)
+    assert "dg_dbeta" in text  # one nest for both
+    dg, dbeta = jax.jit(jax.grad(loss, argnums=(1, 2)))(*args)
+    Xr = np.asarray(args[0], np.float64)
+    mean = Xr.mean(1, keepdims=True)
+    N = (Xr - mean) / np.sqrt(((Xr - mean) ** 2).mean(1, keepdims=True) + 1e-3)
+    _close(dg, (ct * N).sum(0))
+    _close(dbeta, ct.sum(0))
+
+
 def test_pairwise_kernel_gradients(monkeypatch):
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
     rng = np.random.default_rng(4)
