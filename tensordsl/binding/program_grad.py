@@ -188,6 +188,7 @@ class FusedProgram:
             if dy is None:
                 continue
             by_role = self._roles(nest, values, dy)
+            here: dict[str, tuple] = {}  # the stored intermediates' gradients of this nest
             for op in nest.operands:
                 value = values[op.name]
                 if op.name not in needed or op.name in self.nograd:
@@ -198,12 +199,13 @@ class FusedProgram:
                     continue
                 part = self._part(nest, op.name, values, by_role)
                 if op.name in stored_names:
-                    found = self._run_parts([part], value)
-                    cotangent[op.name] = (
-                        cotangent[op.name] + found if op.name in cotangent else found
-                    )
+                    here[op.name] = self._merged([part], value)
                 else:
                     parts.setdefault(op.name, []).append(part)
+            together = grouped.run_together(here, self.backend, self.precision, call_nest)
+            for name, item in here.items():
+                found = together[name] if name in together else self._call(*item)
+                cotangent[name] = cotangent[name] + found if name in cotangent else found
         merged = {name: self._merged(parts[name], values[name]) for name in parts}
         together = grouped.run_together(merged, self.backend, self.precision, call_nest)
         return [
@@ -244,10 +246,6 @@ class FusedProgram:
         shapes = {**_shapes(values), **_shapes(named)}
         shapes[gradient.nest.output] = tuple(np.shape(values[wrt]))
         return _Part(gradient.nest, named, shapes)
-
-    def _run_parts(self, parts: Sequence[_Part], like: Any) -> Any:
-        """The input gradient of every part, merged into one nest and run once."""
-        return self._call(*self._merged(parts, like))
 
     def _merged(self, parts: Sequence[_Part], like: Any) -> tuple:
         """The parts merged into one nest, with its operands' values and the shapes of the
