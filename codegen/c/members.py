@@ -286,6 +286,8 @@ def _stage(e, bodies, inner, fixed) -> tuple[tuple[sympy.Expr, ...], list]:
         reads = {s for x in access.indices for s in x.free_symbols if extent_of(s) is None}
         if inner not in reads or not reads <= {inner, *fixed}:
             continue
+        if e.printer.tensors[access.base.name].integer:
+            continue  # compared with indices as integers: read where it is
         *outer, last = access.indices
         if not any(inner in x.free_symbols for x in outer) and sympy.diff(last, inner) == 1:
             continue  # contiguous: read as a vector already

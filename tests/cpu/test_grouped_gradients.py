@@ -192,6 +192,30 @@ def test_pairwise_kernel_gradients(monkeypatch):
         _close(f, e)
 
 
+MASKED = "Y[i] := where(j <= i, exp(A[i,j]) * B[j] + tanh(A[i,j]) * C[j], 0)"
+
+
+@pytest.mark.parametrize("n", [1, 6, 37])
+def test_masked_gradients_together(monkeypatch, n):
+    # dB[j] and dC[j] sum over i >= j: the reduced loop's bound reads the row (one row per
+    # tile); dA is elementwise under the mask.
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    rng = np.random.default_rng(10)
+    values = {"A": 0.5 * rng.standard_normal((n, n)), "B": rng.standard_normal(n)}
+    values["C"] = rng.standard_normal(n)
+    ct = rng.standard_normal(n)
+    assert "dB_dC" in _nest_outputs(MASKED, values, (1, 2))
+    found = _grad(MASKED, values, ct, (0, 1, 2))
+    r = _rounded(values)
+    A, B, C, ct = r["A"], r["B"], r["C"], ct.astype(np.float32).astype(np.float64)
+    mask = np.tril(np.ones((n, n)))
+    dA = mask * ct[:, None] * (np.exp(A) * B + (1 - np.tanh(A) ** 2) * C)
+    dB = (mask * ct[:, None] * np.exp(A)).sum(0)
+    dC = (mask * ct[:, None] * np.tanh(A)).sum(0)
+    for f, e in zip(found, (dA, dB, dC), strict=True):
+        _close(f, e)
+
+
 def test_other_back_ends_give_the_same_gradients():
     values, ct = _gaussian_inputs(7, 6, seed=5)
     on_c = _grad(GAUSSIAN, values, ct, (0, 1, 2))
