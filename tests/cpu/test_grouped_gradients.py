@@ -308,3 +308,25 @@ def test_grouping_can_be_switched_off(monkeypatch):
     alone = _grad(GAUSSIAN, values, ct, (0, 1, 2))
     for a, b in zip(grouped, alone, strict=True):
         _close(a, np.asarray(b, np.float64))
+
+
+def test_second_order_through_a_group():
+    # reverse over reverse: the grouped nest is differentiated like any nest
+    source = "Y[i] := exp(-((X[i,0]-Z[j,0])^2 + (X[i,1]-Z[j,1])^2)) * B[j]"
+    rng = np.random.default_rng(11)
+    X, Z, B = rng.standard_normal((5, 2)), rng.standard_normal((4, 2)), rng.standard_normal(4)
+    ct = rng.standard_normal(5)
+    found = {}
+    for backend in ("c", "reference"):
+        kernel = td.kernel(source, backend=backend)
+
+        def loss(X, Z, B, kernel=kernel):
+            return jnp.sum(kernel(X=X, Z=Z, B=B) * ct)
+
+        def dZ_norm(X, Z, B, loss=loss):
+            return jnp.sum(jax.grad(loss, argnums=(0, 1, 2))(X, Z, B)[1] ** 2)
+
+        second = jax.jit(jax.jacrev(dZ_norm, argnums=(0, 1, 2)))(X, Z, B)
+        found[backend] = (*second, *jax.tree_util.tree_leaves(jax.hessian(loss, (0, 2))(X, Z, B)))
+    for a, b in zip(found["c"], found["reference"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
