@@ -143,6 +143,13 @@ def fuse_programs() -> bool:
     return _flag("TENSORDSL_FUSE", "1")
 
 
+def group_gradients() -> bool:
+    """`TENSORDSL_GROUP_GRADIENTS`: the gradients of several inputs of one nest that share
+    their loops run as one multi-output nest (`codegen.passes.group`) on a back end that
+    supports it, unless set to "0"; "0" runs each gradient nest alone (to compare)."""
+    return _flag("TENSORDSL_GROUP_GRADIENTS", "1")
+
+
 CPU_CALLS = ("ffi", "callback")
 
 

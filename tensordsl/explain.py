@@ -39,33 +39,10 @@ from codegen.passes import grad, gradient_rules
 from tensordsl.backends import table
 from tensordsl.errors import OptionError, UnknownNameError, close_match, user_facing
 from tensordsl.explain_facts import equal_extents, implied
+from tensordsl.explain_groups import body_source as _body_source
+from tensordsl.explain_groups import group_lines
 from tensordsl.explain_prologues import prologue_lines, substitute
 from tensordsl.explain_summary import summary_lines
-
-
-def _body_source(body: sympy.Expr, first: str | None, operands: tuple[str, ...] = ()) -> str:
-    """The body, with the factor that reads tensor `first` (the cotangent) printed first;
-    terms and factors in the order their operands first appear in the statement (`W - X`
-    as written, not sympy's `-X + W`)."""
-    if first is not None and isinstance(body, sympy.Mul):
-        lead = [f for f in body.args if isinstance(f, sympy.Indexed) and f.base.name == first]
-        if lead:
-            rest = [f for f in body.args if f is not lead[0]]
-            rest_expr = sympy.Mul(*rest)
-            negative = not rest_expr.is_Add and rest_expr.could_extract_minus_sign()
-            rest_expr = -rest_expr if negative else rest_expr
-            rest_source = expr_source(rest_expr, operands, positive_first=True)
-            if isinstance(rest_expr, sympy.Add):
-                rest_source = f"({rest_source})"
-            if not rest:
-                return expr_source(lead[0])
-            sign = "-" if negative else ""
-            if rest_expr == 1:
-                return f"{sign}{expr_source(lead[0])}"
-            if rest_source.startswith("1/"):  # `dY[i]/n`, not `dY[i]*1/n`
-                return f"{sign}{expr_source(lead[0])}/{rest_source[2:]}"
-            return f"{sign}{expr_source(lead[0])}*{rest_source}"
-    return expr_source(body, operands, positive_first=True)
 
 
 def _sum_prefix(nest: LoopNest, term: Term) -> str:
@@ -160,7 +137,8 @@ def explain(
         f"gathered {name} = {access} (before the nest; gradient: a sorted segmented sum)"
         for name, access in gathered
     ]
-    return "\n".join([*summary, *gathers, _explain(nest, shapes, unread)])
+    groups = [] if backend is None else group_lines(nest, shapes, backend, unread)
+    return "\n".join([*summary, *gathers, _explain(nest, shapes, unread), *groups])
 
 
 def kernel_summary(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.c.dot import dot
+from codegen.c.members import members
 from codegen.c.online import online
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
@@ -76,6 +77,7 @@ STRATEGY_EMITTERS: dict[str, Callable[[Emitter[Schedule]], Lines]] = {
     "dot": dot,
     "split": split,
     "online": online,
+    "members": members,
 }
 
 

@@ -22,6 +22,8 @@ Strategies (`Schedule.strategy`):
 * ``"online"`` -- the one and only strategy of a one-pass softmax-weighted sum
   (`LoopNest.online`, `codegen.passes.online`): blocks of 8 rows, each row's scores in chunks with
   a running max (`codegen.c.online`);
+* ``"members"`` -- the one strategy of a multi-output nest (`codegen.ir.members`): tiles of
+  rows x lanes, the members' bodies computed together (`codegen.c.members`);
 * ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
   weights around attention's `sum_e dO*V`: `codegen.ir.contraction.xla_plan`): no kernel is
   generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for
@@ -29,8 +31,8 @@ Strategies (`Schedule.strategy`):
 
 The heuristic (`choose_cpu_schedule`):
 
-0. a one-pass softmax-weighted sum -> ``online``; a nest with an XLA plan -> ``xla``,
-   unless the caller asks for a generated kernel;
+0. a one-pass softmax-weighted sum -> ``online``; a multi-output nest -> ``members``; a
+   nest with an XLA plan -> ``xla``, unless the caller asks for a generated kernel;
 1. no free index -> ``split``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
@@ -86,12 +88,13 @@ from codegen.emit.loop_order import (
 )
 from codegen.ir.affine import affine_parts
 from codegen.ir.contraction import xla_contraction
+from codegen.ir.members import member_bodies
 from codegen.ir.nest import LoopNest, Reduce, accesses
 from codegen.ir.reductions import REDUCTIONS
 
-STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online")
+STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online", "members")
 #: Strategies that generate a kernel (``"xla"`` calls XLA instead).
-KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online")
+KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online", "members")
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ class Schedule(LoopOrder):
             parts.append(f"tile={self.row or '-'}x{self.vector}={self.rows}x{self.width}")
         if self.strategy == "dot":
             parts.append(f"lanes={self.lanes}")
+        if self.strategy == "members":
+            parts.append(f"rows={self.row or '-'}x{self.rows} lanes={self.lanes}")
         if self.strategy == "split":
             parts.append(f"chunks={self.chunks}")
         if self.strategy == "xla":
@@ -149,6 +154,7 @@ class Schedule(LoopOrder):
             "online": "one pass over each row's scores with a running max (online softmax), "
             "blocks of 8 rows",
             "xla": "XLA's dot (jnp.einsum): no generated kernel",
+            "members": f"every member at once ({self.lanes} lanes, {self.rows} rows), {inside}",
         }[self.strategy]
         if self.strategy not in ("xla", "split"):
             words += f"; threads share the {loops} loops" if self.parallel and loops else ""
@@ -176,11 +182,13 @@ def _symbols(nest: LoopNest) -> dict[str, sympy.Symbol]:
 def validate(nest: LoopNest, schedule: Schedule) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
     validate_schedule(nest, schedule, STRATEGIES, ("rows", "width", "chunks", "lanes"))
-    free = schedule.free_order
+    free, last = schedule.free_order, nest.free[-1].index.name if nest.free else None
     if (schedule.strategy == "online") != bool(nest.online):
         raise ValueError("the online strategy is for one-pass softmax-weighted sums, and only it")
     if nest.online and free[-1:] != (nest.free[-1].index.name,):
         raise ValueError("a one-pass nest keeps its packed output axis innermost")
+    if schedule.strategy == "members" and (member_bodies(nest) is None or free[-1:] != (last,)):
+        raise ValueError("the members strategy is for multi-output nests, member axis innermost")
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
     if schedule.small is not None:
@@ -280,6 +288,8 @@ def choose_cpu_schedule(
     free, reduced = order.free_order, order.reduced_order
     if nest.online:
         return Schedule(free, reduced, strategy="online")
+    if member_bodies(nest) is not None:
+        return _members_schedule(nest, free, reduced, _wide(dtypes, nest))
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):
         return Schedule(free, reduced, strategy="xla")
     if not free:
@@ -329,6 +339,20 @@ def choose_cpu_schedule(
             small=small,
         )
     return _dot_schedule(nest, free, reduced, wide) or Schedule(free, reduced)
+
+
+def _members_schedule(nest: LoopNest, free: tuple[str, ...], reduced: tuple, wide: bool):
+    """`codegen.c.members`: the row (last free index but the member axis) in the lanes where
+    all read it contiguously, else 4 rows (1 if a bound reads it) by lanes of the reduction."""
+    order = (*(n for n in free if n != nest.free[-1].index.name), nest.free[-1].index.name)
+    row = order[-2] if len(order) > 1 else None
+    limits = [x for t in nest.terms for x in t.expressions() if x is not t.body]
+    given = {"strategy": "members", "row": row, "lanes": 4 if wide else 8}
+    if row in {s.name for x in limits for s in sympy.sympify(x).free_symbols}:
+        return Schedule(order, reduced, **given)
+    if row and _vector_friendly(nest, row):
+        return Schedule(order, reduced, **(given | {"vector": row, "lanes": 16 if wide else 32}))
+    return Schedule(order, reduced, **given, rows=4 if row else 1)
 
 
 def _reads(nest: LoopNest, name: str) -> bool:

@@ -61,6 +61,9 @@ class Backend:
     #: Its schedule heuristic, `choose(nest, dtypes)` (a schedule with `in_words()`); None:
     #: it has no schedule (jax.numpy runs the nest).
     scheduler: Callable[[], Callable[..., Any]] | None = None
+    #: Gradients that share their loops run as one multi-output nest
+    #: (`tensordsl.binding.grouped`); False: each gradient nest alone.
+    groups_gradients: bool = False
 
     @property
     def emits_code(self) -> bool:
@@ -159,6 +162,7 @@ BACKENDS: dict[str, Backend] = {
         one_pass_rows=C_ONE_PASS_ROWS,
         profiled=True,
         scheduler=_c_scheduler,
+        groups_gradients=True,
     ),
     "cuda": Backend(
         "cuda",

@@ -32,12 +32,12 @@ from jax.interpreters import ad, batching, mlir
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
-from codegen.passes import grad, gradient_rules, jvp
+from codegen.passes import gradient_rules, jvp
 from codegen.passes.batch import batch_nest
 from codegen.recursion import deeply
 from tensordsl.backends import table
+from tensordsl.binding import grouped, partitioning, private_jax
 from tensordsl.binding import one_pass as online
-from tensordsl.binding import partitioning, private_jax
 from tensordsl.errors import UnsupportedError, user_facing
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -275,10 +275,9 @@ def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
     by_role[gradient_rules.COTANGENT] = cotangent
     by_role[gradient_rules.OUTPUT] = output
     values = dict(zip(nest.operand_names, primals))
-    gradients = [
-        _gradient(nest, name, values, by_role, params, tuple(np.shape(output)))
-        for name in perturbed
-    ]
+    gradients = grouped.run_gradients(
+        nest, perturbed, values, by_role, params, tuple(np.shape(output)), call_nest
+    )
     return [*nonlinear, *gradients]
 
 
@@ -352,38 +351,3 @@ mlir.register_lowering(tangent_p, mlir.lower_fun(_evaluate_tangent, multiple_res
 private_jax.requires_devices_during_lowering(tangent_p)
 batching.primitive_batchers[tangent_p] = _batch_tangent
 ad.primitive_jvps[tangent_p] = _jvp_tangent
-
-
-def _gradient(
-    nest: LoopNest,
-    wrt: str,
-    values: dict[str, Any],
-    by_role: dict[str, Any],
-    params: dict,
-    output_shape: tuple[int, ...],
-) -> jax.Array:
-    """Run the gradient nest of operand `wrt`."""
-    with user_facing():
-        gradient = grad.gradient(nest, wrt)
-    operands = [values[name] if role == "input" else by_role[role] for name, role in gradient.roles]
-    cotangent_name = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
-    shapes = dict(params["extents"])
-    shapes[nest.output] = output_shape
-    shapes[cotangent_name] = output_shape
-    shapes[gradient.nest.output] = tuple(np.shape(values[wrt]))
-    for name, value in values.items():
-        shapes[name] = tuple(np.shape(value))
-    integer = frozenset(
-        name
-        for name, v in zip(gradient.nest.operand_names, operands)
-        if not is_differentiable(jnp.result_type(v))
-    )
-    return call_nest(
-        gradient.nest,
-        operands,
-        backend=params["backend"],
-        shapes=shapes,
-        out_dtype=jnp.result_type(values[wrt]),
-        nograd=integer,
-        precision=params["precision"],
-    )

@@ -41,8 +41,8 @@ from codegen.passes.guards import bound_guards
 from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair_stored
 from codegen.recursion import deeply
+from tensordsl.binding import grouped, program_jvp
 from tensordsl.binding import one_pass as online
-from tensordsl.binding import program_jvp
 from tensordsl.binding.primitive import call_nest, is_differentiable, output_dtype
 from tensordsl.errors import user_facing
 
@@ -188,6 +188,7 @@ class FusedProgram:
             if dy is None:
                 continue
             by_role = self._roles(nest, values, dy)
+            here: dict[str, tuple] = {}  # the stored intermediates' gradients of this nest
             for op in nest.operands:
                 value = values[op.name]
                 if op.name not in needed or op.name in self.nograd:
@@ -198,15 +199,20 @@ class FusedProgram:
                     continue
                 part = self._part(nest, op.name, values, by_role)
                 if op.name in stored_names:
-                    found = self._run_parts([part], value)
-                    cotangent[op.name] = (
-                        cotangent[op.name] + found if op.name in cotangent else found
-                    )
+                    here[op.name] = self._merged([part], value)
                 else:
                     parts.setdefault(op.name, []).append(part)
+            together = grouped.run_together(here, self.backend, self.precision, call_nest)
+            for name, item in here.items():
+                found = together[name] if name in together else self._call(*item)
+                cotangent[name] = cotangent[name] + found if name in cotangent else found
+        merged = {name: self._merged(parts[name], values[name]) for name in parts}
+        together = grouped.run_together(merged, self.backend, self.precision, call_nest)
         return [
-            self._run_parts(parts[name], values[name])
-            if name in parts
+            together[name]
+            if name in together
+            else self._call(*merged[name])
+            if name in merged
             else jnp.zeros_like(values[name])
             for name in perturbed
         ]
@@ -241,16 +247,20 @@ class FusedProgram:
         shapes[gradient.nest.output] = tuple(np.shape(values[wrt]))
         return _Part(gradient.nest, named, shapes)
 
-    def _run_parts(self, parts: Sequence[_Part], like: Any) -> Any:
-        """The input gradient of every part, merged into one nest and run once."""
+    def _merged(self, parts: Sequence[_Part], like: Any) -> tuple:
+        """The parts merged into one nest, with its operands' values and the shapes of the
+        tensors it names, and `like` (an array of the gradient's shape and dtype)."""
         nest = parts[0].nest if len(parts) == 1 else merge_gradients([p.nest for p in parts])
         values: dict[str, Any] = {}
         shapes: dict[str, tuple[int, ...]] = {}
         for part in parts:
             values.update(part.values)
             shapes.update(part.shapes)
-        operands = [values[name] for name in nest.operand_names]
         shapes[nest.output] = tuple(np.shape(like))
+        return nest, values, shapes, like
+
+    def _call(self, nest: LoopNest, values: dict, shapes: dict, like: Any) -> Any:
+        operands = [values[name] for name in nest.operand_names]
         integer = frozenset(
             name for name, v in values.items() if not is_differentiable(jnp.result_type(v))
         )
