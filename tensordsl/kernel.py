@@ -170,7 +170,8 @@ class Kernel:
         if target is None or shapes is None:
             return text
         names = {each: name for name, each in kernel_nests(self.nest).items()}
-        return "\n".join([text, *cuda_report_lines(nest_jaxpr(self.nest, shapes), names)])
+        jaxpr = nest_jaxpr(self.nest, shapes, backend="cuda")
+        return "\n".join([text, *cuda_report_lines(jaxpr, names)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""

@@ -177,7 +177,8 @@ class ProgramKernel:
             check_report_target(target, shapes)
             assert shapes is not None
             text = self.explain(shapes)
-            return "\n".join([text, *cuda_report_lines(self._call_jaxpr(shapes, "float32"))])
+            jaxpr = self._call_jaxpr(shapes, "float32", backend="cuda")
+            return "\n".join([text, *cuda_report_lines(jaxpr)])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         for low in self._lowered.statements if known is not None else ():
@@ -327,9 +328,9 @@ class ProgramKernel:
                 sources[key] = emit(part, dtypes, role="call")
         return sources
 
-    def _call_jaxpr(self, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
-        """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (C back
-        end, every input of `dtype`): its nest equations are the nests a call runs."""
+    def _call_jaxpr(self, shapes: Mapping[str, Any], dtype: str, backend: str = "") -> Any:
+        """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (`backend`,
+        C by default; inputs of `dtype`): its nest equations are the nests a call runs."""
         if self._stages:
             raise UnsupportedError(
                 "profile() and source(shapes=...) of a program that gathers from its own "
@@ -350,9 +351,9 @@ class ProgramKernel:
             }
             for statement in gathers:
                 known.update(gather.gathered(statement, known, shapes, self.source_text))
-            program, backend = self.program, table.PROFILED.name
+            on = backend or table.PROFILED.name
             results = run_program(
-                program, known, backend=backend, nograd=self.nograd, fuse=self.fuse
+                self.program, known, backend=on, nograd=self.nograd, fuse=self.fuse
             )
             floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
             return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0

@@ -145,8 +145,11 @@ def nest_jaxpr(
     dtype: str = "float32",
     schedule: Any = None,
     nograd: frozenset[str] = frozenset(),
+    backend: str | None = None,
 ) -> Any:
-    """The jaxpr of `jax.value_and_grad` of the sum of `nest`'s output (`value_and_grad_jaxpr`)."""
+    """The jaxpr of `jax.value_and_grad` of the sum of `nest`'s output (`value_and_grad_jaxpr`)
+    on `backend` (the profiled back end by default: the nests, gradient groups included,
+    that a call on it runs)."""
     from tensordsl.binding.primitive import call_nest
 
     positional = REDUCTIONS[nest.reduction].positional
@@ -155,7 +158,7 @@ def nest_jaxpr(
         out = call_nest(
             nest,
             values,
-            backend=table.PROFILED.name,
+            backend=backend or table.PROFILED.name,
             shapes={},
             out_dtype=POSITION_DTYPE if positional else dtype,
             nograd=nograd,

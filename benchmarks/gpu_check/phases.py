@@ -163,7 +163,13 @@ def _pytest(
 
 
 #: tests/gpu files that run the CUDA emulator only, also on a GPU machine.
-EMULATOR_ONLY = ("test_gpu_check", "test_emulator", "test_emulated_nests", "test_large_indices")
+EMULATOR_ONLY = (
+    "test_gpu_check",
+    "test_emulator",
+    "test_emulator_counts",
+    "test_emulated_nests",
+    "test_large_indices",
+)
 
 
 def phase_tests(out: pathlib.Path, emulate: bool, quick: bool) -> None:

@@ -310,6 +310,7 @@ def test_grouping_can_be_switched_off(monkeypatch):
         _close(a, np.asarray(b, np.float64))
 
 
+@pytest.mark.slow  # about 110 s on 2 cores
 def test_second_order_through_a_group():
     # reverse over reverse: the grouped nest is differentiated like any nest
     source = "Y[i] := exp(-((X[i,0]-Z[j,0])^2 + (X[i,1]-Z[j,1])^2)) * B[j]"

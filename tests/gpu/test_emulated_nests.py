@@ -80,6 +80,7 @@ def test_heuristic_schedule_float32(nest_id: str, heuristic_float32: None) -> No
     emulated.check(instance(nest_id), "float32", [None], ORDERS)
 
 
+@pytest.mark.slow  # every candidate schedule: the heuristic's own run above is the quick check
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nest_id", sorted(MATRIX))
 def test_every_schedule_dtype_and_order(nest_id: str, dtype: str, every_schedule: None) -> None:

@@ -62,7 +62,7 @@ def layer_norm_nests():
     shapes and dtypes (F and eps get no gradient, as in a model)."""
     k = td.kernel(LAYER_NORM, nograd=("F", "eps"))
     found = []
-    for eqn in nest_equations(k._call_jaxpr(LN_SHAPES, "float32")):
+    for eqn in nest_equations(k._call_jaxpr(LN_SHAPES, "float32", backend="cuda")):
         nest = eqn.params["nest"]
         shapes = {**dict(eqn.params["extents"])}
         shapes.update({op.name: v.aval.shape for op, v in zip(nest.operands, eqn.invars)})
