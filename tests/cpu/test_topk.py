@@ -128,14 +128,21 @@ def test_positions_have_no_gradient():
         jax.grad(lambda X: N(X).sum())(X)
 
 
-def test_masked_values_leave_empty_slots():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_values_leave_empty_slots(backend):
     # a causal mask: row i has i + 1 values; the slots past them are -inf (position -1)
-    S = _x((4, 4), seed=13)
-    V = td.kernel("(topk 3) V[i,r] := where(j <= i, S[i,j], -inf)", backend="reference")
-    N = td.kernel("(argtopk 3) N[i,r] := S[i,j]", backend="reference")
-    got = np.asarray(V(S))
-    assert np.isneginf(got[0, 1:]).all() and got[0, 0] == S[0, 0]
-    np.testing.assert_array_equal(np.asarray(N(S)), _top(S, 3)[1])
+    S = _x((5, 5), seed=13)
+    V = td.kernel("(topk 3) V[i,r] := where(j <= i, S[i,j], -inf)", backend=backend)
+    N = td.kernel("(argtopk 3) N[i,r] := where(j <= i, S[i,j], -inf)", backend=backend)
+    masked = np.where(np.tril(np.ones((5, 5), bool)), S, -np.inf)
+    want, positions = _top(masked, 3)
+    np.testing.assert_array_equal(np.asarray(V(S)), want)
+    assert np.isneginf(np.asarray(V(S))[0, 1:]).all()
+    # argtopk: a -inf value written in the body is a value like any other (its position,
+    # the lower first), as np.argsort gives; the values' own gradient leaves such slots out
+    np.testing.assert_array_equal(np.asarray(N(S)), positions)
+    dS = jax.grad(lambda S: jnp.sum(jnp.where(jnp.isfinite(V(S)), V(S), 0)))(S)
+    np.testing.assert_array_equal(np.asarray(dS)[0], [1, 0, 0, 0, 0])
 
 
 # -- errors ------------------------------------------------------------------------------
