@@ -95,9 +95,11 @@ def _positional(name: str, op: str, init: str) -> Reduction:
 # topk/argtopk: the k largest values in descending order, with argmax's order between two
 # values (NaN first, ties to the smaller position), so the state is the same for any visiting
 # order. A value that beats the last of the k slots moves the slots it beats down by one.
+# Every value the last slot takes is not below it (an empty slot holds -inf, NaN compares
+# false), so one comparison skips the rest: the common case of a long reduction.
 _SLOT_TAKE = _ARG_TAKE.replace("{op}", ">").replace("{a}", "{a}[{s}]").replace("{b}", "{b}[{s}]")
 _SELECT = (
-    "if ("
+    "if (!({v} < {a}[{k} - 1]) && "  # the common case, below the last slot, in one compare
     + _SLOT_TAKE.replace("{s}", "{k} - 1")
     + ") {{ int s_ = {k} - 1; while (s_ > 0 && "
     + _SLOT_TAKE.replace("{s}", "s_ - 1")
