@@ -87,3 +87,31 @@ def test_float32(backend):
 def test_init_is_refused_for_positions_and_selections(source):
     with pytest.raises(td.ReductionError, match="init= starts a reduction from a value"):
         td.kernel(source, init=1.0)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "D[i,j] := (X[i,d] - Y[j,d])^2; (argtopk 3) N[i,r] := -D[i,j]",
+        "D[i,j] := (X[i,d] - Y[j,d])^2; (argmin) N[i] := D[i,j]",
+    ],
+)
+def test_positions_of_a_fused_program_under_grad_jvp_and_vmap(source):
+    # the neighbours gathered and differentiated: the positions' tangent is float0 (a
+    # TypeError from custom_jvp before), the gradient flows through the gathered rows only
+    X, Y = _x((40, 3), seed=6), jnp.asarray(_x((30, 3), seed=7))
+    knn = td.kernel(source, backend="c")
+    D = ((X[:, None, :] - np.asarray(Y)[None]) ** 2).sum(-1)
+    positions = _positions(-D, 3) if "argtopk" in source else D.argmin(1)
+    np.testing.assert_array_equal(np.asarray(knn(X, Y)), positions)
+
+    def loss(X, N=None):
+        N = knn(X, Y) if N is None else N
+        return jnp.sum((X[:, None, :] - Y[N]) ** 2) if N.ndim == 2 else jnp.sum((X - Y[N]) ** 2)
+
+    want = jax.grad(loss)(X, jnp.asarray(positions))
+    np.testing.assert_allclose(np.asarray(jax.grad(loss)(X)), np.asarray(want), rtol=1e-12)
+    batched = jax.vmap(jax.grad(loss))(np.stack([X, X]))
+    np.testing.assert_allclose(np.asarray(batched[1]), np.asarray(want), rtol=1e-12)
+    _, tangent = jax.jvp(knn, (X, Y), (X, Y))
+    assert tangent.dtype == jax.dtypes.float0
