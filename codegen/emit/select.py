@@ -12,6 +12,8 @@ registers or on the stack).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sympy
 
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
@@ -39,26 +41,34 @@ def selection_count(nest: LoopNest, target: str = "the compiled back ends") -> i
     return k
 
 
-def row_lines(e: Emitter) -> Lines:
+def update_template(e: Emitter) -> str:
+    """The insertion of `{v}` at `{pos}` into the slots, k filled in."""
+    return e.reducer.update.replace("{k}", str(selection_count(e.nest)))
+
+
+def term_lines(e: Emitter) -> Lines:
+    """The reduced loops, each value inserted into the slots as it is computed."""
+    plan = e.plan(0, [[], *e.reduced_levels(0)])
+    fold = e.fold_lines(0, plan, "", update=update_template(e))
+    return ["{", *indent_lines(e.level_lines(plan, 0, e.loops(0, fold, plan=plan))), "}"]
+
+
+def row_lines(e: Emitter, term: Callable[[Emitter], Lines] = term_lines) -> Lines:
     """One output row: the slots declared and emptied, the reduced loops folding each value
-    in, the slots stored along the rank (its loop inside the row)."""
+    in (`term`), the slots stored along the rank (its loop inside the row)."""
     nest = e.nest
     if len(nest.terms) != 1:
         raise Unsupported(f"a '{nest.reduction}' nest of {len(nest.terms)} terms")
     k = selection_count(nest)
     rank = nest.free[-1]
     value, position = e.names()
-    update = e.reducer.update.replace("{k}", str(k))
-    plan = e.plan(0, [[], *e.reduced_levels(0)])
-    fold = e.fold_lines(0, plan, "", update=update)
-    term = ["{", *indent_lines(e.level_lines(plan, 0, e.loops(0, fold, plan=plan))), "}"]
     empty = [f"{value}[s_] = -INFINITY;", f"{position}[s_] = -1;"]
     kept = e.fmt(e.reducer.result.replace("{r}", e.printer.index(rank.index)), e.names())
     store = block_lines(e.free_loop(rank.index), [f"out_[{e.out_offset()}] = {e.store(kept)};"])
     return [
         *e.declare(dims=f"[{k}]"),
         *block_lines(f"for (int s_ = 0; s_ < {k}; ++s_)", empty),
-        *term,
+        *term(e),
         *store,
     ]
 

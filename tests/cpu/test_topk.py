@@ -189,3 +189,17 @@ def test_a_large_k_runs_on_the_reference_and_is_refused_by_compiled_back_ends():
     )
     with pytest.raises(td.UnsupportedError, match=r"keeps 65 values.*at most 64"):
         td.kernel(source, backend="c")(X)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_rows_in_chunks_with_a_mask_and_two_reduced_indices(backend):
+    # the C back end computes values in chunks of 256: several chunks, a partial last one
+    X = _x((3, 1001), seed=16)
+    V = td.kernel("(topk 7) V[i,r] := X[i,j]", backend=backend)
+    np.testing.assert_array_equal(np.asarray(V(X)), _top(X, 7)[0])
+    masked = td.kernel("(argtopk 7) N[i,r] := where(j >= 300, X[i,j], -inf)", backend=backend)
+    positions = _order(X[:, 300:])[:, :7] + 300
+    np.testing.assert_array_equal(np.asarray(masked(X)), positions)
+    Y = _x((2, 5, 301), seed=17)
+    N = td.kernel("(argtopk 9) N[i,r] := Y[i,k,j]", backend=backend)
+    np.testing.assert_array_equal(np.asarray(N(Y)), _top(Y.reshape(2, -1), 9)[1])
