@@ -1,5 +1,6 @@
 """topk as an ordinary JAX function: jit of vmap of grad, a second derivative, check_grads,
-a program that reads the k values, a float32 call, and init= refused, against float64 numpy
+a program that reads the k values, a float32 call, positions of a fused program under grad,
+rows sharded across devices, and init= refused, against float64 numpy
 (the k largest by a stable argsort of the negated values)."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import tensordsl as td
@@ -115,3 +118,20 @@ def test_positions_of_a_fused_program_under_grad_jvp_and_vmap(source):
     np.testing.assert_allclose(np.asarray(batched[1]), np.asarray(want), rtol=1e-12)
     _, tangent = jax.jvp(knn, (X, Y), (X, Y))
     assert tangent.dtype == jax.dtypes.float0
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_rows_sharded_across_devices(backend):
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices (tests/conftest.py asks XLA for 4 CPU devices)")
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    X = _x((8, 50), seed=8)
+    sharded = jax.device_put(X, NamedSharding(mesh, P("x", None)))
+    V = td.kernel("(topk 3) V[i,r] := X[i,j]", backend=backend)
+    out = jax.jit(V)(sharded)
+    np.testing.assert_array_equal(np.asarray(out), np.take_along_axis(X, _positions(X, 3), -1))
+    assert out.sharding.spec == P("x", None)
+    grad = jax.jit(jax.grad(lambda X: jnp.sum(V(X) * jnp.arange(1.0, 4.0))))(sharded)
+    want = np.zeros_like(X)
+    np.put_along_axis(want, _positions(X, 3), np.arange(1.0, 4.0)[None], -1)
+    np.testing.assert_array_equal(np.asarray(grad), want)
