@@ -282,7 +282,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "tensordsl") -> int:
         default=None,
         metavar="REDUCTION",
         help="the reduction of indices not on the left: sum (default), mean, max, min, prod, "
-        "logsumexp, argmax, argmin (or a prefix in the source: '(max) M[i] := X[i,j]')",
+        "logsumexp, argmax, argmin (or a prefix in the source: '(max) M[i] := X[i,j]'; "
+        "topk and argtopk as a prefix with k: '(topk 5) V[i,r] := X[i,j]')",
     )
     explain.add_argument(
         "--source",

@@ -328,6 +328,13 @@ def _initial_value(init: Any, nest: LoopNest, source: str) -> float | None:
         raise ReductionError(
             f"init= is {init!r}", source, expected="a real number, e.g. init=0.0 or init=-inf"
         )
+    if nest.reduction not in INIT_COMBINE:
+        gives = "k values" if nest.reduction.endswith("topk") else "a position"
+        raise ReductionError(
+            f"init= starts a reduction from a value, and '{nest.reduction}' gives {gives}",
+            source,
+            expected=f"init= with one of {', '.join(INIT_COMBINE)}, or no init=",
+        )
     if not any(term.reduced for term in nest.terms):
         raise ReductionError(
             "init= starts a reduction, but the statement reduces no index",

@@ -26,6 +26,7 @@ from codegen.c.members import members
 from codegen.c.online import online
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
+from codegen.c.select import select
 from codegen.c.strategies import scalar, split
 from codegen.c.tiles import TILE_HELPERS, interior_length, tile
 from codegen.emit.emitter import (
@@ -78,6 +79,7 @@ STRATEGY_EMITTERS: dict[str, Callable[[Emitter[Schedule]], Lines]] = {
     "split": split,
     "online": online,
     "members": members,
+    "select": select,
 }
 
 

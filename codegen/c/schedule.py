@@ -24,6 +24,7 @@ Strategies (`Schedule.strategy`):
   a running max (`codegen.c.online`);
 * ``"members"`` -- the one strategy of a multi-output nest (`codegen.ir.members`): tiles of
   rows x lanes, the members' bodies computed together (`codegen.c.members`);
+* ``"select"`` -- the one strategy of topk/argtopk: k sorted slots per row (`codegen.c.select`);
 * ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
   weights around attention's `sum_e dO*V`: `codegen.ir.contraction.xla_plan`): no kernel is
   generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for
@@ -31,8 +32,8 @@ Strategies (`Schedule.strategy`):
 
 The heuristic (`choose_cpu_schedule`):
 
-0. a one-pass softmax-weighted sum -> ``online``; a multi-output nest -> ``members``; a
-   nest with an XLA plan -> ``xla``, unless the caller asks for a generated kernel;
+0. one-pass softmax-weighted sum -> ``online``; topk -> ``select``; multi-output -> ``members``;
+   a nest with an XLA plan -> ``xla``, unless the caller asks for a generated kernel;
 1. no free index -> ``split``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
@@ -80,21 +81,16 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.emit.loop_order import (
-    LoopOrder,
-    default_loop_order,
-    valid_unique,
-    validate_schedule,
-)
+from codegen.emit.loop_order import LoopOrder, default_loop_order, valid_unique, validate_schedule
 from codegen.ir.affine import affine_parts
 from codegen.ir.contraction import xla_contraction
 from codegen.ir.members import member_bodies
 from codegen.ir.nest import LoopNest, Reduce, accesses
 from codegen.ir.reductions import REDUCTIONS
 
-STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online", "members")
+STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online", "members", "select")
 #: Strategies that generate a kernel (``"xla"`` calls XLA instead).
-KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online", "members")
+KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online", "members", "select")
 
 
 @dataclass(frozen=True)
@@ -155,6 +151,7 @@ class Schedule(LoopOrder):
             "blocks of 8 rows",
             "xla": "XLA's dot (jnp.einsum): no generated kernel",
             "members": f"every member at once ({self.lanes} lanes, {self.rows} rows), {inside}",
+            "select": f"one output row at a time, its k best in sorted slots, {inside}",
         }[self.strategy]
         if self.strategy not in ("xla", "split"):
             words += f"; threads share the {loops} loops" if self.parallel and loops else ""
@@ -185,6 +182,8 @@ def validate(nest: LoopNest, schedule: Schedule) -> None:
     free, last = schedule.free_order, nest.free[-1].index.name if nest.free else None
     if (schedule.strategy == "online") != bool(nest.online):
         raise ValueError("the online strategy is for one-pass softmax-weighted sums, and only it")
+    if (schedule.strategy == "select") != REDUCTIONS[nest.reduction].selects:
+        raise ValueError("the select strategy is for topk/argtopk, and only it")
     if nest.online and free[-1:] != (nest.free[-1].index.name,):
         raise ValueError("a one-pass nest keeps its packed output axis innermost")
     if schedule.strategy == "members" and (member_bodies(nest) is None or free[-1:] != (last,)):
@@ -286,8 +285,8 @@ def choose_cpu_schedule(
     """
     order = default_loop_order(nest, loop_order)
     free, reduced = order.free_order, order.reduced_order
-    if nest.online:
-        return Schedule(free, reduced, strategy="online")
+    if nest.online or REDUCTIONS[nest.reduction].selects:
+        return Schedule(free, reduced, strategy="online" if nest.online else "select")
     if member_bodies(nest) is not None:
         return _members_schedule(nest, free, reduced, _wide(dtypes, nest))
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):
@@ -382,7 +381,7 @@ def _costly_per_row(nest: LoopNest, vector: str) -> bool:
 
 def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
     """Every kernel schedule the heuristic could pick for `nest`, plus the scalar fallback."""
-    if nest.online:
+    if nest.online or REDUCTIONS[nest.reduction].selects:
         return (choose_cpu_schedule(nest),)
     picks = [
         choose_cpu_schedule(nest, {"out": "float32"}, kernel=True),

@@ -58,6 +58,7 @@ from codegen.cuda.split import combine_grid, combine_partials, partial_count, sp
 from codegen.cuda.strategies import block_reduce, thread, tile
 from codegen.emit.emitter import Lines, accumulation_type, block_lines, check_dtypes, entry_name
 from codegen.emit.printer import c_name
+from codegen.emit.select import row_indices
 from codegen.ir.functions import CeilDiv
 from codegen.ir.nest import LoopNest, default_dtypes
 
@@ -148,7 +149,8 @@ def _launch(
     if s.strategy == "columns":
         return columns_grid(e), (s.threads, 1, 1)
     tiles = {rn: s.rows} if s.strategy == "tile" else {}
-    total = e.count(s.free_order, tiles)
+    rows = [x.name for x in row_indices(e)] if e.reducer.selects else s.free_order  # topk
+    total = e.count(rows, tiles)
     x = total if s.strategy == "block" else CeilDiv(total, s.threads)
     return (x, one, one), (s.threads, 1, 1)
 

@@ -9,7 +9,8 @@ grid size covers any extent. Each output element is reduced in registers and wri
 Strategies (`GpuSchedule.strategy`):
 
 * ``"thread"`` -- one output element per thread, the reduction loops (any reduction, several
-  terms, constraints as loop bounds, guards) in registers. The fallback for every nest.
+  terms, constraints as loop bounds, guards) in registers. The fallback for every nest, and
+  topk's one strategy (a row per thread, its k slots in registers: `codegen.emit.select`).
 * ``"tile"`` -- each thread computes ``rows`` consecutive values of the free index `row`
   (register tile); loads that do not depend on `row` are shared. Needs reduced loop bounds
   that do not depend on `row`.
@@ -107,20 +108,11 @@ from codegen.emit.loop_order import (
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.contraction import xla_contraction
 from codegen.ir.nest import LoopNest, accesses
+from codegen.ir.reductions import REDUCTIONS
 
 GPU_STRATEGIES = (
-    "thread",
-    "tile",
-    "smem",
-    "pairwise",
-    "mma",
-    "block",
-    "split",
-    "rows",
-    "columns",
-    "online",
-    "weighted",
-    "xla",
+    *("thread", "tile", "smem", "pairwise", "mma", "block", "split", "rows", "columns"),
+    *("online", "weighted", "xla"),
 )
 INDEX_TYPES = {"int32": "int", "int64": "long long"}
 SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
@@ -267,6 +259,8 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
         raise ValueError(f"index_type must be one of {sorted(INDEX_TYPES)}")
     if (schedule.strategy == "online") != bool(nest.online):
         raise ValueError("the online strategy is for one-pass nests (codegen.passes.online)")
+    if REDUCTIONS[nest.reduction].selects and schedule.strategy != "thread":
+        raise ValueError("topk/argtopk take the thread strategy (a row per thread), only it")
     if schedule.strategy == "weighted" and (
         len(free) < 2 or _bounds_read_column(nest, schedule) or not split_weighted(nest)
     ):
@@ -336,6 +330,8 @@ def choose_gpu_schedule(
     free, reduced = order.free_order, order.reduced_order
     if nest.online:
         return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
+    if REDUCTIONS[nest.reduction].selects:  # topk: a row per thread, its k slots in registers
+        return GpuSchedule(free, reduced, index_type=index_type)
     weighted = not loop_order and free and split_weighted(nest) is not None
     if weighted and not _bounds_read_column(nest, order):
         return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))

@@ -3,30 +3,43 @@ and the shared-memory tree that block and split combine states with."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from codegen.cuda.dialect import CudaEmitter
 from codegen.emit.emitter import Lines, block_lines, indent_lines
+from codegen.emit.select import row_indices, row_lines
 
 
 def _per_element(
-    e: CudaEmitter, flat: str, stride: str, body: Lines, tiles: Mapping[str, int] | None = None
+    e: CudaEmitter,
+    flat: str,
+    stride: str,
+    body: Lines,
+    tiles: Mapping[str, int] | None = None,
+    order: Sequence[str] | None = None,
 ) -> Lines:
-    """A grid-stride loop over the (tiled) output elements, decoding the free indices."""
+    """A grid-stride loop over the (tiled) output elements, decoding the free indices (those
+    of `order`, the schedule's by default)."""
     tiles = tiles or {}
-    total = e.idx(e.count(e.schedule.free_order, tiles))
+    order = e.schedule.free_order if order is None else order
+    total = e.idx(e.count(order, tiles))
     head = f"for (idx_t e_ = {flat}; e_ < {total}; e_ += {stride})"
-    return block_lines(head, [*e.decode("e_", e.schedule.free_order, tiles), *body])
+    return block_lines(head, [*e.decode("e_", order, tiles), *body])
 
 
 def thread(e: CudaEmitter) -> Lines:
-    """One output element per thread, its reductions in registers."""
+    """One output element per thread, its reductions in registers; for topk, one output
+    row per thread, its k slots in registers (`codegen.emit.select`)."""
+    flat = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
+    stride = "(idx_t)gridDim.x*(idx_t)blockDim.x"
+    if e.reducer.selects:
+        rows = [s.name for s in row_indices(e)]
+        return _per_element(e, flat, stride, row_lines(e), order=rows)
     body = [*e.declare()]
     for n in range(len(e.nest.terms)):
         body += e.term_lines(n)
     body.append(e.store_line(""))
-    flat = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
-    return _per_element(e, flat, "(idx_t)gridDim.x*(idx_t)blockDim.x", body)
+    return _per_element(e, flat, stride, body)
 
 
 def tile(e: CudaEmitter) -> Lines:

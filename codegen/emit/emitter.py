@@ -193,7 +193,8 @@ class Emitter(Generic[S]):
 
     def state_types(self, reducer: Reduction | None = None) -> tuple[str, str]:
         """The C types of the two state variables (of the nest's reduction by default)."""
-        positional = (reducer or self.reducer).positional
+        row = reducer or self.reducer
+        positional = row.positional or row.selects  # a selection keeps positions too
         value = self.f if reducer is not None else self.nest_state_type()
         return value, self.position_type if positional else self.f
 
@@ -327,7 +328,7 @@ class Emitter(Generic[S]):
         """At the innermost level: the body's value, folded into the state `acc<sub>` (by
         `update` instead of the reduction's own where given)."""
         lines = [f"const {self.f} val_ = {self.printer.doprint(plan.value)};"]
-        if self.reducer.positional:
+        if self.reducer.positional or self.reducer.selects:
             lines.append(f"const {self.index_type} pos_ = {self.position(self.nest.terms[n])};")
         update = self.fmt(update or self.reducer.update, self.names("acc_", sub))
         return [*lines, update, *self.fma_hook()]

@@ -359,7 +359,10 @@ def nest_source(nest: LoopNest) -> str:
     logsumexp and the weighted sum it stands for)."""
     if nest.online:
         return _one_pass_source(nest)
-    prefix = "" if nest.reduction == "sum" else f"({nest.reduction}) "
+    name = nest.reduction
+    if REDUCTIONS[name].selects and nest.free:  # `(topk 5)`: k, the rank's extent
+        name += f" {nest.free[-1].stop - nest.free[-1].start}"
+    prefix = "" if name == "sum" else f"({name}) "
     lhs = output_source(nest)
     lines = []
     for n, term in enumerate(nest.terms):

@@ -8,12 +8,13 @@ sharding plan splits a reduced axis only for rows with a `cross_device` combine.
 
 C templates: `{a}`/`{b}` are the reduction state (a value, and a second value or a position),
 `{v}` the value of one iteration, `{pos}` its flat position, `{oa}`/`{ob}` another state to
-fold in, `{exp}`/`{log}` the math functions of the accumulation type.
+fold in, `{exp}`/`{log}` the math functions of the accumulation type; for a selection,
+`{k}` the number of values kept and `{r}` the rank read out.
 
 >>> REDUCTIONS["logsumexp"].identity, REDUCTIONS["argmax"].positional
 (-inf, True)
 >>> USER_REDUCTIONS
-('sum', 'max', 'min', 'prod', 'logsumexp', 'argmax', 'argmin')
+('sum', 'max', 'min', 'prod', 'logsumexp', 'argmax', 'argmin', 'topk', 'argtopk')
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from dataclasses import dataclass
 
 #: The dtype of a saved argmax/argmin position (the JAX binding allocates it).
 POSITION_DTYPE = "int32"
+
+#: The largest k of a topk/argtopk the compiled back ends keep (two k-long arrays per
+#: output row, in registers or on the stack).
+MAX_SELECTION = 64
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class Reduction:
     #: The same result from passes over a chunk of values, each a vectorised loop; chunk
     #: results fold in by `combine` (the scalar strategy, `codegen.c.strategies`).
     passes: tuple[Pass, ...] = ()
+    #: A selection of the k best values (topk, argtopk): the nest's last free index is the
+    #: rank, its extent k; the state is two k-long arrays `{a}[]`, `{b}[]` kept sorted.
+    selects: bool = False
 
 
 # argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
@@ -81,6 +89,36 @@ def _positional(name: str, op: str, init: str) -> Reduction:
         result="{b}",
         positional=True,
         simd=True,
+    )
+
+
+# topk/argtopk: the k largest values in descending order, with argmax's order between two
+# values (NaN first, ties to the smaller position), so the state is the same for any visiting
+# order. A value that beats the last of the k slots moves the slots it beats down by one.
+# Every value the last slot takes is not below it (an empty slot holds -inf, NaN compares
+# false), so one comparison skips the rest: the common case of a long reduction.
+_SLOT_TAKE = _ARG_TAKE.replace("{op}", ">").replace("{a}", "{a}[{s}]").replace("{b}", "{b}[{s}]")
+_SELECT = (
+    "if (!({v} < {a}[{k} - 1]) && "  # the common case, below the last slot, in one compare
+    + _SLOT_TAKE.replace("{s}", "{k} - 1")
+    + ") {{ int s_ = {k} - 1; while (s_ > 0 && "
+    + _SLOT_TAKE.replace("{s}", "s_ - 1")
+    + ") {{ {a}[s_] = {a}[s_ - 1]; {b}[s_] = {b}[s_ - 1]; --s_; }} "
+    "{a}[s_] = {v}; {b}[s_] = {pos}; }}"
+)
+
+
+def _selection(name: str, positional: bool) -> Reduction:
+    return Reduction(
+        name,
+        user=True,
+        identity=math.nan if positional else -math.inf,
+        init=("-INFINITY", "-1"),
+        update=_SELECT,
+        combine="",  # a selection is computed by one sequential loop per output row
+        result="{b}[{r}]" if positional else "{a}[{r}]",
+        positional=positional,
+        selects=True,
     )
 
 
@@ -170,6 +208,8 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
         ),
         _positional("argmax", ">", "-INFINITY"),
         _positional("argmin", "<", "INFINITY"),
+        _selection("topk", positional=False),
+        _selection("argtopk", positional=True),
     ]
 )
 

@@ -180,15 +180,17 @@ def _uses(reader: LoopNest, name: str, shapes: Shapes) -> list[_Use]:
     extents = _extents(reader, shapes)
     uses = []
     prologues = _prologues(reader)
+    # A topk computes each row's k values in one loop: its rank (last free index) is no loop.
+    free = reader.free[:-1] if REDUCTIONS[reader.reduction].selects else reader.free
     for term in reader.terms:
         for read in _reads(reader, name, term):
             depends = read.free_symbols
             positions = [n for n, r in enumerate(term.reduced) if r.index in depends]
             inner = positions[-1] + 1 if positions else 0  # hoisted out of deeper loops
-            loops = (*reader.free, *term.reduced[:inner])
+            loops = (*free, *term.reduced[:inner])
             within = next((p for p in prologues.get(term, ()) if p.body.has(read)), None)
             if within is not None:  # evaluated once per point of the prologue's indices
-                loops = tuple(r for r in (*reader.free, *term.reduced) if r.index in within.indices)
+                loops = tuple(r for r in (*free, *term.reduced) if r.index in within.indices)
             evaluations, repeats = 1, []
             for r in loops:
                 n = _extent(r.start, r.stop, extents)
@@ -219,8 +221,8 @@ def nonlinear_in(reader: LoopNest, name: str) -> bool:
     gradient nests then recompute the intermediate). An argmax/argmin has no gradient."""
     if REDUCTIONS[reader.reduction].positional:
         return False
-    if reader.reduction != "sum":
-        return True
+    if reader.reduction != "sum" and not REDUCTIONS[reader.reduction].selects:
+        return True  # a topk's gradient tests positions, as a sum's has no factor: below
     for term in reader.terms:
         reads = _reads(reader, name, term)
         stand_ins = {r: sympy.Dummy(f"v{n}") for n, r in enumerate(reads)}

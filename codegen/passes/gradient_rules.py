@@ -70,6 +70,11 @@ def _extreme_auxiliary(nest: LoopNest, names: GradientNames) -> dict[str, LoopNe
     }
 
 
+def _selection_auxiliary(nest: LoopNest, names: GradientNames) -> dict[str, LoopNest]:
+    """topk: the positions of the selected values (an argtopk nest, the same rank index)."""
+    return {ARGUMENT: LoopNest(names.argument, nest.free, nest.terms, nest.operands, "argtopk")}
+
+
 def _prod_auxiliary(nest: LoopNest, names: GradientNames) -> dict[str, LoopNest]:
     """prod: the product of the finite nonzero factors (an infinite one counts as its sign),
     the number of zero factors and the number of infinite ones."""
@@ -115,7 +120,8 @@ def _logsumexp_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
 
 
 def _extreme_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
-    """`dY` at the saved winning position, 0 elsewhere."""
+    """`dY` at the saved winning position, 0 elsewhere (topk: `dY[..., r]` at the position of
+    rank r; the gradient nest sums over the ranks, which no input reads)."""
     (term,) = nest.terms
     argument = saved(names.argument, nest)
     return sympy.Piecewise(
@@ -163,6 +169,8 @@ GRADIENT_RULES: dict[str, GradientRule] = {
     "logsumexp": GradientRule(_no_auxiliary, _logsumexp_scale),
     "argmax": GradientRule(_no_auxiliary, _no_scale),
     "argmin": GradientRule(_no_auxiliary, _no_scale),
+    "topk": GradientRule(_selection_auxiliary, _extreme_scale),
+    "argtopk": GradientRule(_no_auxiliary, _no_scale),
 }
 
 

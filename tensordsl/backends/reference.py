@@ -217,6 +217,33 @@ def _position(pick: Callable[..., Any], fill: float) -> Callable[..., Any]:
     return reduce
 
 
+def _selection(positions: bool) -> Callable[..., Any]:
+    """topk/argtopk: along the last free axis (the rank, of length k), the k largest values
+    (their flat positions) in descending order, argmax's order between two (NaN first, ties
+    to the smaller position); -inf (position -1) past the values that count."""
+
+    def reduce(body: Any, mask: Any, axes: tuple[int, ...]) -> Any:
+        rank_axis = body.ndim - len(axes) - 1
+        k = body.shape[rank_axis]
+        values, counts = jnp.take(body, 0, rank_axis), jnp.take(mask, 0, rank_axis)
+        values = values.reshape(values.shape[:rank_axis] + (-1,))
+        counts = counts.reshape(values.shape)
+        group = jnp.where(counts, jnp.where(jnp.isnan(values), 0, 1), 2)
+        key = jnp.where(group == 1, -values, 0)
+        pad = max(k - values.shape[-1], 0)
+        if pad:  # fewer values than k (a call's checks refuse it): empty slots at the end
+            widths = [(0, 0)] * (values.ndim - 1) + [(0, pad)]
+            values, key = jnp.pad(values, widths), jnp.pad(key, widths)
+            group = jnp.pad(group, widths, constant_values=2)
+        order = jnp.lexsort((key, group), axis=-1)[..., :k]  # stable: ties keep position order
+        empty = jnp.take_along_axis(group, order, -1) == 2
+        if positions:
+            return jnp.where(empty, -1, order).astype(jnp.int32)
+        return jnp.where(empty, -jnp.inf, jnp.take_along_axis(values, order, -1))
+
+    return reduce
+
+
 def _masked(name: str, reduce: Callable[..., Any]) -> Callable[..., Any]:
     """Reduction `name` of the body where `mask` holds (elsewhere the reduction's identity)."""
     identity = REDUCTIONS[name].identity
@@ -251,6 +278,8 @@ REDUCE: dict[str, Callable[..., Any]] = {
     "logsumexp": _masked("logsumexp", _logsumexp),
     "argmax": _position(jnp.argmax, -np.inf),
     "argmin": _position(jnp.argmin, np.inf),
+    "topk": _selection(positions=False),
+    "argtopk": _selection(positions=True),
 }
 
 

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
+from codegen.emit.select import selection_count
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
@@ -89,6 +90,9 @@ def call_nest(
     Returns:
         The output array.
     """
+    if REDUCTIONS[nest.reduction].selects and table.backend(backend).emits_code:
+        with user_facing():  # a compiled back end keeps at most MAX_SELECTION slots
+            selection_count(nest)
     params = _params(nest, shapes, backend, out_dtype, nograd, schedule, precision)
     if not operands:
         # JAX's abstract evaluation needs an operand; with none there is nothing to batch or

@@ -96,6 +96,14 @@ def _needed(stored: Sequence[LoopNest], perturbed: frozenset[str]) -> set[str]:
     return needed
 
 
+def _tangent(output: Any, tangent: Any, perturbed: bool) -> Any:
+    """An output's tangent: float0 zeros for a position (argmax, argtopk: JAX's tangent type
+    of an integer), zeros where no input is perturbed."""
+    if not is_differentiable(jnp.result_type(output)):
+        return np.zeros(np.shape(output), jax.dtypes.float0)
+    return tangent if perturbed else jnp.zeros_like(output)
+
+
 class FusedProgram:
     """The stored statements of a fused program, callable and differentiable as one."""
 
@@ -156,9 +164,8 @@ class FusedProgram:
             and name not in self.nograd
             and is_differentiable(jnp.result_type(value))
         }
-        if not slopes:
-            return outputs, tuple(jnp.zeros_like(out) for out in outputs)
-        return outputs, tuple(program_jvp.bind(self, values, slopes))
+        found = program_jvp.bind(self, values, slopes) if slopes else outputs
+        return outputs, tuple(_tangent(out, t, bool(slopes)) for out, t in zip(outputs, found))
 
     def tangents(self, values: Mapping[str, Any], slopes: Mapping[str, Any]) -> tuple:
         """The outputs' tangents for the tangents `slopes` of some inputs: the forward's
@@ -169,7 +176,13 @@ class FusedProgram:
             args.update(zip(slopes, moved))
             return self.run(*(args[name] for name in self.inputs))
 
-        return jax.jvp(forward, [values[n] for n in slopes], list(slopes.values()))[1]
+        outputs, found = jax.jvp(forward, [values[n] for n in slopes], list(slopes.values()))
+        # a position's tangent (float0) as zeros of its own type, as program_tangent_p's
+        # abstract evaluation gives it (`_jvp` hands JAX float0 for it)
+        return tuple(
+            t if is_differentiable(o.dtype) else jnp.zeros(o.shape, o.dtype)
+            for o, t in zip(outputs, found)
+        )
 
     # -- backward ------------------------------------------------------------------------
 

@@ -24,13 +24,14 @@ from codegen.ir.nest import LoopNest, Operand, Range, Term, index_symbol, tensor
 from codegen.ir.reductions import USER_REDUCTIONS
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
-from tensordsl.errors import ReductionError, UnsupportedError, close_match
+from tensordsl.errors import ReductionError, close_match
 from tensordsl.frontend.gathers import Gather
 from tensordsl.frontend.indices import size_placeholder, walk
 from tensordsl.frontend.left import diagonal_mask, left_forms, left_ranges
 from tensordsl.frontend.one_hot import one_hot_gathers
 from tensordsl.frontend.parse import Access, Span, Statement
 from tensordsl.frontend.ranges import index_ranges
+from tensordsl.frontend.selections import selection
 from tensordsl.frontend.translate import AccessUse, Translation, translate
 from tensordsl.frontend.typos import index_typos
 
@@ -122,13 +123,18 @@ MISSING_REDUCTIONS = {
     "average": "a mean is reduce='mean' (or the prefix '(mean)')",
 }
 
-#: Selections of several values along an axis: not a reduction to one value per output
-#: element, so not in the language (UnsupportedError, with what to use instead).
+#: Names users reach for that the language spells topk/argtopk (KeOps' Kmin, argKmin).
 SELECTIONS = {
-    name: "top-k is not in the language (a kernel reduces to one value per output element): "
-    "use jax.lax.top_k (jax.lax.top_k(-D, k) for the k smallest) on the kernel's output, "
-    "or reduce='argmax'/'argmin' for k = 1"
-    for name in ("topk", "top_k", "argkmin", "argkmax", "kmin", "kmax", "argsort", "sort")
+    **{
+        name: "the k largest are '(topk 5) V[i,r] := X[i,j]' (r the rank, 0 for the largest); "
+        "the k smallest '(topk 5) V[i,r] := -X[i,j]'"
+        for name in ("top_k", "kmin", "kmax", "sort")
+    },
+    **{
+        name: "the positions of the k largest are '(argtopk 5) N[i,r] := X[i,j]'; of the "
+        "k smallest (nearest neighbours) '(argtopk 5) N[i,r] := -D[i,j]'"
+        for name in ("argkmin", "argkmax", "argsort", "arg_top_k", "argtop_k")
+    },
 }
 
 
@@ -143,14 +149,13 @@ def check_reduction(name: object, source: str, span: Span | None = None) -> None
     """Refuse a reduction the language does not have, with a hint.
 
     Raises:
-        UnsupportedError: a selection of several values (top-k, sort).
-        ReductionError: any other unknown name.
+        ReductionError: an unknown name (a hint for top-k's other spellings).
     """
     if name in LANGUAGE_REDUCTIONS:
         return
     if isinstance(name, str) and name.lower() in SELECTIONS:
-        raise UnsupportedError(
-            f"'{name}' is not supported",
+        raise ReductionError(
+            f"unknown reduction '{name}'",
             source,
             span,
             expected="one of " + ", ".join(LANGUAGE_REDUCTIONS),
@@ -283,6 +288,9 @@ def lower(
     (Range(index=k, start=0, stop=A.shape[1]),)
     """
     reduction = _reduction(statement, reduce)
+    chosen = selection(statement, reduction, ranges)
+    if chosen is not None:  # the rank index runs over [0, k)
+        ranges = {**(ranges or {}), chosen.rank: chosen.k}
     forms = left_forms(statement)
     masked: tuple[Span, ...] = ()
     if reduction == "sum":  # a one-hot pick `Z[b,v] * (Y[b] == v)` read as a gather

@@ -109,6 +109,9 @@ class Statement:
     span: Span
     output_span: Span
     reduction_span: Span | None = None
+    #: `(topk 5)`: how many values a selection keeps, as written (and where).
+    count: str | None = None
+    count_span: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -225,11 +228,13 @@ class _Parser:
         return self.next()
 
     def statement(self) -> Statement:
-        reduction, reduction_span = None, None
+        reduction, reduction_span, count, count_span = None, None, None, None
         if self.at("(") and self.tokens[self.pos + 1].kind == "name":
             self.next()
             token = self.next()
             reduction, reduction_span = token.text, token.span
+            if self.peek.kind == "number":  # `(topk 5)`: a selection's k
+                count, count_span = self.peek.text, self.next().span
             self.expect(")", "after the reduction name")
         if self.peek.kind != "name":
             raise self.fail("at the start of the statement", "the output name, as in 'Y[i] := ...'")
@@ -255,6 +260,8 @@ class _Parser:
             (start, len(self.source)),
             out.span,
             reduction_span,
+            count,
+            count_span,
         )
 
     def arguments(self, open_: str, close: str, context: str) -> tuple[tuple[Expr, ...], int]:

@@ -24,6 +24,7 @@ from codegen.ir.affine import INDEX_LIMIT, Affine
 from codegen.ir.nest import extent_symbol
 from tensordsl.errors import RangeError, ShapeError, UnsupportedError
 from tensordsl.frontend.lower import Lowered
+from tensordsl.frontend.selections import check_count
 
 __all__ = ["check_shapes"]
 
@@ -266,7 +267,7 @@ def check_shapes(
     Raises:
         ShapeError: an operand is missing or has the wrong rank.
         RangeError: extents that disagree, an empty range of a free index, index arithmetic
-            beyond int64, a read out of bounds.
+            beyond int64, a read out of bounds, a top-k keeping more values than it reduces.
 
     >>> from tensordsl.frontend.lower import lower
     >>> from tensordsl.frontend.parse import parse
@@ -283,5 +284,6 @@ def check_shapes(
     values = _evaluate_ranges(lowered, extents)
     _check_int64(lowered, extents, values)
     _check_output_size(lowered, values)
+    check_count(lowered, values)
     _check_reads(lowered, extents, values)
     return extents

@@ -24,15 +24,18 @@ def test_reduction_tables_have_the_same_keys():
 
 
 def test_user_reductions_are_the_user_rows():
-    assert USER_REDUCTIONS == ("sum", "max", "min", "prod", "logsumexp", "argmax", "argmin")
-    assert [n for n in USER_REDUCTIONS if REDUCTIONS[n].positional] == ["argmax", "argmin"]
+    names = ("sum", "max", "min", "prod", "logsumexp", "argmax", "argmin", "topk", "argtopk")
+    assert names == USER_REDUCTIONS
+    positional = [n for n in USER_REDUCTIONS if REDUCTIONS[n].positional]
+    assert positional == ["argmax", "argmin", "argtopk"]
+    assert [n for n in USER_REDUCTIONS if REDUCTIONS[n].selects] == ["topk", "argtopk"]
 
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
 def test_reduction_identity_is_neutral_for_the_reference(name):
     row = REDUCTIONS[name]
-    if row.positional:
-        pytest.skip("a position has no neutral value")
+    if row.positional or row.selects:
+        pytest.skip("a position has no neutral value; a selection keeps k values, not one")
     values = np.array([[0.75, -1.5]])
     with_identity = np.array([[0.75, -1.5, row.identity]])
     mask = np.ones_like(values, bool)
