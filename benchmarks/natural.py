@@ -425,12 +425,12 @@ average): ratios are steadier than absolute times.
 
 {table(rows)}
 
-Target (issue 26): no row above 1.5x jax.numpy, forward or forward+backward. Items of the
-issue not done yet, and the rows that show them: schedules that never fall off (conv2d at
-output width 30, and the backward of conv2d), multi-output gradient nests (attention's dK
-and dV, the Gaussian kernel's dX, dZ and dB). Elementwise prologues around contractions
-(MLP, GELU: `tanh(H[b,u]) * W2[u,o]` evaluates tanh once per `(b, u)`, then XLA's dot) are
-in.
+Target (issue 26): no row above 1.5x jax.numpy, forward or forward+backward. In: elementwise
+prologues around contractions (MLP, GELU: `tanh(H[b,u]) * W2[u,o]` evaluates tanh once per
+`(b, u)`, then XLA's dot) and multi-output gradient nests on C (the Gaussian kernel's dX, dZ
+and dB in two nests). Not yet, and the rows that show it: conv2d's input gradient (masked
+edge tiles), the attention sub-layer's backward (dK and dV computed apart, each recomputing
+the scores), softmax and RMSNorm (1.4-1.6x; not analysed yet).
 
 Sizes:
 
