@@ -23,8 +23,8 @@ from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.fragments import MMA_K, MMA_M, MMA_N, MMA_TYPES, tensor_core_type, warp_tiles
 from codegen.cuda.layout import split_contraction
 from codegen.cuda.schedule import SMEM_THREADS
-from codegen.cuda.smem import tile_declarations, tile_loops
-from codegen.emit.emitter import Lines, block_lines, indent_lines
+from codegen.cuda.smem import slice_loop, tile_declarations, tile_loops
+from codegen.emit.emitter import Lines, block_lines
 
 #: 16-bit conversions of a float, by the input type.
 _BITS = {
@@ -87,8 +87,6 @@ def mma(e: CudaEmitter) -> Lines:
     row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
     order = e.term_order(0)
     k, k0 = e.printer.index(order[-1]), e.tile_name("o", order[-1])
-    bounds = e.bounds[0]
-    k_lo, k_hi = e.idx(bounds.starts[order[-1]]), e.idx(bounds.stops[order[-1]])
 
     def stage(
         part: sympy.Indexed, array: str, width: int, index: str, origin: str, stop: str
@@ -146,19 +144,15 @@ def mma(e: CudaEmitter) -> Lines:
             ],
         ),
     ]
-    k_loop = block_lines(
-        f"for (idx_t {k0} = lo_; {k0} < hi_; {k0} += {tk})",
-        [
-            *stage(a_part, "As_", tm, row, row0, row_stop),
-            *stage(b_part, "Bs_", tn, col, col0, col_stop),
-            "__syncthreads();",
-            "#pragma unroll",
-            *block_lines(f"for (int ks_ = 0; ks_ < {words}; ks_ += {MMA_K // 2})", step),
-            "__syncthreads();",
-        ],
-    )
-    inner = ["{", *indent_lines([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
-    reduction = e.loops(0, inner, stop_at=len(order) - 1)
+    stages = [
+        *stage(a_part, "As_", tm, row, row0, row_stop),
+        *stage(b_part, "Bs_", tn, col, col0, col_stop),
+    ]
+    body = [
+        "#pragma unroll",
+        *block_lines(f"for (int ks_ = 0; ks_ < {words}; ks_ += {MMA_K // 2})", step),
+    ]
+    reduction = slice_loop(e, k0, tk, stages, body)
     store = [
         f"const idx_t {row} = {row0} + wm_ + {MMA_M}*m_ + lg_ + 8*(c_ / 2);",
         f"const idx_t {col} = {col0} + wn_ + {MMA_N}*n_ + 2*lq_ + c_ % 2;",

@@ -31,7 +31,7 @@ import sympy
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_pairwise
 from codegen.cuda.schedule import SMEM_THREADS
-from codegen.cuda.smem import row_pitch, shared_declarations
+from codegen.cuda.smem import row_pitch, shared_declarations, slice_loop
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 
 
@@ -144,26 +144,18 @@ def pairwise(e: CudaEmitter) -> Lines:
     row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
     order = e.term_order(0)
     k0 = e.tile_name("o", order[-1])
-    bounds = e.bounds[0]
-    k_lo, k_hi = e.idx(bounds.starts[order[-1]]), e.idx(bounds.stops[order[-1]])
     staged = staged_accesses(e)
     ranges = {"row": (row, row0, row_stop), "column": (col, col0, col_stop)}
     points = _points(e, staged)
     whole = ["#pragma unroll", *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", points)]
     part = block_lines("for (int kk_ = 0; kk_ < kn_; ++kk_)", points)
-    k_loop = block_lines(
-        f"for (idx_t {k0} = lo_; {k0} < hi_; {k0} += {tk})",
-        [
-            *(line for a in staged for line in _stage(e, a, ranges)),
-            "__syncthreads();",
-            f"const int kn_ = (int)tdsl_imin((idx_t){tk}, hi_ - {k0});",
-            *block_lines(f"if (kn_ == {tk})", whole)[:-1],
-            *block_lines("} else", part),
-            "__syncthreads();",
-        ],
-    )
-    inner = ["{", *indent_lines([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
-    reduction = e.loops(0, inner, stop_at=len(order) - 1)
+    stages = [line for a in staged for line in _stage(e, a, ranges)]
+    body = [
+        f"const int kn_ = (int)tdsl_imin((idx_t){tk}, hi_ - {k0});",
+        *block_lines(f"if (kn_ == {tk})", whole)[:-1],
+        *block_lines("} else", part),
+    ]
+    reduction = slice_loop(e, k0, tk, stages, body)
     stores = []
     for r in range(s.rows):
         for c in range(s.cols):

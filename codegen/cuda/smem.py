@@ -27,8 +27,6 @@ def smem(e: CudaEmitter) -> Lines:
     row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
     order = e.term_order(0)
     k, k0 = e.printer.index(order[-1]), e.tile_name("o", order[-1])
-    bounds = e.bounds[0]
-    k_lo, k_hi = e.idx(bounds.starts[order[-1]]), e.idx(bounds.stops[order[-1]])
 
     def contiguous_k(part: sympy.Expr) -> bool:
         return any(
@@ -60,19 +58,12 @@ def smem(e: CudaEmitter) -> Lines:
         *(f"acc_[{r}][{c}] += a_[{r}]*b_[{c}];" for r in range(s.rows) for c in range(s.cols)),
         *e.fma_hook(s.rows * s.cols),
     ]
-    k_loop = block_lines(
-        f"for (idx_t {k0} = lo_; {k0} < hi_; {k0} += {tk})",
-        [
-            *stage(a_part, "As_", tm, row, row0, row_stop),
-            *stage(b_part, "Bs_", tn, col, col0, col_stop),
-            "__syncthreads();",
-            "#pragma unroll",
-            *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", product),
-            "__syncthreads();",
-        ],
-    )
-    inner = ["{", *indent_lines([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
-    reduction = e.loops(0, inner, stop_at=len(order) - 1)
+    stages = [
+        *stage(a_part, "As_", tm, row, row0, row_stop),
+        *stage(b_part, "Bs_", tn, col, col0, col_stop),
+    ]
+    body = ["#pragma unroll", *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", product)]
+    reduction = slice_loop(e, k0, tk, stages, body)
     stores = []
     for r in range(s.rows):
         for c in range(s.cols):
@@ -125,6 +116,21 @@ def tile_loops(e: CudaEmitter, tile: Lines, tm: int, tn: int) -> Lines:
         f"for (idx_t bz_ = blockIdx.z; bz_ < {nbatch}; bz_ += gridDim.z)",
         [*(e.decode("bz_", batch, {}) if batch else []), *loops],
     )
+
+
+def slice_loop(e: CudaEmitter, k0: str, tk: int, stages: Lines, body: Lines) -> Lines:
+    """Term 0's reduced loops around its innermost one walked in `tk`-deep slices from `k0`:
+    per slice, `stages` fill the shared tiles, a barrier, `body` reads them, a barrier
+    (the tile strategies' k loop: smem, mma, pairwise)."""
+    order = e.term_order(0)
+    starts, stops = e.bounds[0].starts, e.bounds[0].stops
+    k_lo, k_hi = e.idx(starts[order[-1]]), e.idx(stops[order[-1]])
+    k_loop = block_lines(
+        f"for (idx_t {k0} = lo_; {k0} < hi_; {k0} += {tk})",
+        [*stages, "__syncthreads();", *body, "__syncthreads();"],
+    )
+    inner = ["{", *indent_lines([f"const idx_t lo_ = {k_lo}, hi_ = {k_hi};", *k_loop]), "}"]
+    return e.loops(0, inner, stop_at=len(order) - 1)
 
 
 #: Bytes of static shared memory a block may declare; more needs dynamic shared memory and
