@@ -11,13 +11,16 @@ transcendental function = `FUNCTION_COST`, a byte through memory = `BYTE_COST`):
   `codegen.ir.contraction.prologue_contraction`), forward and in the readers' gradient nests;
 * store: `P` computed once, written, and read back by each reader and gradient nest.
 
-Two rules come before the counts, because the counts cannot see what happens in the
+Three rules come before the counts, because the counts cannot see what happens in the
 backward pass:
 
 * **Never recompute a reduction inside a loop that does not index it** (a reader
   `tanh(H[b,u] * W2[u,o])` would redo H's sum over f for every o; the gradient of a reader
   nonlinear in H, as the MLP's `tanh(H[b,u]) * W2[u,o]`, would redo it for every f): such an
   intermediate is stored ...
+* **Never recompute a reduction whose gradient reads its value** (a logsumexp, a max, a
+  product) where its input is differentiated: the gradient would redo it per element of
+  the input (cross-entropy's `loss[n] := L[n] - P[n]` with `L` a logsumexp over classes).
 * ... **unless storing it materialises something larger than every input and output that the
   forward computes once per element in one pass**: attention's `T x T` scores, read by the
   logsumexp and by the weighted sum that the one-pass strategy pairs with it
@@ -256,6 +259,18 @@ def _gradient_weight(reader: LoopNest, producer: LoopNest) -> int:
     return weight
 
 
+def _gradient_reads_value(producer: LoopNest, readers: Sequence[LoopNest]) -> bool:
+    """Whether the gradient of a reduction other than a sum (a logsumexp's `exp(X - L)`, a
+    max's position, a product's `P / X`) reads the reduction's value, for an input that a
+    reader's gradient reaches: inlined, that value is recomputed per element of the input
+    (cross-entropy's `L[n] - P[n]` would redo the logsumexp for every class)."""
+    if producer.reduction == "sum" or REDUCTIONS[producer.reduction].positional:
+        return False
+    if all(op.is_scalar for op in producer.operands):
+        return False
+    return any(not REDUCTIONS[r.reduction].positional for r in readers)
+
+
 def _largest_other(name: str, sizes: Mapping[str, int], intermediates: Sequence[str]) -> int:
     """The size of the largest input or output (intermediates are not compared)."""
     return max((n for key, n in sizes.items() if key not in (name, *intermediates)), default=0)
@@ -329,6 +344,12 @@ def decide(
                 )
                 return Decision(name, "inline", why, inline_cost, store_cost)
             why = f"the gradients of {backward[0]} would recompute its sum per element"
+            return Decision(name, "store", why, inline_cost, store_cost)
+        if _gradient_reads_value(producer, readers):
+            why = (
+                f"the gradient of its {producer.reduction} reads its value: recomputed, it would "
+                "be repeated for every element of its input"
+            )
             return Decision(name, "store", why, inline_cost, store_cost)
     choice = "inline" if inline_cost <= store_cost else "store"
     why = "cheaper to recompute" if choice == "inline" else "cheaper to store"

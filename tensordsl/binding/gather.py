@@ -9,10 +9,10 @@ then `gather_p`, a primitive linear in the table:
   call outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
 * JVP: the gather of the table's tangent (0 where the forward reads outside).
 * transpose: the table's cotangent, each element the sum of the cotangents of the positions
-  that read it, without scatter or atomics: the positions are sorted once (a stable argsort),
-  a segmented scan sums each run of equal positions in a fixed order, and each table element
-  reads the end of its run (`searchsorted`), or 0 if nothing read it. The same arrays give
-  the same bits on every call.
+  that read it, without atomics: the positions are sorted once (a stable argsort), a
+  segmented scan sums each run of equal positions in a fixed order, and the end of each run
+  is written to its table element (each at most once; 0 where nothing read it). The same
+  arrays give the same bits on every call.
 * batching: a batched table is flattened with its batch axis, the positions offset per
   example; a batched position array just gives a batched result.
 
@@ -101,11 +101,12 @@ def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
         return a[0] | b[0], jnp.where(b[0], b[1], a[1] + b[1])
 
     _, sums = jax.lax.associative_scan(add, (jnp.broadcast_to(starts, values.shape), values))
-    rows = jnp.arange(size, dtype=keys.dtype)
-    last = jnp.searchsorted(keys, rows, side="right") - 1
-    first = jnp.searchsorted(keys, rows, side="left")
-    read = sums[jnp.clip(last, 0)]
-    return jnp.where((last >= first)[:, None], read, jnp.zeros((), cotangent.dtype))
+    # The end of each run holds its total: written to its row, each row at most once (the
+    # ends' keys are distinct), positions outside the table (-1) dropped.
+    ends = jnp.concatenate([keys[1:] != keys[:-1], jnp.ones((1,), bool)])
+    target = jnp.where(ends & (keys >= 0) & (keys < size), keys, size)
+    out = jnp.zeros((size, width), cotangent.dtype)
+    return out.at[target].set(sums, mode="drop", unique_indices=True)
 
 
 def _transpose(cotangent: Any, table: Any, positions: Any, *, fill: bool) -> list[Any]:
@@ -273,6 +274,8 @@ def _gathered(
             position = position + read.coefficient * picked.astype(flat.dtype)
         n = table.shape[axis]
         inside = (position >= 0) & (position < n)
+        # Under a trace every value computed here is staged, concrete arrays' included.
+        concrete = concrete and not isinstance(inside, jax.core.Tracer)
         if gathered_axis.reads and concrete and not g.masked:
             starts = [ranges[name][0] for name in g.indices]
             _check_inside(g, axis, position, inside, n, starts, source)

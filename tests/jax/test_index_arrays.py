@@ -412,3 +412,18 @@ def test_program_gathers_from_its_own_output(backend):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
     with pytest.raises(RangeError, match="index array 'y' points to 7"):
         p(H, W, np.full((2, 3), 7))
+
+
+def test_a_concrete_index_array_closed_over_under_jit():
+    """An index array captured by a jitted function is concrete, but what the gather
+    computes from it is staged: no eager range check there (it raised a
+    TracerArrayConversionError), and values and gradients are right."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((7, 11))
+    y = jnp.asarray(rng.integers(0, 11, 7))
+    k = td.kernel("P[n] := X[n, y[n]]", backend="reference")
+    value, grad = jax.jit(jax.value_and_grad(lambda X: (k(X=X, y=y) * np.arange(1, 8)).sum()))(X)
+    np.testing.assert_allclose(value, (X[np.arange(7), np.asarray(y)] * np.arange(1, 8)).sum())
+    want = np.zeros_like(X)
+    want[np.arange(7), np.asarray(y)] = np.arange(1, 8)
+    np.testing.assert_allclose(grad, want)

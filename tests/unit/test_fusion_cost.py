@@ -61,6 +61,19 @@ def test_the_triplet_distance_matrix_is_stored_once_for_the_max_and_the_min():
     assert found["P"].reason == "a max: recomputing it where read is not derived"
 
 
+def test_a_logsumexp_read_linearly_is_stored_for_its_gradient():
+    """Cross-entropy: `loss[n] := L[n] - P[n]` reads the logsumexp L linearly, but L's own
+    gradient `exp(X - L)` reads L: recomputed, it would redo the logsumexp per class."""
+    from tensordsl.nn.layers import CROSS_ENTROPY
+
+    k = td.program(CROSS_ENTROPY, backend="reference")
+    text = k.explain({"X": (512, 1024), "y": (512,)})
+    assert (
+        "L: stored (the gradient of its logsumexp reads its value: recomputed, it would be "
+        "repeated for every element of its input)" in text
+    ), text
+
+
 def test_attention_scores_stay_recomputed_and_paired_in_one_pass():
     case = PROGRAMS_BY_NAME["causal_attention"]
     k = td.kernel(case.source, outputs=case.outputs, backend="reference")
