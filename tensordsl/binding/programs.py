@@ -54,9 +54,14 @@ def run_program(
     """
     known = dict(values)
     nests = compiled_statements(program, known, backend, fuse)
-    if nests != live_statements(program) or shift_invariant(nests, outputs=program.outputs):
+    if (
+        nests != live_statements(program)
+        or shift_invariant(nests, outputs=program.outputs)
+        or _shared_inputs(nests, values)
+    ):
         # Fused: one differentiable function whose input gradients are one nest each (and
-        # no gradient nest for a statistic subtracted for stability).
+        # no gradient nest for a statistic subtracted for stability). Also where statements
+        # share an input: its gradient is then one nest, not one per statement and a sum.
         names = tuple(known)
         fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision)
         return fused.call(*(known[name] for name in names))
@@ -72,6 +77,17 @@ def run_program(
             precision=precision,
         )
     return tuple(known[name] for name in program.outputs)
+
+
+def _shared_inputs(nests: Sequence[LoopNest], inputs: Mapping[str, Any]) -> bool:
+    """Whether two of the nests read the same input (a value of `inputs`)."""
+    seen: set[str] = set()
+    for nest in nests:
+        read = set(nest.operand_names) & set(inputs)
+        if read & seen:
+            return True
+        seen |= read
+    return False
 
 
 def compiled_statements(

@@ -228,3 +228,26 @@ def test_a_stored_intermediate_beyond_memory_is_refused(backend: str, monkeypatc
     small = k(A[:5], B[:4])  # the same program where it fits
     want = np.prod(A[:5, None, :] * B[None, :4, :], axis=2).sum(axis=1)
     np.testing.assert_allclose(np.asarray(small), want, rtol=1e-5)
+
+
+def test_an_input_read_by_two_stored_statements_gets_one_gradient_nest():
+    # Issue 26: RMSNorm reads X in both statements and stores ms (nothing recomputed). The
+    # gradient of X is one nest (dY * g * r + 2 * dms * X / F), not one nest per statement
+    # and XLA's sum of the two (two more passes over X's size).
+    source = "ms[b] := X[b,f]^2 / F; Y[b,f] := X[b,f] * rsqrt(ms[b] + eps) * g[f]"
+    k = td.program(source, backend="c")
+    rng = np.random.default_rng(26)
+    X, g, ct = rng.normal(size=(7, 5)), rng.normal(size=5), rng.normal(size=(7, 5))
+    F, eps = 5.0, 1e-5
+
+    def loss(X, g):
+        return jnp.sum(k(X, F, eps, g) * ct)
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(X, g))
+    assert jaxpr.count("nest=dX[") == 1, jaxpr
+    assert "add_any" not in jaxpr
+    dX, dg = jax.jit(jax.grad(loss, argnums=(0, 1)))(X, g)
+    r = 1 / np.sqrt((X**2).sum(1, keepdims=True) / F + eps)  # float64 reference
+    dms = -0.5 * r**3 * (ct * X * g).sum(1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(dX), ct * g * r + 2 * dms * X / F, rtol=1e-9)
+    np.testing.assert_allclose(np.asarray(dg), (ct * X * r).sum(0), rtol=1e-9)
