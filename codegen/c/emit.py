@@ -28,7 +28,7 @@ from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.select import select
 from codegen.c.strategies import scalar, split
-from codegen.c.tiles import TILE_HELPERS, interior_length, tile
+from codegen.c.tiles import TILE_HELPERS, tile, vector_extent
 from codegen.emit.emitter import (
     STORAGE,
     Emitter,
@@ -125,14 +125,15 @@ def emit_c(
 
 def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
     """The loops of `schedule`, and those of its `small` schedules (each in turn) where the
-    vector index's interior (`codegen.c.tiles.interior_length`: its extent, less the edges
-    that need per-lane tests) is shorter than its tile."""
+    vector index's extent is shorter than its tile (an interior shorter than the tile, the
+    extent less the edges that need per-lane tests, runs whole tested tiles instead:
+    `codegen.c.tiles.tiled`)."""
     here = e.variant(schedule=schedule)
     body = STRATEGY_EMITTERS[schedule.strategy](here)
     if schedule.small is None:
         return body
     small = _strategy_lines(e, schedule.small)
-    head = f"if ({interior_length(here)} >= {schedule.width})"
+    head = f"if ({vector_extent(here)} >= {schedule.width})"
     return [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
 
 

@@ -33,16 +33,18 @@ def lane_loops(
     plan: Plan | None = None,
     level: int = 0,
     around: tuple[Lines, Lines] = ([], []),
+    selected: bool = False,
 ) -> Lines:
     """Loops over the register tile: rows (if any) outside, simd lanes inside. With a `plan`,
     the row loop's body starts with the plan's level `level` and the lane loop's with the
     next one (or the lane loop's with `level` when there is no row). `around` are lines of
-    the lane loop before and after its level (outside that level's tests)."""
+    the lane loop before and after its level (outside that level's tests). `selected`:
+    `inner` already holds the lane level's statements and tests (`selected_fold_lines`)."""
     s = e.schedule
     vector = sympy.Symbol(s.vector or "", integer=True)
     vec, vec0 = e.printer.index(vector), e.tile_name("o", vector)
     vector_level = level + 1 if s.row else level
-    if plan is not None:
+    if plan is not None and not selected:
         inner = e.level_lines(plan, vector_level, inner, simd=simd)
     lane = [f"const int64_t {vec} = {vec0} + w_;", *around[0], *inner, *around[1]]
     lines = block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", lane)
@@ -249,19 +251,12 @@ def _interior_range(
     return low, high
 
 
-def interior_length(e: CEmitter) -> str:
-    """C expression of the length of the vector index's interior part, the tiles of which
-    need no per-lane tests (its whole range where no constraint mentions it): where it is
-    shorter than the tile, a narrower tile keeps its lanes untested (a convolution's input
-    gradient, 32 wide with a 28-wide interior)."""
+def vector_extent(e: CEmitter) -> str:
+    """C expression of the vector index's extent: where it is shorter than the tile, a
+    narrower tile (`Schedule.small`) takes over."""
     s = e.schedule
-    x = next(x for x in e.nest.free_indices if x.name == s.vector)
-    r = next(r for r in e.nest.free if r.index == x)
-    lo, hi = e.idx(r.start), e.idx(r.stop)
-    low, high = _interior_range(e, x, _tile_paths(e).alone[x])
-    a = f"tdsl_imin(tdsl_imax({low}, {lo}), {hi})" if low else lo
-    end = f"tdsl_imin(tdsl_imax({high}, {a}), {hi})" if high else hi
-    return f"{end} - {a}"
+    r = next(r for r in e.nest.free if r.index.name == s.vector)
+    return e.idx(sympy.expand(r.stop - r.start))
 
 
 def tiled(e: CEmitter, body: TileBody) -> Lines:
@@ -270,7 +265,8 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
     Along each tiled index the tiles start where the interior conditions on that index alone
     begin to hold, so every tile in between is interior and only the tiles at the ends need
     per-lane tests (a convolution's input gradient: its first and last `K - 1` columns).
-    Full interior tiles get constant trip counts and no per-lane tests.
+    Full interior tiles get constant trip counts and no per-lane tests. A vector axis whose
+    interior is shorter than a tile runs whole tiles over its extent, tested per lane.
     """
     s = e.schedule
     free = e.free_symbols()
@@ -285,10 +281,21 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
         lo, hi = e.idx(r.start), e.idx(r.stop)
         low, high = _interior_range(e, x, paths.alone[x])
         a = f"tdsl_imin(tdsl_imax({low}, {lo}), {hi})" if low else lo
-        end = f"tdsl_imin(tdsl_imax({high}, {first}), {hi})" if high else hi
+        if x.name == s.vector and (low or high):
+            # An interior shorter than a tile: whole tiles over the extent, tested where
+            # they cross an edge (narrow tiles would keep their accumulators in memory).
+            a0, e0 = f"{first}0_", f"{last}0_"
+            end = f"tdsl_imin(tdsl_imax({high}, {a0}), {hi})" if high else hi
+            grid += [
+                f"const int64_t {a0} = {a};",
+                f"const int64_t {e0} = {end};",
+                f"const int64_t {first} = {e0} - {a0} >= {size} ? {a0} : {lo};",
+                f"const int64_t {last} = {e0} - {a0} >= {size} ? {e0} : {hi};",
+            ]
+        else:
+            end = f"tdsl_imin(tdsl_imax({high}, {first}), {hi})" if high else hi
+            grid += [f"const int64_t {first} = {a};", f"const int64_t {last} = {end};"]
         grid += [
-            f"const int64_t {first} = {a};",
-            f"const int64_t {last} = {end};",
             f"const int64_t {count} = tdsl_tiles({lo}, {first}, {last}, {hi}, {size});",
         ]
         skip = "sk_" if x.name == s.vector else "skr_"
@@ -343,7 +350,11 @@ def tile(e: CEmitter) -> Lines:
             levels = [[], *p.reduced_levels(n), *lanes]
             plan = p.plan(n, levels, tests[n])
             first_lane = len(levels) - len(lanes)
-            lane = lane_loops(p, rn, wn, p.fold_lines(n, plan, sub), plan=plan, level=first_lane)
+            vector_level = len(levels) - 1
+            fold = p.selected_fold_lines(plan, vector_level, sub)
+            selected = fold is not None
+            fold = fold if fold is not None else p.fold_lines(n, plan, sub)
+            lane = lane_loops(p, rn, wn, fold, plan=plan, level=first_lane, selected=selected)
             loops = p.loops(n, lane, plan=plan)
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
         return lines + lane_loops(p, rn, wn, stored(p, [p.store_line(sub)]))

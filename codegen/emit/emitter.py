@@ -333,6 +333,20 @@ class Emitter(Generic[S]):
         update = self.fmt(update or self.reducer.update, self.names("acc_", sub))
         return [*lines, update, *self.fma_hook()]
 
+    def selected_fold_lines(self, plan: Plan, level: int, sub: str) -> Lines | None:
+        """A sum's fold at `level` (a tile's lanes): a value, zero where a test fails, added
+        unconditionally, so the accumulators stay in registers (an update under the test is a
+        masked store). None where this is not a sum or the level has no tests."""
+        tests = plan.tests[level]
+        if not tests or self.nest.reduction != "sum" or self.reducer.positional:
+            return None
+        test = " && ".join(self.printer.doprint(t) for t in tests)
+        value = self.printer.doprint(plan.value)
+        guarded = [*self.statement_lines(plan.statements[level], True), f"val_ = {value};"]
+        guarded += self.fma_hook()
+        update = self.fmt(self.reducer.update, self.names("acc_", sub))
+        return [f"{self.f} val_ = 0;", *block_lines(f"if ({test})", guarded), update]
+
     def position(self, term: Term) -> str:
         """The flat row-major position over the term's reduced ranges (argmax/argmin)."""
         parts, stride = [], sympy.Integer(1)

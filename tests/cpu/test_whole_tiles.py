@@ -84,3 +84,21 @@ def test_elementwise_and_matmul_tiles_at_odd_extents(shape, monkeypatch):
     np.testing.assert_allclose(scale(A), np.tanh(A) * 2, rtol=1e-12)
     matmul = td.kernel("C[i,j] := A[i,k] * B[k,j]", backend="c", loop_order=("i", "j", "k"))
     np.testing.assert_allclose(matmul(A, B), A @ B, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("width,window", [(29, 3), (30, 3), (31, 3), (32, 3), (33, 3), (30, 5)])
+def test_float32_input_gradient_whose_interior_is_shorter_than_a_tile(width, window, monkeypatch):
+    """dX's columns (`width + window - 1` of them, 32 float lanes a tile) have an interior
+    shorter than a tile: whole tiles over the extent, tested per lane where they cross an
+    edge (`codegen.c.tiles.tiled`), the tested lanes adding zero (`selected_fold_lines`)."""
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    rng = np.random.default_rng(width * window)
+    height = 8 + width % 3
+    X = rng.normal(size=(5, height + window - 1, width + window - 1)).astype(np.float32)
+    W = rng.normal(size=(4, 5, window, window)).astype(np.float32)
+    dY = rng.normal(size=(4, height, width)).astype(np.float32)
+    k = td.kernel(CONV2D, backend="c")
+    dX, dW = jax.vjp(k, X, W)[1](dY)
+    want_dX, want_dW = _conv_vjp(X.astype(np.float64), W.astype(np.float64), dY)
+    np.testing.assert_allclose(dX, want_dX, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dW, want_dW, rtol=1e-4, atol=1e-4)

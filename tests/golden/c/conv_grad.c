@@ -50,9 +50,11 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
     const int64_t P5 = params[5];
     const int64_t P6 = params[6];
     const int64_t work_ = params[7];
-    if (tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2)), P2) - tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2) >= 32) {
-        const int64_t ta_p = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
-        const int64_t te_p = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p), P2);
+    if (P2 >= 32) {
+        const int64_t ta_p0_ = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
+        const int64_t te_p0_ = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p0_), P2);
+        const int64_t ta_p = te_p0_ - ta_p0_ >= 32 ? ta_p0_ : 0;
+        const int64_t te_p = te_p0_ - ta_p0_ >= 32 ? te_p0_ : P2;
         const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, P2, 32);
         #pragma omp parallel for schedule(guided) if(work_ >= 65536)
         for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
@@ -125,10 +127,11 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                             #pragma omp simd
                             for (int64_t w_ = 0; w_ < 32; ++w_) {
                                 const int64_t v_p = o_p + w_;
+                                float val_ = 0;
                                 if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    const float val_ = t0_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+                                    val_ = t0_*in_dY[-v_k + v_p];
                                 }
+                                acc_[w_] += val_;
                             }
                         }
                     }
@@ -152,10 +155,11 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                             #pragma omp simd
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                 const int64_t v_p = o_p + w_;
+                                float val_ = 0;
                                 if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    const float val_ = t1_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+                                    val_ = t1_*in_dY[-v_k + v_p];
                                 }
+                                acc_[w_] += val_;
                             }
                         }
                     }
@@ -170,8 +174,10 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
             }
         }
     } else {
-        const int64_t ta_p = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
-        const int64_t te_p = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p), P2);
+        const int64_t ta_p0_ = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
+        const int64_t te_p0_ = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p0_), P2);
+        const int64_t ta_p = te_p0_ - ta_p0_ >= 8 ? ta_p0_ : 0;
+        const int64_t te_p = te_p0_ - ta_p0_ >= 8 ? te_p0_ : P2;
         const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, P2, 8);
         #pragma omp parallel for schedule(guided) if(work_ >= 65536)
         for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
@@ -244,10 +250,11 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                             #pragma omp simd
                             for (int64_t w_ = 0; w_ < 8; ++w_) {
                                 const int64_t v_p = o_p + w_;
+                                float val_ = 0;
                                 if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    const float val_ = t0_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+                                    val_ = t0_*in_dY[-v_k + v_p];
                                 }
+                                acc_[w_] += val_;
                             }
                         }
                     }
@@ -271,10 +278,11 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                             #pragma omp simd
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                 const int64_t v_p = o_p + w_;
+                                float val_ = 0;
                                 if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    const float val_ = t1_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+                                    val_ = t1_*in_dY[-v_k + v_p];
                                 }
+                                acc_[w_] += val_;
                             }
                         }
                     }
