@@ -136,9 +136,22 @@ def compile_flags() -> tuple[str, ...]:
     return (*BASE_FLAGS, *openmp, *vector_math, *debug, *extra)
 
 
-def _c_toolchain() -> Toolchain:
-    """The C compiler with `compile_flags()`, linking libmvec where they define it."""
+#: Sources longer than this (characters) compile with `-O2` in place of `-O3` (the user's
+#: flags, later on the command line, still win): gcc 12 spends 2-4x longer on them at `-O3`
+#: (the tiled attention gradients, 56-128 KB: 5-19 s of CPU each instead of 2-9 s; by
+#: -ftime-report mostly register liveness and allocation, and `-O2 -fpeel-loops` is as slow),
+#: and they ran no slower at `-O2` (the attention sub-layer of benchmarks/natural.py: cold
+#: 81 s -> 21 s, forward and forward+backward no slower; docs/backends.md, issue 26).
+#: Smaller sources, among them every kernel of the GPT-style block, keep `-O3`.
+LARGE_SOURCE = 40_000
+
+
+def _c_toolchain(size: int = 0) -> Toolchain:
+    """The C compiler with `compile_flags()` (`-O2` first for a source of `size` characters
+    over `LARGE_SOURCE`), linking libmvec where they define it."""
     flags = compile_flags()
+    if size > LARGE_SOURCE:
+        flags = ("-O2", *flags[1:])  # BASE_FLAGS come first: its -O3
     libraries = ("-lmvec", "-lm") if LIBMVEC_DEFINE in flags else ("-lm",)
     return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
 
@@ -164,7 +177,7 @@ def compile_c(
         BuildError: when the compiler rejects the source; the message gives its path.
         config.SettingError: when the compiler fails on a one-line program too.
     """
-    tool = toolchain or _c_toolchain()
+    tool = toolchain or _c_toolchain(len(text))
     cc = tool.compiler
     flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))

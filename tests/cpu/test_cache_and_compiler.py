@@ -258,3 +258,40 @@ def test_stale_temporaries_are_removed(cache: pathlib.Path) -> None:
     os.utime(stale, (old, old))
     disk_cache.atomic_write(folder / "another.c", b"int x;\n")
     assert not stale.exists() and fresh.exists()
+
+
+# ---- Issue 26: cold builds ----
+
+
+def test_large_sources_compile_at_O2_unless_the_user_says(
+    cache: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source over `LARGE_SOURCE` characters compiles with `-O2` (gcc's `-O3` takes 2-4x
+    longer on the tiled attention gradients), a smaller one with `-O3`; `TENSORDSL_CFLAGS`
+    come later on the command line and win. Every library built computes what it should."""
+    import ctypes
+
+    levels = []
+    real = compiler._run_compiler
+
+    def recorded(command, tool, flags):
+        levels.append([word for word in command if word.startswith("-O")])
+        real(command, tool, flags)
+
+    monkeypatch.setattr(compiler, "_run_compiler", recorded)
+    tag = int(np.random.default_rng().integers(1 << 30))
+    small = f"int tdsl_f0(int x) {{ return x * 3 + {tag}; }}\n"
+    count = compiler.LARGE_SOURCE // len(small) + 2
+    large = "".join(
+        f"int tdsl_f{i}(int x) {{ return x * {i % 7 + 3} + {tag}; }}\n" for i in range(count)
+    )
+    assert len(small) <= compiler.LARGE_SOURCE < len(large)
+    built = [compile_c(small), compile_c(large)]
+    monkeypatch.setenv("TENSORDSL_CFLAGS", "-O3")
+    built.append(compile_c(large))
+    assert levels == [["-O3"], ["-O2"], ["-O2", "-O3"]]
+    assert len(set(built)) == 3
+    for library in built:
+        f = ctypes.CDLL(str(library)).tdsl_f0
+        f.restype, f.argtypes = ctypes.c_int, [ctypes.c_int]
+        assert f(5) == 15 + tag
