@@ -427,10 +427,12 @@ average): ratios are steadier than absolute times.
 
 Target (issue 26): no row above 1.5x jax.numpy, forward or forward+backward. In: elementwise
 prologues around contractions (MLP, GELU: `tanh(H[b,u]) * W2[u,o]` evaluates tanh once per
-`(b, u)`, then XLA's dot) and multi-output gradient nests on C (the Gaussian kernel's dX, dZ
-and dB in two nests). Not yet, and the rows that show it: conv2d's input gradient (masked
-edge tiles), the attention sub-layer's backward (dK and dV computed apart, each recomputing
-the scores), softmax and RMSNorm (1.4-1.6x; not analysed yet).
+`(b, u)`, then XLA's dot), multi-output gradient nests on C (the Gaussian kernel's dX, dZ
+and dB in two nests), whole tested tiles for conv2d's input gradient, one gradient nest per
+input read by several stored statements (RMSNorm), `-O2` for large sources (the attention
+sub-layer's cold build). Not yet, and the rows that show it: conv2d's input gradient (its
+tested edge tiles still cost about 3x untested ones), softmax (exp(X - M) evaluated in four
+nests where XLA evaluates it once).
 
 Sizes:
 
