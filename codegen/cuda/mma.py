@@ -23,7 +23,7 @@ from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.fragments import MMA_K, MMA_M, MMA_N, MMA_TYPES, tensor_core_type, warp_tiles
 from codegen.cuda.layout import split_contraction
 from codegen.cuda.schedule import SMEM_THREADS
-from codegen.cuda.smem import slice_loop, tile_declarations, tile_loops
+from codegen.cuda.smem import slice_loop, tile_axes, tile_declarations, tile_loops
 from codegen.emit.emitter import Lines, block_lines
 
 #: 16-bit conversions of a float, by the input type.
@@ -81,10 +81,7 @@ def mma(e: CudaEmitter) -> Lines:
     row_warps, m_tiles, n_tiles = grid
     words, pitch = tk // 2, tk // 2 + 4
     a_part, b_part = split_contraction(e.nest, rn, vn)  # type: ignore[misc]
-    free = {name: e.free_range(name) for name in (rn, vn)}
-    row, col = e.printer.index(free[rn].index), e.printer.index(free[vn].index)
-    row0, col0 = e.tile_name("o", free[rn].index), e.tile_name("o", free[vn].index)
-    row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
+    row, col, row0, col0, row_stop, col_stop = tile_axes(e)
     order = e.term_order(0)
     k, k0 = e.printer.index(order[-1]), e.tile_name("o", order[-1])
 
@@ -161,8 +158,8 @@ def mma(e: CudaEmitter) -> Lines:
         ),
     ]
     tile = [
-        f"const idx_t {row0} = {e.idx(free[rn].start)} + by_*{tm};",
-        f"const idx_t {col0} = {e.idx(free[vn].start)} + bx_*{tn};",
+        f"const idx_t {row0} = {e.idx(e.free_range(rn).start)} + by_*{tm};",
+        f"const idx_t {col0} = {e.idx(e.free_range(vn).start)} + bx_*{tn};",
         f"float acc_[{m_tiles}][{n_tiles}][4];",
         *_tiles(m_tiles, n_tiles, ["acc_[m_][n_][c_] = 0;"]),
         *e.guarded(0, reduction),

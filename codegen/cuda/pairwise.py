@@ -31,7 +31,7 @@ import sympy
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_pairwise
 from codegen.cuda.schedule import SMEM_THREADS
-from codegen.cuda.smem import row_pitch, shared_declarations, slice_loop
+from codegen.cuda.smem import row_pitch, shared_declarations, slice_loop, tile_axes
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 
 
@@ -138,10 +138,7 @@ def pairwise(e: CudaEmitter) -> Lines:
     s, t = e.schedule, SMEM_THREADS
     rn, vn = s.row or "", s.vector or ""
     tm, tn, tk = t * s.rows, t * s.cols, s.tile_k
-    free = {name: e.free_range(name) for name in (rn, vn)}
-    row, col = e.printer.index(free[rn].index), e.printer.index(free[vn].index)
-    row0, col0 = e.tile_name("o", free[rn].index), e.tile_name("o", free[vn].index)
-    row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
+    row, col, row0, col0, row_stop, col_stop = tile_axes(e)
     order = e.term_order(0)
     k0 = e.tile_name("o", order[-1])
     staged = staged_accesses(e)
@@ -167,8 +164,8 @@ def pairwise(e: CudaEmitter) -> Lines:
             ]
             stores += ["{", *indent_lines(store), "}"]
     tile = [
-        f"const idx_t {row0} = {e.idx(free[rn].start)} + by_*{tm};",
-        f"const idx_t {col0} = {e.idx(free[vn].start)} + bx_*{tn};",
+        f"const idx_t {row0} = {e.idx(e.free_range(rn).start)} + by_*{tm};",
+        f"const idx_t {col0} = {e.idx(e.free_range(vn).start)} + bx_*{tn};",
         *e.declare(dims=f"[{s.rows}][{s.cols}]"),
         *block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)",

@@ -15,16 +15,28 @@ from codegen.cuda.schedule import SMEM_THREADS
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 
 
+def tile_axes(e: CudaEmitter) -> tuple[str, str, str, str, str, str]:
+    """The C names of a tile strategy's row and column indices (the schedule's `row` and
+    `vector`), of the tile's first row and column, and their stops."""
+    s = e.schedule
+    rows, cols = e.free_range(s.row or ""), e.free_range(s.vector or "")
+    return (
+        e.printer.index(rows.index),
+        e.printer.index(cols.index),
+        e.tile_name("o", rows.index),
+        e.tile_name("o", cols.index),
+        e.idx(rows.stop),
+        e.idx(cols.stop),
+    )
+
+
 def smem(e: CudaEmitter) -> Lines:
     """A contraction tile of 16 x 16 threads staged through shared memory."""
     s, t = e.schedule, SMEM_THREADS
     rn, vn = s.row or "", s.vector or ""
     tm, tn, tk = t * s.rows, t * s.cols, s.tile_k
     a_part, b_part = split_contraction(e.nest, rn, vn)  # type: ignore[misc]
-    free = {name: e.free_range(name) for name in (rn, vn)}
-    row, col = e.printer.index(free[rn].index), e.printer.index(free[vn].index)
-    row0, col0 = e.tile_name("o", free[rn].index), e.tile_name("o", free[vn].index)
-    row_stop, col_stop = e.idx(free[rn].stop), e.idx(free[vn].stop)
+    row, col, row0, col0, row_stop, col_stop = tile_axes(e)
     order = e.term_order(0)
     k, k0 = e.printer.index(order[-1]), e.tile_name("o", order[-1])
 
@@ -82,8 +94,8 @@ def smem(e: CudaEmitter) -> Lines:
                 "}",
             ]
     tile = [
-        f"const idx_t {row0} = {e.idx(free[rn].start)} + by_*{tm};",
-        f"const idx_t {col0} = {e.idx(free[vn].start)} + bx_*{tn};",
+        f"const idx_t {row0} = {e.idx(e.free_range(rn).start)} + by_*{tm};",
+        f"const idx_t {col0} = {e.idx(e.free_range(vn).start)} + bx_*{tn};",
         f"{e.f} acc_[{s.rows}][{s.cols}];",
         *block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)",
