@@ -310,15 +310,18 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
 def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
     """The CUDA kernel of a one-pass nest (`codegen.cuda.online`) for concrete shapes (every
     tensor it names): its tile and staging, the grid, the key tiles visited and skipped, and
-    the score evaluations executed per useful one (SIMT lanes pay for every pair of a
-    visited tile)."""
+    the score evaluations executed per useful one (a warp pays, on a visited tile, for its
+    rows times the most keys one of them has in range: `codegen.cuda.tile_counts`)."""
     from codegen.cuda import query_tiles
     from codegen.cuda.key_tiles import PITCH
     from codegen.cuda.online import shared_bytes, staged_keys, staged_queries
     from codegen.cuda.schedule import choose_gpu_schedule
+    from codegen.cuda.smem import STATIC_SHARED_LIMIT
     from codegen.cuda.tile_counts import tile_counts
 
     schedule = choose_gpu_schedule(nest, default_dtypes(nest))
+    shared = shared_bytes(nest, schedule, "float")
+    dynamic = ", dynamic: past the static 48 KB" if shared > STATIC_SHARED_LIMIT else ""
     counts = tile_counts(nest, shapes, schedule)
     rows = schedule.rows * schedule.cols
     keys = staged_keys(nest, schedule)
@@ -337,8 +340,8 @@ def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[st
     return [
         f"cuda: {schedule.describe()}",
         f"cuda: {staged}",
-        f"cuda: {counts.blocks} blocks of {rows} threads, {shared_bytes(nest, schedule, 'float')} "
-        f"bytes of shared memory (float32); {counts.visited} of {counts.tiles} key tiles "
+        f"cuda: {counts.blocks} blocks of {rows} threads, {shared} bytes of shared memory "
+        f"(float32{dynamic}); {counts.visited} of {counts.tiles} key tiles "
         f"visited ({counts.skipped} skipped, {counts.boundary} tested per pair); "
         f"FMAs executed/useful = {counts.executed_fmas}/{counts.useful_fmas} = "
         f"{counts.ratio:.3f}",

@@ -255,8 +255,8 @@ def _assemble(
     return "\n".join([*lines, ""])
 
 
-#: Threads per SM that ptxas must leave registers for (128 each), by strategy: the one-pass
-#: kernels' static shared memory allows 4 blocks of 128 threads (46 KiB each); without the
+#: Threads per SM that ptxas must leave registers for (128 each), by strategy: 2 blocks of
+#: the one-pass kernels' 256 threads (`codegen.cuda.schedule.ONLINE_THREADS`); without the
 #: figure ptxas has given their weighted variant (attention's dK) 96 registers and spilled
 #: 196 bytes.
 RESIDENT_THREADS = {"online": 512, "weighted": 512}

@@ -90,12 +90,11 @@ def staged_term(term: Term, tile: KeyTile, key: sympy.Symbol) -> Term:
 
 
 def declarations(e: CudaEmitter, tile: KeyTile, keys: int) -> Lines:
-    """The shared tile, its row pitch and whether this call stages (`kst_`); registers
-    the tile's view with the printer."""
+    """The tile's row pitch and whether this call stages (`kst_`); registers the tile's
+    view with the printer. The kernel declares the shared array (`shared_array`)."""
     e.printer.tensors[STAGED] = TensorView("ks_", ("kp_", None), "{}")
     length = e.idx(tile.nested.stop - tile.nested.start)
     return [
-        f"__shared__ {e.f} ks_[{keys * PITCH}];",
         f"const idx_t kp_ = {PITCH}, kd_ = {length};",
         f"const bool kst_ = kd_ >= 0 && kd_ <= {DEPTH};",
     ]
@@ -137,6 +136,6 @@ def stage(e: CudaEmitter, tile: KeyTile, key: str, keys: int, threads: int) -> L
     return [*block_lines("if (kst_)", loop), "__syncthreads(); /* the scores read ks_ */"]
 
 
-def shared_bytes(keys: int) -> int:
-    """Bytes of the float tile."""
-    return keys * PITCH * 4
+def shared_array(keys: int) -> tuple[str, str, tuple[int, ...]]:
+    """The float tile `ks_` as (name, type, shape)."""
+    return ("ks_", "float", (keys * PITCH,))

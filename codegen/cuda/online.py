@@ -5,10 +5,10 @@ product, a bias, a mask); and the same kernel for a sum `O[r, c] = sum_k a(r, k)
 whose weight `a` holds nested reductions (`codegen.cuda.layout.split_weighted`:
 attention's gradient nests dQ, dK, dV), where `a` plays the score and `b` the weights.
 
-One block computes `rows` (schedule field, 32) consecutive values of the row index
-(attention's query rows `i`) for one value of the outer free indices (batch, head), with
-`cols` (4; 8 with float64) threads, the lanes, per row (the lanes of a row are neighbours
-in one warp). The output columns (attention's `e`) are split among a row's lanes: lane
+One block computes `rows` (schedule field, 64; 32 with float64) consecutive values of the
+row index (attention's query rows `i`) for one value of the outer free indices (batch,
+head), with `cols` (4; 8 with float64) threads, the lanes, per row (the lanes of a row are
+neighbours in one warp). The output columns (attention's `e`) are split among a row's lanes: lane
 `l` owns the columns `l, l + lanes, ...` of a pass of `ONLINE_COLUMNS` (128) and keeps
 their sums in registers; more columns take further passes over the keys. The block walks
 the key range of its rows (the reduced index `j`) in tiles of `tile_k` (32) keys:
@@ -25,6 +25,9 @@ the key range of its rows (the reduced index `j`) in tiles of `tile_k` (32) keys
    rescaled by `exp(m - m')` once per tile; then `p = exp(score - m')` is added to `s`
    and `p * ws_[key][column]` to each owned column. Weighted: `score * ws_[key][column]`.
 
+The arrays in shared memory (`shared_arrays`) are static up to 48 KB, else views of dynamic
+shared memory the launch opts in to (float32 attention's forward: about 60 KB).
+
 At the end `O = o / s` (0 for a row with no key in range, as a sum over nothing) and
 `L = m + log s` (the logsumexp's own result) are written once, L by lane 0; a weighted
 sum writes `o` (0 where a test of the column alone fails).
@@ -33,13 +36,15 @@ Masks that are constraints on the indices (`j <= i`, a sliding window `i - w <= 
 range) are loop bounds of `j` per row (`codegen.ir.bounds`). The block's key range is the
 union of its rows' ranges: tiles outside it are never visited (causal attention skips the
 tiles above the diagonal); a tile inside every row's range computes its scores without a
-test, and only the tiles on a boundary test each (row, key) pair. Data masks (a padding
+test, and only the tiles on a boundary test each (row, key) pair; there, each warp weights
+only the keys that one of its rows has in range (`_row_keys`). Data masks (a padding
 mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more. Every output
 element is written by one block: no atomics.
 
 `codegen.cuda.tile_counts` counts, for concrete shapes, the tiles visited and skipped and
-the FMAs executed (every pair of a visited tile, as SIMT lanes pay for them) against the
-useful ones (the pairs in range): `explain` prints them.
+the FMAs executed (a warp's rows times the most keys one of them has in range, on each
+visited tile, as SIMT lanes pay for them) against the useful ones (the pairs in range):
+`explain` prints them.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles, query_tiles
+from codegen.cuda import key_tiles, query_tiles, shared
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
@@ -70,19 +75,24 @@ def launch(
     return grid, (rows * lanes, 1, 1)
 
 
-def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
-    """Bytes of shared memory the kernel of `nest` declares (accumulation type `f`)."""
+def shared_arrays(nest: LoopNest, schedule: GpuSchedule, f: str) -> tuple[shared.Array, ...]:
+    """The kernel's shared arrays (`codegen.cuda.shared`) for accumulation type `f`."""
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
-    size = 8 if f == "double" else 4
-    index = 8 if schedule.index_type == "int64" else 4
-    staged = keys * ONLINE_COLUMNS + rows * score_pitch(keys, lanes)
-    found = staged * size + 2 * rows * index + rows * lanes * 4
+    arrays: list[shared.Array] = [("ws_", f, (keys, ONLINE_COLUMNS))]
+    arrays.append(("ss_", f, (rows, score_pitch(keys, lanes))))
     staged = staged_keys(nest, schedule) if f == "float" else None
     if staged is not None:
-        found += key_tiles.shared_bytes(keys)
+        arrays.append(key_tiles.shared_array(keys))
         if staged_queries(nest, schedule, staged) is not None:
-            found += query_tiles.shared_bytes(rows)
-    return found
+            arrays.append(query_tiles.shared_array(rows))
+    arrays += [("rlo_", "idx_t", (rows,)), ("rhi_", "idx_t", (rows,))]
+    arrays.append(("rany_", "int", (rows * lanes,)))
+    return shared.widest_first(arrays, schedule.index_type)
+
+
+def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
+    """Bytes of shared memory the kernel of `nest` declares (accumulation type `f`)."""
+    return sum(shared.sizes(shared_arrays(nest, schedule, f), schedule.index_type))
 
 
 def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | None:
@@ -155,6 +165,8 @@ def online(e: CudaEmitter) -> Lines:
     order = e.schedule.reduced_order
     both = dataclasses.replace(e.schedule, reduced_order=(order[0], order[0]))
     by_column = column_tests(e.nest)
+    # On `e`, not the variant below: the launch reads its dynamic shared memory.
+    arrays = shared.declare(e, shared_arrays(e.nest, e.schedule, e.f))
     e = variant(e, scores_and_weights(e.nest), both)
     f = e.f
     R, P, K, M = tile_shape(e)
@@ -174,7 +186,7 @@ def online(e: CudaEmitter) -> Lines:
     query = staged_queries(e.nest, e.schedule, staged) if staged else None
     tile = [f"const idx_t i0_ = {e.idx(rows.start)} + bx_*{R};"]
     if query is not None:
-        declared += query_tiles.declarations(e, R)
+        declared += query_tiles.declarations(e)
         tile += query_tiles.stage(e, query, staged, i, e.idx(rows.stop))  # type: ignore[arg-type]
     tile += [
         f"const idx_t {i} = i0_ + r_;",
@@ -185,6 +197,7 @@ def online(e: CudaEmitter) -> Lines:
         *block_lines("if (ln_ == 0)", ["rlo_[r_] = lo_;", "rhi_[r_] = hi_;"]),
         "__syncthreads();",
         *_block_range(R),
+        *_warp_range(P),
     ]
     columns = [
         f"const idx_t ne_ = tdsl_imin({ONLINE_COLUMNS}, nc_ - cb_);",
@@ -219,10 +232,7 @@ def online(e: CudaEmitter) -> Lines:
         f"for (idx_t bz_ = blockIdx.y; bz_ < {nouter}; bz_ += gridDim.y)", [*decode, *loops]
     )
     return [
-        f"__shared__ {f} ws_[{K}][{ONLINE_COLUMNS}];",
-        f"__shared__ {f} ss_[{R}][{score_pitch(K, P)}];",
-        f"__shared__ idx_t rlo_[{R}], rhi_[{R}];",
-        f"__shared__ int rany_[{R * P}];",
+        *arrays,
         f"const int tid_ = threadIdx.x, r_ = tid_ / {P}, ln_ = tid_ % {P};",
         f"const idx_t nc_ = {e.idx(packed.stop - packed.start - (1 if e.nest.online else 0))};",
         *declared,
@@ -236,6 +246,8 @@ def _block_range(rows: int) -> Lines:
     return [
         "idx_t blo_ = 0, bhi_ = 0, flo_ = 0, fhi_ = 0;",
         "bool seen_ = false;",
+        # Kept rolled: unrolled over 64 rows, ptxas (sm_90) spilled attention's dV kernel.
+        "#pragma unroll 1",
         *block_lines(
             f"for (int q_ = 0; q_ < {rows}; ++q_)",
             [
@@ -277,9 +289,10 @@ def _fold(e: CudaEmitter) -> Lines:
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
     return [
+        _row_keys(),
         f"{f} cm_ = -INFINITY;",
         *block_lines(
-            "for (int c_ = 0; c_ < jn_; ++c_)",
+            "for (idx_t c_ = c0_; c_ < c1_; ++c_)",
             [f"const {f} v_ = ss_[r_][c_];", "cm_ = (v_ > cm_ || v_ != v_) ? v_ : cm_;"],
         ),
         f"const {f} mn_ = (cm_ > m_ || cm_ != cm_) ? cm_ : m_;",
@@ -294,9 +307,38 @@ def _fold(e: CudaEmitter) -> Lines:
         ),
         "m_ = mn_;",
         *block_lines(
-            "if (mn_ != -INFINITY)", block_lines("for (int c_ = 0; c_ < jn_; ++c_)", weights)
+            "if (mn_ != -INFINITY)", block_lines("for (idx_t c_ = c0_; c_ < c1_; ++c_)", weights)
         ),
     ]
+
+
+def _warp_range(lanes: int) -> Lines:
+    """The union `[wlo_, whi_)` of the key ranges of the live rows of the thread's warp
+    (`32 / lanes` consecutive rows)."""
+    rows = 32 // lanes
+    first = f"r_ / {rows} * {rows}"
+    return [
+        "idx_t wlo_ = 0, whi_ = 0;",
+        "bool wseen_ = false;",
+        *block_lines(
+            f"for (int q_ = {first}; q_ < {first} + {rows}; ++q_)",
+            [
+                "if (rhi_[q_] <= rlo_[q_]) continue;",
+                "wlo_ = wseen_ ? tdsl_imin(wlo_, rlo_[q_]) : rlo_[q_];",
+                "whi_ = wseen_ ? tdsl_imax(whi_, rhi_[q_]) : rhi_[q_];",
+                "wseen_ = true;",
+            ],
+        ),
+    ]
+
+
+def _row_keys() -> str:
+    """The keys `[c0_, c1_)` of the tile in the range of the warp's rows: the other keys'
+    scores are the reduction's identity (-inf, or 0 in a weighted sum) for every row of the
+    warp and add nothing, so the warps off a 64-row tile's causal diagonal skip them instead
+    of weighting each by 0. Per warp, not per row: the rows of a warp walk the same keys
+    together and read each `ss_` and `ws_` column at once, without bank conflicts."""
+    return "const idx_t c0_ = tdsl_imax(0, wlo_ - j0_), c1_ = tdsl_imin(jn_, whi_ - j0_);"
 
 
 def _weighted_column(e: CudaEmitter) -> str:
@@ -348,7 +390,7 @@ def _add(e: CudaEmitter) -> Lines:
         "#pragma unroll",
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
-    return block_lines("for (int c_ = 0; c_ < jn_; ++c_)", weights)
+    return [_row_keys(), *block_lines("for (idx_t c_ = c0_; c_ < c1_; ++c_)", weights)]
 
 
 def _store_sums(e: CudaEmitter, k: str, first: str, tests: Sequence[sympy.Expr]) -> Lines:
@@ -369,4 +411,11 @@ def _store_sums(e: CudaEmitter, k: str, first: str, tests: Sequence[sympy.Expr])
     return block_lines("if (valid_)", ["#pragma unroll", *loop])
 
 
-__all__ = ["launch", "online", "scores_and_weights", "shared_bytes", "staged_keys"]
+__all__ = [
+    "launch",
+    "online",
+    "scores_and_weights",
+    "shared_arrays",
+    "shared_bytes",
+    "staged_keys",
+]

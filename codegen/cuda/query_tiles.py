@@ -8,8 +8,8 @@ coefficient 1) and not the key index; the kernel (`codegen.cuda.online`) loads t
 `rows x len(d)` elements once per row tile into `qs_` (consecutive threads on consecutive
 `d`: coalesced where `d` is the contiguous axis), and the scores read
 `qs_[i - i0_][d - start]`. Each element of Q is then read from global memory once.
-A nested range longer than `DEPTH` (checked at run time) reads Q as written: the two tiles
-and the online kernel's own arrays must fit the 48 KiB of static shared memory.
+A nested range longer than `DEPTH` (checked at run time) reads Q as written (a tile of
+64 rows of 128 would add 33 KB to the block's shared memory).
 """
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ def dot_term(term: Term) -> Term | None:
     return None
 
 
-def declarations(e: CudaEmitter, rows: int) -> Lines:
-    """The shared tile and whether this call stages it (`qst_`, with the key tile's `kst_`
-    and length `kd_`); registers the tile's view with the printer."""
+def declarations(e: CudaEmitter) -> Lines:
+    """Whether this call stages the tile (`qst_`, with the key tile's `kst_` and length
+    `kd_`); registers the tile's view with the printer. The kernel declares the shared
+    array (`shared_array`)."""
     e.printer.tensors[STAGED] = TensorView("qs_", ("qp_", None), "{}")
     return [
-        f"__shared__ {e.f} qs_[{rows * PITCH}];",
         f"const idx_t qp_ = {PITCH};",
         f"const bool qst_ = kst_ && kd_ <= {DEPTH};",
     ]
@@ -101,6 +101,6 @@ def stage(e: CudaEmitter, access: sympy.Indexed, keys: KeyTile, row: str, stop: 
     return block_lines("if (qst_)", loop)
 
 
-def shared_bytes(rows: int) -> int:
-    """Bytes of the float tile."""
-    return rows * PITCH * 4
+def shared_array(rows: int) -> tuple[str, str, tuple[int, ...]]:
+    """The float tile `qs_` as (name, type, shape)."""
+    return ("qs_", "float", (rows * PITCH,))

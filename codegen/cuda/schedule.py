@@ -60,10 +60,10 @@ Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
 `tensordsl.backends.cuda.prepare` does from each call's shapes, a kernel variant per index type).
 
-The heuristic (`choose_gpu_schedule`): a one-pass nest -> ``online`` (32 rows x 4 lanes,
-tiles of 32 keys); a weighted sum with nested reductions in its weight -> ``weighted``
-(the same tiles); a nest of floats with an XLA plan -> ``xla``, unless the
-caller asks for a generated kernel (a loop order, `kernel=True`,
+The heuristic (`choose_gpu_schedule`): a one-pass nest -> ``online`` (64 rows x 4 lanes,
+tiles of 32 keys; 32 rows x 8 lanes with float64); a weighted sum with nested reductions in
+its weight -> ``weighted`` (the same tiles); a nest of floats with an XLA plan -> ``xla``,
+unless the caller asks for a generated kernel (a loop order, `kernel=True`,
 `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
 reduced loop); contraction-shaped -> ``smem`` (``mma`` for bf16/f16 products); a body
 split by two free indices -> ``pairwise``; a row reduction -> ``rows``; a second-to-last
@@ -120,6 +120,9 @@ SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
 #: keeps in registers in one pass over the keys, `ONLINE_COLUMNS / cols` per thread; more
 #: take further passes (`tensordsl.backends.table` bounds the one-pass nest's).
 ONLINE_COLUMNS = 128
+#: The online and weighted strategies' threads per block: 64 rows of 4 lanes (32 of 8 with
+#: float64), FlashAttention-2's row tile: K and V are read once per row tile (docs/backends.md).
+ONLINE_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -386,11 +389,12 @@ def _lanes(dtypes: Mapping[str, str] | None) -> int:
 
 
 def online_schedule(
-    nest: LoopNest, *, index_type: str = "int32", rows: int = 32, lanes: int = 4, keys: int = 32
+    nest: LoopNest, *, index_type: str = "int32", rows: int = 0, lanes: int = 4, keys: int = 32
 ) -> GpuSchedule:
-    """The online strategy's schedule of a one-pass nest: `rows` rows per block, `lanes`
-    threads per row, tiles of `keys` keys (`codegen.cuda.online`); the free indices as
-    written, the packed one last."""
+    """The online strategy's schedule of a one-pass nest: `rows` rows per block
+    (0: `ONLINE_THREADS / lanes`), `lanes` threads per row, tiles of `keys` keys
+    (`codegen.cuda.online`); the free indices as written, the packed one last."""
+    rows = rows or ONLINE_THREADS // lanes
     order = default_loop_order(nest)
     return GpuSchedule(
         order.free_order,
@@ -412,7 +416,7 @@ def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
     if nest.online or choose_gpu_schedule(nest, kernel=True).strategy == "weighted":
         return tuple(
             online_schedule(nest, rows=r, lanes=n, keys=k, index_type=t)
-            for r, n, k, t in ((32, 4, 32, "int32"), (8, 4, 8, "int64"), (32, 1, 16, "int32"))
+            for r, n, k, t in ((64, 4, 32, "int32"), (8, 4, 8, "int64"), (32, 1, 16, "int32"))
         )
     pick = choose_gpu_schedule(nest, kernel=True)
     free, reduced = pick.free_order, pick.reduced_order

@@ -1,7 +1,9 @@
 """Counts of the online and weighted kernels (`codegen.cuda.online`) for concrete shapes: the
-key tiles a block visits and skips, and the FMAs executed against the useful ones. Every
-(row, key) pair of a visited tile counts as executed (SIMT lanes pay for a masked pair of a
-boundary tile too); the pairs in range are useful. `explain` prints them; issue 24's target
+key tiles a block visits and skips, and the FMAs executed against the useful ones. A row
+weights only the keys of a tile in its own range, but the rows of a warp (`32 / lanes`
+consecutive ones) run in step: a warp pays, on each visited tile, for its rows times the
+most keys one of them has in range there (a tile inside every row's range: all its pairs);
+the pairs in range are useful. `explain` prints them; issue 24's target
 is executed / useful <= 1.3 (causal attention: only the unmasked half is useful).
 """
 
@@ -29,7 +31,7 @@ class TileCounts:
     tiles: int  # key tiles of the whole key range, over every block
     visited: int  # key tiles a block walks (the rest are skipped)
     boundary: int  # visited tiles that test each pair
-    executed_pairs: int  # (row, key) pairs of visited tiles, valid rows only
+    executed_pairs: int  # (row, key) pairs the warps of visited tiles pay for, valid rows
     useful_pairs: int  # pairs in range
     score_fmas: int  # FMAs of one score (the nested sums' lengths), at least 1
     columns: int  # packed columns less the logsumexp: FMAs of one weighted-sum update
@@ -70,7 +72,7 @@ def tile_counts(
     `schedule` (the heuristic's by default)."""
     extents = extent_values(nest, shapes)
     order = schedule or choose_gpu_schedule(nest)
-    tile_rows, tile_keys = order.rows, order.tile_k
+    tile_rows, tile_keys, warp = order.rows, order.tile_k, max(32 // order.cols, 1)
     *outer, row, packed = (
         next(r for r in nest.free if r.index.name == n) for n in order.free_order
     )
@@ -91,11 +93,11 @@ def tile_counts(
     blocks = visited = boundary = executed = useful = 0
     for point in _points(outer_values if depends else [range(1) for _ in outer]):
         for start in range(rows.start, rows.stop, tile_rows):
-            ranges = []
+            by_row = []  # each valid row's key range, (0, 0) where it has none
             for i in range(start, min(start + tile_rows, rows.stop)):
                 lo, hi, *tests = (int(fn(*point, i)) for fn in functions)
-                if all(t >= 0 for t in tests) and hi > lo:
-                    ranges.append((lo, hi))
+                by_row.append((lo, hi) if all(t >= 0 for t in tests) and hi > lo else (0, 0))
+            ranges = [(lo, hi) for lo, hi in by_row if hi > lo]
             blocks += 1
             if not ranges:
                 continue
@@ -104,7 +106,11 @@ def tile_counts(
             for j0 in range(blo, bhi, tile_keys):
                 visited += 1
                 boundary += not (j0 >= flo and j0 + tile_keys <= fhi)
-                executed += min(tile_rows, rows.stop - start) * min(tile_keys, bhi - j0)
+                end = min(j0 + tile_keys, bhi)
+                for w in range(0, len(by_row), warp):
+                    group = by_row[w : w + warp]
+                    most = max(max(min(hi, end) - max(lo, j0), 0) for lo, hi in group)
+                    executed += len(group) * most
             useful += sum(hi - lo for lo, hi in ranges)
     copies = 1 if depends else math.prod(len(r) for r in outer_values)
     tiles = blocks * -(-keys // tile_keys)

@@ -79,6 +79,27 @@ def test_useful_fmas_of_causal_attention_count_the_unmasked_pairs_once():
     assert useful_fmas(eqn.params["nest"], shapes) == pairs * (D + 1 + E)
 
 
+def test_the_attention_forward_reads_at_most_twice_the_minimum_bytes_at_an_odd_T():
+    """K and V are read once per 64-row tile: twice at T 67 (Q once, O and L written once),
+    about 1.5x the minimum; 32-row tiles read them 3 times, 2.0x and more (issue 24's
+    target). Causal: the first row tile reads keys 0..63 only."""
+    from benchmarks import gpu_static
+
+    T, D = 67, 32
+    shapes = {"Q": (1, 2, T, D), "K": (1, 2, T, D), "scale": (), "V": (1, 2, T, D)}
+    found = {}
+    for name, mask in (("full", ""), ("causal", gpu_static.CAUSAL)):
+        source = gpu_static.ATTENTION.format(mask=mask)
+        case = gpu_static.Case(name, source, shapes, options={"outputs": ("O", "L")})
+        (found[name],) = gpu_static.run_case(case)
+    for record in found.values():
+        assert record["strategy"] == "online" and record["bank_conflicts"] == 0
+        # Q, K, V, O: T x D floats each per (batch, head); L: T floats; the scale.
+        assert record["min_global_bytes"] == 2 * (4 * T * D + T) * 4 + 4
+        assert record["global_bytes"] <= 2 * record["min_global_bytes"], record
+    assert found["causal"]["global_bytes"] < found["full"]["global_bytes"]
+
+
 BANKS = r"""
 extern "C" __global__ void tdsl_banks(float *out, const float *in, long long stride) {
     __shared__ float s_[32 * 33];

@@ -128,6 +128,9 @@ def _attention_reference(mask: str, values: dict):
     ("mask", "T", "D", "E", "dtype"),
     [
         ("causal", 37, 64, 64, "float32"),  # T not a multiple of 32 rows or keys
+        ("causal", 77, 64, 64, "float32"),  # two 64-row tiles: dynamic shared memory
+        ("full", 70, 32, 16, "bfloat16"),
+        ("window", 70, 16, 8, "float32"),  # tiles before a 64-row tile's window skipped
         ("causal", 1, 32, 32, "float32"),
         ("causal", 20, 128, 128, "float32"),
         ("causal", 33, 16, 24, "float64"),
