@@ -237,12 +237,12 @@ def _saved_output_shortcut(
         a.free_symbols & reduced for a in ratio.atoms(sympy.Indexed, Reduce)
     ):
         return None
-    if _divides_by_a_value(ratio):
+    if divides_by_a_value(ratio):
         return None
     return ratio * saved(nest.output, nest)
 
 
-def _divides_by_a_value(expr: sympy.Expr) -> bool:
+def divides_by_a_value(expr: sympy.Expr) -> bool:
     """Whether `expr` divides by (or takes a negative power of) anything but a constant.
 
     The shortcut is exact only where `g` is: `Y[i] := W[i] * X[i, j]` gives `g = 1/W[i]`,

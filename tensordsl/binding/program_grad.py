@@ -40,6 +40,7 @@ from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair_stored
+from codegen.passes.reuse import read_stored
 from codegen.recursion import deeply
 from tensordsl.binding import grouped, program_jvp
 from tensordsl.binding import one_pass as online
@@ -256,9 +257,15 @@ class FusedProgram:
             name: values[name] if role == "input" else by_role[role]
             for name, role in gradient.roles
         }
+        # What the program stores is read, not recomputed (softmax's exp(X - M) as P * Z).
+        foreign = frozenset(
+            n for n, role in gradient.roles if role not in ("input", gradient_rules.OUTPUT)
+        )
+        found = read_stored(gradient.nest, self.stored, foreign=foreign | {gradient.nest.output})
+        named.update({name: values[name] for name in found.operand_names if name not in named})
         shapes = {**_shapes(values), **_shapes(named)}
-        shapes[gradient.nest.output] = tuple(np.shape(values[wrt]))
-        return _Part(gradient.nest, named, shapes)
+        shapes[found.output] = tuple(np.shape(values[wrt]))
+        return _Part(found, named, shapes)
 
     def _merged(self, parts: Sequence[_Part], like: Any) -> tuple:
         """The parts merged into one nest, with its operands' values and the shapes of the

@@ -29,6 +29,7 @@ def _nest(source, **options):
         ("S[h,i,j] := Q[h,i,d] * K[h,j,d] * scale", "abd,acd->abc"),
         ("Y[b,o] := 0.5 * X[b,c] * W[o,c]", "ac,bc->ab"),
         ("G[i,j] := A[i,k] * A[j,k]", "ac,bc->ab"),
+        ("Y[i] := X[i,k] * W[k]", "ab,b->a"),  # W is reused for every i
     ],
 )
 def test_pure_contractions_are_recognised(source, subscripts):
@@ -45,10 +46,18 @@ def test_pure_contractions_are_recognised(source, subscripts):
         "C[i,j] := exp(A[i,k]) * B[k,j]",  # a function of an access
         "D[i] := A[i,i,k] * B[k]",  # an index twice in one access
         "C[i,j] := A[i,j] * B[i,j]",  # nothing reduced
+        "D[i] := A[i,k] * B[i,k]",  # row dot products: nothing reused, a kernel's pass
     ],
 )
 def test_other_nests_are_not_contractions(source):
     assert contraction(_nest(source)) is None
+
+
+def test_row_dot_products_run_as_kernels_even_with_a_factor_per_row():
+    # Softmax's `dZ[i] = sum_j -dP[i,j]*P[i,j]/Z[i]`: as a prologue contraction it ran as
+    # one small XLA dot per row; a matrix-vector product keeps XLA's dot.
+    assert xla_plan(_nest("D[i] := A[i,k] * B[i,k] / c[i]")) is None
+    assert xla_plan(_nest("D[i] := A[i,k] * exp(B[k])")) is not None
 
 
 def _hlo(f, *args):
