@@ -12,7 +12,10 @@ then `gather_p`, a primitive linear in the table:
   that read it, without atomics: the positions are sorted once (a stable argsort), a
   segmented scan sums each run of equal positions in a fixed order, and the end of each run
   is written to its table element (each at most once; 0 where nothing read it). The same
-  arrays give the same bits on every call.
+  arrays give the same bits on every call. A gather whose positions are distinct by
+  construction (`unique`: every index of the gathered operand indexes an axis of the table
+  directly, as the row `n` of a one-hot pick `X[n, y[n]]` does) has nothing to sum: its
+  cotangents are written to their elements as they are, with no sort and no scan.
 * batching: a batched table is flattened with its batch axis, the positions offset per
   example; a batched position array just gives a batched result.
 
@@ -61,7 +64,7 @@ def _fill(dtype: Any, fill: bool) -> Any:
     return jnp.zeros((), dtype)
 
 
-def _gather(table: Any, positions: Any, *, fill: bool) -> Any:
+def _gather(table: Any, positions: Any, *, fill: bool, unique: bool) -> Any:
     """`table[positions]` (rows of a 2-d table), NaN (`fill`) or 0 where a position is -1."""
     inside = (positions >= 0)[..., None]
     if table.shape[0] == 0:
@@ -73,12 +76,14 @@ def _gather(table: Any, positions: Any, *, fill: bool) -> Any:
 mlir.register_lowering(gather_p, mlir.lower_fun(_gather, multiple_results=False))
 
 
-def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool) -> tuple[Any, Any]:
+def _jvp(
+    primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool, unique: bool
+) -> tuple[Any, Any]:
     table, positions = primals
-    out = gather_p.bind(table, positions, fill=fill)
+    out = gather_p.bind(table, positions, fill=fill, unique=unique)
     if type(tangents[0]) is ad.Zero:
         return out, ad.Zero(jax.typeof(out).to_tangent_aval())
-    return out, gather_p.bind(tangents[0], positions, fill=False)
+    return out, gather_p.bind(tangents[0], positions, fill=False, unique=unique)
 
 
 def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
@@ -109,12 +114,29 @@ def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
     return out.at[target].set(sums, mode="drop", unique_indices=True)
 
 
-def _transpose(cotangent: Any, table: Any, positions: Any, *, fill: bool) -> list[Any]:
+def scatter_distinct(cotangent: Any, positions: Any, size: int) -> Any:
+    """`segment_total` where no two positions inside `[0, size)` are equal: each row written
+    to its position as it is (nothing to sum), the others dropped.
+
+    >>> rows = jnp.array([[1.0], [2.0], [4.0]])
+    >>> scatter_distinct(rows, jnp.array([2, -1, 0]), 4).tolist()
+    [[4.0], [0.0], [1.0], [0.0]]
+    """
+    width = cotangent.shape[-1]
+    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
+    target = jnp.where((positions >= 0) & (positions < size), positions, size)
+    out = jnp.zeros((size, width), cotangent.dtype)
+    return out.at[target].set(cotangent, mode="drop", unique_indices=True)
+
+
+def _transpose(
+    cotangent: Any, table: Any, positions: Any, *, fill: bool, unique: bool
+) -> list[Any]:
     assert ad.is_undefined_primal(table) and not ad.is_undefined_primal(positions)
     aval = table.aval
     if type(cotangent) is ad.Zero:
         return [ad.Zero(aval), None]
-    total = segment_total(cotangent, positions, aval.shape[0])
+    total = (scatter_distinct if unique else segment_total)(cotangent, positions, aval.shape[0])
     return [total.astype(aval.dtype), None]
 
 
@@ -122,11 +144,13 @@ ad.primitive_jvps[gather_p] = _jvp
 ad.primitive_transposes[gather_p] = _transpose
 
 
-def _batch(args: Sequence[Any], dims: Sequence[Any], *, fill: bool) -> tuple[Any, int]:
+def _batch(
+    args: Sequence[Any], dims: Sequence[Any], *, fill: bool, unique: bool
+) -> tuple[Any, int]:
     table, positions = args
     table_dim, positions_dim = dims
-    if table_dim is None:
-        return gather_p.bind(table, positions, fill=fill), positions_dim
+    if table_dim is None:  # the examples' positions read one table: they may coincide
+        return gather_p.bind(table, positions, fill=fill, unique=False), positions_dim
     table = jnp.moveaxis(table, table_dim, 0)
     size, n, width = table.shape
     if positions_dim is None:
@@ -135,7 +159,8 @@ def _batch(args: Sequence[Any], dims: Sequence[Any], *, fill: bool) -> tuple[Any
         positions = jnp.moveaxis(positions, positions_dim, 0)
     example = jnp.arange(size, dtype=positions.dtype).reshape((size,) + (1,) * (positions.ndim - 1))
     flat = jnp.where(positions >= 0, positions + example * n, -1)
-    return gather_p.bind(table.reshape(size * n, width), flat, fill=fill), 0
+    # each example's positions offset into its own part of the table: distinct as they were
+    return gather_p.bind(table.reshape(size * n, width), flat, fill=fill, unique=unique), 0
 
 
 batching.primitive_batchers[gather_p] = _batch
@@ -286,7 +311,21 @@ def _gathered(
     count = int(np.prod(table.shape[: len(table.shape) - whole], dtype=np.int64))
     rows = table.reshape(count, width)
     rows, positions = private_jax.same_varying_axes([rows, positions])
-    return gather_p.bind(rows, positions, fill=not g.masked).reshape(tuple(spans))
+    unique = _distinct(g, lead)
+    return gather_p.bind(rows, positions, fill=not g.masked, unique=unique).reshape(tuple(spans))
+
+
+def _distinct(g: Gather, lead: int) -> bool:
+    """Whether the positions of the gather are distinct by construction: each index of the
+    rows' positions (the first `lead` of the gathered operand's) is the bare index of an
+    axis of the table read without an index array. Two elements with the same position have
+    the same value on that axis, so the same index: the same element."""
+    direct = {
+        axis.affine.bare_index.name
+        for axis in g.axes[: len(g.axes) - (len(g.indices) - lead)]
+        if not axis.reads and axis.affine.bare_index is not None
+    }
+    return all(name in direct for name in g.indices[:lead])
 
 
 def _whole_or_outside(values: Any) -> Any:

@@ -5,13 +5,19 @@ The program, for queries `(B, T, H, E)` and keys and values `(B, S, H, E)`::
 
     s_[b,h,i,j] := q_[b,i,h,d] * k_[b,j,h,d] * scale_
     (logsumexp) lse_[b,h,i] := where(MASK, MOD, -inf)
-    out_[b,i,h,e] := where(MASK, exp(MOD - lse_[b,h,i]), 0) * v_[b,j,h,e]
+    out_[b,h,i,e] := where(MASK, exp(MOD - lse_[b,h,i]), 0) * v_[b,j,h,e]
 
-where `MOD` is `score_mod` with `S` standing for `s_[b,h,i,j]` (plus the bias, if any), and
-`MASK` the product of `j <= i` (causal) and `mask_mod`. The scores `s_` are a sum larger
-than every input and output, read only by reductions: the program recomputes them inside the
-logsumexp, the weighted sum and every gradient nest (docs/language.md, "Programs"), and a
-mask made of index comparisons bounds the loops instead of being tested.
+(the output transposed to `(B, T, H, E)` after the call) where `MOD` is `score_mod` with `S`
+standing for `s_[b,h,i,j]` (plus the bias, if any), and `MASK` the product of `j <= i`
+(causal) and `mask_mod`. The scores `s_` are a sum larger than every input and output, read
+only by reductions: the program recomputes them inside the logsumexp, the weighted sum and
+every gradient nest (docs/language.md, "Programs"), and a mask made of index comparisons
+bounds the loops instead of being tested. The output is written head-major, `out_[b,h,i,e]`,
+like the logsumexp `lse_[b,h,i]`: the two then share their rows' order with the query `i`
+innermost, and the back ends that have one run them as one pass
+(`codegen.passes.online.pair`: a block of consecutive queries shares each row of `v_`)
+instead of computing every score twice; the transpose to the layout of
+`jax.nn.dot_product_attention` is one copy of the output.
 
 The convention of `score_mod` and `mask_mod`: an expression of the language over
 
@@ -199,10 +205,10 @@ def attention_source(score: str, mask: str | None) -> str:
     lines = ["s_[b,h,i,j] := q_[b,i,h,d] * k_[b,j,h,d] * scale_"]
     if mask is None:
         lines.append(f"(logsumexp) lse_[b,h,i] := {score}")
-        lines.append(f"out_[b,i,h,e] := exp({score} - lse_[b,h,i]) * v_[b,j,h,e]")
+        lines.append(f"out_[b,h,i,e] := exp({score} - lse_[b,h,i]) * v_[b,j,h,e]")
     else:
         lines.append(f"(logsumexp) lse_[b,h,i] := where({mask}, {score}, -inf)")
-        lines.append(f"out_[b,i,h,e] := where({mask}, exp({score} - lse_[b,h,i]), 0) * v_[b,j,h,e]")
+        lines.append(f"out_[b,h,i,e] := where({mask}, exp({score} - lse_[b,h,i]), 0) * v_[b,j,h,e]")
     return "\n".join(lines)
 
 
@@ -293,5 +299,5 @@ def attention(
         if scale is None
         else (float(scale) if isinstance(scale, (int, float)) else jnp.asarray(scale, q.dtype))
     )
-    out = build(attention_source(score, mask), backend)(**inputs)
+    out = jnp.swapaxes(build(attention_source(score, mask), backend)(**inputs), 1, 2)
     return out.reshape((*batch, *out.shape[1:]))

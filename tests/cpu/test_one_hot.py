@@ -146,3 +146,44 @@ def test_profile_and_source_of_a_program_with_a_pick():
     assert set(program.source("c", shapes=shapes)) == set(names)
     text = program.explain(shapes)  # the gathered operand's shape is known (was a KeyError)
     assert "P[n] = X__at" in text and "fused for these shapes" in text
+
+
+def _primitives(jaxpr) -> set[str]:
+    found = set()
+    for eqn in jaxpr.eqns:
+        found.add(eqn.primitive.name)
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                found |= _primitives(inner)
+    return found
+
+
+def test_the_gradient_of_a_pick_writes_each_element_once_without_a_sort():
+    """Each row picks its own element (`Z[b,t,Y[b,t]]`): the table's gradient has nothing to
+    sum, so it is written directly, where an embedding's (rows read several times) sorts."""
+    Z, Y, _ = _inputs(4)
+    pick = td.kernel("P[b,t] := Z[b,t,v] * (Y[b,t] == v)", backend="c")
+    embed = td.kernel("E[b,d] := W[tok[b], d]", backend="c")
+    grad_pick = jax.make_jaxpr(jax.grad(lambda Z: jnp.sum(pick(Z, Y))))(Z)
+    grad_embed = jax.make_jaxpr(jax.grad(lambda W: jnp.sum(embed(W, np.array([1, 1, 0])))))(Z[0])
+    assert "sort" not in _primitives(grad_pick.jaxpr)
+    assert "sort" in _primitives(grad_embed.jaxpr)
+
+
+def test_vmap_of_a_pick_over_its_labels_sums_the_shared_table_gradient():
+    """Under vmap over Y alone, the examples' picks read one table: their positions may
+    coincide, and the table's gradient sums them (numpy's `add.at`)."""
+    Z, _, _ = _inputs(5)
+    rng = np.random.default_rng(6)
+    Ys = rng.integers(0, V, size=(4, B, T))
+    Ys[1] = Ys[0]  # two examples pick the same elements
+    cotangent = rng.normal(size=(4, B, T))
+    pick = td.kernel("P[b,t] := Z[b,t,v] * (Y[b,t] == v)", backend="c")
+    batched = jax.vmap(pick, in_axes=(None, 0))
+    grad = jax.jit(jax.grad(lambda Z: jnp.sum(batched(Z, Ys) * cotangent)))(Z)
+    want = np.zeros_like(Z)
+    b, t = np.meshgrid(np.arange(B), np.arange(T), indexing="ij")
+    for e in range(4):
+        np.add.at(want, (b, t, Ys[e]), cotangent[e])
+    np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-12, atol=1e-12)

@@ -13,6 +13,7 @@ import pytest
 
 import tensordsl as td
 from tensordsl import nn
+from tensordsl.timing import nest_equations
 from tests.backends import BACKENDS as ALL_BACKENDS
 from tests.backends import generated_kernels  # noqa: F401 (a fixture)
 
@@ -330,6 +331,17 @@ def test_attention_stores_no_scores():
     text = program.explain(shapes)
     assert "s_ recomputed where read, never stored" in text
     assert "j in [0, min(64, i + 1))" in text  # the causal mask bounds the loop
+
+
+@pytest.mark.parametrize("options", [{"causal": True}, {"mask_mod": "abs(i - j) <= 4"}, {}])
+def test_attention_forward_is_one_pass_on_c(options):
+    """The logsumexp and the weighted sum run as one nest (online softmax): the scores are
+    computed once in the forward, not once per nest."""
+    rng = _rng(13)
+    q, k, v = (_normal(rng, 2, 32, 2, 8, dtype="float32") for _ in range(3))
+    jaxpr = jax.make_jaxpr(lambda q, k, v: nn.attention(q, k, v, backend="c", **options))(q, k, v)
+    nests = [e.params["nest"] for e in nest_equations(jaxpr.jaxpr)]
+    assert [(n.output, n.online) for n in nests] == [("out_", "lse_")]
 
 
 def test_cuda_emulated(monkeypatch):
