@@ -109,6 +109,8 @@ def test_tiles_at_an_odd_size_execute_at_most_1_3x_the_useful_fmas(
     useful = useful_fmas(nest, shapes)
     assert useful == M * N * K
     assert counts.fmas == executed and counts.fmas <= 1.3 * useful
+    if strategy != "mma":  # the mma tile's staging stores conflict (docs/backends.md)
+        assert counts.conflicts == 0
 
 
 def test_useful_fmas_and_minimum_bytes_of_a_gemm():
