@@ -359,10 +359,12 @@ NOTES = (
     "stages Q once per row tile and K and V once per key tile: K and V are read once per "
     "64-row tile, twice at T 77, hence 1.44x (causal) and 1.52x (full) the minimum (32-row "
     "tiles: 3 times, 1.64x and 2.02x).",
-    "- The GEMM's smem tile is 64x64 with k steps of 16: at 100x70x90 its padding (two "
-    "tiles per axis, k 70 rounded to 80) executes 2.08x the useful FMAs; at 128x32 @ 32x64 "
-    "(whole tiles) it executed 1.00x (262,144 of 262,144). The pairwise tile pads the "
-    "same way (1.82x at 100x90).",
+    "- The GEMM's smem tile is 64x64, each warp computing a 16x32 block of it, with k "
+    "slices of 16: in the last tile along i or j the warps whose block lies wholly past "
+    "the extent skip their products, and the last slice stops at k's extent. At 100x70x90 "
+    "the tile computes 112x96x70 points, 1.19x the useful FMAs (whole tiles and k rounded "
+    "to 80 executed 2.08x). The pairwise tile does the same (1.19x at 100x90, k 33). "
+    "Small or unlucky extents pay up to 15 rows and 31 columns per tile edge.",
     "- Causal attention executes more FMAs than it needs on the tiles that cross the "
     "diagonal (each warp weights the keys that one of its 8 rows has in range, the others' "
     "masked ones by 0; their scores are tested per pair), and each row's lanes update the "

@@ -10,8 +10,16 @@ along the reduced index (`As_[row][k/2]`, `Bs_[column][k/2]`: both fragments' re
 are then one word each); the word pitch `tile_k/2 + 4` makes a warp's fragment loads
 (rows g, words q) hit 32 distinct banks. Values outside the ranges are staged as zeros.
 
-The product is `td_mma_16816_<type>(d, a, b)`: inline PTX `mma.sync` on a GPU (sm_80 or
-later), a warp-collective function of the same layout under the emulator
+At odd sizes the work stops near the extents, with tests that are the same for a warp's 32
+lanes (no divergence): a warp skips each of its mma tiles that lies wholly past the row or
+column stop (`rl_`, `cl_`: the rows and columns left from the warp's first), and a slice
+runs its steps of 16 only up to the reduced index's stop (`kn_`), the last step an m16n8k8
+product where 8 or fewer values are left (`deep_` false). So a tile computes at most 15
+rows, 7 columns and 7 values of k past the extents.
+
+The product is `td_mma_16816_<type>(d, a, b)` (`td_mma_1688_<type>`: the first 8 of k, from
+A's words 0 and 1 and B's word 0 of the same fragments): inline PTX `mma.sync` on a GPU
+(sm_80 or later), a warp-collective function of the same layout under the emulator
 (`codegen/cuda/emulator/runtime.h`, which defines `TDSL_CUDA_EMULATOR`).
 """
 
@@ -53,6 +61,14 @@ def device_functions(dtype: str) -> Lines:
         '                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
         '                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])',
         '                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));',
+        "}",
+        "/* The same for the first 8 of k (A's registers 0 and 1, B's register 0): m16n8k8. */",
+        f"static __device__ __forceinline__ void td_mma_1688_{t}(",
+        "    float d[4], const unsigned a[4], const unsigned b[2]) {",
+        f'    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.{t}.{t}.f32 "',
+        '                 "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"',
+        '                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])',
+        '                 : "r"(a[0]), "r"(a[1]), "r"(b[0]));',
         "}",
         "#endif",
     ]
@@ -120,34 +136,48 @@ def mma(e: CudaEmitter) -> Lines:
         f"a_[m_][{r}] = As_[wm_ + {MMA_M}*m_ + lg_ + {8 * (r % 2)}][ks_ + lq_ + {4 * (r // 2)}];"
         for r in range(4)
     ]
+
+    def products(depth: int) -> Lines:
+        """The warp's mma tiles in range, each `td_mma_<16x8xdepth>` (depth 16 or 8)."""
+        name = f"td_mma_168{depth}_{t_name}" if depth == 8 else f"td_mma_16816_{t_name}"
+        b_loads = [
+            f"b_[{r}] = Bs_[wn_ + {MMA_N}*n_ + lg_][ks_ + lq_ + {4 * r}];"
+            for r in range(depth // 8)
+        ]
+        # A warp's 16 x 8 x depth products: 64 per lane (32 at depth 8).
+        mma = [f"{name}(acc_[m_][n_], a_[m_], b_);", *e.fma_hook(MMA_M * MMA_N * depth // 32)]
+        inner = block_lines(
+            f"for (int m_ = 0; m_ < {m_tiles}; ++m_)", _unless(f"{MMA_M}*m_ < rl_", mma)
+        )
+        return [
+            "#pragma unroll",
+            *block_lines(
+                f"for (int n_ = 0; n_ < {n_tiles}; ++n_)",
+                _unless(f"{MMA_N}*n_ < cl_", [*b_loads, "#pragma unroll", *inner]),
+            ),
+        ]
+
     step = [
         f"unsigned a_[{m_tiles}][4], b_[2];",
         "#pragma unroll",
-        *block_lines(f"for (int m_ = 0; m_ < {m_tiles}; ++m_)", a_loads),
-        "#pragma unroll",
         *block_lines(
-            f"for (int n_ = 0; n_ < {n_tiles}; ++n_)",
-            [
-                *(f"b_[{r}] = Bs_[wn_ + {MMA_N}*n_ + lg_][ks_ + lq_ + {4 * r}];" for r in range(2)),
-                "#pragma unroll",
-                *block_lines(
-                    f"for (int m_ = 0; m_ < {m_tiles}; ++m_)",
-                    [
-                        f"td_mma_16816_{t_name}(acc_[m_][n_], a_[m_], b_);",
-                        # A warp's 16 x 8 x 16 products: 64 per lane.
-                        *e.fma_hook(MMA_M * MMA_N * MMA_K // 32),
-                    ],
-                ),
-            ],
+            f"for (int m_ = 0; m_ < {m_tiles}; ++m_)", _unless(f"{MMA_M}*m_ < rl_", a_loads)
         ),
+        # a last step with 8 or fewer values of k left takes an m16n8k8 product
+        *block_lines(f"if (2*ks_ + {MMA_K // 2} < kn_)", products(MMA_K))[:-1],
+        *block_lines("} else", products(MMA_K // 2)),
     ]
     stages = [
         *stage(a_part, "As_", tm, row, row0, row_stop),
         *stage(b_part, "Bs_", tn, col, col0, col_stop),
     ]
     body = [
+        f"const int kn_ = (int)tdsl_imin((idx_t){tk}, hi_ - {k0});",
         "#pragma unroll",
-        *block_lines(f"for (int ks_ = 0; ks_ < {words}; ks_ += {MMA_K // 2})", step),
+        *block_lines(
+            f"for (int ks_ = 0; ks_ < {words}; ks_ += {MMA_K // 2})",
+            block_lines("if (2*ks_ < kn_)", step),
+        ),
     ]
     reduction = slice_loop(e, k0, tk, stages, body)
     store = [
@@ -160,6 +190,7 @@ def mma(e: CudaEmitter) -> Lines:
     tile = [
         f"const idx_t {row0} = {e.idx(e.free_range(rn).start)} + by_*{tm};",
         f"const idx_t {col0} = {e.idx(e.free_range(vn).start)} + bx_*{tn};",
+        f"const idx_t rl_ = {row_stop} - ({row0} + wm_), cl_ = {col_stop} - ({col0} + wn_);",
         f"float acc_[{m_tiles}][{n_tiles}][4];",
         *_tiles(m_tiles, n_tiles, ["acc_[m_][n_][c_] = 0;"]),
         *e.guarded(0, reduction),
@@ -174,6 +205,11 @@ def mma(e: CudaEmitter) -> Lines:
         f"wn_ = warp_ / {row_warps} * {MMA_N * n_tiles};",
         *tile_loops(e, tile, tm, tn),
     ]
+
+
+def _unless(test: str, body: Lines) -> Lines:
+    """`body` under `if (test)`, a test the same for every lane of a warp."""
+    return block_lines(f"if ({test})", body)
 
 
 def _tiles(m_tiles: int, n_tiles: int, body: Lines) -> Lines:

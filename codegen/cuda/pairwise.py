@@ -5,8 +5,9 @@ For a body whose accesses each read the free index `row` or the free index `vect
 column), not both (`codegen.cuda.layout.split_pairwise`): pairwise distances
 `(X[i,k] - Y[j,k])^2`, `abs(X[i,k] - Y[j,k])`, a Gaussian kernel's `exp(-g*(X[i,k] -
 Y[j,k])^2)`, `(W[k,i] - X[k,j])^2`; any reduction. A block of 16 x 16 threads computes a
-`16*rows x 16*cols` output tile, each thread `rows x cols` outputs in registers (rows
-`ty_ + 16*r`, columns `tx_ + 16*c`, so a warp's stores walk the columns). For each
+`16*rows x 16*cols` output tile, each thread `rows x cols` outputs in registers, each warp
+a `4*rows x 8*cols` block of them (`codegen.cuda.smem.lane_lines`: rows `tr_ + 4*r`,
+columns `tc_ + 8*c`, so a warp's stores walk 8 columns). For each
 `tile_k`-deep slice of the innermost reduced index, every distinct access is staged in an
 array of its own: a row-side access as `rs<n>_[tile_k][16*rows + pad]`, a column-side one as
 `cs<n>_[tile_k][16*cols + pad]`, one that reads neither (`w[k]`) as `ks<n>_[tile_k][1]`.
@@ -19,7 +20,10 @@ its `rows x cols` points, folding it into the point's reduction state.
 A product's zero padding adds nothing to a sum; `exp(-(0-0)^2)` would. So the loop over a
 slice runs over the values in range: a whole slice has a constant trip count (unrolled),
 the last one its own count. Bounds are tested only where a slice is staged (values outside
-the ranges are staged as 0, computed on but never stored) and where outputs are stored.
+the ranges are staged as 0), where outputs are stored, and once per tile and warp: a warp
+whose block has no row or no column in range runs no points (`busy_`). The rest of an odd
+size's last tile is computed on but never stored: at most `4*rows - 1` rows and `8*cols - 1`
+columns past the extents per tile.
 """
 
 from __future__ import annotations
@@ -31,7 +35,17 @@ import sympy
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_pairwise
 from codegen.cuda.schedule import SMEM_THREADS
-from codegen.cuda.smem import row_pitch, shared_declarations, slice_loop, tile_axes
+from codegen.cuda.smem import (
+    LANE_COLS,
+    LANE_ROWS,
+    busy_line,
+    lane_lines,
+    row_pitch,
+    shared_declarations,
+    slice_loop,
+    slice_points,
+    tile_axes,
+)
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 
 
@@ -104,7 +118,7 @@ def _stage(e: CudaEmitter, a: Staged, ranges: dict[str, tuple[str, str, str]]) -
 def _points(e: CudaEmitter, staged: tuple[Staged, ...]) -> Lines:
     """The body at each of a thread's `rows x cols` points for the slice's value `kk_`: each
     access read once per row (or column) into a register, then the body per point."""
-    s, t = e.schedule, SMEM_THREADS
+    s = e.schedule
     term = e.nest.terms[0]
     inner = e.term_order(0)[-1]
     lines: Lines = []
@@ -112,10 +126,13 @@ def _points(e: CudaEmitter, staged: tuple[Staged, ...]) -> Lines:
         (r, c): {} for r in range(s.rows) for c in range(s.cols)
     }
     for a in staged:
-        count, lane = {"row": (s.rows, "ty_"), "column": (s.cols, "tx_")}.get(a.side, (1, ""))
+        count, lane, step = {
+            "row": (s.rows, "tr_", LANE_ROWS),
+            "column": (s.cols, "tc_", LANE_COLS),
+        }.get(a.side, (1, "", 0))
         values = [sympy.Dummy(f"{a.array}{q}", real=True) for q in range(count)]
         for q, value in enumerate(values):
-            at = f"{lane} + {t * q}" if lane else "0"
+            at = f"{lane} + {step * q}" if lane else "0"
             lines.append(f"const {e.f} {value.name} = {a.array}[kk_][{at}];")
         for (r, c), mapping in registers.items():
             mapping[a.access] = values[r if a.side == "row" else c if a.side == "column" else 0]
@@ -143,29 +160,22 @@ def pairwise(e: CudaEmitter) -> Lines:
     k0 = e.tile_name("o", order[-1])
     staged = staged_accesses(e)
     ranges = {"row": (row, row0, row_stop), "column": (col, col0, col_stop)}
-    points = _points(e, staged)
-    whole = ["#pragma unroll", *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", points)]
-    part = block_lines("for (int kk_ = 0; kk_ < kn_; ++kk_)", points)
     stages = [line for a in staged for line in _stage(e, a, ranges)]
-    body = [
-        f"const int kn_ = (int)tdsl_imin((idx_t){tk}, hi_ - {k0});",
-        *block_lines(f"if (kn_ == {tk})", whole)[:-1],
-        *block_lines("} else", part),
-    ]
-    reduction = slice_loop(e, k0, tk, stages, body)
+    reduction = slice_loop(e, k0, tk, stages, slice_points(k0, tk, _points(e, staged)))
     stores = []
     for r in range(s.rows):
         for c in range(s.cols):
             test = f"if ({row} < {row_stop} && {col} < {col_stop})"
             store = [
-                f"const idx_t {row} = {row0} + ty_ + {t * r};",
-                f"const idx_t {col} = {col0} + tx_ + {t * c};",
+                f"const idx_t {row} = {row0} + tr_ + {LANE_ROWS * r};",
+                f"const idx_t {col} = {col0} + tc_ + {LANE_COLS * c};",
                 *block_lines(test, [e.store_line(f"[{r}][{c}]")]),
             ]
             stores += ["{", *indent_lines(store), "}"]
     tile = [
         f"const idx_t {row0} = {e.idx(e.free_range(rn).start)} + by_*{tm};",
         f"const idx_t {col0} = {e.idx(e.free_range(vn).start)} + bx_*{tn};",
+        busy_line(row0, col0, row_stop, col_stop),
         *e.declare(dims=f"[{s.rows}][{s.cols}]"),
         *block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)",
@@ -186,5 +196,6 @@ def pairwise(e: CudaEmitter) -> Lines:
     return [
         *shared_declarations(e, arrays),
         "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
+        *lane_lines(s.rows, s.cols),
         *loops,
     ]

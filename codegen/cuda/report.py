@@ -11,8 +11,9 @@ and static shared memory per block come from ptxas for sm_90.
 
 The counts follow the mapping each strategy writes (`codegen.cuda.schedule`): every
 strategy evaluates each point once, except a tile's clamped rows (the last partial tile
-recomputes its last row), an smem tile's padding (whole tiles, zeros outside) and a pairwise
-tile's padded rows and columns (its slices stop where the reduced range does); loads are
+recomputes its last row) and an smem, pairwise or mma tile's padding: in the last tile along
+a free index, the warps' blocks (mma: its 16 x 8 tiles) that reach into the range compute
+whole, zeros outside; slices stop where the reduced range does (mma: in steps of 8); loads are
 counted where the staging plan puts them (a value that reads no reduced index once per
 output element; a tile shares loads that do not read its row index; an smem tile loads each
 element of a staged tile once, a pairwise tile each element in range). A staged access's
@@ -42,8 +43,10 @@ import sympy
 
 from codegen.cuda import nvrtc
 from codegen.cuda.emit import GRID_LIMITS, SMEM_THREADS, CudaSource, emit_cuda
+from codegen.cuda.fragments import MMA_M, MMA_N
 from codegen.cuda.layout import split_pairwise
 from codegen.cuda.schedule import GpuSchedule
+from codegen.cuda.smem import LANE_COLS, LANE_ROWS
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.host import host_function
@@ -367,18 +370,25 @@ def _redundancy(nest: LoopNest, s: GpuSchedule, extents: Mapping) -> float:
     if s.strategy == "tile":
         rows = sizes[s.row or ""]
         return math.ceil(rows / s.rows) * s.rows / rows
-    if s.strategy in ("smem", "mma"):
+    if s.strategy in ("smem", "mma", "pairwise"):
         tm, tn = SMEM_THREADS * s.rows, SMEM_THREADS * s.cols
         m, n = sizes[s.row or ""], sizes[s.vector or ""]
-        inner = nest.terms[0].reduced[-1]
-        k = max(int((inner.stop - inner.start).xreplace(extents)), 1)
-        pad = (math.ceil(m / tm) * tm / m) * (math.ceil(n / tn) * tn / n)
-        return pad * math.ceil(k / s.tile_k) * s.tile_k / k
-    if s.strategy == "pairwise":
-        tm, tn = SMEM_THREADS * s.rows, SMEM_THREADS * s.cols
-        m, n = sizes[s.row or ""], sizes[s.vector or ""]
-        return (math.ceil(m / tm) * tm / m) * (math.ceil(n / tn) * tn / n)
+        if s.strategy == "mma":  # mma tiles of 16 x 8, k in steps of 16 and a last one of 8
+            inner = nest.terms[0].reduced[-1]
+            k = max(int((inner.stop - inner.start).xreplace(extents)), 1)
+            deep = math.ceil(k / 8) * 8 / k
+            return _covered(m, tm, MMA_M) / m * _covered(n, tn, MMA_N) / n * deep
+        # a warp's block of LANE_ROWS*rows x LANE_COLS*cols; slices stop where k does
+        rows, cols = _covered(m, tm, LANE_ROWS * s.rows), _covered(n, tn, LANE_COLS * s.cols)
+        return rows / m * cols / n
     return 1.0
+
+
+def _covered(extent: int, tile: int, step: int) -> int:
+    """Rows (or columns) a tile strategy computes along `extent`: whole tiles of `tile`, and
+    in the last one whole warp blocks (or mma tiles) of `step` (the others skip)."""
+    whole, rest = divmod(extent, tile)
+    return whole * tile + math.ceil(rest / step) * step
 
 
 def _lanes(

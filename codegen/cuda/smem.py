@@ -31,7 +31,9 @@ def tile_axes(e: CudaEmitter) -> tuple[str, str, str, str, str, str]:
 
 
 def smem(e: CudaEmitter) -> Lines:
-    """A contraction tile of 16 x 16 threads staged through shared memory."""
+    """A contraction tile of 16 x 16 threads staged through shared memory; each warp computes
+    one block of it (`lane_lines`) and skips its products where that block lies past the
+    extents, the last slice stopping at the reduced index's stop (`slice_points`)."""
     s, t = e.schedule, SMEM_THREADS
     rn, vn = s.row or "", s.vector or ""
     tm, tn, tk = t * s.rows, t * s.cols, s.tile_k
@@ -65,8 +67,8 @@ def smem(e: CudaEmitter) -> Lines:
         )
 
     product = [
-        *(f"a_[{r}] = As_[kk_][ty_ + {t * r}];" for r in range(s.rows)),
-        *(f"b_[{c}] = Bs_[kk_][tx_ + {t * c}];" for c in range(s.cols)),
+        *(f"a_[{r}] = As_[kk_][tr_ + {LANE_ROWS * r}];" for r in range(s.rows)),
+        *(f"b_[{c}] = Bs_[kk_][tc_ + {LANE_COLS * c}];" for c in range(s.cols)),
         *(f"acc_[{r}][{c}] += a_[{r}]*b_[{c}];" for r in range(s.rows) for c in range(s.cols)),
         *e.fma_hook(s.rows * s.cols),
     ]
@@ -74,8 +76,7 @@ def smem(e: CudaEmitter) -> Lines:
         *stage(a_part, "As_", tm, row, row0, row_stop),
         *stage(b_part, "Bs_", tn, col, col0, col_stop),
     ]
-    body = ["#pragma unroll", *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", product)]
-    reduction = slice_loop(e, k0, tk, stages, body)
+    reduction = slice_loop(e, k0, tk, stages, slice_points(k0, tk, product))
     stores = []
     for r in range(s.rows):
         for c in range(s.cols):
@@ -83,8 +84,8 @@ def smem(e: CudaEmitter) -> Lines:
                 "{",
                 *indent_lines(
                     [
-                        f"const idx_t {row} = {row0} + ty_ + {t * r};",
-                        f"const idx_t {col} = {col0} + tx_ + {t * c};",
+                        f"const idx_t {row} = {row0} + tr_ + {LANE_ROWS * r};",
+                        f"const idx_t {col} = {col0} + tc_ + {LANE_COLS * c};",
                         *block_lines(
                             f"if ({row} < {row_stop} && {col} < {col_stop})",
                             [e.store_line(f"[{r}][{c}]")],
@@ -96,6 +97,7 @@ def smem(e: CudaEmitter) -> Lines:
     tile = [
         f"const idx_t {row0} = {e.idx(e.free_range(rn).start)} + by_*{tm};",
         f"const idx_t {col0} = {e.idx(e.free_range(vn).start)} + bx_*{tn};",
+        busy_line(row0, col0, row_stop, col_stop),
         f"{e.f} acc_[{s.rows}][{s.cols}];",
         *block_lines(
             f"for (int r_ = 0; r_ < {s.rows}; ++r_)",
@@ -109,8 +111,51 @@ def smem(e: CudaEmitter) -> Lines:
     return [
         *tile_declarations(e, ((tk, pitches[0]), (tk, pitches[1])), e.f),
         "const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;",
+        *lane_lines(s.rows, s.cols),
         *tile_loops(e, tile, tm, tn),
     ]
+
+
+#: Lanes of a warp along a tile's rows and along its columns (4 x 8 = 32): each warp of an
+#: smem or pairwise block computes one `4*rows x 8*cols` block of the output tile, so that a
+#: warp whose block lies wholly past the extents (an odd size's last tile) skips its
+#: products as a whole, with no divergence (`busy_line`).
+LANE_ROWS, LANE_COLS = 4, 8
+
+
+def lane_lines(rows: int, cols: int) -> Lines:
+    """`wr_`, `wc_`: the first row and column of the thread's warp's block in the tile (warps
+    `SMEM_THREADS // LANE_COLS` across); `tr_`, `tc_`: the thread's first row and column,
+    whose micro-tile is rows `tr_ + LANE_ROWS*r`, columns `tc_ + LANE_COLS*c`. A warp's
+    reads of a staged row then touch 4 (or 8) consecutive words: broadcasts, no bank
+    conflict; its stores of an output row, 8 consecutive columns."""
+    across = SMEM_THREADS // LANE_COLS
+    return [
+        f"const int wr_ = tid_ / 32 / {across} * {LANE_ROWS * rows}, "
+        f"wc_ = tid_ / 32 % {across} * {LANE_COLS * cols};",
+        f"const int tr_ = wr_ + tid_ % 32 / {LANE_COLS}, tc_ = wc_ + tid_ % {LANE_COLS};",
+    ]
+
+
+def busy_line(row0: str, col0: str, row_stop: str, col_stop: str) -> str:
+    """`busy_`: the warp's block of the tile has a row and a column in range (the same for
+    every lane of the warp); a warp that is not busy stages and waits at the barriers but
+    runs no products."""
+    return f"const bool busy_ = {row0} + wr_ < {row_stop} && {col0} + wc_ < {col_stop};"
+
+
+def slice_points(k0: str, tk: int, points: Lines) -> Lines:
+    """`points` (a thread's products at the slice's value `kk_`) for each value of a slice
+    in range, in a busy warp only: a whole slice in a loop of `tk` (unrolled), the last one
+    to the reduced index's stop (`hi_`), the same bound for the whole block."""
+    whole = ["#pragma unroll", *block_lines(f"for (int kk_ = 0; kk_ < {tk}; ++kk_)", points)]
+    part = block_lines("for (int kk_ = 0; kk_ < kn_; ++kk_)", points)
+    lines = [
+        f"const int kn_ = (int)tdsl_imin((idx_t){tk}, hi_ - {k0});",
+        *block_lines(f"if (kn_ == {tk})", whole)[:-1],
+        *block_lines("} else", part),
+    ]
+    return block_lines("if (busy_)", lines)
 
 
 def tile_loops(e: CudaEmitter, tile: Lines, tm: int, tn: int) -> Lines:

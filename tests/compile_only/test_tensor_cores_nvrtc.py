@@ -58,6 +58,7 @@ def test_every_mma_kernel_compiles_for_sm_90_without_spills(
         assert found.schedule.strategy == "mma", (role, found.schedule.describe())
         ptx = nvrtc.compile_source(found.text, arch="compute_90").ptx
         assert f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32" in ptx
+        assert f"mma.sync.aligned.m16n8k8.row.col.f32.{t}.{t}.f32" in ptx  # a last k step
         compiled = nvrtc.compile_source(found.text, options=("--ptxas-options=-v",))
         assert compiled.registers is not None and compiled.registers <= 128, compiled.log
         assert (compiled.spill_stores, compiled.spill_loads) == (0, 0), compiled.log

@@ -101,8 +101,12 @@ def test_the_report_shows_what_a_schedule_wastes() -> None:
     matmul = lower(parse("C[i,j] := A[i,k] * B[k,j]")).nest
     padded = cuda_report(
         matmul, f32(matmul), {"A": (100, 70), "B": (70, 50)}, registers=False
-    )  # 64x64 tiles, k by 16: 128 x 64 x 80 points computed for 100 x 50 x 70
-    assert padded.fmas == (128 * 64 * 80 / 5000, 70)
+    )  # 64x64 tiles, warps' blocks of 16 x 32: 112 x 64 x 70 points computed for 100 x 50 x 70
+    assert padded.fmas == pytest.approx((112 * 64 * 70 / 5000, 70))
+    halves = {"A": "bfloat16", "B": "bfloat16", "C": "float32"}
+    mma = cuda_report(matmul, halves, {"A": (100, 70), "B": (70, 50)}, registers=False)
+    assert mma.schedule.startswith("strategy=mma")  # mma tiles of 16 x 8, k by 16 then 8
+    assert mma.fmas == pytest.approx((112 * 56 * 72 / 5000, 70))
 
 
 def test_explain_with_target_cuda_and_its_errors() -> None:
@@ -147,7 +151,8 @@ def test_pairwise_tiles_of_odd_extents_count_only_their_padding() -> None:
     shapes = {"g": (), "w": (50,), "W": (50, 1000), "V": (50, 700)}
     report = cuda_report(nest, f32(nest), shapes, registers=False)
     assert report.schedule.startswith("strategy=pairwise")
-    assert report.fmas == pytest.approx((50 * 1024 / 1000 * 704 / 700, 50))  # none along k
+    # warps' blocks of 16 rows x 32 columns: 1008 x 704 points computed; none along k
+    assert report.fmas == pytest.approx((50 * 1008 / 1000 * 704 / 700, 50))
     lanes = {a.text: (a.lane, a.stride, a.staged) for a in report.accesses}
     assert lanes == {"W[k, i]": ("i", 1, True), "V[k, j]": ("j", 1, True), "w[k]": ("k", 1, True)}
     # W: each element once per 11 block columns, V once per 16 block rows, w once per block

@@ -22,7 +22,8 @@
  * - `td_mma_16816_bf16` / `td_mma_16816_f16(d, a, b)`, the tensor-core product of the mma
  *   strategy (codegen/cuda/mma.py; inline PTX `mma.sync.aligned.m16n8k16` on a GPU), are
  *   warp-collective here too: each lane publishes its A and B fragments, the warp syncs,
- *   each lane computes its own four D values in float (k ascending), the warp syncs again.
+ *   each lane computes its own four D values in float (k ascending), the warp syncs again;
+ *   `td_mma_1688_bf16` / `td_mma_1688_f16` (m16n8k8, the first 8 of k) likewise;
  *   The generated source skips its inline PTX where `TDSL_CUDA_EMULATOR` is defined;
  * - `order` 1 runs the blocks and the threads of each block in reverse order, so that a
  *   missing barrier changes the result.
@@ -572,8 +573,9 @@ inline float f16_value(unsigned short bits) { return __half2float(__ushort_as_ha
 /* The 16-bit value in half `h` (0: the lower) of a register word. */
 inline unsigned short half_of(unsigned word, int h) { return (unsigned short)(word >> (16 * h)); }
 
+/* D += A*B over the first `depth` (16, or 8: m16n8k8, registers a[0], a[1], b[0]) of k. */
 void mma_16816(float (*value)(unsigned short), const char *what, const char *file, int line,
-               float d[4], const unsigned a[4], const unsigned b[2]) {
+               float d[4], const unsigned a[4], const unsigned b[2], int depth = 16) {
     Fiber &f = *rt.current;
     int first = f.linear & ~31, lane = f.linear & 31;
     if (first + 32 > int(rt.fibers.size()))
@@ -589,7 +591,7 @@ void mma_16816(float (*value)(unsigned short), const char *what, const char *fil
     for (int v = 0; v < 4; ++v) {
         int row = g + 8 * (v >> 1), col = 2 * q + (v & 1);
         float sum = d[v];
-        for (int k = 0; k < 16; ++k) {
+        for (int k = 0; k < depth; ++k) {
             int k8 = k & 7, high = k >> 3;
             float x = value(half_of(warp[4 * (row & 7) + k8 / 2].a[(row >> 3) + 2 * high], k & 1));
             float y = value(half_of(warp[4 * col + k8 / 2].b[high], k & 1));
@@ -605,6 +607,8 @@ void mma_16816(float (*value)(unsigned short), const char *what, const char *fil
 
 #define td_mma_16816_bf16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::bf16_value, "td_mma_16816_bf16", __FILE__, __LINE__, d, a, b)
 #define td_mma_16816_f16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::f16_value, "td_mma_16816_f16", __FILE__, __LINE__, d, a, b)
+#define td_mma_1688_bf16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::bf16_value, "td_mma_1688_bf16", __FILE__, __LINE__, d, a, b, 8)
+#define td_mma_1688_f16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::f16_value, "td_mma_1688_f16", __FILE__, __LINE__, d, a, b, 8)
 
 #define __activemask() ::tdsl_emu::warp_op<unsigned>(::tdsl_emu::Op::active, "__activemask", __FILE__, __LINE__, 0xffffffffu, 0u, 0, 32)
 [[noreturn]] inline void __trap() { ::tdsl_emu::fail("__trap() called"); }

@@ -63,6 +63,8 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
     __shared__ float As_[16][66];
     __shared__ float Bs_[16][66];
     const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;
+    const int wr_ = tid_ / 32 / 2 * 16, wc_ = tid_ / 32 % 2 * 32;
+    const int tr_ = wr_ + tid_ % 32 / 8, tc_ = wc_ + tid_ % 8;
     for (idx_t bz_ = blockIdx.z; bz_ < P7; bz_ += gridDim.z) {
         idx_t q_ = bz_;
         const idx_t v_y = 0 + (q_);
@@ -70,6 +72,7 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
             for (idx_t bx_ = blockIdx.x; bx_ < P6; bx_ += gridDim.x) {
                 const idx_t o_o = 0 + by_*64;
                 const idx_t o_x = 0 + bx_*64;
+                const bool busy_ = o_o + wr_ < P0 && o_x + wc_ < P1;
                 float acc_[4][4];
                 for (int r_ = 0; r_ < 4; ++r_) {
                     for (int c_ = 0; c_ < 4; ++c_) {
@@ -103,32 +106,64 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
                                     }
                                 }
                                 __syncthreads();
-                                #pragma unroll
-                                for (int kk_ = 0; kk_ < 16; ++kk_) {
-                                    a_[0] = As_[kk_][ty_ + 0];
-                                    a_[1] = As_[kk_][ty_ + 16];
-                                    a_[2] = As_[kk_][ty_ + 32];
-                                    a_[3] = As_[kk_][ty_ + 48];
-                                    b_[0] = Bs_[kk_][tx_ + 0];
-                                    b_[1] = Bs_[kk_][tx_ + 16];
-                                    b_[2] = Bs_[kk_][tx_ + 32];
-                                    b_[3] = Bs_[kk_][tx_ + 48];
-                                    acc_[0][0] += a_[0]*b_[0];
-                                    acc_[0][1] += a_[0]*b_[1];
-                                    acc_[0][2] += a_[0]*b_[2];
-                                    acc_[0][3] += a_[0]*b_[3];
-                                    acc_[1][0] += a_[1]*b_[0];
-                                    acc_[1][1] += a_[1]*b_[1];
-                                    acc_[1][2] += a_[1]*b_[2];
-                                    acc_[1][3] += a_[1]*b_[3];
-                                    acc_[2][0] += a_[2]*b_[0];
-                                    acc_[2][1] += a_[2]*b_[1];
-                                    acc_[2][2] += a_[2]*b_[2];
-                                    acc_[2][3] += a_[2]*b_[3];
-                                    acc_[3][0] += a_[3]*b_[0];
-                                    acc_[3][1] += a_[3]*b_[1];
-                                    acc_[3][2] += a_[3]*b_[2];
-                                    acc_[3][3] += a_[3]*b_[3];
+                                if (busy_) {
+                                    const int kn_ = (int)tdsl_imin((idx_t)16, hi_ - o_dx);
+                                    if (kn_ == 16) {
+                                        #pragma unroll
+                                        for (int kk_ = 0; kk_ < 16; ++kk_) {
+                                            a_[0] = As_[kk_][tr_ + 0];
+                                            a_[1] = As_[kk_][tr_ + 4];
+                                            a_[2] = As_[kk_][tr_ + 8];
+                                            a_[3] = As_[kk_][tr_ + 12];
+                                            b_[0] = Bs_[kk_][tc_ + 0];
+                                            b_[1] = Bs_[kk_][tc_ + 8];
+                                            b_[2] = Bs_[kk_][tc_ + 16];
+                                            b_[3] = Bs_[kk_][tc_ + 24];
+                                            acc_[0][0] += a_[0]*b_[0];
+                                            acc_[0][1] += a_[0]*b_[1];
+                                            acc_[0][2] += a_[0]*b_[2];
+                                            acc_[0][3] += a_[0]*b_[3];
+                                            acc_[1][0] += a_[1]*b_[0];
+                                            acc_[1][1] += a_[1]*b_[1];
+                                            acc_[1][2] += a_[1]*b_[2];
+                                            acc_[1][3] += a_[1]*b_[3];
+                                            acc_[2][0] += a_[2]*b_[0];
+                                            acc_[2][1] += a_[2]*b_[1];
+                                            acc_[2][2] += a_[2]*b_[2];
+                                            acc_[2][3] += a_[2]*b_[3];
+                                            acc_[3][0] += a_[3]*b_[0];
+                                            acc_[3][1] += a_[3]*b_[1];
+                                            acc_[3][2] += a_[3]*b_[2];
+                                            acc_[3][3] += a_[3]*b_[3];
+                                        }
+                                    } else {
+                                        for (int kk_ = 0; kk_ < kn_; ++kk_) {
+                                            a_[0] = As_[kk_][tr_ + 0];
+                                            a_[1] = As_[kk_][tr_ + 4];
+                                            a_[2] = As_[kk_][tr_ + 8];
+                                            a_[3] = As_[kk_][tr_ + 12];
+                                            b_[0] = Bs_[kk_][tc_ + 0];
+                                            b_[1] = Bs_[kk_][tc_ + 8];
+                                            b_[2] = Bs_[kk_][tc_ + 16];
+                                            b_[3] = Bs_[kk_][tc_ + 24];
+                                            acc_[0][0] += a_[0]*b_[0];
+                                            acc_[0][1] += a_[0]*b_[1];
+                                            acc_[0][2] += a_[0]*b_[2];
+                                            acc_[0][3] += a_[0]*b_[3];
+                                            acc_[1][0] += a_[1]*b_[0];
+                                            acc_[1][1] += a_[1]*b_[1];
+                                            acc_[1][2] += a_[1]*b_[2];
+                                            acc_[1][3] += a_[1]*b_[3];
+                                            acc_[2][0] += a_[2]*b_[0];
+                                            acc_[2][1] += a_[2]*b_[1];
+                                            acc_[2][2] += a_[2]*b_[2];
+                                            acc_[2][3] += a_[2]*b_[3];
+                                            acc_[3][0] += a_[3]*b_[0];
+                                            acc_[3][1] += a_[3]*b_[1];
+                                            acc_[3][2] += a_[3]*b_[2];
+                                            acc_[3][3] += a_[3]*b_[3];
+                                        }
+                                    }
                                 }
                                 __syncthreads();
                             }
@@ -136,113 +171,113 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_Y_forward_3de3b8f1(
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 0;
-                    const idx_t v_x = o_x + tx_ + 0;
+                    const idx_t v_o = o_o + tr_ + 0;
+                    const idx_t v_x = o_x + tc_ + 0;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][0];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 0;
-                    const idx_t v_x = o_x + tx_ + 16;
+                    const idx_t v_o = o_o + tr_ + 0;
+                    const idx_t v_x = o_x + tc_ + 8;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][1];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 0;
-                    const idx_t v_x = o_x + tx_ + 32;
+                    const idx_t v_o = o_o + tr_ + 0;
+                    const idx_t v_x = o_x + tc_ + 16;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][2];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 0;
-                    const idx_t v_x = o_x + tx_ + 48;
+                    const idx_t v_o = o_o + tr_ + 0;
+                    const idx_t v_x = o_x + tc_ + 24;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[0][3];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 16;
-                    const idx_t v_x = o_x + tx_ + 0;
+                    const idx_t v_o = o_o + tr_ + 4;
+                    const idx_t v_x = o_x + tc_ + 0;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][0];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 16;
-                    const idx_t v_x = o_x + tx_ + 16;
+                    const idx_t v_o = o_o + tr_ + 4;
+                    const idx_t v_x = o_x + tc_ + 8;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][1];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 16;
-                    const idx_t v_x = o_x + tx_ + 32;
+                    const idx_t v_o = o_o + tr_ + 4;
+                    const idx_t v_x = o_x + tc_ + 16;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][2];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 16;
-                    const idx_t v_x = o_x + tx_ + 48;
+                    const idx_t v_o = o_o + tr_ + 4;
+                    const idx_t v_x = o_x + tc_ + 24;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[1][3];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 32;
-                    const idx_t v_x = o_x + tx_ + 0;
+                    const idx_t v_o = o_o + tr_ + 8;
+                    const idx_t v_x = o_x + tc_ + 0;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][0];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 32;
-                    const idx_t v_x = o_x + tx_ + 16;
+                    const idx_t v_o = o_o + tr_ + 8;
+                    const idx_t v_x = o_x + tc_ + 8;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][1];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 32;
-                    const idx_t v_x = o_x + tx_ + 32;
+                    const idx_t v_o = o_o + tr_ + 8;
+                    const idx_t v_x = o_x + tc_ + 16;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][2];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 32;
-                    const idx_t v_x = o_x + tx_ + 48;
+                    const idx_t v_o = o_o + tr_ + 8;
+                    const idx_t v_x = o_x + tc_ + 24;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[2][3];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 48;
-                    const idx_t v_x = o_x + tx_ + 0;
+                    const idx_t v_o = o_o + tr_ + 12;
+                    const idx_t v_x = o_x + tc_ + 0;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][0];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 48;
-                    const idx_t v_x = o_x + tx_ + 16;
+                    const idx_t v_o = o_o + tr_ + 12;
+                    const idx_t v_x = o_x + tc_ + 8;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][1];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 48;
-                    const idx_t v_x = o_x + tx_ + 32;
+                    const idx_t v_o = o_o + tr_ + 12;
+                    const idx_t v_x = o_x + tc_ + 16;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][2];
                     }
                 }
                 {
-                    const idx_t v_o = o_o + ty_ + 48;
-                    const idx_t v_x = o_x + tx_ + 48;
+                    const idx_t v_o = o_o + tr_ + 12;
+                    const idx_t v_x = o_x + tc_ + 24;
                     if (v_o < P0 && v_x < P1) {
                         out_[v_o*s_OUT_0 + v_y*s_OUT_1 + v_x] = acc_[3][3];
                     }

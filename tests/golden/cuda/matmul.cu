@@ -49,11 +49,14 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_C_forward_3cc97cb2(
     __shared__ float As_[16][66];
     __shared__ float Bs_[16][65];
     const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;
+    const int wr_ = tid_ / 32 / 2 * 16, wc_ = tid_ / 32 % 2 * 32;
+    const int tr_ = wr_ + tid_ % 32 / 8, tc_ = wc_ + tid_ % 8;
     for (idx_t bz_ = blockIdx.z; bz_ < 1; bz_ += gridDim.z) {
         for (idx_t by_ = blockIdx.y; by_ < P3; by_ += gridDim.y) {
             for (idx_t bx_ = blockIdx.x; bx_ < P4; bx_ += gridDim.x) {
                 const idx_t o_i = 0 + by_*64;
                 const idx_t o_j = 0 + bx_*64;
+                const bool busy_ = o_i + wr_ < P0 && o_j + wc_ < P1;
                 float acc_[4][4];
                 for (int r_ = 0; r_ < 4; ++r_) {
                     for (int c_ = 0; c_ < 4; ++c_) {
@@ -85,144 +88,176 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_C_forward_3cc97cb2(
                             }
                         }
                         __syncthreads();
-                        #pragma unroll
-                        for (int kk_ = 0; kk_ < 16; ++kk_) {
-                            a_[0] = As_[kk_][ty_ + 0];
-                            a_[1] = As_[kk_][ty_ + 16];
-                            a_[2] = As_[kk_][ty_ + 32];
-                            a_[3] = As_[kk_][ty_ + 48];
-                            b_[0] = Bs_[kk_][tx_ + 0];
-                            b_[1] = Bs_[kk_][tx_ + 16];
-                            b_[2] = Bs_[kk_][tx_ + 32];
-                            b_[3] = Bs_[kk_][tx_ + 48];
-                            acc_[0][0] += a_[0]*b_[0];
-                            acc_[0][1] += a_[0]*b_[1];
-                            acc_[0][2] += a_[0]*b_[2];
-                            acc_[0][3] += a_[0]*b_[3];
-                            acc_[1][0] += a_[1]*b_[0];
-                            acc_[1][1] += a_[1]*b_[1];
-                            acc_[1][2] += a_[1]*b_[2];
-                            acc_[1][3] += a_[1]*b_[3];
-                            acc_[2][0] += a_[2]*b_[0];
-                            acc_[2][1] += a_[2]*b_[1];
-                            acc_[2][2] += a_[2]*b_[2];
-                            acc_[2][3] += a_[2]*b_[3];
-                            acc_[3][0] += a_[3]*b_[0];
-                            acc_[3][1] += a_[3]*b_[1];
-                            acc_[3][2] += a_[3]*b_[2];
-                            acc_[3][3] += a_[3]*b_[3];
+                        if (busy_) {
+                            const int kn_ = (int)tdsl_imin((idx_t)16, hi_ - o_k);
+                            if (kn_ == 16) {
+                                #pragma unroll
+                                for (int kk_ = 0; kk_ < 16; ++kk_) {
+                                    a_[0] = As_[kk_][tr_ + 0];
+                                    a_[1] = As_[kk_][tr_ + 4];
+                                    a_[2] = As_[kk_][tr_ + 8];
+                                    a_[3] = As_[kk_][tr_ + 12];
+                                    b_[0] = Bs_[kk_][tc_ + 0];
+                                    b_[1] = Bs_[kk_][tc_ + 8];
+                                    b_[2] = Bs_[kk_][tc_ + 16];
+                                    b_[3] = Bs_[kk_][tc_ + 24];
+                                    acc_[0][0] += a_[0]*b_[0];
+                                    acc_[0][1] += a_[0]*b_[1];
+                                    acc_[0][2] += a_[0]*b_[2];
+                                    acc_[0][3] += a_[0]*b_[3];
+                                    acc_[1][0] += a_[1]*b_[0];
+                                    acc_[1][1] += a_[1]*b_[1];
+                                    acc_[1][2] += a_[1]*b_[2];
+                                    acc_[1][3] += a_[1]*b_[3];
+                                    acc_[2][0] += a_[2]*b_[0];
+                                    acc_[2][1] += a_[2]*b_[1];
+                                    acc_[2][2] += a_[2]*b_[2];
+                                    acc_[2][3] += a_[2]*b_[3];
+                                    acc_[3][0] += a_[3]*b_[0];
+                                    acc_[3][1] += a_[3]*b_[1];
+                                    acc_[3][2] += a_[3]*b_[2];
+                                    acc_[3][3] += a_[3]*b_[3];
+                                }
+                            } else {
+                                for (int kk_ = 0; kk_ < kn_; ++kk_) {
+                                    a_[0] = As_[kk_][tr_ + 0];
+                                    a_[1] = As_[kk_][tr_ + 4];
+                                    a_[2] = As_[kk_][tr_ + 8];
+                                    a_[3] = As_[kk_][tr_ + 12];
+                                    b_[0] = Bs_[kk_][tc_ + 0];
+                                    b_[1] = Bs_[kk_][tc_ + 8];
+                                    b_[2] = Bs_[kk_][tc_ + 16];
+                                    b_[3] = Bs_[kk_][tc_ + 24];
+                                    acc_[0][0] += a_[0]*b_[0];
+                                    acc_[0][1] += a_[0]*b_[1];
+                                    acc_[0][2] += a_[0]*b_[2];
+                                    acc_[0][3] += a_[0]*b_[3];
+                                    acc_[1][0] += a_[1]*b_[0];
+                                    acc_[1][1] += a_[1]*b_[1];
+                                    acc_[1][2] += a_[1]*b_[2];
+                                    acc_[1][3] += a_[1]*b_[3];
+                                    acc_[2][0] += a_[2]*b_[0];
+                                    acc_[2][1] += a_[2]*b_[1];
+                                    acc_[2][2] += a_[2]*b_[2];
+                                    acc_[2][3] += a_[2]*b_[3];
+                                    acc_[3][0] += a_[3]*b_[0];
+                                    acc_[3][1] += a_[3]*b_[1];
+                                    acc_[3][2] += a_[3]*b_[2];
+                                    acc_[3][3] += a_[3]*b_[3];
+                                }
+                            }
                         }
                         __syncthreads();
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][3];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][3];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][3];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][3];
                     }

@@ -49,11 +49,14 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_D_forward_b6b6dddb(
     __shared__ float rs0_[16][65];
     __shared__ float cs0_[16][65];
     const int tx_ = threadIdx.x, ty_ = threadIdx.y, tid_ = ty_*16 + tx_;
+    const int wr_ = tid_ / 32 / 2 * 16, wc_ = tid_ / 32 % 2 * 32;
+    const int tr_ = wr_ + tid_ % 32 / 8, tc_ = wc_ + tid_ % 8;
     for (idx_t bz_ = blockIdx.z; bz_ < 1; bz_ += gridDim.z) {
         for (idx_t by_ = blockIdx.y; by_ < P3; by_ += gridDim.y) {
             for (idx_t bx_ = blockIdx.x; bx_ < P4; bx_ += gridDim.x) {
                 const idx_t o_i = 0 + by_*64;
                 const idx_t o_j = 0 + bx_*64;
+                const bool busy_ = o_i + wr_ < P0 && o_j + wc_ < P1;
                 float acc_[4][4];
                 for (int r_ = 0; r_ < 4; ++r_) {
                     for (int c_ = 0; c_ < 4; ++c_) {
@@ -80,156 +83,158 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_D_forward_b6b6dddb(
                             cs0_[kk_][xx_] = (v_j < P1 && v_k < hi_) ? (in_X[v_k*s_X_0 + v_j]) : (float)0;
                         }
                         __syncthreads();
-                        const int kn_ = (int)tdsl_imin((idx_t)16, hi_ - o_k);
-                        if (kn_ == 16) {
-                            #pragma unroll
-                            for (int kk_ = 0; kk_ < 16; ++kk_) {
-                                const float rs0_0 = rs0_[kk_][ty_ + 0];
-                                const float rs0_1 = rs0_[kk_][ty_ + 16];
-                                const float rs0_2 = rs0_[kk_][ty_ + 32];
-                                const float rs0_3 = rs0_[kk_][ty_ + 48];
-                                const float cs0_0 = cs0_[kk_][tx_ + 0];
-                                const float cs0_1 = cs0_[kk_][tx_ + 16];
-                                const float cs0_2 = cs0_[kk_][tx_ + 32];
-                                const float cs0_3 = cs0_[kk_][tx_ + 48];
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_0)*(-cs0_0 + rs0_0));
-                                    acc_[0][0] += val_;
+                        if (busy_) {
+                            const int kn_ = (int)tdsl_imin((idx_t)16, hi_ - o_k);
+                            if (kn_ == 16) {
+                                #pragma unroll
+                                for (int kk_ = 0; kk_ < 16; ++kk_) {
+                                    const float rs0_0 = rs0_[kk_][tr_ + 0];
+                                    const float rs0_1 = rs0_[kk_][tr_ + 4];
+                                    const float rs0_2 = rs0_[kk_][tr_ + 8];
+                                    const float rs0_3 = rs0_[kk_][tr_ + 12];
+                                    const float cs0_0 = cs0_[kk_][tc_ + 0];
+                                    const float cs0_1 = cs0_[kk_][tc_ + 8];
+                                    const float cs0_2 = cs0_[kk_][tc_ + 16];
+                                    const float cs0_3 = cs0_[kk_][tc_ + 24];
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_0)*(-cs0_0 + rs0_0));
+                                        acc_[0][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_0)*(-cs0_1 + rs0_0));
+                                        acc_[0][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_0)*(-cs0_2 + rs0_0));
+                                        acc_[0][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_0)*(-cs0_3 + rs0_0));
+                                        acc_[0][3] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_1)*(-cs0_0 + rs0_1));
+                                        acc_[1][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_1)*(-cs0_1 + rs0_1));
+                                        acc_[1][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_1)*(-cs0_2 + rs0_1));
+                                        acc_[1][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_1)*(-cs0_3 + rs0_1));
+                                        acc_[1][3] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_2)*(-cs0_0 + rs0_2));
+                                        acc_[2][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_2)*(-cs0_1 + rs0_2));
+                                        acc_[2][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_2)*(-cs0_2 + rs0_2));
+                                        acc_[2][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_2)*(-cs0_3 + rs0_2));
+                                        acc_[2][3] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_3)*(-cs0_0 + rs0_3));
+                                        acc_[3][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_3)*(-cs0_1 + rs0_3));
+                                        acc_[3][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_3)*(-cs0_2 + rs0_3));
+                                        acc_[3][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_3)*(-cs0_3 + rs0_3));
+                                        acc_[3][3] += val_;
+                                    }
                                 }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_0)*(-cs0_1 + rs0_0));
-                                    acc_[0][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_0)*(-cs0_2 + rs0_0));
-                                    acc_[0][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_0)*(-cs0_3 + rs0_0));
-                                    acc_[0][3] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_1)*(-cs0_0 + rs0_1));
-                                    acc_[1][0] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_1)*(-cs0_1 + rs0_1));
-                                    acc_[1][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_1)*(-cs0_2 + rs0_1));
-                                    acc_[1][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_1)*(-cs0_3 + rs0_1));
-                                    acc_[1][3] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_2)*(-cs0_0 + rs0_2));
-                                    acc_[2][0] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_2)*(-cs0_1 + rs0_2));
-                                    acc_[2][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_2)*(-cs0_2 + rs0_2));
-                                    acc_[2][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_2)*(-cs0_3 + rs0_2));
-                                    acc_[2][3] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_3)*(-cs0_0 + rs0_3));
-                                    acc_[3][0] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_3)*(-cs0_1 + rs0_3));
-                                    acc_[3][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_3)*(-cs0_2 + rs0_3));
-                                    acc_[3][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_3)*(-cs0_3 + rs0_3));
-                                    acc_[3][3] += val_;
-                                }
-                            }
-                        } else {
-                            for (int kk_ = 0; kk_ < kn_; ++kk_) {
-                                const float rs0_0 = rs0_[kk_][ty_ + 0];
-                                const float rs0_1 = rs0_[kk_][ty_ + 16];
-                                const float rs0_2 = rs0_[kk_][ty_ + 32];
-                                const float rs0_3 = rs0_[kk_][ty_ + 48];
-                                const float cs0_0 = cs0_[kk_][tx_ + 0];
-                                const float cs0_1 = cs0_[kk_][tx_ + 16];
-                                const float cs0_2 = cs0_[kk_][tx_ + 32];
-                                const float cs0_3 = cs0_[kk_][tx_ + 48];
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_0)*(-cs0_0 + rs0_0));
-                                    acc_[0][0] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_0)*(-cs0_1 + rs0_0));
-                                    acc_[0][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_0)*(-cs0_2 + rs0_0));
-                                    acc_[0][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_0)*(-cs0_3 + rs0_0));
-                                    acc_[0][3] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_1)*(-cs0_0 + rs0_1));
-                                    acc_[1][0] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_1)*(-cs0_1 + rs0_1));
-                                    acc_[1][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_1)*(-cs0_2 + rs0_1));
-                                    acc_[1][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_1)*(-cs0_3 + rs0_1));
-                                    acc_[1][3] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_2)*(-cs0_0 + rs0_2));
-                                    acc_[2][0] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_2)*(-cs0_1 + rs0_2));
-                                    acc_[2][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_2)*(-cs0_2 + rs0_2));
-                                    acc_[2][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_2)*(-cs0_3 + rs0_2));
-                                    acc_[2][3] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_0 + rs0_3)*(-cs0_0 + rs0_3));
-                                    acc_[3][0] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_1 + rs0_3)*(-cs0_1 + rs0_3));
-                                    acc_[3][1] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_2 + rs0_3)*(-cs0_2 + rs0_3));
-                                    acc_[3][2] += val_;
-                                }
-                                {
-                                    const float val_ = ((-cs0_3 + rs0_3)*(-cs0_3 + rs0_3));
-                                    acc_[3][3] += val_;
+                            } else {
+                                for (int kk_ = 0; kk_ < kn_; ++kk_) {
+                                    const float rs0_0 = rs0_[kk_][tr_ + 0];
+                                    const float rs0_1 = rs0_[kk_][tr_ + 4];
+                                    const float rs0_2 = rs0_[kk_][tr_ + 8];
+                                    const float rs0_3 = rs0_[kk_][tr_ + 12];
+                                    const float cs0_0 = cs0_[kk_][tc_ + 0];
+                                    const float cs0_1 = cs0_[kk_][tc_ + 8];
+                                    const float cs0_2 = cs0_[kk_][tc_ + 16];
+                                    const float cs0_3 = cs0_[kk_][tc_ + 24];
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_0)*(-cs0_0 + rs0_0));
+                                        acc_[0][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_0)*(-cs0_1 + rs0_0));
+                                        acc_[0][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_0)*(-cs0_2 + rs0_0));
+                                        acc_[0][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_0)*(-cs0_3 + rs0_0));
+                                        acc_[0][3] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_1)*(-cs0_0 + rs0_1));
+                                        acc_[1][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_1)*(-cs0_1 + rs0_1));
+                                        acc_[1][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_1)*(-cs0_2 + rs0_1));
+                                        acc_[1][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_1)*(-cs0_3 + rs0_1));
+                                        acc_[1][3] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_2)*(-cs0_0 + rs0_2));
+                                        acc_[2][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_2)*(-cs0_1 + rs0_2));
+                                        acc_[2][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_2)*(-cs0_2 + rs0_2));
+                                        acc_[2][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_2)*(-cs0_3 + rs0_2));
+                                        acc_[2][3] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_0 + rs0_3)*(-cs0_0 + rs0_3));
+                                        acc_[3][0] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_1 + rs0_3)*(-cs0_1 + rs0_3));
+                                        acc_[3][1] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_2 + rs0_3)*(-cs0_2 + rs0_3));
+                                        acc_[3][2] += val_;
+                                    }
+                                    {
+                                        const float val_ = ((-cs0_3 + rs0_3)*(-cs0_3 + rs0_3));
+                                        acc_[3][3] += val_;
+                                    }
                                 }
                             }
                         }
@@ -237,113 +242,113 @@ extern "C" __global__ void __launch_bounds__(256) tdsl_D_forward_b6b6dddb(
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 0;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 0;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[0][3];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 16;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 4;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[1][3];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 32;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 8;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[2][3];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 0;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 0;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][0];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 16;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 8;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][1];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 32;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 16;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][2];
                     }
                 }
                 {
-                    const idx_t v_i = o_i + ty_ + 48;
-                    const idx_t v_j = o_j + tx_ + 48;
+                    const idx_t v_i = o_i + tr_ + 12;
+                    const idx_t v_j = o_j + tc_ + 24;
                     if (v_i < P0 && v_j < P1) {
                         out_[v_i*s_OUT_0 + v_j] = acc_[3][3];
                     }
