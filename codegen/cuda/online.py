@@ -51,7 +51,7 @@ import sympy
 
 from codegen.cuda import key_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.layout import split_weighted
+from codegen.cuda.layout import split_paired, split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.cuda.scores import scores, tile_shape, variant
 from codegen.cuda.smem import BANKS
@@ -75,7 +75,8 @@ def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
     size = 8 if f == "double" else 4
     index = 8 if schedule.index_type == "int64" else 4
-    staged = keys * ONLINE_COLUMNS + rows * score_pitch(keys, lanes)
+    scores = 2 if split_paired(nest) else 1  # a pair's second weights: `ss2_`
+    staged = keys * ONLINE_COLUMNS + scores * rows * score_pitch(keys, lanes)
     found = staged * size + 2 * rows * index + rows * lanes * 4
     staged = staged_keys(nest, schedule) if f == "float" else None
     if staged is not None:
@@ -112,6 +113,15 @@ def scores_and_weights(nest: LoopNest) -> tuple[Term, Term]:
     weighted sum's `a` and `b` (`codegen.cuda.layout.split_weighted`)."""
     if len(nest.terms) == 2:
         return nest.terms[0], nest.terms[1]
+    paired = split_paired(nest)
+    if paired is not None:  # two members (`codegen.cuda.pairs`): both weights, a tuple
+        (term,) = nest.terms
+        b = sympy.Piecewise(
+            (paired.values[0], sympy.StrictLessThan(nest.free[-1].index, paired.split)),
+            (paired.values[1], True),
+        )
+        a = dataclasses.replace(term, body=sympy.Tuple(*paired.weights))
+        return a, dataclasses.replace(term, body=b)
     split = split_weighted(nest)
     assert split is not None, "the weighted strategy needs split_weighted"
     (term,) = nest.terms
@@ -221,6 +231,7 @@ def online(e: CudaEmitter) -> Lines:
     return [
         f"__shared__ {f} ws_[{K}][{ONLINE_COLUMNS}];",
         f"__shared__ {f} ss_[{R}][{score_pitch(K, P)}];",
+        *([f"__shared__ {f} ss2_[{R}][{score_pitch(K, P)}];"] if _split(e) is not None else []),
         f"__shared__ idx_t rlo_[{R}], rhi_[{R}];",
         f"__shared__ int rany_[{R * P}];",
         f"const int tid_ = threadIdx.x, r_ = tid_ / {P}, ln_ = tid_ % {P};",
@@ -299,9 +310,22 @@ def _fold(e: CudaEmitter) -> Lines:
     ]
 
 
+def _split(e: CudaEmitter) -> sympy.Expr | None:
+    """The first packed column of a pair's second member (the kernel's terms are
+    `scores_and_weights`: a tuple of two weights), else None."""
+    if not isinstance(e.nest.terms[0].body, sympy.Tuple):
+        return None
+    (_, test), _ = e.nest.terms[1].body.args
+    return test.rhs
+
+
 def _weighted_column(e: CudaEmitter) -> str:
-    """An owned column's sum plus the key's weight times its staged value."""
+    """An owned column's sum plus the key's weight times its staged value (a pair's second
+    member's columns, from `C1` on, its own weight `p2_`)."""
     update = "o_[q_] += p_*ws_[c_][kk_];"
+    split = _split(e)
+    if split is not None:
+        update = f"o_[q_] += (cb_ + kk_ < {e.idx(split)} ? p_ : p2_)*ws_[c_][kk_];"
     if e.count_fmas:
         update = f"{{ {update} {' '.join(e.fma_hook())} }}"
     return f"if (kk_ < ne_) {update}"
@@ -345,6 +369,7 @@ def _add(e: CudaEmitter) -> Lines:
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
         f"const {e.f} p_ = ss_[r_][c_];",
+        *([f"const {e.f} p2_ = ss2_[r_][c_];"] if _split(e) is not None else []),
         "#pragma unroll",
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
