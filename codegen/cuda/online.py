@@ -49,7 +49,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles, query_tiles
+from codegen.cuda import key_tiles, pair_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_paired, split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
@@ -75,8 +75,8 @@ def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
     size = 8 if f == "double" else 4
     index = 8 if schedule.index_type == "int64" else 4
-    scores = 2 if split_paired(nest) else 1  # a pair's second weights: `ss2_`
-    staged = keys * ONLINE_COLUMNS + scores * rows * score_pitch(keys, lanes)
+    paired = split_paired(nest) is not None  # a pair's second weights: `ss2_`
+    staged = keys * pair_tiles.pitch(paired) + (1 + paired) * rows * score_pitch(keys, lanes)
     found = staged * size + 2 * rows * index + rows * lanes * 4
     staged = staged_keys(nest, schedule) if f == "float" else None
     if staged is not None:
@@ -181,6 +181,10 @@ def online(e: CudaEmitter) -> Lines:
     nouter = e.idx(e.count(outer_names, {}))
     staged = staged_keys(e.nest, e.schedule) if f == "float" else None
     declared = key_tiles.declarations(e, staged, K) if staged else []
+    weights = pair_tiles.staged_term(e.nest, j_symbol) if staged else None
+    if weights is not None:  # a pair's scores read `ws_` where it holds their reads
+        ready = [f"{e.idx(c)} >= 0" for c in weights[1] if not (c.is_number and c >= 0)]
+        declared.append(f"const bool wst_ = {' && '.join(ready or ['true'])};")
     query = staged_queries(e.nest, e.schedule, staged) if staged else None
     tile = [f"const idx_t i0_ = {e.idx(rows.start)} + bx_*{R};"]
     if query is not None:
@@ -229,7 +233,7 @@ def online(e: CudaEmitter) -> Lines:
         f"for (idx_t bz_ = blockIdx.y; bz_ < {nouter}; bz_ += gridDim.y)", [*decode, *loops]
     )
     return [
-        f"__shared__ {f} ws_[{K}][{ONLINE_COLUMNS}];",
+        f"__shared__ {f} ws_[{K}][{pair_tiles.pitch(_split(e) is not None)}];",
         f"__shared__ {f} ss_[{R}][{score_pitch(K, P)}];",
         *([f"__shared__ {f} ss2_[{R}][{score_pitch(K, P)}];"] if _split(e) is not None else []),
         f"__shared__ idx_t rlo_[{R}], rhi_[{R}];",

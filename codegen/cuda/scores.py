@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles, query_tiles
+from codegen.cuda import key_tiles, pair_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.emit.emitter import Lines, block_lines, indent_lines
@@ -51,6 +51,11 @@ def scores(
         score = key_tiles.staged_term(e.nest.terms[0], staged, key)
         fast = indent_lines(pair_score(variant(e, (score, e.nest.terms[1]), e.schedule)))
         element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
+        weights = pair_tiles.staged_term(e.nest, key)
+        if weights is not None:  # a pair's scores read the staged weights (`wst_`)
+            e.printer.tensors[pair_tiles.STAGED] = pair_tiles.VIEW
+            paired = variant(e, (weights[0], e.nest.terms[1]), e.schedule)
+            element = ["if (wst_) {", *indent_lines(pair_score(paired)), "} else", *element]
         if query is not None:
             row = e.free_range(e.schedule.free_order[-2]).index
             both = query_tiles.staged_term(score, query, staged, row)
