@@ -92,6 +92,8 @@ def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | No
     by_name = {s.name: s for s in nest.free_indices}
     key = term_order(nest, schedule, 0)[-1]
     view = dataclasses.replace(nest, terms=scores_and_weights(nest))
+    if pair_tiles.staged_term(view, key) is not None:  # a pair reads them from `ws_`
+        return None
     return key_tiles.key_tile(view, by_name[schedule.free_order[-2]], key)
 
 
@@ -181,7 +183,7 @@ def online(e: CudaEmitter) -> Lines:
     nouter = e.idx(e.count(outer_names, {}))
     staged = staged_keys(e.nest, e.schedule) if f == "float" else None
     declared = key_tiles.declarations(e, staged, K) if staged else []
-    weights = pair_tiles.staged_term(e.nest, j_symbol) if staged else None
+    weights = pair_tiles.staged_term(e.nest, j_symbol)
     if weights is not None:  # a pair's scores read `ws_` where it holds their reads
         ready = [f"{e.idx(c)} >= 0" for c in weights[1] if not (c.is_number and c >= 0)]
         declared.append(f"const bool wst_ = {' && '.join(ready or ['true'])};")
@@ -213,6 +215,7 @@ def online(e: CudaEmitter) -> Lines:
                 f"const idx_t jn_ = tdsl_imin({K}, bhi_ - j0_);",
                 *_stage_weights(e, j, k, first),
                 *(key_tiles.stage(e, staged, j, K, R * P) if staged else []),
+                *(["__syncthreads(); /* the scores read ws_ */"] if weights else []),
                 *scores(e, j, staged, query),
                 "__syncthreads();",
                 *block_lines("if (live_)", _fold(e) if e.nest.online else _add(e)),

@@ -46,16 +46,16 @@ def scores(
     the staged key tile, and the staged row tile, where this call stages them)."""
     _, lanes, keys, _ = tile_shape(e)
     element = pair_score(e)
+    weights = pair_tiles.staged_term(e.nest, e.term_order(0)[-1])
+    if weights is not None:  # a pair's scores read the staged weights (`wst_`; no key tile)
+        e.printer.tensors[pair_tiles.STAGED] = pair_tiles.VIEW
+        fast = indent_lines(pair_score(variant(e, (weights[0], e.nest.terms[1]), e.schedule)))
+        return _key_loop(e, j, ["if (wst_) {", *fast, "} else {", *indent_lines(element), "}"])
     if staged is not None:
         key = e.term_order(0)[-1]
         score = key_tiles.staged_term(e.nest.terms[0], staged, key)
         fast = indent_lines(pair_score(variant(e, (score, e.nest.terms[1]), e.schedule)))
         element = ["if (kst_) {", *fast, "} else {", *indent_lines(element), "}"]
-        weights = pair_tiles.staged_term(e.nest, key)
-        if weights is not None:  # a pair's scores read the staged weights (`wst_`)
-            e.printer.tensors[pair_tiles.STAGED] = pair_tiles.VIEW
-            paired = variant(e, (weights[0], e.nest.terms[1]), e.schedule)
-            element = ["if (wst_) {", *indent_lines(pair_score(paired)), "} else", *element]
         if query is not None:
             row = e.free_range(e.schedule.free_order[-2]).index
             both = query_tiles.staged_term(score, query, staged, row)
