@@ -150,6 +150,13 @@ def group_gradients() -> bool:
     return _flag("TENSORDSL_GROUP_GRADIENTS", "1")
 
 
+def pair_gradients() -> bool:
+    """`TENSORDSL_PAIR_GRADIENTS`: two weighted gradient nests over the same loops
+    (attention's dK and dV) run as one CUDA kernel with two outputs (`codegen.cuda.pairs`)
+    unless set to "0"; "0" runs each alone (to compare)."""
+    return _flag("TENSORDSL_PAIR_GRADIENTS", "1")
+
+
 CPU_CALLS = ("ffi", "callback")
 
 

@@ -8,6 +8,7 @@ element, the reduced loops cut across blocks)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import sympy
@@ -110,6 +111,42 @@ def split_weighted(nest: LoopNest) -> tuple[sympy.Expr, sympy.Expr] | None:
         return None
     a = sympy.Add(*(sympy.Mul(*(f for f in p if f not in columns[0])) for p in products))
     return None if uses(a, col) else (a, b)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A packed nest's parts (`split_paired`): each member's weight `a` and weighted value
+    `b` (the second's `b` reading the packed column shifted back), and `C1`."""
+
+    weights: tuple[sympy.Expr, sympy.Expr]
+    values: tuple[sympy.Expr, sympy.Expr]
+    split: sympy.Expr
+
+
+def split_paired(nest: LoopNest) -> Paired | None:
+    """The parts of two weighted sums packed along their columns (`codegen.cuda.pairs`:
+    `sum_k where(c < C1, a1*b1, a2*b2)`, each product as `split_weighted` takes it), else
+    None."""
+    if nest.reduction != "sum" or nest.online or len(nest.terms) != 1 or len(nest.free) < 2:
+        return None
+    (term,) = nest.terms
+    body, column = term.body, nest.free[-1].index
+    if not isinstance(body, sympy.Piecewise) or len(body.args) != 2:
+        return None
+    (first, test), (second, otherwise) = body.args
+    if otherwise != sympy.true or not isinstance(test, sympy.StrictLessThan):
+        return None
+    if test.lhs != column or column in test.rhs.free_symbols or nest.free[-1].start != 0:
+        return None
+    parts = []
+    for value in (first, second):
+        alone = dataclasses.replace(nest, terms=(dataclasses.replace(term, body=value),))
+        split = split_weighted(alone)
+        if split is None:
+            return None
+        parts.append(split)
+    (a1, b1), (a2, b2) = parts
+    return Paired((a1, a2), (b1, b2), test.rhs)
 
 
 def _row_indices(nest: LoopNest, order: LoopOrder) -> set[str]:

@@ -54,9 +54,9 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles, query_tiles, shared
+from codegen.cuda import key_tiles, pair_tiles, query_tiles, shared
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.layout import split_weighted
+from codegen.cuda.layout import split_paired, split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.cuda.scores import scores, tile_shape, variant
 from codegen.cuda.smem import BANKS
@@ -78,8 +78,11 @@ def launch(
 def shared_arrays(nest: LoopNest, schedule: GpuSchedule, f: str) -> tuple[shared.Array, ...]:
     """The kernel's shared arrays (`codegen.cuda.shared`) for accumulation type `f`."""
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
-    arrays: list[shared.Array] = [("ws_", f, (keys, ONLINE_COLUMNS))]
+    paired = split_paired(nest) is not None  # a pair's second weights: `ss2_`
+    arrays: list[shared.Array] = [("ws_", f, (keys, pair_tiles.pitch(paired)))]
     arrays.append(("ss_", f, (rows, score_pitch(keys, lanes))))
+    if paired:
+        arrays.append(("ss2_", f, (rows, score_pitch(keys, lanes))))
     staged = staged_keys(nest, schedule) if f == "float" else None
     if staged is not None:
         arrays.append(key_tiles.shared_array(keys))
@@ -101,6 +104,8 @@ def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | No
     by_name = {s.name: s for s in nest.free_indices}
     key = term_order(nest, schedule, 0)[-1]
     view = dataclasses.replace(nest, terms=scores_and_weights(nest))
+    if pair_tiles.staged_term(view, key) is not None:  # a pair reads them from `ws_`
+        return None
     return key_tiles.key_tile(view, by_name[schedule.free_order[-2]], key)
 
 
@@ -122,6 +127,15 @@ def scores_and_weights(nest: LoopNest) -> tuple[Term, Term]:
     weighted sum's `a` and `b` (`codegen.cuda.layout.split_weighted`)."""
     if len(nest.terms) == 2:
         return nest.terms[0], nest.terms[1]
+    paired = split_paired(nest)
+    if paired is not None:  # two members (`codegen.cuda.pairs`): both weights, a tuple
+        (term,) = nest.terms
+        b = sympy.Piecewise(
+            (paired.values[0], sympy.StrictLessThan(nest.free[-1].index, paired.split)),
+            (paired.values[1], True),
+        )
+        a = dataclasses.replace(term, body=sympy.Tuple(*paired.weights))
+        return a, dataclasses.replace(term, body=b)
     split = split_weighted(nest)
     assert split is not None, "the weighted strategy needs split_weighted"
     (term,) = nest.terms
@@ -183,6 +197,10 @@ def online(e: CudaEmitter) -> Lines:
     nouter = e.idx(e.count(outer_names, {}))
     staged = staged_keys(e.nest, e.schedule) if f == "float" else None
     declared = key_tiles.declarations(e, staged, K) if staged else []
+    weights = pair_tiles.staged_term(e.nest, j_symbol)
+    if weights is not None:  # a pair's scores read `ws_` where it holds their reads
+        ready = [f"{e.idx(c)} >= 0" for c in weights[1] if not (c.is_number and c >= 0)]
+        declared.append(f"const bool wst_ = {' && '.join(ready or ['true'])};")
     query = staged_queries(e.nest, e.schedule, staged) if staged else None
     tile = [f"const idx_t i0_ = {e.idx(rows.start)} + bx_*{R};"]
     if query is not None:
@@ -212,6 +230,7 @@ def online(e: CudaEmitter) -> Lines:
                 f"const idx_t jn_ = tdsl_imin({K}, bhi_ - j0_);",
                 *_stage_weights(e, j, k, first),
                 *(key_tiles.stage(e, staged, j, K, R * P) if staged else []),
+                *(["__syncthreads(); /* the scores read ws_ */"] if weights else []),
                 *scores(e, j, staged, query),
                 "__syncthreads();",
                 *block_lines("if (live_)", _fold(e) if e.nest.online else _add(e)),
@@ -317,19 +336,14 @@ def _warp_range(lanes: int) -> Lines:
     (`32 / lanes` consecutive rows)."""
     rows = 32 // lanes
     first = f"r_ / {rows} * {rows}"
-    return [
-        "idx_t wlo_ = 0, whi_ = 0;",
-        "bool wseen_ = false;",
-        *block_lines(
-            f"for (int q_ = {first}; q_ < {first} + {rows}; ++q_)",
-            [
-                "if (rhi_[q_] <= rlo_[q_]) continue;",
-                "wlo_ = wseen_ ? tdsl_imin(wlo_, rlo_[q_]) : rlo_[q_];",
-                "whi_ = wseen_ ? tdsl_imax(whi_, rhi_[q_]) : rhi_[q_];",
-                "wseen_ = true;",
-            ],
-        ),
+    union = [
+        "if (rhi_[q_] <= rlo_[q_]) continue;",
+        "wlo_ = wseen_ ? tdsl_imin(wlo_, rlo_[q_]) : rlo_[q_];",
+        "whi_ = wseen_ ? tdsl_imax(whi_, rhi_[q_]) : rhi_[q_];",
+        "wseen_ = true;",
     ]
+    head = f"for (int q_ = {first}; q_ < {first} + {rows}; ++q_)"
+    return ["idx_t wlo_ = 0, whi_ = 0;", "bool wseen_ = false;", *block_lines(head, union)]
 
 
 def _row_keys() -> str:
@@ -341,9 +355,22 @@ def _row_keys() -> str:
     return "const idx_t c0_ = tdsl_imax(0, wlo_ - j0_), c1_ = tdsl_imin(jn_, whi_ - j0_);"
 
 
+def _split(e: CudaEmitter) -> sympy.Expr | None:
+    """The first packed column of a pair's second member (the kernel's terms are
+    `scores_and_weights`: a tuple of two weights), else None."""
+    if not isinstance(e.nest.terms[0].body, sympy.Tuple):
+        return None
+    (_, test), _ = e.nest.terms[1].body.args
+    return test.rhs
+
+
 def _weighted_column(e: CudaEmitter) -> str:
-    """An owned column's sum plus the key's weight times its staged value."""
+    """An owned column's sum plus the key's weight times its staged value (a pair's second
+    member's columns, from `C1` on, its own weight `p2_`)."""
     update = "o_[q_] += p_*ws_[c_][kk_];"
+    split = _split(e)
+    if split is not None:
+        update = f"o_[q_] += (cb_ + kk_ < {e.idx(split)} ? p_ : p2_)*ws_[c_][kk_];"
     if e.count_fmas:
         update = f"{{ {update} {' '.join(e.fma_hook())} }}"
     return f"if (kk_ < ne_) {update}"
@@ -387,6 +414,7 @@ def _add(e: CudaEmitter) -> Lines:
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
         f"const {e.f} p_ = ss_[r_][c_];",
+        *([f"const {e.f} p2_ = ss2_[r_][c_];"] if _split(e) is not None else []),
         "#pragma unroll",
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]

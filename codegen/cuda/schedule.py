@@ -94,6 +94,7 @@ from codegen.cuda.layout import (
     rectangular,
     reduction_layout,
     split_contraction,
+    split_paired,
     split_pairwise,
     split_weighted,
 )
@@ -265,7 +266,9 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     if REDUCTIONS[nest.reduction].selects and schedule.strategy != "thread":
         raise ValueError("topk/argtopk take the thread strategy (a row per thread), only it")
     if schedule.strategy == "weighted" and (
-        len(free) < 2 or _bounds_read_column(nest, schedule) or not split_weighted(nest)
+        len(free) < 2
+        or _bounds_read_column(nest, schedule)
+        or not (split_weighted(nest) or split_paired(nest))
     ):
         raise ValueError("the weighted strategy needs a sum a*b (codegen.cuda.schedule)")
     if schedule.strategy in ("online", "weighted"):
@@ -335,7 +338,7 @@ def choose_gpu_schedule(
         return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
     if REDUCTIONS[nest.reduction].selects:  # topk: a row per thread, its k slots in registers
         return GpuSchedule(free, reduced, index_type=index_type)
-    weighted = not loop_order and free and split_weighted(nest) is not None
+    weighted = not loop_order and free and (split_weighted(nest) or split_paired(nest))
     if weighted and not _bounds_read_column(nest, order):
         return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles, query_tiles
+from codegen.cuda import key_tiles, pair_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.emit.emitter import Lines, block_lines, indent_lines
@@ -31,10 +31,12 @@ def variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> Cud
 
 
 def pair_score(e: CudaEmitter) -> Lines:
-    """The score of the pair (`v_`), the term's tests around it."""
+    """The score of the pair (`v_`), the term's tests around it; both weights of a pair of
+    members (`codegen.cuda.pairs`: a tuple, planned together) in `v_` and `w_`."""
     plan = e.plan(0, [e.reduced_levels(0)[-1]])
-    value = e.printer.doprint(plan.value)
-    return e.level_lines(plan, 0, [f"v_ = {value};", "any_ = 1;"])
+    values = plan.value if isinstance(plan.value, sympy.Tuple) else (plan.value,)
+    sets = [f"{v} = {e.printer.doprint(x)};" for v, x in zip(("v_", "w_"), values)]
+    return e.level_lines(plan, 0, [*sets, "any_ = 1;"])
 
 
 def scores(
@@ -44,6 +46,11 @@ def scores(
     the staged key tile, and the staged row tile, where this call stages them)."""
     _, lanes, keys, _ = tile_shape(e)
     element = pair_score(e)
+    weights = pair_tiles.staged_term(e.nest, e.term_order(0)[-1])
+    if weights is not None:  # a pair's scores read the staged weights (`wst_`; no key tile)
+        e.printer.tensors[pair_tiles.STAGED] = pair_tiles.VIEW
+        fast = indent_lines(pair_score(variant(e, (weights[0], e.nest.terms[1]), e.schedule)))
+        return _key_loop(e, j, ["if (wst_) {", *fast, "} else {", *indent_lines(element), "}"])
     if staged is not None:
         key = e.term_order(0)[-1]
         score = key_tiles.staged_term(e.nest.terms[0], staged, key)
@@ -69,11 +76,14 @@ def _key_loop(e: CudaEmitter, j: str, element: Lines) -> Lines:
 def _key(e: CudaEmitter, j: str, element: Lines) -> Lines:
     """Key `c_` of the tile: `element` sets the score `v_` where the pair is in range, else
     it is -inf."""
+    paired = isinstance(e.nest.terms[0].body, sympy.Tuple)
     return [
         f"const idx_t {j} = j0_ + c_;",
         f"{e.f} v_ = {e.reducer.init[0]};",
+        *([f"{e.f} w_ = {e.reducer.init[0]};"] if paired else []),
         *block_lines(f"if (live_ && c_ < jn_ && (full_ || ({j} >= lo_ && {j} < hi_)))", element),
         "ss_[r_][c_] = v_;",
+        *(["ss2_[r_][c_] = w_;"] if paired else []),
     ]
 
 

@@ -64,6 +64,9 @@ class Backend:
     #: Gradients that share their loops run as one multi-output nest
     #: (`tensordsl.binding.grouped`); False: each gradient nest alone.
     groups_gradients: bool = False
+    #: Pairs gradient nests that one kernel with two outputs computes together:
+    #: `pairs(nests, shapes, dtype)` -> `codegen.cuda.pairs.Pair`s; None: none pair.
+    pairs_gradients: Callable[[], Callable[..., Any]] | None = None
 
     @property
     def emits_code(self) -> bool:
@@ -136,6 +139,12 @@ def _cuda_scheduler() -> Callable[..., Any]:
     return choose_gpu_schedule
 
 
+def _cuda_pairs() -> Callable[..., Any]:
+    from codegen.cuda.pairs import pair_weighted
+
+    return pair_weighted
+
+
 def _cuda_source() -> SourceEmitter:
     from codegen.cuda.emit import cuda_source
 
@@ -170,6 +179,7 @@ BACKENDS: dict[str, Backend] = {
         source_emitter=_cuda_source,
         one_pass_rows=CUDA_ONE_PASS_ROWS,
         scheduler=_cuda_scheduler,
+        pairs_gradients=_cuda_pairs,
     ),
 }
 

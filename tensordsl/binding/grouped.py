@@ -26,6 +26,7 @@ from codegen.ir.nest import LoopNest, Reduce
 from codegen.passes import grad, gradient_rules
 from codegen.passes.group import Group, group_gradients, split_members
 from tensordsl.backends import table
+from tensordsl.binding import paired
 from tensordsl.errors import user_facing
 
 #: Runs one gradient nest: (gradient, operands, shapes, out dtype, nograd) -> its array.
@@ -180,6 +181,11 @@ def run_together(
             precision=precision,
         )
         found |= {by_output[k]: v for k, v in unpack(group, packed, shapes).items()}
+    left = {output: nest for output, nest in nests.items() if by_output[output] not in found}
+    for output, value in paired.run_pairs(
+        left, values, dtypes, shapes, backend, precision, call_nest
+    ).items():
+        found[by_output[output]] = value
     return found
 
 

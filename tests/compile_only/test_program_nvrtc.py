@@ -77,3 +77,25 @@ def test_the_attention_kernels_compile_without_spills(dtype):
         source = emit_cuda(nest, dtypes=dtypes)
         cubin = nvrtc.compile_source(source.text, arch="sm_90", options=["--ptxas-options=-v"])
         assert (cubin.spill_stores, cubin.spill_loads) == (0, 0), (nest.label, cubin.log)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_paired_gradient_kernel_compiles_without_spills(dtype):
+    """On CUDA, a call asks for dK and dV together: one weighted kernel with two outputs
+    (`codegen.cuda.pairs`), within the static shared memory and its registers."""
+    import tensordsl as td
+    from codegen.cuda.layout import split_paired
+    from tensordsl.timing import nest_equations
+
+    k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
+    shape = (8, 12, 1024, 64)
+    shapes = {"Q": shape, "K": shape, "scale": (), "V": shape}
+    jaxpr = k._call_jaxpr(shapes, dtype, backend="cuda")
+    nests = [eqn.params["nest"] for eqn in nest_equations(jaxpr)]
+    (pair,) = [n for n in nests if split_paired(n) is not None]
+    assert pair.label == "dV_dK" and "dK" not in [n.label for n in nests]
+    dtypes = {n: dtype for n in (*pair.operand_names, pair.output)}
+    source = emit_cuda(pair, dtypes=dtypes)
+    assert "strategy=weighted" in source.text and "ss2_" in source.text
+    cubin = nvrtc.compile_source(source.text, arch="sm_90", options=["--ptxas-options=-v"])
+    assert (cubin.spill_stores, cubin.spill_loads) == (0, 0), cubin.log

@@ -1,0 +1,59 @@
+"""Gradient nests run two at a time as one kernel with two outputs, on a back end whose
+record pairs them (`Backend.pairs_gradients`: CUDA's `codegen.cuda.pairs`, attention's dK
+and dV in one weighted kernel). The pair is a `nest_p` call like any other (batched,
+jitted, differentiated again as one); its packed columns are sliced back into the two
+gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from codegen import config
+from codegen.ir.nest import LoopNest
+from tensordsl.backends import table
+
+
+def run_pairs(
+    nests: dict[str, LoopNest],
+    values: dict[str, Any],
+    dtypes: dict[str, str],
+    shapes: dict[str, tuple[int, ...]],
+    backend: str,
+    precision: Any,
+    call_nest: Any,
+) -> dict[str, jax.Array]:
+    """The gradients of the `nests` (by output) that pair, by output; the others are left
+    out (their caller runs them). `values`: every operand's array by name; `dtypes`: each
+    output's dtype (only nests of one dtype pair)."""
+    record = table.backend(backend)
+    if record.pairs_gradients is None or not config.pair_gradients() or len(nests) < 2:
+        return {}
+    pairs = record.pairs_gradients()
+    by_dtype: dict[str, dict[str, LoopNest]] = {}
+    for output, nest in nests.items():
+        by_dtype.setdefault(dtypes[output], {})[output] = nest
+    found: dict[str, jax.Array] = {}
+    for dtype, alike in by_dtype.items():
+        for pair in pairs(alike, shapes, dtype):
+            operands = [values[name] for name in pair.nest.operand_names]
+            integer = frozenset(
+                name
+                for name, v in zip(pair.nest.operand_names, operands, strict=True)
+                if not jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+            )
+            packed = call_nest(
+                pair.nest,
+                operands,
+                backend=backend,
+                shapes=shapes,
+                out_dtype=dtype,
+                nograd=integer,
+                precision=precision,
+            )
+            first, second = pair.outputs
+            found[first], found[second] = packed[..., : pair.split], packed[..., pair.split :]
+    return found
