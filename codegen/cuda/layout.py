@@ -149,6 +149,11 @@ def split_paired(nest: LoopNest) -> Paired | None:
     return Paired((a1, a2), (b1, b2), test.rhs)
 
 
+def weighted_form(nest: LoopNest) -> bool:
+    """Whether the weighted strategy takes `nest`: one weighted sum or a packed pair."""
+    return split_weighted(nest) is not None or split_paired(nest) is not None
+
+
 def _row_indices(nest: LoopNest, order: LoopOrder) -> set[str]:
     """The indices a group of lanes may stride: each term's innermost reduced loop, or, in a
     term without reduced loops, the index of a nested reduction of its body."""

@@ -94,9 +94,8 @@ from codegen.cuda.layout import (
     rectangular,
     reduction_layout,
     split_contraction,
-    split_paired,
     split_pairwise,
-    split_weighted,
+    weighted_form,
 )
 from codegen.emit.loop_order import (
     LoopOrder,
@@ -266,9 +265,7 @@ def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
     if REDUCTIONS[nest.reduction].selects and schedule.strategy != "thread":
         raise ValueError("topk/argtopk take the thread strategy (a row per thread), only it")
     if schedule.strategy == "weighted" and (
-        len(free) < 2
-        or _bounds_read_column(nest, schedule)
-        or not (split_weighted(nest) or split_paired(nest))
+        len(free) < 2 or _bounds_read_column(nest, schedule) or not weighted_form(nest)
     ):
         raise ValueError("the weighted strategy needs a sum a*b (codegen.cuda.schedule)")
     if schedule.strategy in ("online", "weighted"):
@@ -338,7 +335,7 @@ def choose_gpu_schedule(
         return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
     if REDUCTIONS[nest.reduction].selects:  # topk: a row per thread, its k slots in registers
         return GpuSchedule(free, reduced, index_type=index_type)
-    weighted = not loop_order and free and (split_weighted(nest) or split_paired(nest))
+    weighted = not loop_order and free and weighted_form(nest)
     if weighted and not _bounds_read_column(nest, order):
         return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
     if not kernel and loop_order is None and xla_contraction(nest, dtypes):
