@@ -430,9 +430,12 @@ prologues around contractions (MLP, GELU: `tanh(H[b,u]) * W2[u,o]` evaluates tan
 `(b, u)`, then XLA's dot), multi-output gradient nests on C (the Gaussian kernel's dX, dZ
 and dB in two nests), whole tested tiles for conv2d's input gradient, one gradient nest per
 input read by several stored statements (RMSNorm), `-O2` for large sources (the attention
-sub-layer's cold build). Not yet, and the rows that show it: conv2d's input gradient (its
-tested edge tiles still cost about 3x untested ones), softmax (exp(X - M) evaluated in four
-nests where XLA evaluates it once).
+sub-layer's cold build), gradient nests that read what a stored statement holds (softmax's
+backward reads P: `dX = dP*P + dZ*P*Z`, no exponential) and whole elementwise tiles stored
+untested. Not yet, and the rows that show it: conv2d's input gradient (its tested edge tiles
+still cost about 3x untested ones), softmax's forward (exp(X - M) evaluated in two nests
+where XLA stores it once; three small nests each starting a thread team, which waits for
+busy cores on a loaded machine).
 
 Sizes:
 
