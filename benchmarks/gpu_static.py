@@ -372,8 +372,9 @@ NOTES = (
     "- Bank conflicts are 0 at these sizes. At head dim 16 (`--quick`) the key tile's "
     "staging stores conflict (two keys per warp, a row pitch of 129 floats: 128 extra "
     "wavefronts for the full attention at T 37); they vanish from head dim 32 on.",
-    "- `dL` (the rowsum of dO * O) is a pure contraction: the cuda back end gives it to "
-    "XLA's dot, so no kernel of ours runs for it.",
+    "- `dL` (the rowsum of dO * O, FlashAttention-2's D) is a row dot product: it runs as "
+    "a `rows` kernel (one pass over dO and O), not as one small XLA dot per row. `dV_dK` is "
+    "dV and dK in one kernel: the scores and their exponential are computed once for both.",
     "",
 )
 
