@@ -24,6 +24,7 @@ import sympy
 from codegen.c.dot import dot
 from codegen.c.members import members
 from codegen.c.online import online
+from codegen.c.padding import LANE_MASK_HELPERS
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.select import select
@@ -151,6 +152,8 @@ def _assemble(
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)
     head.append(TILE_HELPERS)
+    if any("tdsl_lane_mask" in line for line in body):
+        head.append(LANE_MASK_HELPERS)
     if any("tdsl_hsum8(" in line for line in body):
         head.append(ROW_DOT_HELPERS)
     prologue: Lines = []

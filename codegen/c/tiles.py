@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c.padding import lane_masks, prepare_lines
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
-from codegen.c.strategies import omp_parallel
+from codegen.c.strategies import omp_parallel, scalar
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts
@@ -271,6 +272,9 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
     s = e.schedule
     free = e.free_symbols()
     paths = _tile_paths(e)
+    vector = sympy.Symbol(s.vector or "", integer=True)
+    masks = lane_masks(paths.edge, paths.tests, vector) if paths.condition else None
+    edge_e, edge_tests = (masks.emitter, masks.tests) if masks else (paths.edge, paths.tests)
     grid, tile, full = [], [], []
     for x in (x for x in free if x.name in (s.row, s.vector)):
         size, width = (s.rows, "rn_") if x.name == s.row else (s.width, "wn_")
@@ -314,8 +318,8 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
         body(paths.interior, "rn_", "wn_", none),
     )
     if paths.condition:
-        masked = body(paths.edge, str(s.rows), str(s.width), paths.tests)
-        edge = _either(check, masked, body(paths.edge, "rn_", "wn_", paths.tests))
+        masked = body(edge_e, str(s.rows), str(s.width), edge_tests)
+        edge = _either(check, masked, body(edge_e, "rn_", "wn_", edge_tests))
         if paths.reduced_edge is not None:
             full = body(paths.reduced_edge, str(s.rows), str(s.width), paths.reduced_tests)
             part = body(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
@@ -330,7 +334,13 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
             )
         else:
             lines = block_lines(e.free_loop(x), lines)
-    return grid + omp_parallel(e, len(free)) + lines
+    lines = grid + omp_parallel(e, len(free)) + lines
+    if masks is None:
+        return lines
+    # Shifted reads padded, their lane tests a mask (`codegen.c.padding`); where the copies
+    # cannot be allocated, the scalar strategy.
+    prepare, freed, allocated = prepare_lines(e, masks)
+    return [*prepare, *_either(allocated, lines, scalar(e)), *freed]
 
 
 def _either(check: str, yes: Lines, no: Lines) -> Lines:
