@@ -130,12 +130,33 @@ def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
     extent less the edges that need per-lane tests, runs whole tested tiles instead:
     `codegen.c.tiles.tiled`)."""
     here = e.variant(schedule=schedule)
-    body = STRATEGY_EMITTERS[schedule.strategy](here)
-    if schedule.small is None:
+    narrow = schedule.small
+    if schedule.strategy == "tile" and narrow is not None and narrow.strategy == "tile":
+        body = _wide_and_narrow(e, here, narrow)
+    else:
+        body = STRATEGY_EMITTERS[schedule.strategy](here)
+    if narrow is None:
         return body
-    small = _strategy_lines(e, schedule.small)
+    small = _strategy_lines(e, narrow)
     head = f"if ({vector_extent(here)} >= {schedule.width})"
     return [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
+
+
+def _wide_and_narrow(e: Emitter[Schedule], here: Emitter[Schedule], narrow: Schedule) -> Lines:
+    """Wide tiles over the vector axis, and where at most a narrow tile's width is left
+    over, one narrow tile at its end instead of a wide tile moved back (a 34-wide dX: 32
+    lanes and 8, not 64): it stores the lanes the wide tiles did not."""
+    wide = here.schedule.width
+    r = next(r for r in e.nest.free if r.index.name == here.schedule.vector)
+    lo, hi = e.idx(r.start), e.idx(r.stop)
+    n = f"({hi} - {lo})"
+    split = f"{n} % {wide} <= {narrow.width} ? {lo} + {n} / {wide} * {wide} : {hi}"
+    rest = tile(e.variant(schedule=narrow), (f"{hi} - {narrow.width}", hi, "vs_"))
+    return [
+        f"const int64_t vs_ = {split};",
+        *tile(here, (lo, "vs_", lo)),
+        *block_lines(f"if (vs_ < {hi})", rest),
+    ]
 
 
 def _assemble(

@@ -260,7 +260,7 @@ def vector_extent(e: CEmitter) -> str:
     return e.idx(sympy.expand(r.stop - r.start))
 
 
-def tiled(e: CEmitter, body: TileBody) -> Lines:
+def tiled(e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None) -> Lines:
     """Tile loops over the row and vector indices.
 
     Along each tiled index the tiles start where the interior conditions on that index alone
@@ -268,6 +268,8 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
     per-lane tests (a convolution's input gradient: its first and last `K - 1` columns).
     Full interior tiles get constant trip counts and no per-lane tests. A vector axis whose
     interior is shorter than a tile runs whole tiles over its extent, tested per lane.
+    `span` (C expressions `first, end, stored`): the vector tiles cover `[first, end)` only
+    and store lanes from `stored` on (`codegen.c.emit`: the rest of a wide tile's axis).
     """
     s = e.schedule
     free = e.free_symbols()
@@ -283,9 +285,15 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
         )
         r = next(r for r in e.nest.free if r.index == x)
         lo, hi = e.idx(r.start), e.idx(r.stop)
+        if span is not None and x.name == s.vector:
+            lo, hi = span[:2]
         low, high = _interior_range(e, x, paths.alone[x])
         a = f"tdsl_imin(tdsl_imax({low}, {lo}), {hi})" if low else lo
-        if x.name == s.vector and (low or high):
+        if x.name == s.vector and masks is not None:
+            # Masked edge tiles cost about what interior ones do: whole tiles over the
+            # extent, none of them partial (a partial one keeps its accumulators in memory).
+            grid += [f"const int64_t {first} = {lo};", f"const int64_t {last} = {hi};"]
+        elif x.name == s.vector and (low or high):
             # An interior shorter than a tile: whole tiles over the extent, tested where
             # they cross an edge (narrow tiles would keep their accumulators in memory).
             a0, e0 = f"{first}0_", f"{last}0_"
@@ -309,6 +317,8 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
             f"const int64_t {origin} = "
             f"tdsl_tile({number}, {lo}, {first}, {last}, {hi}, {size}, &{width}, &{skip});",
         ]
+        if span is not None and x.name == s.vector and span[2] != lo:
+            tile.append(f"{skip} = tdsl_imax({skip}, {span[2]} - {origin});")
         full.append(f"{width} == {size}")
     check = " && ".join(full)
     none = tuple(() for _ in e.nest.terms)
@@ -347,7 +357,7 @@ def _either(check: str, yes: Lines, no: Lines) -> Lines:
     return [f"if ({check}) {{", *indent_lines(yes), "} else {", *indent_lines(no), "}"]
 
 
-def tile(e: CEmitter) -> Lines:
+def tile(e: CEmitter, span: tuple[str, str, str] | None = None) -> Lines:
     dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
     lanes = lane_levels(e)
@@ -369,7 +379,7 @@ def tile(e: CEmitter) -> Lines:
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
         return lines + lane_loops(p, rn, wn, stored(p, [p.store_line(sub)]))
 
-    return tiled(e, body)
+    return tiled(e, body, span)
 
 
 def stored(e: CEmitter, lines: Lines) -> Lines:

@@ -44,7 +44,7 @@ def test_the_input_gradient_masks_its_edge_lanes():
     assert "tdsl_lane_maskf(" in text and "malloc(" in text and "free(" in text
     lines = text.splitlines()
     masked = [n for n, line in enumerate(lines) if "= tdsl_lane_maskf(" in line]
-    assert len(masked) == 4  # the edge paths of full and partial tiles, 32 and 8 lanes wide
+    assert len(masked) == 6  # edge paths of full and partial tiles: 32 lanes, 8 after them, 8
     for n in masked:  # a row's test (per row) around the lanes, but no column's test
         around = "\n".join(lines[n - 4 : n])
         assert "(-v_p + v_s >= 0)" in around and "v_t >= 0" not in around
@@ -92,3 +92,26 @@ def test_masked_lanes_add_zero_next_to_infinite_and_nan_weights(width, monkeypat
     corners = want[0, :2, width:], want[0, 7:, :2]  # read neither weight
     assert all(np.isfinite(c).all() for c in corners)
     np.testing.assert_allclose(dX, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("width", [33, 38, 40, 41])
+def test_a_short_remainder_runs_one_narrow_tile(width, monkeypatch):
+    """conv2d's output `width` wide (32-wide tiles, then one 8-wide tile where at most 8
+    columns are left, `_wide_and_narrow`), forward and gradients, outputs poisoned."""
+    text = generated_sources(td.kernel(CONV2D).nest, "c")["forward"]
+    assert "const int64_t vs_ = " in text and "sk_ = tdsl_imax(sk_, vs_ - o_x);" in text
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    rng = np.random.default_rng(width)
+    X, W = rng.normal(size=(2, 8, width + 2)), rng.normal(size=(3, 2, 3, 3))
+    dY = rng.normal(size=(3, 6, width))
+    Y, vjp = jax.vjp(td.kernel(CONV2D, backend="c"), X, W)
+    dX, dW = vjp(dY)
+    want = _conv2d_vjp(X, W, dY)
+    forward = sum(
+        np.einsum("cyx,oc->oyx", X[:, p : p + 6, q : q + width], W[:, :, p, q])
+        for p in range(3)
+        for q in range(3)
+    )
+    np.testing.assert_allclose(Y, forward, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dX, want[0], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dW, want[1], rtol=1e-10, atol=1e-10)
