@@ -132,9 +132,8 @@ def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
     here = e.variant(schedule=schedule)
     narrow = schedule.small
     if schedule.strategy == "tile" and narrow is not None and narrow.strategy == "tile":
-        body = _wide_and_narrow(e, here, narrow)
-    else:
-        body = STRATEGY_EMITTERS[schedule.strategy](here)
+        return _wide_and_narrow(e, here, narrow)
+    body = STRATEGY_EMITTERS[schedule.strategy](here)
     if narrow is None:
         return body
     small = _strategy_lines(e, narrow)
@@ -143,18 +142,26 @@ def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
 
 
 def _wide_and_narrow(e: Emitter[Schedule], here: Emitter[Schedule], narrow: Schedule) -> Lines:
-    """Wide tiles over the vector axis, and where at most a narrow tile's width is left
-    over, one narrow tile at its end instead of a wide tile moved back (a 34-wide dX: 32
-    lanes and 8, not 64): it stores the lanes the wide tiles did not."""
+    """Wide tiles over the vector axis, then narrow ones (`Schedule.small` a tile): over the
+    whole axis where it is shorter than a wide tile, else over the end of the axis where at
+    most a narrow tile's width is left after whole wide tiles, instead of a wide tile moved
+    back (34 columns: 32 lanes and 8, not 64), storing the lanes the wide tiles did not.
+    One narrow tile path serves both, so the source grows by a few lines only."""
     wide = here.schedule.width
     r = next(r for r in e.nest.free if r.index.name == here.schedule.vector)
     lo, hi = e.idx(r.start), e.idx(r.stop)
-    n = f"({hi} - {lo})"
-    split = f"{n} % {wide} <= {narrow.width} ? {lo} + {n} / {wide} * {wide} : {hi}"
-    rest = tile(e.variant(schedule=narrow), (f"{hi} - {narrow.width}", hi, "vs_"))
+    n = f"{hi} - {lo}"
+    left = f"({n}) % {wide} <= {narrow.width} ? {lo} + ({n}) / {wide} * {wide} : {hi}"
+    first = f"(vs_ > {lo} ? {hi} - {narrow.width} : {lo})"
+    narrow_here = e.variant(schedule=narrow)
+    rest = tile(narrow_here, (first, hi, "vs_"))
+    if narrow.small is not None:
+        head = f"if ({vector_extent(narrow_here)} >= {narrow.width})"
+        rest = [*block_lines(head, rest)[:-1], "} else {"]
+        rest += [*indent_lines(_strategy_lines(e, narrow.small)), "}"]
     return [
-        f"const int64_t vs_ = {split};",
-        *tile(here, (lo, "vs_", lo)),
+        f"const int64_t vs_ = {n} < {wide} ? {lo} : {left};",
+        *block_lines(f"if ({n} >= {wide})", tile(here, (lo, "vs_", lo))),
         *block_lines(f"if (vs_ < {hi})", rest),
     ]
 
