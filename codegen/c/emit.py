@@ -16,6 +16,7 @@ Element offsets are int64 throughout. The body of every term is printed after `s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -24,12 +25,12 @@ import sympy
 from codegen.c.dot import dot
 from codegen.c.members import members
 from codegen.c.online import online
-from codegen.c.padding import LANE_MASK_HELPERS
+from codegen.c.padding import LANE_MASK_HELPERS, prepare_lines
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.select import select
 from codegen.c.strategies import scalar, split
-from codegen.c.tiles import TILE_HELPERS, tile, vector_extent
+from codegen.c.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
 from codegen.emit.emitter import (
     STORAGE,
     Emitter,
@@ -154,16 +155,24 @@ def _wide_and_narrow(e: Emitter[Schedule], here: Emitter[Schedule], narrow: Sche
     left = f"({n}) % {wide} <= {narrow.width} ? {lo} + ({n}) / {wide} * {wide} : {hi}"
     first = f"(vs_ > {lo} ? {hi} - {narrow.width} : {lo})"
     narrow_here = e.variant(schedule=narrow)
-    rest = tile(narrow_here, (first, hi, "vs_"))
+    masks = shared_masks(here, narrow_here)  # padded copies made once for both
+    prepared = masks is not None
+    rest = tile(narrow_here, (first, hi, "vs_"), prepared)
     if narrow.small is not None:
         head = f"if ({vector_extent(narrow_here)} >= {narrow.width})"
         rest = [*block_lines(head, rest)[:-1], "} else {"]
         rest += [*indent_lines(_strategy_lines(e, narrow.small)), "}"]
-    return [
+    lines = [
         f"const int64_t vs_ = {n} < {wide} ? {lo} : {left};",
-        *block_lines(f"if ({n} >= {wide})", tile(here, (lo, "vs_", lo))),
+        *block_lines(f"if ({n} >= {wide})", tile(here, (lo, "vs_", lo), prepared)),
         *block_lines(f"if (vs_ < {hi})", rest),
     ]
+    if masks is None:
+        return lines
+    prepare, freed, allocated = prepare_lines(e, masks)
+    fallback = scalar(e.variant(schedule=dataclasses.replace(here.schedule, small=None)))
+    either = [*block_lines(f"if ({allocated})", lines)[:-1], "} else {"]
+    return [*prepare, *either, *indent_lines(fallback), "}", *freed]
 
 
 def _assemble(

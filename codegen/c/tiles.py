@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.c.padding import lane_masks, prepare_lines
+from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
 from codegen.c.strategies import omp_parallel, scalar
@@ -260,7 +260,9 @@ def vector_extent(e: CEmitter) -> str:
     return e.idx(sympy.expand(r.stop - r.start))
 
 
-def tiled(e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None) -> Lines:
+def tiled(
+    e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None, prepared: bool = False
+) -> Lines:
     """Tile loops over the row and vector indices.
 
     Along each tiled index the tiles start where the interior conditions on that index alone
@@ -270,6 +272,7 @@ def tiled(e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None)
     interior is shorter than a tile runs whole tiles over its extent, tested per lane.
     `span` (C expressions `first, end, stored`): the vector tiles cover `[first, end)` only
     and store lanes from `stored` on (`codegen.c.emit`: the rest of a wide tile's axis).
+    `prepared`: the caller allocated the padded copies and masks (`shared_masks`).
     """
     s = e.schedule
     free = e.free_symbols()
@@ -345,7 +348,7 @@ def tiled(e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None)
         else:
             lines = block_lines(e.free_loop(x), lines)
     lines = grid + omp_parallel(e, len(free)) + lines
-    if masks is None:
+    if masks is None or prepared:
         return lines
     # Shifted reads padded, their lane tests a mask (`codegen.c.padding`); where the copies
     # cannot be allocated, the scalar strategy.
@@ -357,7 +360,20 @@ def _either(check: str, yes: Lines, no: Lines) -> Lines:
     return [f"if ({check}) {{", *indent_lines(yes), "} else {", *indent_lines(no), "}"]
 
 
-def tile(e: CEmitter, span: tuple[str, str, str] | None = None) -> Lines:
+def shared_masks(wide: CEmitter, narrow: CEmitter) -> LaneMasks | None:
+    """The lane masks of two tile schedules over the same indices, where both tile
+    strategies would prepare the same padded copies (then prepared once for both)."""
+    found = []
+    for e in (wide, narrow):
+        paths = _tile_paths(e)
+        vector = sympy.Symbol(e.schedule.vector or "", integer=True)
+        found.append(lane_masks(paths.edge, paths.tests, vector) if paths.condition else None)
+    if found[0] is None or found[1] is None or found[0].terms != found[1].terms:
+        return None
+    return found[0]
+
+
+def tile(e: CEmitter, span: tuple[str, str, str] | None = None, prepared: bool = False) -> Lines:
     dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
     lanes = lane_levels(e)
@@ -379,7 +395,7 @@ def tile(e: CEmitter, span: tuple[str, str, str] | None = None) -> Lines:
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
         return lines + lane_loops(p, rn, wn, stored(p, [p.store_line(sub)]))
 
-    return tiled(e, body, span)
+    return tiled(e, body, span, prepared)
 
 
 def stored(e: CEmitter, lines: Lines) -> Lines:

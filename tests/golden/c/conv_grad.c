@@ -64,29 +64,29 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
     const int64_t P6 = params[6];
     const int64_t P7 = params[7];
     const int64_t work_ = params[8];
-    const int64_t vs_ = P0 - 0 < 32 ? 0 : (P0 - 0) % 32 <= 8 ? 0 + (P0 - 0) / 32 * 32 : P0;
-    if (P0 - 0 >= 32) {
-        const int64_t pl0_ = P3;
-        const int64_t pw0_ = tdsl_imax(P7 - pl0_ + 1, 0);
-        const int64_t pn0_dY = P2;
-        const int64_t pr0_dY = 1;
-        float *pb0_dY = (float *)malloc(sizeof(float) * (size_t)tdsl_imax(pr0_dY * pw0_, 1));
-        if (pb0_dY) {
-            for (int64_t r_ = 0; r_ < pr0_dY; ++r_) {
-                for (int64_t j_ = 0; j_ < pw0_; ++j_) {
-                    const int64_t x_ = j_ + pl0_;
-                    pb0_dY[r_ * pw0_ + j_] = x_ >= 0 && x_ < pn0_dY ? in_dY[r_ * pn0_dY + x_] : 0;
-                }
-            }
-        }
-        int32_t *mb0_ = (int32_t *)malloc(sizeof(int32_t) * (size_t)tdsl_imax(pw0_, 1));
-        if (mb0_) {
+    const int64_t pl0_ = P3;
+    const int64_t pw0_ = tdsl_imax(P7 - pl0_ + 1, 0);
+    const int64_t pn0_dY = P2;
+    const int64_t pr0_dY = 1;
+    float *pb0_dY = (float *)malloc(sizeof(float) * (size_t)tdsl_imax(pr0_dY * pw0_, 1));
+    if (pb0_dY) {
+        for (int64_t r_ = 0; r_ < pr0_dY; ++r_) {
             for (int64_t j_ = 0; j_ < pw0_; ++j_) {
-                const int64_t px_ = j_ + pl0_;
-                mb0_[j_] = px_ >= 0 && P2 - px_ - 1 >= 0 ? -1 : 0;
+                const int64_t x_ = j_ + pl0_;
+                pb0_dY[r_ * pw0_ + j_] = x_ >= 0 && x_ < pn0_dY ? in_dY[r_ * pn0_dY + x_] : 0;
             }
         }
-        if (pb0_dY && mb0_) {
+    }
+    int32_t *mb0_ = (int32_t *)malloc(sizeof(int32_t) * (size_t)tdsl_imax(pw0_, 1));
+    if (mb0_) {
+        for (int64_t j_ = 0; j_ < pw0_; ++j_) {
+            const int64_t px_ = j_ + pl0_;
+            mb0_[j_] = px_ >= 0 && P2 - px_ - 1 >= 0 ? -1 : 0;
+        }
+    }
+    if (pb0_dY && mb0_) {
+        const int64_t vs_ = P0 - 0 < 32 ? 0 : (P0 - 0) % 32 <= 8 ? 0 + (P0 - 0) / 32 * 32 : P0;
+        if (P0 - 0 >= 32) {
             const int64_t ta_p = 0;
             const int64_t te_p = vs_;
             const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, vs_, 32);
@@ -201,44 +201,8 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                     }
                 }
             }
-        } else {
-            #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-            for (int64_t v_p = 0; v_p < P0; ++v_p) {
-                float acc_ = 0;
-                {
-                    for (int64_t v_k = tdsl_imax(0, P6 + v_p + 1); v_k < tdsl_imin(P5, v_p + 1); ++v_k) {
-                        const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
-                        acc_ += val_;
-                    }
-                }
-                out_[v_p] = acc_;
-            }
         }
-        free(pb0_dY);
-        free(mb0_);
-    }
-    if (vs_ < P0) {
-        const int64_t pl0_ = P3;
-        const int64_t pw0_ = tdsl_imax(P7 - pl0_ + 1, 0);
-        const int64_t pn0_dY = P2;
-        const int64_t pr0_dY = 1;
-        float *pb0_dY = (float *)malloc(sizeof(float) * (size_t)tdsl_imax(pr0_dY * pw0_, 1));
-        if (pb0_dY) {
-            for (int64_t r_ = 0; r_ < pr0_dY; ++r_) {
-                for (int64_t j_ = 0; j_ < pw0_; ++j_) {
-                    const int64_t x_ = j_ + pl0_;
-                    pb0_dY[r_ * pw0_ + j_] = x_ >= 0 && x_ < pn0_dY ? in_dY[r_ * pn0_dY + x_] : 0;
-                }
-            }
-        }
-        int32_t *mb0_ = (int32_t *)malloc(sizeof(int32_t) * (size_t)tdsl_imax(pw0_, 1));
-        if (mb0_) {
-            for (int64_t j_ = 0; j_ < pw0_; ++j_) {
-                const int64_t px_ = j_ + pl0_;
-                mb0_[j_] = px_ >= 0 && P2 - px_ - 1 >= 0 ? -1 : 0;
-            }
-        }
-        if (pb0_dY && mb0_) {
+        if (vs_ < P0) {
             const int64_t ta_p = (vs_ > 0 ? P0 - 8 : 0);
             const int64_t te_p = P0;
             const int64_t nt_p = tdsl_tiles((vs_ > 0 ? P0 - 8 : 0), ta_p, te_p, P0, 8);
@@ -354,20 +318,20 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                     }
                 }
             }
-        } else {
-            #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-            for (int64_t v_p = 0; v_p < P0; ++v_p) {
-                float acc_ = 0;
-                {
-                    for (int64_t v_k = tdsl_imax(0, P6 + v_p + 1); v_k < tdsl_imin(P5, v_p + 1); ++v_k) {
-                        const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
-                        acc_ += val_;
-                    }
-                }
-                out_[v_p] = acc_;
-            }
         }
-        free(pb0_dY);
-        free(mb0_);
+    } else {
+        #pragma omp parallel for schedule(guided) if(work_ >= 65536)
+        for (int64_t v_p = 0; v_p < P0; ++v_p) {
+            float acc_ = 0;
+            {
+                for (int64_t v_k = tdsl_imax(0, P6 + v_p + 1); v_k < tdsl_imin(P5, v_p + 1); ++v_k) {
+                    const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
+                    acc_ += val_;
+                }
+            }
+            out_[v_p] = acc_;
+        }
     }
+    free(pb0_dY);
+    free(mb0_);
 }
