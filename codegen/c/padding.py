@@ -3,7 +3,7 @@
 A gradient nest of a shifted access (a convolution's input gradient, `dX[c, t] = sum_{o, q}
 dY[o, t - q] * W[o, c, q]` with `0 <= t - q < dY.shape[1]`) keeps the eliminated index's
 range as constraints on the vector lanes. An edge tile used to test them per lane: a masked
-load and 64-bit comparisons in the innermost loop, about 3x the cost of an interior tile,
+load and 64-bit comparisons in the innermost loop, several times an interior tile's work,
 and for a 34-wide output with 32-wide tiles every tile is an edge tile. Here each such
 operand is read from a copy padded with zeros along its last axis (every read of the tile
 box in bounds, so the lanes load unconditionally), and the constraints, which are functions
