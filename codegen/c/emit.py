@@ -16,6 +16,7 @@ Element offsets are int64 throughout. The body of every term is printed after `s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -24,11 +25,12 @@ import sympy
 from codegen.c.dot import dot
 from codegen.c.members import members
 from codegen.c.online import online
+from codegen.c.padding import LANE_MASK_HELPERS, prepare_lines
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.select import select
 from codegen.c.strategies import scalar, split
-from codegen.c.tiles import TILE_HELPERS, tile, vector_extent
+from codegen.c.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
 from codegen.emit.emitter import (
     STORAGE,
     Emitter,
@@ -129,12 +131,48 @@ def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
     extent less the edges that need per-lane tests, runs whole tested tiles instead:
     `codegen.c.tiles.tiled`)."""
     here = e.variant(schedule=schedule)
+    narrow = schedule.small
+    if schedule.strategy == "tile" and narrow is not None and narrow.strategy == "tile":
+        return _wide_and_narrow(e, here, narrow)
     body = STRATEGY_EMITTERS[schedule.strategy](here)
-    if schedule.small is None:
+    if narrow is None:
         return body
-    small = _strategy_lines(e, schedule.small)
+    small = _strategy_lines(e, narrow)
     head = f"if ({vector_extent(here)} >= {schedule.width})"
     return [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
+
+
+def _wide_and_narrow(e: Emitter[Schedule], here: Emitter[Schedule], narrow: Schedule) -> Lines:
+    """Wide tiles over the vector axis, then narrow ones (`Schedule.small` a tile): over the
+    whole axis where it is shorter than a wide tile, else over the end of the axis where at
+    most a narrow tile's width is left after whole wide tiles, instead of a wide tile moved
+    back (34 columns: 32 lanes and 8, not 64), storing the lanes the wide tiles did not.
+    One narrow tile path serves both, so the source grows by a few lines only."""
+    wide = here.schedule.width
+    r = next(r for r in e.nest.free if r.index.name == here.schedule.vector)
+    lo, hi = e.idx(r.start), e.idx(r.stop)
+    n = f"{hi} - {lo}"
+    left = f"({n}) % {wide} <= {narrow.width} ? {lo} + ({n}) / {wide} * {wide} : {hi}"
+    first = f"(vs_ > {lo} ? {hi} - {narrow.width} : {lo})"
+    narrow_here = e.variant(schedule=narrow)
+    masks = shared_masks(here, narrow_here)  # padded copies made once for both
+    prepared = masks is not None
+    rest = tile(narrow_here, (first, hi, "vs_"), prepared)
+    if narrow.small is not None:
+        head = f"if ({vector_extent(narrow_here)} >= {narrow.width})"
+        rest = [*block_lines(head, rest)[:-1], "} else {"]
+        rest += [*indent_lines(_strategy_lines(e, narrow.small)), "}"]
+    lines = [
+        f"const int64_t vs_ = {n} < {wide} ? {lo} : {left};",
+        *block_lines(f"if ({n} >= {wide})", tile(here, (lo, "vs_", lo), prepared)),
+        *block_lines(f"if (vs_ < {hi})", rest),
+    ]
+    if masks is None:
+        return lines
+    prepare, freed, allocated = prepare_lines(e, masks)
+    fallback = scalar(e.variant(schedule=dataclasses.replace(here.schedule, small=None)))
+    either = [*block_lines(f"if ({allocated})", lines)[:-1], "} else {"]
+    return [*prepare, *either, *indent_lines(fallback), "}", *freed]
 
 
 def _assemble(
@@ -151,6 +189,8 @@ def _assemble(
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)
     head.append(TILE_HELPERS)
+    if any("tdsl_lane_mask" in line for line in body):
+        head.append(LANE_MASK_HELPERS)
     if any("tdsl_hsum8(" in line for line in body):
         head.append(ROW_DOT_HELPERS)
     prologue: Lines = []

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
-from codegen.c.strategies import omp_parallel
+from codegen.c.strategies import omp_parallel, scalar
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts
@@ -259,7 +260,9 @@ def vector_extent(e: CEmitter) -> str:
     return e.idx(sympy.expand(r.stop - r.start))
 
 
-def tiled(e: CEmitter, body: TileBody) -> Lines:
+def tiled(
+    e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None, prepared: bool = False
+) -> Lines:
     """Tile loops over the row and vector indices.
 
     Along each tiled index the tiles start where the interior conditions on that index alone
@@ -267,10 +270,16 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
     per-lane tests (a convolution's input gradient: its first and last `K - 1` columns).
     Full interior tiles get constant trip counts and no per-lane tests. A vector axis whose
     interior is shorter than a tile runs whole tiles over its extent, tested per lane.
+    `span` (C expressions `first, end, stored`): the vector tiles cover `[first, end)` only
+    and store lanes from `stored` on (`codegen.c.emit`: the rest of a wide tile's axis).
+    `prepared`: the caller allocated the padded copies and masks (`shared_masks`).
     """
     s = e.schedule
     free = e.free_symbols()
     paths = _tile_paths(e)
+    vector = sympy.Symbol(s.vector or "", integer=True)
+    masks = lane_masks(paths.edge, paths.tests, vector) if paths.condition else None
+    edge_e, edge_tests = (masks.emitter, masks.tests) if masks else (paths.edge, paths.tests)
     grid, tile, full = [], [], []
     # An elementwise tile stores in its inner loop: a tile moved back (`tdsl_tile`'s skip)
     # takes the general path, so that whole tiles store every lane untested (a test there
@@ -283,9 +292,15 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
         )
         r = next(r for r in e.nest.free if r.index == x)
         lo, hi = e.idx(r.start), e.idx(r.stop)
+        if span is not None and x.name == s.vector:
+            lo, hi = span[:2]
         low, high = _interior_range(e, x, paths.alone[x])
         a = f"tdsl_imin(tdsl_imax({low}, {lo}), {hi})" if low else lo
-        if x.name == s.vector and (low or high):
+        if x.name == s.vector and masks is not None:
+            # Masked edge tiles cost about what interior ones do: whole tiles over the
+            # extent, none of them partial (a partial one keeps its accumulators in memory).
+            grid += [f"const int64_t {first} = {lo};", f"const int64_t {last} = {hi};"]
+        elif x.name == s.vector and (low or high):
             # An interior shorter than a tile: whole tiles over the extent, tested where
             # they cross an edge (narrow tiles would keep their accumulators in memory).
             a0, e0 = f"{first}0_", f"{last}0_"
@@ -309,6 +324,8 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
             f"const int64_t {origin} = "
             f"tdsl_tile({number}, {lo}, {first}, {last}, {hi}, {size}, &{width}, &{skip});",
         ]
+        if span is not None and x.name == s.vector and span[2] != lo:
+            tile.append(f"{skip} = tdsl_imax({skip}, {span[2]} - {origin});")
         full += [f"{width} == {size}", f"{skip} == 0"] if elementwise else [f"{width} == {size}"]
     check = " && ".join(full)
     none = tuple(() for _ in e.nest.terms)
@@ -318,8 +335,8 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
         body(paths.interior, "rn_", "wn_", none),
     )
     if paths.condition:
-        masked = body(paths.edge, str(s.rows), str(s.width), paths.tests)
-        edge = _either(check, masked, body(paths.edge, "rn_", "wn_", paths.tests))
+        masked = body(edge_e, str(s.rows), str(s.width), edge_tests)
+        edge = _either(check, masked, body(edge_e, "rn_", "wn_", edge_tests))
         if paths.reduced_edge is not None:
             full = body(paths.reduced_edge, str(s.rows), str(s.width), paths.reduced_tests)
             part = body(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
@@ -334,14 +351,33 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
             )
         else:
             lines = block_lines(e.free_loop(x), lines)
-    return grid + omp_parallel(e, len(free)) + lines
+    lines = grid + omp_parallel(e, len(free)) + lines
+    if masks is None or prepared:
+        return lines
+    # Shifted reads padded, their lane tests a mask (`codegen.c.padding`); where the copies
+    # cannot be allocated, the scalar strategy.
+    prepare, freed, allocated = prepare_lines(e, masks)
+    return [*prepare, *_either(allocated, lines, scalar(e)), *freed]
 
 
 def _either(check: str, yes: Lines, no: Lines) -> Lines:
     return [f"if ({check}) {{", *indent_lines(yes), "} else {", *indent_lines(no), "}"]
 
 
-def tile(e: CEmitter) -> Lines:
+def shared_masks(wide: CEmitter, narrow: CEmitter) -> LaneMasks | None:
+    """The lane masks of two tile schedules over the same indices, where both tile
+    strategies would prepare the same padded copies (then prepared once for both)."""
+    found = []
+    for e in (wide, narrow):
+        paths = _tile_paths(e)
+        vector = sympy.Symbol(e.schedule.vector or "", integer=True)
+        found.append(lane_masks(paths.edge, paths.tests, vector) if paths.condition else None)
+    if found[0] is None or found[1] is None or found[0].terms != found[1].terms:
+        return None
+    return found[0]
+
+
+def tile(e: CEmitter, span: tuple[str, str, str] | None = None, prepared: bool = False) -> Lines:
     dims = f"[{e.schedule.rows}][{e.schedule.width}]" if e.schedule.row else f"[{e.schedule.width}]"
     sub = "[r_][w_]" if e.schedule.row else "[w_]"
     lanes = lane_levels(e)
@@ -363,7 +399,7 @@ def tile(e: CEmitter) -> Lines:
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
         return lines + lane_loops(p, rn, wn, stored(p, [p.store_line(sub)]))
 
-    return tiled(e, body)
+    return tiled(e, body, span, prepared)
 
 
 def stored(e: CEmitter, lines: Lines, *, whole: bool = False) -> Lines:

@@ -37,6 +37,19 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
     }
     return x0;
 }
+#include <stdlib.h>
+/* x where m has every bit set, +0 where m is 0 (a lane of a shifted read outside its
+ * operand: exactly the tested lane's zero, even for an infinite or NaN x). */
+static inline float tdsl_lane_maskf(float x, int32_t m) {
+    union { float f; int32_t i; } u = {.f = x};
+    u.i &= m;
+    return u.f;
+}
+static inline double tdsl_lane_mask(double x, int64_t m) {
+    union { double f; int64_t i; } u = {.f = x};
+    u.i &= m;
+    return u.f;
+}
 
 void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_dY = ((const float *)operands[0]);
@@ -49,252 +62,276 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
     const int64_t P4 = params[4];
     const int64_t P5 = params[5];
     const int64_t P6 = params[6];
-    const int64_t work_ = params[7];
-    if (P2 >= 32) {
-        const int64_t ta_p0_ = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
-        const int64_t te_p0_ = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p0_), P2);
-        const int64_t ta_p = te_p0_ - ta_p0_ >= 32 ? ta_p0_ : 0;
-        const int64_t te_p = te_p0_ - ta_p0_ >= 32 ? te_p0_ : P2;
-        const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, P2, 32);
-        #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-        for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
-            int64_t wn_;
-            int64_t sk_;
-            const int64_t o_p = tdsl_tile(ti_p, 0, ta_p, te_p, P2, 32, &wn_, &sk_);
-            if (P0 + o_p + 1 >= 0 && P1 - o_p - wn_ >= 0) {
-                if (wn_ == 32) {
-                    float acc_[32];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                            const float t0_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < 32; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                const float val_ = t0_*in_dY[-v_k + v_p];
-                                acc_[w_] += val_;
+    const int64_t P7 = params[7];
+    const int64_t work_ = params[8];
+    const int64_t pl0_ = P3;
+    const int64_t pw0_ = tdsl_imax(P7 - pl0_ + 1, 0);
+    const int64_t pn0_dY = P2;
+    const int64_t pr0_dY = 1;
+    float *pb0_dY = (float *)malloc(sizeof(float) * (size_t)tdsl_imax(pr0_dY * pw0_, 1));
+    if (pb0_dY) {
+        for (int64_t r_ = 0; r_ < pr0_dY; ++r_) {
+            for (int64_t j_ = 0; j_ < pw0_; ++j_) {
+                const int64_t x_ = j_ + pl0_;
+                pb0_dY[r_ * pw0_ + j_] = x_ >= 0 && x_ < pn0_dY ? in_dY[r_ * pn0_dY + x_] : 0;
+            }
+        }
+    }
+    int32_t *mb0_ = (int32_t *)malloc(sizeof(int32_t) * (size_t)tdsl_imax(pw0_, 1));
+    if (mb0_) {
+        for (int64_t j_ = 0; j_ < pw0_; ++j_) {
+            const int64_t px_ = j_ + pl0_;
+            mb0_[j_] = px_ >= 0 && P2 - px_ - 1 >= 0 ? -1 : 0;
+        }
+    }
+    if (pb0_dY && mb0_) {
+        const int64_t vs_ = P0 - 0 < 32 ? 0 : (P0 - 0) % 32 <= 8 ? 0 + (P0 - 0) / 32 * 32 : P0;
+        if (P0 - 0 >= 32) {
+            const int64_t ta_p = 0;
+            const int64_t te_p = vs_;
+            const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, vs_, 32);
+            #pragma omp parallel for schedule(guided) if(work_ >= 65536)
+            for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
+                int64_t wn_;
+                int64_t sk_;
+                const int64_t o_p = tdsl_tile(ti_p, 0, ta_p, te_p, vs_, 32, &wn_, &sk_);
+                if (P1 + o_p + 1 >= 0 && P2 - o_p - wn_ >= 0) {
+                    if (wn_ == 32) {
+                        float acc_[32];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 32; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                const float t0_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = t0_*in_dY[-v_k + v_p];
+                                    acc_[w_] += val_;
+                                }
                             }
                         }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 32; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
+                        }
+                    } else {
+                        float acc_[32];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                const float t1_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = t1_*in_dY[-v_k + v_p];
+                                    acc_[w_] += val_;
+                                }
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
                         }
                     }
                 } else {
-                    float acc_[32];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                            const float t1_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                const float val_ = t1_*in_dY[-v_k + v_p];
-                                acc_[w_] += val_;
+                    if (wn_ == 32) {
+                        float acc_[32];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 32; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                                const float t0_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                    acc_[w_] += val_;
+                                }
                             }
                         }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 32; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
+                        }
+                    } else {
+                        float acc_[32];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                                const float t1_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                    acc_[w_] += val_;
+                                }
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
                         }
                     }
                 }
-            } else {
-                if (wn_ == 32) {
-                    float acc_[32];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
-                            const float t0_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < 32; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                float val_ = 0;
-                                if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    val_ = t0_*in_dY[-v_k + v_p];
+            }
+        }
+        if (vs_ < P0) {
+            const int64_t ta_p = (vs_ > 0 ? P0 - 8 : 0);
+            const int64_t te_p = P0;
+            const int64_t nt_p = tdsl_tiles((vs_ > 0 ? P0 - 8 : 0), ta_p, te_p, P0, 8);
+            #pragma omp parallel for schedule(guided) if(work_ >= 65536)
+            for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
+                int64_t wn_;
+                int64_t sk_;
+                const int64_t o_p = tdsl_tile(ti_p, (vs_ > 0 ? P0 - 8 : 0), ta_p, te_p, P0, 8, &wn_, &sk_);
+                sk_ = tdsl_imax(sk_, vs_ - o_p);
+                if (P1 + o_p + 1 >= 0 && P2 - o_p - wn_ >= 0) {
+                    if (wn_ == 8) {
+                        float acc_[8];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 8; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                const float t0_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = t0_*in_dY[-v_k + v_p];
+                                    acc_[w_] += val_;
                                 }
-                                acc_[w_] += val_;
                             }
                         }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 32; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 8; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
+                        }
+                    } else {
+                        float acc_[8];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                const float t1_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = t1_*in_dY[-v_k + v_p];
+                                    acc_[w_] += val_;
+                                }
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
                         }
                     }
                 } else {
-                    float acc_[32];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
-                            const float t1_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                float val_ = 0;
-                                if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    val_ = t1_*in_dY[-v_k + v_p];
+                    if (wn_ == 8) {
+                        float acc_[8];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 8; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
+                                const float t0_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                    acc_[w_] += val_;
                                 }
-                                acc_[w_] += val_;
                             }
                         }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < 8; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
+                        }
+                    } else {
+                        float acc_[8];
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            acc_[w_] = 0;
+                        }
+                        {
+                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
+                                const float t1_ = in_W[v_k];
+                                #pragma omp simd
+                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                    const int64_t v_p = o_p + w_;
+                                    const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                    acc_[w_] += val_;
+                                }
+                            }
+                        }
+                        #pragma omp simd
+                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                            const int64_t v_p = o_p + w_;
+                            if (w_ >= sk_) {
+                                out_[v_p] = acc_[w_];
+                            }
                         }
                     }
                 }
             }
         }
     } else {
-        const int64_t ta_p0_ = tdsl_imin(tdsl_imax(tdsl_ceildiv(-(P3), 1), 0), P2);
-        const int64_t te_p0_ = tdsl_imin(tdsl_imax(tdsl_floordiv(P4, 1) + 1, ta_p0_), P2);
-        const int64_t ta_p = te_p0_ - ta_p0_ >= 8 ? ta_p0_ : 0;
-        const int64_t te_p = te_p0_ - ta_p0_ >= 8 ? te_p0_ : P2;
-        const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, P2, 8);
         #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-        for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
-            int64_t wn_;
-            int64_t sk_;
-            const int64_t o_p = tdsl_tile(ti_p, 0, ta_p, te_p, P2, 8, &wn_, &sk_);
-            if (P0 + o_p + 1 >= 0 && P1 - o_p - wn_ >= 0) {
-                if (wn_ == 8) {
-                    float acc_[8];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                            const float t0_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < 8; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                const float val_ = t0_*in_dY[-v_k + v_p];
-                                acc_[w_] += val_;
-                            }
-                        }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
-                        }
-                    }
-                } else {
-                    float acc_[8];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                            const float t1_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                const float val_ = t1_*in_dY[-v_k + v_p];
-                                acc_[w_] += val_;
-                            }
-                        }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
-                        }
-                    }
-                }
-            } else {
-                if (wn_ == 8) {
-                    float acc_[8];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
-                            const float t0_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < 8; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                float val_ = 0;
-                                if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    val_ = t0_*in_dY[-v_k + v_p];
-                                }
-                                acc_[w_] += val_;
-                            }
-                        }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < 8; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
-                        }
-                    }
-                } else {
-                    float acc_[8];
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        acc_[w_] = 0;
-                    }
-                    {
-                        for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
-                            const float t1_ = in_W[v_k];
-                            #pragma omp simd
-                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                const int64_t v_p = o_p + w_;
-                                float val_ = 0;
-                                if ((-v_k + v_p >= 0) && (P1 + v_k - v_p - 1 >= 0)) {
-                                    val_ = t1_*in_dY[-v_k + v_p];
-                                }
-                                acc_[w_] += val_;
-                            }
-                        }
-                    }
-                    #pragma omp simd
-                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                        const int64_t v_p = o_p + w_;
-                        if (w_ >= sk_) {
-                            out_[v_p] = acc_[w_];
-                        }
-                    }
+        for (int64_t v_p = 0; v_p < P0; ++v_p) {
+            float acc_ = 0;
+            {
+                for (int64_t v_k = tdsl_imax(0, P6 + v_p + 1); v_k < tdsl_imin(P5, v_p + 1); ++v_k) {
+                    const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
+                    acc_ += val_;
                 }
             }
+            out_[v_p] = acc_;
         }
     }
+    free(pb0_dY);
+    free(mb0_);
 }
