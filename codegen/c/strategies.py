@@ -6,18 +6,19 @@ import sympy
 
 from codegen.c.row_dots import DOT_ROWS, batchable_sum, row_dot_lines
 from codegen.c.schedule import Schedule
-from codegen.emit.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
+from codegen.c.threads import CLAUSES
+from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Loop, Plan, Statement
 from codegen.ir.reductions import Pass
 
 
 def omp_parallel(e: Emitter[Schedule], collapse: int) -> Lines:
     """The OpenMP pragma over the `collapse` outermost free loops, when the schedule is
-    parallel (the work test keeps small nests on one thread)."""
+    parallel (with as many threads as `tdsl_team` gave the kernel: `codegen.c.threads`)."""
     if not e.schedule.parallel or collapse == 0:
         return []
     clause = f" collapse({collapse})" if collapse > 1 else ""
-    return [f"#pragma omp parallel for{clause} schedule(guided) if(work_ >= {PARALLEL_WORK})"]
+    return [f"#pragma omp parallel for{clause} schedule(guided) {CLAUSES}"]
 
 
 #: Values a term computes at once into a buffer for a reduction with passes (logsumexp).
@@ -158,7 +159,7 @@ def split(e: Emitter[Schedule]) -> Lines:
     pairs = list(zip(e.names("part_", "[c_]"), e.names(), strict=True))[:states]
     chunk += [f"{p} = {a};" for p, a in pairs]
     if e.schedule.parallel:
-        lines.append(f"#pragma omp parallel for schedule(guided) if(work_ >= {PARALLEL_WORK})")
+        lines.append(f"#pragma omp parallel for schedule(guided) {CLAUSES}")
     lines += block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", chunk)
     combine = e.fmt(e.reducer.combine, e.names(), e.names("part_", "[c_]"))
     lines += [*e.declare(), *block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", [combine])]

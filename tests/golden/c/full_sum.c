@@ -37,6 +37,35 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
     }
     return x0;
 }
+/* Threads for `work` units (codegen/c/threads.py): one below two grains, else one per grain,
+ * up to OpenMP's threads less those other kernels' teams hold (reserved until tdsl_team_done). */
+#ifdef _OPENMP
+#include <omp.h>
+int *tdsl_teams_held = 0; /* the process's counter, set by the loader; else this library's */
+static int tdsl_teams_own_;
+static inline int *tdsl_teams_(void) {
+    return tdsl_teams_held ? tdsl_teams_held : &tdsl_teams_own_;
+}
+static int tdsl_team(int64_t work) {
+    if (work < 2 * (int64_t)8388608) return 1;
+    const int64_t cores = omp_get_max_threads();
+    int held = __atomic_load_n(tdsl_teams_(), __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t n = work / 8388608;
+        if (n > cores - held) n = cores - held;
+        if (n < 2) return 1;
+        if (__atomic_compare_exchange_n(tdsl_teams_(), &held, held + (int)n, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return (int)n;
+    }
+}
+static void tdsl_team_done(int threads) {
+    if (threads > 1) __atomic_fetch_sub(tdsl_teams_(), threads, __ATOMIC_ACQ_REL);
+}
+#else
+static inline int tdsl_team(int64_t work) { (void)work; return 1; }
+static inline void tdsl_team_done(int threads) { (void)threads; }
+#endif
 
 void tdsl_s_forward_20635daf(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
@@ -47,8 +76,9 @@ void tdsl_s_forward_20635daf(void *out, const void *const *operands, const int64
     const int64_t s_A_0 = params[2];
     const int64_t s_B_0 = params[3];
     const int64_t work_ = params[4];
+    const int threads_ = tdsl_team(work_);
     double part_[64];
-    #pragma omp parallel for schedule(guided) if(work_ >= 65536)
+    #pragma omp parallel for schedule(guided) num_threads(threads_) if(threads_ > 1)
     for (int64_t c_ = 0; c_ < 64; ++c_) {
         double acc_ = 0;
         {
@@ -69,4 +99,5 @@ void tdsl_s_forward_20635daf(void *out, const void *const *operands, const int64
         acc_ += part_[c_];
     }
     out_[0] = acc_;
+    tdsl_team_done(threads_);
 }

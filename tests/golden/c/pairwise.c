@@ -37,6 +37,35 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
     }
     return x0;
 }
+/* Threads for `work` units (codegen/c/threads.py): one below two grains, else one per grain,
+ * up to OpenMP's threads less those other kernels' teams hold (reserved until tdsl_team_done). */
+#ifdef _OPENMP
+#include <omp.h>
+int *tdsl_teams_held = 0; /* the process's counter, set by the loader; else this library's */
+static int tdsl_teams_own_;
+static inline int *tdsl_teams_(void) {
+    return tdsl_teams_held ? tdsl_teams_held : &tdsl_teams_own_;
+}
+static int tdsl_team(int64_t work) {
+    if (work < 2 * (int64_t)8388608) return 1;
+    const int64_t cores = omp_get_max_threads();
+    int held = __atomic_load_n(tdsl_teams_(), __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t n = work / 8388608;
+        if (n > cores - held) n = cores - held;
+        if (n < 2) return 1;
+        if (__atomic_compare_exchange_n(tdsl_teams_(), &held, held + (int)n, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return (int)n;
+    }
+}
+static void tdsl_team_done(int threads) {
+    if (threads > 1) __atomic_fetch_sub(tdsl_teams_(), threads, __ATOMIC_ACQ_REL);
+}
+#else
+static inline int tdsl_team(int64_t work) { (void)work; return 1; }
+static inline void tdsl_team_done(int threads) { (void)threads; }
+#endif
 
 void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_W = ((const float *)operands[0]);
@@ -49,13 +78,14 @@ void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64
     const int64_t s_X_0 = params[4];
     const int64_t s_OUT_0 = params[5];
     const int64_t work_ = params[6];
+    const int threads_ = tdsl_team(work_);
     const int64_t ta_i = 0;
     const int64_t te_i = P0;
     const int64_t nt_i = tdsl_tiles(0, ta_i, te_i, P0, 6);
     const int64_t ta_j = 0;
     const int64_t te_j = P1;
     const int64_t nt_j = tdsl_tiles(0, ta_j, te_j, P1, 32);
-    #pragma omp parallel for collapse(2) schedule(guided) if(work_ >= 65536)
+    #pragma omp parallel for collapse(2) schedule(guided) num_threads(threads_) if(threads_ > 1)
     for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
         for (int64_t ti_j = 0; ti_j < nt_j; ++ti_j) {
             int64_t rn_;
@@ -141,4 +171,5 @@ void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64
             }
         }
     }
+    tdsl_team_done(threads_);
 }
