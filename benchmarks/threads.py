@@ -7,15 +7,20 @@ printed with the table):
     python -m benchmarks.threads --reps 15
 
 Each case is one nest at one size: a trivial one (the 1-d convolution of docs/backends.md,
-work worth microseconds), a mid-size one and a large one (a Gaussian kernel sum, with an
-`exp` per term). Each is timed three ways in the same run: the kernel called directly
-(what `k.profile` and `tensordsl.timing.profile_jaxpr` time), the kernel called through
+work worth microseconds), two mid-size ones (one below the work that starts a team, one
+above) and a large one (a Gaussian kernel sum, with an `exp` per term). The "threads"
+column is the team a call asks for when no other kernel runs and the machine is calm
+(`codegen.c.threads.thread_count`). Each is timed three ways in the same run: the kernel
+called directly (what `k.profile` and `tensordsl.timing.profile_jaxpr` time), through
 `jax.jit` (XLA's FFI, from XLA's own threads) and the same computation in jax.numpy, jitted.
 Then again with a busy loop holding one core (a child process this script starts and ends),
 and the large case once more with OpenMP limited to one thread (`omp_set_num_threads(1)` on
 the calling thread, direct calls only), to show that it does use both cores. Figures are
-medians in milliseconds. This script imports only the package, so the same file can time
-an older checkout (`PYTHONPATH=<old tree> python benchmarks/threads.py`).
+medians in milliseconds; "cpu/wall" is the process's CPU time over the wall time of the
+direct calls (near 2 when a kernel keeps both cores busy); "calm" is "yes" when, after the
+direct calls, a late thread keeps kernels on one thread (`codegen.c.threads.CALM_NS`). This
+script imports only the package, so the same file can time an older checkout
+(`PYTHONPATH=<old tree> python benchmarks/threads.py`).
 """
 
 from __future__ import annotations
@@ -53,18 +58,26 @@ def _gaussian_jnp(x: Any, z: Any) -> Any:
 CASES = (
     ("trivial conv1d 10000x30", CONVOLUTION, ((10000,), (30,)), _convolution_jnp),
     ("mid gaussian 256x256x3", GAUSSIAN, ((256, 3), (256, 3)), _gaussian_jnp),
+    ("mid gaussian 512x512x3", GAUSSIAN, ((512, 3), (512, 3)), _gaussian_jnp),
     ("large gaussian 2048x2048x3", GAUSSIAN, ((2048, 3), (2048, 3)), _gaussian_jnp),
 )
 
 
 def _median_ms(call: Callable[[], Any], reps: int) -> float:
+    return _timed(call, reps)[0]
+
+
+def _timed(call: Callable[[], Any], reps: int) -> tuple[float, float]:
+    """The median milliseconds of `reps` calls after a warm-up, and the process's CPU time
+    over the wall time of them all (about the cores a direct call keeps busy)."""
     call()
     times = []
+    cpu = time.process_time()
     for _ in range(reps):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return statistics.median(times) * 1e3, (time.process_time() - cpu) / sum(times)
 
 
 def _direct_call(kernel: Any, arrays: list[np.ndarray]) -> Callable[[], Any]:
@@ -92,6 +105,15 @@ def _threads_chosen(kernel: Any, arrays: list[np.ndarray]) -> str:
     shapes = dict(zip(kernel.inputs, (a.shape for a in arrays), strict=True))
     shapes[kernel.nest.output] = jax.eval_shape(kernel, *arrays).shape
     return str(threads.thread_count(threads.nest_work(kernel.nest, shapes), os.cpu_count() or 1))
+
+
+def _calm() -> str:
+    """Whether kernels start no team now, a thread of a team having started late."""
+    try:
+        from codegen.c import threads
+    except ImportError:
+        return "-"
+    return "yes" if threads.teams().calm_until > time.monotonic_ns() else "no"
 
 
 @contextlib.contextmanager
@@ -128,13 +150,16 @@ def _row(name: str, source: str, shapes: Any, twin: Any, reps: int, mode: str) -
     )
     direct = _direct_call(kernel, arrays)
     devices = [jax.device_put(a) for a in arrays]
+    direct_ms, cores = _timed(direct, reps)
+    calm = _calm()
     times = [
-        _median_ms(direct, reps),
+        direct_ms,
         _median_ms(lambda: jitted(*devices).block_until_ready(), reps),
         _median_ms(lambda: reference(*devices).block_until_ready(), reps),
     ]
     cells = " | ".join(f"{t:.3f}" for t in times)
-    return f"| {name} | {mode} | {_threads_chosen(kernel, arrays)} | {cells} |"
+    chosen = _threads_chosen(kernel, arrays)
+    return f"| {name} | {mode} | {chosen} | {calm} | {cores:.2f} | {cells} |"
 
 
 def main() -> None:
@@ -143,8 +168,8 @@ def main() -> None:
     args = parser.parse_args()
     threads = os.environ.get("OMP_NUM_THREADS")
     print(f"load before: {os.getloadavg()[0]:.2f}; OMP_NUM_THREADS={threads}")
-    print("| case | other core | threads | direct ms | jit ms | jnp ms |")
-    print("|---|---|---|---|---|---|")
+    print("| case | other core | threads | calm | cpu/wall | direct ms | jit ms | jnp ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode, context in (("idle", contextlib.nullcontext), ("busy", _busy_core)):
         with context():
             for case in CASES:

@@ -15,7 +15,7 @@ import sympy
 
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
-from codegen.c.strategies import omp_parallel
+from codegen.c.strategies import parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts
@@ -330,7 +330,7 @@ def tiled(e: CEmitter, body: TileBody) -> Lines:
             )
         else:
             lines = block_lines(e.free_loop(x), lines)
-    return grid + omp_parallel(e, len(free)) + lines
+    return grid + parallel_loop(e, len(free), lines)
 
 
 def _either(check: str, yes: Lines, no: Lines) -> Lines:
