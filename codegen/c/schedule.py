@@ -56,11 +56,9 @@ The heuristic (`choose_cpu_schedule`):
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
    time from the extents (guided schedule; see the thread-count note below).
 
-Thread count: decided by each call from its work (`codegen.c.threads`): none but the calling
-thread for small work, one thread per grain of work up to the cores otherwise, fewer while
-other kernels' teams hold cores, and one while the machine is crowded. On this shared 2-core
-machine a second thread often waits for a core another process holds, so a kernel can be
-slower with 2 threads than with 1. The free loops are shared out `guided`: with `static`,
+Thread count: decided by each call from its work, the teams of other kernels and how
+crowded the machine is (`codegen.c.threads`): a second thread may wait for a core another
+process holds. The free loops are shared out `guided`: with `static`,
 each thread has half of the work fixed in advance, so a thread whose core is taken makes
 the whole kernel wait; guided chunks shrink, so the other thread takes what is left (the
 GPT block's benchmark, `benchmarks/gpt_block.py`, measured the difference). Every output

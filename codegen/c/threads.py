@@ -8,7 +8,7 @@ work that amortises that risk, and never more threads than cores are free:
 
 * the work is counted in *units*, about one arithmetic operation or one load each
   (`body_cost`), not in evaluations of the body: a sum of products and a sum of
-  exponentials of the same extents differ tenfold (`nest_work` is the count for a nest,
+  exponentials of the same extents differ many times over (`nest_work` counts a nest,
   `work_` in the generated C);
 * a kernel runs on one thread below two `GRAIN`s of work, else on one thread per `GRAIN`
   up to the threads OpenMP may use (`omp_get_max_threads()`: `OMP_NUM_THREADS`, else the
