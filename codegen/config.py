@@ -260,3 +260,21 @@ def progress_after() -> float:
             f"TENSORDSL_PROGRESS_AFTER={value!r}: expected a number of seconds, 0 or more"
         )
     return seconds
+
+
+#: The OpenMP runtime's own variables that choose how its idle threads wait.
+OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def openmp_wait_defaults() -> dict[str, str]:
+    """What to add to the environment before the OpenMP runtime loads: `OMP_WAIT_POLICY=
+    passive` (idle threads sleep instead of spinning on a core XLA's threads or another
+    process could use), unless the user set `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` (even
+    empty), which then win (codegen/c/threads.py).
+
+    >>> "OMP_WAIT_POLICY" in openmp_wait_defaults() or "OMP_WAIT_POLICY" in os.environ
+    True
+    """
+    if any(name in os.environ for name in OPENMP_WAIT_VARIABLES):
+        return {}
+    return {"OMP_WAIT_POLICY": "passive"}

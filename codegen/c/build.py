@@ -29,6 +29,9 @@ When jaxlib's FFI headers are present, each shared object also holds an XLA FFI 
 its entry point (codegen/c/ffi.py), so that JAX can call the kernel without Python; if the
 headers are missing or the handler does not build, the kernel is built alone and
 `CompiledNest.ffi_handler` is None.
+
+Every library loaded shares one counter of the threads its kernels' teams hold, and the first
+load sets the OpenMP runtime's wait policy (codegen/c/threads.py).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from codegen import config, progress
-from codegen.c import ffi, records
+from codegen.c import ffi, records, threads
 from codegen.c.compiled import CompiledNest
 from codegen.c.compiler import (
     BuildError,
@@ -257,9 +260,11 @@ def _emit(
 def _load(nest: LoopNest, record: records.KernelRecord) -> CompiledNest | None:
     """`record`'s kernel for `nest`, or None when its library does not load."""
     symbols = (record.entry, *((ffi.handler_name(record.entry),) if record.handler else ()))
+    threads.passive_waiting()  # before the first kernel loads the OpenMP runtime
     loaded = disk_cache.load(pathlib.Path(record.library), symbols)
     if loaded is None:
         return None
+    threads.share_counter(loaded)
     try:
         host = compiled_host_function(record.host_names, record.host_extents, record.host_source)
     except Exception:  # noqa: BLE001 - a damaged record is rebuilt, never a crash

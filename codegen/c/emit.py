@@ -30,6 +30,8 @@ from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.select import select
 from codegen.c.strategies import scalar, split
+from codegen.c.threads import CLAUSES, work_expression
+from codegen.c.threads import HELPERS as THREAD_HELPERS
 from codegen.c.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
 from codegen.emit.emitter import (
     STORAGE,
@@ -112,14 +114,11 @@ def emit_c(
     if schedule.strategy not in KERNEL_STRATEGIES:
         raise ValueError(f"the {schedule.strategy} strategy generates no C")
     e = Emitter(nest, dtypes, schedule)
-    work = sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in nest.free)) * (
-        1
-        + sympy.Add(
-            *(sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in t.reduced)) for t in nest.terms)
-        )
-    )
-    e.named.append(("work_", work))
+    e.named.append(("work_", work_expression(nest)))
     body = _strategy_lines(e, schedule)
+    if any(CLAUSES in line for line in body):  # a parallel loop: reserve its team
+        team = ["int64_t asked_ = 0;", "const int threads_ = tdsl_team(work_, &asked_);"]
+        body = [*team, *body, "tdsl_team_done(threads_);"]
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
     entry = entry_name(nest, dtypes, schedule, role)
     return CSource(_assemble(e, entry, params, body), entry, tuple(params))
@@ -191,6 +190,8 @@ def _assemble(
     head.append(TILE_HELPERS)
     if any("tdsl_lane_mask" in line for line in body):
         head.append(LANE_MASK_HELPERS)
+    if any(CLAUSES in line for line in body):
+        head.append(THREAD_HELPERS)
     if any("tdsl_hsum8(" in line for line in body):
         head.append(ROW_DOT_HELPERS)
     prologue: Lines = []

@@ -22,7 +22,7 @@ from dataclasses import replace
 import sympy
 
 from codegen.c.schedule import Schedule
-from codegen.c.strategies import omp_parallel
+from codegen.c.strategies import parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.printer import TensorView
 from codegen.emit.staging import Assign, Plan
@@ -90,7 +90,7 @@ def members(e: Emitter[Schedule]) -> Lines:
     if row is None:
         return lines
     count = f"const {kind} nt_ = (tdsl_imax({stop} - {start}, 0) + {step - 1})/{step};"
-    return [count, *omp_parallel(e, len(free)), *lines]
+    return [count, *parallel_loop(e, len(free), lines)]
 
 
 def _across(

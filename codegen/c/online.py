@@ -26,7 +26,7 @@ one pass was no faster than the two nests; a block shares each row of W among it
 from __future__ import annotations
 
 from codegen.c.schedule import Schedule
-from codegen.c.strategies import CHUNK, buffer_pass, chunk_fill, omp_parallel
+from codegen.c.strategies import CHUNK, buffer_pass, chunk_fill, parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 
 #: Rows of a block: each row of the weights read serves them all.
@@ -107,7 +107,7 @@ def online(e: Emitter[Schedule]) -> Lines:
     lines = block_lines(head, block)
     for r in reversed(outer):
         lines = block_lines(e.free_loop(r), lines)
-    return omp_parallel(e, len(outer) + 1) + lines
+    return parallel_loop(e, len(outer) + 1, lines)
 
 
 def _rescale(e: Emitter[Schedule]) -> Lines:

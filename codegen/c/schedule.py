@@ -54,11 +54,11 @@ The heuristic (`choose_cpu_schedule`):
 4. otherwise, for sum/max/min/prod/argmax/argmin, ``dot`` with a 4 x 4 tile of dot products
    of 8 float / 4 double lanes (16 accumulator registers); else ``scalar``;
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
-   time from the extents (guided schedule, all threads; see the thread-count note below).
+   time from the extents (guided schedule; see the thread-count note below).
 
-Thread count: the kernels use OpenMP's default (all cores, here 2). On this shared 2-core
-machine a second thread often waits for a core another process holds, so a kernel can be
-slower with 2 threads than with 1. The free loops are shared out `guided`: with `static`,
+Thread count: decided by each call from its work, the teams of other kernels and how
+crowded the machine is (`codegen.c.threads`): a second thread may wait for a core another
+process holds. The free loops are shared out `guided`: with `static`,
 each thread has half of the work fixed in advance, so a thread whose core is taken makes
 the whole kernel wait; guided chunks shrink, so the other thread takes what is left (the
 GPT block's benchmark, `benchmarks/gpt_block.py`, measured the difference). Every output

@@ -10,7 +10,7 @@ comparison with the last slot."""
 from __future__ import annotations
 
 from codegen.c.schedule import Schedule
-from codegen.c.strategies import CHUNK, omp_parallel
+from codegen.c.strategies import CHUNK, parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.select import row_indices, row_lines, update_template
 
@@ -22,7 +22,7 @@ def select(e: Emitter[Schedule]) -> Lines:
     free = row_indices(e)
     for symbol in reversed(free):
         lines = block_lines(e.free_loop(symbol), lines)
-    return omp_parallel(e, len(free)) + lines
+    return parallel_loop(e, len(free), lines)
 
 
 def _chunked_term(e: Emitter[Schedule]) -> Lines:

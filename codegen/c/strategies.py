@@ -6,18 +6,23 @@ import sympy
 
 from codegen.c.row_dots import DOT_ROWS, batchable_sum, row_dot_lines
 from codegen.c.schedule import Schedule
-from codegen.emit.emitter import PARALLEL_WORK, Emitter, Lines, block_lines, indent_lines
+from codegen.c.threads import CLAUSES
+from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Loop, Plan, Statement
 from codegen.ir.reductions import Pass
 
 
-def omp_parallel(e: Emitter[Schedule], collapse: int) -> Lines:
-    """The OpenMP pragma over the `collapse` outermost free loops, when the schedule is
-    parallel (the work test keeps small nests on one thread)."""
+def parallel_loop(e: Emitter[Schedule], collapse: int, loop: Lines) -> Lines:
+    """`loop` (one statement: a loop over the `collapse` outermost free indices, nested
+    when more than one) shared out among the kernel's team when the schedule is parallel:
+    `threads_` threads, as `tdsl_team` gave the kernel, each noting when it started
+    (`codegen.c.threads`)."""
     if not e.schedule.parallel or collapse == 0:
-        return []
+        return loop
+    assert loop[0].startswith("for ") and loop[-1] == "}", loop[:1]
     clause = f" collapse({collapse})" if collapse > 1 else ""
-    return [f"#pragma omp parallel for{clause} schedule(guided) if(work_ >= {PARALLEL_WORK})"]
+    region = ["tdsl_team_arrived(asked_);", f"#pragma omp for{clause} schedule(guided)", *loop]
+    return [f"#pragma omp parallel {CLAUSES}", "{", *indent_lines(region), "}"]
 
 
 #: Values a term computes at once into a buffer for a reduction with passes (logsumexp).
@@ -34,7 +39,7 @@ def scalar(e: Emitter[Schedule]) -> Lines:
     free = e.free_symbols()
     for r in reversed(free):
         lines = block_lines(e.free_loop(r), lines)
-    return omp_parallel(e, len(free)) + lines
+    return parallel_loop(e, len(free), lines)
 
 
 def chunk_fill(e: Emitter[Schedule], n: int, also: str = "") -> tuple[Plan, Lines, str, str]:
@@ -157,9 +162,7 @@ def split(e: Emitter[Schedule]) -> Lines:
     states = len(e.reducer.init)
     pairs = list(zip(e.names("part_", "[c_]"), e.names(), strict=True))[:states]
     chunk += [f"{p} = {a};" for p, a in pairs]
-    if e.schedule.parallel:
-        lines.append(f"#pragma omp parallel for schedule(guided) if(work_ >= {PARALLEL_WORK})")
-    lines += block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", chunk)
+    lines += parallel_loop(e, 1, block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", chunk))
     combine = e.fmt(e.reducer.combine, e.names(), e.names("part_", "[c_]"))
     lines += [*e.declare(), *block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", [combine])]
     return [*lines, e.store_line()]

@@ -16,7 +16,7 @@ import sympy
 from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
-from codegen.c.strategies import omp_parallel, scalar
+from codegen.c.strategies import parallel_loop, scalar
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts
@@ -351,7 +351,7 @@ def tiled(
             )
         else:
             lines = block_lines(e.free_loop(x), lines)
-    lines = grid + omp_parallel(e, len(free)) + lines
+    lines = grid + parallel_loop(e, len(free), lines)
     if masks is None or prepared:
         return lines
     # Shifted reads padded, their lane tests a mask (`codegen.c.padding`); where the copies

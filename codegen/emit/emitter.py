@@ -33,7 +33,6 @@ STORAGE = {
     "int32": "int32_t",
     "int64": "int64_t",
 }
-PARALLEL_WORK = 1 << 16  # below this many body evaluations a kernel runs on one thread
 
 Lines = list[str]
 S = TypeVar("S", bound=LoopOrder)

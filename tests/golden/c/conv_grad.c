@@ -50,6 +50,62 @@ static inline double tdsl_lane_mask(double x, int64_t m) {
     u.i &= m;
     return u.f;
 }
+/* Threads for `work` units (codegen/c/threads.py): one below two grains, else one per grain,
+ * up to OpenMP's threads less those other kernels' teams hold (reserved until tdsl_team_done);
+ * one while the machine is crowded (a team's thread started late less than CALM_NS ago). */
+#ifdef _OPENMP
+#include <omp.h>
+#include <time.h>
+typedef struct {
+    int held;           /* threads the teams of running kernels hold */
+    int64_t calm_until; /* CLOCK_MONOTONIC ns before which kernels start no team */
+} tdsl_teams_t;
+tdsl_teams_t *tdsl_teams = 0; /* the process's, set by the loader; else this library's */
+static tdsl_teams_t tdsl_teams_own_;
+static inline tdsl_teams_t *tdsl_teams_(void) {
+    return tdsl_teams ? tdsl_teams : &tdsl_teams_own_;
+}
+static inline int64_t tdsl_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+static int tdsl_team(int64_t work, int64_t *asked) {
+    if (work < 2 * (int64_t)8388608) return 1;
+    tdsl_teams_t *teams = tdsl_teams_();
+    *asked = tdsl_now_ns();
+    if (*asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)) return 1;
+    const int64_t cores = omp_get_max_threads();
+    int held = __atomic_load_n(&teams->held, __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t n = work / 8388608;
+        if (n > cores - held) n = cores - held;
+        if (n < 2) return 1;
+        if (__atomic_compare_exchange_n(&teams->held, &held, held + (int)n, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return (int)n;
+    }
+}
+/* A thread of a team started at `now`, its kernel asked for the team at `asked`. */
+static void tdsl_team_started(int64_t asked, int64_t now) {
+    if (now - asked > 1000000)
+        __atomic_store_n(&tdsl_teams_()->calm_until, now + 1000000000, __ATOMIC_RELAXED);
+}
+static inline void tdsl_team_arrived(int64_t asked) {
+    if (omp_get_thread_num() > 0) tdsl_team_started(asked, tdsl_now_ns());
+}
+static void tdsl_team_done(int threads) {
+    if (threads > 1) __atomic_fetch_sub(&tdsl_teams_()->held, threads, __ATOMIC_ACQ_REL);
+}
+#else
+static inline int tdsl_team(int64_t work, int64_t *asked) {
+    (void)work;
+    (void)asked;
+    return 1;
+}
+static inline void tdsl_team_arrived(int64_t asked) { (void)asked; }
+static inline void tdsl_team_done(int threads) { (void)threads; }
+#endif
 
 void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_dY = ((const float *)operands[0]);
@@ -64,6 +120,8 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
     const int64_t P6 = params[6];
     const int64_t P7 = params[7];
     const int64_t work_ = params[8];
+    int64_t asked_ = 0;
+    const int threads_ = tdsl_team(work_, &asked_);
     const int64_t pl0_ = P3;
     const int64_t pw0_ = tdsl_imax(P7 - pl0_ + 1, 0);
     const int64_t pn0_dY = P2;
@@ -90,112 +148,116 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
             const int64_t ta_p = 0;
             const int64_t te_p = vs_;
             const int64_t nt_p = tdsl_tiles(0, ta_p, te_p, vs_, 32);
-            #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-            for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
-                int64_t wn_;
-                int64_t sk_;
-                const int64_t o_p = tdsl_tile(ti_p, 0, ta_p, te_p, vs_, 32, &wn_, &sk_);
-                if (P1 + o_p + 1 >= 0 && P2 - o_p - wn_ >= 0) {
-                    if (wn_ == 32) {
-                        float acc_[32];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 32; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                                const float t0_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < 32; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = t0_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+            #pragma omp parallel num_threads(threads_) if(threads_ > 1)
+            {
+                tdsl_team_arrived(asked_);
+                #pragma omp for schedule(guided)
+                for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
+                    int64_t wn_;
+                    int64_t sk_;
+                    const int64_t o_p = tdsl_tile(ti_p, 0, ta_p, te_p, vs_, 32, &wn_, &sk_);
+                    if (P1 + o_p + 1 >= 0 && P2 - o_p - wn_ >= 0) {
+                        if (wn_ == 32) {
+                            float acc_[32];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
+                            }
+                            {
+                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                    const float t0_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = t0_*in_dY[-v_k + v_p];
+                                        acc_[w_] += val_;
+                                    }
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 32; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
+                                }
+                            }
+                        } else {
+                            float acc_[32];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
+                            }
+                            {
+                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                    const float t1_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = t1_*in_dY[-v_k + v_p];
+                                        acc_[w_] += val_;
+                                    }
+                                }
+                            }
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
+                                }
                             }
                         }
                     } else {
-                        float acc_[32];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                                const float t1_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = t1_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+                        if (wn_ == 32) {
+                            float acc_[32];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
+                            }
+                            {
+                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                                    const float t0_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        acc_[w_] += val_;
+                                    }
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
-                            }
-                        }
-                    }
-                } else {
-                    if (wn_ == 32) {
-                        float acc_[32];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 32; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
-                                const float t0_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < 32; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
-                                    acc_[w_] += val_;
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 32; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 32; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
+                        } else {
+                            float acc_[32];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
                             }
-                        }
-                    } else {
-                        float acc_[32];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
-                                const float t1_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
-                                    acc_[w_] += val_;
+                            {
+                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                                    const float t1_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        acc_[w_] += val_;
+                                    }
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
+                                }
                             }
                         }
                     }
@@ -206,113 +268,117 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
             const int64_t ta_p = (vs_ > 0 ? P0 - 8 : 0);
             const int64_t te_p = P0;
             const int64_t nt_p = tdsl_tiles((vs_ > 0 ? P0 - 8 : 0), ta_p, te_p, P0, 8);
-            #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-            for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
-                int64_t wn_;
-                int64_t sk_;
-                const int64_t o_p = tdsl_tile(ti_p, (vs_ > 0 ? P0 - 8 : 0), ta_p, te_p, P0, 8, &wn_, &sk_);
-                sk_ = tdsl_imax(sk_, vs_ - o_p);
-                if (P1 + o_p + 1 >= 0 && P2 - o_p - wn_ >= 0) {
-                    if (wn_ == 8) {
-                        float acc_[8];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 8; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                                const float t0_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < 8; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = t0_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+            #pragma omp parallel num_threads(threads_) if(threads_ > 1)
+            {
+                tdsl_team_arrived(asked_);
+                #pragma omp for schedule(guided)
+                for (int64_t ti_p = 0; ti_p < nt_p; ++ti_p) {
+                    int64_t wn_;
+                    int64_t sk_;
+                    const int64_t o_p = tdsl_tile(ti_p, (vs_ > 0 ? P0 - 8 : 0), ta_p, te_p, P0, 8, &wn_, &sk_);
+                    sk_ = tdsl_imax(sk_, vs_ - o_p);
+                    if (P1 + o_p + 1 >= 0 && P2 - o_p - wn_ >= 0) {
+                        if (wn_ == 8) {
+                            float acc_[8];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
+                            }
+                            {
+                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                    const float t0_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = t0_*in_dY[-v_k + v_p];
+                                        acc_[w_] += val_;
+                                    }
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 8; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
+                                }
+                            }
+                        } else {
+                            float acc_[8];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
+                            }
+                            {
+                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                    const float t1_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = t1_*in_dY[-v_k + v_p];
+                                        acc_[w_] += val_;
+                                    }
+                                }
+                            }
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
+                                }
                             }
                         }
                     } else {
-                        float acc_[8];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = 0; v_k < P5; ++v_k) {
-                                const float t1_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = t1_*in_dY[-v_k + v_p];
-                                    acc_[w_] += val_;
+                        if (wn_ == 8) {
+                            float acc_[8];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
+                            }
+                            {
+                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
+                                    const float t0_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        acc_[w_] += val_;
+                                    }
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
-                            }
-                        }
-                    }
-                } else {
-                    if (wn_ == 8) {
-                        float acc_[8];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 8; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
-                                const float t0_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < 8; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
-                                    acc_[w_] += val_;
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < 8; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < 8; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
+                        } else {
+                            float acc_[8];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                acc_[w_] = 0;
                             }
-                        }
-                    } else {
-                        float acc_[8];
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            acc_[w_] = 0;
-                        }
-                        {
-                            for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
-                                const float t1_ = in_W[v_k];
-                                #pragma omp simd
-                                for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                                    const int64_t v_p = o_p + w_;
-                                    const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
-                                    acc_[w_] += val_;
+                            {
+                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
+                                    const float t1_ = in_W[v_k];
+                                    #pragma omp simd
+                                    for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                        const int64_t v_p = o_p + w_;
+                                        const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        acc_[w_] += val_;
+                                    }
                                 }
                             }
-                        }
-                        #pragma omp simd
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_p = o_p + w_;
-                            if (w_ >= sk_) {
-                                out_[v_p] = acc_[w_];
+                            #pragma omp simd
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_p = o_p + w_;
+                                if (w_ >= sk_) {
+                                    out_[v_p] = acc_[w_];
+                                }
                             }
                         }
                     }
@@ -320,18 +386,23 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
             }
         }
     } else {
-        #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-        for (int64_t v_p = 0; v_p < P0; ++v_p) {
-            float acc_ = 0;
-            {
-                for (int64_t v_k = tdsl_imax(0, P6 + v_p + 1); v_k < tdsl_imin(P5, v_p + 1); ++v_k) {
-                    const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
-                    acc_ += val_;
+        #pragma omp parallel num_threads(threads_) if(threads_ > 1)
+        {
+            tdsl_team_arrived(asked_);
+            #pragma omp for schedule(guided)
+            for (int64_t v_p = 0; v_p < P0; ++v_p) {
+                float acc_ = 0;
+                {
+                    for (int64_t v_k = tdsl_imax(0, P6 + v_p + 1); v_k < tdsl_imin(P5, v_p + 1); ++v_k) {
+                        const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
+                        acc_ += val_;
+                    }
                 }
+                out_[v_p] = acc_;
             }
-            out_[v_p] = acc_;
         }
     }
     free(pb0_dY);
     free(mb0_);
+    tdsl_team_done(threads_);
 }

@@ -44,6 +44,62 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
     }
     return x0;
 }
+/* Threads for `work` units (codegen/c/threads.py): one below two grains, else one per grain,
+ * up to OpenMP's threads less those other kernels' teams hold (reserved until tdsl_team_done);
+ * one while the machine is crowded (a team's thread started late less than CALM_NS ago). */
+#ifdef _OPENMP
+#include <omp.h>
+#include <time.h>
+typedef struct {
+    int held;           /* threads the teams of running kernels hold */
+    int64_t calm_until; /* CLOCK_MONOTONIC ns before which kernels start no team */
+} tdsl_teams_t;
+tdsl_teams_t *tdsl_teams = 0; /* the process's, set by the loader; else this library's */
+static tdsl_teams_t tdsl_teams_own_;
+static inline tdsl_teams_t *tdsl_teams_(void) {
+    return tdsl_teams ? tdsl_teams : &tdsl_teams_own_;
+}
+static inline int64_t tdsl_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+static int tdsl_team(int64_t work, int64_t *asked) {
+    if (work < 2 * (int64_t)8388608) return 1;
+    tdsl_teams_t *teams = tdsl_teams_();
+    *asked = tdsl_now_ns();
+    if (*asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)) return 1;
+    const int64_t cores = omp_get_max_threads();
+    int held = __atomic_load_n(&teams->held, __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t n = work / 8388608;
+        if (n > cores - held) n = cores - held;
+        if (n < 2) return 1;
+        if (__atomic_compare_exchange_n(&teams->held, &held, held + (int)n, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return (int)n;
+    }
+}
+/* A thread of a team started at `now`, its kernel asked for the team at `asked`. */
+static void tdsl_team_started(int64_t asked, int64_t now) {
+    if (now - asked > 1000000)
+        __atomic_store_n(&tdsl_teams_()->calm_until, now + 1000000000, __ATOMIC_RELAXED);
+}
+static inline void tdsl_team_arrived(int64_t asked) {
+    if (omp_get_thread_num() > 0) tdsl_team_started(asked, tdsl_now_ns());
+}
+static void tdsl_team_done(int threads) {
+    if (threads > 1) __atomic_fetch_sub(&tdsl_teams_()->held, threads, __ATOMIC_ACQ_REL);
+}
+#else
+static inline int tdsl_team(int64_t work, int64_t *asked) {
+    (void)work;
+    (void)asked;
+    return 1;
+}
+static inline void tdsl_team_arrived(int64_t asked) { (void)asked; }
+static inline void tdsl_team_done(int threads) { (void)threads; }
+#endif
 
 void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
@@ -52,38 +108,45 @@ void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64
     const int64_t P1 = params[1];
     const int64_t s_A_0 = params[2];
     const int64_t work_ = params[3];
-    #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-    for (int64_t v_i = 0; v_i < P1; ++v_i) {
-        float acc_ = -INFINITY;
-        float acc_b_ = 0;
-        {
-            const int64_t clo_ = 0, chi_ = P0;
-            float chunk_[256];
-            for (int64_t c0_ = clo_; c0_ < chi_; c0_ += 256) {
-                const int64_t cn_ = tdsl_imin(256, chi_ - c0_);
-                for (int64_t v_k = c0_; v_k < c0_ + cn_; ++v_k) {
-                    chunk_[v_k - c0_] = -INFINITY;
-                    const float val_ = 3*in_A[v_i*s_A_0 + v_k];
-                    chunk_[v_k - c0_] = val_;
-                }
-                float c_ = -INFINITY;
-                float c_b_ = 0;
-                #pragma omp simd reduction(max:c_) reduction(+:c_b_)
-                for (int64_t q_ = 0; q_ < cn_; ++q_) {
-                    const float val_ = chunk_[q_];
-                    c_ = val_ > c_ ? val_ : c_; c_b_ += val_ != val_;
-                }
-                if (c_b_ != 0) { c_ = NAN; } c_b_ = 0;
-                if (c_ > -INFINITY && c_ < INFINITY) {
-                    #pragma omp simd reduction(+:c_b_)
+    int64_t asked_ = 0;
+    const int threads_ = tdsl_team(work_, &asked_);
+    #pragma omp parallel num_threads(threads_) if(threads_ > 1)
+    {
+        tdsl_team_arrived(asked_);
+        #pragma omp for schedule(guided)
+        for (int64_t v_i = 0; v_i < P1; ++v_i) {
+            float acc_ = -INFINITY;
+            float acc_b_ = 0;
+            {
+                const int64_t clo_ = 0, chi_ = P0;
+                float chunk_[256];
+                for (int64_t c0_ = clo_; c0_ < chi_; c0_ += 256) {
+                    const int64_t cn_ = tdsl_imin(256, chi_ - c0_);
+                    for (int64_t v_k = c0_; v_k < c0_ + cn_; ++v_k) {
+                        chunk_[v_k - c0_] = -INFINITY;
+                        const float val_ = 3*in_A[v_i*s_A_0 + v_k];
+                        chunk_[v_k - c0_] = val_;
+                    }
+                    float c_ = -INFINITY;
+                    float c_b_ = 0;
+                    #pragma omp simd reduction(max:c_) reduction(+:c_b_)
                     for (int64_t q_ = 0; q_ < cn_; ++q_) {
                         const float val_ = chunk_[q_];
-                        c_b_ += expf(val_ - c_);
+                        c_ = val_ > c_ ? val_ : c_; c_b_ += val_ != val_;
                     }
+                    if (c_b_ != 0) { c_ = NAN; } c_b_ = 0;
+                    if (c_ > -INFINITY && c_ < INFINITY) {
+                        #pragma omp simd reduction(+:c_b_)
+                        for (int64_t q_ = 0; q_ < cn_; ++q_) {
+                            const float val_ = chunk_[q_];
+                            c_b_ += expf(val_ - c_);
+                        }
+                    }
+                    if (c_ > acc_ || c_ != c_) { acc_b_ = acc_b_*expf(acc_ - c_) + c_b_; acc_ = c_; } else if (c_ > -INFINITY) { acc_b_ += c_b_*expf(c_ - acc_); }
                 }
-                if (c_ > acc_ || c_ != c_) { acc_b_ = acc_b_*expf(acc_ - c_) + c_b_; acc_ = c_; } else if (c_ > -INFINITY) { acc_b_ += c_b_*expf(c_ - acc_); }
             }
+            out_[v_i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);
         }
-        out_[v_i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);
     }
+    tdsl_team_done(threads_);
 }

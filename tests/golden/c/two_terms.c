@@ -38,6 +38,62 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
     }
     return x0;
 }
+/* Threads for `work` units (codegen/c/threads.py): one below two grains, else one per grain,
+ * up to OpenMP's threads less those other kernels' teams hold (reserved until tdsl_team_done);
+ * one while the machine is crowded (a team's thread started late less than CALM_NS ago). */
+#ifdef _OPENMP
+#include <omp.h>
+#include <time.h>
+typedef struct {
+    int held;           /* threads the teams of running kernels hold */
+    int64_t calm_until; /* CLOCK_MONOTONIC ns before which kernels start no team */
+} tdsl_teams_t;
+tdsl_teams_t *tdsl_teams = 0; /* the process's, set by the loader; else this library's */
+static tdsl_teams_t tdsl_teams_own_;
+static inline tdsl_teams_t *tdsl_teams_(void) {
+    return tdsl_teams ? tdsl_teams : &tdsl_teams_own_;
+}
+static inline int64_t tdsl_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+static int tdsl_team(int64_t work, int64_t *asked) {
+    if (work < 2 * (int64_t)8388608) return 1;
+    tdsl_teams_t *teams = tdsl_teams_();
+    *asked = tdsl_now_ns();
+    if (*asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)) return 1;
+    const int64_t cores = omp_get_max_threads();
+    int held = __atomic_load_n(&teams->held, __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t n = work / 8388608;
+        if (n > cores - held) n = cores - held;
+        if (n < 2) return 1;
+        if (__atomic_compare_exchange_n(&teams->held, &held, held + (int)n, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return (int)n;
+    }
+}
+/* A thread of a team started at `now`, its kernel asked for the team at `asked`. */
+static void tdsl_team_started(int64_t asked, int64_t now) {
+    if (now - asked > 1000000)
+        __atomic_store_n(&tdsl_teams_()->calm_until, now + 1000000000, __ATOMIC_RELAXED);
+}
+static inline void tdsl_team_arrived(int64_t asked) {
+    if (omp_get_thread_num() > 0) tdsl_team_started(asked, tdsl_now_ns());
+}
+static void tdsl_team_done(int threads) {
+    if (threads > 1) __atomic_fetch_sub(&tdsl_teams_()->held, threads, __ATOMIC_ACQ_REL);
+}
+#else
+static inline int tdsl_team(int64_t work, int64_t *asked) {
+    (void)work;
+    (void)asked;
+    return 1;
+}
+static inline void tdsl_team_arrived(int64_t asked) { (void)asked; }
+static inline void tdsl_team_done(int threads) { (void)threads; }
+#endif
 
 void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64_t *params) {
     const float *restrict in_A = ((const float *)operands[0]);
@@ -50,156 +106,163 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
     const int64_t s_A_0 = params[3];
     const int64_t s_B_0 = params[4];
     const int64_t work_ = params[5];
+    int64_t asked_ = 0;
+    const int threads_ = tdsl_team(work_, &asked_);
     const int64_t ta_i = 0;
     const int64_t te_i = P0;
     const int64_t nt_i = tdsl_tiles(0, ta_i, te_i, P0, 4);
-    #pragma omp parallel for schedule(guided) if(work_ >= 65536)
-    for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
-        int64_t wn_;
-        int64_t sk_;
-        const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 4, &wn_, &sk_);
-        if (wn_ == 4) {
-            float acc_[4][8];
-            #pragma GCC unroll 4
-            for (int64_t w_ = 0; w_ < 4; ++w_) {
-                const int64_t v_i = o_i + w_;
-                for (int64_t l_ = 0; l_ < 8; ++l_) {
-                    acc_[w_][l_] = 0;
+    #pragma omp parallel num_threads(threads_) if(threads_ > 1)
+    {
+        tdsl_team_arrived(asked_);
+        #pragma omp for schedule(guided)
+        for (int64_t ti_i = 0; ti_i < nt_i; ++ti_i) {
+            int64_t wn_;
+            int64_t sk_;
+            const int64_t o_i = tdsl_tile(ti_i, 0, ta_i, te_i, P0, 4, &wn_, &sk_);
+            if (wn_ == 4) {
+                float acc_[4][8];
+                #pragma GCC unroll 4
+                for (int64_t w_ = 0; w_ < 4; ++w_) {
+                    const int64_t v_i = o_i + w_;
+                    for (int64_t l_ = 0; l_ < 8; ++l_) {
+                        acc_[w_][l_] = 0;
+                    }
                 }
-            }
-            {
                 {
-                    int64_t o_k = 0;
-                    for (; o_k + 8 <= P1; o_k += 8) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            #pragma omp simd
-                            for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t v_k = o_k + l_;
-                                const float val_ = in_A[v_i*s_A_0 + v_k]*in_x[v_k];
-                                acc_[w_][l_] += val_;
+                    {
+                        int64_t o_k = 0;
+                        for (; o_k + 8 <= P1; o_k += 8) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < 4; ++w_) {
+                                const int64_t v_i = o_i + w_;
+                                #pragma omp simd
+                                for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                    const int64_t v_k = o_k + l_;
+                                    const float val_ = in_A[v_i*s_A_0 + v_k]*in_x[v_k];
+                                    acc_[w_][l_] += val_;
+                                }
+                            }
+                        }
+                        for (int64_t v_k = o_k; v_k < P1; ++v_k) {
+                            const float t0_ = in_x[v_k];
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < 4; ++w_) {
+                                const int64_t v_i = o_i + w_;
+                                const float val_ = t0_*in_A[v_i*s_A_0 + v_k];
+                                acc_[w_][0] += val_;
                             }
                         }
                     }
-                    for (int64_t v_k = o_k; v_k < P1; ++v_k) {
-                        const float t0_ = in_x[v_k];
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            const float val_ = t0_*in_A[v_i*s_A_0 + v_k];
-                            acc_[w_][0] += val_;
-                        }
-                    }
                 }
-            }
-            {
                 {
-                    int64_t o_j = 0;
-                    for (; o_j + 8 <= P2; o_j += 8) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            #pragma omp simd
-                            for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t v_j = o_j + l_;
+                    {
+                        int64_t o_j = 0;
+                        for (; o_j + 8 <= P2; o_j += 8) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < 4; ++w_) {
+                                const int64_t v_i = o_i + w_;
+                                #pragma omp simd
+                                for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                    const int64_t v_j = o_j + l_;
+                                    const float val_ = 2*in_B[v_j*s_B_0 + v_i];
+                                    acc_[w_][l_] += val_;
+                                }
+                            }
+                        }
+                        for (int64_t v_j = o_j; v_j < P2; ++v_j) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < 4; ++w_) {
+                                const int64_t v_i = o_i + w_;
                                 const float val_ = 2*in_B[v_j*s_B_0 + v_i];
-                                acc_[w_][l_] += val_;
+                                acc_[w_][0] += val_;
                             }
                         }
                     }
-                    for (int64_t v_j = o_j; v_j < P2; ++v_j) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < 4; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            const float val_ = 2*in_B[v_j*s_B_0 + v_i];
-                            acc_[w_][0] += val_;
-                        }
+                }
+                #pragma GCC unroll 4
+                for (int64_t w_ = 0; w_ < 4; ++w_) {
+                    const int64_t v_i = o_i + w_;
+                    float tot_ = 0;
+                    for (int64_t l_ = 0; l_ < 8; ++l_) {
+                        tot_ += acc_[w_][l_];
+                    }
+                    if (w_ >= sk_) {
+                        out_[v_i] = tot_;
                     }
                 }
-            }
-            #pragma GCC unroll 4
-            for (int64_t w_ = 0; w_ < 4; ++w_) {
-                const int64_t v_i = o_i + w_;
-                float tot_ = 0;
-                for (int64_t l_ = 0; l_ < 8; ++l_) {
-                    tot_ += acc_[w_][l_];
+            } else {
+                float acc_[4][8];
+                #pragma GCC unroll 4
+                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                    const int64_t v_i = o_i + w_;
+                    for (int64_t l_ = 0; l_ < 8; ++l_) {
+                        acc_[w_][l_] = 0;
+                    }
                 }
-                if (w_ >= sk_) {
-                    out_[v_i] = tot_;
-                }
-            }
-        } else {
-            float acc_[4][8];
-            #pragma GCC unroll 4
-            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t v_i = o_i + w_;
-                for (int64_t l_ = 0; l_ < 8; ++l_) {
-                    acc_[w_][l_] = 0;
-                }
-            }
-            {
                 {
-                    int64_t o_k = 0;
-                    for (; o_k + 8 <= P1; o_k += 8) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            #pragma omp simd
-                            for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t v_k = o_k + l_;
-                                const float val_ = in_A[v_i*s_A_0 + v_k]*in_x[v_k];
-                                acc_[w_][l_] += val_;
+                    {
+                        int64_t o_k = 0;
+                        for (; o_k + 8 <= P1; o_k += 8) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_i = o_i + w_;
+                                #pragma omp simd
+                                for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                    const int64_t v_k = o_k + l_;
+                                    const float val_ = in_A[v_i*s_A_0 + v_k]*in_x[v_k];
+                                    acc_[w_][l_] += val_;
+                                }
+                            }
+                        }
+                        for (int64_t v_k = o_k; v_k < P1; ++v_k) {
+                            const float t1_ = in_x[v_k];
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_i = o_i + w_;
+                                const float val_ = t1_*in_A[v_i*s_A_0 + v_k];
+                                acc_[w_][0] += val_;
                             }
                         }
                     }
-                    for (int64_t v_k = o_k; v_k < P1; ++v_k) {
-                        const float t1_ = in_x[v_k];
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            const float val_ = t1_*in_A[v_i*s_A_0 + v_k];
-                            acc_[w_][0] += val_;
-                        }
-                    }
                 }
-            }
-            {
                 {
-                    int64_t o_j = 0;
-                    for (; o_j + 8 <= P2; o_j += 8) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            #pragma omp simd
-                            for (int64_t l_ = 0; l_ < 8; ++l_) {
-                                const int64_t v_j = o_j + l_;
+                    {
+                        int64_t o_j = 0;
+                        for (; o_j + 8 <= P2; o_j += 8) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_i = o_i + w_;
+                                #pragma omp simd
+                                for (int64_t l_ = 0; l_ < 8; ++l_) {
+                                    const int64_t v_j = o_j + l_;
+                                    const float val_ = 2*in_B[v_j*s_B_0 + v_i];
+                                    acc_[w_][l_] += val_;
+                                }
+                            }
+                        }
+                        for (int64_t v_j = o_j; v_j < P2; ++v_j) {
+                            #pragma GCC unroll 4
+                            for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                                const int64_t v_i = o_i + w_;
                                 const float val_ = 2*in_B[v_j*s_B_0 + v_i];
-                                acc_[w_][l_] += val_;
+                                acc_[w_][0] += val_;
                             }
                         }
                     }
-                    for (int64_t v_j = o_j; v_j < P2; ++v_j) {
-                        #pragma GCC unroll 4
-                        for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                            const int64_t v_i = o_i + w_;
-                            const float val_ = 2*in_B[v_j*s_B_0 + v_i];
-                            acc_[w_][0] += val_;
-                        }
+                }
+                #pragma GCC unroll 4
+                for (int64_t w_ = 0; w_ < wn_; ++w_) {
+                    const int64_t v_i = o_i + w_;
+                    float tot_ = 0;
+                    for (int64_t l_ = 0; l_ < 8; ++l_) {
+                        tot_ += acc_[w_][l_];
                     }
-                }
-            }
-            #pragma GCC unroll 4
-            for (int64_t w_ = 0; w_ < wn_; ++w_) {
-                const int64_t v_i = o_i + w_;
-                float tot_ = 0;
-                for (int64_t l_ = 0; l_ < 8; ++l_) {
-                    tot_ += acc_[w_][l_];
-                }
-                if (w_ >= sk_) {
-                    out_[v_i] = tot_;
+                    if (w_ >= sk_) {
+                        out_[v_i] = tot_;
+                    }
                 }
             }
         }
     }
+    tdsl_team_done(threads_);
 }
