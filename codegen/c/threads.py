@@ -57,9 +57,11 @@ from codegen import config
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest
 
-#: Work units one more thread must have for a team to be worth starting: a fraction of a
-#: millisecond on one core, between vectorised multiply-adds and a body with an `exp`.
-GRAIN = 1 << 23
+#: Work units one more thread must have for a team to be worth starting: about 0.3 ms on
+#: one core of this project's machine (the Gaussian kernel at 256x256x3, 5.2 million units,
+#: ran in 0.67 ms on one thread), many times the tens of microseconds an idle machine
+#: takes to wake a sleeping thread; a crowded machine is caught by `LATE_NS` instead.
+GRAIN = 1 << 21
 #: Units of one call of a scalar function (`exp`, `tanh`, `erf`, a non-integer power).
 FUNCTION_COST = 64
 

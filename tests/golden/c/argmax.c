@@ -58,14 +58,14 @@ static inline int64_t tdsl_now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 static int tdsl_team(int64_t work, int64_t *asked) {
-    if (work < 2 * (int64_t)8388608) return 1;
+    if (work < 2 * (int64_t)2097152) return 1;
     tdsl_teams_t *teams = tdsl_teams_();
     *asked = tdsl_now_ns();
     if (*asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)) return 1;
     const int64_t cores = omp_get_max_threads();
     int held = __atomic_load_n(&teams->held, __ATOMIC_RELAXED);
     for (;;) {
-        int64_t n = work / 8388608;
+        int64_t n = work / 2097152;
         if (n > cores - held) n = cores - held;
         if (n < 2) return 1;
         if (__atomic_compare_exchange_n(&teams->held, &held, held + (int)n, 0,
