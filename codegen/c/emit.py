@@ -25,6 +25,7 @@ import sympy
 from codegen.c.dot import dot
 from codegen.c.members import members
 from codegen.c.online import online
+from codegen.c.outline import outlined_functions
 from codegen.c.padding import LANE_MASK_HELPERS, prepare_lines
 from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
@@ -178,21 +179,22 @@ def _assemble(
     e: Emitter[Schedule], entry: str, params: list[tuple[str, sympy.Expr]], body: Lines
 ) -> str:
     nest = e.nest
+    every = [*body, *(line for _, _, case in e.outlined for line in case)]
     head = [
         *e.header(),
         "#include <math.h>",
         "#include <stdint.h>",
         "",
-        e.printer.helpers("\n".join(body)),
+        e.printer.helpers("\n".join(every)),
     ]
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)
     head.append(TILE_HELPERS)
-    if any("tdsl_lane_mask" in line for line in body):
+    if any("tdsl_lane_mask" in line for line in every):
         head.append(LANE_MASK_HELPERS)
-    if any(CLAUSES in line for line in body):
+    if any(CLAUSES in line for line in every):
         head.append(THREAD_HELPERS)
-    if any("tdsl_hsum8(" in line for line in body):
+    if any("tdsl_hsum8(" in line for line in every):
         head.append(ROW_DOT_HELPERS)
     prologue: Lines = []
     for n, op in enumerate(nest.operands):
@@ -207,4 +209,5 @@ def _assemble(
     prologue.append(f"{out_type} *restrict out_ = ({out_type} *)out;")
     prologue += [f"const int64_t {name} = params[{n}];" for n, (name, _) in enumerate(params)]
     signature = f"void {entry}(void *out, const void *const *operands, const int64_t *params)"
-    return "\n".join([*head, "", *block_lines(signature, [*prologue, *body]), ""])
+    functions = outlined_functions(e, prologue)
+    return "\n".join([*head, "", *functions, *block_lines(signature, [*prologue, *body]), ""])

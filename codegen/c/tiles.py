@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c.outline import declared_names, outlined_call
 from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
@@ -329,17 +330,23 @@ def tiled(
         full += [f"{width} == {size}", f"{skip} == 0"] if elementwise else [f"{width} == {size}"]
     check = " && ".join(full)
     none = tuple(() for _ in e.nest.terms)
+    loops = [e.printer.index(x) for x in free if x.name not in (s.row, s.vector)]
+    names = [*declared_names([*grid, *tile]), *loops]
+
+    def case(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
+        return outlined_call(p, body(p, rn, wn, tests), names)
+
     interior = _either(
         check,
-        body(paths.interior, str(s.rows), str(s.width), none),
-        body(paths.interior, "rn_", "wn_", none),
+        case(paths.interior, str(s.rows), str(s.width), none),
+        case(paths.interior, "rn_", "wn_", none),
     )
     if paths.condition:
-        masked = body(edge_e, str(s.rows), str(s.width), edge_tests)
-        edge = _either(check, masked, body(edge_e, "rn_", "wn_", edge_tests))
+        masked = case(edge_e, str(s.rows), str(s.width), edge_tests)
+        edge = _either(check, masked, case(edge_e, "rn_", "wn_", edge_tests))
         if paths.reduced_edge is not None:
-            full = body(paths.reduced_edge, str(s.rows), str(s.width), paths.reduced_tests)
-            part = body(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
+            full = case(paths.reduced_edge, str(s.rows), str(s.width), paths.reduced_tests)
+            part = case(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
             edge = _either(" && ".join(paths.free_condition), _either(check, full, part), edge)
         interior = _either(" && ".join(paths.condition), interior, edge)
     lines = [*tile, *interior]

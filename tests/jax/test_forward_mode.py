@@ -448,3 +448,38 @@ def test_jvp_of_a_fused_logsumexp_whose_tangent_nests_a_sum_over_the_same_index(
     want = np.log(np.exp(z).sum(-1)) - g
     np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(tangent, np.float64), (p * dz).sum(-1) - dg, rtol=1e-5)
+
+
+ATTENTION = """
+    S[h,i,j] := Q[h,i,d] * K[h,j,d] * scale + where(j <= i, 0, -inf)
+    (logsumexp) L[h,i] := S[h,i,j]
+    O[h,i,e] := exp(S[h,i,j] - L[h,i]) * V[h,j,e]
+"""
+
+
+def test_attention_program_hessian_vector_product_on_c(monkeypatch):
+    """Forward-over-reverse through the causal attention program of docs/language.md on C:
+    its second-order nests are the longest tiled sources (cases outlined as functions,
+    `codegen.c.outline`), as the fusion cost model recomputes the scores at these sizes;
+    40 rows and 35 columns give interior, edge and partial tiles."""
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    k = td.program(ATTENTION, backend="c")
+
+    def twin(Q, K, scale, V):
+        s = jnp.einsum("hid,hjd->hij", Q, K) * scale
+        s = jnp.where(jnp.tril(jnp.ones(s.shape[1:], bool)), s, -jnp.inf)
+        return jnp.einsum("hij,hje->hie", jax.nn.softmax(s, -1), V)
+
+    rng = np.random.default_rng(11)
+    shapes = ((2, 40, 16), (2, 40, 16), (2, 40, 35))
+    Q, K, V = (rng.uniform(-1, 1, s) for s in shapes)
+    vectors = tuple(rng.uniform(-1, 1, s) for s in shapes)
+    ct = rng.uniform(-1, 1, (2, 40, 35))
+
+    def loss(f):
+        return lambda Q, K, V: jnp.sum(f(Q, K, 0.4, V) * ct)
+
+    got = jax.jit(lambda *p: jax.jvp(jax.grad(loss(k), (0, 1, 2)), p, vectors)[1])(Q, K, V)
+    want = jax.jvp(jax.grad(loss(twin), (0, 1, 2)), (Q, K, V), vectors)[1]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10)

@@ -1,0 +1,54 @@
+"""Long tile cases of the C emitter as functions of their own.
+
+A tiled nest runs up to six variants of its tile body (interior, edge, reduced edge; each
+for full and partial tiles), all inside one OpenMP loop, that is inside one function for the
+compiler. gcc's dataflow passes ("df live regs") grow faster than linearly with a function's
+size: the second-order nests of a Hessian-vector product through attention (an exponential
+and three inner sums per term, 100-200 KB of C) spent most of their build there. A case
+body of at least `OUTLINE_LINES` lines becomes a `static`, never inlined function that
+reads the operands and parameters again from the entry point's arguments and takes the
+loop variables it uses; the entry point calls it once per tile, which costs nothing
+measurable next to a tile's reduction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from codegen.emit.emitter import Emitter, Lines, block_lines
+
+#: A tile case body of at least this many lines is emitted as a function of its own.
+OUTLINE_LINES = 150
+
+_DECLARED = re.compile(r"\bint64_t\s+(\w+)\s*[;=]")
+
+
+def declared_names(lines: Iterable[str]) -> list[str]:
+    """The int64 variables that `lines` declare (`int64_t x;`, `const int64_t x = ...;`)."""
+    return [m.group(1) for line in lines for m in _DECLARED.finditer(line)]
+
+
+def outlined_call(e: Emitter, body: Lines, names: Iterable[str]) -> Lines:
+    """`body` itself when short; else a call to a new function (kept in `e.outlined`) that
+    runs it, passing those of the int64 variables `names` that it reads."""
+    if len(body) < OUTLINE_LINES:
+        return body
+    text = "\n".join(body)
+    args = tuple(n for n in dict.fromkeys(names) if re.search(rf"\b{re.escape(n)}\b", text))
+    name = f"tdsl_case{len(e.outlined)}_"
+    e.outlined.append((name, args, tuple(body)))
+    return [f"{name}({', '.join(('out', 'operands', 'params', *args))});"]
+
+
+def outlined_functions(e: Emitter, prologue: Lines) -> Lines:
+    """The definitions of `e.outlined`, each starting with the entry point's `prologue`."""
+    lines: Lines = []
+    for name, args, body in e.outlined:
+        params = ", ".join(
+            ("void *out", "const void *const *operands", "const int64_t *params")
+            + tuple(f"const int64_t {a}" for a in args)
+        )
+        head = f"static __attribute__((noinline)) void {name}({params})"
+        lines += [*block_lines(head, [*prologue, *body]), ""]
+    return lines

@@ -1,0 +1,91 @@
+"""Tile cases emitted as functions of their own (`codegen.c.outline`) against numpy float64.
+
+Every case body of a tile and dot schedule is outlined here (`OUTLINE_LINES = 1`), so that
+each kind of case (interior, edge, reduced edge; full and partial tiles) runs through a call
+that must pass it every loop variable it reads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from cases import BY_NAME, CASES, Case
+from test_c_backend import check, run_case
+
+from codegen import config
+from codegen.c import outline
+from codegen.c.build import build_c, clear_memory_cache
+from codegen.c.emit import emit_c
+from codegen.c.schedule import Schedule, candidate_schedules
+from codegen.emit.emitter import Emitter
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+TILED = [
+    case
+    for case in CASES
+    if any(s.strategy in ("tile", "dot") for s in candidate_schedules(case.nest))
+]
+
+
+@pytest.fixture(autouse=True)
+def _outline_everything(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(outline, "OUTLINE_LINES", 1)
+    monkeypatch.setitem(os.environ, "TENSORDSL_CACHE_DIR", str(tmp_path))
+    clear_memory_cache()
+    yield
+    clear_memory_cache()
+
+
+def test_some_cases_have_tiles() -> None:
+    assert {"matmul", "conv_grad"} <= {case.name for case in TILED}
+
+
+@pytest.mark.parametrize("case", TILED, ids=lambda c: c.name)
+def test_outlined_cases_agree(case: Case) -> None:
+    dtypes = dict.fromkeys([*case.nest.operand_names, case.nest.output], "float64")
+    for schedule in candidate_schedules(case.nest):
+        if schedule.strategy not in ("tile", "dot"):
+            continue
+        text = emit_c(case.nest, dtypes=dtypes, schedule=schedule).text
+        assert "static __attribute__((noinline)) void tdsl_case0_(" in text
+        out, expected = run_case(case, "float64", schedule, seed=3)
+        check(out, expected, "float64")
+
+
+@pytest.mark.parametrize("taps", [1, 5, 40])
+@pytest.mark.parametrize(("strategy", "width"), [("tile", 4), ("tile", 32), ("dot", 3)])
+def test_outlined_edge_tiles_agree(taps: int, strategy: str, width: int) -> None:
+    # conv_grad's interior, edge and partial tiles along p, each case a function.
+    case = BY_NAME["conv_grad"]
+    rng = np.random.default_rng(taps)
+    arrays = {"dY": rng.standard_normal(44), "W": rng.standard_normal(taps)}
+    expected = np.asarray(case.reference(**arrays))
+    schedule = Schedule(("p",), (("k",),), strategy=strategy, vector="p", width=width)
+    dtypes = dict.fromkeys(["dY", "W", "dX"], "float64")
+    text = emit_c(case.nest, dtypes=dtypes, schedule=schedule).text
+    assert text.count("static __attribute__((noinline)) void tdsl_case") >= 4
+
+    out = np.full(expected.shape, np.nan)
+    operands = [arrays[name] for name in case.nest.operand_names]
+    build_c(case.nest, dtypes=dtypes, schedule=schedule)(out, operands, case.extents(arrays))
+    check(out, expected, "float64")
+
+
+def test_short_bodies_stay_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outline, "OUTLINE_LINES", 3)
+    nest = BY_NAME["matmul"].nest
+    e = Emitter(
+        nest, {"A": "float32", "B": "float32", "C": "float32"}, candidate_schedules(nest)[0]
+    )
+    body = ["x_ = o_i + 1;", "y_ = x_;"]
+    assert outline.outlined_call(e, body, ["o_i", "n_"]) == body
+    call = outline.outlined_call(e, [*body, "z_ = y_;"], ["o_i", "n_", "o_i"])
+    assert call == ["tdsl_case0_(out, operands, params, o_i);"]
+    (name, args, lines) = e.outlined[0]
+    assert (name, args, lines) == ("tdsl_case0_", ("o_i",), (*body, "z_ = y_;"))
