@@ -22,23 +22,32 @@ from codegen.emit.emitter import Emitter, Lines, block_lines
 OUTLINE_LINES = 150
 
 _DECLARED = re.compile(r"\bint64_t\s+(\w+)\s*[;=]")
+_TOP_LEVEL = re.compile(r"^((?:const )?\w+(?: \*)?)\s*(\w+) = ")
 
 
-def declared_names(lines: Iterable[str]) -> list[str]:
-    """The int64 variables that `lines` declare (`int64_t x;`, `const int64_t x = ...;`)."""
-    return [m.group(1) for line in lines for m in _DECLARED.finditer(line)]
+def declared_names(lines: Iterable[str]) -> list[tuple[str, str]]:
+    """The int64 variables that `lines` declare (`int64_t x;`, `const int64_t x = ...;`), each
+    with the type a function takes it as."""
+    return [(m.group(1), "const int64_t") for line in lines for m in _DECLARED.finditer(line)]
 
 
-def outlined_call(e: Emitter, body: Lines, names: Iterable[str]) -> Lines:
+def declared_locals(lines: Iterable[str]) -> list[tuple[str, str]]:
+    """The variables that `lines` declare at their top level (not indented: `const int64_t
+    n = ...;`, `float *copy = ...;`), each with its type: the padded copies and masks that
+    `codegen.c.padding.prepare_lines` makes before the loops."""
+    return [(m.group(2), m.group(1)) for line in lines if (m := _TOP_LEVEL.match(line))]
+
+
+def outlined_call(e: Emitter, body: Lines, names: Iterable[tuple[str, str]]) -> Lines:
     """`body` itself when short; else a call to a new function (kept in `e.outlined`) that
-    runs it, passing those of the int64 variables `names` that it reads."""
+    runs it, passing those of the variables `names` (name, type) that it reads."""
     if len(body) < OUTLINE_LINES:
         return body
     text = "\n".join(body)
-    args = tuple(n for n in dict.fromkeys(names) if re.search(rf"\b{re.escape(n)}\b", text))
+    args = tuple((n, c) for n, c in dict(names).items() if re.search(rf"\b{re.escape(n)}\b", text))
     name = f"tdsl_case{len(e.outlined)}_"
     e.outlined.append((name, args, tuple(body)))
-    return [f"{name}({', '.join(('out', 'operands', 'params', *args))});"]
+    return [f"{name}({', '.join(('out', 'operands', 'params', *(n for n, _ in args)))});"]
 
 
 def outlined_functions(e: Emitter, prologue: Lines) -> Lines:
@@ -47,7 +56,7 @@ def outlined_functions(e: Emitter, prologue: Lines) -> Lines:
     for name, args, body in e.outlined:
         params = ", ".join(
             ("void *out", "const void *const *operands", "const int64_t *params")
-            + tuple(f"const int64_t {a}" for a in args)
+            + tuple(f"{ctype} {a}".replace("* ", "*") for a, ctype in args)
         )
         head = f"static __attribute__((noinline)) void {name}({params})"
         lines += [*block_lines(head, [*prologue, *body]), ""]

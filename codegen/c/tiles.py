@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.c.outline import declared_names, outlined_call
+from codegen.c.outline import declared_locals, declared_names, outlined_call
 from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.c.schedule import Schedule
@@ -331,7 +331,9 @@ def tiled(
     check = " && ".join(full)
     none = tuple(() for _ in e.nest.terms)
     loops = [e.printer.index(x) for x in free if x.name not in (s.row, s.vector)]
-    names = [*declared_names([*grid, *tile]), *loops]
+    names = [*declared_names([*grid, *tile]), *((n, "const int64_t") for n in loops)]
+    if masks is not None:  # the padded copies and masks, made before the loops
+        names += declared_locals(prepare_lines(e, masks)[0])
 
     def case(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         return outlined_call(p, body(p, rn, wn, tests), names)

@@ -94,7 +94,7 @@ class Emitter(Generic[S]):
         self.reducer = REDUCTIONS[nest.reduction]
         self.temporaries = 0  # temporaries t0_, t1_, ... named so far (see `plan`)
         self.tile_symbols: dict[tuple[str, str], sympy.Dummy] = {}
-        self.outlined: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []  # C: outline.py
+        self.outlined: list[tuple[str, tuple, tuple[str, ...]]] = []  # C: outline.py
         tensors, scalars = {}, {}
         for op in nest.operands:
             if op.is_scalar:

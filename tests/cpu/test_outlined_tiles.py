@@ -84,8 +84,29 @@ def test_short_bodies_stay_inline(monkeypatch: pytest.MonkeyPatch) -> None:
         nest, {"A": "float32", "B": "float32", "C": "float32"}, candidate_schedules(nest)[0]
     )
     body = ["x_ = o_i + 1;", "y_ = x_;"]
-    assert outline.outlined_call(e, body, ["o_i", "n_"]) == body
-    call = outline.outlined_call(e, [*body, "z_ = y_;"], ["o_i", "n_", "o_i"])
+    names = [("o_i", "const int64_t"), ("n_", "const int64_t")]
+    assert outline.outlined_call(e, body, names) == body
+    call = outline.outlined_call(e, [*body, "z_ = y_;"], [*names, names[0]])
     assert call == ["tdsl_case0_(out, operands, params, o_i);"]
     (name, args, lines) = e.outlined[0]
-    assert (name, args, lines) == ("tdsl_case0_", ("o_i",), (*body, "z_ = y_;"))
+    assert (name, args, lines) == (
+        "tdsl_case0_",
+        (("o_i", "const int64_t"),),
+        (*body, "z_ = y_;"),
+    )
+
+
+def test_declared_locals_are_the_top_level_declarations_with_their_types() -> None:
+    lines = [
+        "const int64_t pl0_ = 1 - P5;",
+        "float *pb0_X = (float *)malloc(sizeof(float) * 4);",
+        "if (pb0_X) {",
+        "    const int64_t x_ = j_ + pl0_;",
+        "}",
+        "int32_t *mb0_ = (int32_t *)malloc(sizeof(int32_t) * 4);",
+    ]
+    assert outline.declared_locals(lines) == [
+        ("pl0_", "const int64_t"),
+        ("pb0_X", "float *"),
+        ("mb0_", "int32_t *"),
+    ]

@@ -123,7 +123,7 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
     int64_t asked_ = 0;
     const int threads_ = tdsl_team(work_, &asked_);
     const int64_t pl0_ = P3;
-    const int64_t pw0_ = tdsl_imax(P7 - pl0_ + 1, 0);
+    const int64_t pw0_ = tdsl_imax(P5 - pl0_ + 1, 0);
     const int64_t pn0_dY = P2;
     const int64_t pr0_dY = 1;
     float *pb0_dY = (float *)malloc(sizeof(float) * (size_t)tdsl_imax(pr0_dY * pw0_, 1));
@@ -165,7 +165,7 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                for (int64_t v_k = 0; v_k < P6; ++v_k) {
                                     const float t0_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < 32; ++w_) {
@@ -190,7 +190,7 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                for (int64_t v_k = 0; v_k < P6; ++v_k) {
                                     const float t1_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
@@ -217,12 +217,12 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                                for (int64_t v_k = tdsl_imax(0, P7 + o_p + 1); v_k < tdsl_imin(P6, o_p + 32); ++v_k) {
                                     const float t0_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < 32; ++w_) {
                                         const int64_t v_p = o_p + w_;
-                                        const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P6 - v_k + v_p - 1], mb0_[P6 - v_k + v_p - 1]);
                                         acc_[w_] += val_;
                                     }
                                 }
@@ -242,12 +242,12 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 32); ++v_k) {
+                                for (int64_t v_k = tdsl_imax(0, P7 + o_p + 1); v_k < tdsl_imin(P6, o_p + 32); ++v_k) {
                                     const float t1_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                         const int64_t v_p = o_p + w_;
-                                        const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P6 - v_k + v_p - 1], mb0_[P6 - v_k + v_p - 1]);
                                         acc_[w_] += val_;
                                     }
                                 }
@@ -286,7 +286,7 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                for (int64_t v_k = 0; v_k < P6; ++v_k) {
                                     const float t0_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < 8; ++w_) {
@@ -311,7 +311,7 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = 0; v_k < P5; ++v_k) {
+                                for (int64_t v_k = 0; v_k < P6; ++v_k) {
                                     const float t1_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
@@ -338,12 +338,12 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
+                                for (int64_t v_k = tdsl_imax(0, P7 + o_p + 1); v_k < tdsl_imin(P6, o_p + 8); ++v_k) {
                                     const float t0_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < 8; ++w_) {
                                         const int64_t v_p = o_p + w_;
-                                        const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        const float val_ = tdsl_lane_maskf(t0_*pb0_dY[P6 - v_k + v_p - 1], mb0_[P6 - v_k + v_p - 1]);
                                         acc_[w_] += val_;
                                     }
                                 }
@@ -363,12 +363,12 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
                                 acc_[w_] = 0;
                             }
                             {
-                                for (int64_t v_k = tdsl_imax(0, P6 + o_p + 1); v_k < tdsl_imin(P5, o_p + 8); ++v_k) {
+                                for (int64_t v_k = tdsl_imax(0, P7 + o_p + 1); v_k < tdsl_imin(P6, o_p + 8); ++v_k) {
                                     const float t1_ = in_W[v_k];
                                     #pragma omp simd
                                     for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                         const int64_t v_p = o_p + w_;
-                                        const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P5 - v_k + v_p - 1], mb0_[P5 - v_k + v_p - 1]);
+                                        const float val_ = tdsl_lane_maskf(t1_*pb0_dY[P6 - v_k + v_p - 1], mb0_[P6 - v_k + v_p - 1]);
                                         acc_[w_] += val_;
                                     }
                                 }
@@ -393,7 +393,7 @@ void tdsl_dX_forward_eb4dad53(void *out, const void *const *operands, const int6
             for (int64_t v_p = 0; v_p < P0; ++v_p) {
                 float acc_ = 0;
                 {
-                    for (int64_t v_k = tdsl_imax(0, P6 + v_p + 1); v_k < tdsl_imin(P5, v_p + 1); ++v_k) {
+                    for (int64_t v_k = tdsl_imax(0, P7 + v_p + 1); v_k < tdsl_imin(P6, v_p + 1); ++v_k) {
                         const float val_ = in_W[v_k]*in_dY[-v_k + v_p];
                         acc_ += val_;
                     }
