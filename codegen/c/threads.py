@@ -66,8 +66,11 @@ GRAIN = 1 << 21
 FUNCTION_COST = 64
 
 #: A thread of a team that starts this long after its kernel asked for the team found no
-#: free core: the machine is crowded.
-LATE_NS = 1_000_000
+#: free core: the machine is crowded. Not less: on an idle machine a team thread may start
+#: a millisecond or more late after XLA's own threads ran (they spin a while before they
+#: sleep), and at 1 ms every kernel of the attention sub-layer's backward ran on one thread
+#: (5.7 ms against 4.3 ms without the back-off, `benchmarks/natural.py`, idle machine).
+LATE_NS = 10_000_000
 #: After a late thread, kernels run on one thread for this long, then try a team again.
 CALM_NS = 1_000_000_000
 

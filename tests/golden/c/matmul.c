@@ -75,7 +75,7 @@ static int tdsl_team(int64_t work, int64_t *asked) {
 }
 /* A thread of a team started at `now`, its kernel asked for the team at `asked`. */
 static void tdsl_team_started(int64_t asked, int64_t now) {
-    if (now - asked > 1000000)
+    if (now - asked > 10000000)
         __atomic_store_n(&tdsl_teams_()->calm_until, now + 1000000000, __ATOMIC_RELAXED);
 }
 static inline void tdsl_team_arrived(int64_t asked) {
