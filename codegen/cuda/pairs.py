@@ -44,6 +44,7 @@ from codegen.cuda.layout import split_weighted
 from codegen.cuda.online import shared_bytes
 from codegen.cuda.schedule import ONLINE_COLUMNS, choose_gpu_schedule
 from codegen.cuda.smem import STATIC_SHARED_LIMIT
+from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, extent_of, index_symbol
 
@@ -166,25 +167,9 @@ def _kept(nest: LoopNest, concrete) -> list[sympy.Expr] | None:
         if not (lo.is_Integer and hi.is_Integer):
             return None
         box[r.index] = (int(lo), int(hi) - 1)
-    kept = [c for c in term.constraints if not _holds_everywhere(concrete(c), box)]
+    kept = [c for c in term.constraints if not holds_everywhere(concrete(c), box)]
     column = nest.free[-1].index
     return None if any(column in c.free_symbols for c in kept) else kept
-
-
-def _holds_everywhere(value: sympy.Expr, box: Mapping) -> bool:
-    """Whether the affine `value >= 0` holds at every point of `box` (an empty box: yes)."""
-    value = sympy.expand(value)
-    if not value.free_symbols <= set(box):
-        return False
-    if any(hi < lo for lo, hi in box.values()):
-        return True
-    least = value.xreplace({s: 0 for s in box})
-    for s, (lo, hi) in box.items():
-        c = value.coeff(s)
-        if not c.is_number or value.diff(s, 2) != 0:
-            return False
-        least += min(c * lo, c * hi)
-    return bool(least >= 0)
 
 
 def _renamed_nest(nest: LoopNest, mapping: Mapping[sympy.Symbol, sympy.Symbol]) -> LoopNest:

@@ -21,7 +21,7 @@ codegen.ir.affine.NotAffine: i/2 is not affine in (i,): non-integer (coefficient
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import sympy
@@ -196,3 +196,28 @@ def combine(
             raise NotAffine(POWER, sympy.Pow(left, right, evaluate=False), tuple(indices))
         return left**right
     raise ValueError(f"unknown operation {op!r} in an index expression")
+
+
+def holds_everywhere(value: sympy.Expr, box: Mapping[sympy.Symbol, tuple[int, int]]) -> bool:
+    """Whether the affine `value >= 0` holds at every point of `box` (each symbol's inclusive
+    range; an empty box: yes). False where `value` is not affine in the box's symbols or
+    reads another symbol.
+
+    >>> i, j = sympy.symbols("i j", integer=True)
+    >>> holds_everywhere(i - j, {i: (3, 5), j: (0, 3)})
+    True
+    >>> holds_everywhere(i - j, {i: (0, 5), j: (0, 3)})
+    False
+    """
+    value = sympy.expand(value)
+    if not value.free_symbols <= set(box):
+        return False
+    if any(hi < lo for lo, hi in box.values()):
+        return True
+    least = value.xreplace({s: 0 for s in box})
+    for s, (lo, hi) in box.items():
+        c = value.coeff(s)
+        if not c.is_number or value.diff(s, 2) != 0:
+            return False
+        least += min(c * lo, c * hi)
+    return bool(least >= 0)

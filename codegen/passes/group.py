@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import extent_values
 from codegen.ir.members import MAX_MEMBERS, switch
 from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, index_symbol
@@ -182,7 +183,7 @@ def _signature(nest: LoopNest, shapes: Shapes) -> tuple[tuple, tuple] | None:
         constraints = []
         for c in term.constraints:
             value = _concrete(c, local, extents)
-            if not _holds_everywhere(value, box):
+            if not holds_everywhere(value, box):
                 constraints.append((value, c))
         key = (
             tuple(_concrete(x, local, extents) for r in term.reduced for x in (r.start, r.stop)),
@@ -220,20 +221,6 @@ def _box(ranges: Sequence[Range], names: Mapping, extents: Mapping) -> dict | No
             return None
         box[names[r.index]] = (int(lo), int(hi) - 1)
     return box
-
-
-def _holds_everywhere(value: sympy.Expr, box: Mapping) -> bool:
-    """Whether the affine `value >= 0` holds at every point of `box`."""
-    value = sympy.expand(value)
-    if not value.free_symbols <= set(box):
-        return False
-    least = value.xreplace({s: 0 for s in box})
-    for s, (lo, hi) in box.items():
-        c = value.coeff(s)
-        if not c.is_number or value.diff(s, 2) != 0:
-            return False
-        least += min(c * lo, c * hi)
-    return bool(least >= 0)
 
 
 def _packed(members: Sequence[tuple[Member, tuple]], taken: set[str]) -> Group:

@@ -23,16 +23,12 @@ from codegen.cuda.schedule import ONLINE_COLUMNS, candidate_gpu_schedules
 from tensordsl.backends import cuda as gpu
 from tensordsl.binding import paired
 from tests.gpu import emulated
+from tests.gpu.test_online_cuda import ATTENTION, BIAS
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason=f"CUDA emulator: {emulate.unavailable_reason()}"
 )
 
-ATTENTION = """
-S[b,h,i,j] := Q[b,h,i,d] * K[b,h,j,d] * scale + {mask}
-(logsumexp) L[b,h,i] := S[b,h,i,j]
-O[b,h,i,e] := exp(S[b,h,i,j] - L[b,h,i]) * V[b,h,j,e]
-"""
 MASKS = {
     "causal": ("where(j <= i, 0, -inf)", lambda i, j: j <= i),
     "full": ("0", lambda i, j: np.ones_like(i + j, bool)),
@@ -42,11 +38,6 @@ MASKS = {
     ),
     "padded": ("M[b,j]", lambda i, j: np.ones_like(i + j, bool)),
 }
-BIAS = """
-S[h,i,j] := Q[h,i,d] * K[h,j,d] * scale + R[h,i-j+{T}]
-(logsumexp) L[h,i] := S[h,i,j]
-O[h,i,e] := exp(S[h,i,j] - L[h,i]) * V[h,j,e]
-"""
 TOLERANCE = {"float32": 2e-4, "bfloat16": 5e-2, "float64": 1e-10}
 
 
