@@ -11,6 +11,12 @@ import pytest
 from codegen import config
 from codegen.cuda.emulator import emulate
 
+#: Skips a test (or, as `pytestmark`, a file) where no C compiler is found.
+NEEDS_C_COMPILER = pytest.mark.skipif(
+    shutil.which(config.c_compiler()) is None,
+    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
+)
+
 
 def _cuda_reason() -> str | None:
     if jax.default_backend() == "gpu":
@@ -20,13 +26,7 @@ def _cuda_reason() -> str | None:
 
 BACKENDS = [
     "reference",
-    pytest.param(
-        "c",
-        marks=pytest.mark.skipif(
-            shutil.which(config.c_compiler()) is None,
-            reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-        ),
-    ),
+    pytest.param("c", marks=NEEDS_C_COMPILER),
     pytest.param(
         "cuda", marks=pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
     ),

@@ -6,5 +6,14 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generated kernels' outputs filled with NaN (or -1 for integers) before each call, so an
+    element a kernel forgets to write shows; a file takes it for every test with
+    `pytestmark = pytest.mark.usefixtures("poisoned_outputs")`."""
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")

@@ -4,19 +4,15 @@ timing, print their tables and write their own RESULTS.md section (no timing ass
 from __future__ import annotations
 
 import re
-import shutil
 
 import numpy as np
 import pytest
 
 from benchmarks import attention, gaussian, gpt_block, gpt_model, natural
 from benchmarks.common import markers, write_section
-from codegen import config
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 NUMBER = r"\d+\.\d\d"
 
 

@@ -15,14 +15,11 @@ import tensordsl as td
 from codegen import config
 from tensordsl.errors import IndexExpressionError, RangeError, ReductionError, UnsupportedError
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+
 HAVE_CC = shutil.which(config.c_compiler()) is not None
 BACKENDS = ["reference", pytest.param("c", marks=pytest.mark.skipif(not HAVE_CC, reason="no C"))]
 RNG = np.random.default_rng(25)
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 def _pad1(X: np.ndarray, W: np.ndarray) -> np.ndarray:

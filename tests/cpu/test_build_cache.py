@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import pickle
-import shutil
 import subprocess
 import sys
 import time
@@ -38,11 +37,9 @@ from codegen.ir.nest import (
 from codegen.passes import grad
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 AFFINE = "Y[i,j] := A[i,k] * B[k,j] * s + c[j] * (k == 0)"
 RENAMED = "Z[p,q] := U[p,r] * V[r,q] * t + w[q] * (r == 0)"

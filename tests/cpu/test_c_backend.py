@@ -5,25 +5,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pathlib
-import shutil
 
 import numpy as np
 import pytest
 import sympy
 from cases import BY_NAME, CASES, Case
 
-from codegen import config
 from codegen.c import compiler
 from codegen.c.build import build_c, c_source, clear_memory_cache
 from codegen.c.compiler import BuildError, compile_c
 from codegen.c.emit import emit_c
 from codegen.c.schedule import Schedule, candidate_schedules, choose_cpu_schedule
 from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "c"
 TOLERANCE = {"float32": 2e-4, "float64": 1e-10}
 

@@ -20,11 +20,9 @@ from codegen.c.build import build_c, clear_memory_cache
 from codegen.c.compiler import BuildError, compile_c
 from codegen.config import SettingError
 from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 DTYPES = {"A": "float64", "Y": "float64"}
 
 

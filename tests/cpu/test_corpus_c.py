@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import jax.test_util
@@ -11,24 +9,16 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
 from codegen.c import compiler
 from codegen.c.schedule import candidate_schedules
 from tensordsl.backends import reference
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
+from tests.backends import NEEDS_C_COMPILER
 from tests.corpus import CORPUS, make_inputs
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
 TOLERANCE = {"float64": dict(rtol=1e-10, atol=1e-11), "float32": dict(rtol=2e-4, atol=2e-5)}
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 def kernel(case, **options):

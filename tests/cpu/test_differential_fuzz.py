@@ -13,7 +13,6 @@ strict xfails until main fixed them, and the generator still stays away from the
 from __future__ import annotations
 
 import os
-import shutil
 from unittest import mock
 
 import jax
@@ -24,9 +23,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import tensordsl as td
-from codegen import config
 from codegen.c.build import clear_memory_cache
 from tensordsl.backends import reference
+from tests.backends import NEEDS_C_COMPILER
 from tests.fuzzing import (
     IDENTITY_TEXT,
     REDUCTIONS,
@@ -39,10 +38,7 @@ from tests.fuzzing import (
     masked_draws,
 )
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 TOLERANCE = {"float64": 1e-9, "float32": 2e-3}
 
 

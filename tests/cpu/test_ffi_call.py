@@ -4,7 +4,6 @@ fallback: same numbers, the `TENSORDSL_CPU_CALL` knob, poisoning, threads, regis
 from __future__ import annotations
 
 import ctypes
-import shutil
 import threading
 
 import jax
@@ -21,12 +20,10 @@ from tensordsl.backends import c as cpu
 from tensordsl.backends import reference
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
+from tests.backends import NEEDS_C_COMPILER
 from tests.corpus import CORPUS, make_inputs
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 needs_ffi = pytest.mark.skipif(ffi.include_dir() is None, reason="jaxlib has no FFI C headers")
 TOLERANCE = {"float64": (1e-10, 1e-11), "float32": (2e-4, 2e-5)}  # rtol, atol
 BY_NAME = {c.name: c for c in CORPUS}

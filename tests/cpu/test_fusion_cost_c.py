@@ -4,22 +4,17 @@ values and gradients on the C back end against the same program run statement by
 
 from __future__ import annotations
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
+from tests.backends import NEEDS_C_COMPILER
 from tests.programs import PROGRAMS_BY_NAME
 from tests.unit.test_fusion_cost import MLP, MOE, TRIPLET
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 
 CASES = {
     "mlp": (MLP, {"X": (6, 4), "W1": (4, 7), "W2": (7, 3)}),

@@ -4,7 +4,6 @@ instead of recomputing it: softmax's backward reads P, with no exponential."""
 from __future__ import annotations
 
 import re
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -12,18 +11,10 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
+from tests.backends import NEEDS_C_COMPILER
 from tests.programs import PROGRAMS_BY_NAME
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
 
 
 def _nests(f, *args) -> list[str]:

@@ -6,28 +6,19 @@ arithmetic beyond int64 when it is called: never a wrapped value or a read out o
 from __future__ import annotations
 
 import re
-import shutil
 
 import jax
 import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
 from tensordsl.errors import IndexExpressionError, RangeError, UnsupportedError
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
 INT64_MAX = 2**63 - 1
 TOLERANCE = {"float64": 1e-12, "float32": 1e-6}
 BACKENDS = ["c", "reference"]
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 # (statement, its float64 reference as a function of X and the index values i)

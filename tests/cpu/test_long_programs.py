@@ -4,7 +4,6 @@ gradient hit Python's recursion limit before `codegen.recursion.deep_recursion`.
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 import jax
@@ -13,12 +12,9 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 LENGTH = 100
 
 

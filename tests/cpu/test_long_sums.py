@@ -3,19 +3,14 @@ in double (issue 27: 2e7 uniform values had a relative error of 6e-7, jnp 4e-9).
 
 from __future__ import annotations
 
-import shutil
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -4,32 +4,22 @@ goes (max/min: the first NaN, as np.argmax/np.argmin pick it)."""
 
 from __future__ import annotations
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
 from codegen.c.build import build_c
 from codegen.c.schedule import candidate_schedules
 from codegen.ir.reductions import REDUCTIONS
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
 NAN, INF = np.nan, np.inf
 ROWS, WIDTH = 13, 35  # a row is X[i] of shape (5, 7): 35 values, several lanes and chunks
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 def special_rows(seed: int = 0) -> np.ndarray:

@@ -8,24 +8,20 @@ that must pass it every loop variable it reads.
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 import pytest
 from cases import BY_NAME, CASES, Case
 from test_c_backend import check, run_case
 
-from codegen import config
 from codegen.c import outline
 from codegen.c.build import build_c, clear_memory_cache
 from codegen.c.emit import emit_c
 from codegen.c.schedule import Schedule, candidate_schedules
 from codegen.emit.emitter import Emitter
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 TILED = [
     case
     for case in CASES

@@ -13,6 +13,8 @@ import pytest
 import tensordsl as td
 from codegen import config
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+
 BACKENDS = [
     "reference",
     pytest.param(
@@ -40,11 +42,6 @@ ROWS = [
     [NAN, NAN, 2.0],
     [-0.75, 4.0, -2.0],
 ]
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 def jnp_gradient(X: np.ndarray, cotangent: np.ndarray) -> np.ndarray:

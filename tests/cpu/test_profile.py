@@ -4,20 +4,16 @@ and backward pass, timed alone, with its schedule (the structure is checked, not
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 
 import codegen.c.build
 import tensordsl as td
-from codegen import config
 from tensordsl.cli import main
 from tensordsl.explain import kernel_nests
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
+pytestmark = NEEDS_C_COMPILER
 CONV = "Y[i] := X[i+k] * W[k]"
 ROW = re.compile(r"^  (\w+) +(\d+\.\d{3}) +(\d+\.\d{3}) +(\d+\.\d)%  (strategy=\S+ .*)$")
 

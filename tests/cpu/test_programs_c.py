@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import jax.test_util
@@ -11,23 +9,15 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
 from tensordsl.binding import programs as program_module
 from tensordsl.cli import main
 from tensordsl.errors import UnsupportedError
+from tests.backends import NEEDS_C_COMPILER
 from tests.corpus import make_inputs
 from tests.program_checks import check_gradients, check_values, program_kernel
 from tests.programs import PROGRAMS, PROGRAMS_BY_NAME, directional_derivative
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
 
 
 @pytest.mark.parametrize("case", PROGRAMS, ids=lambda c: c.name)

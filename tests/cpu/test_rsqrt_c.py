@@ -3,24 +3,14 @@ product, not powf (twice as fast per call), with pow's values, -0 included."""
 
 from __future__ import annotations
 
-import shutil
-
 import jax
 import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen import config
+from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(config.c_compiler()) is None,
-    reason=f"no C compiler {config.c_compiler()!r} (set TENSORDSL_CC)",
-)
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -16,16 +16,13 @@ import tensordsl as td
 from codegen import config
 from codegen.cuda.emulator import emulate
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+
 HAVE_CC = shutil.which(config.c_compiler()) is not None
 BACKENDS = [
     "reference",
     pytest.param("c", marks=pytest.mark.skipif(not HAVE_CC, reason="no C compiler")),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 def _rng(seed: int) -> np.random.Generator:

@@ -16,6 +16,8 @@ from codegen import config
 from codegen.cuda import nvrtc
 from codegen.ir.functions import FUNCTIONS
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+
 BACKENDS = [
     "reference",
     pytest.param(
@@ -26,11 +28,6 @@ BACKENDS = [
         ),
     ),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 NO_INPUTS = {

@@ -18,12 +18,9 @@ import tensordsl as td
 from tensordsl.errors import InputError, RangeError, UnsupportedError
 from tests.gpu.test_cuda_backend import EMULATED, REASON
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+
 BACKENDS = ["reference", "c", "cuda"]
-
-
-@pytest.fixture(autouse=True)
-def _poisoned(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 def _backend(name, monkeypatch):

@@ -21,6 +21,8 @@ from codegen import config
 from tests.tullio import cases_einsum, cases_gradients, cases_parsing
 from tests.tullio.harness import Case, Skip
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+
 CASES: list[tuple[str, Case]] = [
     *(("parsing", c) for c in cases_parsing.CASES),
     *(("gradients", c) for c in cases_gradients.CASES),
@@ -47,11 +49,6 @@ def _params() -> list:
                 pytest.param(case, backend, id=f"{file}-{case.id}-{backend}", marks=marks)
             )
     return params
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
 
 
 @pytest.mark.parametrize(("case", "backend"), _params())

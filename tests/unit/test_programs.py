@@ -24,10 +24,7 @@ from tests.corpus import make_inputs
 from tests.program_checks import check_gradients, check_values
 from tests.programs import PROGRAMS, PROGRAMS_BY_NAME
 
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
 
 
 def reference(source: str, **options):
