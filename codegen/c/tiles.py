@@ -332,8 +332,9 @@ def tiled(
     none = tuple(() for _ in e.nest.terms)
     loops = [e.printer.index(x) for x in free if x.name not in (s.row, s.vector)]
     names = [*declared_names([*grid, *tile]), *((n, "const int64_t") for n in loops)]
-    if masks is not None:  # the padded copies and masks, made before the loops
-        names += declared_locals(prepare_lines(e, masks)[0])
+    made = prepare_lines(e, masks) if masks is not None else None
+    if made is not None:  # the padded copies and masks, made before the loops
+        names += declared_locals(made[0])
 
     def case(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         return outlined_call(p, body(p, rn, wn, tests), names)
@@ -361,11 +362,11 @@ def tiled(
         else:
             lines = block_lines(e.free_loop(x), lines)
     lines = grid + parallel_loop(e, len(free), lines)
-    if masks is None or prepared:
+    if made is None or prepared:
         return lines
     # Shifted reads padded, their lane tests a mask (`codegen.c.padding`); where the copies
     # cannot be allocated, the scalar strategy.
-    prepare, freed, allocated = prepare_lines(e, masks)
+    prepare, freed, allocated = made
     return [*prepare, *_either(allocated, lines, scalar(e)), *freed]
 
 
