@@ -316,7 +316,7 @@ def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[st
     from codegen.cuda.key_tiles import PITCH
     from codegen.cuda.online import shared_bytes, staged_keys, staged_queries
     from codegen.cuda.schedule import choose_gpu_schedule
-    from codegen.cuda.smem import STATIC_SHARED_LIMIT
+    from codegen.cuda.shared import STATIC_SHARED_LIMIT
     from codegen.cuda.tile_counts import tile_counts
 
     schedule = choose_gpu_schedule(nest, default_dtypes(nest))

@@ -43,7 +43,7 @@ import sympy
 from codegen.cuda.layout import split_weighted
 from codegen.cuda.online import shared_bytes
 from codegen.cuda.schedule import ONLINE_COLUMNS, choose_gpu_schedule
-from codegen.cuda.smem import STATIC_SHARED_LIMIT
+from codegen.cuda.shared import STATIC_SHARED_LIMIT
 from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, extent_of, index_symbol

@@ -13,8 +13,11 @@ import math
 from collections.abc import Sequence
 
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.smem import STATIC_SHARED_LIMIT
 from codegen.emit.emitter import Lines
+
+#: Bytes of static shared memory a block may declare; more needs dynamic shared memory and
+#: the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize), set at launch.
+STATIC_SHARED_LIMIT = 48 * 1024
 
 Array = tuple[str, str, tuple[int, ...]]
 
@@ -26,7 +29,7 @@ def element_bytes(ctype: str, index_type: str) -> int:
     (8, 4)
     """
     index = 8 if index_type == "int64" else 4
-    return {"double": 8, "float": 4, "int": 4, "idx_t": index}[ctype]
+    return {"double": 8, "float": 4, "int": 4, "unsigned": 4, "idx_t": index}[ctype]
 
 
 def sizes(arrays: Sequence[Array], index_type: str) -> list[int]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import sympy
 
+from codegen.cuda import shared
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_contraction
 from codegen.cuda.schedule import SMEM_THREADS
@@ -190,12 +191,6 @@ def slice_loop(e: CudaEmitter, k0: str, tk: int, stages: Lines, body: Lines) -> 
     return e.loops(0, inner, stop_at=len(order) - 1)
 
 
-#: Bytes of static shared memory a block may declare; more needs dynamic shared memory and
-#: the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize), set at launch.
-STATIC_SHARED_LIMIT = 48 * 1024
-ELEMENT_BYTES = {"float": 4, "double": 8, "unsigned": 4}
-
-
 def tile_declarations(e: CudaEmitter, shapes: tuple[tuple[int, int], ...], ctype: str) -> Lines:
     """`As_` and `Bs_` of `ctype` with `shapes` (rows, row length); see
     `shared_declarations`."""
@@ -209,24 +204,10 @@ def shared_declarations(
     e: CudaEmitter, arrays: Sequence[tuple[str, int, int]], ctype: str | None = None
 ) -> Lines:
     """Two-dimensional shared arrays `(name, rows, pitch)` of `ctype` (the accumulation
-    type by default): static `__shared__` arrays up to `STATIC_SHARED_LIMIT` bytes in all,
-    else views of the block's dynamic shared memory, whose size the emitter records
-    (`e.dynamic_shared`) for the launch."""
+    type by default), declared by `codegen.cuda.shared.declare`: static up to
+    `STATIC_SHARED_LIMIT` bytes in all, else views of the block's dynamic shared memory."""
     ctype = ctype or e.f
-    sizes = [rows * pitch * ELEMENT_BYTES[ctype] for _, rows, pitch in arrays]
-    if sum(sizes) <= STATIC_SHARED_LIMIT:
-        return [f"__shared__ {ctype} {name}[{rows}][{pitch}];" for name, rows, pitch in arrays]
-    e.dynamic_shared = sum(sizes)
-    offsets = [sum(sizes[:n]) for n in range(len(sizes))]
-    views = [
-        f"{ctype} (*const {name})[{pitch}] = reinterpret_cast<{ctype} (*)[{pitch}]>"
-        f"(smem_ + {offset});"
-        for (name, _, pitch), offset in zip(arrays, offsets, strict=True)
-    ]
-    return [
-        f"extern __shared__ __align__(16) unsigned char smem_[];  /* {sum(sizes)} bytes */",
-        *views,
-    ]
+    return shared.declare(e, [(name, ctype, (rows, pitch)) for name, rows, pitch in arrays])
 
 
 BANKS = 32

@@ -45,7 +45,7 @@ from codegen.cuda import launch as cuda_launch
 from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda.emulator import emulate
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
-from codegen.cuda.smem import STATIC_SHARED_LIMIT
+from codegen.cuda.shared import STATIC_SHARED_LIMIT
 from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest

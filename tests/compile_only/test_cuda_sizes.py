@@ -112,7 +112,7 @@ def test_a_range_past_2_to_the_31_needs_64_bit_indices_without_a_large_input() -
 def test_a_tile_past_48_kb_compiles_only_as_dynamic_shared_memory(monkeypatch) -> None:
     import dataclasses
 
-    from codegen.cuda import smem as cuda_smem
+    from codegen.cuda import shared as cuda_shared
     from codegen.cuda.schedule import choose_gpu_schedule
 
     nest = lower(parse(MATMUL)).nest
@@ -121,7 +121,7 @@ def test_a_tile_past_48_kb_compiles_only_as_dynamic_shared_memory(monkeypatch) -
     source = emit_cuda(nest, dtypes=floats, schedule=schedule)
     assert source.shared == 128 * 130 * 4 and "extern __shared__" in source.text
     assert nvrtc.compile_source(source.text, arch="sm_90").binary[:4] == b"\x7fELF"
-    monkeypatch.setattr(cuda_smem, "STATIC_SHARED_LIMIT", 10**9)  # as static arrays: too big
+    monkeypatch.setattr(cuda_shared, "STATIC_SHARED_LIMIT", 10**9)  # as static arrays: too big
     static = emit_cuda(nest, dtypes=floats, schedule=schedule)
     assert static.shared == 0 and "__shared__ float As_[128][65];" in static.text
     with pytest.raises(nvrtc.NvrtcError, match="shared"):

@@ -119,7 +119,7 @@ def test_shared_memory_past_48_kb_is_dynamic_and_launched_with_its_size(dtype):
     from codegen.cuda.emit import emit_cuda
     from codegen.cuda.online import shared_bytes
     from codegen.cuda.schedule import candidate_gpu_schedules
-    from codegen.cuda.smem import STATIC_SHARED_LIMIT
+    from codegen.cuda.shared import STATIC_SHARED_LIMIT
 
     _, nest = _nest("causal", _shapes(64, 8, 8))
     dtypes = {n: dtype for n in (*nest.operand_names, nest.output)}
