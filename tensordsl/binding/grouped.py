@@ -60,14 +60,6 @@ def operands_of(gradient_roles: dict[str, str], nest: LoopNest, values: dict, by
     ]
 
 
-def integer_operands(nest: LoopNest, operands: Sequence[Any]) -> frozenset[str]:
-    return frozenset(
-        name
-        for name, v in zip(nest.operand_names, operands)
-        if not jnp.issubdtype(jnp.result_type(v), jnp.inexact)
-    )
-
-
 def run_gradients(
     nest: LoopNest,
     perturbed: Sequence[str],
@@ -93,7 +85,7 @@ def run_gradients(
             backend=params["backend"],
             shapes=shapes,
             out_dtype=dtype,
-            nograd=integer_operands(group.nest, operands),
+            nograd=paired.integer_operands(group.nest, operands),
             precision=params["precision"],
         )
         found |= unpack(group, packed, shapes)
@@ -110,7 +102,7 @@ def run_gradients(
                 backend=params["backend"],
                 shapes=shapes,
                 out_dtype=jnp.result_type(values[gradient.wrt]),
-                nograd=integer_operands(gradient.nest, operands),
+                nograd=paired.integer_operands(gradient.nest, operands),
                 precision=params["precision"],
             )
         )
@@ -177,7 +169,7 @@ def run_together(
             backend=backend,
             shapes=shapes,
             out_dtype=dtypes[group.members[0].output],
-            nograd=integer_operands(group.nest, operands),
+            nograd=paired.integer_operands(group.nest, operands),
             precision=precision,
         )
         found |= {by_output[k]: v for k, v in unpack(group, packed, shapes).items()}

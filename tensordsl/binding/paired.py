@@ -7,6 +7,7 @@ gradients.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -15,6 +16,15 @@ import jax.numpy as jnp
 from codegen import config
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import table
+
+
+def integer_operands(nest: LoopNest, operands: Sequence[Any]) -> frozenset[str]:
+    """The operands of `nest` that hold no floats (index arrays): no gradient flows to them."""
+    return frozenset(
+        name
+        for name, v in zip(nest.operand_names, operands, strict=True)
+        if not jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+    )
 
 
 def run_pairs(
@@ -40,18 +50,13 @@ def run_pairs(
     for dtype, alike in by_dtype.items():
         for pair in pairs(alike, shapes, dtype):
             operands = [values[name] for name in pair.nest.operand_names]
-            integer = frozenset(
-                name
-                for name, v in zip(pair.nest.operand_names, operands, strict=True)
-                if not jnp.issubdtype(jnp.result_type(v), jnp.inexact)
-            )
             packed = call_nest(
                 pair.nest,
                 operands,
                 backend=backend,
                 shapes=shapes,
                 out_dtype=dtype,
-                nograd=integer,
+                nograd=integer_operands(pair.nest, operands),
                 precision=precision,
             )
             first, second = pair.outputs
