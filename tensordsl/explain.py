@@ -379,7 +379,7 @@ def build_nests(
             progress(f"[{n}/{len(nests)}] building {name} ...")
         start, compiles = time.perf_counter(), STATS["compiles"]
         schedule = forward if name == "forward" else None
-        build_c(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule)
+        build_c(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule, mode="full")
         seconds[name] = time.perf_counter() - start
         loaded = STATS["compiles"] == compiles
         if loaded and cached is not None:

@@ -272,7 +272,7 @@ def _kernel_call(
     """The compiled kernel as a no-argument call, its parameters computed once."""
     from codegen.c.build import build_c
 
-    compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
+    compiled = build_c(nest, dtypes=dtypes, schedule=schedule, mode="full")
     full = compiled.all_extents([a.shape for a in operands], out.shape, extents)
     params = compiled.host_parameters(full)
     pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))
