@@ -114,11 +114,21 @@ def _check_names(
         _check_names(option, text, child, scalars, arrays, spans, in_access)
 
 
-def modifier(option: str, text: Any, scalars: set[str], arrays: set[str], score: str) -> str:
-    """`text` (a score_mod or mask_mod) checked, with every bare `S` replaced by `score`.
+def modifier(
+    option: str,
+    text: Any,
+    scalars: set[str],
+    arrays: set[str],
+    score: str,
+    head: str | None = None,
+) -> str:
+    """`text` (a score_mod or mask_mod) checked, with every bare `S` replaced by `score` and,
+    with grouped-query heads, every `h` by `head` (the query head in the program's indices).
 
     >>> modifier("score_mod", "S + R[h, i - j + 3]", set(), {"R"}, "s_[b,h,i,j]")
     '(s_[b,h,i,j]) + R[h, i - j + 3]'
+    >>> modifier("mask_mod", "h < 2", set(), set(), "", head="hk_*4 + g_")
+    '(hk_*4 + g_) < 2'
     """
     if not isinstance(text, str) or not text.strip():
         raise OptionError(
@@ -137,10 +147,20 @@ def modifier(option: str, text: Any, scalars: set[str], arrays: set[str], score:
         ) from None
     spans: list[Any] = []
     _check_names(option, text, tree, scalars, arrays, spans)
-    for start, stop in sorted(spans, reverse=True):
+    heads = _name_spans(tree, "h") if head is not None else []
+    replaced = [(span, score) for span in spans] + [(span, head) for span in heads]
+    for (start, stop), new in sorted(replaced, reverse=True):
         start, stop = start - len(_HEAD), stop - len(_HEAD)
-        text = f"{text[:start]}({score}){text[stop:]}"
+        text = f"{text[:start]}({new}){text[stop:]}"
     return text
+
+
+def _name_spans(node: Any, name: str) -> list[tuple[int, int]]:
+    """The spans of every `Name` node `name` under `node`, in index lists too."""
+    if isinstance(node, Name):
+        return [node.span] if node.name == name else []
+    children = list(node.indices) if isinstance(node, Access) else _children(node)
+    return [span for child in children for span in _name_spans(child, name)]
 
 
 def _mod_inputs(mod_args: Any) -> tuple[dict[str, Any], set[str], set[str]]:
@@ -200,19 +220,29 @@ def _bias(bias: Any, batch: tuple[int, ...], full: tuple[int, ...]) -> tuple[Any
     return bias, (f"bias_[{','.join(names)}]" if names else "bias_")
 
 
-def attention_source(score: str, mask: str | None) -> str:
-    """The program for a score expression (over s_) and a mask condition (or None)."""
-    lines = ["s_[b,h,i,j] := q_[b,i,h,d] * k_[b,j,h,d] * scale_"]
+def attention_source(score: str, mask: str | None, heads: str = "h") -> str:
+    """The program for a score expression (over s_) and a mask condition (or None).
+
+    `heads` names the head indices: `h`, or `hk_,g_` for grouped-query heads, where the
+    queries `q_[b,i,hk_,g_,d]` of group `g_` read the keys and values `k_[b,j,hk_,d]` of
+    their head `hk_` (query head `hk_ * G + g_`, as `jnp.repeat` of K and V would pair them,
+    with nothing copied).
+    """
+    kv = heads.split(",")[0]
+    rows = f"b,{heads},i"
+    lines = [f"s_[b,{heads},i,j] := q_[b,i,{heads},d] * k_[b,j,{kv},d] * scale_"]
     if mask is None:
-        lines.append(f"(logsumexp) lse_[b,h,i] := {score}")
-        lines.append(f"out_[b,h,i,e] := exp({score} - lse_[b,h,i]) * v_[b,j,h,e]")
+        lines.append(f"(logsumexp) lse_[{rows}] := {score}")
+        lines.append(f"out_[{rows},e] := exp({score} - lse_[{rows}]) * v_[b,j,{kv},e]")
     else:
-        lines.append(f"(logsumexp) lse_[b,h,i] := where({mask}, {score}, -inf)")
-        lines.append(f"out_[b,h,i,e] := where({mask}, exp({score} - lse_[b,h,i]), 0) * v_[b,j,h,e]")
+        lines.append(f"(logsumexp) lse_[{rows}] := where({mask}, {score}, -inf)")
+        lines.append(
+            f"out_[{rows},e] := where({mask}, exp({score} - lse_[{rows}]), 0) * v_[b,j,{kv},e]"
+        )
     return "\n".join(lines)
 
 
-def _check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+def _check_qkv(q: Any, k: Any, v: Any, enable_gqa: bool | None) -> tuple[Any, Any, Any]:
     arrays = {"q": q, "k": k, "v": v}
     for name in arrays:
         arrays[name] = as_float_array(arrays[name], "attention", name)
@@ -222,8 +252,7 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     pairs = (
         ("k", k.shape[:-3], "q", q.shape[:-3], "the leading (batch) shape"),
         ("v", v.shape[:-3], "q", q.shape[:-3], "the leading (batch) shape"),
-        ("k", k.shape[-2], "q", q.shape[-2], "the head count"),
-        ("v", v.shape[-2], "q", q.shape[-2], "the head count"),
+        ("v", v.shape[-2], "k", k.shape[-2], "the head count"),
         ("k", k.shape[-1], "q", q.shape[-1], "the width (last axis)"),
         ("v", v.shape[-3], "k", k.shape[-3], "the key count"),
     )
@@ -232,8 +261,18 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
             raise ShapeError(
                 f"attention: {what} of '{name}' is {got} but {want} in '{other}'",
                 expected=f"the same {what} in '{name}' and '{other}' "
-                "(q: (..., T, H, E), k: (..., S, H, E), v: (..., S, H, Ev))",
+                "(q: (..., T, H, E), k: (..., S, Hk, E), v: (..., S, Hk, Ev))",
             )
+    heads, kv_heads = q.shape[-2], k.shape[-2]
+    grouped = heads != kv_heads
+    if grouped and (enable_gqa is False or kv_heads == 0 or heads % kv_heads):
+        allowed = "a head count that divides q's" if enable_gqa is not False else "q's"
+        raise ShapeError(
+            f"attention: 'k' and 'v' have {kv_heads} heads and 'q' has {heads}"
+            + (" with enable_gqa=False" if enable_gqa is False and grouped else ""),
+            expected=f"k and v with {allowed} (grouped-query heads: each of k's heads serves "
+            "H / Hk consecutive query heads)",
+        )
     return q, k, v
 
 
@@ -249,14 +288,19 @@ def attention(
     scale: Any = None,
     mod_args: dict[str, Any] | None = None,
     backend: str = "auto",
+    return_lse: bool = False,
+    enable_gqa: bool | None = None,
 ) -> Any:
     """Softmax attention, `softmax(q k^T * scale + bias, masked) v` per head, with no
     `(T, S)` array stored, forwards or backwards (the layout of `jax.nn.dot_product_attention`).
 
     Args:
         q: queries `(..., T, H, E)`; the leading axes are batch axes, flattened into `b`.
-        k: keys `(..., S, H, E)`, the same leading axes and heads.
-        v: values `(..., S, H, Ev)`.
+        k: keys `(..., S, Hk, E)`, the same leading axes; `Hk` = `H` heads, or fewer that
+            divide `H` (grouped-query or multi-query attention: key head `n` serves the
+            query heads `n * H/Hk` to `(n + 1) * H/Hk - 1`, as after `jnp.repeat(k, H/Hk,
+            axis=-2)`, but nothing is repeated or copied).
+        v: values `(..., S, Hk, Ev)`.
         causal: keep only keys `j <= i` (query i sees keys 0..i, aligned at the start).
         score_mod: an expression of the new score over `S` (the scaled score plus the bias),
             b, h, i, j and `mod_args`, e.g. `"S + R[h, i - j + 7]"` (a relative bias per
@@ -268,9 +312,14 @@ def attention(
         scale: multiplies `q . k`; default `1 / sqrt(E)`.
         mod_args: arrays and scalars the modifiers read, by name; arrays are differentiated.
         backend: the kernels' back end.
+        return_lse: also return the log-sum-exp of each query's modified, masked scores,
+            `(..., H, T)` (FlexAttention's `return_lse`); gradients flow through it too.
+        enable_gqa: None (default) or True: k and v may have fewer heads than q (above);
+            False: they must have as many (FlexAttention's default).
 
     Returns:
-        `(..., T, H, Ev)`. A query whose every key is masked gets 0 where the mask is made
+        `(..., T, H, Ev)`; with `return_lse`, the pair `(out, lse)`.
+        A query whose every key is masked gets 0 where the mask is made
         of index comparisons (its loop is empty); with a mask that reads arrays it gets NaN.
 
     Raises:
@@ -279,25 +328,49 @@ def attention(
         UnknownNameError, ParseError: a modifier that reads an unknown name, or does not parse
             (the message underlines it in the modifier).
     """
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v = _check_qkv(q, k, v, enable_gqa)
     batch, (T, H, E), S = tuple(q.shape[:-3]), q.shape[-3:], k.shape[-3]
+    group = H // k.shape[-2] if k.shape[-2] != H else 1
+    # Grouped-query heads: query head h is (hk_, g_) with h = hk_ * group + g_.
+    heads, head = ("h", None) if group == 1 else ("hk_,g_", f"hk_*{group} + g_")
     inputs, scalars, arrays = _mod_inputs(mod_args)
-    score = "s_[b,h,i,j]"
+    score = f"s_[b,{heads},i,j]"
     if bias is not None:
         inputs["bias_"], access = _bias(bias, batch, (H, T, S))
+        if group > 1 and "h" in access:
+            inputs["bias_"], access = _grouped_bias(inputs["bias_"], access, group)
         score = f"{score} + {access}"
     if score_mod is not None:
-        score = modifier("score_mod", score_mod, scalars, arrays, score)
+        score = modifier("score_mod", score_mod, scalars, arrays, score, head)
     conditions = ["j <= i"] if causal else []
     if mask_mod is not None:
-        conditions.append(modifier("mask_mod", mask_mod, scalars, arrays, ""))
+        conditions.append(modifier("mask_mod", mask_mod, scalars, arrays, "", head))
     mask = " * ".join(f"({c})" for c in conditions) if conditions else None
     flat = [x.reshape((math.prod(batch), *x.shape[-3:])) for x in (q, k, v)]
+    if group > 1:  # a free reshape: the query heads of one key head are consecutive
+        flat[0] = flat[0].reshape((*flat[0].shape[:2], H // group, group, E))
     inputs.update(q_=flat[0], k_=flat[1], v_=flat[2])
     inputs["scale_"] = (
         1.0 / math.sqrt(E)
         if scale is None
         else (float(scale) if isinstance(scale, (int, float)) else jnp.asarray(scale, q.dtype))
     )
-    out = jnp.swapaxes(build(attention_source(score, mask), backend)(**inputs), 1, 2)
-    return out.reshape((*batch, *out.shape[1:]))
+    outputs = ("out_", "lse_") if return_lse else None
+    found = build(attention_source(score, mask, heads), backend, outputs)(**inputs)
+    out, lse = found if return_lse else (found, None)
+    rows = math.prod(batch)
+    out = jnp.swapaxes(out.reshape((rows, H, T, out.shape[-1])), 1, 2)
+    out = out.reshape((*batch, *out.shape[1:]))
+    if not return_lse:
+        return out
+    return out, lse.reshape((*batch, H, T))
+
+
+def _grouped_bias(bias: Any, access: str, group: int) -> tuple[Any, str]:
+    """A bias with a head axis (from `_bias`), that axis split into (key head, group) for
+    grouped-query heads: a free reshape."""
+    names = access[access.index("[") + 1 : -1].split(",")
+    axis = names.index("h")
+    shape = (*bias.shape[:axis], bias.shape[axis] // group, group, *bias.shape[axis + 1 :])
+    names[axis : axis + 1] = ["hk_", "g_"]
+    return bias.reshape(shape), f"bias_[{','.join(names)}]"
