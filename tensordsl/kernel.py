@@ -143,9 +143,9 @@ class Kernel:
         forward+backward call runs: grid, block, how lanes read memory, FMAs and bytes per
         output element against the minimum, registers (docs/backends.md).
         """
-        from tensordsl.explain import check_report_target, explain, kernel_nests
-        from tensordsl.gpu_report import cuda_report_lines
-        from tensordsl.timing import nest_jaxpr
+        from tensordsl.explain.gpu_report import cuda_report_lines
+        from tensordsl.explain.nests import check_report_target, explain, kernel_nests
+        from tensordsl.explain.timing import nest_jaxpr
 
         low = self._lowered
         if target is not None:
@@ -185,7 +185,7 @@ class Kernel:
 
     def source(self, target: str = "c") -> dict[str, str]:
         """Generated code for every nest, as a dict from nest name to source text."""
-        from tensordsl.explain import generated_sources
+        from tensordsl.explain.nests import generated_sources
 
         return generated_sources(self.nest, target)
 
@@ -200,13 +200,13 @@ class Kernel:
             reps: calls per nest after a warm-up; the median is reported.
 
         Returns:
-            A `tensordsl.timing.Profile`: `.timings` (name, schedule, seconds per nest) and a
-            table as `str()`. See docs/backends.md, "Which nest is slow".
+            A `tensordsl.explain.timing.Profile`: `.timings` (name, schedule, seconds per
+            nest) and a table as `str()`. See docs/backends.md, "Which nest is slow".
 
         Raises:
             ShapeError, RangeError: as for a call with arrays of these shapes.
         """
-        from tensordsl.timing import profile_nests
+        from tensordsl.explain.timing import profile_nests
 
         if dtype not in ("float32", "float64"):
             raise UnknownNameError(

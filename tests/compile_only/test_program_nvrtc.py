@@ -57,7 +57,7 @@ def fused_attention_nests() -> list[LoopNest]:
     one-pass forward (online strategy) and dQ, dK, dV (weighted), B 8 H 12 T 1024 E 64."""
     import tensordsl as td
     from codegen.cuda.schedule import choose_gpu_schedule
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
     shape = (8, 12, 1024, 64)
@@ -85,7 +85,7 @@ def test_the_paired_gradient_kernel_compiles_without_spills(dtype):
     (`codegen.cuda.pairs`), within the static shared memory and its registers."""
     import tensordsl as td
     from codegen.cuda.layout import split_paired
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
     shape = (8, 12, 1024, 64)

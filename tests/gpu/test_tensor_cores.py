@@ -280,7 +280,7 @@ def test_an_mma_schedule_that_does_not_fit_is_refused() -> None:
 
 
 def test_explain_says_tensor_cores(monkeypatch) -> None:
-    from tensordsl.explain import schedule_lines
+    from tensordsl.explain.nests import schedule_lines
 
     monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
     lines = schedule_lines(lower(parse(MATMUL)).nest, dtype="bfloat16")

@@ -93,7 +93,7 @@ def test_full_attention_skips_nothing_and_a_window_most(mask):
 def test_the_gradient_nests_compute_each_score_once_per_block():
     """dQ, dK and dV of causal attention run the weighted kernel: executed / useful FMAs
     <= 1.3 (the thread strategy recomputed every score once per output column)."""
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     shapes = _shapes(1024, 64, 64, (8, 12))
     k, _ = _nest("causal", shapes)

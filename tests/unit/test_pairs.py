@@ -11,7 +11,7 @@ from tests.programs import PROGRAMS_BY_NAME
 
 def _labels(shape: tuple[int, ...], dtype: str, value: tuple[int, ...] | None = None) -> list:
     import tensordsl as td
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
     shapes = {"Q": shape, "K": shape, "scale": (), "V": value or shape}

@@ -1,6 +1,6 @@
 """The static report of the CUDA kernels a call runs (`explain(shapes, target="cuda")`).
 
-Reads the nest equations of a forward+backward call's jaxpr (`tensordsl.timing`) and gives
+Reads the nest equations of a forward+backward call's jaxpr (`tensordsl.explain.timing`) and gives
 each nest, with its shapes and dtypes, to `codegen.cuda.report`.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import table
-from tensordsl.timing import equation_dtypes, nest_equations
+from tensordsl.explain.timing import equation_dtypes, nest_equations
 
 
 def cuda_report_lines(jaxpr: Any, names: Mapping[LoopNest, str] | None = None) -> list[str]:

@@ -38,7 +38,7 @@ import numpy as np
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl.backends import table
-from tensordsl.explain import kernel_nests
+from tensordsl.explain.nests import kernel_nests
 
 PRIMITIVE = "tensordsl_nest"
 

@@ -38,11 +38,11 @@ from codegen.ir.source import expr_source
 from codegen.passes import grad, gradient_rules
 from tensordsl.backends import table
 from tensordsl.errors import OptionError, UnknownNameError, close_match, user_facing
-from tensordsl.explain_facts import equal_extents, implied
-from tensordsl.explain_groups import body_source as _body_source
-from tensordsl.explain_groups import group_lines
-from tensordsl.explain_prologues import prologue_lines, substitute
-from tensordsl.explain_summary import summary_lines
+from tensordsl.explain.facts import equal_extents, implied
+from tensordsl.explain.groups import body_source as _body_source
+from tensordsl.explain.groups import group_lines
+from tensordsl.explain.prologues import prologue_lines, substitute
+from tensordsl.explain.summary import summary_lines
 
 
 def _sum_prefix(nest: LoopNest, term: Term) -> str:
@@ -70,7 +70,7 @@ def nest_lines(
     """The nest as `OUT[...] = reduce_r body` lines, with the bounds of every index.
 
     `operands`: the order terms and factors print in (the statement's inputs); `same`:
-    extents a call's checks make equal (`explain_facts.equal_extents`), so that a test they
+    extents a call's checks make equal (`facts.equal_extents`), so that a test they
     imply is left out."""
     aliases = aliases or {}
     same = same or {}
@@ -126,7 +126,7 @@ def explain(
         gathered: (operand, the access it stands for) of each gathered operand.
         unread: operands the nest does not read (tables read only through gathers).
         backend: where given, a summary comes first: the nests, the back end, the schedule
-            of each in words (`tensordsl.explain_summary`).
+            of each in words (`tensordsl.explain.summary`).
         schedule: the user's schedule of the forward nest, if any.
 
     Returns:
@@ -144,7 +144,7 @@ def explain(
 def kernel_summary(
     nest: LoopNest, backend: str, schedule: Any = None, unread: frozenset[str] = frozenset()
 ) -> list[str]:
-    """The summary lines of a kernel's nests (`explain_summary.summary_lines`); none for the
+    """The summary lines of a kernel's nests (`summary.summary_lines`); none for the
     gradients of `unread` operands (read only through gathers: no nest runs for them)."""
     labels = {"forward": f"forward {nest.output}"}
     nests = {}
