@@ -355,9 +355,11 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     """The user's schedule or loop order for the forward nest, checked now."""
     if schedule is None and loop_order is None:
         return None
-    from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
-
-    if schedule is not None and not isinstance(schedule, Schedule):
+    scheduled = table.SCHEDULED
+    assert scheduled.schedule_type is not None and scheduled.scheduler is not None
+    assert scheduled.validate_schedule is not None
+    validate = scheduled.validate_schedule()
+    if schedule is not None and not isinstance(schedule, scheduled.schedule_type()):
         raise ScheduleError(
             f"schedule= must be a codegen.c.schedule.Schedule, got {type(schedule).__name__}",
             source,
@@ -366,7 +368,7 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     order = arguments.names(loop_order, option="loop_order")
     try:
         if schedule is None:
-            schedule = choose_cpu_schedule(nest, loop_order=order)
+            schedule = scheduled.scheduler()(nest, loop_order=order)
         validate(nest, schedule)
     except ValueError as error:
         raise ScheduleError(

@@ -116,6 +116,31 @@ def test_production_back_ends_do_not_import_the_oracle(runner: str) -> None:
     assert "tensordsl.backends.reference" not in import_graph()[f"tensordsl.{runner}"]
 
 
+def _compiled_back_end_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Module -> the compiled back ends' modules it imports, for `tensordsl` modules outside
+    `tensordsl/backends/`."""
+    return {
+        name: found
+        for name, imported in graph.items()
+        if name.startswith("tensordsl.") and not name.startswith("tensordsl.backends.")
+        if (
+            found := {
+                m for m in imported if m.split(".")[:2] in (["codegen", "c"], ["codegen", "cuda"])
+            }
+        )
+    }
+
+
+def test_the_backend_record_is_the_only_door() -> None:
+    """Outside `tensordsl/backends/`, the package reaches `codegen/c` and `codegen/cuda` only
+    through the `Backend` record (`tensordsl/backends/table.py`), lazy imports included."""
+    graph = import_graph()
+    assert _compiled_back_end_imports(graph) == {}
+    assert graph["tensordsl.backends.table"] & {"codegen.c.build", "codegen.cuda.emit"}  # sanity
+    planted = {"tensordsl.x": {"codegen.cuda.report"}, "tensordsl.backends.y": {"codegen.c.build"}}
+    assert _compiled_back_end_imports(planted) == {"tensordsl.x": {"codegen.cuda.report"}}
+
+
 def test_no_module_is_too_long() -> None:
     long = {
         name: n
