@@ -246,7 +246,7 @@ class ProgramKernel:
             if nest.online:
                 details.append(
                     f"one pass: {nest.online} and {nest.output} in one nest on the C back end "
-                    "(online softmax) and on the CUDA back end (codegen.cuda.online; the "
+                    "(online softmax) and on the CUDA back end (codegen.cuda.attention.online; the "
                     "reference back end runs the two)"
                 )
                 details += ["  " + line for line in online_lines(nest, concrete)]

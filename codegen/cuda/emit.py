@@ -38,14 +38,14 @@ from typing import Any
 
 import sympy
 
-from codegen.cuda.columns import columns, columns_grid, combine_columns
-from codegen.cuda.columns import combine_grid as combine_columns_grid
+from codegen.cuda.attention.online import launch as online_launch
+from codegen.cuda.attention.online import online
 from codegen.cuda.dialect import STORAGE, CudaEmitter, CudaPrinter
-from codegen.cuda.mma import device_functions, mma, mma_type
-from codegen.cuda.online import launch as online_launch
-from codegen.cuda.online import online
-from codegen.cuda.pairwise import pairwise
-from codegen.cuda.row_groups import rows, rows_grid
+from codegen.cuda.reductions.columns import columns, columns_grid, combine_columns
+from codegen.cuda.reductions.columns import combine_grid as combine_columns_grid
+from codegen.cuda.reductions.rows import rows, rows_grid
+from codegen.cuda.reductions.simple import block_reduce, thread, tile
+from codegen.cuda.reductions.split import combine_grid, combine_partials, partial_count, split
 from codegen.cuda.schedule import (
     INDEX_TYPES,
     SMEM_THREADS,
@@ -53,9 +53,9 @@ from codegen.cuda.schedule import (
     choose_gpu_schedule,
     validate_gpu,
 )
-from codegen.cuda.smem import smem
-from codegen.cuda.split import combine_grid, combine_partials, partial_count, split
-from codegen.cuda.strategies import block_reduce, thread, tile
+from codegen.cuda.staged.mma import device_functions, mma, mma_type
+from codegen.cuda.staged.pairwise import pairwise
+from codegen.cuda.staged.tiles import smem
 from codegen.emit.emitter import Lines, accumulation_type, block_lines, check_dtypes, entry_name
 from codegen.emit.printer import c_name
 from codegen.emit.select import row_indices

@@ -75,7 +75,7 @@ class Backend:
     #: (`tensordsl.binding.grouped`); False: each gradient nest alone.
     groups_gradients: bool = False
     #: Pairs gradient nests that one kernel with two outputs computes together:
-    #: `pairs(nests, shapes, dtype)` -> `codegen.cuda.pairs.Pair`s; None: none pair.
+    #: `pairs(nests, shapes, dtype)` -> `codegen.cuda.attention.paired.Pair`s; None: none pair.
     pairs_gradients: Callable[[], Callable[..., Any]] | None = None
     #: Builds a nest's kernel now: `build(nest, dtypes=, schedule=)` -> a compiled nest
     #: (`function`, `host_parameters`); `profile()` and `explain --build` call it.
@@ -188,7 +188,7 @@ def _cuda_scheduler() -> Callable[..., Any]:
 
 
 def _cuda_pairs() -> Callable[..., Any]:
-    from codegen.cuda.pairs import pair_weighted
+    from codegen.cuda.attention.paired import pair_weighted
 
     return pair_weighted
 
@@ -207,7 +207,7 @@ def _cuda_static_report() -> StaticReport:
 
 
 def _cuda_one_pass_lines() -> Callable[..., list[str]]:
-    from codegen.cuda.tile_counts import one_pass_lines
+    from codegen.cuda.attention.tile_counts import one_pass_lines
 
     return one_pass_lines
 
@@ -217,7 +217,7 @@ def _cuda_one_pass_lines() -> Callable[..., list[str]]:
 C_ONE_PASS_ROWS = 1024
 
 #: The longest packed row (the logsumexp included, as `tensordsl.binding.partitioning`
-#: compares it) the CUDA one-pass kernel (`codegen.cuda.online`) runs: its registers hold
+#: compares it) the CUDA one-pass kernel (`codegen.cuda.attention.online`) runs: its registers hold
 #: 128 columns per pass over the keys; two passes cost what the two nests would.
 CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
+from codegen.cuda.run import nvrtc
 from codegen.ir.nest import LoopNest
 from codegen.passes import grad, gradient_rules
 from tensordsl.frontend.statements import lower_program
@@ -82,7 +82,7 @@ def test_the_attention_kernels_compile_without_spills(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_paired_gradient_kernel_compiles_without_spills(dtype):
     """On CUDA, a call asks for dK and dV together: one weighted kernel with two outputs
-    (`codegen.cuda.pairs`), within the static shared memory and its registers."""
+    (`codegen.cuda.attention.paired`), within the static shared memory and its registers."""
     import tensordsl as td
     from codegen.cuda.layout import split_paired
     from tensordsl.explain.timing import nest_equations

@@ -1,4 +1,4 @@
-"""Which gradient nests run paired on CUDA (`codegen.cuda.pairs`): read from the nests a
+"""Which gradient nests run paired on CUDA (`codegen.cuda.attention.paired`): read from the nests a
 forward+backward call of causal attention traces on the cuda back end (no kernel runs)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Counts of the online and weighted kernels (`codegen.cuda.online`) for concrete shapes: the
-key tiles a block visits and skips, and the FMAs executed against the useful ones. A row
+"""Counts of the online and weighted kernels (`codegen.cuda.attention.online`) for concrete
+shapes: the key tiles a block visits and skips, and the FMAs executed against the useful ones. A row
 weights only the keys of a tile in its own range, but the rows of a warp (`32 / lanes`
 consecutive ones) run in step: a warp pays, on each visited tile, for its rows times the
 most keys one of them has in range there (a tile inside every row's range: all its pairs);
@@ -15,11 +15,16 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.cuda import query_tiles
-from codegen.cuda.key_tiles import PITCH
-from codegen.cuda.online import scores_and_weights, shared_bytes, staged_keys, staged_queries
+from codegen.cuda.attention import query_tiles
+from codegen.cuda.attention.key_tiles import PITCH
+from codegen.cuda.attention.online import (
+    scores_and_weights,
+    shared_bytes,
+    staged_keys,
+    staged_queries,
+)
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
-from codegen.cuda.shared import STATIC_SHARED_LIMIT
+from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from codegen.emit.loop_order import term_order
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values
@@ -138,7 +143,7 @@ def _points(ranges: Sequence[range]) -> list[tuple[int, ...]]:
 
 
 def one_pass_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
-    """The CUDA kernel of a one-pass nest (`codegen.cuda.online`) for concrete shapes (every
+    """The CUDA kernel of a one-pass nest (`online`) for concrete shapes (every
     tensor it names), as a program's `explain(shapes)` words it: its tile and staging, the
     grid, the key tiles visited and skipped, and the score evaluations executed per useful one
     (a warp pays, on a visited tile, for its rows times the most keys one of them has in
