@@ -177,8 +177,8 @@ def group_gradients() -> bool:
 
 def pair_gradients() -> bool:
     """`TENSORDSL_PAIR_GRADIENTS`: two weighted gradient nests over the same loops
-    (attention's dK and dV) run as one CUDA kernel with two outputs (`codegen.cuda.pairs`)
-    unless set to "0"; "0" runs each alone (to compare)."""
+    (attention's dK and dV) run as one CUDA kernel with two outputs
+    (`codegen.cuda.attention.paired`) unless set to "0"; "0" runs each alone (to compare)."""
     return _flag("TENSORDSL_PAIR_GRADIENTS", "1")
 
 

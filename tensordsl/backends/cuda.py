@@ -5,7 +5,7 @@ each kernel and the size of its scratch space are computed, then one of three pa
 it, chosen by `codegen/config.py`:
 
 * `TENSORDSL_GPU_CALL=ffi` (default): `jax.ffi.ffi_call` to the launch handler of
-  codegen/cuda/ffi.cc. The kernel is compiled by NVRTC to a CUBIN for the device now; XLA
+  codegen/cuda/run/ffi.cc. The kernel is compiled by NVRTC to a CUBIN for the device now; XLA
   calls the handler, which loads the CUBIN once per CUDA context and calls `cuLaunchKernel`
   on XLA's stream: no Python and no GIL per call.
 * `TENSORDSL_GPU_CALL=callback`: `jax.experimental.buffer_callback`; the callback wraps
@@ -41,11 +41,11 @@ import numpy as np
 from jaxlib import xla_client
 
 from codegen import config
-from codegen.cuda import launch as cuda_launch
 from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda.emulator import emulate
+from codegen.cuda.run import launch as cuda_launch
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
-from codegen.cuda.shared import STATIC_SHARED_LIMIT
+from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest
@@ -231,7 +231,7 @@ def _register(name: str, platform: str) -> str:
         if target not in REGISTERED:
             capsule = jax.ffi.pycapsule(cuda_launch.handler(name))
             # A call enqueues the same launches every time: XLA may capture it in a CUDA graph
-            # (as the handler's metadata also says, codegen/cuda/ffi.cc).
+            # (as the handler's metadata also says, codegen/cuda/run/ffi.cc).
             jax.ffi.register_ffi_target(
                 target,
                 capsule,
@@ -337,7 +337,7 @@ def _gpus() -> list[Any]:
 
 def _image(source: CudaSource, gpus: Sequence[Any]) -> bytes:
     """NVRTC's CUBIN for the GPUs' architecture (PTX for the oldest one when they differ)."""
-    from codegen.cuda import nvrtc
+    from codegen.cuda.run import nvrtc
 
     archs = sorted({str(d.compute_capability).replace(".", "") for d in gpus})
     if len(archs) == 1:
@@ -375,7 +375,7 @@ class _XlaStream:
 def _raw_kernels(source: CudaSource, device: int) -> dict[str, Any]:
     """The compiled CuPy kernel of each pass of `source` on `device`, by entry (compiled
     once per source and device, thread-safe)."""
-    from codegen.cuda import nvrtc
+    from codegen.cuda.run import nvrtc
 
     key = (source.text, device)
     with _LOCK:

@@ -13,7 +13,7 @@ import pytest
 
 import tensordsl as td
 from tensordsl import nn
-from tensordsl.timing import nest_equations
+from tensordsl.explain.timing import nest_equations
 from tests.backends import BACKENDS as ALL_BACKENDS
 from tests.backends import generated_kernels  # noqa: F401 (a fixture)
 

@@ -43,8 +43,8 @@ import numpy as np
 
 from codegen import config
 from codegen.c.compiler import Toolchain, compile_c, compiler_version
-from codegen.cuda import nvrtc
 from codegen.cuda.emulator.counts import COUNTERS, Counts
+from codegen.cuda.run import nvrtc
 
 HEADER = pathlib.Path(__file__).with_name("runtime.h")
 COUNTING_HEADER = HEADER.with_name("counting.h")

@@ -1,4 +1,4 @@
-"""The XLA FFI handlers that launch generated CUDA without Python (codegen/cuda/ffi.cc).
+"""The XLA FFI handlers that launch generated CUDA without Python (codegen/cuda/run/ffi.cc).
 
 One shared object, compiled by the host C++ compiler against the CUDA driver header
 (`cuda.h`, from the CUDA wheels or toolkit) and jaxlib's FFI headers, cached on disk like
@@ -110,7 +110,7 @@ def launch_attributes(
     poison: bool = False,
     order: int = 0,
 ) -> dict[str, Any]:
-    """The attributes of one `ffi_call` to a launch handler (see codegen/cuda/ffi.cc).
+    """The attributes of one `ffi_call` to a launch handler (see codegen/cuda/run/ffi.cc).
 
     Args:
         image: the CUBIN (CUDA) or the emulator library's path (emulated).
