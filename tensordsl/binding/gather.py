@@ -386,9 +386,12 @@ def _check_inside(
     )
     value = positions.exact_position(*parts, where)  # the true value: nothing wrapped
     arrays = ", ".join(f"'{a}'" for a in g.arrays)
+    why = f"outside [0, {n})"
+    if 0 <= value < n:  # terms that cancel, each too large (tensordsl/binding/positions.py)
+        kind = np.dtype(parts[0].dtype).name
+        why = f"from terms too large for {kind} positions (each must fit its share)"
     raise RangeError(
-        f"index array {arrays} points to {value} on axis {axis} of '{g.table}' "
-        f"(at {at}), outside [0, {n})",
+        f"index array {arrays} points to {value} on axis {axis} of '{g.table}' (at {at}), {why}",
         source,
         g.span,
         expected=f"index values inside [0, {n}) for axis {axis} of '{g.table}'",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from tensordsl.errors import InputError, RangeError
+from tensordsl.errors import InputError, RangeError, UnsupportedError
 from tests.jax.test_index_arrays import BACKENDS, _backend
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")
@@ -70,6 +70,27 @@ def test_large_positions_inside_the_table_read_and_take_gradients(x64, backend, 
     expected = np.zeros_like(table)
     np.add.at(expected, rows, cotangent)
     np.testing.assert_allclose(grad, expected, rtol=1e-6)
+
+
+def test_terms_too_large_for_the_type_mark_their_position_outside_even_where_they_cancel():
+    # docs/language.md: each term must fit its share of the type; the sum is not formed.
+    table = _table(5, False)
+    p = np.array([0, 65536, 0], np.int32)
+    with jax.enable_x64(False):
+        k = td.kernel("E[b,d] := A[65536*p[b] - 65536*q[b] + b, d]")
+        with pytest.raises(RangeError, match=r"points to 1 on axis 0 of 'A' \(at b=1\), from "):
+            k(table, p, p)
+        got = np.asarray(jax.jit(k)(table, p, p))
+    assert np.isnan(got[1]).all()
+    np.testing.assert_array_equal(got[[0, 2]], table[[0, 2]])
+
+
+def test_an_affine_part_too_large_for_int32_positions_is_refused_without_x64() -> None:
+    # Before: a raw OverflowError from JAX ("Python int 4294967296 too large").
+    with jax.enable_x64(False):
+        k = td.kernel("E[b,d] := A[tok[b] + 4294967296, d]")
+        with pytest.raises(UnsupportedError, match="reaches 4294967296 in magnitude"):
+            k(_table(5, False), np.array([0, 1, 2], np.int32))
 
 
 @pytest.mark.parametrize("value", [2**32 + 1, -(2**31) - 1, 2**40])
