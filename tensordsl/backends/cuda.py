@@ -48,6 +48,7 @@ from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
 from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.host import host_function
+from codegen.ir.magnitude import index_magnitude
 from codegen.ir.nest import LoopNest
 from codegen.passes.proven import drop_proven
 from tensordsl.backends.xla_dot import run_xla
@@ -117,11 +118,13 @@ def prepare(
     out_shape = output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
     dtypes = _dtypes(nest, operands, dtype)
-    nest = drop_proven(nest, extents=extent_values(nest, all_shapes))  # tests true here
+    extents = extent_values(nest, all_shapes)
+    nest = drop_proven(nest, extents=extents)  # tests true here
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule, counting=counting)
     params, grids, workspace = _host_values(source, all_shapes)
-    if source.schedule.index_type == "int32" and needs_64bit_indices(
-        all_shapes.values(), params, grids, source.block
+    if source.schedule.index_type == "int32" and (
+        needs_64bit_indices(all_shapes.values(), params, grids, source.block)
+        or index_magnitude(nest, extents) >= INT32_SAFE  # offsets, range starts, mod(i + c)
     ):
         wide = dataclasses.replace(source.schedule, index_type="int64")
         source = emit_cuda(nest, dtypes=dtypes, schedule=wide, counting=counting)

@@ -63,7 +63,9 @@ def _library(cache: str) -> ctypes.CDLL:
         raise EmulationError(f"cannot build the CUDA launch handlers: {reason}")
     flags = (f"-I{ffi.include_dir()}", f"-I{driver_include_dir()}")
     key = ("xla_ffi", ffi.header_digest())
-    path = compile_unit(SOURCE.read_text(), extra_flags=flags, libraries=("-ldl",), key=key)
+    path = compile_unit(
+        SOURCE.read_text(), extra_flags=flags, libraries=("-ldl",), key=key, symbols=HANDLERS
+    )
     return ctypes.CDLL(str(path))
 
 
