@@ -295,7 +295,7 @@ def attention(
     flat = [x.reshape((math.prod(batch), *x.shape[-3:])) for x in (q, k, v)]
     inputs.update(q_=flat[0], k_=flat[1], v_=flat[2])
     inputs["scale_"] = (
-        1.0 / math.sqrt(E)
+        1.0 / math.sqrt(max(E, 1))  # a head of width 0 scores 0 whatever the scale
         if scale is None
         else (float(scale) if isinstance(scale, (int, float)) else jnp.asarray(scale, q.dtype))
     )
