@@ -243,8 +243,8 @@ def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as error:
         raise config.SettingError(
-            f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob} to a "
-            "compiler command"
+            f"cannot run the compiler {tool.compiler!r} ({error})",
+            hint=f"set {tool.knob} to a compiler command",
         ) from None
     if done.returncode == 0:
         return

@@ -45,7 +45,15 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from tensordsl.errors import OptionError, ParseError, ShapeError, UnknownNameError, close_match
+from tensordsl.errors import (
+    OptionError,
+    ParseError,
+    ShapeError,
+    TensorDSLError,
+    UnknownNameError,
+    UnsupportedError,
+    close_match,
+)
 from tensordsl.frontend.parse import Access, Name, parse
 from tensordsl.nn._common import as_array, as_float_array, build, check_rank
 
@@ -71,8 +79,11 @@ def _check_names(
     arrays: set[str],
     spans: list[Any],
     in_access: bool = False,
+    reads: set[str] | None = None,
 ) -> None:
-    """Raise for a name the expression may not read; collect the spans of the bare `S`."""
+    """Raise for a name the expression may not read; collect the spans of the bare `S`, and
+    in `reads` the mod_args names read."""
+    reads = set() if reads is None else reads
     allowed = {*INDICES} if in_access else {*INDICES, "inf", *scalars}
     allowed |= {"S"} if option == "score_mod" and not in_access else set()
     shift = len(_HEAD)
@@ -97,6 +108,8 @@ def _check_names(
         )
     if isinstance(node, Name) and node.name == "S":
         spans.append(node.span)
+    if isinstance(node, Name) and node.name in scalars:
+        reads.add(node.name)
     if isinstance(node, Access):
         if node.name not in arrays:
             span = (node.name_span[0] - shift, node.name_span[1] - shift)
@@ -107,11 +120,26 @@ def _check_names(
                 expected="mod_args={'" + node.name + "': array}",
                 hint=close_match(node.name, arrays),
             )
+        reads.add(node.name)
         for index in node.indices:
-            _check_names(option, text, index, scalars, arrays, spans, in_access=True)
+            _check_names(option, text, index, scalars, arrays, spans, True, reads)
         return
     for child in _children(node):
-        _check_names(option, text, child, scalars, arrays, spans, in_access)
+        _check_names(option, text, child, scalars, arrays, spans, in_access, reads)
+
+
+@dataclasses.dataclass(frozen=True)
+class Modifier:
+    """A score_mod or mask_mod as written (`written`) and as it enters the program (`text`,
+    every bare `S` replaced by the score, every `h` by the query head's indices under grouped
+    heads); `origin[n]` is the offset in `written` of the character at `text[n]`, so an error
+    about the program underlines the user's text."""
+
+    option: str
+    written: str
+    text: str
+    origin: tuple[int, ...]
+    reads: frozenset[str]  # the mod_args names it reads
 
 
 def modifier(
@@ -121,13 +149,13 @@ def modifier(
     arrays: set[str],
     score: str,
     head: str | None = None,
-) -> str:
+) -> Modifier:
     """`text` (a score_mod or mask_mod) checked, with every bare `S` replaced by `score` and,
     with grouped-query heads, every `h` by `head` (the query head in the program's indices).
 
-    >>> modifier("score_mod", "S + R[h, i - j + 3]", set(), {"R"}, "s_[b,h,i,j]")
+    >>> modifier("score_mod", "S + R[h, i - j + 3]", set(), {"R"}, "s_[b,h,i,j]").text
     '(s_[b,h,i,j]) + R[h, i - j + 3]'
-    >>> modifier("mask_mod", "h < 2", set(), set(), "", head="hk_*4 + g_")
+    >>> modifier("mask_mod", "h < 2", set(), set(), "", head="hk_*4 + g_").text
     '(hk_*4 + g_) < 2'
     """
     if not isinstance(text, str) or not text.strip():
@@ -146,13 +174,44 @@ def modifier(
             f"{option}: {error.what}", text, span, expected=error.expected, hint=error.hint
         ) from None
     spans: list[Any] = []
-    _check_names(option, text, tree, scalars, arrays, spans)
+    reads: set[str] = set()
+    _check_names(option, text, tree, scalars, arrays, spans, reads=reads)
+    if option == "score_mod" and not spans:
+        raise UnsupportedError(
+            "score_mod does not read the score S (attention runs only modifications of it)",
+            text,
+            (0, len(text)),
+            expected="a score_mod that reads S, such as 'S + (i - j)' or 'S + R[h, j]'",
+            hint="to weigh keys without q and k, pass q of zeros (S is then 0)",
+        )
     heads = _name_spans(tree, "h") if head is not None else []
     replaced = [(span, score) for span in spans] + [(span, head) for span in heads]
+    written, origin = text, list(range(len(text)))
     for (start, stop), new in sorted(replaced, reverse=True):
         start, stop = start - len(_HEAD), stop - len(_HEAD)
         text = f"{text[:start]}({new}){text[stop:]}"
-    return text
+        origin[start:stop] = [start] * (len(new) + 2)
+    return Modifier(option, written, text, tuple(origin), frozenset(reads))
+
+
+def _in_modifier(error: TensorDSLError, modifiers: list[Modifier]) -> TensorDSLError:
+    """An error about the attention program, raised again about the modifier whose text it
+    underlines (an unknown function, a boundary form as a value), or without the program
+    (the library's own statements are not the user's)."""
+    kind = type(error)
+    if error.source is not None and error.span is not None:
+        start, stop = error.span
+        for each in modifiers:
+            at = error.source.find(each.text)
+            while at >= 0:
+                if at <= start and stop <= at + len(each.text):
+                    first = each.origin[start - at]
+                    last = each.origin[max(stop - at - 1, start - at)] + 1
+                    what = f"{each.option}: {error.what}"
+                    span = (first, max(last, first + 1))
+                    return kind(what, each.written, span, expected=error.expected, hint=error.hint)
+                at = error.source.find(each.text, at + 1)
+    return kind(f"attention: {error.what}", expected=error.expected, hint=error.hint)
 
 
 def _name_spans(node: Any, name: str) -> list[tuple[int, int]]:
@@ -310,7 +369,8 @@ def attention(
             `"M[b, j] > 0"` (a padding mask). Combined with `causal` by "and".
         bias: an array broadcastable to `(..., H, T, S)`, added to the scaled scores.
         scale: multiplies `q . k`; default `1 / sqrt(E)`.
-        mod_args: arrays and scalars the modifiers read, by name; arrays are differentiated.
+        mod_args: arrays and scalars the modifiers read, by name; arrays are differentiated;
+            an entry no modifier reads is left out.
         backend: the kernels' back end.
         return_lse: also return the log-sum-exp of each query's modified, masked scores,
             `(..., H, T)` (FlexAttention's `return_lse`); gradients flow through it too.
@@ -318,15 +378,15 @@ def attention(
             False: they must have as many (FlexAttention's default).
 
     Returns:
-        `(..., T, H, Ev)`; with `return_lse`, the pair `(out, lse)`.
-        A query whose every key is masked gets 0 where the mask is made
-        of index comparisons (its loop is empty); with a mask that reads arrays it gets NaN.
+        `(..., T, H, Ev)`; with `return_lse`, the pair `(out, lse)`. A query whose every key
+        is masked gets 0.
 
     Raises:
         ShapeError: the shapes of q, k, v or bias do not agree.
         OptionError: a modifier that is not a string, a bad mod_args name.
         UnknownNameError, ParseError: a modifier that reads an unknown name, or does not parse
-            (the message underlines it in the modifier).
+            (the message underlines it in the modifier, as every error about a modifier).
+        UnsupportedError: a score_mod that does not read S.
     """
     q, k, v = _check_qkv(q, k, v, enable_gqa)
     batch, (T, H, E), S = tuple(q.shape[:-3]), q.shape[-3:], k.shape[-3]
@@ -340,23 +400,32 @@ def attention(
         if group > 1 and "h" in access:
             inputs["bias_"], access = _grouped_bias(inputs["bias_"], access, group)
         score = f"{score} + {access}"
+    modifiers = []
     if score_mod is not None:
-        score = modifier("score_mod", score_mod, scalars, arrays, score, head)
+        modifiers.append(modifier("score_mod", score_mod, scalars, arrays, score, head))
+        score = modifiers[-1].text
     conditions = ["j <= i"] if causal else []
     if mask_mod is not None:
-        conditions.append(modifier("mask_mod", mask_mod, scalars, arrays, "", head))
+        modifiers.append(modifier("mask_mod", mask_mod, scalars, arrays, "", head))
+        conditions.append(modifiers[-1].text)
     mask = " * ".join(f"({c})" for c in conditions) if conditions else None
+    # One mod_args dict is often shared by several modifiers: what none reads is left out.
+    read = {name for each in modifiers for name in each.reads}
+    inputs = {name: value for name, value in inputs.items() if name in read or name == "bias_"}
     flat = [x.reshape((math.prod(batch), *x.shape[-3:])) for x in (q, k, v)]
     if group > 1:  # a free reshape: the query heads of one key head are consecutive
         flat[0] = flat[0].reshape((*flat[0].shape[:2], H // group, group, E))
     inputs.update(q_=flat[0], k_=flat[1], v_=flat[2])
     inputs["scale_"] = (
-        1.0 / math.sqrt(E)
+        1.0 / math.sqrt(max(E, 1))  # a head of width 0 scores 0 whatever the scale
         if scale is None
         else (float(scale) if isinstance(scale, (int, float)) else jnp.asarray(scale, q.dtype))
     )
     outputs = ("out_", "lse_") if return_lse else None
-    found = build(attention_source(score, mask, heads), backend, outputs)(**inputs)
+    try:
+        found = build(attention_source(score, mask, heads), backend, outputs)(**inputs)
+    except TensorDSLError as error:
+        raise _in_modifier(error, modifiers) from None
     out, lse = found if return_lse else (found, None)
     rows = math.prod(batch)
     out = jnp.swapaxes(out.reshape((rows, H, T, out.shape[-1])), 1, 2)
