@@ -24,6 +24,8 @@ The convention of `score_mod` and `mask_mod`: an expression of the language over
 * `S`, the scaled score `q . k * scale` (plus `bias`), written alone (score_mod only);
 * the indices `b` (the batch position, the leading axes flattened row-major), `h` (head),
   `i` (query position) and `j` (key position); no other index (it would be summed over);
+* FlexAttention's names as the same: `score` for `S`, `q_idx` for `i`, `kv_idx` for `j`
+  (unless `mod_args` has an entry of that name);
 * the names of `mod_args`: arrays read with index expressions over b, h, i, j
   (`R[h, i - j + 7]`), and scalars read bare.
 
@@ -50,6 +52,9 @@ from tensordsl.frontend.parse import Access, Name, parse
 from tensordsl.nn._common import as_array, as_float_array, build, check_rank
 
 INDICES = ("b", "h", "i", "j")
+#: FlexAttention's names for the score and the indices (a mod_args name of the same spelling
+#: takes precedence).
+ALIASES = {"score": "S", "q_idx": "i", "kv_idx": "j"}
 _HEAD = "M[b,h,i,j] := "
 
 
@@ -72,10 +77,14 @@ def _check_names(
     spans: list[Any],
     in_access: bool = False,
 ) -> None:
-    """Raise for a name the expression may not read; collect the spans of the bare `S`."""
+    """Raise for a name the expression may not read; collect `(span, name)` of the bare
+    `S` and of FlexAttention's names (ALIASES), with the name each stands for."""
     allowed = {*INDICES} if in_access else {*INDICES, "inf", *scalars}
     allowed |= {"S"} if option == "score_mod" and not in_access else set()
     shift = len(_HEAD)
+    name = getattr(node, "name", None)
+    if isinstance(node, Name) and name in ALIASES and name not in scalars | arrays:
+        node = dataclasses.replace(node, name=ALIASES[node.name])
     if isinstance(node, Name) and node.name not in allowed:
         start, stop = node.span[0] - shift, node.span[1] - shift
         if in_access:
@@ -95,8 +104,8 @@ def _check_names(
             expected=expected,
             hint=close_match(node.name, candidates),
         )
-    if isinstance(node, Name) and node.name == "S":
-        spans.append(node.span)
+    if isinstance(node, Name) and (node.name == "S" or node.name != name):
+        spans.append((node.span, node.name))
     if isinstance(node, Access):
         if node.name not in arrays:
             span = (node.name_span[0] - shift, node.name_span[1] - shift)
@@ -115,10 +124,13 @@ def _check_names(
 
 
 def modifier(option: str, text: Any, scalars: set[str], arrays: set[str], score: str) -> str:
-    """`text` (a score_mod or mask_mod) checked, with every bare `S` replaced by `score`.
+    """`text` (a score_mod or mask_mod) checked, with every bare `S` (or `score`) replaced
+    by `score`, and FlexAttention's `q_idx` and `kv_idx` by `i` and `j`.
 
     >>> modifier("score_mod", "S + R[h, i - j + 3]", set(), {"R"}, "s_[b,h,i,j]")
     '(s_[b,h,i,j]) + R[h, i - j + 3]'
+    >>> modifier("mask_mod", "(q_idx >= kv_idx) & (q_idx - kv_idx < 8)", set(), set(), "")
+    '(i >= j) & (i - j < 8)'
     """
     if not isinstance(text, str) or not text.strip():
         raise OptionError(
@@ -137,9 +149,9 @@ def modifier(option: str, text: Any, scalars: set[str], arrays: set[str], score:
         ) from None
     spans: list[Any] = []
     _check_names(option, text, tree, scalars, arrays, spans)
-    for start, stop in sorted(spans, reverse=True):
+    for (start, stop), name in sorted(spans, reverse=True):
         start, stop = start - len(_HEAD), stop - len(_HEAD)
-        text = f"{text[:start]}({score}){text[stop:]}"
+        text = f"{text[:start]}{f'({score})' if name == 'S' else name}{text[stop:]}"
     return text
 
 
