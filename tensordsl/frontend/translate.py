@@ -255,7 +255,7 @@ class _Translator(Conditions, GatheredAccesses):
             return self.access(node)
         if isinstance(node, Call):
             return self.call(node)
-        if is_condition(node):
+        if isinstance(node, Compare) or is_condition(node):
             return indicator(self.condition(node))
         if isinstance(node, Unary):
             operand = self.value(node.operand)

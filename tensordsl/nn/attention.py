@@ -96,7 +96,7 @@ def _check_names(
         else:
             what = f"{option} reads '{node.name}', which is not S, an index or a mod_args name"
             expected = "S (the score), the indices b, h, i, j, or a scalar given in mod_args"
-        candidates = allowed | arrays
+        candidates = allowed | arrays | {a for a, n in ALIASES.items() if n in allowed}
         raise UnknownNameError(
             what,
             text,

@@ -167,3 +167,38 @@ def test_ranges_inferred_from_every_read(backend: str) -> None:
 def test_errors(source: str, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         td.kernel(source, ranges={"j": 3} if "j" in source else None)
+
+
+def _attention_truth(q, k, v):
+    """jnp float64: sliding window of 3 (causal), plus 0.1 on odd offsets."""
+    n = q.shape[1]
+    i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+    s = jnp.einsum("bihd,bjhd->bhij", q, k) / 2.0 + 0.1 * ((i - j) % 2)
+    s = jnp.where((i >= j) & (i - j < 3), s, -jnp.inf)
+    return jnp.einsum("bhij,bjhe->bihe", jax.nn.softmax(s, -1), v)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_takes_flex_attention_names_and_operators(backend: str) -> None:
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.normal(size=(1, 6, 2, 4)) for _ in range(3))
+
+    def ours(q, k, v):
+        return td.nn.attention(
+            q,
+            k,
+            v,
+            score_mod="score + 0.1 * ((q_idx - kv_idx) % 2)",
+            mask_mod="(q_idx >= kv_idx) & (q_idx - kv_idx < 3)",
+            backend=backend,
+        )
+
+    _check(ours, _attention_truth, q, k, v)
+
+
+def test_attention_names_hint_at_flex_attention_spellings() -> None:
+    q = np.ones((1, 2, 1, 4))
+    with pytest.raises(td.UnknownNameError, match="did you mean 'kv_idx'"):
+        td.nn.attention(q, q, q, mask_mod="q_idx >= kv_idex", backend="reference")
+    with pytest.raises(td.UnknownNameError, match="mask_mod reads the score 'S'"):
+        td.nn.attention(q, q, q, mask_mod="score > 0", backend="reference")
