@@ -62,8 +62,9 @@ def _range(
 def _bound(
     expr: sympy.Basic, indices: dict[sympy.Symbol, int], extents: Mapping[sympy.Symbol, int]
 ) -> Bound:
-    if isinstance(expr, sympy.Integer):
-        return abs(int(expr)), abs(int(expr))
+    if isinstance(expr, sympy.Rational):  # an Integer too; a fraction rounded up
+        value = -(-abs(int(expr.p)) // int(expr.q))
+        return value, value
     if isinstance(expr, sympy.Symbol):
         value = indices.get(expr, extents.get(expr, 0) if extent_of(expr) else 0)
         return value, value
