@@ -12,7 +12,7 @@ binding (`tensordsl/binding/primitive.py`, `tensordsl/binding/partitioning.py`) 
 tensordsl` starts no compiler and never imports CuPy.
 
 >>> BACKEND_NAMES
-('auto', 'reference', 'c', 'cuda')
+('auto', 'reference', 'c', 'cuda', 'pallas')
 >>> [b.name for b in BACKENDS.values() if b.emits_code]
 ['c', 'cuda']
 """
@@ -127,6 +127,20 @@ def _run_cuda(
     return run_cuda(nest, operands, shapes, dtype, schedule=schedule, precision=precision)
 
 
+def _run_pallas(
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
+) -> jax.Array:
+    from tensordsl.backends.pallas.run import run_pallas
+
+    return run_pallas(nest, operands, shapes, dtype, schedule, precision=precision)
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -181,6 +195,8 @@ BACKENDS: dict[str, Backend] = {
         scheduler=_cuda_scheduler,
         pairs_gradients=_cuda_pairs,
     ),
+    # Tile programs lowered to Pallas (interpret mode without a GPU, Triton on one).
+    "pallas": Backend("pallas", _run_pallas),
 }
 
 #: The back-end names a kernel accepts: "auto" or a key of BACKENDS.
