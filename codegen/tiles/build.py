@@ -32,7 +32,6 @@ from codegen.errors import Unsupported
 from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, default_dtypes
-from codegen.ir.reductions import REDUCTIONS
 from codegen.tiles.program import LoopBound, TermTiles, TileAxis, TileDot, TileLoad, TileProgram
 
 #: The largest tile of a tiled free index.

@@ -97,9 +97,7 @@ def kernel_function(program: TileProgram, precision: Any = None) -> Callable[...
 def _kernel(program: TileProgram, precision: Any, *refs: Any) -> None:
     *inputs, out_ref = refs
     nest = program.nest
-    operands = {
-        op.name: ref[0] if op.is_scalar else ref for op, ref in zip(nest.operands, inputs)
-    }
+    operands = {op.name: ref[0] if op.is_scalar else ref for op, ref in zip(nest.operands, inputs)}
     starts = [a.start + api.program_id(n) * a.tile for n, a in enumerate(program.grid)]
     block = tuple(a.tile for a in program.grid)
     result = None
@@ -168,7 +166,7 @@ class _TermLowering:
             mask = jnp.asarray(evaluate(self.term.term.guard), bool)
             for constraint in self.term.term.constraints:
                 mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
-            for axis, offset in zip(self.term.reduced, offsets):
+            for axis in self.term.reduced:
                 mask = mask & (points[axis.index] < axis.start + axis.extent)
             return jnp.where(mask, body, identity)
 
@@ -290,4 +288,3 @@ def _most(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]]) -> Any:
     found = _corner(expr, box, most=True)
     assert found is not None, "tile_program keeps only affine bounds"
     return found
-

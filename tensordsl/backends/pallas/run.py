@@ -79,4 +79,3 @@ def run_pallas(
     if not program.grid:
         return out.reshape(())
     return out[tuple(slice(0, a.extent) for a in program.grid)]
-
