@@ -10,8 +10,10 @@ The choices, and why:
   tile) stays within `ELEMENTWISE_BUDGET` values.
 * A term is a `dot` when it is a sum over one reduced index of a product whose factors split
   into a side reading the first tiled free index and a side reading the second (with the
-  reduced index on both): the contractions, and their gradient nests. Dot tiles are at
-  least `DOT_MIN` wide, as Triton's `tl.dot` needs.
+  reduced index on both), and its constraints and guard do not read the reduced index (they
+  mask the dot's result; an output tile they exclude whole runs no loop): the contractions,
+  causal scores, and their gradient nests. Dot tiles are at least `DOT_MIN` wide, as
+  Triton's `tl.dot` needs.
 * An affine constraint with one reduced index and otherwise free indices bounds that
   index's tile loop per output tile; every constraint, the guard and partial tiles are a
   `where`, applied on boundary tiles only.
@@ -32,6 +34,7 @@ from codegen.errors import Unsupported
 from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, default_dtypes
+from codegen.ir.reductions import REDUCTIONS
 from codegen.tiles.program import LoopBound, TermTiles, TileAxis, TileDot, TileLoad, TileProgram
 
 #: The largest tile of a tiled free index.
@@ -43,7 +46,7 @@ DOT_MIN = 16
 #: The most values of one elementwise tile (output tile x reduced tile).
 ELEMENTWISE_BUDGET = 4096
 #: The reductions a tile program accumulates across tiles.
-TILE_REDUCTIONS = ("sum", "max", "min", "prod", "logsumexp")
+TILE_REDUCTIONS = ("sum", "max", "min", "prod", "logsumexp", "argmax", "argmin")
 #: Half types are computed and accumulated in float32.
 _HALF = ("float16", "bfloat16")
 
@@ -73,6 +76,9 @@ def tile_program(
     grid = tuple(TileAxis(a.index, a.start, a.extent, t) for a, t in zip(free, tiles))
     terms = tuple(_term(nest, term, grid, dot, extents) for term, dot in zip(nest.terms, dots))
     out = str(dtypes.get(nest.output, "float32"))
+    if REDUCTIONS[nest.reduction].positional:  # the values compared: the operands' float type
+        floats = [str(dtypes.get(op.name)) for op in nest.operands]
+        out = "float64" if "float64" in floats else "float32"
     accumulate = "float32" if out in _HALF else out
     known = tuple(sorted(extents.items(), key=lambda item: item[0].name))
     return TileProgram(nest, grid, terms, accumulate, known)
@@ -128,9 +134,9 @@ def _find_dot(nest: LoopNest, term: Term, free: Sequence[TileAxis]) -> TileDot |
     """The term as `scale * (left @ right)`, or None (see the module docstring)."""
     if nest.reduction != "sum" or len(term.reduced) != 1 or len(free) < 2:
         return None
-    if term.constraints or term.guard is not sympy.true:
-        return None
     reduced = term.reduced[0].index
+    if any(reduced in c.free_symbols for c in (*term.constraints, term.guard)):
+        return None  # masks on the output tile only: applied to the dot's result
     rows, columns = free[-2].index, free[-1].index
     single = {a.index for a in free[:-2]}  # one value per program instance
     loops = {*single, rows, columns, reduced}
@@ -177,7 +183,8 @@ def _term(
         reduced.append(TileAxis(axis.index, axis.start, axis.extent, tile))
     loops = {a.index for a in grid} | {a.index for a in reduced}
     constraints = [c.xreplace(extents) for c in term.constraints]
-    masked = bool(constraints) or term.guard is not sympy.true or any(a.partial for a in reduced)
+    partial = dot is None and any(a.partial for a in reduced)  # a dot zeroes its tile's tail
+    masked = bool(constraints) or term.guard is not sympy.true or partial
     return TermTiles(
         term=term,
         reduced=tuple(reduced),

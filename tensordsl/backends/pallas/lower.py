@@ -24,6 +24,7 @@ from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.reductions import REDUCTIONS
 from codegen.tiles.program import TermTiles, TileAxis, TileProgram
 from tensordsl.backends.pallas import api
+from tensordsl.backends.pallas.reductions import TILE_REDUCTIONS
 from tensordsl.backends.reference import Evaluator
 
 
@@ -54,38 +55,6 @@ def _iota(offset: Any, tile: int, rank: int, axis: int) -> jax.Array:
 
 def _identity(name: str, dtype: Any) -> jax.Array:
     return jnp.asarray(REDUCTIONS[name].identity, dtype)
-
-
-def _fold(name: str, values: jax.Array, axes: tuple[int, ...], state: Any) -> Any:
-    """Fold one tile of values (reduced over `axes`) into the reduction state."""
-    if name == "sum":
-        return state + values.sum(axis=axes)
-    if name == "max":
-        return jnp.maximum(state, values.max(axis=axes))
-    if name == "min":
-        return jnp.minimum(state, values.min(axis=axes))
-    if name == "prod":
-        return state * values.prod(axis=axes)
-    # logsumexp: the running peak and the sum of exponentials below it.
-    peak, total = state
-    new_peak = jnp.maximum(peak, values.max(axis=axes))
-    safe = jnp.where(jnp.isinf(new_peak), 0.0, new_peak)
-    grown = jnp.expand_dims(safe, axes) if axes else safe
-    total = total * jnp.exp(peak - safe) + jnp.exp(values - grown).sum(axis=axes)
-    return new_peak, total
-
-
-def _start(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
-    if name == "logsumexp":
-        return jnp.full(shape, -jnp.inf, dtype), jnp.zeros(shape, dtype)
-    return jnp.full(shape, _identity(name, dtype), dtype)
-
-
-def _finish(name: str, state: Any) -> jax.Array:
-    if name == "logsumexp":
-        peak, total = state
-        return jnp.where(jnp.isinf(peak), peak, peak + jnp.log(total))
-    return state
 
 
 def kernel_function(program: TileProgram, precision: Any = None) -> Callable[..., None]:
@@ -130,59 +99,82 @@ class _TermLowering:
     def evaluator(self, points: dict[sympy.Symbol, Any]) -> TileEvaluator:
         return TileEvaluator(points, self.operands, self.extents, self.dtype)
 
-    def free_points(self) -> dict[sympy.Symbol, Any]:
+    def free_points(self, rank: int | None = None) -> dict[sympy.Symbol, Any]:
+        """Each free index on the output tile, over `rank` axes (default: the term's)."""
         return {
-            a.index: _iota(s, a.tile, self.rank, n)
+            a.index: _iota(s, a.tile, rank or self.rank, n)
             for n, (a, s) in enumerate(zip(self.program.grid, self.starts))
         }
 
     # ------------------------------------------------------------------ elementwise terms
     def value(self) -> jax.Array:
         name = self.program.reduction
+        rule = TILE_REDUCTIONS[name]
+        positional = REDUCTIONS[name].positional
         shape = tuple(a.tile for a in self.program.grid)
         axes = tuple(range(len(self.program.grid), self.rank))
 
         def step(offsets: tuple[Any, ...], state: Any) -> Any:
-            values = self.tile(offsets)
-            return _fold(name, values, axes, state)
+            points = self.tile_points(offsets)
+            evaluate = self.evaluator(points)
+            full = tuple(a.tile for a in (*self.program.grid, *self.term.reduced))
+            body = jnp.broadcast_to(jnp.asarray(evaluate(self.term.term.body), self.dtype), full)
+            if not positional:
+                return rule.fold(self.where(body, points, offsets), None, None, axes, state)
+            mask = self.mask(points) if self.term.masked else None
+            return rule.fold(body, mask, self.positions(points), axes, state)
 
-        state = self.loops(step, _start(name, shape, self.dtype))
-        return _finish(name, state)
+        return rule.finish(self.loops(step, rule.start(shape, self.dtype)))
 
-    def tile(self, offsets: tuple[Any, ...]) -> jax.Array:
-        """The body on one tile, the reduction's identity where it does not count."""
+    def tile_points(self, offsets: tuple[Any, ...]) -> dict[sympy.Symbol, Any]:
+        """Every loop index over the tile space of the reduced tiles at `offsets`."""
         points = self.free_points()
         base = len(self.program.grid)
         for n, (axis, offset) in enumerate(zip(self.term.reduced, offsets)):
             points[axis.index] = _iota(offset, axis.tile, self.rank, base + n)
-        evaluate = self.evaluator(points)
-        shape = tuple(a.tile for a in (*self.program.grid, *self.term.reduced))
-        body = jnp.broadcast_to(jnp.asarray(evaluate(self.term.term.body), self.dtype), shape)
+        return points
+
+    def positions(self, points: Mapping[sympy.Symbol, Any]) -> Any:
+        """Each value's flat position over the reduced ranges (row-major, from 0)."""
+        position: Any = jnp.asarray(0, jnp.int32)
+        for axis in self.term.reduced:
+            position = position * axis.extent + (points[axis.index] - axis.start)
+        return position
+
+    def mask(self, points: Mapping[sympy.Symbol, Any]) -> Any:
+        """Where the values of a tile count: guard, constraints, inside the ranges."""
+        evaluate = self.evaluator(dict(points))
+        mask = jnp.asarray(evaluate(self.term.term.guard), bool)
+        for constraint in self.term.term.constraints:
+            mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
+        for axis in self.term.reduced:
+            mask = mask & (points[axis.index] < axis.start + axis.extent)
+        return mask
+
+    def where(self, body: jax.Array, points: Any, offsets: tuple[Any, ...]) -> jax.Array:
+        """The body with the reduction's identity where it does not count, computed on
+        boundary tiles only."""
         if not self.term.masked:
             return body
         identity = _identity(self.program.reduction, self.dtype)
 
         def masked(body: jax.Array) -> jax.Array:
-            mask = jnp.asarray(evaluate(self.term.term.guard), bool)
-            for constraint in self.term.term.constraints:
-                mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
-            for axis in self.term.reduced:
-                mask = mask & (points[axis.index] < axis.start + axis.extent)
-            return jnp.where(mask, body, identity)
+            return jnp.where(self.mask(points), body, identity)
 
         interior = self.interior(offsets)
         if interior is None:
             return masked(body)
         return jax.lax.cond(interior, lambda b: b, masked, body)
 
-    def interior(self, offsets: tuple[Any, ...]) -> Any:
-        """Whether no `where` is needed on this tile (None: always needed)."""
+    def interior(self, offsets: tuple[Any, ...], *, reduced: bool = True) -> Any:
+        """Whether no `where` is needed on this tile (None: always needed); `reduced=False`:
+        on the output tile (a dot's result), whatever the reduced tiles."""
         term = self.term.term
         if term.guard is not sympy.true:
             return None
         box = self.box(offsets)
         inside = jnp.asarray(True)
-        for axis, offset in zip(self.term.reduced, offsets):
+        for axis, offset in zip(self.term.reduced if reduced else (), offsets):
             inside = inside & (offset + axis.tile <= axis.start + axis.extent)
         for constraint in term.constraints:
             least = _least(constraint.xreplace(self.extents), box)
@@ -232,7 +224,8 @@ class _TermLowering:
                 highest = jnp.floor_divide(most, -c)
                 stop = jnp.minimum(stop, jnp.floor_divide(highest - axis.start, axis.tile) + 1)
         first = jnp.asarray(first, jnp.int32)
-        return first, jnp.maximum(first, jnp.asarray(stop, jnp.int32))
+        stop = jnp.where(self.output_tile_live(), jnp.asarray(stop, jnp.int32), first)
+        return first, jnp.maximum(first, stop)
 
     # ------------------------------------------------------------------ dot terms
     def dot_value(self) -> jax.Array:
@@ -260,9 +253,36 @@ class _TermLowering:
             return total + product.astype(self.dtype)
 
         total = self.loops(step, jnp.zeros((rows.tile, columns.tile), self.dtype))
-        scale = self.evaluator(self.free_points())(dot.scale)
+        points = self.free_points(len(grid))
         block = tuple(a.tile for a in grid)
-        return jnp.asarray(scale, self.dtype) * total.reshape(block)
+        value = jnp.asarray(self.evaluator(points)(dot.scale), self.dtype) * total.reshape(block)
+        if not self.term.masked:
+            return value
+
+        def masked(value: jax.Array) -> jax.Array:
+            evaluate = self.evaluator(points)
+            mask = jnp.asarray(evaluate(self.term.term.guard), bool)
+            for constraint in self.term.term.constraints:
+                mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
+            return jnp.where(mask, value, 0)
+
+        interior = self.interior((), reduced=False)
+        if interior is None:
+            return masked(value)
+        return jax.lax.cond(interior, lambda v: v, masked, value)
+
+    def output_tile_live(self) -> Any:
+        """False when the constraints that read free indices only exclude this whole output
+        tile (its loops are then skipped); True when none can tell."""
+        box = self.box(())
+        live = jnp.asarray(True)
+        for constraint in self.term.term.constraints:
+            constraint = constraint.xreplace(self.extents)
+            if constraint.free_symbols <= set(box):
+                most = _corner(constraint, box, most=True)
+                if most is not None:
+                    live = live & (most >= 0)
+        return live
 
 
 def _corner(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]], most: bool) -> Any:
