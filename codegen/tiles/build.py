@@ -14,6 +14,8 @@ The choices, and why:
   mask the dot's result; an output tile they exclude whole runs no loop): the contractions,
   causal scores, and their gradient nests. Dot tiles are at least `DOT_MIN` wide, as
   Triton's `tl.dot` needs.
+* A nested reduction in a body (an intermediate a program inlined) is computed over its
+  whole range inside each tile, up to `NESTED_LIMIT` values.
 * An affine constraint with one reduced index and otherwise free indices bounds that
   index's tile loop per output tile; every constraint, the guard and partial tiles are a
   `where`, applied on boundary tiles only.
@@ -47,6 +49,8 @@ DOT_MIN = 16
 ELEMENTWISE_BUDGET = 4096
 #: The reductions a tile program accumulates across tiles.
 TILE_REDUCTIONS = ("sum", "max", "min", "prod", "logsumexp", "argmax", "argmin")
+#: The longest nested reduction (an inlined intermediate) computed whole inside a tile.
+NESTED_LIMIT = 1024
 #: Half types are computed and accumulated in float32.
 _HALF = ("float16", "bfloat16")
 
@@ -96,10 +100,22 @@ def _check(nest: LoopNest) -> None:
             expected=f"one of {', '.join(TILE_REDUCTIONS)}",
         )
     for term in nest.terms:
-        if term.body.atoms(Reduce):
+        for node in term.body.atoms(Reduce):
+            if node.reduction not in TILE_REDUCTIONS or node.atoms(Reduce) - {node}:
+                raise Unsupported(
+                    f"'{nest.output}' has a nested reduction '{node.reduction}' (an inlined "
+                    "intermediate) that tile programs do not compute yet"
+                )
+
+
+def _check_nested(nest: LoopNest, term: Term, extents: Mapping[sympy.Symbol, int]) -> None:
+    """A nested reduction runs over its whole range inside each tile: bound its length."""
+    for node in term.body.atoms(Reduce):
+        length = evaluate_int(node.stop - node.start, extents)
+        if length > NESTED_LIMIT:
             raise Unsupported(
-                f"'{nest.output}' has a nested reduction in its body (an inlined intermediate); "
-                "tile programs do not nest reduction loops yet"
+                f"'{nest.output}' has a nested reduction over {node.index} of {length} values; "
+                f"tile programs compute one of at most {NESTED_LIMIT} inside a tile"
             )
 
 
@@ -167,6 +183,7 @@ def _term(
     dot: TileDot | None,
     extents: Mapping[sympy.Symbol, int],
 ) -> TermTiles:
+    _check_nested(nest, term, extents)
     ranges = [_axis(r, extents) for r in term.reduced]
     per_output = 1
     for axis in grid:

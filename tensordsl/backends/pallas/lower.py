@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import sympy
 
 from codegen.ir.affine import NotAffine, as_affine
+from codegen.ir.extents import evaluate_int
 from codegen.ir.reductions import REDUCTIONS
 from codegen.tiles.program import TermTiles, TileAxis, TileProgram
 from tensordsl.backends.pallas import api
@@ -44,7 +45,23 @@ class TileEvaluator(Evaluator):
         return value
 
     def nested(self, node: Any) -> Any:
-        raise AssertionError("tile_program refuses nested reductions")
+        """A nested reduction over its whole range at once, on one more (last) axis, padded
+        to a power of two (`tile_program` bounds its length)."""
+        start, stop = (evaluate_int(x, self.extents) for x in (node.start, node.stop))
+        length = max(0, stop - start)
+        padded = 1 << max(0, length - 1).bit_length()
+        rank = max((jnp.ndim(a) for a in self.grid.values()), default=0) + 1
+        points = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
+        points[node.index] = _iota(start, padded, rank, rank - 1)
+        inner = TileEvaluator(points, self.operands, self.extents, self.dtype)
+        body = jnp.asarray(inner(node.body), self.dtype)
+        shape = jnp.broadcast_shapes(jnp.shape(body), jnp.shape(points[node.index]))
+        body = jnp.broadcast_to(body, shape)
+        mask = jnp.broadcast_to(points[node.index] < stop, shape)
+        rule = TILE_REDUCTIONS[node.reduction]
+        state = rule.start(shape[:-1], self.dtype)
+        positions = jnp.broadcast_to(points[node.index] - start, shape)
+        return rule.finish(rule.fold(body, mask, positions, (rank - 1,), state))
 
 
 def _iota(offset: Any, tile: int, rank: int, axis: int) -> jax.Array:
