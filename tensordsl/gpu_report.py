@@ -1,4 +1,5 @@
-"""The static report of the CUDA kernels a call runs (`explain(shapes, target="cuda")`).
+"""The static report of the CUDA kernels a call runs (`explain(shapes, target="cuda")`),
+and the dispatch of `explain`'s reports by target.
 
 Reads the nest equations of a forward+backward call's jaxpr (`tensordsl.timing`) and gives
 each nest, with its shapes and dtypes, to `codegen.cuda.report`.
@@ -12,6 +13,17 @@ from typing import Any
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import table
 from tensordsl.timing import equation_dtypes, nest_equations
+
+
+def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None = None) -> list[str]:
+    """The static report for `target` (`tensordsl.explain.REPORT_TARGETS`) of every nest
+    equation of `jaxpr` (a forward+backward call's): CUDA's kernel report, or the pallas
+    back end's tile programs (`tensordsl.backends.pallas.report`)."""
+    if target == "pallas":
+        from tensordsl.backends.pallas.report import tile_report_lines
+
+        return tile_report_lines(jaxpr, names)
+    return cuda_report_lines(jaxpr, names)
 
 
 def cuda_report_lines(jaxpr: Any, names: Mapping[LoopNest, str] | None = None) -> list[str]:

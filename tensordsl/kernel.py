@@ -145,6 +145,7 @@ class Kernel:
         `target="pallas"`, the tile program of each (grid, tiles, dots, bounds).
         """
         from tensordsl.explain import check_report_target, explain, kernel_nests
+        from tensordsl.gpu_report import report_lines
         from tensordsl.timing import nest_jaxpr
 
         low = self._lowered
@@ -171,9 +172,7 @@ class Kernel:
             return text
         names = {each: name for name, each in kernel_nests(self.nest).items()}
         jaxpr = nest_jaxpr(self.nest, shapes, backend=target)
-        report = table.BACKENDS[target].report
-        assert report is not None  # check_report_target
-        return "\n".join([text, *report()(jaxpr, names)])
+        return "\n".join([text, *report_lines(target, jaxpr, names)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""

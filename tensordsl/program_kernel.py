@@ -171,15 +171,14 @@ class ProgramKernel:
         the static report of every CUDA kernel a forward+backward call runs (`Kernel.explain`).
         """
         from tensordsl.explain import check_report_target, explain
+        from tensordsl.gpu_report import report_lines
 
         if target is not None:
             check_report_target(target, shapes)
             assert shapes is not None
             text = self.explain(shapes)
             jaxpr = self._call_jaxpr(shapes, "float32", backend=target)
-            report = table.BACKENDS[target].report
-            assert report is not None  # check_report_target
-            return "\n".join([text, *report()(jaxpr)])
+            return "\n".join([text, *report_lines(target, jaxpr)])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         for low in self._lowered.statements if known is not None else ():

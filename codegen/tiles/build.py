@@ -10,10 +10,10 @@ The choices, and why:
   tile) stays within `ELEMENTWISE_BUDGET` values.
 * A term is a `dot` when it is a sum over one reduced index of a product whose factors split
   into a side reading the first tiled free index and a side reading the second (with the
-  reduced index on both), and its constraints and guard do not read the reduced index (they
-  mask the dot's result; an output tile they exclude whole runs no loop): the contractions,
-  causal scores, and their gradient nests. Dot tiles are at least `DOT_MIN` wide, as
-  Triton's `tl.dot` needs.
+  reduced index on both). A constraint that reads the reduced index zeroes the side whose
+  indices it reads; the others mask the dot's result (an output tile they exclude whole
+  runs no loop): the contractions, causal scores, and their gradient nests. Dot tiles are
+  at least `DOT_MIN` wide, as Triton's `tl.dot` needs.
 * A nested reduction in a body (an intermediate a program inlined) is computed over its
   whole range inside each tile, up to `NESTED_LIMIT` values.
 * An affine constraint with one reduced index and otherwise free indices bounds that
@@ -151,11 +151,22 @@ def _find_dot(nest: LoopNest, term: Term, free: Sequence[TileAxis]) -> TileDot |
     if nest.reduction != "sum" or len(term.reduced) != 1 or len(free) < 2:
         return None
     reduced = term.reduced[0].index
-    if any(reduced in c.free_symbols for c in (*term.constraints, term.guard)):
-        return None  # masks on the output tile only: applied to the dot's result
+    if reduced in term.guard.free_symbols:
+        return None
     rows, columns = free[-2].index, free[-1].index
     single = {a.index for a in free[:-2]}  # one value per program instance
     loops = {*single, rows, columns, reduced}
+    left_masks, right_masks = [], []
+    for constraint in term.constraints:
+        reads = _indices_in(constraint, loops)
+        if reduced not in reads:
+            continue  # masks the dot's result
+        if reads <= {rows, reduced, *single}:
+            left_masks.append(constraint)
+        elif reads <= {columns, reduced, *single}:
+            right_masks.append(constraint)
+        else:
+            return None
     left, right, scale = [], [], []
     for factor in sympy.Mul.make_args(term.body):
         reads = _indices_in(factor, loops)
@@ -173,7 +184,16 @@ def _find_dot(nest: LoopNest, term: Term, free: Sequence[TileAxis]) -> TileDot |
         return None
     if not any(columns in _indices_in(f, loops) for f in right):
         return None
-    return TileDot(sympy.Mul(*left), sympy.Mul(*right), rows, columns, reduced, sympy.Mul(*scale))
+    return TileDot(
+        sympy.Mul(*left),
+        sympy.Mul(*right),
+        rows,
+        columns,
+        reduced,
+        sympy.Mul(*scale),
+        tuple(left_masks),
+        tuple(right_masks),
+    )
 
 
 def _term(

@@ -79,6 +79,10 @@ class TileDot:
     columns: sympy.Symbol
     reduced: sympy.Symbol
     scale: sympy.Expr
+    #: Constraints (`c >= 0`) that read the reduced index, zeroing the left tile (they read
+    #: rows and the reduced index) or the right one (the reduced index and columns).
+    left_masks: tuple[sympy.Expr, ...] = ()
+    right_masks: tuple[sympy.Expr, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,10 @@ class TileProgram:
                     f"    dot: [{d.rows} x {d.reduced}] @ [{d.reduced} x {d.columns}], "
                     f"scaled by {expr_source(d.scale, names)}"
                 )
+                for side, masks in (("left", d.left_masks), ("right", d.right_masks)):
+                    lines += [
+                        f"    {side} tile zeroed where not {constraint_source(c)}" for c in masks
+                    ]
             else:
                 lines.append("    elementwise tile code, reduced over the loop tiles")
             lines += [f"    bound {b.describe()} (tiles outside never visited)" for b in t.bounds]

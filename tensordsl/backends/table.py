@@ -67,9 +67,6 @@ class Backend:
     #: Pairs gradient nests that one kernel with two outputs computes together:
     #: `pairs(nests, shapes, dtype)` -> `codegen.cuda.pairs.Pair`s; None: none pair.
     pairs_gradients: Callable[[], Callable[..., Any]] | None = None
-    #: Its static report of the kernels a forward+backward call runs
-    #: (`explain(shapes, target=name)`): `report(jaxpr, names)` -> lines; None: it has none.
-    report: Callable[[], Callable[..., list[str]]] | None = None
 
     @property
     def emits_code(self) -> bool:
@@ -162,18 +159,6 @@ def _cuda_pairs() -> Callable[..., Any]:
     return pair_weighted
 
 
-def _cuda_report() -> Callable[..., list[str]]:
-    from tensordsl.gpu_report import cuda_report_lines
-
-    return cuda_report_lines
-
-
-def _pallas_report() -> Callable[..., list[str]]:
-    from tensordsl.backends.pallas.report import tile_report_lines
-
-    return tile_report_lines
-
-
 def _cuda_source() -> SourceEmitter:
     from codegen.cuda.emit import cuda_source
 
@@ -209,10 +194,9 @@ BACKENDS: dict[str, Backend] = {
         one_pass_rows=CUDA_ONE_PASS_ROWS,
         scheduler=_cuda_scheduler,
         pairs_gradients=_cuda_pairs,
-        report=_cuda_report,
     ),
     # Tile programs lowered to Pallas (interpret mode without a GPU, Triton on one).
-    "pallas": Backend("pallas", _run_pallas, report=_pallas_report),
+    "pallas": Backend("pallas", _run_pallas),
 }
 
 #: The back-end names a kernel accepts: "auto" or a key of BACKENDS.

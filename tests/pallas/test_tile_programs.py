@@ -89,3 +89,16 @@ def test_what_tile_programs_refuse_is_worded(source, reduce, words):
         return
     with pytest.raises(Unsupported, match=words):
         tile_program(nest, shapes)
+
+
+def test_explain_with_target_pallas_shows_every_nests_tile_program():
+    import tensordsl as td
+
+    k = td.kernel("S[i,j] := Q[i,d] * K[j,d] * (j <= i)")
+    text = k.explain({"Q": (100, 64), "K": (100, 64)}, target="pallas", summary=False)
+    tiles = text[text.index("pallas tile programs") :]
+    for nest in ("forward: tile program for S", "grad_Q:", "grad_K:"):
+        assert nest in tiles
+    assert "grid: 4 x 4 = 16 program instance(s), output tile 32 x 32" in tiles
+    assert tiles.count("dot: ") == 3
+    assert "bound j: j <= i (tiles outside never visited)" in tiles

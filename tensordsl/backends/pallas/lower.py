@@ -262,10 +262,12 @@ class _TermLowering:
             left = jnp.broadcast_to(jnp.asarray(left, self.dtype), (rows.tile, axis.tile))
             if axis.partial:
                 left = jnp.where(k_row < axis.start + axis.extent, left, 0)
+            left = self.zeroed(left, dot.left_masks, {**left_points, dot.reduced: k_row})
             right_points = {**single, columns.index: _iota(column_start, columns.tile, 2, 1)}
             k_column = _iota(offset, axis.tile, 2, 0)
             right = self.evaluator({**right_points, dot.reduced: k_column})(dot.right)
             right = jnp.broadcast_to(jnp.asarray(right, self.dtype), (axis.tile, columns.tile))
+            right = self.zeroed(right, dot.right_masks, {**right_points, dot.reduced: k_column})
             product = api.dot(left, right, self.precision)
             return total + product.astype(self.dtype)
 
@@ -276,10 +278,15 @@ class _TermLowering:
         if not self.term.masked:
             return value
 
+        on_tiles = {*dot.left_masks, *dot.right_masks}
+        on_output = [c for c in self.term.term.constraints if c not in on_tiles]
+        if not on_output and self.term.term.guard is sympy.true:
+            return value
+
         def masked(value: jax.Array) -> jax.Array:
             evaluate = self.evaluator(points)
             mask = jnp.asarray(evaluate(self.term.term.guard), bool)
-            for constraint in self.term.term.constraints:
+            for constraint in on_output:
                 mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
             return jnp.where(mask, value, 0)
 
@@ -287,6 +294,23 @@ class _TermLowering:
         if interior is None:
             return masked(value)
         return jax.lax.cond(interior, lambda v: v, masked, value)
+
+    def zeroed(self, tile: jax.Array, masks: Any, points: dict[sympy.Symbol, Any]) -> jax.Array:
+        """`tile` with zeros where a constraint fails, on tiles that cross it only."""
+        if not masks:
+            return tile
+        box = {s: (jnp.min(p), jnp.max(p)) for s, p in points.items()}
+
+        def masked(tile: jax.Array) -> jax.Array:
+            evaluate = self.evaluator(points)
+            mask = functools.reduce(jnp.logical_and, [jnp.asarray(evaluate(c)) >= 0 for c in masks])
+            return jnp.where(mask, tile, 0)
+
+        least = [_least(c.xreplace(self.extents), box) for c in masks]
+        if any(x is None for x in least):
+            return masked(tile)
+        inside = functools.reduce(jnp.logical_and, [x >= 0 for x in least])
+        return jax.lax.cond(inside, lambda t: t, masked, tile)
 
     def output_tile_live(self) -> Any:
         """False when the constraints that read free indices only exclude this whole output
