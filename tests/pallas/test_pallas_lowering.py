@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from tensordsl.backends.pallas.api import TRITON_CUSTOM_CALL
+from tensordsl.backends.pallas.api import TRITON_CUSTOM_CALL, lowering_for_gpu
 
 CASES = {
     "contraction": ("C[i,j] := A[i,k] * B[k,j]", {"A": (40, 70), "B": (70, 24)}),
@@ -23,7 +23,8 @@ CASES = {
 
 
 def lowered_for_cuda(function, *args) -> str:
-    return jax.jit(function).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    with lowering_for_gpu():
+        return jax.jit(function).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -8,14 +8,16 @@ replace this module, not the tile programs. It works on JAX 0.10.2 and the newes
 `call` runs a kernel on a grid through `jax.lax.platform_dependent`: on the CPU in interpret
 mode (exact and slow), elsewhere through Triton (chosen by Triton's `CompilerParams`: the
 default GPU lowering, Mosaic GPU, rejects kernels written Triton-style). Lowering for CUDA on
-a machine without a GPU (`.lower(lowering_platforms=("cuda",))`) takes the Triton branch.
+a machine without a GPU (`.lower(lowering_platforms=("cuda",))`, within `lowering_for_gpu`)
+takes the Triton branch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -71,6 +73,34 @@ def call(
         cpu=functools.partial(run, interpret=True),
         default=functools.partial(run, interpret=False),
     )
+
+
+@contextlib.contextmanager
+def lowering_for_gpu(version: str = "H100") -> Iterator[None]:
+    """Lower for a GPU (`version`, a name of JAX's `GpuVersion`) on a machine without one.
+
+    Since JAX 0.11 the Triton lowering asks `jax._src.gpu_info` for the compute capability
+    of the default device, a CPU here; an abstract mesh's device would answer, but nest
+    equations need devices during lowering (the C back end's callbacks), so the CPU's kind
+    is mapped to `version` in that module's registry while the block runs. JAX 0.10.2 does
+    not ask: nothing to do.
+    """
+    try:
+        from jax._src import gpu_info
+    except ImportError:
+        yield
+        return
+    kind = jax.devices()[0].device_kind
+    before = gpu_info.registry.get(kind)
+    target = gpu_info.GpuVersion[version]
+    gpu_info.registry[kind] = lambda: gpu_info.get_gpu_info_from_version(target)
+    try:
+        yield
+    finally:
+        if before is None:
+            del gpu_info.registry[kind]
+        else:
+            gpu_info.registry[kind] = before
 
 
 @functools.cache
