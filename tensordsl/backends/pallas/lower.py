@@ -33,16 +33,20 @@ class TileEvaluator(Evaluator):
     """The reference's evaluator on tiles: operands are Pallas refs, read by gathers."""
 
     def access(self, access: sympy.Indexed) -> jax.Array:
+        value = self.load(access)
+        if jnp.issubdtype(value.dtype, jnp.floating):
+            value = value.astype(self.dtype)
+        return value
+
+    def load(self, access: sympy.Indexed) -> jax.Array:
+        """The tile of `access` in the operand's own dtype."""
         ref = self.operands[access.base.name]
         indices = [
             jnp.clip(jnp.asarray(self(i), jnp.int32), 0, n - 1)
             for i, n in zip(access.indices, ref.shape)
         ]
         shape = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices))
-        value = ref[tuple(jnp.broadcast_to(i, shape) for i in indices)]
-        if jnp.issubdtype(value.dtype, jnp.floating):
-            value = value.astype(self.dtype)
-        return value
+        return ref[tuple(jnp.broadcast_to(i, shape) for i in indices)]
 
     def nested(self, node: Any) -> Any:
         """A nested reduction over its whole range at once, on one more (last) axis, padded
@@ -258,16 +262,18 @@ class _TermLowering:
             (offset,) = offsets
             k_row = _iota(offset, axis.tile, 2, 1)
             left_points = {**single, rows.index: _iota(row_start, rows.tile, 2, 0)}
-            left = self.evaluator({**left_points, dot.reduced: k_row})(dot.left)
-            left = jnp.broadcast_to(jnp.asarray(left, self.dtype), (rows.tile, axis.tile))
+            left_points[dot.reduced] = k_row
+            left = self.side(dot.left, left_points, (rows.tile, axis.tile))
             if axis.partial:
                 left = jnp.where(k_row < axis.start + axis.extent, left, 0)
-            left = self.zeroed(left, dot.left_masks, {**left_points, dot.reduced: k_row})
+            left = self.zeroed(left, dot.left_masks, left_points)
             right_points = {**single, columns.index: _iota(column_start, columns.tile, 2, 1)}
             k_column = _iota(offset, axis.tile, 2, 0)
-            right = self.evaluator({**right_points, dot.reduced: k_column})(dot.right)
-            right = jnp.broadcast_to(jnp.asarray(right, self.dtype), (axis.tile, columns.tile))
-            right = self.zeroed(right, dot.right_masks, {**right_points, dot.reduced: k_column})
+            right_points[dot.reduced] = k_column
+            right = self.side(dot.right, right_points, (axis.tile, columns.tile))
+            right = self.zeroed(right, dot.right_masks, right_points)
+            if left.dtype != right.dtype:
+                left, right = left.astype(self.dtype), right.astype(self.dtype)
             product = api.dot(left, right, self.precision)
             return total + product.astype(self.dtype)
 
@@ -294,6 +300,17 @@ class _TermLowering:
         if interior is None:
             return masked(value)
         return jax.lax.cond(interior, lambda v: v, masked, value)
+
+    def side(self, expr: sympy.Expr, points: Any, shape: tuple[int, ...]) -> jax.Array:
+        """One side of a dot on its tile: a lone access of a half type stays in that type
+        (tensor cores take it, accumulating in float32); anything else is computed in the
+        accumulation type."""
+        evaluate = self.evaluator(points)
+        value = evaluate.load(expr) if isinstance(expr, sympy.Indexed) else evaluate(expr)
+        value = jnp.asarray(value)
+        if value.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            value = value.astype(self.dtype)
+        return jnp.broadcast_to(value, shape)
 
     def zeroed(self, tile: jax.Array, masks: Any, points: dict[sympy.Symbol, Any]) -> jax.Array:
         """`tile` with zeros where a constraint fails, on tiles that cross it only."""
