@@ -168,7 +168,8 @@ class ProgramKernel:
         the nests a call runs, with each schedule in words), then each statement's nests;
         with `shapes` (checked as a call checks them: bounds are then numbers), also the
         fused nests with their gradient nests. With `target="cuda"` (needs `shapes`), also
-        the static report of every CUDA kernel a forward+backward call runs (`Kernel.explain`).
+        the static report of every CUDA kernel a forward+backward call runs (`Kernel.explain`);
+        with `target="pallas"`, the tile program of each.
         """
         from tensordsl.explain import check_report_target, explain
         from tensordsl.gpu_report import report_lines
