@@ -167,9 +167,8 @@ class ProgramKernel:
         """A summary (inputs, outputs, shapes; with `shapes`, what is recomputed or stored and
         the nests a call runs, with each schedule in words), then each statement's nests;
         with `shapes` (checked as a call checks them: bounds are then numbers), also the
-        fused nests with their gradient nests. With `target="cuda"` (needs `shapes`), also
-        the static report of every CUDA kernel a forward+backward call runs (`Kernel.explain`);
-        with `target="pallas"`, the tile program of each.
+        fused nests with their gradient nests. With `target` ("cuda" or "pallas"; needs
+        `shapes`), also the static report of every kernel a call runs (`Kernel.explain`).
         """
         from tensordsl.explain import check_report_target, explain
         from tensordsl.gpu_report import report_lines
