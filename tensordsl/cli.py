@@ -305,11 +305,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "tensordsl") -> int:
     explain.add_argument(
         "--target",
         dest="report_target",
-        choices=("cuda",),
+        choices=table.REPORT_TARGETS,
         default=None,
         help="also print the static report of every kernel a forward+backward call runs on "
-        "--shapes for this target: grid, block, lanes, FMAs and bytes per output element, "
-        "registers",
+        "--shapes for this target: cuda: grid, block, lanes, FMAs and bytes per output "
+        "element, registers; pallas: each nest's tile program (grid, tiles, dots, bounds)",
     )
     args = parser.parse_args(argv)
     from tensordsl.errors import TensorDSLError

@@ -141,9 +141,10 @@ class Kernel:
         `summary=False` leaves the summary out (the CLI shows the schedules of both targets).
         With `target="cuda"` (needs `shapes`), also the static report of every CUDA kernel a
         forward+backward call runs: grid, block, how lanes read memory, FMAs and bytes per
-        output element against the minimum, registers (docs/backends.md).
+        output element against the minimum, registers (docs/backends.md); with
+        `target="pallas"`, the tile program of each (grid, tiles, dots, bounds).
         """
-        from tensordsl.explain.gpu_report import cuda_report_lines
+        from tensordsl.explain.gpu_report import report_lines
         from tensordsl.explain.nests import check_report_target, explain, kernel_nests
         from tensordsl.explain.timing import nest_jaxpr
 
@@ -170,8 +171,8 @@ class Kernel:
         if target is None or shapes is None:
             return text
         names = {each: name for name, each in kernel_nests(self.nest).items()}
-        jaxpr = nest_jaxpr(self.nest, shapes, backend="cuda")
-        return "\n".join([text, *cuda_report_lines(jaxpr, names)])
+        jaxpr = nest_jaxpr(self.nest, shapes, backend=target)
+        return "\n".join([text, *report_lines(target, jaxpr, names)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""

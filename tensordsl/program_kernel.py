@@ -167,18 +167,18 @@ class ProgramKernel:
         """A summary (inputs, outputs, shapes; with `shapes`, what is recomputed or stored and
         the nests a call runs, with each schedule in words), then each statement's nests;
         with `shapes` (checked as a call checks them: bounds are then numbers), also the
-        fused nests with their gradient nests. With `target="cuda"` (needs `shapes`), also
-        the static report of every CUDA kernel a forward+backward call runs (`Kernel.explain`).
+        fused nests with their gradient nests. With `target` ("cuda" or "pallas"; needs
+        `shapes`), also the static report of every kernel a call runs (`Kernel.explain`).
         """
-        from tensordsl.explain.gpu_report import cuda_report_lines
+        from tensordsl.explain.gpu_report import report_lines
         from tensordsl.explain.nests import check_report_target, explain
 
         if target is not None:
             check_report_target(target, shapes)
             assert shapes is not None
             text = self.explain(shapes)
-            jaxpr = self._call_jaxpr(shapes, "float32", backend="cuda")
-            return "\n".join([text, *cuda_report_lines(jaxpr)])
+            jaxpr = self._call_jaxpr(shapes, "float32", backend=target)
+            return "\n".join([text, *report_lines(target, jaxpr)])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         for low in self._lowered.statements if known is not None else ():

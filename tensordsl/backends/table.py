@@ -12,7 +12,7 @@ binding (`tensordsl/binding/primitive.py`, `tensordsl/binding/partitioning.py`) 
 tensordsl` starts no compiler and never imports CuPy.
 
 >>> BACKEND_NAMES
-('auto', 'reference', 'c', 'cuda')
+('auto', 'reference', 'c', 'cuda', 'pallas')
 >>> [b.name for b in BACKENDS.values() if b.emits_code]
 ['c', 'cuda']
 """
@@ -175,6 +175,26 @@ def _run_cuda(
     return run_cuda(nest, operands, shapes, dtype, schedule=schedule, precision=precision)
 
 
+def _run_pallas(
+    nest: LoopNest,
+    operands: Sequence[jax.Array],
+    shapes: Shapes,
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
+) -> jax.Array:
+    from tensordsl.backends.pallas.run import run_pallas
+
+    return run_pallas(nest, operands, shapes, dtype, schedule, precision=precision)
+
+
+def _pallas_static_report() -> StaticReport:
+    from tensordsl.backends.pallas.report import TITLE, tile_report
+
+    return StaticReport(TITLE, tile_report)
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -248,6 +268,8 @@ BACKENDS: dict[str, Backend] = {
         static_report=_cuda_static_report,
         one_pass_lines=_cuda_one_pass_lines,
     ),
+    # Tile programs lowered to Pallas (interpret mode without a GPU, Triton on one).
+    "pallas": Backend("pallas", _run_pallas, static_report=_pallas_static_report),
 }
 
 #: The back-end names a kernel accepts: "auto" or a key of BACKENDS.
