@@ -15,8 +15,10 @@ picks the back end ("auto": C on a CPU). See docs/nn.md.
 from tensordsl.nn.attention import attention
 from tensordsl.nn.conv import conv1d, conv2d
 from tensordsl.nn.layers import cross_entropy, dense, embedding, layer_norm, rms_norm
+from tensordsl.nn.modifiers import and_masks, or_masks
 
 __all__ = [
+    "and_masks",
     "attention",
     "conv1d",
     "conv2d",
@@ -24,5 +26,6 @@ __all__ = [
     "dense",
     "embedding",
     "layer_norm",
+    "or_masks",
     "rms_norm",
 ]

@@ -223,3 +223,33 @@ def mod_inputs(mod_args: Any) -> tuple[dict[str, Any], set[str], set[str]]:
         inputs[name] = float(value) if number else as_array(value, "attention", name)
     scalars = {n for n, v in inputs.items() if isinstance(v, float) or v.ndim == 0}
     return inputs, scalars, set(inputs) - scalars
+
+
+def and_masks(*masks: str) -> str:
+    """One `mask_mod` keeping a key where every one of `masks` keeps it (FlexAttention's
+    `and_masks`, for modifiers written as text); index comparisons among them still bound
+    the loops.
+
+    >>> and_masks("j <= i", "M[b, j] > 0")
+    '(j <= i) & (M[b, j] > 0)'
+    """
+    return _joined("and_masks", masks, " & ")
+
+
+def or_masks(*masks: str) -> str:
+    """One `mask_mod` keeping a key where any of `masks` keeps it (FlexAttention's
+    `or_masks`).
+
+    >>> or_masks("j <= i", "j < 4")
+    '(j <= i) | (j < 4)'
+    """
+    return _joined("or_masks", masks, " | ")
+
+
+def _joined(helper: str, masks: tuple[str, ...], operator: str) -> str:
+    if not masks or not all(isinstance(m, str) and m.strip() for m in masks):
+        raise OptionError(
+            f"{helper} takes mask_mod texts, got {masks!r}",
+            expected=f"{helper}('j <= i', 'M[b, j] > 0'): one or more conditions as strings",
+        )
+    return operator.join(f"({m})" for m in masks)

@@ -436,8 +436,10 @@ def test_bad_modifiers_point_into_them():
         nn.attention(q, q, q, score_mod=3)
     with pytest.raises(td.ShapeError, match="does not broadcast"):
         nn.attention(q, q, q, bias=np.ones((2, 3, 3)))
-    with pytest.raises(td.ShapeError, match="the head count of 'k' is 2 but 1 in 'q'"):
+    with pytest.raises(td.ShapeError, match="the head count of 'v' is 1 but 2 in 'k'"):
         nn.attention(q, np.ones((1, 3, 2, 2)), q)
+    with pytest.raises(td.ShapeError, match="'k' and 'v' have 2 heads and 'q' has 1"):
+        nn.attention(q, np.ones((1, 3, 2, 2)), np.ones((1, 3, 2, 2)))
 
 
 @pytest.mark.parametrize("shape", [(6, 5), (2, 1, 5), (3, 1, 6, 1), (1,)])
@@ -597,3 +599,27 @@ def test_attention_returns_its_logsumexp(backend, causal):
         jax.grad(loss(ours), (0, 1, 2))(q, k, v), jax.grad(loss(theirs), (0, 1, 2))(q, k, v)
     ):
         _close(g, w, "float64")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_joined_masks(backend):
+    """`and_masks` / `or_masks` (FlexAttention's helpers) join mask_mod texts."""
+    rng = _rng(28)
+    q, k, v = (_normal(rng, 2, 6, 2, 3) for _ in range(3))
+    keep = jnp.asarray(np.array([[1, 1, 0, 1, 1, 1], [1, 0, 1, 1, 0, 1]]))
+    near = np.abs(np.arange(6)[:, None] - np.arange(6)) <= 1
+    for joined, mask in [
+        (nn.and_masks("j <= i", "M[b, j] > 0"), _causal(6, 6) & (keep[:, None, None, :] > 0)),
+        (nn.or_masks("abs(i - j) <= 1", "j == 0"), near | (np.arange(6) == 0)),
+    ]:
+        check(
+            lambda q, k, v, m=joined: nn.attention(
+                q, k, v, mask_mod=m, mod_args={"M": keep}, backend=backend
+            ),
+            lambda q, k, v, m=mask: attention_jnp(q, k, v, mask=m),
+            (q, k, v),
+            "float64",
+            (0, 1, 2),
+        )
+    with pytest.raises(td.OptionError, match="and_masks takes mask_mod texts"):
+        nn.and_masks()
