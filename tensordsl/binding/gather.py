@@ -286,7 +286,9 @@ def _gathered(
 
     valid = jnp.ones(tuple(spans[:lead]), bool)
     flat = jnp.zeros(tuple(spans[:lead]), jax.dtypes.canonicalize_dtype(jnp.int64))
-    concrete = True
+    # Eager only where no input is traced: under grad (the table or any input traced) an index
+    # outside the table reads NaN, as under jit and vmap (docs/language.md).
+    concrete = not any(isinstance(v, jax.core.Tracer) for v in values.values())
     for axis, gathered_axis in enumerate(g.axes[: len(g.axes) - whole]):
         position = value_of(gathered_axis.affine)
         for read in gathered_axis.reads:
