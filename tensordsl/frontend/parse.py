@@ -131,6 +131,14 @@ _TOKEN = re.compile(
     re.DOTALL,
 )
 _COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
+#: Python's prefixes of integer literals in other bases, and their digits.
+_OTHER_BASES = {"x": 16, "o": 8, "b": 2}
+_BASE_NAMES = {16: "a hexadecimal", 8: "an octal", 2: "a binary"}
+_BASE_DIGITS = {
+    16: re.compile(r"[0-9a-fA-F_]+"),
+    8: re.compile(r"[0-7_]+"),
+    2: re.compile(r"[01_]+"),
+}
 
 
 def tokenize(source: str) -> tuple[Token, ...]:
@@ -334,12 +342,28 @@ class _Parser:
             return self.node(power, token.span, base, exponent)
         return base
 
+    def check_literal(self, number: Token, name: Token) -> None:
+        """`0x1F`, `0b101`, `1_000` are Python's literals, not `0 * x1F`, `1 * _000`: the
+        language writes numbers in decimal, without separators."""
+        text = number.text + name.text
+        base = _OTHER_BASES.get(name.text[:1].lower()) if number.text == "0" else None
+        if base is not None and _BASE_DIGITS[base].fullmatch(name.text[1:]):
+            value, kind = str(int(text, 0)), _BASE_NAMES[base]
+            what = f"'{text}' is {kind} literal, which the language does not read"
+        elif name.text.startswith("_") and re.fullmatch(r"[\d_]+", name.text[1:] or "x"):
+            value, what = text.replace("_", ""), f"'{text}' separates digits with '_'"
+        else:
+            return
+        span = (number.span[0], name.span[1])
+        raise ParseError(what, self.source, span, expected=f"a decimal number, such as {value}")
+
     def primary(self) -> Expr:
         token = self.peek
         if token.kind == "number":
             self.next()
             number = Number(token.text, token.span)
             if self.peek.kind == "name" and self.peek.span[0] == token.span[1]:
+                self.check_literal(token, self.peek)
                 factor = self.power()  # `2i^2` is 2 * i^2
                 product = Binary("*", number, factor, self.spanned(token.span[0]))
                 return self.node(product, token.span, factor)

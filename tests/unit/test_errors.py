@@ -76,6 +76,8 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
     "scalar_as_tensor": ("Y[i] := a * a[i]", {}, None, UnknownNameError),
     "index_as_tensor": ("Y[i] := X[i] * i[i]", {}, None, UnknownNameError),
     "division_by_zero": ("Y[i] := X[i] / 0", {}, None, ExpressionError),
+    "hexadecimal_literal": ("Y[i] := X[i] * 0x1F", {}, None, ParseError),
+    "digit_separator": ("Y[i] := X[i] * 1_000", {}, None, ParseError),
     "nested_too_deeply": ("Y[i] := " + "-(" * 33 + "X[i]" + ")" * 33, {}, None, ParseError),
     "offset_beyond_int64": ("Y[i] := X[i+18446744073709551616]", {}, None, IndexExpressionError),
     "coefficient_beyond_int64": (
