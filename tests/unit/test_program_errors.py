@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import tensordsl as td
 from tensordsl.errors import (
     ExpressionError,
     ParseError,
@@ -143,10 +145,6 @@ def test_goldens_have_cases() -> None:
 def test_an_error_of_a_split_program_shows_every_statement() -> None:
     """Issue 36.12: a program run in stages (it gathers from its own output) showed the
     statements of the other stages as blanks in its errors."""
-    import numpy as np
-
-    import tensordsl as td
-
     source = "Z[b,v] := X[b,d]*W[d,v]; L[b] := Z[b,y[b]]"
     k = td.program(source, backend="reference")
     X, W = (
