@@ -5,8 +5,8 @@ gathers.py`) from the call's arrays: the position of every element in the flatte
 then `gather_p`, a primitive linear in the table:
 
 * forward: one read per element; a position outside the table reads NaN (0 for an integer
-  table), as `jnp.take(..., mode="fill")` does. When the index arrays are concrete (an eager
-  call outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
+  table), as `jnp.take(..., mode="fill")` does. When every input is concrete (an eager call
+  outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
 * JVP: the gather of the table's tangent (0 where the forward reads outside).
 * transpose: the table's cotangent, each element the sum of the cotangents of the positions
   that read it, without atomics: the positions are sorted once (a stable argsort), a
