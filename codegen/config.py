@@ -141,6 +141,31 @@ def build_jobs() -> int:
     return int(value)
 
 
+#: The ways C kernels are built (`build_mode`).
+BUILD_MODES = ("tiered", "fast", "full")
+
+
+def build_mode() -> str:
+    """`TENSORDSL_BUILD`: how a C kernel missing from the disk cache is built.
+
+    "tiered" (default): first unoptimised (a fraction of the optimising compiler's time), used
+    at once, while the optimised build runs in a background thread and takes over between two
+    calls when it is ready (codegen/c/tiers.py); "fast": unoptimised only; "full": optimised
+    only, waited for. Both builds are cached; a kernel whose optimised build is on disk loads it
+    whatever the mode but "fast".
+
+    Raises:
+        SettingError: for anything but one of `BUILD_MODES`.
+    """
+    value = os.environ.get("TENSORDSL_BUILD", "").strip().lower() or "tiered"
+    if value not in BUILD_MODES:
+        raise SettingError(
+            f"TENSORDSL_BUILD={value!r}: expected one of {', '.join(BUILD_MODES)} "
+            "(the default is tiered)"
+        )
+    return value
+
+
 def fuse_programs() -> bool:
     """`TENSORDSL_FUSE`: programs recompute their large and elementwise intermediates inside
     the statements that read them (`codegen.passes.fusion`) unless set to "0"; "0" runs every
@@ -157,8 +182,8 @@ def group_gradients() -> bool:
 
 def pair_gradients() -> bool:
     """`TENSORDSL_PAIR_GRADIENTS`: two weighted gradient nests over the same loops
-    (attention's dK and dV) run as one CUDA kernel with two outputs (`codegen.cuda.pairs`)
-    unless set to "0"; "0" runs each alone (to compare)."""
+    (attention's dK and dV) run as one CUDA kernel with two outputs
+    (`codegen.cuda.attention.paired`) unless set to "0"; "0" runs each alone (to compare)."""
     return _flag("TENSORDSL_PAIR_GRADIENTS", "1")
 
 

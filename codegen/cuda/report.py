@@ -41,12 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from codegen.cuda import nvrtc
-from codegen.cuda.emit import GRID_LIMITS, SMEM_THREADS, CudaSource, emit_cuda
-from codegen.cuda.fragments import MMA_M, MMA_N
+from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda.layout import split_pairwise
-from codegen.cuda.schedule import GpuSchedule
-from codegen.cuda.smem import LANE_COLS, LANE_ROWS
+from codegen.cuda.run import nvrtc
+from codegen.cuda.schedule import SMEM_THREADS, GpuSchedule
+from codegen.cuda.staged.fragments import MMA_M, MMA_N
+from codegen.cuda.staged.tiles import LANE_COLS, LANE_ROWS
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.functions import Clamp, Wrap

@@ -3,13 +3,20 @@
 Grammar (lowest precedence first)::
 
     statement  := [ '(' NAME ')' ] NAME [ '[' [ expr (',' expr)* ] ']' ] ':=' expr
-    expr       := sum [ ('<' | '<=' | '>' | '>=' | '==' | '!=') sum ]
+    expr       := conjunction (('|' | 'or') conjunction)*
+    conjunction:= negation (('&' | 'and') negation)*
+    negation   := ('not' | '~') negation | comparison
+    comparison := sum [ ('<' | '<=' | '>' | '>=' | '==' | '!=') sum ]
     sum        := product (('+' | '-') product)*
-    product    := unary (('*' | '/') unary)*
+    product    := unary (('*' | '/' | '//' | '%') unary)*
     unary      := ('-' | '+') unary | power
     power      := primary [ ('**' | '^') unary ]           # right-associative
     primary    := NUMBER [NAME-started power]                # `2i` is 2 * i
                 | NAME [ '[' args ']' | '(' args ')' ] | '(' expr ')'
+
+The logical operators bind more loosely than comparisons (as Python's `and`, unlike its `&`),
+so `j <= i & j > i - 8` is the conjunction of two comparisons; `and`, `or` and `not` are
+words of the language, never names.
 
 Every node carries `span`, the `(start, stop)` character offsets of its text. A statement
 nests at most `MAX_DEPTH` levels (parentheses, index lists, function calls, signs, powers and
@@ -25,14 +32,14 @@ Unary(op='-', operand=Binary(op='**', ...), span=(14, 23))
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
 
 from tensordsl.errors import IndexExpressionError, ParseError
-from tensordsl.frontend.foreign import foreign_notation_hint
+from tensordsl.frontend.foreign import foreign_literal, foreign_notation_hint
 
 Span = tuple[int, int]
 
@@ -73,14 +80,15 @@ class Call:
 
 @dataclass(frozen=True)
 class Unary:
-    op: str  # '-' or '+'
+    op: str  # '-', '+' or 'not' ('~' is read as 'not')
     operand: Expr
     span: Span
 
 
 @dataclass(frozen=True)
 class Binary:
-    op: str  # '+', '-', '*', '/', '**' ('^' is read as '**'; `2i` as '*')
+    op: str  # '+', '-', '*', '/', '//', '%', '**' ('^' is read as '**'; `2i` as '*'),
+    # or 'and', 'or' ('&' and '|' are read as them)
     left: Expr
     right: Expr
     span: Span
@@ -126,19 +134,13 @@ _TOKEN = re.compile(
     r"|(?P<ellipsis>\.\.\.)"
     r"|(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
     r"|(?P<name>[^\W\d]\w*)"  # Python's identifiers, unicode included: `α`, `Δt`
-    r"|(?P<op>:=|\*\*|<=|>=|==|!=|[-+*/^<>()\[\],])"
+    r"|(?P<op>:=|\*\*|//|<=|>=|==|!=|[-+*/%^<>()\[\],&|~])"
     r"|(?P<bad>.)",
     re.DOTALL,
 )
 _COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
-#: Python's prefixes of integer literals in other bases, and their digits.
-_OTHER_BASES = {"x": 16, "o": 8, "b": 2}
-_BASE_NAMES = {16: "a hexadecimal", 8: "an octal", 2: "a binary"}
-_BASE_DIGITS = {
-    16: re.compile(r"[0-9a-fA-F_]+"),
-    8: re.compile(r"[0-7_]+"),
-    2: re.compile(r"[01_]+"),
-}
+#: The logical operators, each spelled as a symbol or a word, by the name nodes carry.
+LOGICAL = {"|": "or", "or": "or", "&": "and", "and": "and", "~": "not", "not": "not"}
 
 
 def tokenize(source: str) -> tuple[Token, ...]:
@@ -290,7 +292,41 @@ class _Parser:
         parentheses of an operand written in them (`1/(X[i]*0)`, `(A[i]+1)*2`)."""
         return (start, self.tokens[self.pos - 1].span[1])
 
+    def logical(self, word: str) -> Token | None:
+        """The next token when it is the logical operator `word` (a symbol or a word)."""
+        token = self.peek
+        if token.kind in ("op", "name") and LOGICAL.get(token.text) == word:
+            return token
+        return None
+
     def expr(self) -> Expr:
+        return self.joined("or", self.conjunction)
+
+    def conjunction(self) -> Expr:
+        return self.joined("and", self.negation)
+
+    def joined(self, word: str, operand: Callable[[], Expr]) -> Expr:
+        """`operand (word operand)*`, left-associative."""
+        start = self.peek.span[0]
+        left = operand()
+        while (token := self.logical(word)) is not None:
+            self.next()
+            right = operand()
+            binary = Binary(word, left, right, self.spanned(start))
+            left = self.node(binary, token.span, left, right)
+        return left
+
+    def negation(self) -> Expr:
+        token = self.logical("not")
+        if token is None:
+            return self.comparison()
+        self.next()
+        with self.nested(token):
+            operand = self.negation()
+        unary = Unary("not", operand, self.spanned(token.span[0]))
+        return self.node(unary, token.span, operand)
+
+    def comparison(self) -> Expr:
         start = self.peek.span[0]
         left = self.sum()
         if self.at(*_COMPARISONS):
@@ -315,7 +351,7 @@ class _Parser:
     def product(self) -> Expr:
         start = self.peek.span[0]
         left = self.unary()
-        while self.at("*", "/"):
+        while self.at("*", "/", "//", "%"):
             token = self.next()
             right = self.unary()
             binary = Binary(token.text, left, right, self.spanned(start))
@@ -342,28 +378,16 @@ class _Parser:
             return self.node(power, token.span, base, exponent)
         return base
 
-    def check_literal(self, number: Token, name: Token) -> None:
-        """`0x1F`, `0b101`, `1_000` are Python's literals, not `0 * x1F`, `1 * _000`: the
-        language writes numbers in decimal, without separators."""
-        text = number.text + name.text
-        base = _OTHER_BASES.get(name.text[:1].lower()) if number.text == "0" else None
-        if base is not None and _BASE_DIGITS[base].fullmatch(name.text[1:]):
-            value, kind = str(int(text, 0)), _BASE_NAMES[base]
-            what = f"'{text}' is {kind} literal, which the language does not read"
-        elif name.text.startswith("_") and re.fullmatch(r"[\d_]+", name.text[1:] or "x"):
-            value, what = text.replace("_", ""), f"'{text}' separates digits with '_'"
-        else:
-            return
-        span = (number.span[0], name.span[1])
-        raise ParseError(what, self.source, span, expected=f"a decimal number, such as {value}")
-
     def primary(self) -> Expr:
         token = self.peek
         if token.kind == "number":
             self.next()
             number = Number(token.text, token.span)
             if self.peek.kind == "name" and self.peek.span[0] == token.span[1]:
-                self.check_literal(token, self.peek)
+                literal = foreign_literal(token.text, self.peek.text)
+                if literal is not None:  # `0x1F`, `1_000`: not `0 * x1F`, `1 * _000`
+                    span = (token.span[0], self.peek.span[1])
+                    raise ParseError(literal[0], self.source, span, expected=literal[1])
                 factor = self.power()  # `2i^2` is 2 * i^2
                 product = Binary("*", number, factor, self.spanned(token.span[0]))
                 return self.node(product, token.span, factor)

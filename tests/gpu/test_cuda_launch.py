@@ -1,4 +1,4 @@
-"""The CUDA launch path without Python per call (codegen/cuda/ffi.cc), tested on the CPU.
+"""The CUDA launch path without Python per call (codegen/cuda/run/ffi.cc), tested on the CPU.
 
 The handler library builds against `cuda.h` and jaxlib's FFI headers and loads without a
 driver; its emulated twin runs the same attribute parsing, dtype checks, argument packing
@@ -18,10 +18,10 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.cuda import launch as cuda_launch
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
 from codegen.cuda.emulator import emulate
+from codegen.cuda.run import launch as cuda_launch
+from codegen.cuda.run import nvrtc
 from tensordsl.backends import cuda as gpu
 from tensordsl.backends import table
 from tensordsl.errors import UnsupportedError

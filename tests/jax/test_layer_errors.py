@@ -86,7 +86,7 @@ def test_goldens_have_cases() -> None:
             "score_mod",
             "S + pad(i - j, 1)",
             td.IndexExpressionError,
-            r"score_mod: 'pad' is an index form, not a function of values\n"
+            r"score_mod: 'pad' with 2 arguments is an index form, not a function of values\n"
             r"  S \+ pad\(i - j, 1\)\n      ~~~~~~~~~~~~~\nexpected 'pad' as the whole index",
         ),
     ],

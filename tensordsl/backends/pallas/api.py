@@ -1,0 +1,112 @@
+"""Every call into `jax.experimental.pallas`: the one module to change when Pallas does.
+
+Pallas' Triton lowering is deprecated upstream since JAX 0.11 (0.12 still ships it), so the
+rest of the back end never names Pallas: a second lowering (Triton source, Mosaic GPU) would
+replace this module, not the tile programs. It works on JAX 0.10.2 and the newest JAX below
+0.13.
+
+`call` runs a kernel on a grid through `jax.lax.platform_dependent`: on the CPU in interpret
+mode (exact and slow), elsewhere through Triton (chosen by Triton's `CompilerParams`: the
+default GPU lowering, Mosaic GPU, rejects kernels written Triton-style). Lowering for CUDA on
+a machine without a GPU (`.lower(lowering_platforms=("cuda",))`, within `lowering_for_gpu`)
+takes the Triton branch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+_LOG = logging.getLogger("tensordsl")
+#: Triton launch settings of every kernel until a tuning table gives them per kernel kind.
+NUM_WARPS, NUM_STAGES = 4, 2
+#: The name of the custom call Pallas' Triton lowering leaves in a lowered module.
+TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
+
+
+def program_id(axis: int) -> jax.Array:
+    """The position of this program instance along grid axis `axis`."""
+    return pl.program_id(axis)
+
+
+def dot(left: jax.Array, right: jax.Array, precision: Any = None) -> jax.Array:
+    """`left @ right` on two 2-D tiles (Triton's `tl.dot`: tensor cores on a GPU)."""
+    return pl_triton.dot(left, right, precision=precision)
+
+
+def call(
+    kernel: Callable[..., None],
+    operands: Sequence[jax.Array],
+    *,
+    grid: tuple[int, ...],
+    block: tuple[int, ...],
+    shape: tuple[int, ...],
+    dtype: Any,
+    name: str,
+) -> jax.Array:
+    """Run `kernel(*operand refs, output ref)` once per point of `grid`; operands are whole
+    arrays, the output of `shape` is written one `block` per program instance."""
+    if jax.default_backend() == "cpu":
+        _say_interpreted()
+
+    def run(*values: jax.Array, interpret: bool) -> jax.Array:
+        params = None if interpret else pl_triton.CompilerParams(NUM_WARPS, NUM_STAGES)
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(shape, dtype),
+            grid=grid,
+            out_specs=pl.BlockSpec(block, lambda *g: g),
+            interpret=interpret,
+            compiler_params=params,
+            name=name,
+        )(*values)
+
+    return jax.lax.platform_dependent(
+        *operands,
+        cpu=functools.partial(run, interpret=True),
+        default=functools.partial(run, interpret=False),
+    )
+
+
+@contextlib.contextmanager
+def lowering_for_gpu(version: str = "H100") -> Iterator[None]:
+    """Lower for a GPU (`version`, a name of JAX's `GpuVersion`) on a machine without one.
+
+    Since JAX 0.11 the Triton lowering asks `jax._src.gpu_info` for the compute capability
+    of the default device, a CPU here; an abstract mesh's device would answer, but nest
+    equations need devices during lowering (the C back end's callbacks), so the CPU's kind
+    is mapped to `version` in that module's registry while the block runs. JAX 0.10.2 does
+    not ask: nothing to do.
+    """
+    try:
+        from jax._src import gpu_info  # type: ignore[attr-defined]  # JAX >= 0.11
+    except ImportError:
+        yield
+        return
+    kind = jax.devices()[0].device_kind
+    before = gpu_info.registry.get(kind)
+    target = gpu_info.GpuVersion[version]
+    gpu_info.registry[kind] = lambda: gpu_info.get_gpu_info_from_version(target)
+    try:
+        yield
+    finally:
+        if before is None:
+            del gpu_info.registry[kind]
+        else:
+            gpu_info.registry[kind] = before
+
+
+@functools.cache
+def _say_interpreted() -> None:
+    """Say once per process that Pallas kernels run in interpret mode here."""
+    _LOG.warning(
+        "backend='pallas' on a machine without a GPU: Pallas kernels run in interpret mode "
+        "(exact, slow); on a GPU they compile through Triton"
+    )

@@ -1,0 +1,368 @@
+"""A `TileProgram` as a Pallas kernel function (Triton-style: tiles are values in registers).
+
+Each program instance computes one output tile. A term's tile space is the output tile's
+axes then the term's reduced tile axes; every index is a broadcast `iota` over its axis
+plus the tile's offset, so an access is a gather from the operand's whole array (clipped:
+masked-out positions may address outside it, as in the reference) and the body is the
+reference back end's `Evaluator` run on tiles. Loops over reduced tiles are `fori_loop`s
+bounded per output tile (`codegen.tiles.program.LoopBound`); the `where` of constraints,
+guards and partial tiles runs under a `cond` on boundary tiles only. A dot term loads a
+`[rows x reduced]` and a `[reduced x columns]` tile and accumulates `api.dot`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import sympy
+
+from codegen.ir.affine import NotAffine, as_affine
+from codegen.ir.extents import evaluate_int
+from codegen.ir.reductions import REDUCTIONS
+from codegen.tiles.program import TermTiles, TileAxis, TileProgram
+from tensordsl.backends.pallas import api
+from tensordsl.backends.pallas.reductions import TILE_REDUCTIONS
+from tensordsl.backends.reference import Evaluator
+
+
+class TileEvaluator(Evaluator):
+    """The reference's evaluator on tiles: operands are Pallas refs, read by gathers."""
+
+    def access(self, access: sympy.Indexed) -> jax.Array:
+        value = self.load(access)
+        if jnp.issubdtype(value.dtype, jnp.floating):
+            value = value.astype(self.dtype)
+        return value
+
+    def load(self, access: sympy.Indexed) -> jax.Array:
+        """The tile of `access` in the operand's own dtype."""
+        ref = self.operands[access.base.name]
+        indices = [
+            jnp.clip(jnp.asarray(self(i), jnp.int32), 0, n - 1)
+            for i, n in zip(access.indices, ref.shape)
+        ]
+        shape = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices))
+        return ref[tuple(jnp.broadcast_to(i, shape) for i in indices)]
+
+    def nested(self, node: Any) -> Any:
+        """A nested reduction over its whole range at once, on one more (last) axis, padded
+        to a power of two (`tile_program` bounds its length)."""
+        start, stop = (evaluate_int(x, self.extents) for x in (node.start, node.stop))
+        length = max(0, stop - start)
+        padded = 1 << max(0, length - 1).bit_length()
+        rank = max((jnp.ndim(a) for a in self.grid.values()), default=0) + 1
+        points = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
+        points[node.index] = _iota(start, padded, rank, rank - 1)
+        inner = TileEvaluator(points, self.operands, self.extents, self.dtype)
+        body = jnp.asarray(inner(node.body), self.dtype)
+        shape = jnp.broadcast_shapes(jnp.shape(body), jnp.shape(points[node.index]))
+        body = jnp.broadcast_to(body, shape)
+        mask = jnp.broadcast_to(points[node.index] < stop, shape)
+        rule = TILE_REDUCTIONS[node.reduction]
+        state = rule.start(shape[:-1], self.dtype)
+        positions = jnp.broadcast_to(points[node.index] - start, shape)
+        return rule.finish(rule.fold(body, mask, positions, (rank - 1,), state))
+
+
+def _iota(offset: Any, tile: int, rank: int, axis: int) -> jax.Array:
+    shape = [1] * rank
+    shape[axis] = tile
+    return offset + jax.lax.broadcasted_iota(jnp.int32, tuple(shape), axis)
+
+
+def _identity(name: str, dtype: Any) -> jax.Array:
+    return jnp.asarray(REDUCTIONS[name].identity, dtype)
+
+
+def kernel_function(program: TileProgram, precision: Any = None) -> Callable[..., None]:
+    """The Pallas kernel of `program`: `kernel(*operand refs, output ref)`; scalar operands
+    come as one-element arrays."""
+    return functools.partial(_kernel, program, precision)
+
+
+def _kernel(program: TileProgram, precision: Any, *refs: Any) -> None:
+    *inputs, out_ref = refs
+    nest = program.nest
+    operands = {op.name: ref[0] if op.is_scalar else ref for op, ref in zip(nest.operands, inputs)}
+    starts = [a.start + api.program_id(n) * a.tile for n, a in enumerate(program.grid)]
+    block = tuple(a.tile for a in program.grid)
+    result = None
+    for term in program.terms:
+        lower = _TermLowering(program, term, operands, starts, precision)
+        value = lower.dot_value() if term.dot is not None else lower.value()
+        value = jnp.broadcast_to(value, block)
+        result = value if result is None else result + value
+    assert result is not None
+    out_ref[...] = result.reshape(program.block).astype(out_ref.dtype)
+
+
+class _TermLowering:
+    """The tile code of one term in one program instance."""
+
+    def __init__(
+        self,
+        program: TileProgram,
+        term: TermTiles,
+        operands: Mapping[str, Any],
+        starts: list[Any],
+        precision: Any,
+    ) -> None:
+        self.program, self.term, self.operands = program, term, operands
+        self.starts, self.precision = starts, precision
+        self.dtype = jnp.dtype(program.accumulate)
+        self.extents = dict(program.extents)
+        self.rank = len(program.grid) + len(term.reduced)
+
+    def evaluator(self, points: dict[sympy.Symbol, Any]) -> TileEvaluator:
+        return TileEvaluator(points, self.operands, self.extents, self.dtype)
+
+    def free_points(self, rank: int | None = None) -> dict[sympy.Symbol, Any]:
+        """Each free index on the output tile, over `rank` axes (default: the term's)."""
+        return {
+            a.index: _iota(s, a.tile, rank or self.rank, n)
+            for n, (a, s) in enumerate(zip(self.program.grid, self.starts))
+        }
+
+    # ------------------------------------------------------------------ elementwise terms
+    def value(self) -> jax.Array:
+        name = self.program.reduction
+        rule = TILE_REDUCTIONS[name]
+        positional = REDUCTIONS[name].positional
+        shape = tuple(a.tile for a in self.program.grid)
+        axes = tuple(range(len(self.program.grid), self.rank))
+
+        def step(offsets: tuple[Any, ...], state: Any) -> Any:
+            points = self.tile_points(offsets)
+            evaluate = self.evaluator(points)
+            full = tuple(a.tile for a in (*self.program.grid, *self.term.reduced))
+            body = jnp.broadcast_to(jnp.asarray(evaluate(self.term.term.body), self.dtype), full)
+            if not positional:
+                return rule.fold(self.where(body, points, offsets), None, None, axes, state)
+            mask = self.mask(points) if self.term.masked else None
+            return rule.fold(body, mask, self.positions(points), axes, state)
+
+        return rule.finish(self.loops(step, rule.start(shape, self.dtype)))
+
+    def tile_points(self, offsets: tuple[Any, ...]) -> dict[sympy.Symbol, Any]:
+        """Every loop index over the tile space of the reduced tiles at `offsets`."""
+        points = self.free_points()
+        base = len(self.program.grid)
+        for n, (axis, offset) in enumerate(zip(self.term.reduced, offsets)):
+            points[axis.index] = _iota(offset, axis.tile, self.rank, base + n)
+        return points
+
+    def positions(self, points: Mapping[sympy.Symbol, Any]) -> Any:
+        """Each value's flat position over the reduced ranges (row-major, from 0)."""
+        position: Any = jnp.asarray(0, jnp.int32)
+        for axis in self.term.reduced:
+            position = position * axis.extent + (points[axis.index] - axis.start)
+        return position
+
+    def mask(self, points: Mapping[sympy.Symbol, Any]) -> Any:
+        """Where the values of a tile count: guard, constraints, inside the ranges."""
+        evaluate = self.evaluator(dict(points))
+        mask = jnp.asarray(evaluate(self.term.term.guard), bool)
+        for constraint in self.term.term.constraints:
+            mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
+        for axis in self.term.reduced:
+            mask = mask & (points[axis.index] < axis.start + axis.extent)
+        return mask
+
+    def where(self, body: jax.Array, points: Any, offsets: tuple[Any, ...]) -> jax.Array:
+        """The body with the reduction's identity where it does not count, computed on
+        boundary tiles only."""
+        if not self.term.masked:
+            return body
+        identity = _identity(self.program.reduction, self.dtype)
+
+        def masked(body: jax.Array) -> jax.Array:
+            return jnp.where(self.mask(points), body, identity)
+
+        interior = self.interior(offsets)
+        if interior is None:
+            return masked(body)
+        return jax.lax.cond(interior, lambda b: b, masked, body)
+
+    def interior(self, offsets: tuple[Any, ...], *, reduced: bool = True) -> Any:
+        """Whether no `where` is needed on this tile (None: always needed); `reduced=False`:
+        on the output tile (a dot's result), whatever the reduced tiles."""
+        term = self.term.term
+        if term.guard is not sympy.true:
+            return None
+        box = self.box(offsets)
+        inside = jnp.asarray(True)
+        for axis, offset in zip(self.term.reduced if reduced else (), offsets):
+            inside = inside & (offset + axis.tile <= axis.start + axis.extent)
+        for constraint in term.constraints:
+            least = _least(constraint.xreplace(self.extents), box)
+            if least is None:
+                return None
+            inside = inside & (least >= 0)
+        return inside
+
+    def box(self, offsets: tuple[Any, ...]) -> dict[sympy.Symbol, tuple[Any, Any]]:
+        """Each loop index's first and last value on this tile."""
+        box = {a.index: (s, s + a.tile - 1) for a, s in zip(self.program.grid, self.starts)}
+        for axis, offset in zip(self.term.reduced, offsets):
+            box[axis.index] = (offset, offset + axis.tile - 1)
+        return box
+
+    def loops(self, step: Callable[[tuple[Any, ...], Any], Any], state: Any) -> Any:
+        """`step(offsets, state)` over every tile of the reduced indices, within bounds."""
+        reduced = self.term.reduced
+
+        def nest(level: int, offsets: tuple[Any, ...], state: Any) -> Any:
+            if level == len(reduced):
+                return step(offsets, state)
+            axis = reduced[level]
+            first, stop = self.tile_range(axis)
+
+            def body(n: Any, state: Any) -> Any:
+                return nest(level + 1, (*offsets, axis.start + n * axis.tile), state)
+
+            return jax.lax.fori_loop(first, stop, body, state)
+
+        return nest(0, (), state)
+
+    def tile_range(self, axis: TileAxis) -> tuple[Any, Any]:
+        """The first and past-the-last tile of `axis` this output tile needs."""
+        first: Any = 0
+        stop: Any = axis.count
+        box = {a.index: (s, s + a.tile - 1) for a, s in zip(self.program.grid, self.starts)}
+        for bound in self.term.bounds:
+            if bound.index != axis.index:
+                continue
+            most = _most(bound.rest, box)  # the largest `rest` over the output tile
+            c = bound.coefficient
+            if c > 0:  # index >= ceil(-rest / c): from the least such index's tile
+                lowest = -jnp.floor_divide(most, c)
+                first = jnp.maximum(first, jnp.floor_divide(lowest - axis.start, axis.tile))
+            else:  # index <= floor(rest / -c)
+                highest = jnp.floor_divide(most, -c)
+                stop = jnp.minimum(stop, jnp.floor_divide(highest - axis.start, axis.tile) + 1)
+        first = jnp.asarray(first, jnp.int32)
+        stop = jnp.where(self.output_tile_live(), jnp.asarray(stop, jnp.int32), first)
+        return first, jnp.maximum(first, stop)
+
+    # ------------------------------------------------------------------ dot terms
+    def dot_value(self) -> jax.Array:
+        dot = self.term.dot
+        assert dot is not None
+        grid = self.program.grid
+        rows, columns = grid[-2], grid[-1]
+        row_start, column_start = self.starts[-2], self.starts[-1]
+        (axis,) = self.term.reduced
+        single = {a.index: jnp.asarray(s) for a, s in zip(grid[:-2], self.starts[:-2])}
+
+        def step(offsets: tuple[Any, ...], total: jax.Array) -> jax.Array:
+            (offset,) = offsets
+            k_row = _iota(offset, axis.tile, 2, 1)
+            left_points = {**single, rows.index: _iota(row_start, rows.tile, 2, 0)}
+            left_points[dot.reduced] = k_row
+            left = self.side(dot.left, left_points, (rows.tile, axis.tile))
+            if axis.partial:
+                left = jnp.where(k_row < axis.start + axis.extent, left, 0)
+            left = self.zeroed(left, dot.left_masks, left_points)
+            right_points = {**single, columns.index: _iota(column_start, columns.tile, 2, 1)}
+            k_column = _iota(offset, axis.tile, 2, 0)
+            right_points[dot.reduced] = k_column
+            right = self.side(dot.right, right_points, (axis.tile, columns.tile))
+            right = self.zeroed(right, dot.right_masks, right_points)
+            if left.dtype != right.dtype:
+                left, right = left.astype(self.dtype), right.astype(self.dtype)
+            product = api.dot(left, right, self.precision)
+            return total + product.astype(self.dtype)
+
+        total = self.loops(step, jnp.zeros((rows.tile, columns.tile), self.dtype))
+        points = self.free_points(len(grid))
+        block = tuple(a.tile for a in grid)
+        value = jnp.asarray(self.evaluator(points)(dot.scale), self.dtype) * total.reshape(block)
+        if not self.term.masked:
+            return value
+
+        on_tiles = {*dot.left_masks, *dot.right_masks}
+        on_output = [c for c in self.term.term.constraints if c not in on_tiles]
+        if not on_output and self.term.term.guard is sympy.true:
+            return value
+
+        def masked(value: jax.Array) -> jax.Array:
+            evaluate = self.evaluator(points)
+            mask = jnp.asarray(evaluate(self.term.term.guard), bool)
+            for constraint in on_output:
+                mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
+            return jnp.where(mask, value, 0)
+
+        interior = self.interior((), reduced=False)
+        if interior is None:
+            return masked(value)
+        return jax.lax.cond(interior, lambda v: v, masked, value)
+
+    def side(self, expr: sympy.Expr, points: Any, shape: tuple[int, ...]) -> jax.Array:
+        """One side of a dot on its tile: a lone access of a half type stays in that type
+        (tensor cores take it, accumulating in float32); anything else is computed in the
+        accumulation type."""
+        evaluate = self.evaluator(points)
+        value = evaluate.load(expr) if isinstance(expr, sympy.Indexed) else evaluate(expr)
+        value = jnp.asarray(value)
+        if value.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            value = value.astype(self.dtype)
+        return jnp.broadcast_to(value, shape)
+
+    def zeroed(self, tile: jax.Array, masks: Any, points: dict[sympy.Symbol, Any]) -> jax.Array:
+        """`tile` with zeros where a constraint fails, on tiles that cross it only."""
+        if not masks:
+            return tile
+        box = {s: (jnp.min(p), jnp.max(p)) for s, p in points.items()}
+
+        def masked(tile: jax.Array) -> jax.Array:
+            evaluate = self.evaluator(points)
+            mask = functools.reduce(jnp.logical_and, [jnp.asarray(evaluate(c)) >= 0 for c in masks])
+            return jnp.where(mask, tile, 0)
+
+        least = [_least(c.xreplace(self.extents), box) for c in masks]
+        if any(x is None for x in least):
+            return masked(tile)
+        inside = functools.reduce(jnp.logical_and, [x >= 0 for x in least])
+        return jax.lax.cond(inside, lambda t: t, masked, tile)
+
+    def output_tile_live(self) -> Any:
+        """False when the constraints that read free indices only exclude this whole output
+        tile (its loops are then skipped); True when none can tell."""
+        box = self.box(())
+        live = jnp.asarray(True)
+        for constraint in self.term.term.constraints:
+            constraint = constraint.xreplace(self.extents)
+            if constraint.free_symbols <= set(box):
+                most = _corner(constraint, box, most=True)
+                if most is not None:
+                    live = live & (most >= 0)
+        return live
+
+
+def _corner(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]], most: bool) -> Any:
+    """The least (or largest) value of the affine `expr` over `box`; None if not affine."""
+    try:
+        form = as_affine(expr, tuple(box))
+    except NotAffine:
+        return None
+    if not form.constant.is_Integer:
+        return None
+    value: Any = jnp.asarray(int(form.constant), jnp.int32)
+    for index, c in form.coefficients:
+        lo, hi = box[index]
+        value = value + c * (hi if (c > 0) == most else lo)
+    return value
+
+
+def _least(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]]) -> Any:
+    return _corner(expr, box, most=False)
+
+
+def _most(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]]) -> Any:
+    found = _corner(expr, box, most=True)
+    assert found is not None, "tile_program keeps only affine bounds"
+    return found

@@ -1,0 +1,37 @@
+"""The tile programs a call runs on the pallas back end (`explain(shapes, target="pallas")`):
+its `Backend.static_report`, read by `tensordsl.explain.gpu_report` as CUDA's is.
+
+Each nest's tile program is printed (`codegen.tiles.program.describe`): grid, tiles, dots,
+loads and per-tile bounds; a nest tile programs do not handle says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from codegen.errors import Unsupported
+from codegen.ir.nest import LoopNest
+from codegen.tiles.build import tile_program
+
+TITLE = "pallas tile programs (interpret mode without a GPU, Triton on one)"
+
+
+@dataclass(frozen=True)
+class TileReport:
+    """What `explain` prints of one nest."""
+
+    text: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return list(self.text)
+
+
+def tile_report(nest: LoopNest, dtypes: Mapping[str, str], shapes: Mapping[str, Any]) -> TileReport:
+    """The tile program of `nest` for these shapes and dtypes, or why there is none."""
+    try:
+        program = tile_program(nest, shapes, dtypes)
+    except Unsupported as error:
+        return TileReport((f"not run by tile programs: {error.what}",))
+    return TileReport(tuple(program.describe().split("\n")))

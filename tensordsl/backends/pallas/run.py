@@ -1,0 +1,81 @@
+"""The pallas runner: a nest's tile program as one Pallas kernel, inside JAX.
+
+At trace time (shapes are static) the nest becomes a `TileProgram`
+(`codegen.tiles.build.tile_program`), then a kernel (`lower.kernel_function`), called on a
+grid of whole output tiles (`api.call`: interpret mode on the CPU, Triton on a GPU); the
+padded output is cut to the nest's. A nest the tile builder does not handle raises an
+`UnsupportedError` that names it: never a fallback that would hide it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from codegen.errors import Unsupported
+from codegen.ir.extents import output_shape
+from codegen.ir.nest import LoopNest
+from codegen.tiles.build import tile_program
+from codegen.tiles.program import TileProgram
+from tensordsl.backends.pallas import api
+from tensordsl.backends.pallas.lower import kernel_function
+from tensordsl.errors import UnsupportedError
+
+
+def nest_program(
+    nest: LoopNest, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str]
+) -> TileProgram:
+    """The tile program of `nest`, or an `UnsupportedError` naming the nest and why."""
+    frozen_shapes = tuple(sorted((n, tuple(int(d) for d in s)) for n, s in shapes.items()))
+    return _program(nest, frozen_shapes, tuple(sorted(dtypes.items())))
+
+
+@functools.lru_cache(maxsize=1024)
+def _program(nest: LoopNest, shapes: tuple, dtypes: tuple) -> TileProgram:
+    try:
+        return tile_program(nest, dict(shapes), dict(dtypes))
+    except Unsupported as error:
+        raise UnsupportedError(
+            f"the pallas back end cannot run '{nest.label}' ({nest}): {error.what}",
+            expected=error.expected or "backend='c', 'cuda' or 'reference' for this kernel",
+            hint=error.hint,
+        ) from None
+
+
+def run_pallas(
+    nest: LoopNest,
+    operands: Sequence[Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: Any,
+    schedule: Any = None,
+    *,
+    precision: Any = None,
+) -> jax.Array:
+    """Run `nest` as a Pallas kernel; `shapes` covers every tensor the nest names (the
+    schedule is not used: tile programs choose their own tiles)."""
+    all_shapes = dict(shapes)
+    values = []
+    for op, value in zip(nest.operands, operands, strict=True):
+        value = jnp.asarray(value)
+        all_shapes[op.name] = tuple(value.shape)
+        values.append(value.reshape((1,)) if op.is_scalar else value)
+    all_shapes.setdefault(nest.output, output_shape(nest, all_shapes))
+    dtypes = {op.name: v.dtype.name for op, v in zip(nest.operands, values)}
+    dtypes[nest.output] = jnp.dtype(dtype).name
+    program = nest_program(nest, all_shapes, dtypes)
+    out = api.call(
+        kernel_function(program, precision),
+        values,
+        grid=program.grid_shape,
+        block=program.block,
+        shape=program.padded_shape,
+        dtype=jnp.dtype(dtype),
+        name=f"tdsl_{nest.output}_tiles",
+    )
+    if not program.grid:
+        return out.reshape(())
+    return out[tuple(slice(0, a.extent) for a in program.grid)]
