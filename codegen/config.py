@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shlex
+from collections.abc import Callable
 
 from codegen.errors import SettingError
 
@@ -317,9 +318,10 @@ def check_settings() -> None:
     key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TENSORDSL_")))
     if key in _CHECKED:
         return
-    readers = (debug, c_compiler, extra_cflags, poison_outputs, xla_contractions, build_jobs)
-    readers += (fuse_programs, group_gradients, pair_gradients, cpu_call, cuda_emulate)
-    for read in (*readers, gpu_call, verbosity, progress_after, dump_dir):
+    readers: tuple[Callable[[], object], ...] = (debug, c_compiler, extra_cflags, build_jobs)
+    readers += (poison_outputs, xla_contractions, fuse_programs, group_gradients)
+    readers += (pair_gradients, cpu_call, cuda_emulate, gpu_call, verbosity, progress_after)
+    for read in (*readers, dump_dir):
         read()
     _CHECKED.add(key)
 

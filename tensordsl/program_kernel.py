@@ -418,7 +418,7 @@ def _stages(
 ) -> tuple[ProgramKernel, ...]:
     """A program that gathers from its own outputs, as programs run in turn
     (`stage_groups`): each is the source with the other statements blanked, so that every
-    offset, and every error's caret, is that of the whole program."""
+    offset, and every error's caret, is that of the whole program (whose text they show)."""
     source, lowered = whole.source_text, whole._lowered
     spans = statement_spans(source)
     reads = [set(s.nest.operand_names) for s in lowered.statements]
@@ -445,6 +445,6 @@ def _stages(
             precision=whole.precision,
             fuse={n: c for n, c in inner.items() if n not in outputs} or True,
         )
-        stage.nograd = frozenset(whole.nograd & set(stage.inputs))
+        stage.nograd, stage.source_text = frozenset(whole.nograd & set(stage.inputs)), source
         stages.append(stage)
     return tuple(stages)

@@ -5,8 +5,8 @@ gathers.py`) from the call's arrays: the position of every element in the flatte
 then `gather_p`, a primitive linear in the table:
 
 * forward: one read per element; a position outside the table reads NaN (0 for an integer
-  table), as `jnp.take(..., mode="fill")` does. When the index arrays are concrete (an eager
-  call outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
+  table), as `jnp.take(..., mode="fill")` does. When every input is concrete (an eager call
+  outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
 * JVP: the gather of the table's tangent (0 where the forward reads outside).
 * transpose: the table's cotangent, each element the sum of the cotangents of the positions
   that read it, without atomics: the positions are sorted once (a stable argsort), a
@@ -286,7 +286,9 @@ def _gathered(
 
     valid = jnp.ones(tuple(spans[:lead]), bool)
     flat = jnp.zeros(tuple(spans[:lead]), jax.dtypes.canonicalize_dtype(jnp.int64))
-    concrete = True
+    # Eager only where no input is traced: under grad (the table or any input traced) an index
+    # outside the table reads NaN, as under jit and vmap (docs/language.md).
+    concrete = not any(isinstance(v, jax.core.Tracer) for v in values.values())
     for axis, gathered_axis in enumerate(g.axes[: len(g.axes) - whole]):
         n = table.shape[axis]
         bound = _bound(gathered_axis.affine, ranges, extents)

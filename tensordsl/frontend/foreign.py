@@ -13,6 +13,37 @@ _EINSUM_CALL = re.compile(r"""(?:\w+\.)*einsum\(\s*(['"])(.*?)\1\s*((?:,\s*\w+\s
 _QUOTED = re.compile(r"""(['"])(.*?)\1""")
 _OPERAND = r"([A-Za-z_]\w*)(?:\[([^\]]*)\])?"
 _MATMUL = re.compile(_OPERAND + r"\s*@\s*" + _OPERAND)
+#: Python's prefixes of integer literals in other bases: base, its name, its digits.
+_OTHER_BASES = {
+    "x": (16, "a hexadecimal", re.compile(r"[0-9a-fA-F_]+")),
+    "o": (8, "an octal", re.compile(r"[0-7_]+")),
+    "b": (2, "a binary", re.compile(r"[01_]+")),
+}
+
+
+def foreign_literal(number: str, name: str) -> tuple[str, str] | None:
+    """What is wrong and what was expected, where a number and the name written against it
+    are one of Python's literals (`0x1F`, `0b101`, `1_000`) rather than an implicit product:
+    the language writes numbers in decimal, without separators.
+
+    >>> foreign_literal("1", "_000")
+    ("'1_000' separates digits with '_'", 'a decimal number, such as 1000')
+    >>> foreign_literal("2", "i") is None
+    True
+    """
+    text = number + name
+    base = _OTHER_BASES.get(name[:1].lower()) if number == "0" else None
+    if base is not None and base[2].fullmatch(name[1:]):
+        value = str(int(text, 0))
+        return f"'{text}' is {base[1]} literal, which the language does not read", (
+            f"a decimal number, such as {value}"
+        )
+    if name.startswith("_") and re.fullmatch(r"[\d_]+", name[1:] or "x"):
+        return (
+            f"'{text}' separates digits with '_'",
+            f"a decimal number, such as {text.replace('_', '')}",
+        )
+    return None
 
 
 def foreign_notation_hint(source: str) -> str | None:

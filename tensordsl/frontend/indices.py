@@ -29,7 +29,7 @@ from codegen.ir.affine import (
 )
 from codegen.ir.functions import select
 from codegen.ir.nest import extent_symbol, index_symbol, tensor_base
-from tensordsl.errors import IndexExpressionError
+from tensordsl.errors import IndexExpressionError, UnsupportedError
 from tensordsl.frontend.boundaries import BOUNDARY_FORMS, Boundary, boundary_form
 from tensordsl.frontend.parse import Access, Binary, Call, Compare, Expr, Name, Number, Span, Unary
 
@@ -210,6 +210,17 @@ class IndexExpressions:
         if isinstance(node, Unary):
             operand = self.index_expr(node.operand, whole)
             return -operand if node.op == "-" else operand
+        reads = any(isinstance(n, Access) for n in walk(node))
+        if isinstance(node, Call) and node.name in BOUNDARY_FORMS and node is whole and reads:
+            example = "i - 1, 1" if node.name == "pad" else "i + 1"
+            raise UnsupportedError(  # an affine argument is read by `boundary_form`
+                f"'{node.name}' around an index that reads a tensor is not supported",
+                self.src,
+                node.span,
+                expected=f"'{node.name}' of an affine index, as in 'A[{node.name}({example})]', "
+                "or an index array read alone, as in 'A[tok[i]]'",
+                hint=f"apply the {node.name} to the index array before the call",
+            )
         if isinstance(node, Call) and node.name in BOUNDARY_FORMS:
             raise IndexExpressionError(
                 f"'{node.name}(...)' is part of the index expression "

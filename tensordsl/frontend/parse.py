@@ -39,7 +39,7 @@ from functools import lru_cache
 from typing import Union
 
 from tensordsl.errors import IndexExpressionError, ParseError
-from tensordsl.frontend.foreign import foreign_notation_hint
+from tensordsl.frontend.foreign import foreign_literal, foreign_notation_hint
 
 Span = tuple[int, int]
 
@@ -384,6 +384,10 @@ class _Parser:
             self.next()
             number = Number(token.text, token.span)
             if self.peek.kind == "name" and self.peek.span[0] == token.span[1]:
+                literal = foreign_literal(token.text, self.peek.text)
+                if literal is not None:  # `0x1F`, `1_000`: not `0 * x1F`, `1 * _000`
+                    span = (token.span[0], self.peek.span[1])
+                    raise ParseError(literal[0], self.source, span, expected=literal[1])
                 factor = self.power()  # `2i^2` is 2 * i^2
                 product = Binary("*", number, factor, self.spanned(token.span[0]))
                 return self.node(product, token.span, factor)

@@ -424,3 +424,24 @@ def test_a_concrete_index_array_closed_over_under_jit():
     want = np.zeros_like(X)
     want[np.arange(7), np.asarray(y)] = np.arange(1, 8)
     np.testing.assert_allclose(grad, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_outside_the_table_under_grad_reads_nan_as_under_jit(backend, monkeypatch):
+    """Issue 36.11: with concrete index arrays, `grad` traced the table but the bounds check
+    still ran eagerly and raised; a traced call reads NaN there (docs/language.md)."""
+    k = td.kernel("Y[i] := A[tok[i]] * X[i]", backend=_backend(backend, monkeypatch))
+    rng = np.random.default_rng(36)
+    A, X, ct = rng.normal(size=5), rng.normal(size=3), rng.normal(size=3)
+    tok = np.array([1, 9, 3], np.int32)
+    y, pullback = jax.vjp(lambda a: k(A=a, tok=tok, X=X), A)
+    y = np.asarray(y)
+    assert np.isnan(y[1])
+    np.testing.assert_allclose(y[[0, 2]], A[[1, 3]] * X[[0, 2]], rtol=1e-12)
+    want = np.zeros(5)
+    want[1], want[3] = ct[0] * X[0], ct[2] * X[2]
+    np.testing.assert_allclose(np.asarray(pullback(ct)[0]), want, rtol=1e-12)
+    dX = np.asarray(jax.grad(lambda x: jnp.nansum(k(A=A, tok=tok, X=x) * ct))(X))
+    np.testing.assert_allclose(dX[[0, 2]], (ct * A[[1, 1, 3]])[[0, 2]], rtol=1e-12)
+    with pytest.raises(RangeError, match="points to 9 on axis 0 of 'A'"):
+        k(A=A, tok=tok, X=X)  # eager: every input concrete

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import tensordsl as td
 from tensordsl.errors import (
     ExpressionError,
     ParseError,
@@ -138,3 +140,18 @@ def test_golden_program_error(name: str) -> None:
 def test_goldens_have_cases() -> None:
     """A golden whose case was removed is stale."""
     assert {p.stem for p in GOLDEN.glob("*.txt")} <= set(CASES)
+
+
+def test_an_error_of_a_split_program_shows_every_statement() -> None:
+    """Issue 36.12: a program run in stages (it gathers from its own output) showed the
+    statements of the other stages as blanks in its errors."""
+    source = "Z[b,v] := X[b,d]*W[d,v]; L[b] := Z[b,y[b]]"
+    k = td.program(source, backend="reference")
+    X, W = (
+        np.random.default_rng(0).normal(size=(3, 4)),
+        np.random.default_rng(1).normal(size=(4, 5)),
+    )
+    with pytest.raises(
+        RangeError, match=r"points to 7 (.|\n)*\n  Z\[b,v\] := X\[b,d\]\*W\[d,v\]; L"
+    ):
+        k(X, W, np.array([0, 1, 7]))
