@@ -19,6 +19,8 @@ CASES = {
     "elementwise": ("Y[i,j] := exp(A[i,j]) * B[j]", {"A": (40, 70), "B": (70,)}),
     "causal_scores": ("S[i,j] := Q[i,d] * K[j,d] * (j <= i)", {"Q": (48, 32), "K": (48, 32)}),
     "row_max": ("(max) M[i] := A[i,j] * B[j]", {"A": (40, 70), "B": (70,)}),
+    "row_prod": ("(prod) P[i] := A[i,j] * B[j]", {"A": (40, 70), "B": (70,)}),
+    "full_sum_scaled": ("s := a * X[i,j] * X[i,j]", {"a": (), "X": (40, 30)}),
 }
 
 
