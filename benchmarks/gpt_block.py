@@ -159,9 +159,10 @@ def run_size(size: BlockSize, impls: tuple[str, ...], budget: float, settle: flo
 
 
 def block_profile(size: BlockSize, reps: int) -> Any:
-    """Every C nest of the block's forward and backward, timed alone (`tensordsl.timing`)."""
-    from tensordsl.explain import kernel_nests
-    from tensordsl.timing import profile_jaxpr
+    """Every C nest of the block's forward and backward, timed alone
+    (`tensordsl.explain.timing`)."""
+    from tensordsl.explain.nests import kernel_nests
+    from tensordsl.explain.timing import profile_jaxpr
 
     params, x, ct = inputs(size)
     loss = layers.loss_of(layers.block_kernels, ct)
@@ -424,7 +425,7 @@ form (`compiler.STATS`).
 ### Slowest nests, {nests[0]}
 
 Every C nest of the block's forward+backward timed alone (`python -m benchmarks.profile_nests
---gpt`, `tensordsl.timing`): {PROFILE_REPS} calls each on random inputs, outside JAX; "best"
+--gpt`, `tensordsl.explain.timing`): {PROFILE_REPS} calls each on random inputs, outside JAX; "best"
 is the fastest call, "share" its part of the sum of all nests' best times (a nest run twice,
 like LayerNorm's, is listed twice).
 

@@ -151,7 +151,7 @@ def _equations(case: Case, shapes: dict[str, tuple[int, ...]]) -> list[Any]:
     import jax.numpy as jnp
 
     import tensordsl as td
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     k = td.kernel(case.source, backend="cuda", **case.options)
     names = list(shapes)
@@ -205,7 +205,7 @@ def run_case(case: Case, quick: bool = False) -> list[dict[str, Any]]:
     from codegen.cuda.emulator.counts import min_global_bytes, useful_fmas
     from codegen.cuda.schedule import choose_gpu_schedule
     from tensordsl.backends import cuda as gpu
-    from tensordsl.timing import equation_dtypes
+    from tensordsl.explain.timing import equation_dtypes
 
     shapes = case.sizes(quick)
     records: list[dict[str, Any]] = []

@@ -7,7 +7,7 @@ Run from the repository root:
     python -m benchmarks.profile_nests --case conv2d   # cases whose name contains "conv2d"
     python -m benchmarks.profile_nests --gpt           # every nest of the GPT-style block(s)
 
-The timing core is the package's (`tensordsl.timing`, also behind `k.profile(shapes)` and
+The timing core is the package's (`tensordsl.explain.timing`, also behind `k.profile(shapes)` and
 `python -m tensordsl explain SRC --shapes ... --time`): the nests are read off the jaxpr of
 `jax.value_and_grad`, compiled with the C back end and called directly on random inputs; each
 figure is the median of `--reps` calls. This is a diagnostic for finding the slow gradient

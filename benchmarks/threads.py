@@ -11,7 +11,7 @@ work worth microseconds), two mid-size ones (one below the work that starts a te
 above) and a large one (a Gaussian kernel sum, with an `exp` per term). The "threads"
 column is the team a call asks for when no other kernel runs and the machine is calm
 (`codegen.c.threads.thread_count`). Each is timed three ways in the same run: the kernel
-called directly (what `k.profile` and `tensordsl.timing.profile_jaxpr` time), through
+called directly (what `k.profile` and `tensordsl.explain.timing.profile_jaxpr` time), through
 `jax.jit` (XLA's FFI, from XLA's own threads) and the same computation in jax.numpy, jitted.
 Then again with a busy loop holding one core (a child process this script starts and ends),
 and the large case once more with OpenMP limited to one thread (`omp_set_num_threads(1)` on
@@ -81,7 +81,7 @@ def _timed(call: Callable[[], Any], reps: int) -> tuple[float, float]:
 
 
 def _direct_call(kernel: Any, arrays: list[np.ndarray]) -> Callable[[], Any]:
-    """The forward kernel called outside JAX, as `tensordsl.timing` calls it."""
+    """The forward kernel called outside JAX, as `tensordsl.explain.timing` calls it."""
     from codegen.c.build import build_c
     from codegen.ir.nest import default_dtypes
 

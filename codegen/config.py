@@ -10,9 +10,9 @@ import os
 import pathlib
 import shlex
 
+from codegen.errors import SettingError
 
-class SettingError(ValueError):
-    """A `TENSORDSL_*` variable whose value cannot be used; the message names it."""
+__all__ = ["SettingError", "check_settings"]  # SettingError: where the readers raise it
 
 
 def cache_dir() -> pathlib.Path:
@@ -43,8 +43,8 @@ def dump_dir() -> pathlib.Path | None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise SettingError(
-            f"TENSORDSL_DUMP_DIR={value!r}: the folder cannot be created ({error.strerror}); "
-            "expected a writable folder, or unset it"
+            f"TENSORDSL_DUMP_DIR={value!r}: the folder cannot be created ({error.strerror})",
+            expected="a writable folder, or TENSORDSL_DUMP_DIR unset",
         ) from None
     return folder
 
@@ -59,7 +59,8 @@ def _flag(name: str, default: str) -> bool:
     value = os.environ.get(name, default).strip().lower()
     if value not in FLAGS:
         raise SettingError(
-            f"{name}={value!r}: expected 1, true, yes, on (yes) or 0, false, no, off (no)"
+            f"{name}={value!r} is not a yes/no value",
+            expected="1, true, yes, on (yes) or 0, false, no, off (no)",
         )
     return FLAGS[value]
 
@@ -132,8 +133,36 @@ def build_jobs() -> int:
     if not value:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     if not value.isdigit():
-        raise SettingError(f"TENSORDSL_BUILD_JOBS={value!r}: expected a number of jobs, 0 or more")
+        raise SettingError(
+            f"TENSORDSL_BUILD_JOBS={value!r} is not a number of jobs",
+            expected="a whole number, 0 or more",
+        )
     return int(value)
+
+
+#: The ways C kernels are built (`build_mode`).
+BUILD_MODES = ("tiered", "fast", "full")
+
+
+def build_mode() -> str:
+    """`TENSORDSL_BUILD`: how a C kernel missing from the disk cache is built.
+
+    "tiered" (default): first unoptimised (a fraction of the optimising compiler's time), used
+    at once, while the optimised build runs in a background thread and takes over between two
+    calls when it is ready (codegen/c/tiers.py); "fast": unoptimised only; "full": optimised
+    only, waited for. Both builds are cached; a kernel whose optimised build is on disk loads it
+    whatever the mode but "fast".
+
+    Raises:
+        SettingError: for anything but one of `BUILD_MODES`.
+    """
+    value = os.environ.get("TENSORDSL_BUILD", "").strip().lower() or "tiered"
+    if value not in BUILD_MODES:
+        raise SettingError(
+            f"TENSORDSL_BUILD={value!r}: expected one of {', '.join(BUILD_MODES)} "
+            "(the default is tiered)"
+        )
+    return value
 
 
 def fuse_programs() -> bool:
@@ -152,8 +181,8 @@ def group_gradients() -> bool:
 
 def pair_gradients() -> bool:
     """`TENSORDSL_PAIR_GRADIENTS`: two weighted gradient nests over the same loops
-    (attention's dK and dV) run as one CUDA kernel with two outputs (`codegen.cuda.pairs`)
-    unless set to "0"; "0" runs each alone (to compare)."""
+    (attention's dK and dV) run as one CUDA kernel with two outputs
+    (`codegen.cuda.attention.paired`) unless set to "0"; "0" runs each alone (to compare)."""
     return _flag("TENSORDSL_PAIR_GRADIENTS", "1")
 
 
@@ -170,7 +199,10 @@ def cpu_call() -> str:
     """
     value = os.environ.get("TENSORDSL_CPU_CALL", "").strip().lower() or "ffi"
     if value not in CPU_CALLS:
-        raise SettingError(f"TENSORDSL_CPU_CALL={value!r}: expected one of {', '.join(CPU_CALLS)}")
+        raise SettingError(
+            f"TENSORDSL_CPU_CALL={value!r} is not a way to call a C kernel",
+            expected=f"one of {', '.join(CPU_CALLS)}",
+        )
     return value
 
 
@@ -200,7 +232,10 @@ def cuda_emulate() -> str | None:
     value = os.environ.get("TENSORDSL_CUDA_EMULATE", "").strip().lower()
     if value not in EMULATE_ORDERS:
         expected = ", ".join(repr(v) for v in EMULATE_ORDERS if v)
-        raise SettingError(f"TENSORDSL_CUDA_EMULATE={value!r}: expected one of {expected}")
+        raise SettingError(
+            f"TENSORDSL_CUDA_EMULATE={value!r} is not an emulation order",
+            expected=f"one of {expected}",
+        )
     return EMULATE_ORDERS[value]
 
 
@@ -213,11 +248,14 @@ def gpu_call() -> str:
     or "callback", a `buffer_callback` that launches a CuPy RawKernel (Python per call).
 
     Raises:
-        ValueError: for any other value.
+        SettingError: for any other value.
     """
     value = os.environ.get("TENSORDSL_GPU_CALL", "").strip().lower() or "ffi"
     if value not in GPU_CALLS:
-        raise ValueError(f"TENSORDSL_GPU_CALL={value!r}: expected one of {', '.join(GPU_CALLS)}")
+        raise SettingError(
+            f"TENSORDSL_GPU_CALL={value!r} is not a way to launch a CUDA kernel",
+            expected=f"one of {', '.join(GPU_CALLS)}",
+        )
     return value
 
 
@@ -236,7 +274,8 @@ def verbosity() -> int:
     value = os.environ.get("TENSORDSL_VERBOSE", "").strip().lower()
     if value not in VERBOSITY:
         raise SettingError(
-            f"TENSORDSL_VERBOSE={value!r}: expected 0 (quiet), 1 (default) or 2 (verbose)"
+            f"TENSORDSL_VERBOSE={value!r} is not a verbosity",
+            expected="0 (quiet), 1 (default) or 2 (verbose)",
         )
     return VERBOSITY[value]
 
@@ -257,9 +296,32 @@ def progress_after() -> float:
         seconds = -1.0
     if not seconds >= 0 or seconds == float("inf"):
         raise SettingError(
-            f"TENSORDSL_PROGRESS_AFTER={value!r}: expected a number of seconds, 0 or more"
+            f"TENSORDSL_PROGRESS_AFTER={value!r} is not a number of seconds",
+            expected="a number, 0 or more",
         )
     return seconds
+
+
+#: The environments whose settings `check_settings` found usable (their TENSORDSL_* items).
+_CHECKED: set[tuple[tuple[str, str], ...]] = set()
+
+
+def check_settings() -> None:
+    """Read every `TENSORDSL_*` setting, so that a bad value raises its `SettingError` when
+    a kernel is called, before JAX traces or lowers anything (each reader is also called
+    where the setting is used, later); remembered per environment.
+
+    Raises:
+        SettingError: the first setting whose value cannot be used.
+    """
+    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TENSORDSL_")))
+    if key in _CHECKED:
+        return
+    readers = (debug, c_compiler, extra_cflags, poison_outputs, xla_contractions, build_jobs)
+    readers += (fuse_programs, group_gradients, pair_gradients, cpu_call, cuda_emulate)
+    for read in (*readers, gpu_call, verbosity, progress_after, dump_dir):
+        read()
+    _CHECKED.add(key)
 
 
 #: The OpenMP runtime's own variables that choose how its idle threads wait.

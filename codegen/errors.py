@@ -33,3 +33,16 @@ def _rebuild(
 
 class Unsupported(CodegenError, NotImplementedError):
     """A valid nest that a pass does not handle (yet)."""
+
+
+class SettingError(CodegenError, ValueError):
+    """A `TENSORDSL_*` variable whose value cannot be used: `what` names it and its value
+    (`tensordsl.errors.user_facing` turns it into a `tensordsl.SettingError`)."""
+
+    def __str__(self) -> str:
+        lines = [self.what]
+        if self.expected:
+            lines.append(f"expected {self.expected}")
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)

@@ -128,7 +128,10 @@ def warm_up(
         return sum(floats, start=jnp.zeros((), jnp.float32))  # an argmax alone: 0.0
 
     traced = jax.value_and_grad(loss, argnums=argnums) if argnums else loss
-    jax.jit(traced).lower(*specs)
+    from tensordsl.backends.c import optimised_builds  # no compiled back end at import
+
+    with optimised_builds():  # ahead of time, so optimised (not tiered)
+        jax.jit(traced).lower(*specs)
 
 
 def check_dtype(dtype: str | None) -> str | None:

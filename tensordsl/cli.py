@@ -29,7 +29,6 @@ import numpy as np
 
 from codegen.progress import BUILDS
 from tensordsl.backends import table
-from tensordsl.explain import REPORT_TARGETS
 from tensordsl.program_kernel import ProgramKernel
 
 DEMO: tuple[tuple[Any, ...], ...] = (
@@ -101,7 +100,7 @@ def _built(name: str, seconds: float, cached: set[str]) -> str:
 
 
 def explain_command(args: argparse.Namespace) -> int:
-    from tensordsl.explain import build_nests, range_lines, schedule_lines
+    from tensordsl.explain.nests import build_nests, range_lines, schedule_lines
     from tensordsl.kernel import kernel
 
     k = kernel(args.source, reduce=args.reduce)
@@ -138,7 +137,7 @@ def explain_command(args: argparse.Namespace) -> int:
 
 def _explain_program(k: ProgramKernel, args: argparse.Namespace, shapes: dict) -> int:
     """`explain` for a program: its summary and each statement's nests, schedules, code."""
-    from tensordsl.explain import build_nests, schedule_lines
+    from tensordsl.explain.nests import build_nests, schedule_lines
 
     print(f"inputs     {', '.join(k.inputs)}   outputs {', '.join(k.outputs)}")
     print(k.explain(shapes=shapes or None, target=args.report_target))
@@ -169,7 +168,7 @@ def _explain_program(k: ProgramKernel, args: argparse.Namespace, shapes: dict) -
 def demo_command(args: argparse.Namespace) -> int:
     import jax
 
-    from tensordsl.explain import build_nests
+    from tensordsl.explain.nests import build_nests
     from tensordsl.kernel import Kernel
 
     jax.config.update("jax_enable_x64", True)
@@ -306,7 +305,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "tensordsl") -> int:
     explain.add_argument(
         "--target",
         dest="report_target",
-        choices=REPORT_TARGETS,
+        choices=table.REPORT_TARGETS,
         default=None,
         help="also print the static report of every kernel a forward+backward call runs on "
         "--shapes for this target: cuda: grid, block, lanes, FMAs and bytes per output "

@@ -21,6 +21,8 @@ import contextlib
 import difflib
 from collections.abc import Iterable, Iterator
 
+from codegen import config
+from codegen.errors import SettingError as CodegenSettingError
 from codegen.errors import Unsupported
 
 
@@ -175,6 +177,10 @@ class OptionError(TensorDSLError, ValueError):
     """An option of a ready layer (`tensordsl.nn`) that has no meaning: a padding, a stride."""
 
 
+class SettingError(TensorDSLError, ValueError):
+    """A `TENSORDSL_*` environment variable whose value cannot be used."""
+
+
 class UnsupportedError(TensorDSLError, NotImplementedError):
     """Valid input that tensordsl does not handle (yet)."""
 
@@ -190,7 +196,8 @@ class IndexNameWarning(TensorDSLWarning):
 @contextlib.contextmanager
 def user_facing(source: str | None = None) -> Iterator[None]:
     """Turn the compiler's `codegen.errors.Unsupported` into an `UnsupportedError` that shows
-    `source`: passes know nests, not the text they came from.
+    `source` (passes know nests, not the text they came from), and its `SettingError` into
+    ours.
 
     >>> with user_facing("Y[i] := X[i]"):  # doctest: +ELLIPSIS
     ...     raise Unsupported("no gradient for the reduction 'median'")
@@ -205,3 +212,16 @@ def user_facing(source: str | None = None) -> Iterator[None]:
         raise UnsupportedError(
             error.what, source, expected=error.expected, hint=error.hint
         ) from None
+    except CodegenSettingError as error:
+        raise SettingError(error.what, expected=error.expected, hint=error.hint) from None
+
+
+def check_settings() -> None:
+    """Every `TENSORDSL_*` setting read (`codegen.config.check_settings`): a bad value is a
+    `SettingError` when a kernel is called, before JAX traces or lowers anything.
+
+    Raises:
+        SettingError: the first setting whose value cannot be used.
+    """
+    with user_facing():
+        config.check_settings()

@@ -144,9 +144,9 @@ class Kernel:
         output element against the minimum, registers (docs/backends.md); with
         `target="pallas"`, the tile program of each (grid, tiles, dots, bounds).
         """
-        from tensordsl.explain import check_report_target, explain, kernel_nests
-        from tensordsl.gpu_report import report_lines
-        from tensordsl.timing import nest_jaxpr
+        from tensordsl.explain.gpu_report import report_lines
+        from tensordsl.explain.nests import check_report_target, explain, kernel_nests
+        from tensordsl.explain.timing import nest_jaxpr
 
         low = self._lowered
         if target is not None:
@@ -186,7 +186,7 @@ class Kernel:
 
     def source(self, target: str = "c") -> dict[str, str]:
         """Generated code for every nest, as a dict from nest name to source text."""
-        from tensordsl.explain import generated_sources
+        from tensordsl.explain.nests import generated_sources
 
         return generated_sources(self.nest, target)
 
@@ -201,13 +201,13 @@ class Kernel:
             reps: calls per nest after a warm-up; the median is reported.
 
         Returns:
-            A `tensordsl.timing.Profile`: `.timings` (name, schedule, seconds per nest) and a
-            table as `str()`. See docs/backends.md, "Which nest is slow".
+            A `tensordsl.explain.timing.Profile`: `.timings` (name, schedule, seconds per
+            nest) and a table as `str()`. See docs/backends.md, "Which nest is slow".
 
         Raises:
             ShapeError, RangeError: as for a call with arrays of these shapes.
         """
-        from tensordsl.timing import profile_nests
+        from tensordsl.explain.timing import profile_nests
 
         if dtype not in ("float32", "float64"):
             raise UnknownNameError(
@@ -356,9 +356,11 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     """The user's schedule or loop order for the forward nest, checked now."""
     if schedule is None and loop_order is None:
         return None
-    from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
-
-    if schedule is not None and not isinstance(schedule, Schedule):
+    scheduled = table.SCHEDULED
+    assert scheduled.schedule_type is not None and scheduled.scheduler is not None
+    assert scheduled.validate_schedule is not None
+    validate = scheduled.validate_schedule()
+    if schedule is not None and not isinstance(schedule, scheduled.schedule_type()):
         raise ScheduleError(
             f"schedule= must be a codegen.c.schedule.Schedule, got {type(schedule).__name__}",
             source,
@@ -367,7 +369,7 @@ def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: st
     order = arguments.names(loop_order, option="loop_order")
     try:
         if schedule is None:
-            schedule = choose_cpu_schedule(nest, loop_order=order)
+            schedule = scheduled.scheduler()(nest, loop_order=order)
         validate(nest, schedule)
     except ValueError as error:
         raise ScheduleError(

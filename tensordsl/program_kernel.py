@@ -170,8 +170,8 @@ class ProgramKernel:
         fused nests with their gradient nests. With `target` ("cuda" or "pallas"; needs
         `shapes`), also the static report of every kernel a call runs (`Kernel.explain`).
         """
-        from tensordsl.explain import check_report_target, explain
-        from tensordsl.gpu_report import report_lines
+        from tensordsl.explain.gpu_report import report_lines
+        from tensordsl.explain.nests import check_report_target, explain
 
         if target is not None:
             check_report_target(target, shapes)
@@ -205,8 +205,8 @@ class ProgramKernel:
 
     def _fused_lines(self, known: Mapping[str, tuple[int, ...]]) -> tuple[list[str], list[str]]:
         """The summary of what a call with these shapes runs, and the fused nests' details."""
-        from tensordsl.explain import explain, online_lines
-        from tensordsl.explain_summary import summary_lines
+        from tensordsl.explain.nests import explain, online_lines
+        from tensordsl.explain.summary import summary_lines
 
         live = live_statements(self.program)
         if not config.fuse_programs():
@@ -246,7 +246,7 @@ class ProgramKernel:
             if nest.online:
                 details.append(
                     f"one pass: {nest.online} and {nest.output} in one nest on the C back end "
-                    "(online softmax) and on the CUDA back end (codegen.cuda.online; the "
+                    "(online softmax) and on the CUDA back end (codegen.cuda.attention.online; the "
                     "reference back end runs the two)"
                 )
                 details += ["  " + line for line in online_lines(nest, concrete)]
@@ -277,13 +277,13 @@ class ProgramKernel:
         auxiliary nests and every input's gradient nest), as a call runs them.
 
         Returns:
-            A `tensordsl.timing.Profile`; a stored statement's nest is named by its output
+            A `tensordsl.explain.timing.Profile`; a stored statement's nest is named by its output
             (a one-pass nest by both, `O+L`), a gradient nest by the gradient's name (`dQ`).
 
         Raises:
             ShapeError, RangeError: as for a call with arrays of these shapes.
         """
-        from tensordsl.timing import profile_jaxpr
+        from tensordsl.explain.timing import profile_jaxpr
 
         if dtype not in ("float32", "float64"):
             raise UnknownNameError(
@@ -301,8 +301,8 @@ class ProgramKernel:
         twice gets `.2`), in the order `jax.value_and_grad` runs them; a nest that runs as XLA's dot
         (`explain`) shows the kernel it falls back to.
         """
-        from tensordsl.explain import generated_sources, source_emitter
-        from tensordsl.timing import equation_dtypes, nest_equations
+        from tensordsl.explain.nests import generated_sources, source_emitter
+        from tensordsl.explain.timing import equation_dtypes, nest_equations
 
         if shapes is None:
             return {
@@ -339,7 +339,7 @@ class ProgramKernel:
                 expected="a program that gathers from inputs only, or source() without shapes",
                 hint="jax.jit(program).lower(...) shows what a call runs",
             )
-        from tensordsl.timing import value_and_grad_jaxpr
+        from tensordsl.explain.timing import value_and_grad_jaxpr
 
         shapes = check_program_shapes(self._lowered, shapes)  # `...` flattened
         gathers = [s for s in self._lowered.statements if s.gathers]

@@ -104,9 +104,9 @@ def phase_machine(out: pathlib.Path, emulate: bool, quick: bool) -> None:
             "--format=csv,noheader",
         ]
     )
-    from codegen.cuda import launch as cuda_launch
-    from codegen.cuda import nvrtc
     from codegen.cuda.emulator import emulate as emulator
+    from codegen.cuda.run import launch as cuda_launch
+    from codegen.cuda.run import nvrtc
 
     info["nvrtc"] = nvrtc.available() and str(nvrtc._nvrtc().getVersion())
     info["ffi_handler"] = cuda_launch.unavailable_reason() or "available"

@@ -36,19 +36,23 @@ load sets the OpenMP runtime's wait policy (codegen/c/threads.py).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import dataclasses
 import functools
 import pathlib
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 from codegen import config, progress
-from codegen.c import ffi, records, threads
+from codegen.c import ffi, records, threads, tiers
 from codegen.c.compiled import CompiledNest
 from codegen.c.compiler import (
     BuildError,
+    c_toolchain,
     compile_c,
     compile_flags,
     compiler_version,
@@ -65,6 +69,10 @@ from codegen.ir.nest import LoopNest, canonical_names, default_dtypes
 #: By request; every kernel built or loaded is counted once, for the progress line.
 _BUILT: OnceMap[CompiledNest] = OnceMap(progress.BUILDS)
 _EMITTED: OnceMap[records.KernelRecord] = OnceMap()  # by canonical record digest
+#: Optimised builds of tiered kernels, made in the background (not on the progress line).
+_OPTIMISED: OnceMap[CompiledNest] = OnceMap()
+_STARTED: set[_Request] = set()  # optimised builds started, for `wait_for_optimised`
+_STARTED_LOCK = threading.Lock()
 _WARNED: set[_Request] = set()
 
 
@@ -77,14 +85,16 @@ class _Settings:
     flags: tuple[str, ...]
     cache_dir: str
     ffi_headers: str
+    fast: bool = False  # the first, unoptimised build of a tiered kernel (codegen/c/tiers.py)
 
 
-def _settings() -> _Settings:
+def _settings(*, fast: bool = False) -> _Settings:
     cc = config.c_compiler()
     include = ffi.include_dir()
     headers = f"{include} {ffi.header_digest()}" if include is not None else "none"
     folder = str(disk_cache.usable_folder(config.cache_dir()))
-    return _Settings(cc, compiler_version(cc), compile_flags(), folder, headers)
+    flags = tiers.fast_flags(compile_flags()) if fast else compile_flags()
+    return _Settings(cc, compiler_version(cc), flags, folder, headers, fast)
 
 
 @dataclass(frozen=True)
@@ -104,10 +114,16 @@ def _heuristic(nest: LoopNest, dtypes: tuple[tuple[str, str], ...]) -> Schedule:
 
 
 def _request(
-    nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule | None, role: str
+    nest: LoopNest,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None,
+    role: str,
+    *,
+    fast: bool = False,
 ) -> _Request:
     items = tuple(sorted(dtypes.items()))
-    return _Request(nest, items, schedule or _heuristic(nest, items), role, _settings())
+    schedule = schedule or _heuristic(nest, items)
+    return _Request(nest, items, schedule, role, _settings(fast=fast))
 
 
 def build_c(
@@ -116,6 +132,7 @@ def build_c(
     dtypes: Mapping[str, str],
     schedule: Schedule | None = None,
     role: str = "forward",
+    mode: str | None = None,
 ) -> CompiledNest:
     """Emit, compile (or fetch from the caches) and load `nest`.
 
@@ -124,16 +141,19 @@ def build_c(
         dtypes: numpy dtype name of each operand and of the output.
         schedule: as for `emit_c`; the heuristic's choice when None.
         role: the nest's role in its kernel ("forward", "grad_A", ...).
+        mode: "tiered", "fast" or "full" (`config.build_mode`); None: the setting's, or
+            "full" inside `optimised_builds()`.
 
     Returns:
-        A `CompiledNest`, callable as `compiled(out, operands, extents)`.
+        A `CompiledNest`, callable as `compiled(out, operands, extents)`; in tiered mode, the
+        unoptimised build until the optimised one takes over (codegen/c/tiers.py).
 
     Raises:
         BuildError: when the compiler rejects the generated code (a tensordsl bug).
         ValueError: when the schedule does not fit the nest or a dtype is unsupported.
     """
-    request = _request(nest, dtypes, schedule, role)
-    compiled = _BUILT.get(request, functools.partial(_build, request))
+    request, key, build = _job(nest, dtypes, schedule, role, mode)
+    compiled = _BUILT.get(key, build)
     if compiled.warning is not None and request not in _WARNED:
         _WARNED.add(request)
         warnings.warn(compiled.warning, stacklevel=2)
@@ -153,28 +173,106 @@ def prefetch_c(
     jobs = config.build_jobs()
     if jobs < 1:
         return
-    request = _request(nest, dtypes, schedule, role)
+    request, key, build = _job(nest, dtypes, schedule, role, None)
 
     def still_wanted() -> bool:
-        return _settings() == request.settings
+        return _settings(fast=request.settings.fast) == request.settings
 
-    _BUILT.start(
-        request, functools.partial(_build, request), still_wanted=still_wanted, workers=jobs
+    _BUILT.start(key, build, still_wanted=still_wanted, workers=jobs)
+
+
+_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("tdsl_build", default=None)
+
+
+@contextlib.contextmanager
+def optimised_builds() -> Iterator[None]:
+    """Within this context every kernel this thread asks for is built optimised and waited
+    for, whatever `TENSORDSL_BUILD` says (`k.build()`: optimised ahead of time)."""
+    token = _MODE.set("full")
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def _job(
+    nest: LoopNest,
+    dtypes: Mapping[str, str],
+    schedule: Schedule | None,
+    role: str,
+    mode: str | None,
+) -> tuple[_Request, Hashable, Callable[[], CompiledNest]]:
+    """The request for `mode`, its key in `_BUILT` and how it is built. Tiered needs
+    background threads: with `TENSORDSL_BUILD_JOBS=0` it builds optimised at once."""
+    mode = mode or _MODE.get() or config.build_mode()
+    request = _request(nest, dtypes, schedule, role, fast=mode == "fast")
+    if mode != "tiered" or config.build_jobs() < 1:
+        return request, request, functools.partial(_build, request)
+    return request, ("tiered", request), functools.partial(_build_tiered, request)
+
+
+def _build_tiered(request: _Request) -> CompiledNest:
+    """The optimised kernel where its record is on disk; else the fast build, with the
+    optimised build started in the background to take over its slot when it has loaded."""
+    found = _exact(request)[1]
+    if found is not None:
+        count("disk_hits")
+        return found
+    fast_settings = _settings(fast=True)
+    quick = _build(dataclasses.replace(request, settings=fast_settings))
+    with _STARTED_LOCK:
+        _STARTED.add(request)
+    _OPTIMISED.start(
+        request,
+        functools.partial(_take_over, quick, request),
+        still_wanted=lambda: _settings() == request.settings,
+        workers=max(1, config.build_jobs()),
     )
+    return quick
+
+
+def _take_over(quick: CompiledNest, request: _Request) -> CompiledNest:
+    """Build `request` optimised and make the fast build `quick` call it from now on."""
+    optimised = _build(request)
+    tiers.take_over(quick.library, quick.entry, optimised.function)
+    return optimised
+
+
+def wait_for_optimised() -> None:
+    """Wait until every optimised build started in the background so far has taken over
+    (or failed: its error is raised here)."""
+    with _STARTED_LOCK:
+        started = list(_STARTED)
+    for request in started:
+        _OPTIMISED.get(request, functools.partial(_build, request))
+
+
+def _exact(request: _Request) -> tuple[records.KernelRecord | None, CompiledNest | None]:
+    """The request's own record on disk and its kernel loaded, each None when missing (or,
+    for the kernel, when its library does not load). Nothing is read with a dump folder:
+    every kernel is generated (and dumped) again."""
+    if config.dump_dir():
+        return None, None
+    nest, settings = request.nest, request.settings
+    digest = records.record_digest(
+        nest, dict(request.dtypes), request.schedule, request.role, settings
+    )
+    record = records.read_record(pathlib.Path(settings.cache_dir), digest)
+    return record, None if record is None else _load(nest, record)
 
 
 def _build(request: _Request) -> CompiledNest:
     """Load the request's kernel from its record, else from its canonical form's record,
     else emit, compile and record it; a library that does not load is built again."""
-    nest, dtypes, settings = request.nest, dict(request.dtypes), request.settings
-    folder = pathlib.Path(settings.cache_dir)
-    exact = records.record_digest(nest, dtypes, request.schedule, request.role, settings)
-    # With a dump folder, every kernel is generated (and dumped) again, not read back.
-    record = None if config.dump_dir() else records.read_record(folder, exact)
-    compiled = None if record is None else _load(nest, record)
+    nest, settings = request.nest, request.settings
+    record, compiled = _exact(request)
     if compiled is not None:
         count("disk_hits")
         return compiled
+    folder = pathlib.Path(settings.cache_dir)
+    exact = records.record_digest(
+        nest, dict(request.dtypes), request.schedule, request.role, settings
+    )
     for rebuild in (record is not None, True):
         shared = _shared_record(request, rebuild=rebuild)
         compiled = _load(nest, shared)
@@ -204,7 +302,13 @@ def _shared_record(request: _Request, *, rebuild: bool) -> records.KernelRecord:
             count("disk_hits")
             return found
         to_canonical = {} if form else canonical_names(nest)[0]
-        made = _emit(request.role, *emitted, to_canonical=to_canonical, rebuild=rebuild)
+        made = _emit(
+            request.role,
+            *emitted,
+            to_canonical=to_canonical,
+            rebuild=rebuild,
+            fast=request.settings.fast,
+        )
         records.write_record(folder, digest, made)
         return made
 
@@ -232,14 +336,16 @@ def _emit(
     *,
     to_canonical: Mapping[str, str],
     rebuild: bool,
+    fast: bool,
 ) -> records.KernelRecord:
-    """Emit and compile `nest` (a canonical form, where the request's has one)."""
+    """Emit and compile `nest` (a canonical form, where the request's has one); `fast`: the
+    first build of a tiered kernel, whose entry point calls through a slot."""
     source = emit_c(nest, dtypes=dtypes, schedule=schedule, role=role)
     count("emitted")
     dump = config.dump_dir()
     if dump is not None:
         disk_cache.atomic_write(dump / f"{source.entry}.c", source.text.encode())
-    library, error = _compile_nest(nest, source, dtypes, rebuild)
+    library, entry, error = _compile_nest(nest, source, dtypes, rebuild, fast)
     warning = error and (
         f"tensordsl: the XLA FFI handler of {source.entry} did not build; "
         f"JAX calls this kernel through buffer_callback instead.\n{error}"
@@ -247,7 +353,7 @@ def _emit(
     host = host_function(source.parameters)
     return records.KernelRecord(
         name=source.entry,
-        entry=source.entry,
+        entry=entry,
         library=str(library),
         handler=ffi.include_dir() is not None and error is None,
         host_names=host.names,
@@ -287,31 +393,46 @@ def _load(nest: LoopNest, record: records.KernelRecord) -> CompiledNest | None:
 
 
 def _compile_nest(
-    nest: LoopNest, source: CSource, dtypes: Mapping[str, str], rebuild: bool
-) -> tuple[pathlib.Path, str | None]:
-    """Compile `source` with its FFI handler when possible; the error text when that failed."""
+    nest: LoopNest, source: CSource, dtypes: Mapping[str, str], rebuild: bool, fast: bool
+) -> tuple[pathlib.Path, str, str | None]:
+    """Compile `source` with its FFI handler when possible (a fast build with its slot, at
+    `tiers.FAST_LEVEL`): the library, its entry point, and the error text when the handler
+    did not build."""
+    text, entry, toolchain = source.text, source.entry, None
+    if fast:
+        text = f"{text}\n{tiers.slot_source(entry)}"
+        entry, toolchain = tiers.call_name(entry), c_toolchain(fast=True)
     folder = ffi.include_dir()
     if folder is None:
-        return compile_c(source.text, rebuild=rebuild), None
+        return compile_c(text, rebuild=rebuild, toolchain=toolchain), entry, None
     handler = ffi.handler_source(
-        source.entry,
+        entry,
         [dtypes[name] for name in nest.operand_names],
         dtypes[nest.output],
         len(source.parameters),
     )
     key = ("xla_ffi", ffi.header_digest())
-    text = source.text + "\n" + handler
     try:
-        return compile_c(text, key=key, include_dirs=(folder,), rebuild=rebuild), None
+        library = compile_c(
+            text + "\n" + handler,
+            key=key,
+            include_dirs=(folder,),
+            rebuild=rebuild,
+            toolchain=toolchain,
+        )
+        return library, entry, None
     except BuildError as error:
-        return compile_c(source.text, rebuild=rebuild), str(error)
+        return compile_c(text, rebuild=rebuild, toolchain=toolchain), entry, str(error)
 
 
 def clear_memory_cache() -> None:
     """Forget every loaded kernel (the disk cache stays)."""
     _BUILT.clear()
     _EMITTED.clear()
+    _OPTIMISED.clear()
     _WARNED.clear()
+    with _STARTED_LOCK:
+        _STARTED.clear()
 
 
 def c_source(nest: LoopNest, dtypes: Mapping[str, str] | None = None, role: str = "forward") -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from codegen import config
+from codegen.c import tiers
 from codegen.cache import disk as disk_cache
 from codegen.cache import memo
 
@@ -146,11 +147,14 @@ def compile_flags() -> tuple[str, ...]:
 LARGE_SOURCE = 40_000
 
 
-def _c_toolchain(size: int = 0) -> Toolchain:
+def c_toolchain(size: int = 0, *, fast: bool = False) -> Toolchain:
     """The C compiler with `compile_flags()` (`-O2` first for a source of `size` characters
-    over `LARGE_SOURCE`), linking libmvec where they define it."""
+    over `LARGE_SOURCE`; the first build of a tiered kernel's at `tiers.FAST_LEVEL` when
+    `fast`), linking libmvec where they define it."""
     flags = compile_flags()
-    if size > LARGE_SOURCE:
+    if fast:
+        flags = tiers.fast_flags(flags)
+    elif size > LARGE_SOURCE:
         flags = ("-O2", *flags[1:])  # BASE_FLAGS come first: its -O3
     libraries = ("-lmvec", "-lm") if LIBMVEC_DEFINE in flags else ("-lm",)
     return Toolchain(config.c_compiler(), flags, "TENSORDSL_CC", libraries=libraries)
@@ -177,7 +181,7 @@ def compile_c(
         BuildError: when the compiler rejects the source; the message gives its path.
         config.SettingError: when the compiler fails on a one-line program too.
     """
-    tool = toolchain or _c_toolchain(len(text))
+    tool = toolchain or c_toolchain(len(text))
     cc = tool.compiler
     flags = (*tool.flags, *(f"-I{folder}" for folder in include_dirs))
     material = repr((text, flags, compiler_version(cc), CACHE_VERSION, key))
@@ -239,8 +243,8 @@ def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as error:
         raise config.SettingError(
-            f"cannot run the compiler {tool.compiler!r} ({error}); set {tool.knob} to a "
-            "compiler command"
+            f"cannot run the compiler {tool.compiler!r} ({error})",
+            hint=f"set {tool.knob} to a compiler command",
         ) from None
     if done.returncode == 0:
         return

@@ -1,6 +1,6 @@
 """The CUDA dialect of the emitter: what differs from C, stated as class attributes.
 
-The strategies (`codegen.cuda.strategies`, `codegen.cuda.smem`) emit through a
+The strategies (`codegen.cuda.reductions.simple`, `codegen.cuda.staged.tiles`) emit through a
 `CudaEmitter`; `codegen.cuda.emit` assembles the kernel.
 """
 

@@ -32,40 +32,25 @@ Half-precision inputs are read as float (`__half2float`,
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 
-from codegen.cuda.columns import columns, columns_grid, combine_columns
-from codegen.cuda.columns import combine_grid as combine_columns_grid
 from codegen.cuda.dialect import STORAGE, CudaEmitter, CudaPrinter
-from codegen.cuda.mma import device_functions, mma, mma_type
-from codegen.cuda.online import launch as online_launch
-from codegen.cuda.online import online
-from codegen.cuda.pairwise import pairwise
-from codegen.cuda.row_groups import rows, rows_grid
 from codegen.cuda.schedule import (
     INDEX_TYPES,
-    SMEM_THREADS,
     GpuSchedule,
     choose_gpu_schedule,
     validate_gpu,
 )
-from codegen.cuda.smem import smem
-from codegen.cuda.split import combine_grid, combine_partials, partial_count, split
-from codegen.cuda.strategies import block_reduce, thread, tile
+from codegen.cuda.strategies import BY_NAME, Grid
 from codegen.emit.emitter import Lines, accumulation_type, block_lines, check_dtypes, entry_name
 from codegen.emit.printer import c_name
-from codegen.emit.select import row_indices
-from codegen.ir.functions import CeilDiv
 from codegen.ir.nest import LoopNest, default_dtypes
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
-
-
-Grid = tuple[sympy.Expr, sympy.Expr, sympy.Expr]
 
 
 @dataclass(frozen=True)
@@ -106,55 +91,6 @@ class CudaSource:
         return 1 + len(self.operands) + scratch + len(self.parameters)
 
 
-STRATEGY_EMITTERS: dict[str, Callable[[CudaEmitter], Lines]] = {
-    "thread": thread,
-    "tile": tile,
-    "smem": smem,
-    "pairwise": pairwise,
-    "mma": mma,
-    "block": block_reduce,
-    "split": split,
-    "online": online,
-    "weighted": online,
-    "rows": rows,
-    "columns": columns,
-}
-#: Strategies of two kernels: the second one's body and grid.
-SECOND_PASSES: dict[str, tuple[Callable[[CudaEmitter], Lines], Callable[[CudaEmitter], Grid]]] = {
-    "split": (combine_partials, combine_grid),
-    "columns": (combine_columns, combine_columns_grid),
-}
-
-
-def _launch(
-    e: CudaEmitter,
-) -> tuple[tuple[sympy.Expr, sympy.Expr, sympy.Expr], tuple[int, int, int]]:
-    s, one = e.schedule, sympy.Integer(1)
-    if s.strategy in ("online", "weighted"):
-        return online_launch(e)
-    rn, vn = s.row or "", s.vector or ""
-    if s.strategy in ("smem", "mma", "pairwise"):
-        t = SMEM_THREADS
-        batch = [n for n in s.free_order if n not in (rn, vn)]
-        grid = (
-            e.count([vn], {vn: t * s.cols}),
-            e.count([rn], {rn: t * s.rows}),
-            e.count(batch, {}),
-        )
-        return grid, (t, t, 1)
-    if s.strategy == "split":
-        return (partial_count(e), one, one), (s.threads, 1, 1)
-    if s.strategy == "rows":
-        return (rows_grid(e), one, one), (s.threads, 1, 1)
-    if s.strategy == "columns":
-        return columns_grid(e), (s.threads, 1, 1)
-    tiles = {rn: s.rows} if s.strategy == "tile" else {}
-    rows = [x.name for x in row_indices(e)] if e.reducer.selects else s.free_order  # topk
-    total = e.count(rows, tiles)
-    x = total if s.strategy == "block" else CeilDiv(total, s.threads)
-    return (x, one, one), (s.threads, 1, 1)
-
-
 def emit_cuda(
     nest: LoopNest,
     *,
@@ -184,15 +120,16 @@ def emit_cuda(
     check_dtypes(nest, dtypes, STORAGE)
     schedule = schedule or choose_gpu_schedule(nest, dtypes, kernel=True)
     validate_gpu(nest, schedule)
-    if schedule.strategy not in STRATEGY_EMITTERS:
+    strategy = BY_NAME.get(schedule.strategy)
+    if strategy is None:
         raise ValueError(f"the {schedule.strategy} strategy generates no kernel")
     e = CudaEmitter(nest, dtypes, schedule)
     e.count_fmas = counting
     entry = entry_name(nest, dtypes, schedule, role)
-    grid, block = _launch(e)
-    kernels = [(Pass(entry, grid), STRATEGY_EMITTERS[schedule.strategy](e))]
-    if schedule.strategy in SECOND_PASSES:
-        body, second_grid = SECOND_PASSES[schedule.strategy]
+    grid, block = strategy.launch(e)
+    kernels = [(Pass(entry, grid), strategy.body(e))]
+    if strategy.second_pass is not None:
+        body, second_grid = strategy.second_pass
         kernels.append((Pass(f"{entry}_combine", second_grid(e)), body(e)))
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
     text = _assemble(e, [(p.entry, lines) for p, lines in kernels], params, block)
@@ -247,19 +184,12 @@ def _assemble(
         f"typedef {INDEX_TYPES[e.schedule.index_type]} idx_t;",
         "",
         e.printer.helpers(code),
-        *(device_functions(mma_type(e)) if e.schedule.strategy == "mma" else []),
+        *(device(e) if (device := BY_NAME[e.schedule.strategy].device_functions) else []),
     ]
     lines = head
     for entry, body in kernels:
         lines += ["", *_kernel(e, entry, params, body, block)]
     return "\n".join([*lines, ""])
-
-
-#: Threads per SM that ptxas must leave registers for (128 each), by strategy: 2 blocks of
-#: the one-pass kernels' 256 threads (`codegen.cuda.schedule.ONLINE_THREADS`); without the
-#: figure ptxas has given their weighted variant (attention's dK) 96 registers and spilled
-#: 196 bytes.
-RESIDENT_THREADS = {"online": 512, "weighted": 512}
 
 
 def _kernel(
@@ -282,7 +212,7 @@ def _kernel(
     arguments += [f"long long {name}_" for name, _ in params]
     prologue += [f"const idx_t {name} = (idx_t){name}_;" for name, _ in params]
     threads = block[0] * block[1] * block[2]
-    resident = RESIDENT_THREADS.get(e.schedule.strategy)
+    resident = BY_NAME[e.schedule.strategy].resident_threads
     bounds = f"{threads}, {max(resident // threads, 1)}" if resident else f"{threads}"
     signature = (
         f'extern "C" __global__ void __launch_bounds__({bounds}) {entry}(\n    '

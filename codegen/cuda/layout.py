@@ -124,7 +124,7 @@ class Paired:
 
 
 def split_paired(nest: LoopNest) -> Paired | None:
-    """The parts of two weighted sums packed along their columns (`codegen.cuda.pairs`:
+    """The parts of two weighted sums packed along their columns (`codegen.cuda.attention.paired`:
     `sum_k where(c < C1, a1*b1, a2*b2)`, each product as `split_weighted` takes it), else
     None."""
     if nest.reduction != "sum" or nest.online or len(nest.terms) != 1 or len(nest.free) < 2:

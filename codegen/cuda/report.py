@@ -41,14 +41,15 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from codegen.cuda import nvrtc
-from codegen.cuda.emit import GRID_LIMITS, SMEM_THREADS, CudaSource, emit_cuda
-from codegen.cuda.fragments import MMA_M, MMA_N
+from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda.layout import split_pairwise
-from codegen.cuda.schedule import GpuSchedule
-from codegen.cuda.smem import LANE_COLS, LANE_ROWS
+from codegen.cuda.run import nvrtc
+from codegen.cuda.schedule import SMEM_THREADS, GpuSchedule
+from codegen.cuda.staged.fragments import MMA_M, MMA_N
+from codegen.cuda.staged.tiles import LANE_COLS, LANE_ROWS
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values, output_shape
+from codegen.ir.functions import Clamp, Wrap
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, extent_of
 from codegen.passes.proven import drop_proven
@@ -418,7 +419,10 @@ def _stride(access: sympy.Indexed, lane: str | None, extents: Sequence[int]) -> 
     """Elements between the addresses of `access` at consecutive values of `lane`."""
     stride, scale = 0, 1
     for axis in reversed(range(len(access.indices))):
-        index = access.indices[axis]
+        # A wrapped, clamped or padded index steps as its argument away from the edges.
+        index = access.indices[axis].replace(
+            lambda e: isinstance(e, Clamp | Wrap), lambda e: e.args[0]
+        )
         step = [x for x in index.free_symbols if x.name == lane]
         if step:
             stride += int(sympy.diff(index, step[0])) * scale

@@ -23,21 +23,21 @@ Strategies (`GpuSchedule.strategy`):
   or `vector`, not both (pairwise distances `(X[i,k] - Y[j,k])^2`, `exp(-(X-Y)^2)`; any
   reduction): each access staged on its own along the innermost reduced index, loads
   walking its contiguous axis; each thread evaluates the whole body for its ``rows x cols``
-  outputs from shared memory (`codegen.cuda.pairwise`).
+  outputs from shared memory (`codegen.cuda.staged.pairwise`).
 * ``"mma"`` -- the smem tile with its products on tensor cores (`mma.sync` m16n8k16, float
   accumulators), for a product of two bfloat16 (or two float16) accesses
-  (`codegen.cuda.fragments`, `codegen.cuda.mma`).
+  (`codegen.cuda.staged.fragments`, `codegen.cuda.staged.mma`).
 * ``"block"`` -- few outputs with a long reduction: one block per output element, the
   innermost reduced loop of every term strided across the block's `threads` threads, partial
   states combined by a shared-memory tree (deterministic order).
 * ``"split"`` -- a full reduction (no free index) over many blocks, in two kernels
-  (`codegen.cuda.split`): the outermost reduced loop cut into at most `blocks` slices, each
-  block's partial states written to scratch space, then combined in slice order by one
+  (`codegen.cuda.reductions.split`): the outermost reduced loop cut into at most `blocks`
+  slices, each block's partial states written to scratch space, then combined in slice order by one
   block (deterministic, no atomics); with one slice, the first kernel writes the output.
 * ``"online"`` -- a one-pass nest (`LoopNest.online`, `codegen.passes.online`: a logsumexp and
   the softmax-weighted sum that reads it, attention's forward): one block per `rows` rows,
   `cols` threads per row sharing the packed output columns, key tiles of `tile_k` keys
-  staged in shared memory, masks on the indices as skipped tiles (`codegen.cuda.online`).
+  staged in shared memory, masks on the indices as skipped tiles (`codegen.cuda.attention.online`).
   The only strategy for such a nest, and such a nest's only strategy.
 * ``"weighted"`` -- the same kernel for a sum `O[..., r, c] = sum_k a(r, k) * b(k, c)` whose
   weight `a` holds nested reductions (attention's gradient nests dQ, dK, dV: the scores
@@ -47,11 +47,11 @@ Strategies (`GpuSchedule.strategy`):
   the contiguous axis of the largest access): groups of `width` consecutive threads reduce
   one output element each, their lanes striding the row (coalesced), combined by
   `__shfl_xor_sync` and in order through shared memory past a warp; `width`, a host
-  parameter, follows the row length (`codegen.cuda.row_groups`).
+  parameter, follows the row length (`codegen.cuda.reductions.rows`).
 * ``"columns"`` -- a column reduction (the last free index is the contiguous axis of the
   largest access, LayerNorm's `dg[f] := dY[b,t,f]*N[b,t,f]`): threads walk the outputs; the
   reduced loops are cut into `parts` slices on `blockIdx.y` (`TARGET_BLOCKS` blocks), folded
-  in slice order by a second kernel (`codegen.cuda.columns`).
+  in slice order by a second kernel (`codegen.cuda.reductions.columns`).
 * ``"xla"`` -- a contraction with its elementwise companions (`codegen.ir.contraction.xla_plan`):
   no kernel is generated, the runner calls XLA's dot (`jnp.einsum`, cuBLAS on a GPU), as on
   the CPU.
@@ -89,7 +89,6 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from codegen.cuda.fragments import tensor_core_type, warp_tiles
 from codegen.cuda.layout import (
     rectangular,
     reduction_layout,
@@ -97,6 +96,7 @@ from codegen.cuda.layout import (
     split_pairwise,
     weighted_form,
 )
+from codegen.cuda.staged.fragments import tensor_core_type, warp_tiles
 from codegen.emit.loop_order import (
     LoopOrder,
     bound_indices,
@@ -393,7 +393,7 @@ def online_schedule(
 ) -> GpuSchedule:
     """The online strategy's schedule of a one-pass nest: `rows` rows per block
     (0: `ONLINE_THREADS / lanes`), `lanes` threads per row, tiles of `keys` keys
-    (`codegen.cuda.online`); the free indices as written, the packed one last."""
+    (`codegen.cuda.attention.online`); the free indices as written, the packed one last."""
     rows = rows or ONLINE_THREADS // lanes
     order = default_loop_order(nest)
     return GpuSchedule(

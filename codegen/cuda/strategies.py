@@ -1,111 +1,124 @@
-"""The thread, tile and block strategies of the CUDA emitter (see `codegen.cuda.schedule`),
-and the shared-memory tree that block and split combine states with."""
+"""One `Strategy` record per CUDA strategy: what `codegen.cuda.emit` asks of it.
+
+A strategy's loops live in its folder (`reductions/`, `staged/`, `attention/`); its record
+here says how to launch it, which function writes its body, whether a second kernel
+follows, which device functions it needs and how many threads per SM ptxas must leave
+registers for. `emit_cuda` reads the record of the schedule's strategy and compares no
+strategy names. (The heuristic that picks one, `codegen.cuda.schedule`, and the static
+report, `codegen.cuda.report`, still test names: issue 34.)
+
+>>> [s.name for s in STRATEGIES][:3]
+['thread', 'tile', 'smem']
+>>> BY_NAME["split"].second_pass is not None, BY_NAME["thread"].second_pass
+(True, None)
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
+import sympy
+
+from codegen.cuda.attention.online import launch as online_launch
+from codegen.cuda.attention.online import online
 from codegen.cuda.dialect import CudaEmitter
-from codegen.emit.emitter import Lines, block_lines, indent_lines
-from codegen.emit.select import row_indices, row_lines
+from codegen.cuda.reductions.columns import columns, columns_grid, combine_columns
+from codegen.cuda.reductions.columns import combine_grid as combine_columns_grid
+from codegen.cuda.reductions.rows import rows, rows_grid
+from codegen.cuda.reductions.simple import block_reduce, thread, tile
+from codegen.cuda.reductions.split import combine_grid, combine_partials, partial_count, split
+from codegen.cuda.schedule import SMEM_THREADS
+from codegen.cuda.staged.mma import device_functions, mma, mma_type
+from codegen.cuda.staged.pairwise import pairwise
+from codegen.cuda.staged.tiles import smem
+from codegen.emit.emitter import Lines
+from codegen.emit.select import row_indices
+from codegen.ir.functions import CeilDiv
+
+Grid = tuple[sympy.Expr, sympy.Expr, sympy.Expr]
+Block = tuple[int, int, int]
+Launch = tuple[Grid, Block]
 
 
-def _per_element(
-    e: CudaEmitter,
-    flat: str,
-    stride: str,
-    body: Lines,
-    tiles: Mapping[str, int] | None = None,
-    order: Sequence[str] | None = None,
-) -> Lines:
-    """A grid-stride loop over the (tiled) output elements, decoding the free indices (those
-    of `order`, the schedule's by default)."""
-    tiles = tiles or {}
-    order = e.schedule.free_order if order is None else order
-    total = e.idx(e.count(order, tiles))
-    head = f"for (idx_t e_ = {flat}; e_ < {total}; e_ += {stride})"
-    return block_lines(head, [*e.decode("e_", order, tiles), *body])
+@dataclass(frozen=True)
+class Strategy:
+    """Everything the emitter needs of one strategy."""
+
+    name: str
+    #: Writes the first kernel's body (its loops) through the emitter.
+    body: Callable[[CudaEmitter], Lines]
+    #: The first kernel's grid and the block every kernel of the source shares.
+    launch: Callable[[CudaEmitter], Launch]
+    #: A second kernel launched after the first: its body and its grid; None: one kernel.
+    second_pass: tuple[Callable[[CudaEmitter], Lines], Callable[[CudaEmitter], Grid]] | None = None
+    #: Device functions written before the kernels; None: none.
+    device_functions: Callable[[CudaEmitter], Lines] | None = None
+    #: Threads per SM that ptxas must leave registers for (128 each), the second figure of
+    #: `__launch_bounds__`; 0: the first figure alone.
+    resident_threads: int = 0
 
 
-def thread(e: CudaEmitter) -> Lines:
-    """One output element per thread, its reductions in registers; for topk, one output
-    row per thread, its k slots in registers (`codegen.emit.select`)."""
-    flat = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
-    stride = "(idx_t)gridDim.x*(idx_t)blockDim.x"
-    if e.reducer.selects:
-        rows = [s.name for s in row_indices(e)]
-        return _per_element(e, flat, stride, row_lines(e), order=rows)
-    body = [*e.declare()]
-    for n in range(len(e.nest.terms)):
-        body += e.term_lines(n)
-    body.append(e.store_line(""))
-    return _per_element(e, flat, stride, body)
+def _one_per_thread(e: CudaEmitter, *, tiled: bool = False, per_block: bool = False) -> Launch:
+    """A thread (`per_block`: a block) per output element, or per tile of `rows` rows."""
+    s, one = e.schedule, sympy.Integer(1)
+    tiles = {s.row or "": s.rows} if tiled else {}
+    rows_ = [x.name for x in row_indices(e)] if e.reducer.selects else s.free_order  # topk
+    total = e.count(rows_, tiles)
+    x = total if per_block else CeilDiv(total, s.threads)
+    return (x, one, one), (s.threads, 1, 1)
 
 
-def tile(e: CudaEmitter) -> Lines:
-    """Each thread computes `rows` consecutive values of the free index `row`."""
-    s = e.schedule
-    rn = s.row or ""
-    r = e.free_range(rn)
-    row, row0 = e.printer.index(r.index), e.tile_name("o", r.index)
-    stop = e.idx(r.stop)
-    dims, sub = f"[{s.rows}]", "[r_]"
-
-    def lanes(inner: Lines, clamp: bool) -> Lines:
-        value = f"tdsl_imin({row0} + r_, {stop} - 1)" if clamp else f"{row0} + r_"
-        return ["#pragma unroll"] + block_lines(
-            f"for (int r_ = 0; r_ < {s.rows}; ++r_)", [f"const idx_t {row} = {value};", *inner]
-        )
-
-    body = [*e.declare(dims=dims), *lanes(e.init(sub), False)]
-    for n in range(len(e.nest.terms)):
-        levels = [[], *e.reduced_levels(n), [r.index]]
-        plan = e.plan(n, levels)
-        inner = lanes(e.level_lines(plan, len(levels) - 1, e.fold_lines(n, plan, sub)), True)
-        loops = e.loops(n, inner, plan=plan)
-        body += ["{", *indent_lines(e.level_lines(plan, 0, loops)), "}"]
-    body += lanes(block_lines(f"if ({row} < {stop})", [e.store_line(sub)]), False)
-    flat = "(idx_t)blockIdx.x*(idx_t)blockDim.x + (idx_t)threadIdx.x"
-    return _per_element(e, flat, "(idx_t)gridDim.x*(idx_t)blockDim.x", body, {rn: s.rows})
+def _staged_launch(e: CudaEmitter) -> Launch:
+    """16 x 16 threads per block, a block per output tile, batch indices on z."""
+    s, t = e.schedule, SMEM_THREADS
+    rn, vn = s.row or "", s.vector or ""
+    batch = [n for n in s.free_order if n not in (rn, vn)]
+    grid = (e.count([vn], {vn: t * s.cols}), e.count([rn], {rn: t * s.rows}), e.count(batch, {}))
+    return grid, (t, t, 1)
 
 
-def shared_states(e: CudaEmitter) -> Lines:
-    """The shared arrays of `tree_lines`: one per state variable, one element per thread."""
-    threads, (ta, tb) = e.schedule.threads, e.state_types()
-    decls = [f"__shared__ {ta} sa_[{threads}];"]
-    if len(e.reducer.init) > 1:
-        decls.append(f"__shared__ {tb} sb_[{threads}];")
-    return decls
+def _row_of_blocks(count: Callable[[CudaEmitter], sympy.Expr], e: CudaEmitter) -> Launch:
+    one = sympy.Integer(1)
+    return (count(e), one, one), (e.schedule.threads, 1, 1)
 
 
-def tree_lines(e: CudaEmitter) -> Lines:
-    """Combine the block's states `acc_` by a shared-memory tree (deterministic order);
-    thread 0 ends with the block's state. Ends with a barrier: `sa_` may be reused."""
-    a, b = e.names()
-    states = len(e.reducer.init)
-    shared = [f"sa_[threadIdx.x] = {a};"] + ([f"sb_[threadIdx.x] = {b};"] if states > 1 else [])
-    combine = e.fmt(e.reducer.combine, (a, b), ("sa_[threadIdx.x + h_]", "sb_[threadIdx.x + h_]"))
-    return [
-        *shared,
-        "__syncthreads();",
-        *block_lines(
-            f"for (int h_ = {e.schedule.threads // 2}; h_ > 0; h_ >>= 1)",
-            [*block_lines("if (threadIdx.x < h_)", [combine, *shared]), "__syncthreads();"],
-        ),
-    ]
+def _columns_launch(e: CudaEmitter) -> Launch:
+    return columns_grid(e), (e.schedule.threads, 1, 1)
 
 
-def block_reduce(e: CudaEmitter) -> Lines:
-    """One block per output element; partial states combined by a shared-memory tree."""
-    body = [*e.declare()]
-    for n, term in enumerate(e.nest.terms):
-        if not term.reduced:
-            body += block_lines("if (threadIdx.x == 0)", e.term_lines(n))
-            continue
-        body += e.term_lines(n, step=("(idx_t)threadIdx.x", "(idx_t)blockDim.x"))
-    body += [
-        *tree_lines(e),
-        *block_lines("if (threadIdx.x == 0)", [e.store_line("")]),
-        "__syncthreads(); /* sa_ is reused by the next output element */",
-    ]
-    return shared_states(e) + _per_element(e, "(idx_t)blockIdx.x", "(idx_t)gridDim.x", body)
+def _mma_device_functions(e: CudaEmitter) -> Lines:
+    return device_functions(mma_type(e))
+
+
+#: The one-pass kernels' 2 blocks of 256 threads (`codegen.cuda.schedule.ONLINE_THREADS`);
+#: without the figure ptxas has given their weighted variant (attention's dK) 96 registers
+#: and spilled 196 bytes.
+ONE_PASS_RESIDENT_THREADS = 512
+
+STRATEGIES: tuple[Strategy, ...] = (
+    Strategy("thread", thread, _one_per_thread),
+    Strategy("tile", tile, partial(_one_per_thread, tiled=True)),
+    Strategy("smem", smem, _staged_launch),
+    Strategy("pairwise", pairwise, _staged_launch),
+    Strategy("mma", mma, _staged_launch, device_functions=_mma_device_functions),
+    Strategy("block", block_reduce, partial(_one_per_thread, per_block=True)),
+    Strategy(
+        "split",
+        split,
+        partial(_row_of_blocks, partial_count),
+        second_pass=(combine_partials, combine_grid),
+    ),
+    Strategy("online", online, online_launch, resident_threads=ONE_PASS_RESIDENT_THREADS),
+    Strategy("weighted", online, online_launch, resident_threads=ONE_PASS_RESIDENT_THREADS),
+    Strategy("rows", rows, partial(_row_of_blocks, rows_grid)),
+    Strategy(
+        "columns",
+        columns,
+        _columns_launch,
+        second_pass=(combine_columns, combine_columns_grid),
+    ),
+)
+#: The record of each strategy by its name (`GpuSchedule.strategy`).
+BY_NAME: dict[str, Strategy] = {s.name: s for s in STRATEGIES}

@@ -14,7 +14,7 @@ function's whole domain and docs/backends.md documents.
 >>> FUNCTIONS["sigmoid"].build(sympy.Symbol("x"))
 sigmoid(x)
 >>> sorted(FUNCTIONS)[:4]
-['abs', 'abs2', 'atan2', 'cos']
+['abs', 'abs2', 'acos', 'acosh']
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
-from sympy.codegen.cfunctions import expm1, log1p
+from sympy.codegen.cfunctions import exp2, expm1, log1p, log2, log10
 
 
 class sigmoid(sympy.Function):  # noqa: N801 - printed by name
@@ -61,6 +61,43 @@ class softplus(sympy.Function):  # noqa: N801 - printed by name
 
     def _eval_is_real(self) -> bool | None:
         return self.args[0].is_real
+
+
+class _Stepwise(sympy.Function):
+    """A piecewise-constant function of a value: its derivative is zero wherever it has one
+    (as `jax.grad` gives), not sympy's unevaluated `Derivative` or `DiracDelta`."""
+
+    nargs = 1
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        return sympy.Integer(0)
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+
+class floor(_Stepwise):  # noqa: N801 - printed by name (C's floor)
+    """The largest integer at most x, as a float."""
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:
+        return sympy.floor(x) if x.is_Number else None
+
+
+class ceiling(_Stepwise):  # noqa: N801 - printed by name (sympy prints `ceiling` as C's ceil)
+    """The smallest integer at least x, as a float."""
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:
+        return sympy.ceiling(x) if x.is_Number else None
+
+
+class sign(_Stepwise):  # noqa: N801 - printed by name (the printers' `tdsl_sign` helper)
+    """-1, 0 or 1 (NaN stays NaN)."""
+
+    @classmethod
+    def eval(cls, x: sympy.Expr) -> sympy.Expr | None:
+        return sympy.sign(x) if x.is_Number else None
 
 
 class FloorDiv(sympy.Function):
@@ -140,6 +177,25 @@ class Padded(Clamp):
     both); where the read counts it equals `e`, which is how a gradient solves it."""
 
 
+def clamp(x: sympy.Expr, low: sympy.Expr, high: sympy.Expr) -> sympy.Expr:
+    """`clamp(x, lo, hi)` of values: `min(max(x, lo), hi)`, as `jnp.clip`."""
+    above = select(x >= low, x, low)
+    return select(above <= high, above, high)
+
+
+def floor_divide(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    """`a // b` rounded towards minus infinity as Python and jnp do: `FloorDiv` between
+    integers (indices), else `floor(a / b)`."""
+    if a.is_integer and b.is_integer:
+        return FloorDiv(a, b)
+    return floor(a / b)
+
+
+def remainder(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    """`a % b` with the sign of `b`, as Python and jnp: `a - b * (a // b)`."""
+    return a - b * floor_divide(a, b)
+
+
 def indicator(condition: sympy.Basic) -> sympy.Expr:
     """1 where `condition` holds, else 0 (comparisons used as values)."""
     return sympy.Piecewise((sympy.Integer(1), condition), (sympy.Integer(0), True))
@@ -214,8 +270,31 @@ FUNCTIONS: dict[str, FunctionSpec] = dict(
         _row("pow", 2, sympy.Pow, "jax.numpy.power", (0.5, 2.0)),
         _row("abs2", 1, lambda x: x**2, "jax.numpy.square"),  # Tullio's |x|^2 of a real x
         _row("atan2", 2, sympy.atan2, "jax.numpy.arctan2", (0.5, 2.0)),
+        _row("exp2", 1, exp2, "jax.numpy.exp2", libmvec=_NEW, ulps=4),
+        _row("log2", 1, log2, "jax.numpy.log2", (0.5, 3.0), libmvec=_NEW, ulps=4),
+        _row("log10", 1, log10, "jax.numpy.log10", (0.5, 3.0), libmvec=_NEW, ulps=4),
+        _row("tan", 1, sympy.tan, "jax.numpy.tan", (-1.2, 1.2), libmvec=_NEW, ulps=4),
+        _row("asin", 1, sympy.asin, "jax.numpy.arcsin", (-0.9, 0.9), libmvec=_NEW, ulps=4),
+        _row("acos", 1, sympy.acos, "jax.numpy.arccos", (-0.9, 0.9), libmvec=_NEW, ulps=4),
+        _row("atan", 1, sympy.atan, "jax.numpy.arctan", libmvec=_NEW, ulps=4),
+        _row("sinh", 1, sympy.sinh, "jax.numpy.sinh", libmvec=_NEW, ulps=4),
+        _row("cosh", 1, sympy.cosh, "jax.numpy.cosh", libmvec=_NEW, ulps=4),
+        _row("asinh", 1, sympy.asinh, "jax.numpy.arcsinh", libmvec=_NEW, ulps=4),
+        _row("acosh", 1, sympy.acosh, "jax.numpy.arccosh", (1.1, 3.0), libmvec=_NEW, ulps=4),
+        _row("atanh", 1, sympy.atanh, "jax.numpy.arctanh", (-0.9, 0.9), libmvec=_NEW, ulps=4),
+        _row("erfc", 1, sympy.erfc, "jax.scipy.special.erfc", libmvec=_NEW, ulps=4),
+        _row("square", 1, lambda x: x**2, "jax.numpy.square"),
+        _row("clamp", 3, clamp, "jax.numpy.clip"),
+        # piecewise constant: no gradient (jax.grad gives zero)
+        _row("floor", 1, floor, "jax.numpy.floor"),
+        _row("ceil", 1, ceiling, "jax.numpy.ceil"),
+        _row("sign", 1, sign, "jax.numpy.sign"),
     ]
 )
+
+
+#: Functions of another arity under the same name: `atan(y, x)` is `atan2(y, x)`.
+SPELLINGS = {("atan", 2): "atan2"}
 
 
 def helper_functions(prefix: str) -> dict[str, str]:
@@ -228,4 +307,7 @@ def helper_functions(prefix: str) -> dict[str, str]:
 
 
 #: Function classes that may appear in a lowered body, beyond sympy's arithmetic.
-CUSTOM_FUNCTIONS = (sigmoid, softplus, log1p, expm1, FloorDiv, CeilDiv, Wrap, Clamp, Padded)
+CUSTOM_FUNCTIONS = (
+    *(sigmoid, softplus, log1p, expm1, exp2, log2, log10, floor, ceiling, sign),
+    *(FloorDiv, CeilDiv, Wrap, Clamp, Padded),
+)

@@ -36,6 +36,11 @@ _HOST_FUNCTIONS: dict[str, Callable[..., int]] = {
     "CeilPow2": lambda a: 1 << max(a - 1, 0).bit_length(),
     "Min": min,
     "Max": max,
+    # An index fixed at a constant (`X[mod(7)]`, `X[clamp(end+3)]`) is an extent expression
+    # too; an empty axis is never read, so its position there does not matter.
+    "Wrap": lambda e, n: e % n if n > 0 else 0,
+    "Clamp": lambda e, n: min(max(e, 0), n - 1) if n > 0 else 0,
+    "Padded": lambda e, n: min(max(e, 0), n - 1) if n > 0 else 0,
     "floor": lambda a: a,
     "ceiling": lambda a: a,
 }
@@ -76,7 +81,7 @@ def host_function(parameters: Sequence[tuple[str, sympy.Expr]]) -> HostFunction:
 
     Args:
         parameters: each value's name and its expression (extent symbols, integers,
-            FloorDiv, CeilDiv, CeilPow2, Min, Max).
+            FloorDiv, CeilDiv, CeilPow2, Min, Max, Wrap, Clamp, Padded).
 
     Returns:
         A `HostFunction` that reads the extents in a fixed order (sorted by name).

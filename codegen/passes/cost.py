@@ -229,11 +229,27 @@ def nonlinear_in(reader: LoopNest, name: str) -> bool:
     for term in reader.terms:
         reads = _reads(reader, name, term)
         stand_ins = {r: sympy.Dummy(f"v{n}") for n, r in enumerate(reads)}
-        body = term.body.xreplace(stand_ins)
+        body = _differentiable(term.body.xreplace(stand_ins))
         for symbol in stand_ins.values():
             if sympy.diff(body, symbol).free_symbols & set(stand_ins.values()):
                 return True
     return False
+
+
+def _differentiable(body: sympy.Expr) -> sympy.Expr:
+    """`body` with its nested reductions (a factored sum's `sum_d(X[i, d])`) replaced by
+    what sympy can differentiate, for the questions above (does a derivative still read a
+    value?): a sum by its body, being linear; any other reduction by an unknown function of
+    its body, so its derivative reads every value the body reads."""
+    if not body.has(Reduce):
+        return body
+
+    def stand_in(nested: Reduce) -> sympy.Expr:
+        if nested.reduction == "sum":
+            return nested.body
+        return sympy.Function(f"{nested.reduction}_{nested.index}")(nested.body)
+
+    return body.replace(lambda e: isinstance(e, Reduce), stand_in)
 
 
 def _gradient_weight(reader: LoopNest, producer: LoopNest) -> int:
@@ -250,7 +266,7 @@ def _gradient_weight(reader: LoopNest, producer: LoopNest) -> int:
         for term in reader.terms:
             mine = {r: sympy.Dummy() for r in _reads(reader, name, term)}
             theirs = {r: sympy.Dummy() for r in _reads(reader, op.name, term)}
-            body = term.body.xreplace({**mine, **theirs})
+            body = _differentiable(term.body.xreplace({**mine, **theirs}))
             if any(sympy.diff(body, q).free_symbols & set(mine.values()) for q in theirs.values()):
                 weight += 1
                 break

@@ -109,6 +109,14 @@ def _split(body, piecewise, identity, indices):
     if condition == sympy.true or not rest:
         return None
     constraints = _constraints(condition, indices)
+    if constraints is None and isinstance(condition, sympy.And):
+        # `(j <= i) & (X[i,j] > 0)`: the affine part bounds the loops, the rest stays a test
+        found = {arg: _constraints(arg, indices) for arg in condition.args}
+        if not any(found.values()):
+            return None
+        constraints = [c for f in found.values() if f for c in f]
+        kept = sympy.And(*(arg for arg, f in found.items() if not f))
+        value = sympy.Piecewise((value, kept), *rest)
     if constraints is None:
         return None
     otherwise = sympy.Piecewise(*rest) if len(rest) > 1 or rest[0][1] != sympy.true else rest[0][0]

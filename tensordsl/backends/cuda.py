@@ -5,7 +5,7 @@ each kernel and the size of its scratch space are computed, then one of three pa
 it, chosen by `codegen/config.py`:
 
 * `TENSORDSL_GPU_CALL=ffi` (default): `jax.ffi.ffi_call` to the launch handler of
-  codegen/cuda/ffi.cc. The kernel is compiled by NVRTC to a CUBIN for the device now; XLA
+  codegen/cuda/run/ffi.cc. The kernel is compiled by NVRTC to a CUBIN for the device now; XLA
   calls the handler, which loads the CUBIN once per CUDA context and calls `cuLaunchKernel`
   on XLA's stream: no Python and no GIL per call.
 * `TENSORDSL_GPU_CALL=callback`: `jax.experimental.buffer_callback`; the callback wraps
@@ -41,13 +41,14 @@ import numpy as np
 from jaxlib import xla_client
 
 from codegen import config
-from codegen.cuda import launch as cuda_launch
 from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
 from codegen.cuda.emulator import emulate
+from codegen.cuda.run import launch as cuda_launch
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
-from codegen.cuda.shared import STATIC_SHARED_LIMIT
+from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.host import host_function
+from codegen.ir.magnitude import index_magnitude
 from codegen.ir.nest import LoopNest
 from codegen.passes.proven import drop_proven
 from tensordsl.backends.xla_dot import run_xla
@@ -117,11 +118,13 @@ def prepare(
     out_shape = output_shape(nest, all_shapes)
     all_shapes[nest.output] = out_shape
     dtypes = _dtypes(nest, operands, dtype)
-    nest = drop_proven(nest, extents=extent_values(nest, all_shapes))  # tests true here
+    extents = extent_values(nest, all_shapes)
+    nest = drop_proven(nest, extents=extents)  # tests true here
     source = emit_cuda(nest, dtypes=dtypes, schedule=schedule, counting=counting)
     params, grids, workspace = _host_values(source, all_shapes)
-    if source.schedule.index_type == "int32" and needs_64bit_indices(
-        all_shapes.values(), params, grids, source.block
+    if source.schedule.index_type == "int32" and (
+        needs_64bit_indices(all_shapes.values(), params, grids, source.block)
+        or index_magnitude(nest, extents) >= INT32_SAFE  # offsets, range starts, mod(i + c)
     ):
         wide = dataclasses.replace(source.schedule, index_type="int64")
         source = emit_cuda(nest, dtypes=dtypes, schedule=wide, counting=counting)
@@ -231,7 +234,7 @@ def _register(name: str, platform: str) -> str:
         if target not in REGISTERED:
             capsule = jax.ffi.pycapsule(cuda_launch.handler(name))
             # A call enqueues the same launches every time: XLA may capture it in a CUDA graph
-            # (as the handler's metadata also says, codegen/cuda/ffi.cc).
+            # (as the handler's metadata also says, codegen/cuda/run/ffi.cc).
             jax.ffi.register_ffi_target(
                 target,
                 capsule,
@@ -337,7 +340,7 @@ def _gpus() -> list[Any]:
 
 def _image(source: CudaSource, gpus: Sequence[Any]) -> bytes:
     """NVRTC's CUBIN for the GPUs' architecture (PTX for the oldest one when they differ)."""
-    from codegen.cuda import nvrtc
+    from codegen.cuda.run import nvrtc
 
     archs = sorted({str(d.compute_capability).replace(".", "") for d in gpus})
     if len(archs) == 1:
@@ -375,7 +378,7 @@ class _XlaStream:
 def _raw_kernels(source: CudaSource, device: int) -> dict[str, Any]:
     """The compiled CuPy kernel of each pass of `source` on `device`, by entry (compiled
     once per source and device, thread-safe)."""
-    from codegen.cuda import nvrtc
+    from codegen.cuda.run import nvrtc
 
     key = (source.text, device)
     with _LOCK:

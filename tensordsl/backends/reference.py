@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -226,7 +227,8 @@ def _selection(positions: bool) -> Callable[..., Any]:
         rank_axis = body.ndim - len(axes) - 1
         k = body.shape[rank_axis]
         values, counts = jnp.take(body, 0, rank_axis), jnp.take(mask, 0, rank_axis)
-        values = values.reshape(values.shape[:rank_axis] + (-1,))
+        flat = math.prod(values.shape[rank_axis:])  # not -1: a reshape of no rows divides by 0
+        values = values.reshape(values.shape[:rank_axis] + (flat,))
         counts = counts.reshape(values.shape)
         group = jnp.where(counts, jnp.where(jnp.isnan(values), 0, 1), 2)
         key = jnp.where(group == 1, -values, 0)
@@ -235,6 +237,11 @@ def _selection(positions: bool) -> Callable[..., Any]:
             widths = [(0, 0)] * (values.ndim - 1) + [(0, pad)]
             values, key = jnp.pad(values, widths), jnp.pad(key, widths)
             group = jnp.pad(group, widths, constant_values=2)
+        if values.size == 0:  # no rows, or no values (lexsort divides by the row count)
+            shape = values.shape[:-1] + (k,)
+            if positions:
+                return jnp.full(shape, -1, jnp.int32)
+            return jnp.full(shape, -jnp.inf, values.dtype)
         order = jnp.lexsort((key, group), axis=-1)[..., :k]  # stable: ties keep position order
         empty = jnp.take_along_axis(group, order, -1) == 2
         if positions:

@@ -42,6 +42,16 @@ AUTO = "auto"
 
 
 @dataclass(frozen=True)
+class StaticReport:
+    """A back end's static report of the kernels a call runs (`tensordsl.explain.gpu_report`)."""
+
+    #: The report's first line: what it counts, on which machine.
+    title: str
+    #: `report(nest, dtypes, shapes)` -> an object whose `lines()` describe one kernel.
+    report: Callable[..., Any]
+
+
+@dataclass(frozen=True)
 class Backend:
     """What the rest of the package may ask of a back end."""
 
@@ -65,8 +75,22 @@ class Backend:
     #: (`tensordsl.binding.grouped`); False: each gradient nest alone.
     groups_gradients: bool = False
     #: Pairs gradient nests that one kernel with two outputs computes together:
-    #: `pairs(nests, shapes, dtype)` -> `codegen.cuda.pairs.Pair`s; None: none pair.
+    #: `pairs(nests, shapes, dtype)` -> `codegen.cuda.attention.paired.Pair`s; None: none pair.
     pairs_gradients: Callable[[], Callable[..., Any]] | None = None
+    #: Builds a nest's kernel now: `build(nest, dtypes=, schedule=)` -> a compiled nest
+    #: (`function`, `host_parameters`); `profile()` and `explain --build` call it.
+    builder: Callable[[], Callable[..., Any]] | None = None
+    #: How many compiles this process has run (a kernel loaded from a cache adds none).
+    compiles: Callable[[], int] | None = None
+    #: The class of the schedules a kernel's `schedule=` takes (with `takes_schedule`).
+    schedule_type: Callable[[], type] | None = None
+    #: Checks a schedule against a nest, `validate(nest, schedule)`, raising ValueError.
+    validate_schedule: Callable[[], Callable[..., None]] | None = None
+    #: The static report of its kernels for a call's shapes (`explain(shapes, target=)`).
+    static_report: Callable[[], StaticReport] | None = None
+    #: Its one-pass kernel in words for concrete shapes, `lines(nest, shapes)`, each line
+    #: starting with its name (a program's `explain(shapes)`); None: nothing to add.
+    one_pass_lines: Callable[[], Callable[..., list[str]]] | None = None
 
     @property
     def emits_code(self) -> bool:
@@ -113,6 +137,30 @@ def _c_source() -> SourceEmitter:
     return c_source
 
 
+def _c_builder() -> Callable[..., Any]:
+    from codegen.c.build import build_c
+
+    return build_c
+
+
+def _c_compiles() -> int:
+    from codegen.c.compiler import STATS
+
+    return STATS["compiles"]
+
+
+def _c_schedule_type() -> type:
+    from codegen.c.schedule import Schedule
+
+    return Schedule
+
+
+def _c_validate() -> Callable[..., None]:
+    from codegen.c.schedule import validate
+
+    return validate
+
+
 def _run_cuda(
     nest: LoopNest,
     operands: Sequence[jax.Array],
@@ -141,6 +189,12 @@ def _run_pallas(
     return run_pallas(nest, operands, shapes, dtype, schedule, precision=precision)
 
 
+def _pallas_static_report() -> StaticReport:
+    from tensordsl.backends.pallas.report import TITLE, tile_report
+
+    return StaticReport(TITLE, tile_report)
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -154,7 +208,7 @@ def _cuda_scheduler() -> Callable[..., Any]:
 
 
 def _cuda_pairs() -> Callable[..., Any]:
-    from codegen.cuda.pairs import pair_weighted
+    from codegen.cuda.attention.paired import pair_weighted
 
     return pair_weighted
 
@@ -165,12 +219,25 @@ def _cuda_source() -> SourceEmitter:
     return cuda_source
 
 
+def _cuda_static_report() -> StaticReport:
+    from codegen.cuda.report import SMS, cuda_report
+
+    title = f"cuda kernels (static: grid on {SMS} SMs, per output element; sm_90 by NVRTC)"
+    return StaticReport(title, cuda_report)
+
+
+def _cuda_one_pass_lines() -> Callable[..., list[str]]:
+    from codegen.cuda.attention.tile_counts import one_pass_lines
+
+    return one_pass_lines
+
+
 #: The longest output row (the packed axis, less the logsumexp) the C one-pass kernel
 #: accumulates; the accumulators of a block of rows live on the stack.
 C_ONE_PASS_ROWS = 1024
 
 #: The longest packed row (the logsumexp included, as `tensordsl.binding.partitioning`
-#: compares it) the CUDA one-pass kernel (`codegen.cuda.online`) runs: its registers hold
+#: compares it) the CUDA one-pass kernel (`codegen.cuda.attention.online`) runs: its registers hold
 #: 128 columns per pass over the keys; two passes cost what the two nests would.
 CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
 
@@ -186,6 +253,10 @@ BACKENDS: dict[str, Backend] = {
         profiled=True,
         scheduler=_c_scheduler,
         groups_gradients=True,
+        builder=_c_builder,
+        compiles=_c_compiles,
+        schedule_type=_c_schedule_type,
+        validate_schedule=_c_validate,
     ),
     "cuda": Backend(
         "cuda",
@@ -194,15 +265,21 @@ BACKENDS: dict[str, Backend] = {
         one_pass_rows=CUDA_ONE_PASS_ROWS,
         scheduler=_cuda_scheduler,
         pairs_gradients=_cuda_pairs,
+        static_report=_cuda_static_report,
+        one_pass_lines=_cuda_one_pass_lines,
     ),
     # Tile programs lowered to Pallas (interpret mode without a GPU, Triton on one).
-    "pallas": Backend("pallas", _run_pallas),
+    "pallas": Backend("pallas", _run_pallas, static_report=_pallas_static_report),
 }
 
 #: The back-end names a kernel accepts: "auto" or a key of BACKENDS.
 BACKEND_NAMES = (AUTO, *BACKENDS)
 #: The back end whose compiled nests `profile()` times.
 PROFILED = next(b for b in BACKENDS.values() if b.profiled)
+#: The back end whose schedules a kernel's `schedule=` and `loop_order=` choose.
+SCHEDULED = next(b for b in BACKENDS.values() if b.takes_schedule)
+#: The back ends with a static report of the kernels a call runs (`explain(..., target=)`).
+REPORT_TARGETS = tuple(b.name for b in BACKENDS.values() if b.static_report is not None)
 #: The back ends whose generated code `source()` shows.
 CODE_TARGETS = tuple(b.name for b in BACKENDS.values() if b.emits_code)
 

@@ -36,8 +36,8 @@ import sympy
 from jax.interpreters import ad, batching, mlir
 
 from codegen.ir.nest import extent_symbol, index_symbol
-from tensordsl.binding import private_jax
-from tensordsl.errors import InputError, RangeError
+from tensordsl.binding import positions, private_jax
+from tensordsl.errors import InputError, RangeError, UnsupportedError
 from tensordsl.frontend.gathers import Gather
 from tensordsl.frontend.lower import Lowered
 
@@ -279,40 +279,44 @@ def _gathered(
     }
 
     def value_of(affine: Any) -> Any:
-        total = jnp.asarray(int(sympy.sympify(affine.constant).xreplace(extents)))
+        total = jnp.asarray(int(sympy.sympify(affine.constant).xreplace(extents)), flat.dtype)
         for symbol, coefficient in affine.coefficients:
-            total = total + coefficient * grid[symbol]
+            total = total + coefficient * grid[symbol].astype(flat.dtype)
         return jnp.broadcast_to(total, tuple(spans[:lead]))
 
     valid = jnp.ones(tuple(spans[:lead]), bool)
     flat = jnp.zeros(tuple(spans[:lead]), jax.dtypes.canonicalize_dtype(jnp.int64))
     concrete = True
     for axis, gathered_axis in enumerate(g.axes[: len(g.axes) - whole]):
-        position = value_of(gathered_axis.affine)
+        n = table.shape[axis]
+        bound = _bound(gathered_axis.affine, ranges, extents)
+        if not positions.fits_positions(bound, n, flat.dtype):
+            _too_large(g, axis, bound, flat.dtype, source)
+        base, terms = value_of(gathered_axis.affine), []
         for read in gathered_axis.reads:
             array = values[read.array]
             concrete = concrete and not isinstance(array, jax.core.Tracer)
             at = tuple(
                 jnp.clip(value_of(a), 0, max(n - 1, 0)) for a, n in zip(read.axes, array.shape)
             )
-            picked = _whole_or_outside(array[at]) if g.masked else array[at]
-            position = position + read.coefficient * picked.astype(flat.dtype)
-        n = table.shape[axis]
-        inside = (position >= 0) & (position < n)
+            terms.append(
+                (read.coefficient, _whole_or_outside(array[at]) if g.masked else array[at])
+            )
+        position, inside = positions.axis_position(base, bound, terms, n, flat.dtype)
         # Under a trace every value computed here is staged, concrete arrays' included.
         concrete = concrete and not isinstance(inside, jax.core.Tracer)
         if gathered_axis.reads and concrete and not g.masked:
             starts = [ranges[name][0] for name in g.indices]
-            _check_inside(g, axis, position, inside, n, starts, source)
+            _check_inside(g, axis, (base, terms), inside, n, starts, source)
         valid = valid & inside
         flat = flat * n + jnp.where(inside, position, 0).astype(flat.dtype)
-    positions = jnp.where(valid, flat, -1)
+    rows_at = jnp.where(valid, flat, -1)
     width = int(np.prod(table.shape[len(table.shape) - whole :], dtype=np.int64))
     count = int(np.prod(table.shape[: len(table.shape) - whole], dtype=np.int64))
     rows = table.reshape(count, width)
-    rows, positions = private_jax.same_varying_axes([rows, positions])
+    rows, rows_at = private_jax.same_varying_axes([rows, rows_at])
     unique = _distinct(g, lead)
-    return gather_p.bind(rows, positions, fill=not g.masked, unique=unique).reshape(tuple(spans))
+    return gather_p.bind(rows, rows_at, fill=not g.masked, unique=unique).reshape(tuple(spans))
 
 
 def _distinct(g: Gather, lead: int) -> bool:
@@ -339,10 +343,36 @@ def _whole_or_outside(values: Any) -> Any:
     return jnp.where(whole, values, -1)
 
 
+def _bound(
+    affine: Any, ranges: Mapping[str, tuple[int, int]], extents: Mapping[sympy.Symbol, int]
+) -> int:
+    """The largest magnitude of `affine` over the ranges of its indices."""
+    total = abs(int(sympy.sympify(affine.constant).xreplace(extents)))
+    for symbol, coefficient in affine.coefficients:
+        start, stop = ranges[symbol.name]
+        total += abs(coefficient) * max(abs(start), abs(stop - 1), 0)
+    return total
+
+
+def _too_large(g: Gather, axis: int, bound: int, dtype: Any, source: str) -> None:
+    kind = np.dtype(dtype).name
+    raise UnsupportedError(
+        f"the position on axis {axis} of '{g.table}' reaches {bound} in magnitude before its "
+        f"index arrays are added, too large for the {kind} positions JAX computes in",
+        source,
+        g.span,
+        expected=f"index arithmetic well inside {kind}",
+        hint="enable 64-bit integers with jax.config.update('jax_enable_x64', True)"
+        if kind == "int32"
+        else None,
+    )
+
+
 def _check_inside(
-    g: Gather, axis: int, position: Any, inside: Any, n: int, starts: list[int], source: str
+    g: Gather, axis: int, parts: Any, inside: Any, n: int, starts: list[int], source: str
 ) -> None:
-    """Eagerly, an index array that points outside the table is a `RangeError`."""
+    """Eagerly, an index array that points outside the table is a `RangeError` naming the
+    true position; `parts` are the affine part's values and the index-array terms."""
     bad = ~np.asarray(inside)
     if not bad.any():
         return
@@ -354,11 +384,14 @@ def _check_inside(
     at = ", ".join(
         f"{name}={w + s}" for name, w, s in zip(g.indices, where, starts) if name in named
     )
-    value = int(np.asarray(position)[where])
+    value = positions.exact_position(*parts, where)  # the true value: nothing wrapped
     arrays = ", ".join(f"'{a}'" for a in g.arrays)
+    why = f"outside [0, {n})"
+    if 0 <= value < n:  # terms that cancel, each too large (tensordsl/binding/positions.py)
+        kind = np.dtype(parts[0].dtype).name
+        why = f"from terms too large for {kind} positions (each must fit its share)"
     raise RangeError(
-        f"index array {arrays} points to {value} on axis {axis} of '{g.table}' "
-        f"(at {at}), outside [0, {n})",
+        f"index array {arrays} points to {value} on axis {axis} of '{g.table}' (at {at}), {why}",
         source,
         g.span,
         expected=f"index values inside [0, {n}) for axis {axis} of '{g.table}'",

@@ -1,5 +1,5 @@
 """Gradient nests run two at a time as one kernel with two outputs, on a back end whose
-record pairs them (`Backend.pairs_gradients`: CUDA's `codegen.cuda.pairs`, attention's dK
+record pairs them (`Backend.pairs_gradients`: CUDA's `codegen.cuda.attention.paired`, attention's dK
 and dV in one weighted kernel). The pair is a `nest_p` call like any other (batched,
 jitted, differentiated again as one); its packed columns are sliced back into the two
 gradients.

@@ -39,7 +39,7 @@ from codegen.recursion import deeply
 from tensordsl.backends import table
 from tensordsl.binding import grouped, partitioning, private_jax
 from tensordsl.binding import one_pass as online
-from tensordsl.errors import UnsupportedError, user_facing
+from tensordsl.errors import UnsupportedError, check_settings, user_facing
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -90,6 +90,7 @@ def call_nest(
     Returns:
         The output array.
     """
+    check_settings()  # a bad TENSORDSL_* value fails here, not inside JAX's lowering
     if REDUCTIONS[nest.reduction].selects and table.backend(backend).emits_code:
         with user_facing():  # a compiled back end keeps at most MAX_SELECTION slots
             selection_count(nest)
@@ -160,7 +161,9 @@ tangent_p = private_jax.primitive(
 
 
 mlir.register_lowering(
-    nest_p, mlir.lower_fun(deeply(partitioning.run_nest), multiple_results=False)
+    nest_p,
+    # A compiler that cannot be run (TENSORDSL_CC) is found only when a kernel builds.
+    mlir.lower_fun(user_facing()(deeply(partitioning.run_nest)), multiple_results=False),
 )
 private_jax.requires_devices_during_lowering(nest_p)
 

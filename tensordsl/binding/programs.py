@@ -27,7 +27,7 @@ from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.invariance import shift_invariant
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.binding.program_grad import FusedProgram
-from tensordsl.errors import UnsupportedError
+from tensordsl.errors import UnsupportedError, check_settings
 
 
 def run_program(
@@ -52,6 +52,7 @@ def run_program(
     Returns:
         The outputs, in `program.outputs` order.
     """
+    check_settings()  # a bad TENSORDSL_* value fails here, not inside JAX's lowering
     known = dict(values)
     nests = compiled_statements(program, known, backend, fuse)
     if (

@@ -215,6 +215,7 @@ def input_array(name: str, value: Any, source: str) -> Any:
             hint=f"pass {name}.astype({value.dtype.newbyteorder('=').name!r})",
         )
     if not isinstance(value, jax.Array):
+        _check_kept_integers(name, value, source)
         try:
             value = jnp.asarray(value)
         except (TypeError, ValueError):
@@ -238,6 +239,29 @@ def input_array(name: str, value: Any, source: str) -> Any:
             hint=f"pass {name}.astype('float32')",
         )
     return value
+
+
+def _check_kept_integers(name: str, value: Any, source: str) -> None:
+    """Refuses `value` where it holds integers that JAX would wrap when it converts them to
+    its 32-bit type (without `jax_enable_x64`): 2^32 + 1 read as 1 is a wrong row, silently."""
+    import jax
+
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not np.issubdtype(dtype, np.integer):
+        return
+    kept = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if kept == dtype or np.size(value) == 0:
+        return
+    low, high = int(np.min(value)), int(np.max(value))
+    limits = np.iinfo(kept)
+    for bad in (v for v in (high, low) if not limits.min <= v <= limits.max):
+        raise InputError(
+            f"input '{name}' holds {bad}, beyond {kept.name}, the integers JAX keeps without "
+            "64-bit mode",
+            source,
+            expected=f"values inside [{limits.min}, {limits.max}] for a {dtype.name} array",
+            hint="enable 64-bit integers with jax.config.update('jax_enable_x64', True)",
+        )
 
 
 _NATIVE = "<" if sys.byteorder == "little" else ">"

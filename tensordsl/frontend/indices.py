@@ -195,6 +195,18 @@ class IndexExpressions:
             if node.name in POSITIONS:
                 return self.extent - 1 if node.name == "end" else sympy.Integer(0)
             return index_symbol(node.name)
+        if isinstance(node, Unary | Binary) and node.op in ("not", "and", "or"):
+            raise self.not_affine(whole, "it contains a condition")
+        if isinstance(node, Binary) and node.op in ("//", "%"):
+            raise IndexExpressionError(
+                f"index expression '{text_of(self.src, whole.span)}' is not affine: "
+                f"'{node.op}' rounds",
+                self.src,
+                node.span,
+                expected="an affine index; 'mod(e)' wraps an index into its axis, as in "
+                "'A[mod(i - j)]', and a value 'i // 2' or 'i % 2' may be computed outside "
+                "the brackets",
+            )
         if isinstance(node, Unary):
             operand = self.index_expr(node.operand, whole)
             return -operand if node.op == "-" else operand

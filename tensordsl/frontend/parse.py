@@ -3,13 +3,20 @@
 Grammar (lowest precedence first)::
 
     statement  := [ '(' NAME ')' ] NAME [ '[' [ expr (',' expr)* ] ']' ] ':=' expr
-    expr       := sum [ ('<' | '<=' | '>' | '>=' | '==' | '!=') sum ]
+    expr       := conjunction (('|' | 'or') conjunction)*
+    conjunction:= negation (('&' | 'and') negation)*
+    negation   := ('not' | '~') negation | comparison
+    comparison := sum [ ('<' | '<=' | '>' | '>=' | '==' | '!=') sum ]
     sum        := product (('+' | '-') product)*
-    product    := unary (('*' | '/') unary)*
+    product    := unary (('*' | '/' | '//' | '%') unary)*
     unary      := ('-' | '+') unary | power
     power      := primary [ ('**' | '^') unary ]           # right-associative
     primary    := NUMBER [NAME-started power]                # `2i` is 2 * i
                 | NAME [ '[' args ']' | '(' args ')' ] | '(' expr ')'
+
+The logical operators bind more loosely than comparisons (as Python's `and`, unlike its `&`),
+so `j <= i & j > i - 8` is the conjunction of two comparisons; `and`, `or` and `not` are
+words of the language, never names.
 
 Every node carries `span`, the `(start, stop)` character offsets of its text. A statement
 nests at most `MAX_DEPTH` levels (parentheses, index lists, function calls, signs, powers and
@@ -25,7 +32,7 @@ Unary(op='-', operand=Binary(op='**', ...), span=(14, 23))
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -73,14 +80,15 @@ class Call:
 
 @dataclass(frozen=True)
 class Unary:
-    op: str  # '-' or '+'
+    op: str  # '-', '+' or 'not' ('~' is read as 'not')
     operand: Expr
     span: Span
 
 
 @dataclass(frozen=True)
 class Binary:
-    op: str  # '+', '-', '*', '/', '**' ('^' is read as '**'; `2i` as '*')
+    op: str  # '+', '-', '*', '/', '//', '%', '**' ('^' is read as '**'; `2i` as '*'),
+    # or 'and', 'or' ('&' and '|' are read as them)
     left: Expr
     right: Expr
     span: Span
@@ -126,11 +134,13 @@ _TOKEN = re.compile(
     r"|(?P<ellipsis>\.\.\.)"
     r"|(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
     r"|(?P<name>[^\W\d]\w*)"  # Python's identifiers, unicode included: `α`, `Δt`
-    r"|(?P<op>:=|\*\*|<=|>=|==|!=|[-+*/^<>()\[\],])"
+    r"|(?P<op>:=|\*\*|//|<=|>=|==|!=|[-+*/%^<>()\[\],&|~])"
     r"|(?P<bad>.)",
     re.DOTALL,
 )
 _COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
+#: The logical operators, each spelled as a symbol or a word, by the name nodes carry.
+LOGICAL = {"|": "or", "or": "or", "&": "and", "and": "and", "~": "not", "not": "not"}
 
 
 def tokenize(source: str) -> tuple[Token, ...]:
@@ -282,7 +292,41 @@ class _Parser:
         parentheses of an operand written in them (`1/(X[i]*0)`, `(A[i]+1)*2`)."""
         return (start, self.tokens[self.pos - 1].span[1])
 
+    def logical(self, word: str) -> Token | None:
+        """The next token when it is the logical operator `word` (a symbol or a word)."""
+        token = self.peek
+        if token.kind in ("op", "name") and LOGICAL.get(token.text) == word:
+            return token
+        return None
+
     def expr(self) -> Expr:
+        return self.joined("or", self.conjunction)
+
+    def conjunction(self) -> Expr:
+        return self.joined("and", self.negation)
+
+    def joined(self, word: str, operand: Callable[[], Expr]) -> Expr:
+        """`operand (word operand)*`, left-associative."""
+        start = self.peek.span[0]
+        left = operand()
+        while (token := self.logical(word)) is not None:
+            self.next()
+            right = operand()
+            binary = Binary(word, left, right, self.spanned(start))
+            left = self.node(binary, token.span, left, right)
+        return left
+
+    def negation(self) -> Expr:
+        token = self.logical("not")
+        if token is None:
+            return self.comparison()
+        self.next()
+        with self.nested(token):
+            operand = self.negation()
+        unary = Unary("not", operand, self.spanned(token.span[0]))
+        return self.node(unary, token.span, operand)
+
+    def comparison(self) -> Expr:
         start = self.peek.span[0]
         left = self.sum()
         if self.at(*_COMPARISONS):
@@ -307,7 +351,7 @@ class _Parser:
     def product(self) -> Expr:
         start = self.peek.span[0]
         left = self.unary()
-        while self.at("*", "/"):
+        while self.at("*", "/", "//", "%"):
             token = self.next()
             right = self.unary()
             binary = Binary(token.text, left, right, self.spanned(start))

@@ -151,16 +151,22 @@ def _infer_ranges(
     An index used only unshifted takes the extent of its first axis. Then, repeatedly, an
     index whose accesses involve only resolved indices takes the intersection of what every
     use allows. When none is ready (`X[i+k] * W[k]`), the first index with an unshifted use
-    (reduced indices first) takes the intersection of the uses that can be evaluated.
+    (reduced indices first), or else with a use that reads no unresolved index
+    (`X[i+k] * W[k+1]`), takes the intersection of the uses that can be evaluated. Last, an
+    index that nothing else constrains and that alone indexes an axis through `mod`, `clamp`
+    or `pad(e)` (`X[n, mod(c)]`) runs over that axis.
 
     An index given by `ranges=` (in `explicit`) never narrows an index used unshifted
     somewhere: with `ranges={"i": 10}`, `X[i+k] * W[k]` keeps `k` over all of W (and a read
     of X outside it is a call-time error), where intersecting would silently drop W's tail.
     """
     uses: dict[str, list[tuple[AccessUse, int]]] = {name: [] for name in free + reduced}
+    wrapped: dict[str, sympy.Expr] = {}  # index -> extent of an axis it alone indexes in mod(...)
     for access in accesses:
         for axis, affine in enumerate(access.axes):
             if access.widths(axis) is None:
+                if affine.bare_index is not None:
+                    wrapped.setdefault(affine.bare_index.name, extent_symbol(access.tensor, axis))
                 continue  # mod, clamp, pad(e): any value reads the array (Tullio's rule)
             for index in affine.indices:
                 uses[index.name].append((access, axis))
@@ -177,9 +183,17 @@ def _infer_ranges(
         ready = [n for n in todo if all(others(n, a, x) <= set(known) for a, x in uses[n])]
         fallback = [
             n for n in reduced + free if n in todo and any(_bare(a, x) == n for a, x in uses[n])
+        ] or [
+            n
+            for n in reduced + free
+            if n in todo and any(others(n, a, x) <= set(known) for a, x in uses[n])
         ]
         if not ready and not fallback:
-            return known
+            last = [n for n in reduced + free if n not in known and n in wrapped]
+            if not last:
+                return known
+            known[last[0]] = (sympy.Integer(0), wrapped[last[0]])
+            continue
         name = ready[0] if ready else fallback[0]
         usable = [(a, x) for a, x in uses[name] if others(name, a, x) <= set(known)]
         known[name] = _combine([b for a, x in usable for b in _bounds(a, x, name, known)])

@@ -23,7 +23,7 @@ from typing import Any
 
 import sympy
 
-from codegen.ir.functions import FUNCTIONS, indicator
+from codegen.ir.functions import FUNCTIONS, SPELLINGS, indicator
 from codegen.ir.ieee import cancels, ieee
 from codegen.ir.nest import index_symbol, scalar_symbol
 from tensordsl.errors import (
@@ -47,6 +47,7 @@ from tensordsl.frontend.indices import (
     text_of,
     walk,
 )
+from tensordsl.frontend.logic import Conditions, is_condition
 from tensordsl.frontend.parse import (
     Access,
     Binary,
@@ -92,7 +93,7 @@ class Translation:
     gathers: tuple[Gather, ...] = ()  # accesses through index arrays (gathered operands)
 
 
-class _Translator(GatheredAccesses):
+class _Translator(Conditions, GatheredAccesses):
     """Turns the syntax tree of the right-hand side into sympy, recording names and accesses."""
 
     def __init__(self, statement: Statement, named: Collection[str] = ()) -> None:
@@ -254,8 +255,8 @@ class _Translator(GatheredAccesses):
             return self.access(node)
         if isinstance(node, Call):
             return self.call(node)
-        if isinstance(node, Compare):
-            return indicator(self.relation(node))
+        if isinstance(node, Compare) or is_condition(node):
+            return indicator(self.condition(node))
         if isinstance(node, Unary):
             operand = self.value(node.operand)
             return -operand if node.op == "-" else operand
@@ -274,13 +275,15 @@ class _Translator(GatheredAccesses):
                 value = self.value(node)
                 return (-value if negated else value,)
             return (*left, *right)
-        if isinstance(node, Unary):
+        if isinstance(node, Unary) and node.op in "+-":
             return self.additive(node.operand, negated != (node.op == "-"))
         value = self.value(node)
         return (-value if negated else value,)
 
     def binary(self, node: Binary) -> Any:
         left, right = self.value(node.left), self.value(node.right)
+        if node.op in ("//", "%"):
+            return self.division(node, left, right)
         huge = left.is_Number and right.is_Number and abs(right) > 256
         if node.op == "**" and huge and left not in (0, 1, -1):
             raise self.fail(
@@ -312,14 +315,16 @@ class _Translator(GatheredAccesses):
     def call(self, node: Call) -> Any:
         if node.name == SIZE:
             return self.size(node)
-        spec = FUNCTIONS.get(node.name)
-        if spec is None and node.name in BOUNDARY_FORMS:
+        spec = FUNCTIONS.get(SPELLINGS.get((node.name, len(node.args)), node.name))
+        if node.name in BOUNDARY_FORMS and (spec is None or len(node.args) != spec.arity):
+            value_form = f" or '{node.name}(x, lo, hi)' of values" if spec else ""
             raise IndexExpressionError(
-                f"'{node.name}' is an index form, not a function of values",
+                f"'{node.name}' with {len(node.args)} argument"
+                f"{'' if len(node.args) == 1 else 's'} is an index form, not a function of values",
                 self.src,
                 node.span,
                 expected=f"'{node.name}' as the whole index of a tensor's axis, as in "
-                f"'A[{node.name}(i + 1)]'",
+                f"'A[{node.name}(i + 1)]'{value_form}",
             )
         if spec is None and node.name == "conj":
             raise UnsupportedError(
@@ -345,8 +350,8 @@ class _Translator(GatheredAccesses):
                 expected=f"{node.name}({params})",
             )
         args = [
-            self.relation(a)
-            if isinstance(a, Compare) and (node.name, n) == ("where", 0)
+            self.condition(a)
+            if is_condition(a) and (node.name, n) == ("where", 0)
             else self.value(a)
             for n, a in enumerate(node.args)
         ]

@@ -38,136 +38,15 @@ The convention of `score_mod` and `mask_mod`: an expression of the language over
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-from tensordsl.errors import OptionError, ParseError, ShapeError, UnknownNameError, close_match
-from tensordsl.frontend.parse import Access, Name, parse
-from tensordsl.nn._common import as_array, as_float_array, build, check_rank
-
-INDICES = ("b", "h", "i", "j")
-_HEAD = "M[b,h,i,j] := "
-
-
-def _children(node: Any) -> list[Any]:
-    found = []
-    for field in dataclasses.fields(node):
-        value = getattr(node, field.name)
-        for item in value if isinstance(value, tuple) else (value,):
-            if dataclasses.is_dataclass(item):
-                found.append(item)
-    return found
-
-
-def _check_names(
-    option: str,
-    text: str,
-    node: Any,
-    scalars: set[str],
-    arrays: set[str],
-    spans: list[Any],
-    in_access: bool = False,
-) -> None:
-    """Raise for a name the expression may not read; collect the spans of the bare `S`."""
-    allowed = {*INDICES} if in_access else {*INDICES, "inf", *scalars}
-    allowed |= {"S"} if option == "score_mod" and not in_access else set()
-    shift = len(_HEAD)
-    if isinstance(node, Name) and node.name not in allowed:
-        start, stop = node.span[0] - shift, node.span[1] - shift
-        if in_access:
-            what = f"{option}: '{node.name}' in an index list is not one of the indices b, h, i, j"
-            expected = "index expressions over b, h, i, j (another index would be summed over)"
-        elif node.name == "S":
-            what = "mask_mod reads the score 'S'"
-            expected = "a condition on b, h, i, j and mod_args (modify scores with score_mod)"
-        else:
-            what = f"{option} reads '{node.name}', which is not S, an index or a mod_args name"
-            expected = "S (the score), the indices b, h, i, j, or a scalar given in mod_args"
-        candidates = allowed | arrays
-        raise UnknownNameError(
-            what,
-            text,
-            (start, stop),
-            expected=expected,
-            hint=close_match(node.name, candidates),
-        )
-    if isinstance(node, Name) and node.name == "S":
-        spans.append(node.span)
-    if isinstance(node, Access):
-        if node.name not in arrays:
-            span = (node.name_span[0] - shift, node.name_span[1] - shift)
-            raise UnknownNameError(
-                f"{option} reads the array '{node.name}', which is not given in mod_args",
-                text,
-                span,
-                expected="mod_args={'" + node.name + "': array}",
-                hint=close_match(node.name, arrays),
-            )
-        for index in node.indices:
-            _check_names(option, text, index, scalars, arrays, spans, in_access=True)
-        return
-    for child in _children(node):
-        _check_names(option, text, child, scalars, arrays, spans, in_access)
-
-
-def modifier(option: str, text: Any, scalars: set[str], arrays: set[str], score: str) -> str:
-    """`text` (a score_mod or mask_mod) checked, with every bare `S` replaced by `score`.
-
-    >>> modifier("score_mod", "S + R[h, i - j + 3]", set(), {"R"}, "s_[b,h,i,j]")
-    '(s_[b,h,i,j]) + R[h, i - j + 3]'
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise OptionError(
-            f"{option} is {text!r}, not an expression",
-            expected=f"{option} a string such as "
-            + ("'S + R[h, i - j + 7]'" if option == "score_mod" else "'abs(i - j) <= 64'"),
-        )
-    try:
-        tree = parse(_HEAD + text).body
-    except ParseError as error:
-        span = None
-        if error.span is not None:
-            span = (max(error.span[0] - len(_HEAD), 0), max(error.span[1] - len(_HEAD), 1))
-        raise ParseError(
-            f"{option}: {error.what}", text, span, expected=error.expected, hint=error.hint
-        ) from None
-    spans: list[Any] = []
-    _check_names(option, text, tree, scalars, arrays, spans)
-    for start, stop in sorted(spans, reverse=True):
-        start, stop = start - len(_HEAD), stop - len(_HEAD)
-        text = f"{text[:start]}({score}){text[stop:]}"
-    return text
-
-
-def _mod_inputs(mod_args: Any) -> tuple[dict[str, Any], set[str], set[str]]:
-    """mod_args checked: the inputs, the scalar names, the array names."""
-    if mod_args is None:
-        return {}, set(), set()
-    if not isinstance(mod_args, dict):
-        raise OptionError(
-            f"attention: mod_args is a {type(mod_args).__name__}, not a dict",
-            expected="mod_args={'R': array, 'slope': 0.5}: names to arrays or numbers",
-        )
-    inputs: dict[str, Any] = {}
-    for name, value in mod_args.items():
-        if (
-            not (isinstance(name, str) and name.isidentifier())
-            or name.endswith("_")
-            or name in (*INDICES, "S", "inf")
-        ):
-            raise OptionError(
-                f"attention: mod_args name {name!r} cannot be used",
-                expected="an identifier other than S, b, h, i, j, inf, not ending in '_'",
-            )
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        # A Python number stays weakly typed: it does not promote float32 scores to float64.
-        inputs[name] = float(value) if number else as_array(value, "attention", name)
-    scalars = {n for n, v in inputs.items() if isinstance(v, float) or v.ndim == 0}
-    return inputs, scalars, set(inputs) - scalars
+from tensordsl.errors import ShapeError, TensorDSLError
+from tensordsl.nn._common import as_float_array, build, check_rank
+from tensordsl.nn.modifiers import INDICES, in_modifier, mod_inputs, modifier
 
 
 def _bias(bias: Any, batch: tuple[int, ...], full: tuple[int, ...]) -> tuple[Any, str]:
@@ -200,19 +79,29 @@ def _bias(bias: Any, batch: tuple[int, ...], full: tuple[int, ...]) -> tuple[Any
     return bias, (f"bias_[{','.join(names)}]" if names else "bias_")
 
 
-def attention_source(score: str, mask: str | None) -> str:
-    """The program for a score expression (over s_) and a mask condition (or None)."""
-    lines = ["s_[b,h,i,j] := q_[b,i,h,d] * k_[b,j,h,d] * scale_"]
+def attention_source(score: str, mask: str | None, heads: str = "h") -> str:
+    """The program for a score expression (over s_) and a mask condition (or None).
+
+    `heads` names the head indices: `h`, or `hk_,g_` for grouped-query heads, where the
+    queries `q_[b,i,hk_,g_,d]` of group `g_` read the keys and values `k_[b,j,hk_,d]` of
+    their head `hk_` (query head `hk_ * G + g_`, as `jnp.repeat` of K and V would pair them,
+    with nothing copied).
+    """
+    kv = heads.split(",")[0]
+    rows = f"b,{heads},i"
+    lines = [f"s_[b,{heads},i,j] := q_[b,i,{heads},d] * k_[b,j,{kv},d] * scale_"]
     if mask is None:
-        lines.append(f"(logsumexp) lse_[b,h,i] := {score}")
-        lines.append(f"out_[b,h,i,e] := exp({score} - lse_[b,h,i]) * v_[b,j,h,e]")
+        lines.append(f"(logsumexp) lse_[{rows}] := {score}")
+        lines.append(f"out_[{rows},e] := exp({score} - lse_[{rows}]) * v_[b,j,{kv},e]")
     else:
-        lines.append(f"(logsumexp) lse_[b,h,i] := where({mask}, {score}, -inf)")
-        lines.append(f"out_[b,h,i,e] := where({mask}, exp({score} - lse_[b,h,i]), 0) * v_[b,j,h,e]")
+        lines.append(f"(logsumexp) lse_[{rows}] := where({mask}, {score}, -inf)")
+        lines.append(
+            f"out_[{rows},e] := where({mask}, exp({score} - lse_[{rows}]), 0) * v_[b,j,{kv},e]"
+        )
     return "\n".join(lines)
 
 
-def _check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+def _check_qkv(q: Any, k: Any, v: Any, enable_gqa: bool | None) -> tuple[Any, Any, Any]:
     arrays = {"q": q, "k": k, "v": v}
     for name in arrays:
         arrays[name] = as_float_array(arrays[name], "attention", name)
@@ -222,8 +111,7 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     pairs = (
         ("k", k.shape[:-3], "q", q.shape[:-3], "the leading (batch) shape"),
         ("v", v.shape[:-3], "q", q.shape[:-3], "the leading (batch) shape"),
-        ("k", k.shape[-2], "q", q.shape[-2], "the head count"),
-        ("v", v.shape[-2], "q", q.shape[-2], "the head count"),
+        ("v", v.shape[-2], "k", k.shape[-2], "the head count"),
         ("k", k.shape[-1], "q", q.shape[-1], "the width (last axis)"),
         ("v", v.shape[-3], "k", k.shape[-3], "the key count"),
     )
@@ -232,8 +120,18 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
             raise ShapeError(
                 f"attention: {what} of '{name}' is {got} but {want} in '{other}'",
                 expected=f"the same {what} in '{name}' and '{other}' "
-                "(q: (..., T, H, E), k: (..., S, H, E), v: (..., S, H, Ev))",
+                "(q: (..., T, H, E), k: (..., S, Hk, E), v: (..., S, Hk, Ev))",
             )
+    heads, kv_heads = q.shape[-2], k.shape[-2]
+    grouped = heads != kv_heads
+    if grouped and (enable_gqa is False or kv_heads == 0 or heads % kv_heads):
+        allowed = "a head count that divides q's" if enable_gqa is not False else "q's"
+        raise ShapeError(
+            f"attention: 'k' and 'v' have {kv_heads} heads and 'q' has {heads}"
+            + (" with enable_gqa=False" if enable_gqa is False and grouped else ""),
+            expected=f"k and v with {allowed} (grouped-query heads: each of k's heads serves "
+            "H / Hk consecutive query heads)",
+        )
     return q, k, v
 
 
@@ -249,14 +147,19 @@ def attention(
     scale: Any = None,
     mod_args: dict[str, Any] | None = None,
     backend: str = "auto",
+    return_lse: bool = False,
+    enable_gqa: bool | None = None,
 ) -> Any:
     """Softmax attention, `softmax(q k^T * scale + bias, masked) v` per head, with no
     `(T, S)` array stored, forwards or backwards (the layout of `jax.nn.dot_product_attention`).
 
     Args:
         q: queries `(..., T, H, E)`; the leading axes are batch axes, flattened into `b`.
-        k: keys `(..., S, H, E)`, the same leading axes and heads.
-        v: values `(..., S, H, Ev)`.
+        k: keys `(..., S, Hk, E)`, the same leading axes; `Hk` = `H` heads, or fewer that
+            divide `H` (grouped-query or multi-query attention: key head `n` serves the
+            query heads `n * H/Hk` to `(n + 1) * H/Hk - 1`, as after `jnp.repeat(k, H/Hk,
+            axis=-2)`, but nothing is repeated or copied).
+        v: values `(..., S, Hk, Ev)`.
         causal: keep only keys `j <= i` (query i sees keys 0..i, aligned at the start).
         score_mod: an expression of the new score over `S` (the scaled score plus the bias),
             b, h, i, j and `mod_args`, e.g. `"S + R[h, i - j + 7]"` (a relative bias per
@@ -266,38 +169,77 @@ def attention(
             `"M[b, j] > 0"` (a padding mask). Combined with `causal` by "and".
         bias: an array broadcastable to `(..., H, T, S)`, added to the scaled scores.
         scale: multiplies `q . k`; default `1 / sqrt(E)`.
-        mod_args: arrays and scalars the modifiers read, by name; arrays are differentiated.
+        mod_args: arrays and scalars the modifiers read, by name; arrays are differentiated;
+            an entry no modifier reads is left out.
         backend: the kernels' back end.
+        return_lse: also return the log-sum-exp of each query's modified, masked scores,
+            `(..., H, T)` (FlexAttention's `return_lse`); gradients flow through it too.
+        enable_gqa: None (default) or True: k and v may have fewer heads than q (above);
+            False: they must have as many (FlexAttention's default).
 
     Returns:
-        `(..., T, H, Ev)`. A query whose every key is masked gets 0 where the mask is made
-        of index comparisons (its loop is empty); with a mask that reads arrays it gets NaN.
+        `(..., T, H, Ev)`; with `return_lse`, the pair `(out, lse)`. A query whose every key
+        is masked gets 0.
 
     Raises:
         ShapeError: the shapes of q, k, v or bias do not agree.
         OptionError: a modifier that is not a string, a bad mod_args name.
         UnknownNameError, ParseError: a modifier that reads an unknown name, or does not parse
-            (the message underlines it in the modifier).
+            (the message underlines it in the modifier, as every error about a modifier).
+        UnsupportedError: a score_mod that does not read S.
     """
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v = _check_qkv(q, k, v, enable_gqa)
     batch, (T, H, E), S = tuple(q.shape[:-3]), q.shape[-3:], k.shape[-3]
-    inputs, scalars, arrays = _mod_inputs(mod_args)
-    score = "s_[b,h,i,j]"
+    group = H // k.shape[-2] if k.shape[-2] != H else 1
+    # Grouped-query heads: query head h is (hk_, g_) with h = hk_ * group + g_.
+    heads, head = ("h", None) if group == 1 else ("hk_,g_", f"hk_*{group} + g_")
+    inputs, scalars, arrays = mod_inputs(mod_args)
+    score = f"s_[b,{heads},i,j]"
     if bias is not None:
         inputs["bias_"], access = _bias(bias, batch, (H, T, S))
+        if group > 1 and "h" in access:
+            inputs["bias_"], access = _grouped_bias(inputs["bias_"], access, group)
         score = f"{score} + {access}"
+    modifiers = []
     if score_mod is not None:
-        score = modifier("score_mod", score_mod, scalars, arrays, score)
+        modifiers.append(modifier("score_mod", score_mod, scalars, arrays, score, head))
+        score = modifiers[-1].text
     conditions = ["j <= i"] if causal else []
     if mask_mod is not None:
-        conditions.append(modifier("mask_mod", mask_mod, scalars, arrays, ""))
+        modifiers.append(modifier("mask_mod", mask_mod, scalars, arrays, "", head))
+        conditions.append(modifiers[-1].text)
     mask = " * ".join(f"({c})" for c in conditions) if conditions else None
+    # One mod_args dict is often shared by several modifiers: what none reads is left out.
+    read = {name for each in modifiers for name in each.reads}
+    inputs = {name: value for name, value in inputs.items() if name in read or name == "bias_"}
     flat = [x.reshape((math.prod(batch), *x.shape[-3:])) for x in (q, k, v)]
+    if group > 1:  # a free reshape: the query heads of one key head are consecutive
+        flat[0] = flat[0].reshape((*flat[0].shape[:2], H // group, group, E))
     inputs.update(q_=flat[0], k_=flat[1], v_=flat[2])
     inputs["scale_"] = (
-        1.0 / math.sqrt(E)
+        1.0 / math.sqrt(max(E, 1))  # a head of width 0 scores 0 whatever the scale
         if scale is None
         else (float(scale) if isinstance(scale, (int, float)) else jnp.asarray(scale, q.dtype))
     )
-    out = jnp.swapaxes(build(attention_source(score, mask), backend)(**inputs), 1, 2)
-    return out.reshape((*batch, *out.shape[1:]))
+    outputs = ("out_", "lse_") if return_lse else None
+    try:
+        found = build(attention_source(score, mask, heads), backend, outputs)(**inputs)
+    except TensorDSLError as error:
+        raise in_modifier(error, modifiers) from None
+    out, lse = found if return_lse else (found, None)
+    rows = math.prod(batch)
+    out = jnp.swapaxes(out.reshape((rows, H, T, out.shape[-1])), 1, 2)
+    out = out.reshape((*batch, *out.shape[1:]))
+    if not return_lse:
+        return out
+    return out, lse.reshape((*batch, H, T))
+
+
+def _grouped_bias(bias: Any, access: str, group: int) -> tuple[Any, str]:
+    """A bias with a head axis (from `_bias`), that axis split into (key head, group) for
+    grouped-query heads: a free reshape."""
+    names = access[access.index("[") + 1 : -1].split(",")
+    axis = names.index("h")
+    shape = (*bias.shape[:axis], bias.shape[axis] // group, group, *bias.shape[axis + 1 :])
+    names[axis : axis + 1] = ["hk_", "g_"]
+    return bias.reshape(shape), f"bias_[{','.join(names)}]"

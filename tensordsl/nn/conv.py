@@ -26,7 +26,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from tensordsl.errors import OptionError, close_match
+from tensordsl.errors import OptionError, ShapeError, close_match
 from tensordsl.nn._common import (
     as_float_array,
     build,
@@ -105,6 +105,26 @@ def _pads(
     return tuple((int(lo), int(hi)) for lo, hi in pads)
 
 
+def _check_window(
+    layer: str,
+    sizes: Sequence[int],
+    pads: Sequence[tuple[int, int]],
+    window: Sequence[int],
+    dilations: Sequence[int],
+) -> None:
+    """A `ShapeError` where the kernel's span is longer than the padded input: no output."""
+    names = ("height", "width")[-len(sizes) :]
+    for name, size, (lo, hi), span, dilation in zip(names, sizes, pads, window, dilations):
+        if span > size + lo + hi:
+            padded = f" ({size + lo + hi} padded)" if lo or hi else ""
+            spread = f" with dilation {dilation}" if dilation > 1 else ""
+            raise ShapeError(
+                f"{layer}: the kernel spans {span} positions{spread} but 'x' has a {name} of "
+                f"{size}{padded}: no output position fits",
+                expected=f"a {name} of at least {span} in 'x', more padding, or padding='same'",
+            )
+
+
 def _conv(
     layer: str,
     spatial: int,
@@ -127,6 +147,7 @@ def _conv(
     window = [(k - 1) * d + 1 for k, d in zip(kernel.shape[:spatial], dilations)]
     sizes = x.shape[x.ndim - spatial - 1 : -1]
     pads = _pads(layer, padding, sizes, window, strides)
+    _check_window(layer, sizes, pads, window, dilations)
     flat, batch = flatten_leading(x, spatial + 1)
     if any(lo or hi for lo, hi in pads):
         flat = jnp.pad(flat, ((0, 0), *pads, (0, 0)))

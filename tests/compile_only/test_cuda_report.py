@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.report import cuda_report
+from codegen.cuda.run import nvrtc
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 

@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
+from codegen.cuda.run import nvrtc
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 
@@ -67,7 +67,7 @@ def test_no_openmp_pragma_in_cuda_source() -> None:
 
 @pytest.mark.parametrize("source", [MATMUL, "C[i,j] := A[k,i] * B[j,k]"])
 def test_staged_tiles_have_no_bank_conflicts(source: str) -> None:
-    from codegen.cuda.smem import store_conflicts
+    from codegen.cuda.staged.tiles import store_conflicts
 
     nest = lower(parse(source)).nest
     text = emit_cuda(nest, dtypes={"A": "float32", "B": "float32", "C": "float32"}).text
@@ -112,8 +112,8 @@ def test_a_range_past_2_to_the_31_needs_64_bit_indices_without_a_large_input() -
 def test_a_tile_past_48_kb_compiles_only_as_dynamic_shared_memory(monkeypatch) -> None:
     import dataclasses
 
-    from codegen.cuda import shared as cuda_shared
     from codegen.cuda.schedule import choose_gpu_schedule
+    from codegen.cuda.staged import shared as cuda_shared
 
     nest = lower(parse(MATMUL)).nest
     schedule = dataclasses.replace(choose_gpu_schedule(nest, kernel=True), tile_k=128)

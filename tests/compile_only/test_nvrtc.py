@@ -1,7 +1,7 @@
 """Every generated CUDA kernel compiles with NVRTC; entry points, parameters and spills.
 
 Needs NVRTC only (`pip install "cupy-cuda13x[ctk]"`), no GPU. Compiled results are cached
-in memory by `codegen.cuda.nvrtc`, so each kernel is compiled once per architecture per session.
+in memory by `codegen.cuda.run.nvrtc`, so each kernel is compiled once per architecture per session.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import CudaSource, emit_cuda
+from codegen.cuda.run import nvrtc
 from codegen.cuda.schedule import GpuSchedule, candidate_gpu_schedules, choose_gpu_schedule
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
+from codegen.cuda.run import nvrtc
 from codegen.ir.nest import LoopNest
 from codegen.passes import grad, gradient_rules
 from tensordsl.frontend.statements import lower_program
@@ -57,7 +57,7 @@ def fused_attention_nests() -> list[LoopNest]:
     one-pass forward (online strategy) and dQ, dK, dV (weighted), B 8 H 12 T 1024 E 64."""
     import tensordsl as td
     from codegen.cuda.schedule import choose_gpu_schedule
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
     shape = (8, 12, 1024, 64)
@@ -82,10 +82,10 @@ def test_the_attention_kernels_compile_without_spills(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_paired_gradient_kernel_compiles_without_spills(dtype):
     """On CUDA, a call asks for dK and dV together: one weighted kernel with two outputs
-    (`codegen.cuda.pairs`), within the static shared memory and its registers."""
+    (`codegen.cuda.attention.paired`), within the static shared memory and its registers."""
     import tensordsl as td
     from codegen.cuda.layout import split_paired
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
     shape = (8, 12, 1024, 64)

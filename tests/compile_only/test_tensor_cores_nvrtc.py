@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
 from codegen.cuda.report import cuda_report
+from codegen.cuda.run import nvrtc
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest
 from codegen.passes import grad

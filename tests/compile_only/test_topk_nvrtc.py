@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
+from codegen.cuda.run import nvrtc
 from codegen.cuda.schedule import candidate_gpu_schedules
 from codegen.passes import grad, gradient_rules
 from tensordsl.frontend.lower import lower

@@ -28,6 +28,19 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "erf": (-4.0, 4.0),
     "sin": (-FLT_MAX, FLT_MAX),
     "cos": (-FLT_MAX, FLT_MAX),
+    "exp2": (-151.0, 129.0),
+    "log2": (0.0, FLT_MAX),
+    "log10": (0.0, FLT_MAX),
+    "tan": (-FLT_MAX, FLT_MAX),
+    "asin": (-1.0, 1.0),
+    "acos": (-1.0, 1.0),
+    "atan": (-FLT_MAX, FLT_MAX),
+    "sinh": (-90.0, 90.0),
+    "cosh": (-90.0, 90.0),
+    "asinh": (-FLT_MAX, FLT_MAX),
+    "acosh": (1.0, FLT_MAX),
+    "atanh": (-1.0, 1.0),
+    "erfc": (-4.0, 11.0),
 }
 
 _LN2, _PI = math.log(2.0), math.pi
@@ -40,13 +53,18 @@ def _boundaries(name: str) -> list[float]:
         reductions = [k * _LN2 / 64 for k in range(-104 * 93, 89 * 93)]  # k ln2/64
         limits = [88.72283935546875, -87.33654475, -103.97208, 0.34657359, -0.34657359]
         return reductions + limits + powers + [-p for p in powers]
-    if name in ("log", "log1p"):
+    if name == "exp2":
+        return [k / 8 for k in range(-151 * 8, 129 * 8)] + powers + [-p for p in powers]
+    if name in ("log", "log1p", "log2", "log10", "acosh"):
         scaled = [f * p for p in powers for f in (1.0, math.sqrt(0.5), 2 / 3, 4 / 3)]
         return scaled + [f - 1.0 for f in scaled if f < 4.0] + [-p for p in powers if p < 1]
     if name in ("tanh", "erf"):
         switches = [0.5493061, 0.55, 0.625, 0.84375, 1.0, 1.25, 2.857143, 3.92, 6.0, 9.01]
         return switches + [-s for s in switches] + powers + [-p for p in powers if p < 16]
-    quarter_turns = [k * _PI / 4 for k in range(-400_000, 400_000, 7)]  # sin, cos
+    if name not in ("sin", "cos", "tan"):  # the inverse and hyperbolic functions, erfc
+        switches = [0.5, 0.5625, 0.75, 0.84375, 1.0, 1.25, 2.0, 2.857143, 4.0, 6.0, 9.0, 10.0]
+        return switches + [-s for s in switches] + powers + [-p for p in powers]
+    quarter_turns = [k * _PI / 4 for k in range(-400_000, 400_000, 7)]  # sin, cos, tan
     return quarter_turns + powers + [-p for p in powers]
 
 
@@ -104,6 +122,19 @@ REFERENCES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "erf": np.vectorize(math.erf, otypes=[np.float64]),
     "sin": np.sin,
     "cos": np.cos,
+    "exp2": np.exp2,
+    "log2": np.log2,
+    "log10": np.log10,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "erfc": np.vectorize(math.erfc, otypes=[np.float64]),
 }
 
 

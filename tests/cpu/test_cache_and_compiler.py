@@ -8,12 +8,15 @@ import os
 import pathlib
 import shutil
 import time
+import traceback
 import warnings
 
+import jax
 import numpy as np
 import pytest
 import sympy
 
+import tensordsl as td
 from codegen import config
 from codegen.c import compiler
 from codegen.c.build import build_c, clear_memory_cache
@@ -293,3 +296,40 @@ def test_large_sources_compile_at_O2_unless_the_user_says(
         f = ctypes.CDLL(str(library)).tdsl_f0
         f.restype, f.argtypes = ctypes.c_int, [ctypes.c_int]
         assert f(5) == 15 + tag
+
+
+# ---- Issue 36.8: a bad setting reached the user as codegen's own error, inside JAX's lowering ----
+
+
+@pytest.mark.parametrize(
+    "name, value, wording",
+    [
+        ("TENSORDSL_BUILD_JOBS", "abc", "TENSORDSL_BUILD_JOBS='abc' is not a number of jobs"),
+        ("TENSORDSL_DUMP_DIR", "/proc/no/such", "TENSORDSL_DUMP_DIR='/proc/no/such': the folder"),
+        ("TENSORDSL_VERBOSE", "loud", "TENSORDSL_VERBOSE='loud' is not a verbosity"),
+        ("TENSORDSL_GPU_CALL", "x", "TENSORDSL_GPU_CALL='x' is not a way to launch"),
+        ("TENSORDSL_FUSE", "maybe", "TENSORDSL_FUSE='maybe' is not a yes/no value"),
+    ],
+)
+@pytest.mark.parametrize("call", ["kernel", "program", "jit"])
+def test_a_bad_setting_is_a_tensordsl_error_before_jax_lowers(
+    monkeypatch, name, value, wording, call
+):
+    monkeypatch.setenv(name, value)
+    k = td.kernel("Y[i] := X[i,j] * X[i,j]", backend="c")
+    p = td.program("N[i] := X[i,j]; Y[i] := X[i,j] / N[i]", backend="c")
+    X = np.random.default_rng(0).normal(size=(3, 4))
+    run = {"kernel": k, "program": p, "jit": jax.jit(k)}[call]
+    with pytest.raises(td.SettingError, match=wording) as error:
+        run(X)
+    assert isinstance(error.value, td.TensorDSLError) and isinstance(error.value, ValueError)
+    assert "\nexpected " in str(error.value)
+    frames = [frame.filename for frame in traceback.extract_tb(error.value.__traceback__)]
+    assert not any("jax/_src/interpreters" in f for f in frames), frames
+
+
+def test_a_compiler_that_cannot_run_is_a_tensordsl_error(cache: pathlib.Path, monkeypatch):
+    monkeypatch.setenv("TENSORDSL_CC", "/nonexistent/cc")
+    k = td.kernel(f"Y[i] := X[i] * {np.random.default_rng().uniform(1, 2)}", backend="c")
+    with pytest.raises(td.SettingError, match="cannot run the compiler '/nonexistent/cc'"):
+        k(np.random.default_rng(0).normal(size=3))

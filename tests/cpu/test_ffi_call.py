@@ -149,7 +149,8 @@ def test_extents_one_zero_and_primes(m, k, n, monkeypatch):
 
 def test_knob_rejects_unknown_values(monkeypatch):
     monkeypatch.setenv("TENSORDSL_CPU_CALL", "ctypes")
-    with pytest.raises(ValueError, match="TENSORDSL_CPU_CALL='ctypes': expected one of ffi"):
+    wording = "TENSORDSL_CPU_CALL='ctypes' is not a way to call a C kernel\nexpected one of ffi"
+    with pytest.raises(ValueError, match=wording):
         config.cpu_call()
     monkeypatch.setenv("TENSORDSL_CPU_CALL", " CALLBACK ")
     assert config.cpu_call() == "callback"

@@ -77,3 +77,31 @@ def test_softmax_runs_no_gradient_nest_for_its_stability_max():
     P /= P.sum(1, keepdims=True)
     want = P * (ct - (ct * P).sum(1, keepdims=True))
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
+
+
+#: Normalisations whose reader factors the intermediate out of its own sum (issue 36.6: the
+#: cost model's derivative met the factored `sum_d` and raised a raw NotImplementedError).
+NORMALISATIONS = {
+    "row norm": (
+        "N[i] := X[i,d]; Y[i] := X[i,d] * rsqrt(N[i])",
+        lambda X: X.sum(1) / jnp.sqrt(X.sum(1)),
+    ),
+    "k-means update": (
+        "N[c] := X[i,c]; M[c,d] := X[i,d] / N[c]",
+        lambda X: X.sum(0)[None, :] / X.sum(0)[:, None],
+    ),
+}
+
+
+@pytest.mark.parametrize("fuse", [None, {"N": "inline"}, {"N": "store"}])
+@pytest.mark.parametrize("backend", ["reference", "c"])
+@pytest.mark.parametrize("name", sorted(NORMALISATIONS))
+def test_normalisation_by_a_factored_sum_runs_with_its_gradient(name, backend, fuse):
+    source, reference = NORMALISATIONS[name]
+    X = np.random.default_rng(7).uniform(0.5, 2.0, size=(6, 5))
+    k = td.program(source, backend=backend, fuse=fuse)
+    cotangent = np.random.default_rng(8).normal(size=np.shape(reference(X)))
+    np.testing.assert_allclose(np.asarray(k(X)), reference(X), rtol=1e-12)
+    got = jax.grad(lambda x: jnp.sum(k(x) * cotangent))(X)
+    want = jax.grad(lambda x: jnp.sum(reference(x) * cotangent))(X)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from tensordsl.explain import generated_sources
+from tensordsl.explain.nests import generated_sources
 
 CONV1D = "Y[o,i] := X[c,i+k] * W[o,c,k]"
 CONV2D = "Y[o,y,x] := X[c,y+p,x+q] * W[o,c,p,q]"

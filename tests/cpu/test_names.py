@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
+from codegen.cuda.run import nvrtc
 from codegen.ir.nest import default_dtypes
 
 # Names the generated code uses for itself, C keywords and types, and near misses.

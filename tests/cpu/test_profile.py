@@ -10,7 +10,7 @@ import pytest
 import codegen.c.build
 import tensordsl as td
 from tensordsl.cli import main
-from tensordsl.explain import kernel_nests
+from tensordsl.explain.nests import kernel_nests
 from tests.backends import NEEDS_C_COMPILER
 
 pytestmark = NEEDS_C_COMPILER

@@ -165,7 +165,7 @@ def test_source_with_shapes_shows_the_nests_a_call_runs(capsys, monkeypatch):
     assert list(fused) == ["O+L", "dL", "dQ", "dK", "dscale", "dV"]
     # O recomputes the scores from Q and K: it reads no stored S.
     assert "in_Q[" in fused["O+L"] and "in_S[" not in fused["O+L"]
-    # CUDA runs the one-pass nest as one kernel too (codegen.cuda.online).
+    # CUDA runs the one-pass nest as one kernel too (codegen.cuda.attention.online).
     cuda = k.source("cuda", shapes)
     assert list(cuda) == list(fused) and "strategy=online" in cuda["O+L"]
     assert list(k.source("c"))[0] == "S.forward"  # without shapes: the statements as written

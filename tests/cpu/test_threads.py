@@ -119,7 +119,10 @@ def helpers():
         library.started.argtypes = [ctypes.c_int64, ctypes.c_int64]
         library.now_ns.restype = ctypes.c_int64
     record = threads.teams()
-    assert (record.held, record.calm_until) == (0, 0)
+    assert record.held == 0
+    # A kernel of an earlier test in this worker may have met a late team on a loaded machine
+    # and started a calm (issue 38): the tests below start from none, whatever the load.
+    record.calm_until = 0
     yield libraries
     record.calm_until = 0
 

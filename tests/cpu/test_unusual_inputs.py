@@ -13,7 +13,7 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.cuda import nvrtc
+from codegen.cuda.run import nvrtc
 from codegen.ir.functions import FUNCTIONS
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")

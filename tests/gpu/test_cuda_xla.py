@@ -15,7 +15,7 @@ import tensordsl as td
 from codegen.cuda.emit import emit_cuda
 from codegen.cuda.schedule import candidate_gpu_schedules, choose_gpu_schedule
 from codegen.ir.nest import default_dtypes
-from tensordsl.explain import schedule_lines
+from tensordsl.explain.nests import schedule_lines
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.gpu.test_cuda_backend import EMULATED, REASON

@@ -13,7 +13,7 @@ import pytest
 from codegen.cuda.emit import emit_cuda
 from codegen.cuda.emulator import emulate
 from codegen.cuda.schedule import choose_gpu_schedule
-from codegen.cuda.shared import STATIC_SHARED_LIMIT
+from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from tensordsl.backends import cuda as gpu
 from tensordsl.errors import UnsupportedError
 from tensordsl.frontend.lower import lower

@@ -1,4 +1,4 @@
-"""The one-pass CUDA kernel (`codegen.cuda.online`): a logsumexp and its softmax-weighted
+"""The one-pass CUDA kernel (`codegen.cuda.attention.online`): a logsumexp and its softmax-weighted
 sum in one kernel, run under the CUDA emulator (outputs poisoned) against float64 numpy that
 runs the statements in order (the scores materialised, masks as -inf).
 
@@ -150,7 +150,7 @@ def test_attention_matches_numpy(mask, T, D, E, dtype):
 
 @pytest.mark.parametrize(("D", "dtype"), [(8, "float32"), (130, "float32"), (8, "float64")])
 def test_the_key_tile_is_staged_where_it_fits(D, dtype):
-    """float32 stages K per key tile (`codegen.cuda.key_tiles`), read as written when the
+    """float32 stages K per key tile (`codegen.cuda.attention.key_tiles`), read as written when the
     head dim is past the staged depth (checked at run time) and in float64 (no room)."""
     source, values = _attention("causal", 9, D, 3)
     nest = _online_nest(source, values)

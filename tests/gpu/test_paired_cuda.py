@@ -1,4 +1,4 @@
-"""Attention's dK and dV as one CUDA kernel with two outputs (`codegen.cuda.pairs`), run
+"""Attention's dK and dV as one CUDA kernel with two outputs (`codegen.cuda.attention.paired`), run
 under the CUDA emulator (outputs poisoned) through `jax.grad` on the cuda back end, against
 the backward written out in float64 numpy (FlashAttention's equations: `dV = P^T dO`,
 `dS = P * (dO V^T - rowsum(dO * O) + dL)`, `dK = scale * dS^T Q`, `dQ = scale * dS K`).
@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from codegen.cuda.attention.paired import pair_weighted
 from codegen.cuda.emulator import emulate
 from codegen.cuda.layout import split_paired
-from codegen.cuda.pairs import pair_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, candidate_gpu_schedules
 from tensordsl.backends import cuda as gpu
 from tensordsl.binding import paired

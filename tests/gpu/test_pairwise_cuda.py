@@ -1,4 +1,4 @@
-"""The pairwise strategy (`codegen.cuda.pairwise`) under the CUDA emulator, against float64
+"""The pairwise strategy (`codegen.cuda.staged.pairwise`) under the CUDA emulator, against float64
 numpy on the inputs rounded to each dtype (outputs poisoned).
 
 Bodies that are not a product: squared and absolute differences, a Gaussian kernel with a

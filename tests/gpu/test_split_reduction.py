@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.cuda import launch as cuda_launch
 from codegen.cuda.emulator import emulate
+from codegen.cuda.run import launch as cuda_launch
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
 from codegen.ir.nest import LoopNest
 from codegen.passes import gradient_rules

@@ -1,4 +1,4 @@
-"""Tensor cores (the mma strategy, `codegen.cuda.mma`) under the CUDA emulator: the
+"""Tensor cores (the mma strategy, `codegen.cuda.staged.mma`) under the CUDA emulator: the
 warp-collective `td_mma_16816_*` against numpy on its fragment layout, and generated GEMMs
 of bfloat16 and float16 inputs at sizes no tile divides, batched, with transposed operands,
 and their gradients, against float64 numpy on the same (rounded) inputs. The call through
@@ -18,9 +18,9 @@ import pytest
 import tensordsl as td
 from codegen.cuda.emit import emit_cuda
 from codegen.cuda.emulator import emulate
-from codegen.cuda.fragments import a_fragment, b_fragment, c_fragment, tensor_core_type
-from codegen.cuda.mma import device_functions
 from codegen.cuda.schedule import choose_gpu_schedule
+from codegen.cuda.staged.fragments import a_fragment, b_fragment, c_fragment, tensor_core_type
+from codegen.cuda.staged.mma import device_functions
 from codegen.passes import grad
 from tensordsl.backends import cuda as gpu
 from tensordsl.frontend.lower import lower
@@ -280,7 +280,7 @@ def test_an_mma_schedule_that_does_not_fit_is_refused() -> None:
 
 
 def test_explain_says_tensor_cores(monkeypatch) -> None:
-    from tensordsl.explain import schedule_lines
+    from tensordsl.explain.nests import schedule_lines
 
     monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
     lines = schedule_lines(lower(parse(MATMUL)).nest, dtype="bfloat16")

@@ -13,7 +13,7 @@ import pytest
 
 import tensordsl as td
 from tensordsl import nn
-from tensordsl.timing import nest_equations
+from tensordsl.explain.timing import nest_equations
 from tests.backends import BACKENDS as ALL_BACKENDS
 from tests.backends import generated_kernels  # noqa: F401 (a fixture)
 
@@ -463,3 +463,137 @@ def test_cross_entropy_label_outside_the_classes_picks_nothing():
     logits = _normal(_rng(15), 2, 4)
     loss = nn.cross_entropy(logits, jnp.array([7, 1]), backend="reference")
     _close(loss[0], jax.nn.logsumexp(logits[0]), "float64")
+
+
+# --------------------------------------------------------------------------- grouped heads, lse
+
+
+def _grouped_jnp(q, k, v, **options):
+    """The jnp user's grouped-query attention: K and V repeated to q's heads."""
+    group = q.shape[-2] // k.shape[-2]
+    return attention_jnp(q, jnp.repeat(k, group, axis=-2), jnp.repeat(v, group, axis=-2), **options)
+
+
+GROUPED = {  # name: (nn.attention options, attention_jnp options built from the head count H)
+    "causal": (lambda R: {"causal": True}, lambda R: {"mask": _causal(5, 5)}),
+    "head slopes": (  # ALiBi-like: the score modification reads the query head h
+        lambda R: {"score_mod": "S - (h + 1) * 0.25 * abs(i - j)"},
+        lambda R: {
+            "mod": lambda s: (
+                s
+                - (jnp.arange(4.0)[:, None, None] + 1)
+                * 0.25
+                * jnp.abs(jnp.arange(5.0)[:, None] - jnp.arange(5.0))
+            )
+        },
+    ),
+    "head table and mask": (
+        lambda R: {
+            "score_mod": "S + R[h, i - j + 4]",
+            "mask_mod": "(h < 2) + (j <= i) > 0",
+            "mod_args": {"R": R},
+        },
+        lambda R: {
+            "mod": lambda s: s + R[:, np.arange(5)[:, None] - np.arange(5)[None, :] + 4][None],
+            "mask": (np.arange(4)[:, None, None] < 2) | _causal(5, 5)[None],
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", sorted(GROUPED))
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_attention_grouped_query_heads(backend, case, kv_heads):
+    """K and V with fewer heads than q (grouped-query; multi-query with one head), the query
+    head read by the modifiers; gradients of q, k, v and a per-head table."""
+    ours, theirs = GROUPED[case]
+    rng = _rng(21)
+    q, k, v = (
+        _normal(rng, 2, 5, 4, 3),
+        _normal(rng, 2, 5, kv_heads, 3),
+        _normal(rng, 2, 5, kv_heads, 2),
+    )
+    table = _normal(rng, 4, 9)
+    check(
+        lambda q, k, v, R: nn.attention(q, k, v, backend=backend, **ours(R)),
+        lambda q, k, v, R: _grouped_jnp(q, k, v, **theirs(R)),
+        (q, k, v, table),
+        "float64",
+        (0, 1, 2, 3) if "table" in case else (0, 1, 2),
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_grouped_heads_with_a_per_head_bias_and_float32(backend):
+    rng = _rng(22)
+    q, k, v = (_normal(rng, 3, 6, h, 4, dtype="float32") for h in (6, 2, 2))
+    bias = _normal(rng, 6, 1, 6, dtype="float32")  # per query head and key
+    check(
+        lambda q, k, v, bias: nn.attention(q, k, v, bias=bias, causal=True, backend=backend),
+        lambda q, k, v, bias: _grouped_jnp(q, k, v, bias=bias, mask=_causal(6, 6)),
+        (q, k, v, bias),
+        "float32",
+        (0, 1, 2, 3),
+    )
+
+
+def test_attention_grouped_heads_copy_nothing():
+    """The kernels read k and v with their own head count: no repeated K or V is built."""
+    rng = _rng(23)
+    q, k, v = _normal(rng, 1, 5, 4, 3), _normal(rng, 1, 7, 2, 3), _normal(rng, 1, 7, 2, 3)
+    jaxpr = jax.make_jaxpr(lambda q, k, v: nn.attention(q, k, v, backend="c"))(q, k, v)
+    shapes = [x.aval.shape for e in jaxpr.jaxpr.eqns for x in e.outvars]
+    assert (1, 7, 4, 3) not in shapes  # K or V repeated to q's heads
+    for equation in nest_equations(jaxpr.jaxpr):
+        assert (1, 7, 2, 3) in [x.aval.shape for x in equation.invars]
+
+
+@pytest.mark.parametrize(
+    ("kv_heads", "options", "message"),
+    [
+        (3, {}, r"'k' and 'v' have 3 heads and 'q' has 4"),
+        (2, {"enable_gqa": False}, r"have 2 heads and 'q' has 4 with enable_gqa=False"),
+    ],
+)
+def test_attention_head_counts_that_do_not_group(kv_heads, options, message):
+    rng = _rng(24)
+    q, k = _normal(rng, 1, 3, 4, 2), _normal(rng, 1, 3, kv_heads, 2)
+    with pytest.raises(td.ShapeError, match=message):
+        nn.attention(q, k, k, backend="reference", **options)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_returns_its_logsumexp(backend, causal):
+    """`return_lse`: the log-sum-exp of each query's modified, masked scores, (..., H, T),
+    and gradients through both outputs."""
+    rng = _rng(25)
+    q, k, v = _normal(rng, 2, 5, 2, 3), _normal(rng, 2, 6, 2, 3), _normal(rng, 2, 6, 2, 2)
+    options = {"causal": causal, "score_mod": "S * 0.5 + 0.1 * (i - j)"}
+
+    def theirs(q, k, v):
+        s = jnp.einsum("bihd,bjhd->bhij", q, k, precision="highest") / math.sqrt(3)
+        s = s * 0.5 + 0.1 * (jnp.arange(5.0)[:, None] - jnp.arange(6.0))
+        if causal:
+            s = jnp.where(_causal(5, 6), s, -jnp.inf)
+        lse = jax.nn.logsumexp(s, axis=-1)
+        out = jnp.einsum("bhij,bjhe->bihe", jnp.exp(s - lse[..., None]), v, precision="highest")
+        return out, lse
+
+    def ours(q, k, v):
+        return nn.attention(q, k, v, backend=backend, return_lse=True, **options)
+
+    got, want = ours(q, k, v), theirs(q, k, v)
+    assert got[1].shape == (2, 2, 5)
+    for g, w in zip(got, want):
+        _close(g, w, "float64")
+    ct = _normal(_rng(26), 2, 5, 2, 2), _normal(_rng(27), 2, 2, 5)
+
+    def loss(fn):
+        return lambda *a: sum(jnp.sum(o * c) for o, c in zip(fn(*a), ct))
+
+    for g, w in zip(
+        jax.grad(loss(ours), (0, 1, 2))(q, k, v), jax.grad(loss(theirs), (0, 1, 2))(q, k, v)
+    ):
+        _close(g, w, "float64")

@@ -116,7 +116,7 @@ def test_vmapped_and_half_precision_contractions():
 def test_explain_shows_the_strategy():
     text = td.kernel("C[i,j] := A[i,k] * B[k,j]").explain()
     assert "gradient of A" in text  # the nests themselves do not depend on the strategy
-    from tensordsl.explain import schedule_lines
+    from tensordsl.explain.nests import schedule_lines
 
     lines = schedule_lines(_nest("C[i,j] := A[i,k] * B[k,j]"))
     assert any("XLA's dot" in line for line in lines)

@@ -13,9 +13,9 @@ from codegen.cuda.report import SMS, cuda_report
 from codegen.cuda.schedule import choose_gpu_schedule
 from codegen.ir.extents import output_shape
 from tensordsl.errors import OptionError, UnknownNameError
+from tensordsl.explain.timing import equation_dtypes, nest_equations
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
-from tensordsl.timing import equation_dtypes, nest_equations
 
 LAYER_NORM = """
 M[b,t] := X[b,t,f] / F

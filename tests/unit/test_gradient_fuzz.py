@@ -11,7 +11,9 @@ from codegen.ir.functions import FUNCTIONS
 from tensordsl.backends import reference
 
 SMOOTH = [
-    name for name, spec in FUNCTIONS.items() if spec.arity == 1 and name not in ("relu", "abs")
+    name
+    for name, spec in FUNCTIONS.items()
+    if spec.arity == 1 and name not in ("relu", "abs", "floor", "ceil", "sign")
 ]
 AXES = ["i", "k", "j", "i+1", "k+1", "2i", "i+k"]
 

@@ -1,5 +1,5 @@
-"""The static counts of the CUDA one-pass kernel (`codegen.cuda.online.tile_counts`) and what
-`explain` says of it: pure Python, no compiler. The kernel itself runs under the emulator
+"""The static counts of the CUDA one-pass kernel (`codegen.cuda.attention.tile_counts`) and
+what `explain` says of it: pure Python, no compiler. The kernel itself runs under the emulator
 in tests/gpu/test_online_cuda.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import tensordsl as td
+from codegen.cuda.attention.tile_counts import tile_counts
 from codegen.cuda.schedule import choose_gpu_schedule
-from codegen.cuda.tile_counts import tile_counts
 from codegen.ir.nest import LoopNest
 from codegen.passes.online import pair_stored
 from tensordsl.binding.programs import compiled_statements
@@ -93,7 +93,7 @@ def test_full_attention_skips_nothing_and_a_window_most(mask):
 def test_the_gradient_nests_compute_each_score_once_per_block():
     """dQ, dK and dV of causal attention run the weighted kernel: executed / useful FMAs
     <= 1.3 (the thread strategy recomputed every score once per output column)."""
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     shapes = _shapes(1024, 64, 64, (8, 12))
     k, _ = _nest("causal", shapes)
@@ -116,10 +116,10 @@ def test_the_gradient_nests_compute_each_score_once_per_block():
 def test_shared_memory_past_48_kb_is_dynamic_and_launched_with_its_size(dtype):
     """The 64-row tile with both of the score's operands staged (float32) needs about 60 KB:
     dynamic shared memory, which the launch opts in to; the others stay static."""
+    from codegen.cuda.attention.online import shared_bytes
     from codegen.cuda.emit import emit_cuda
-    from codegen.cuda.online import shared_bytes
     from codegen.cuda.schedule import candidate_gpu_schedules
-    from codegen.cuda.shared import STATIC_SHARED_LIMIT
+    from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 
     _, nest = _nest("causal", _shapes(64, 8, 8))
     dtypes = {n: dtype for n in (*nest.operand_names, nest.output)}
@@ -135,8 +135,8 @@ def test_shared_memory_past_48_kb_is_dynamic_and_launched_with_its_size(dtype):
 
 
 def test_the_forward_stages_the_rows_once_and_reads_both_operands_from_shared_memory():
-    """Query staging (`codegen.cuda.query_tiles`): the one-pass kernel loads Q once per row
-    tile, and where both tiles are staged, a lane sums the products of all its keys in one
+    """Query staging (`codegen.cuda.attention.query_tiles`): the one-pass kernel loads Q once
+    per row tile, and where both tiles are staged, a lane sums the products of all its keys in one
     pass over d from `qs_` and `ks_` only."""
     from codegen.cuda.emit import emit_cuda
 

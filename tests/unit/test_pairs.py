@@ -1,4 +1,4 @@
-"""Which gradient nests run paired on CUDA (`codegen.cuda.pairs`): read from the nests a
+"""Which gradient nests run paired on CUDA (`codegen.cuda.attention.paired`): read from the nests a
 forward+backward call of causal attention traces on the cuda back end (no kernel runs)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.programs import PROGRAMS_BY_NAME
 
 def _labels(shape: tuple[int, ...], dtype: str, value: tuple[int, ...] | None = None) -> list:
     import tensordsl as td
-    from tensordsl.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations
 
     k = td.kernel(PROGRAMS_BY_NAME["causal_attention"].source, outputs=("O", "L"))
     shapes = {"Q": shape, "K": shape, "scale": (), "V": value or shape}

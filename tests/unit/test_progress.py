@@ -105,7 +105,7 @@ def test_quiet_prints_nothing_and_the_logger_still_records(capsys, caplog, monke
 )
 def test_bad_settings_raise_a_setting_error_naming_them(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
-    with pytest.raises(config.SettingError, match=rf"{name}={value!r}: expected"):
+    with pytest.raises(config.SettingError, match=rf"{name}={value!r} is not a"):
         BuildProgress().queued()
 
 

@@ -42,9 +42,10 @@ from typing import Any
 import numpy as np
 
 from codegen import config
-from codegen.c.compiler import Toolchain, compile_c, compiler_version
-from codegen.cuda import nvrtc
+from codegen.c.compiler import BuildError, Toolchain, compile_c, compiler_version
+from codegen.cache import disk as disk_cache
 from codegen.cuda.emulator.counts import COUNTERS, Counts
+from codegen.cuda.run import nvrtc
 
 HEADER = pathlib.Path(__file__).with_name("runtime.h")
 COUNTING_HEADER = HEADER.with_name("counting.h")
@@ -195,8 +196,13 @@ def compile_unit(
     libraries: Sequence[str] = (),
     key: object = None,
     counting: bool = False,
+    symbols: Sequence[str] = (),
 ) -> pathlib.Path:
-    """Compile a C++ translation unit into a cached shared object; return its path.
+    """Compile a C++ translation unit into a cached shared object, loaded; return its path.
+
+    A cached object that is not whole, does not load or lacks one of `symbols` (a truncated,
+    emptied or swapped file) is compiled again, checked as the C cache checks its libraries
+    (`codegen.cache.disk.load`): a truncated library must never reach the loader (SIGBUS).
 
     Args:
         text: the unit.
@@ -204,9 +210,11 @@ def compile_unit(
         libraries: linker arguments placed after the source (`-ldl`).
         key: anything else the object depends on (headers outside the flags).
         counting: build with the counters (`COUNT_FLAGS`).
+        symbols: names the object must export.
 
     Raises:
-        BuildError: when the compiler rejects the unit (a tensordsl bug; the kept unit is named).
+        BuildError: when the compiler rejects the unit, or what it built does not load (a
+            tensordsl bug; the kept unit is named).
     """
     counted = COUNT_FLAGS if counting else ()
     toolchain = Toolchain(
@@ -218,7 +226,28 @@ def compile_unit(
         libraries=(*libraries, *(COUNT_LIBRARIES if counting else ())),
     )
     headers = (HEADER.read_text(), COUNTING_HEADER.read_text() if counting else "")
-    return compile_c(text, key=(*headers, CACHE_VERSION, key), toolchain=toolchain)
+    # A C++ library may stay loaded after `dlclose` (its unique symbols make it NODELETE), and
+    # the loader then returns it for its path again: where the file swapped in at the path
+    # loaded, the rebuilt one is loaded under another name (a key of its own).
+    attempts = ((key, False), (key, True), ((key, "reloaded"), False))
+    for again, rebuild in attempts:
+        path = compile_c(
+            text, key=(*headers, CACHE_VERSION, again), toolchain=toolchain, rebuild=rebuild
+        )
+        if _open(path, symbols) is not None:
+            return path
+    raise BuildError(f"tensordsl bug: {path} was just built but does not load")
+
+
+def _open(library: pathlib.Path, symbols: Sequence[str]) -> ctypes.CDLL | None:
+    """The loaded `library` (kept open for the process), or None where it is damaged."""
+    with _LOCK:
+        loaded = _LIBRARIES.get(library)
+        if loaded is None:
+            loaded = disk_cache.load(library, symbols)
+            if loaded is not None:
+                _LIBRARIES[library] = loaded
+        return loaded
 
 
 @dataclass(frozen=True)
@@ -342,9 +371,7 @@ def _argument(entry: str, n: int, kind: str, value: Any) -> Any:
 
 def _load(library: pathlib.Path, entry: str, counting: bool = False) -> EmulatedKernel:
     with _LOCK:
-        loaded = _LIBRARIES.get(library)
-        if loaded is None:
-            loaded = _LIBRARIES[library] = ctypes.CDLL(str(library))
+        loaded = _LIBRARIES[library]  # opened by `compile_unit`
     descriptor = _Descriptor.in_dll(loaded, f"tdsl_emu_kernel_{entry}")
     signature = tuple((descriptor.signature or b"").decode().split())
     launch = _LAUNCH(descriptor.launch)
@@ -398,7 +425,8 @@ def build(
 
     def compiled(unit: list[tuple[str, str, bool]]) -> pathlib.Path:
         pairs = [(text, entry) for text, entry, _ in unit]
-        return compile_unit(translation_unit(pairs), counting=counting)
+        symbols = [f"tdsl_emu_kernel_{entry}" for _, entry in pairs]
+        return compile_unit(translation_unit(pairs), counting=counting, symbols=symbols)
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         libraries = list(pool.map(compiled, units))

@@ -20,7 +20,7 @@
  * - when no fiber can run and no barrier can be released, the launch stops and reports
  *   which threads wait where (a deadlock), instead of hanging;
  * - `td_mma_16816_bf16` / `td_mma_16816_f16(d, a, b)`, the tensor-core product of the mma
- *   strategy (codegen/cuda/mma.py; inline PTX `mma.sync.aligned.m16n8k16` on a GPU), are
+ *   strategy (codegen/cuda/staged/mma.py; inline PTX `mma.sync.aligned.m16n8k16` on a GPU), are
  *   warp-collective here too: each lane publishes its A and B fragments, the warp syncs,
  *   each lane computes its own four D values in float (k ascending), the warp syncs again;
  *   `td_mma_1688_bf16` / `td_mma_1688_f16` (m16n8k8, the first 8 of k) likewise;
@@ -557,7 +557,7 @@ T shfl(Op op, const char *what, const char *file, int line, unsigned mask, T val
 } // namespace tdsl_emu
 
 /* ---- tensor cores: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}, fragment layout of
- * the PTX ISA (codegen/cuda/fragments.py): lane = 4*g + q holds A rows g and g+8, columns
+ * the PTX ISA (codegen/cuda/staged/fragments.py): lane = 4*g + q holds A rows g and g+8, columns
  * 2q, 2q+1 (+8); B rows 2q, 2q+1 (+8) of column g; D rows g, g+8, columns 2q, 2q+1. ---- */
 
 namespace tdsl_emu {

@@ -4,7 +4,7 @@ Attention's score `sum_d Q[b,h,i,d] * K[b,h,j,d]` reads, for every (row, key) pa
 row of K that every row of the block reads too. `key_tile` finds such a read in the score
 of a one-pass nest: an access inside a nested reduction over `d` that reads the key index
 `j` and `d` (each in one axis, with coefficient 1) and not the row index, the nested range
-not depending on any index. The kernel (`codegen.cuda.online`) then loads the tile's
+not depending on any index. The kernel (`codegen.cuda.attention.online`) then loads the tile's
 `KEYS x len(d)` elements once into `ks_` (all threads, consecutive threads on consecutive
 `d`: coalesced where `d` is the contiguous axis) and the scores read `ks_[j - j0_][d - start]`
 instead: each element of K is read from global memory once per block instead of once per

@@ -1,5 +1,5 @@
-"""Counts of the online and weighted kernels (`codegen.cuda.online`) for concrete shapes: the
-key tiles a block visits and skips, and the FMAs executed against the useful ones. A row
+"""Counts of the online and weighted kernels (`codegen.cuda.attention.online`) for concrete
+shapes: the key tiles a block visits and skips, and the FMAs executed against the useful ones. A row
 weights only the keys of a tile in its own range, but the rows of a warp (`32 / lanes`
 consecutive ones) run in step: a warp pays, on each visited tile, for its rows times the
 most keys one of them has in range there (a tile inside every row's range: all its pairs);
@@ -15,12 +15,20 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.cuda.online import scores_and_weights
+from codegen.cuda.attention import query_tiles
+from codegen.cuda.attention.key_tiles import PITCH
+from codegen.cuda.attention.online import (
+    scores_and_weights,
+    shared_bytes,
+    staged_keys,
+    staged_queries,
+)
 from codegen.cuda.schedule import GpuSchedule, choose_gpu_schedule
+from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from codegen.emit.loop_order import term_order
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values
-from codegen.ir.nest import LoopNest, Reduce
+from codegen.ir.nest import LoopNest, Reduce, default_dtypes
 
 
 @dataclass(frozen=True)
@@ -132,3 +140,38 @@ def _points(ranges: Sequence[range]) -> list[tuple[int, ...]]:
     for r in ranges:
         points = [(*p, v) for p in points for v in r]
     return points
+
+
+def one_pass_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """The CUDA kernel of a one-pass nest (`online`) for concrete shapes (every
+    tensor it names), as a program's `explain(shapes)` words it: its tile and staging, the
+    grid, the key tiles visited and skipped, and the score evaluations executed per useful one
+    (a warp pays, on a visited tile, for its rows times the most keys one of them has in
+    range: `tile_counts`)."""
+    schedule = choose_gpu_schedule(nest, default_dtypes(nest))
+    shared = shared_bytes(nest, schedule, "float")
+    dynamic = ", dynamic: past the static 48 KB" if shared > STATIC_SHARED_LIMIT else ""
+    counts = tile_counts(nest, shapes, schedule)
+    rows = schedule.rows * schedule.cols
+    keys = staged_keys(nest, schedule)
+    staged = (
+        f"the keys' read {keys.access} staged per tile as ks_[{schedule.tile_k}][{PITCH}] "
+        f"(float32, sum over {keys.nested.index} of at most {PITCH - 1})"
+        if keys is not None
+        else "no read of the score staged per key tile"
+    )
+    query = staged_queries(nest, schedule, keys) if keys is not None else None
+    if query is not None:
+        staged += (
+            f"; the rows' read {query} staged once per row tile as "
+            f"qs_[{schedule.rows}][{query_tiles.PITCH}] (sum of at most {query_tiles.DEPTH})"
+        )
+    return [
+        f"cuda: {schedule.describe()}",
+        f"cuda: {staged}",
+        f"cuda: {counts.blocks} blocks of {rows} threads, {shared} bytes of shared memory "
+        f"(float32{dynamic}); {counts.visited} of {counts.tiles} key tiles "
+        f"visited ({counts.skipped} skipped, {counts.boundary} tested per pair); "
+        f"FMAs executed/useful = {counts.executed_fmas}/{counts.useful_fmas} = "
+        f"{counts.ratio:.3f}",
+    ]

@@ -38,7 +38,7 @@ import numpy as np
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl.backends import table
-from tensordsl.explain import kernel_nests
+from tensordsl.explain.nests import kernel_nests
 
 PRIMITIVE = "tensordsl_nest"
 
@@ -225,7 +225,8 @@ def _time_equation(
 ) -> NestTiming:
     """Time one nest as the C runner runs it: XLA for the "xla" strategy where the
     plan fits the shapes, else the generated kernel (tensordsl/backends/c.py `run_c`)."""
-    from codegen.c.schedule import choose_cpu_schedule
+    assert table.PROFILED.scheduler is not None
+    choose_cpu_schedule = table.PROFILED.scheduler()
 
     nest: LoopNest = eqn.params["nest"]
     out_aval = eqn.outvars[0].aval
@@ -270,9 +271,8 @@ def _kernel_call(
     extents: dict,
 ) -> Callable[[], None]:
     """The compiled kernel as a no-argument call, its parameters computed once."""
-    from codegen.c.build import build_c
-
-    compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
+    assert table.PROFILED.builder is not None
+    compiled = table.PROFILED.builder()(nest, dtypes=dtypes, schedule=schedule, mode="full")
     full = compiled.all_extents([a.shape for a in operands], out.shape, extents)
     params = compiled.host_parameters(full)
     pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))

@@ -1,4 +1,4 @@
-"""The XLA FFI handlers that launch generated CUDA without Python (codegen/cuda/ffi.cc).
+"""The XLA FFI handlers that launch generated CUDA without Python (codegen/cuda/run/ffi.cc).
 
 One shared object, compiled by the host C++ compiler against the CUDA driver header
 (`cuda.h`, from the CUDA wheels or toolkit) and jaxlib's FFI headers, cached on disk like
@@ -63,7 +63,9 @@ def _library(cache: str) -> ctypes.CDLL:
         raise EmulationError(f"cannot build the CUDA launch handlers: {reason}")
     flags = (f"-I{ffi.include_dir()}", f"-I{driver_include_dir()}")
     key = ("xla_ffi", ffi.header_digest())
-    path = compile_unit(SOURCE.read_text(), extra_flags=flags, libraries=("-ldl",), key=key)
+    path = compile_unit(
+        SOURCE.read_text(), extra_flags=flags, libraries=("-ldl",), key=key, symbols=HANDLERS
+    )
     return ctypes.CDLL(str(path))
 
 
@@ -110,7 +112,7 @@ def launch_attributes(
     poison: bool = False,
     order: int = 0,
 ) -> dict[str, Any]:
-    """The attributes of one `ffi_call` to a launch handler (see codegen/cuda/ffi.cc).
+    """The attributes of one `ffi_call` to a launch handler (see codegen/cuda/run/ffi.cc).
 
     Args:
         image: the CUBIN (CUDA) or the emulator library's path (emulated).

@@ -8,7 +8,7 @@ summed over the query rows `i`, whose weights recompute the same scores and soft
     dK[j, p] = sum_i a1(j, i) * Q[i, p]      a1 = scale * P * (dP + dL), dP = sum_e dO*V
     dV[j, e] = sum_i a2(j, i) * dO[i, e]     a2 = P
 
-Run apart, each is a weighted kernel (`codegen.cuda.online`) that recomputes `S` (and the
+Run apart, each is a weighted kernel (`codegen.cuda.attention.online`) that recomputes `S` (and the
 exponential) for every pair `(j, i)`. `pair_weighted` packs two such nests along their
 column axis into one nest, FlashAttention-2's backward split (one block per tile of key
 rows `j`, looping over the query tiles, dK and dV accumulated together):
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.cuda.attention.online import shared_bytes
 from codegen.cuda.layout import split_weighted
-from codegen.cuda.online import shared_bytes
 from codegen.cuda.schedule import ONLINE_COLUMNS, choose_gpu_schedule
-from codegen.cuda.shared import STATIC_SHARED_LIMIT
+from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, extent_of, index_symbol

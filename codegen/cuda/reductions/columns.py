@@ -18,7 +18,7 @@ from __future__ import annotations
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.split import PARTS, STATE_BYTES
+from codegen.cuda.reductions.split import PARTS, STATE_BYTES
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.ir.functions import CeilDiv
 

@@ -30,7 +30,6 @@ from codegen.ir.nest import (
     LoopNest,
     Range,
     Term,
-    default_dtypes,
     output_source,
 )
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
@@ -38,11 +37,11 @@ from codegen.ir.source import expr_source
 from codegen.passes import grad, gradient_rules
 from tensordsl.backends import table
 from tensordsl.errors import OptionError, UnknownNameError, close_match, user_facing
-from tensordsl.explain_facts import equal_extents, implied
-from tensordsl.explain_groups import body_source as _body_source
-from tensordsl.explain_groups import group_lines
-from tensordsl.explain_prologues import prologue_lines, substitute
-from tensordsl.explain_summary import summary_lines
+from tensordsl.explain.facts import equal_extents, implied
+from tensordsl.explain.groups import body_source as _body_source
+from tensordsl.explain.groups import group_lines
+from tensordsl.explain.prologues import prologue_lines, substitute
+from tensordsl.explain.summary import summary_lines
 
 
 def _sum_prefix(nest: LoopNest, term: Term) -> str:
@@ -70,7 +69,7 @@ def nest_lines(
     """The nest as `OUT[...] = reduce_r body` lines, with the bounds of every index.
 
     `operands`: the order terms and factors print in (the statement's inputs); `same`:
-    extents a call's checks make equal (`explain_facts.equal_extents`), so that a test they
+    extents a call's checks make equal (`facts.equal_extents`), so that a test they
     imply is left out."""
     aliases = aliases or {}
     same = same or {}
@@ -126,7 +125,7 @@ def explain(
         gathered: (operand, the access it stands for) of each gathered operand.
         unread: operands the nest does not read (tables read only through gathers).
         backend: where given, a summary comes first: the nests, the back end, the schedule
-            of each in words (`tensordsl.explain_summary`).
+            of each in words (`tensordsl.explain.summary`).
         schedule: the user's schedule of the forward nest, if any.
 
     Returns:
@@ -144,7 +143,7 @@ def explain(
 def kernel_summary(
     nest: LoopNest, backend: str, schedule: Any = None, unread: frozenset[str] = frozenset()
 ) -> list[str]:
-    """The summary lines of a kernel's nests (`explain_summary.summary_lines`); none for the
+    """The summary lines of a kernel's nests (`summary.summary_lines`); none for the
     gradients of `unread` operands (read only through gathers: no nest runs for them)."""
     labels = {"forward": f"forward {nest.output}"}
     nests = {}
@@ -292,9 +291,9 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
     grad_x
     ...
     """
-    from codegen.c.schedule import choose_cpu_schedule
-    from codegen.cuda.schedule import choose_gpu_schedule
-
+    c, cuda = table.BACKENDS["c"], table.BACKENDS["cuda"]
+    assert c.scheduler is not None and cuda.scheduler is not None
+    choose_cpu_schedule, choose_gpu_schedule = c.scheduler(), cuda.scheduler()
     positions = _positions(nest)
     lines = []
     for name, n in kernel_nests(nest).items():
@@ -308,43 +307,14 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
 
 
 def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
-    """The CUDA kernel of a one-pass nest (`codegen.cuda.online`) for concrete shapes (every
-    tensor it names): its tile and staging, the grid, the key tiles visited and skipped, and
-    the score evaluations executed per useful one (a warp pays, on a visited tile, for its
-    rows times the most keys one of them has in range: `codegen.cuda.tile_counts`)."""
-    from codegen.cuda import query_tiles
-    from codegen.cuda.key_tiles import PITCH
-    from codegen.cuda.online import shared_bytes, staged_keys, staged_queries
-    from codegen.cuda.schedule import choose_gpu_schedule
-    from codegen.cuda.shared import STATIC_SHARED_LIMIT
-    from codegen.cuda.tile_counts import tile_counts
-
-    schedule = choose_gpu_schedule(nest, default_dtypes(nest))
-    shared = shared_bytes(nest, schedule, "float")
-    dynamic = ", dynamic: past the static 48 KB" if shared > STATIC_SHARED_LIMIT else ""
-    counts = tile_counts(nest, shapes, schedule)
-    rows = schedule.rows * schedule.cols
-    keys = staged_keys(nest, schedule)
-    staged = (
-        f"the keys' read {keys.access} staged per tile as ks_[{schedule.tile_k}][{PITCH}] "
-        f"(float32, sum over {keys.nested.index} of at most {PITCH - 1})"
-        if keys is not None
-        else "no read of the score staged per key tile"
-    )
-    query = staged_queries(nest, schedule, keys) if keys is not None else None
-    if query is not None:
-        staged += (
-            f"; the rows' read {query} staged once per row tile as "
-            f"qs_[{schedule.rows}][{query_tiles.PITCH}] (sum of at most {query_tiles.DEPTH})"
-        )
+    """Each back end's one-pass kernel of `nest` for concrete shapes (every tensor it names),
+    in its words (`Backend.one_pass_lines`: CUDA's tile and staging, grid, key tiles visited
+    and skipped, score evaluations executed per useful one)."""
     return [
-        f"cuda: {schedule.describe()}",
-        f"cuda: {staged}",
-        f"cuda: {counts.blocks} blocks of {rows} threads, {shared} bytes of shared memory "
-        f"(float32{dynamic}); {counts.visited} of {counts.tiles} key tiles "
-        f"visited ({counts.skipped} skipped, {counts.boundary} tested per pair); "
-        f"FMAs executed/useful = {counts.executed_fmas}/{counts.useful_fmas} = "
-        f"{counts.ratio:.3f}",
+        line
+        for record in table.BACKENDS.values()
+        if record.one_pass_lines is not None
+        for line in record.one_pass_lines()(nest, shapes)
     ]
 
 
@@ -368,8 +338,9 @@ def build_nests(
     Returns:
         Seconds spent on each nest, by name ("forward", "aux_...", "grad_<input>").
     """
-    from codegen.c.build import build_c
-    from codegen.c.compiler import STATS
+    c = table.BACKENDS["c"]
+    assert c.builder is not None and c.compiles is not None
+    build, compiles = c.builder(), c.compiles
 
     positions = _positions(nest)
     nests = kernel_nests(nest)
@@ -377,11 +348,11 @@ def build_nests(
     for n, (name, each) in enumerate(nests.items(), start=1):
         if progress is not None:
             progress(f"[{n}/{len(nests)}] building {name} ...")
-        start, compiles = time.perf_counter(), STATS["compiles"]
+        start, before = time.perf_counter(), compiles()
         schedule = forward if name == "forward" else None
-        build_c(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule)
+        build(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule, mode="full")
         seconds[name] = time.perf_counter() - start
-        loaded = STATS["compiles"] == compiles
+        loaded = compiles() == before
         if loaded and cached is not None:
             cached.add(name)
         if progress is not None:
@@ -392,7 +363,7 @@ def build_nests(
 
 
 #: Targets with a static report of the kernels a call runs (`explain(..., target=)`).
-REPORT_TARGETS = ("cuda", "pallas")
+REPORT_TARGETS = table.REPORT_TARGETS
 
 
 def check_report_target(target: str, shapes: Any) -> None:

@@ -28,10 +28,17 @@ from __future__ import annotations
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.fragments import MMA_K, MMA_M, MMA_N, MMA_TYPES, tensor_core_type, warp_tiles
 from codegen.cuda.layout import split_contraction
 from codegen.cuda.schedule import SMEM_THREADS
-from codegen.cuda.smem import slice_loop, tile_axes, tile_declarations, tile_loops
+from codegen.cuda.staged.fragments import (
+    MMA_K,
+    MMA_M,
+    MMA_N,
+    MMA_TYPES,
+    tensor_core_type,
+    warp_tiles,
+)
+from codegen.cuda.staged.tiles import slice_loop, tile_axes, tile_declarations, tile_loops
 from codegen.emit.emitter import Lines, block_lines
 
 #: 16-bit conversions of a float, by the input type.
@@ -81,7 +88,7 @@ def mma_type(e: CudaEmitter) -> str:
     if found is None or e.f != "float":
         raise ValueError(
             "the mma strategy needs a product of two bfloat16 (or two float16) accesses "
-            "accumulated in float (codegen.cuda.fragments.tensor_core_type)"
+            "accumulated in float (codegen.cuda.staged.fragments.tensor_core_type)"
         )
     return found
 

@@ -1,6 +1,6 @@
 """Tensor-core tiles: when a contraction may use `mma.sync` m16n8k16, and its fragment layout.
 
-The mma strategy (`codegen.cuda.mma`) is the smem tile whose products run on tensor cores:
+The mma strategy (`codegen.cuda.staged.mma`) is the smem tile whose products run on tensor cores:
 `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (or `.f16.f16`) multiplies a 16 x 16
 tile of A by a 16 x 8 tile of B and adds a 16 x 8 float tile, one warp together. A product
 of two bf16 (or two f16) values is exact in float32 and the sums stay in float32, so the

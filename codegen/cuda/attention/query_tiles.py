@@ -2,9 +2,9 @@
 
 Attention's score `sum_d Q[b,h,i,d] * K[b,h,j,d]` reads, for every (row, key) pair, the
 row's `Q[b,h,i,:]`: read as written, each element of Q is loaded from global memory once per
-key. When the key tile stages K (`codegen.cuda.key_tiles`), `query_tile` finds the read of
+key. When the key tile stages K (`codegen.cuda.attention.key_tiles`), `query_tile` finds the read of
 the same nested reduction that reads the row index `i` and `d` (each in one axis, with
-coefficient 1) and not the key index; the kernel (`codegen.cuda.online`) loads the block's
+coefficient 1) and not the key index; the kernel (`codegen.cuda.attention.online`) loads the block's
 `rows x len(d)` elements once per row tile into `qs_` (consecutive threads on consecutive
 `d`: coalesced where `d` is the contiguous axis), and the scores read
 `qs_[i - i0_][d - start]`. Each element of Q is then read from global memory once.
@@ -18,9 +18,9 @@ import dataclasses
 
 import sympy
 
-from codegen.cuda import key_tiles
+from codegen.cuda.attention import key_tiles
+from codegen.cuda.attention.key_tiles import KeyTile, axis_with
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.key_tiles import KeyTile, axis_with
 from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.printer import TensorView
 from codegen.ir.nest import LoopNest, Reduce, Term, extent_of, tensor_base

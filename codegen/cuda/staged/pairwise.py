@@ -6,14 +6,14 @@ column), not both (`codegen.cuda.layout.split_pairwise`): pairwise distances
 `(X[i,k] - Y[j,k])^2`, `abs(X[i,k] - Y[j,k])`, a Gaussian kernel's `exp(-g*(X[i,k] -
 Y[j,k])^2)`, `(W[k,i] - X[k,j])^2`; any reduction. A block of 16 x 16 threads computes a
 `16*rows x 16*cols` output tile, each thread `rows x cols` outputs in registers, each warp
-a `4*rows x 8*cols` block of them (`codegen.cuda.smem.lane_lines`: rows `tr_ + 4*r`,
+a `4*rows x 8*cols` block of them (`codegen.cuda.staged.tiles.lane_lines`: rows `tr_ + 4*r`,
 columns `tc_ + 8*c`, so a warp's stores walk 8 columns). For each
 `tile_k`-deep slice of the innermost reduced index, every distinct access is staged in an
 array of its own: a row-side access as `rs<n>_[tile_k][16*rows + pad]`, a column-side one as
 `cs<n>_[tile_k][16*cols + pad]`, one that reads neither (`w[k]`) as `ks<n>_[tile_k][1]`.
 Consecutive threads load consecutive elements of the access's contiguous axis (k for
 `X[i,k]`, i for `W[k,i]`: coalesced), and each row of an array is padded so that those
-stores hit no bank twice (`codegen.cuda.smem.row_pitch`). Each thread then reads its rows'
+stores hit no bank twice (`codegen.cuda.staged.tiles.row_pitch`). Each thread then reads its rows'
 and columns' values of each access into registers and evaluates the whole body at each of
 its `rows x cols` points, folding it into the point's reduction state.
 
@@ -35,7 +35,7 @@ import sympy
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_pairwise
 from codegen.cuda.schedule import SMEM_THREADS
-from codegen.cuda.smem import (
+from codegen.cuda.staged.tiles import (
     LANE_COLS,
     LANE_ROWS,
     busy_line,

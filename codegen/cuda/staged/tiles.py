@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import shared
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_contraction
 from codegen.cuda.schedule import SMEM_THREADS
+from codegen.cuda.staged import shared
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 
 
@@ -204,7 +204,7 @@ def shared_declarations(
     e: CudaEmitter, arrays: Sequence[tuple[str, int, int]], ctype: str | None = None
 ) -> Lines:
     """Two-dimensional shared arrays `(name, rows, pitch)` of `ctype` (the accumulation
-    type by default), declared by `codegen.cuda.shared.declare`: static up to
+    type by default), declared by `codegen.cuda.staged.shared.declare`: static up to
     `STATIC_SHARED_LIMIT` bytes in all, else views of the block's dynamic shared memory."""
     ctype = ctype or e.f
     return shared.declare(e, [(name, ctype, (rows, pitch)) for name, rows, pitch in arrays])

@@ -1,4 +1,4 @@
-"""The scores of a pair (`codegen.cuda.pairs`: attention's dV and dK in one weighted
+"""The scores of a pair (`codegen.cuda.attention.paired`: attention's dV and dK in one weighted
 kernel) read from the staged weights where they hold the same values.
 
 The pair's weights `ws_[key][column]` hold, per key tile, `b1(i, c)` for the first member's
@@ -8,7 +8,7 @@ scores read the same rows inside their nested sums, `sum_d Q[i, d] * K[j, d]` an
 rewrites each such read into `WS_[i - j0_, d + offset]`, a read of `ws_`; `condition` is
 what must hold at run time for it (the nested ranges inside the staged columns, all
 columns in one pass), else the kernel reads as written. The kernel stages the weights before
-the key tile and its barrier (`codegen.cuda.key_tiles.stage`), so the rewrite is used only
+the key tile and its barrier (`codegen.cuda.attention.key_tiles.stage`), so the rewrite is used only
 where a key tile is staged.
 """
 
@@ -18,7 +18,7 @@ import dataclasses
 
 import sympy
 
-from codegen.cuda.key_tiles import ORIGIN
+from codegen.cuda.attention.key_tiles import ORIGIN
 from codegen.cuda.schedule import ONLINE_COLUMNS
 from codegen.emit.printer import TensorView
 from codegen.ir.nest import LoopNest, Reduce, Term, tensor_base

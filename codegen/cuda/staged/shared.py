@@ -2,7 +2,7 @@
 `STATIC_SHARED_LIMIT` bytes in all, else views of the block's dynamic shared memory, whose
 size the emitter records (`CudaEmitter.dynamic_shared`) for the launch to opt in to (the
 FFI handler and the CuPy callback do past 48 KB). The online strategy's 64-row tile with
-both operands of the score staged needs about 60 KB (`codegen.cuda.online`).
+both operands of the score staged needs about 60 KB (`codegen.cuda.attention.online`).
 
 An array is `(name, C type, shape)`; `idx_t` takes the schedule's index type.
 """

@@ -31,8 +31,8 @@ from codegen.passes import grad, gradient_rules
 from codegen.passes.group import Group, Member
 from tensordsl.binding.grouped import groups_for
 from tensordsl.errors import user_facing
-from tensordsl.explain_facts import equal_extents
-from tensordsl.explain_prologues import substitute
+from tensordsl.explain.facts import equal_extents
+from tensordsl.explain.prologues import substitute
 
 #: Extents given to tensors where `explain` has no shapes: distinct, so that only extents the
 #: call's checks make equal are equal.

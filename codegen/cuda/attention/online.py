@@ -16,8 +16,8 @@ the key range of its rows (the reduced index `j`) in tiles of `tile_k` (32) keys
 1. the weights of the tile (attention's `V[j, :]`, which do not read the row:
    `codegen.passes.online.pair`) are staged in shared memory `ws_[keys][128]` by all
    threads, consecutive threads loading consecutive columns (coalesced); the keys' read
-   of the score (`K[j, d]`) too where it has that form (`codegen.cuda.key_tiles`), and
-   once per row tile the rows' read of the same sum (`Q[i, d]`, `codegen.cuda.query_tiles`);
+   of the score (`K[j, d]`) too where it has that form (`key_tiles`), and once per row
+   tile the rows' read of the same sum (`Q[i, d]`, `query_tiles`);
 2. each lane computes the scores of every `lanes`-th key of the tile for its row into
    `ss_[rows][pitch]` (the whole score expression, nested sums included, in registers);
 3. after a barrier, each lane reads its row's scores. Online: the tile's largest (NaN
@@ -41,7 +41,7 @@ only the keys that one of its rows has in range (`_row_keys`). Data masks (a pad
 mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more. Every output
 element is written by one block: no atomics.
 
-`codegen.cuda.tile_counts` counts, for concrete shapes, the tiles visited and skipped and
+`codegen.cuda.attention.tile_counts` counts, for concrete shapes, the tiles visited and skipped and
 the FMAs executed (a warp's rows times the most keys one of them has in range, on each
 visited tile, as SIMT lanes pay for them) against the useful ones (the pairs in range):
 `explain` prints them.
@@ -54,12 +54,13 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles, pair_tiles, query_tiles, shared
+from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
+from codegen.cuda.attention.scores import scores, tile_shape, variant
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_paired, split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
-from codegen.cuda.scores import scores, tile_shape, variant
-from codegen.cuda.smem import BANKS
+from codegen.cuda.staged import shared
+from codegen.cuda.staged.tiles import BANKS
 from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.loop_order import term_order
 from codegen.ir.nest import LoopNest, Term
@@ -76,7 +77,7 @@ def launch(
 
 
 def shared_arrays(nest: LoopNest, schedule: GpuSchedule, f: str) -> tuple[shared.Array, ...]:
-    """The kernel's shared arrays (`codegen.cuda.shared`) for accumulation type `f`."""
+    """The kernel's shared arrays (`codegen.cuda.staged.shared`) for accumulation type `f`."""
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
     paired = split_paired(nest) is not None  # a pair's second weights: `ss2_`
     arrays: list[shared.Array] = [("ws_", f, (keys, pair_tiles.pitch(paired)))]
@@ -99,7 +100,7 @@ def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
 
 
 def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | None:
-    """The score's read staged per key tile (`codegen.cuda.key_tiles`; float accumulation
+    """The score's read staged per key tile (`codegen.cuda.attention.key_tiles`; float accumulation
     only), if any."""
     by_name = {s.name: s for s in nest.free_indices}
     key = term_order(nest, schedule, 0)[-1]
@@ -113,7 +114,7 @@ def staged_queries(
     nest: LoopNest, schedule: GpuSchedule, keys: key_tiles.KeyTile
 ) -> sympy.Indexed | None:
     """The read of the score's staged nested reduction staged per row tile
-    (`codegen.cuda.query_tiles`), if any: one-pass nests only (with it, the weighted
+    (`codegen.cuda.attention.query_tiles`), if any: one-pass nests only (with it, the weighted
     kernels of attention's gradient need more than their 128 registers and spill)."""
     if not nest.online:
         return None
@@ -128,7 +129,7 @@ def scores_and_weights(nest: LoopNest) -> tuple[Term, Term]:
     if len(nest.terms) == 2:
         return nest.terms[0], nest.terms[1]
     paired = split_paired(nest)
-    if paired is not None:  # two members (`codegen.cuda.pairs`): both weights, a tuple
+    if paired is not None:  # two members (`codegen.cuda.attention.paired`): both weights, a tuple
         (term,) = nest.terms
         b = sympy.Piecewise(
             (paired.values[0], sympy.StrictLessThan(nest.free[-1].index, paired.split)),

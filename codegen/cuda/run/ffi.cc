@@ -1,4 +1,4 @@
-/* XLA FFI handlers that launch a generated CUDA kernel without Python (codegen/cuda/launch.py).
+/* XLA FFI handlers that launch a generated CUDA kernel without Python (codegen/cuda/run/launch.py).
  *
  * `tdsl_cuda_launch` (platform CUDA): the kernel's CUBIN, compiled by NVRTC at trace time,
  * is loaded once per CUDA context (the context of XLA's stream) and launched with

@@ -1,7 +1,8 @@
-"""The scores of the online strategy's key tiles (`codegen.cuda.online`): each lane's keys
-of the tile, from the global operands as written, the staged key tile
-(`codegen.cuda.key_tiles`) or both staged tiles (`codegen.cuda.query_tiles`), where the
-last computes all of a lane's inner products in one pass over `d`.
+"""The scores of the online strategy's key tiles (`codegen.cuda.attention.online`): each
+lane's keys of the tile, from the global operands as written, the staged key tile
+(`codegen.cuda.attention.key_tiles`) or both staged tiles
+(`codegen.cuda.attention.query_tiles`), where the last computes all of a lane's inner
+products in one pass over `d`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda import key_tiles, pair_tiles, query_tiles
+from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.emit.emitter import Lines, block_lines, indent_lines
@@ -32,7 +33,7 @@ def variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> Cud
 
 def pair_score(e: CudaEmitter) -> Lines:
     """The score of the pair (`v_`), the term's tests around it; both weights of a pair of
-    members (`codegen.cuda.pairs`: a tuple, planned together) in `v_` and `w_`."""
+    members (`codegen.cuda.attention.paired`: a tuple, planned together) in `v_` and `w_`."""
     plan = e.plan(0, [e.reduced_levels(0)[-1]])
     values = plan.value if isinstance(plan.value, sympy.Tuple) else (plan.value,)
     sets = [f"{v} = {e.printer.doprint(x)};" for v, x in zip(("v_", "w_"), values)]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.strategies import shared_states, tree_lines
+from codegen.cuda.reductions.simple import shared_states, tree_lines
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.ir.functions import CeilDiv, FloorDiv
 

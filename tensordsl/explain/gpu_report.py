@@ -1,0 +1,50 @@
+"""The static report of the kernels a call runs on a back end that has one
+(`explain(shapes, target="cuda")`, `target="pallas"`).
+
+Reads the nest equations of a forward+backward call's jaxpr (`tensordsl.explain.timing`) and gives
+each nest, with its shapes and dtypes, to the back end's `static_report` (`codegen.cuda.report`;
+the pallas back end's tile programs, `tensordsl.backends.pallas.report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from codegen.ir.nest import LoopNest
+from tensordsl.backends import table
+from tensordsl.explain.timing import equation_dtypes, nest_equations
+
+
+def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None = None) -> list[str]:
+    """The static report of `target` (`Backend.static_report`; `table.REPORT_TARGETS`) of every
+    nest equation of `jaxpr` (a forward+backward call's): each nest with its shapes and dtypes,
+    scheduled by the back end's heuristic where it has one (CUDA's kernel figures; the pallas
+    back end's tile programs)."""
+    from codegen.ir.extents import output_shape
+    from codegen.passes.online import unpair
+
+    backend = table.BACKENDS[target]
+    assert backend.static_report is not None
+    static = backend.static_report()
+    choose = backend.scheduler() if backend.scheduler is not None else None
+    lines = [static.title]
+    for eqn in nest_equations(jaxpr):
+        nest: LoopNest = eqn.params["nest"]
+        dtypes = equation_dtypes(eqn)
+        shapes = {**dict(eqn.params["extents"])}
+        shapes.update({op.name: v.aval.shape for op, v in zip(nest.operands, eqn.invars)})
+        parts: tuple[LoopNest, ...] = (nest,)
+        if nest.online and not backend.one_pass_rows:  # runs as two nests
+            parts = unpair(nest)
+            dtypes[nest.online] = dtypes[nest.output]
+        for part in parts:
+            schedule = None if choose is None else choose(part, dtypes)
+            label = (names or {}).get(part, part.label)
+            shapes.setdefault(part.output, output_shape(part, shapes))
+            if schedule is not None and schedule.strategy == "xla":
+                lines.append(f"{label}: {schedule.describe()}")
+            else:
+                report = static.report(part, dtypes, shapes)  # chosen without proven tests
+                lines += [f"{label}: {report.lines()[0]}", *report.lines()[1:]]
+    return lines

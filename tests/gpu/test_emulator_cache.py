@@ -1,0 +1,84 @@
+"""The CUDA emulator's disk cache survives damaged entries (issue 36, item 5), as the C cache
+does (tests/cpu/test_cache_and_compiler.py): a truncated library used to kill every later
+process with SIGBUS (the loader maps segments past the end of the file), an emptied one to
+raise a raw OSError, each time, since nothing rebuilt it. Each process here is a fresh one:
+a process that has a library open keeps its copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from codegen.cuda.emulator import emulate
+
+pytestmark = pytest.mark.skipif(not emulate.available(), reason="no CUDA emulator here")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# One emulated kernel call checked against float64 NumPy; prints the compiler's counters.
+CHILD = (
+    "import json\n"
+    "import numpy as np\n"
+    "import tensordsl as td\n"
+    "from codegen.c import compiler\n"
+    "x = np.random.default_rng(3).uniform(-2.0, 2.0, 37)\n"
+    "w = np.random.default_rng(4).uniform(0.5, 1.5, 37)\n"
+    "k = td.kernel('Y[i] := X[i] * W[i] + exp(X[i])', backend='cuda')\n"
+    "np.testing.assert_allclose(np.asarray(k(x, w)), x * w + np.exp(x), rtol=1e-12)\n"
+    "print(json.dumps(compiler.STATS))\n"
+)
+
+
+def child_compiles(cache: pathlib.Path) -> int:
+    """Run CHILD in a fresh process on `cache`; how many compiler calls it made."""
+    env = {**os.environ, "TENSORDSL_CACHE_DIR": str(cache), "JAX_ENABLE_X64": "1"}
+    env.update(TENSORDSL_CUDA_EMULATE="1", TENSORDSL_POISON_OUTPUTS="1", JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.splitlines()[-1])["compiles"]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A cache holding the call's emulated libraries (its kernel and the launch handlers)."""
+    cache = tmp_path_factory.mktemp("emulator") / "cache"
+    assert child_compiles(cache) >= 1
+    assert child_compiles(cache) == 0
+    return cache
+
+
+def _damaged(data: bytes, other: bytes, how: str) -> bytes:
+    return {
+        "truncated": data[: len(data) // 2],
+        "one_byte_short": data[:-1],
+        "emptied": b"",
+        "garbage": os.urandom(len(data)),
+        "another_library": other,
+    }[how]
+
+
+@pytest.mark.parametrize(
+    "how", ["truncated", "one_byte_short", "emptied", "garbage", "another_library"]
+)
+def test_a_damaged_emulator_library_is_rebuilt_once(
+    warm: pathlib.Path, tmp_path: pathlib.Path, how: str
+) -> None:
+    copy = tmp_path / "cache"
+    shutil.copytree(warm, copy)
+    libraries = sorted(copy.glob("cuda_emu/*/*.so"))
+    assert len(libraries) >= 2  # the kernel's unit and the launch handlers
+    contents = [path.read_bytes() for path in libraries]
+    for n, path in enumerate(libraries):  # each swapped with the next one for another_library
+        path.write_bytes(_damaged(contents[n], contents[(n + 1) % len(contents)], how))
+    # Once each; a swapped library that loaded stays loaded under its name (a C++ library may
+    # not unload), so its rebuilt file is loaded under another name: built twice.
+    most = 2 * len(libraries) if how == "another_library" else len(libraries)
+    assert len(libraries) <= child_compiles(copy) <= most
+    assert child_compiles(copy) == 0  # the rebuilt entries are whole: disk hits
