@@ -6,7 +6,8 @@ The choices, and why:
   (up to `FREE_TILE` values each), the others get tiles of one value: a tile is at most a
   matrix, which is what a tensor-core `dot` takes.
 * A term's last reduced index is looped over in tiles of up to `REDUCED_TILE` values, its
-  other reduced indices one value at a time; an elementwise tile (output tile x reduced
+  other reduced indices (and every one of a prod, which Triton cannot reduce) one value at
+  a time; an elementwise tile (output tile x reduced
   tile) stays within `ELEMENTWISE_BUDGET` values.
 * A term is a `dot` when it is a sum over one reduced index of a product whose factors split
   into a side reading the first tiled free index and a side reading the second (with the
@@ -210,8 +211,8 @@ def _term(
         per_output *= axis.tile
     reduced = []
     for position, axis in enumerate(ranges):
-        if position < len(ranges) - 1:
-            tile = 1
+        if position < len(ranges) - 1 or nest.reduction == "prod":
+            tile = 1  # prod: Triton has no product reduction; one value per step
         elif dot is not None:
             tile = max(DOT_MIN, min(2 * REDUCED_TILE, _power_of_two(axis.extent)))
         else:

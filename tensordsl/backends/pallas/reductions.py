@@ -104,11 +104,19 @@ def _position(largest: bool) -> TileReduction:
     return TileReduction(start, fold, finish)
 
 
+def _product(values: Any, axes: tuple[int, ...]) -> Any:
+    """The product over `axes`: a reshape where they hold one value each (tile programs
+    give a prod tiles of one value: Triton's lowering has no product reduction)."""
+    if all(values.shape[a] == 1 for a in axes):
+        return jnp.squeeze(values, axes)
+    return values.prod(axis=axes)
+
+
 TILE_REDUCTIONS: dict[str, TileReduction] = {
     "sum": _plain("sum", lambda s, v, axes: s + v.sum(axis=axes)),
     "max": _plain("max", lambda s, v, axes: jnp.maximum(s, v.max(axis=axes))),
     "min": _plain("min", lambda s, v, axes: jnp.minimum(s, v.min(axis=axes))),
-    "prod": _plain("prod", lambda s, v, axes: s * v.prod(axis=axes)),
+    "prod": _plain("prod", lambda s, v, axes: s * _product(v, axes)),
     "logsumexp": TileReduction(
         lambda shape, dtype: (jnp.full(shape, -jnp.inf, dtype), jnp.zeros(shape, dtype)),
         _logsumexp_fold,
