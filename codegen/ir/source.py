@@ -74,6 +74,9 @@ class SourcePrinter(StrPrinter):
     def _print_Float(self, expr: sympy.Float) -> str:
         return repr(float(expr))
 
+    def _print_Exp1(self, expr: Any) -> str:
+        return "exp(1)"  # sympy's E: `E` would read back as an input named E
+
     def _print_Infinity(self, expr: Any) -> str:
         return "inf"
 
