@@ -229,22 +229,24 @@ def _terms(
     try:
         groups = einstein_terms(translation.body, tuple(r.index for r in reduced))
     except AmbiguousSum as err:
-        raise _ambiguous(err, statement) from None
+        raise _ambiguous(err, statement, tuple(n for n, _ in translation.operands)) from None
     return tuple(
         Term(body, tuple(r for r in reduced if r.index in reads)) for reads, body in groups
     )
 
 
-def _ambiguous(err: AmbiguousSum, statement: Statement) -> ReductionError:
+def _ambiguous(
+    err: AmbiguousSum, statement: Statement, operands: tuple[str, ...]
+) -> ReductionError:
     name = err.index.name
     return ReductionError(
-        f"the product '{expr_source(err.product, ())}' is ambiguous: its factors share the "
+        f"the product '{expr_source(err.product, operands)}' is ambiguous: its factors share the "
         f"summed index '{name}' and each holds a term that does not read '{name}'",
         statement.source,
         statement.body.span,
-        expected=f"a sum whose terms read '{name}' or not: each term is summed over the "
-        "summed indices it reads (Einstein's rule), so write the product out, one term per "
-        f"product, and multiply a term that should be added once per '{name}' by size({name})",
+        expected="each term summed over the summed indices it reads (Einstein's rule): write "
+        f"the product out as a sum of products, and multiply a term that does not read '{name}' "
+        f"by size({name}) to add it once per value of '{name}'",
     )
 
 
