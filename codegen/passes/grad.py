@@ -104,13 +104,14 @@ def _occurrences(expr: sympy.Basic, wrt: str) -> list[sympy.Indexed]:
 def _term_gradient(
     nest: LoopNest,
     term: Term,
-    occurrence: sympy.Basic,
+    piece: Piece,
     scale: sympy.Expr,
     free: tuple[sympy.Symbol, ...],
     wrt_rank: int,
 ) -> Term | None:
-    """The gradient term of one occurrence (an Indexed access, or a scalar symbol)."""
-    derivative, lifted, occurrence = _derivative(term.body, occurrence, _names_in(nest))
+    """The gradient term of one piece of the derivative with respect to one occurrence (an
+    Indexed access, or a scalar symbol)."""
+    derivative, lifted, occurrence = piece
     if derivative == 0:
         return None
     reduced = term.reduced + lifted
@@ -151,42 +152,56 @@ def _term_gradient(
     )
 
 
-def _derivative(
-    body: sympy.Expr, occurrence: sympy.Basic, taken: set[str]
-) -> tuple[sympy.Expr, tuple[Range, ...], sympy.Basic]:
-    """d body / d occurrence, the indices of the nested reductions around the occurrence,
-    lifted to loops of the gradient term (`d/dQ[i, p]` of `f(sum_d Q[i, d]*K[j, d])` is
-    `f'(...) * K[j, d]` at `d = p`: the term loops over d and the solver eliminates it),
-    and the occurrence with those indices renamed as lifted."""
-    around = [r for r in _reductions(body) if occurrence in r.body.atoms(type(occurrence))]
-    if not around:
+#: One piece of a derivative: its value, the nested reductions' indices lifted to loops of
+#: the gradient term, and the occurrence with those indices renamed as lifted.
+Piece = tuple[sympy.Expr, tuple[Range, ...], sympy.Basic]
+
+
+def _derivatives(body: sympy.Expr, occurrence: sympy.Basic, taken: set[str]) -> list[Piece]:
+    """d body / d occurrence in pieces: one where the occurrence is read outside every nested
+    reduction (the reductions held fixed), and one per outermost nested reduction that
+    reads it, through that reduction, its indices lifted to loops of the gradient term
+    (`d/dQ[i, p]` of `f(sum_d Q[i, d]*K[j, d])` is `f'(...) * K[j, d]` at `d = p`: the term
+    loops over d and the solver eliminates it). An inlined statement's terms read an input
+    both ways (`2*sum_r(T5*X[i, r]) + 2*T5*c`), and two sibling reductions may read it."""
+    inner_ones = {x for r in _reductions(body) for x in r.body.atoms(Reduce)}
+    around = [
+        r
+        for r in _reductions(body)
+        if r not in inner_ones and occurrence in r.body.atoms(type(occurrence))
+    ]
+    held = {r: sympy.Dummy("r", real=True) for r in around}
+    restore = {d: r for r, d in held.items()}
+    fixed = body.xreplace(held)
+    pieces: list[Piece] = []
+    if occurrence in fixed.atoms(type(occurrence)):
         stand_in = sympy.Dummy("a", real=True)
-        derivative = sympy.diff(body.xreplace({occurrence: stand_in}), stand_in)
-        derivative = derivative.xreplace({stand_in: occurrence})
+        direct = sympy.diff(fixed.xreplace({occurrence: stand_in}), stand_in)
+        direct = direct.xreplace({stand_in: occurrence}).xreplace(restore)
         # sign(x)' = 2*DiracDelta(x): zero wherever it is defined, as in JAX.
-        derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
-        return derivative, (), occurrence
-    nested = around[0]  # the outermost: `_reductions` lists outer ones first
-    stand_in = sympy.Dummy("r", real=True)
-    outer = sympy.diff(body.xreplace({nested: stand_in}), stand_in).xreplace({stand_in: nested})
-    if nested.reduction == "sum":
-        weight: sympy.Expr = sympy.Integer(1)
-    elif nested.reduction == "logsumexp":
-        weight = sympy.exp(nested.body - nested)
-    else:
-        raise Unsupported(
-            f"no gradient through a nested '{nested.reduction}' reduction (only sum and "
-            "logsumexp): store that intermediate instead of recomputing it"
-        )
-    name = next(fresh_names(taken | {nested.index.name}))
-    taken.add(name)
-    index = index_symbol(name)
-    lifted_body = nested.body.xreplace({nested.index: index})
-    lifted_weight = weight.xreplace({nested.index: index})
-    renamed = occurrence.xreplace({nested.index: index})
-    inner, deeper, renamed = _derivative(lifted_body, renamed, taken)
-    lifted = (Range(index, nested.start, nested.stop), *deeper)
-    return outer * lifted_weight * inner, lifted, renamed
+        direct = direct.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
+        pieces.append((direct, (), occurrence))
+    for nested, stand_in in held.items():
+        outer = sympy.diff(fixed, stand_in).xreplace(restore)
+        if nested.reduction == "sum":
+            weight: sympy.Expr = sympy.Integer(1)
+        elif nested.reduction == "logsumexp":
+            weight = sympy.exp(nested.body - nested)
+        else:
+            raise Unsupported(
+                f"no gradient through a nested '{nested.reduction}' reduction (only sum and "
+                "logsumexp): store that intermediate instead of recomputing it"
+            )
+        name = next(fresh_names(taken | {nested.index.name}))
+        taken.add(name)
+        index = index_symbol(name)
+        lifted_weight = weight.xreplace({nested.index: index})
+        renamed = occurrence.xreplace({nested.index: index})
+        lifted_body = nested.body.xreplace({nested.index: index})
+        for inner, deeper, deepest in _derivatives(lifted_body, renamed, taken):
+            lifted = (Range(index, nested.start, nested.stop), *deeper)
+            pieces.append((outer * lifted_weight * inner, lifted, deepest))
+    return pieces or [(sympy.Integer(0), (), occurrence)]
 
 
 def _reductions(expr: sympy.Basic) -> list[Reduce]:
@@ -324,9 +339,10 @@ def _derive_gradient(nest: LoopNest, wrt: str) -> Gradient:
     for term in nest.terms:
         occurrences = _occurrences(term.body, wrt) if rank else [scalar_symbol(wrt)]
         for occurrence in occurrences:
-            found = _term_gradient(nest, term, occurrence, scale, free, rank)
-            if found is not None:
-                terms.append(found)
+            for piece in _derivatives(term.body, occurrence, _names_in(nest)):
+                found = _term_gradient(nest, term, piece, scale, free, rank)
+                if found is not None:
+                    terms.append(found)
     if not terms:
         terms.append(Term(sympy.Integer(0)))
     extents = {}

@@ -22,9 +22,11 @@ import sympy
 
 from codegen.ir.nest import LoopNest, Operand, Range, Term, index_symbol, tensor_base
 from codegen.ir.reductions import USER_REDUCTIONS
+from codegen.ir.source import expr_source
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from tensordsl.errors import ReductionError, close_match
+from tensordsl.frontend.einstein import AmbiguousSum, einstein_terms
 from tensordsl.frontend.gathers import Gather
 from tensordsl.frontend.indices import size_placeholder, walk
 from tensordsl.frontend.left import diagonal_mask, left_forms, left_ranges
@@ -210,12 +212,13 @@ def _mean(terms: tuple[Term, ...]) -> tuple[Term, ...]:
 
 
 def _terms(
-    translation: Translation, reduction: str, reduced: tuple[Range, ...]
+    translation: Translation, reduction: str, reduced: tuple[Range, ...], statement: Statement
 ) -> tuple[Term, ...]:
-    """The nest's terms: in a sum, the top-level additive terms that read none of the summed
-    indices are added once, outside the sum (Einstein's convention: `X[b,i] * W[i,o] + c[o]`
-    adds c once, not once per i); the others are summed. Other reductions reduce the whole
-    body (max, min and logsumexp give the same value either way).
+    """The nest's terms: in a sum (and a mean), Einstein's rule term by term
+    (`tensordsl/frontend/einstein.py`): each additive term is summed over the reduced indices
+    it reads, one that reads none is added once (`X[b,i] * W[i,o] + c[o]` adds c once, not
+    once per i). Other reductions reduce the whole body over every reduced index (max, min
+    and logsumexp give the same value either way; prod is a product of the whole body).
 
     >>> from tensordsl.frontend.parse import parse
     >>> [(t.body, t.reduced_indices) for t in lower(parse("Y[o] := X[i]*W[i,o] + c[o]")).nest.terms]
@@ -223,12 +226,28 @@ def _terms(
     """
     if reduction not in ("sum", MEAN) or not reduced:
         return (Term(translation.body, reduced),)
-    summed = {r.index for r in reduced}
-    inside = [p for p in translation.parts if p.free_symbols & summed]
-    outside = sympy.Add(*(p for p in translation.parts if not p.free_symbols & summed))
-    if outside == 0:
-        return (Term(translation.body, reduced),)
-    return Term(sympy.Add(*inside), reduced), Term(outside)
+    try:
+        groups = einstein_terms(translation.body, tuple(r.index for r in reduced))
+    except AmbiguousSum as err:
+        raise _ambiguous(err, statement, tuple(n for n, _ in translation.operands)) from None
+    return tuple(
+        Term(body, tuple(r for r in reduced if r.index in reads)) for reads, body in groups
+    )
+
+
+def _ambiguous(
+    err: AmbiguousSum, statement: Statement, operands: tuple[str, ...]
+) -> ReductionError:
+    name = err.index.name
+    return ReductionError(
+        f"the product '{expr_source(err.product, operands)}' is ambiguous: its factors share the "
+        f"summed index '{name}' and each holds a term that does not read '{name}'",
+        statement.source,
+        statement.body.span,
+        expected="each term summed over the summed indices it reads (Einstein's rule): write "
+        f"the product out as a sum of products, and multiply a term that does not read '{name}' "
+        f"by size({name}) to add it once per value of '{name}'",
+    )
 
 
 def _shift_gathered(translation: Translation, found: Mapping[str, Range]) -> Translation:
@@ -314,7 +333,7 @@ def lower(
     free = tuple(found[n] for n in translation.free)
     reduced = tuple(found[n] for n in translation.reduced)
     translation = _shift_gathered(translation, found)
-    terms = _terms(translation, reduction, reduced)
+    terms = _terms(translation, reduction, reduced, statement)
     nest = LoopNest(
         output=statement.output,
         free=free,
