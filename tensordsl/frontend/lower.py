@@ -188,14 +188,13 @@ def _reduction(statement: Statement, reduce: str | None) -> str:
 
 
 def _sizes(translation: Translation, found: Mapping[str, Range]) -> Translation:
-    """`size(j)` replaced by the extent of `j`'s inferred range, in the body and its parts."""
+    """`size(j)` replaced by the extent of `j`'s inferred range in the body."""
     sizes = {size_placeholder(name): r.stop - r.start for name, r in found.items()}
     if not translation.body.free_symbols & set(sizes):
         return translation
     return dataclasses.replace(
         translation,
         body=translation.body.xreplace(sizes),
-        parts=tuple(p.xreplace(sizes) for p in translation.parts),
     )
 
 
@@ -264,7 +263,6 @@ def _shift_gathered(translation: Translation, found: Mapping[str, Range]) -> Tra
     return replace(
         translation,
         body=translation.body.xreplace(shifts),
-        parts=tuple(p.xreplace(shifts) for p in translation.parts),
     )
 
 
@@ -322,7 +320,6 @@ def lower(
     if new:
         mask = diagonal_mask(forms)
         translation.body *= mask
-        translation.parts = tuple(part * mask for part in translation.parts)
         plain = replace(translation, free=[n for n in translation.free if n not in new])
         found = index_ranges(plain, ranges, statement.source)
         found.update(left_ranges(forms, found))

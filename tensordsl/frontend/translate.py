@@ -87,9 +87,6 @@ class Translation:
     index_spans: tuple[tuple[str, Span], ...]  # first occurrence of every index
     body_spans: dict[str, Span]  # first occurrence of every index on the right-hand side
     operand_spans: dict[str, Span]  # first use of every operand
-    # the top-level additive terms of the body, signed (`A - B` gives A and -B): a sum adds
-    # once, outside its reduction, those that read none of the summed indices
-    parts: tuple[sympy.Expr, ...] = ()
     gathers: tuple[Gather, ...] = ()  # accesses through index arrays (gathered operands)
 
 
@@ -147,7 +144,6 @@ class _Translator(Conditions, GatheredAccesses):
             tuple(spans.items()),
             body_spans,
             self.spans,
-            parts,
             tuple(self.gathers),
         )
 
