@@ -155,7 +155,7 @@ MASKS = {  # mask_mod: the same mask in numpy, of query and key positions
 }
 
 
-@pytest.mark.parametrize("backend", ["reference", "c"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mask", sorted(MASKS))
 def test_masks_of_clamped_comparisons(backend, mask):
     """Index comparisons with `max`/`min` of indices: right forwards and backwards (the
