@@ -255,12 +255,10 @@ class Kernel:
             TypeError: (an `ArgumentCountError`) the wrong number of inputs, or a missing one.
             ShapeError, RangeError: ranks or extents that do not fit the statement.
         """
-        values = [
-            arguments.input_array(name, value, self.source_text)
-            for name, value in zip(
-                self.inputs, arguments.bind(self.inputs, self.source_text, args, kwargs)
-            )
-        ]
+        given = arguments.bind(self.inputs, self.source_text, args, kwargs)
+        values = arguments.narrowed_weak_floats(
+            [arguments.input_array(n, v, self.source_text) for n, v in zip(self.inputs, given)]
+        )
         shapes = {name: tuple(np.shape(v)) for name, v in zip(self.inputs, values)}
         lead: tuple[int, ...] = ()
         if self._batched is not None:  # `...`: the leading axes flattened into one

@@ -383,10 +383,7 @@ class ProgramKernel:
             ]
             gathers = [g for s in self._lowered.statements for g in s.gathers]
             gather.check_index_dtypes(gathers, dict(zip(self.inputs, given)), self.source_text)
-        values = [
-            arguments.computed_input(name, value, self.source_text)
-            for name, value in zip(self.inputs, given)
-        ]
+        values = arguments.computed_inputs(self.inputs, given, self.source_text)
         batched, lead = self._lowered.batched, ()
         if batched is not None:  # `...`: the leading axes flattened into one
             values, _, lead = ellipsis.flatten(batched, self.inputs, values, self.source_text)

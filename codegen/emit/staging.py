@@ -213,23 +213,39 @@ def _children(node: Node) -> tuple:
 
 def unique_reduce_indices(body: sympy.Expr, taken: set[sympy.Symbol]) -> sympy.Expr:
     """`body` with the index of every distinct nested reduction renamed apart from the loop
-    indices and from each other (`d`, `d_1`, ...), so that each names one loop."""
+    indices and from each other (`d`, `d_1`, ...), so that each names one loop.
+
+    Outermost first: renaming an outer reduction's index changes the reductions inside it
+    (`sum_b(sum_d(K[b, d]))` beside another `sum_b` becomes `sum_b_1(sum_d(K[b_1, d]))`), so
+    an inner one is renamed as it is after its parents' renaming; renamed before them, two
+    different loops would keep one index `d`, and the planner would hoist what reads one of
+    them out of it (issue 38).
+
+    >>> from codegen.ir.nest import index_symbol, tensor_base
+    >>> b, d = index_symbol("b"), index_symbol("d")
+    >>> K, V = tensor_base("K"), tensor_base("V")
+    >>> inner = Reduce("sum", K[b, d], d, 0, 4)
+    >>> both = Reduce("sum", inner, b, 0, 2) * Reduce("sum", inner * V[b], b, 0, 2)
+    >>> sorted(str(r.index) for r in unique_reduce_indices(both, set()).atoms(Reduce))
+    ['b', 'b_1', 'd', 'd_1']
+    """
     used = set(taken) | {s for s in body.free_symbols if isinstance(s, sympy.Symbol)}
     done: dict[sympy.Basic, sympy.Basic] = {}
 
     def rename(node: sympy.Basic) -> sympy.Basic:
         if not node.args or node in done:
             return done.get(node, node)
-        new = node.func(*(rename(a) for a in node.args))
-        if isinstance(new, Reduce):
-            index, n = new.index, 0
+        if isinstance(node, Reduce):
+            index, n = node.index, 0
             while index in used:
                 n += 1
-                index = sympy.Symbol(f"{new.index.name}_{n}", integer=True)
+                index = sympy.Symbol(f"{node.index.name}_{n}", integer=True)
             used.add(index)
-            if index != new.index:
-                body = _rebind(new.body, new.index, index)
-                new = Reduce(new.reduction, body, index, new.start, new.stop)
+            inner = _rebind(node.body, node.index, index) if index != node.index else node.body
+            start, stop = rename(node.start), rename(node.stop)
+            new = Reduce(node.reduction, rename(inner), index, start, stop)
+        else:
+            new = node.func(*(rename(a) for a in node.args))
         done[node] = new
         return new
 

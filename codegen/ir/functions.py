@@ -179,8 +179,8 @@ class Padded(Clamp):
 
 def clamp(x: sympy.Expr, low: sympy.Expr, high: sympy.Expr) -> sympy.Expr:
     """`clamp(x, lo, hi)` of values: `min(max(x, lo), hi)`, as `jnp.clip`."""
-    above = select(x >= low, x, low)
-    return select(above <= high, above, high)
+    above = extreme(sympy.Max, x >= low, x, low)
+    return extreme(sympy.Min, above <= high, above, high)
 
 
 def floor_divide(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
@@ -204,8 +204,54 @@ def indicator(condition: sympy.Basic) -> sympy.Expr:
 def select(condition: sympy.Basic, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
     """`where(condition, a, b)`; a non-boolean condition means `condition != 0`."""
     if not isinstance(condition, sympy.logic.boolalg.Boolean):
-        condition = sympy.Ne(condition, 0)
+        condition = _nonzero(condition)
     return sympy.Piecewise((a, condition), (b, True))
+
+
+def _nonzero(value: sympy.Expr) -> sympy.Basic:
+    """`value != 0` as a condition; a comparison used as a value (`indicator`) gives back its
+    condition, and a product of them the conjunction (a mask `(j <= i) * (j >= i - 4)`):
+    `Ne(Piecewise(...) * ..., 0)` would make sympy fold the Piecewise into the condition,
+    which takes minutes for a mask of several comparisons (issue 38)."""
+    factors = value.args if isinstance(value, sympy.Mul) else (value,)
+    conditions = [_indicated(f) for f in factors]
+    if all(c is not None for c in conditions):
+        return sympy.And(*conditions)
+    return sympy.Ne(value, 0)
+
+
+def _indicated(value: sympy.Expr) -> sympy.Basic | None:
+    """The condition of `indicator(condition)`, else None."""
+    if isinstance(value, sympy.Piecewise) and len(value.args) == 2:
+        (one, condition), (zero, otherwise) = value.args
+        if one == 1 and zero == 0 and otherwise == sympy.true:
+            return condition
+    return None
+
+
+def extreme(
+    function: type[sympy.Min] | type[sympy.Max],
+    condition: sympy.Basic,
+    a: sympy.Expr,
+    b: sympy.Expr,
+) -> sympy.Expr:
+    """`min(a, b)` or `max(a, b)`: sympy's `Min`/`Max` of integer index arithmetic (no tensor
+    read), else `where(condition, a, b)`, whose derivative picks a branch.
+
+    A comparison with a Piecewise (`j >= where(i >= 1, i, 1)`) makes sympy fold it into the
+    condition and simplify the result as logic, which takes seconds per clamp and minutes for
+    a mask of several (issue 38); `j >= Max(i, 1)` stays as written, and an index has no
+    derivative to pick.
+
+    >>> from codegen.ir.nest import index_symbol
+    >>> i = index_symbol("i")
+    >>> extreme(sympy.Max, i >= 1, i, 1)
+    Max(1, i)
+    """
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if not (a.atoms(sympy.Indexed) or b.atoms(sympy.Indexed)) and (a - b).is_integer:
+        return function(a, b)
+    return select(condition, a, b)
 
 
 @dataclass(frozen=True)
@@ -264,8 +310,8 @@ FUNCTIONS: dict[str, FunctionSpec] = dict(
         _row("cos", 1, sympy.cos, "jax.numpy.cos", libmvec=_OLD, ulps=4),
         _row("abs", 1, sympy.Abs, "jax.numpy.abs"),
         _row("erf", 1, sympy.erf, "jax.scipy.special.erf", libmvec=_NEW, ulps=4),
-        _row("min", 2, lambda a, b: select(a <= b, a, b), "jax.numpy.minimum"),
-        _row("max", 2, lambda a, b: select(a >= b, a, b), "jax.numpy.maximum"),
+        _row("min", 2, lambda a, b: extreme(sympy.Min, a <= b, a, b), "jax.numpy.minimum"),
+        _row("max", 2, lambda a, b: extreme(sympy.Max, a >= b, a, b), "jax.numpy.maximum"),
         _row("where", 3, select, "jax.numpy.where"),
         _row("pow", 2, sympy.Pow, "jax.numpy.power", (0.5, 2.0)),
         _row("abs2", 1, lambda x: x**2, "jax.numpy.square"),  # Tullio's |x|^2 of a real x

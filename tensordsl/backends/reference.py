@@ -147,9 +147,16 @@ class Evaluator:
             return jnp.sqrt(base)
         if exponent == sympy.Rational(-1, 2):
             return jax.lax.rsqrt(jnp.asarray(base, self.dtype))
+        base = jnp.asarray(base, self.dtype)
         if exponent.is_Integer:
-            return jnp.asarray(base, self.dtype) ** int(exponent)
-        return jnp.power(base, self(exponent))
+            return base ** int(exponent)
+        # A power is a value, computed in the body's float type as C's pow is: an integer
+        # base with an index-valued exponent (ALiBi's `2^(-(h + 1))`) would otherwise be an
+        # integer power, which truncates (and wraps) where IEEE gives 0.5, 0.25, ...
+        power = self(exponent)
+        if not jnp.issubdtype(jnp.result_type(power), jnp.integer):
+            power = jnp.asarray(power, self.dtype)
+        return jnp.power(base, power)
 
     def nested(self, node: Reduce) -> Any:
         """A nested reduction: its body over one more (last) axis for its index, reduced."""
