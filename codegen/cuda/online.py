@@ -366,14 +366,15 @@ def _split(e: CudaEmitter) -> sympy.Expr | None:
 
 def _weighted_column(e: CudaEmitter) -> str:
     """An owned column's sum plus the key's weight times its staged value (a pair's second
-    member's columns, from `C1` on, its own weight `p2_`)."""
+    member's columns, from `C1` on, its own weight `p2_`) where the key is in the row's range
+    (out of it, on a boundary tile, the weight is 0, and 0 times NaN or inf is NaN)."""
     update = "o_[q_] += p_*ws_[c_][kk_];"
     split = _split(e)
     if split is not None:
         update = f"o_[q_] += (cb_ + kk_ < {e.idx(split)} ? p_ : p2_)*ws_[c_][kk_];"
     if e.count_fmas:
         update = f"{{ {update} {' '.join(e.fma_hook())} }}"
-    return f"if (kk_ < ne_) {update}"
+    return f"if (kk_ < ne_ && (full_ || (j0_ + c_ >= lo_ && j0_ + c_ < hi_))) {update}"
 
 
 def _store(e: CudaEmitter, k: str, first: str) -> Lines:

@@ -270,8 +270,8 @@ def attention(
         backend: the kernels' back end.
 
     Returns:
-        `(..., T, H, Ev)`. A query whose every key is masked gets 0 where the mask is made
-        of index comparisons (its loop is empty); with a mask that reads arrays it gets NaN.
+        `(..., T, H, Ev)`. A query that keeps no key gets 0 and gives no gradient
+        (FlexAttention's rule), whatever the mask reads.
 
     Raises:
         ShapeError: the shapes of q, k, v or bias do not agree.
