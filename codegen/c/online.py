@@ -11,9 +11,11 @@ rows' ranges: a causal block's longest row) is cut into chunks of `CHUNK` values
   `m'`; its sum `s` and weighted sums `o` so far are rescaled by `exp(m - m')`, and each
   score becomes its weight `p = exp(score - m')` (zero while `m'` is -inf, where
   `exp(-inf - -inf)` would be NaN), added to `s`;
-* `o[r, k] += p[r, j] * W[j, k]` for the block's rows at once, the last free index `k` in
-  simd lanes: each row of W read serves every row of the block (the weights must not read
-  the row index, `codegen.passes.online.pair`).
+* `o[r, k] += p[r, j] * W[j, k]` for the block's rows at once, each row only over the keys
+  it computed a score for (a key a row's bounds or tests leave out adds nothing, not
+  `0 * W`, which is NaN where W is NaN or inf), the last free index `k` in simd lanes:
+  each row of W read serves every row of the block (the weights must not read the row
+  index, `codegen.passes.online.pair`).
 
 At the end `L = m + log s` (the logsumexp's own result, with its NaN and infinity rules) and
 `O[k] = o[k] / s`, or 0 for a row with no score at all (a sum over nothing): as the two
@@ -42,7 +44,8 @@ def online(e: Emitter[Schedule]) -> Lines:
     *outer, row = e.free_symbols()[:-1]
     rows = next(r for r in nest.free if r.index == row)
     i = e.printer.index(row)
-    plan, fill, lo, hi = chunk_fill(e, 0, also=" any_[ri_] = 1;")
+    j = e.printer.index(e.term_order(0)[-1])
+    plan, fill, lo, hi = chunk_fill(e, 0, also=f" any_[ri_] = 1; in_[ri_][{j} - C0_] = 1;")
     each_row = f"for (int ri_ = 0; ri_ < {ROWS}; ++ri_)"
     at_row = f"const {kind} {i} = i0_ + ri_;"
     scores = [
@@ -57,12 +60,15 @@ def online(e: Emitter[Schedule]) -> Lines:
         *block_lines(
             each_row,
             [
-                *block_lines(f"for ({kind} q_ = 0; q_ < CN_; ++q_)", ["ch_[ri_][q_] = -INFINITY;"]),
+                *block_lines(
+                    f"for ({kind} q_ = 0; q_ < CN_; ++q_)",
+                    ["ch_[ri_][q_] = -INFINITY;", "in_[ri_][q_] = 0;"],
+                ),
                 *block_lines("if (ri_ < rn_)", [at_row, *e.level_lines(plan, 0, scores)]),
                 *block_lines("", _rescale(e)),
             ],
         ),
-        *_weighted_sums(e, e.printer.index(e.term_order(0)[-1]), k, first),
+        *_weighted_sums(e, j, k, first),
     ]
     bounds = [
         f"{kind} blo_ = INT64_MAX, bhi_ = INT64_MIN;",
@@ -77,6 +83,7 @@ def online(e: Emitter[Schedule]) -> Lines:
         f"const {kind} ne_ = {width};",
         f"{f} m_[{ROWS}], s_[{ROWS}], ch_[{ROWS}][{CHUNK}];",
         f"int any_[{ROWS}];",
+        f"unsigned char in_[{ROWS}][{CHUNK}];",
         f"{f} o_[{ROWS}][ne_ > 0 ? ne_ : 1];",
         *block_lines(
             each_row,
@@ -143,9 +150,11 @@ def _rescale(e: Emitter[Schedule]) -> Lines:
 
 
 def _weighted_sums(e: Emitter[Schedule], j: str, k: str, first: str) -> Lines:
-    """`o_[r][k] += ch_[r][q] * W[j, k]` over the chunk for every row of the block, the
-    last free index in simd lanes: a row of W read once from memory serves the block's
-    rows from the L1 cache. (Accumulating 8 rows x 8 lanes in registers instead walks W
+    """`o_[r][k] += ch_[r][q] * W[j, k]` over the chunk for every row of the block whose
+    range holds `j` (`in_[r][q]`, set where the row computed its score): a key outside a
+    row's range adds nothing, also where W holds NaN or inf (its weight 0 times W would be
+    NaN). The last free index in simd lanes: a row of W read once from memory serves the
+    block's rows from the L1 cache. (Accumulating 8 rows x 8 lanes in registers instead walks W
     once per 8 lanes, which was slower.)"""
     f, kind = e.f, e.index_type
     weight = e.printer.doprint(e.hoist(e.nest.terms[1].body))
@@ -155,7 +164,12 @@ def _weighted_sums(e: Emitter[Schedule], j: str, k: str, first: str) -> Lines:
     )
     rows = block_lines(
         f"for (int ri_ = 0; ri_ < {ROWS}; ++ri_)",
-        [f"const {f} p_ = ch_[ri_][q_];", "#pragma omp simd", *lanes],
+        [
+            "if (!in_[ri_][q_]) continue;",
+            f"const {f} p_ = ch_[ri_][q_];",
+            "#pragma omp simd",
+            *lanes,
+        ],
     )
     return block_lines(
         f"for ({kind} q_ = 0; q_ < CN_; ++q_)", [f"const {kind} {j} = C0_ + q_;", *rows]

@@ -114,9 +114,16 @@ def _sum_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
 
 
 def _logsumexp_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
-    """`dY * exp(f - Y)`, with the saved output Y."""
+    """`dY * exp(f - Y)`, with the saved output Y; 0 where Y is -inf (every f -inf: a
+    softmax row that a mask leaves empty), where `exp(-inf - -inf)` would be NaN: such a row
+    gives no gradient, as in FlexAttention. The test wraps the `exp`, not its argument, so
+    that it stays the `exp(S - L)` that attention's gradient nests compute once for both of
+    their terms."""
     (term,) = nest.terms
-    return saved(names.cotangent, nest) * sympy.exp(term.body - saved(nest.output, nest))
+    y = saved(nest.output, nest)
+    empty = sympy.And(sympy.Lt(y, 0), sympy.Eq(y, 2 * y))  # y is -inf (see _is_infinite)
+    weight = sympy.Piecewise((sympy.Integer(0), empty), (sympy.exp(term.body - y), True))
+    return saved(names.cotangent, nest) * weight
 
 
 def _extreme_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:

@@ -178,8 +178,8 @@ def attention(
             False: they must have as many (FlexAttention's default).
 
     Returns:
-        `(..., T, H, Ev)`; with `return_lse`, the pair `(out, lse)`. A query whose every key
-        is masked gets 0.
+        `(..., T, H, Ev)`; with `return_lse`, the pair `(out, lse)`. A query that keeps no
+        key gets 0 and gives no gradient (FlexAttention's rule), whatever the mask reads.
 
     Raises:
         ShapeError: the shapes of q, k, v or bias do not agree.

@@ -55,12 +55,11 @@ from collections.abc import Sequence
 import sympy
 
 from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
-from codegen.cuda.attention.scores import scores, tile_shape, variant
+from codegen.cuda.attention.scores import score_pitch, scores, tile_shape, variant
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.layout import split_paired, split_weighted
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.cuda.staged import shared
-from codegen.cuda.staged.tiles import BANKS
 from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.loop_order import term_order
 from codegen.ir.nest import LoopNest, Term
@@ -157,22 +156,6 @@ def column_tests(nest: LoopNest) -> tuple[sympy.Expr, ...]:
         for c in nest.terms[0].constraints
         if column in c.free_symbols and not c.free_symbols & reduced
     )
-
-
-def score_pitch(keys: int, lanes: int) -> int:
-    """The row length of `ss_`: the first from `keys` on at which a warp's stores (thread
-    `t` writes row `t / lanes`, key `t % lanes` and every `lanes`-th after it) and its
-    reads (each row's lanes read one key) meet no bank conflict.
-
-    >>> score_pitch(32, 4), score_pitch(16, 1)
-    (36, 17)
-    """
-    rows = BANKS // lanes
-    for pitch in range(keys, keys + BANKS + 1):
-        banks = {(r * pitch + n) % BANKS for r in range(rows) for n in range(lanes)}
-        if len(banks) == rows * lanes:
-            return pitch
-    return keys + 1
 
 
 def online(e: CudaEmitter) -> Lines:
@@ -367,14 +350,15 @@ def _split(e: CudaEmitter) -> sympy.Expr | None:
 
 def _weighted_column(e: CudaEmitter) -> str:
     """An owned column's sum plus the key's weight times its staged value (a pair's second
-    member's columns, from `C1` on, its own weight `p2_`)."""
+    member's columns, from `C1` on, its own weight `p2_`) where the key is in the row's range
+    (out of it, on a boundary tile, the weight is 0, and 0 times NaN or inf is NaN)."""
     update = "o_[q_] += p_*ws_[c_][kk_];"
     split = _split(e)
     if split is not None:
         update = f"o_[q_] += (cb_ + kk_ < {e.idx(split)} ? p_ : p2_)*ws_[c_][kk_];"
     if e.count_fmas:
         update = f"{{ {update} {' '.join(e.fma_hook())} }}"
-    return f"if (kk_ < ne_) {update}"
+    return f"if (kk_ < ne_ && (full_ || (j0_ + c_ >= lo_ && j0_ + c_ < hi_))) {update}"
 
 
 def _store(e: CudaEmitter, k: str, first: str) -> Lines:

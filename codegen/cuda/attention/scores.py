@@ -14,6 +14,7 @@ import sympy
 from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
+from codegen.cuda.staged.tiles import BANKS
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.ir.nest import Term
 
@@ -29,6 +30,22 @@ def variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> Cud
     other = e.variant(terms=terms, schedule=schedule)
     assert isinstance(other, CudaEmitter)
     return other
+
+
+def score_pitch(keys: int, lanes: int) -> int:
+    """The row length of `ss_`: the first from `keys` on at which a warp's stores (thread
+    `t` writes row `t / lanes`, key `t % lanes` and every `lanes`-th after it) and its
+    reads (each row's lanes read one key) meet no bank conflict.
+
+    >>> score_pitch(32, 4), score_pitch(16, 1)
+    (36, 17)
+    """
+    rows = BANKS // lanes
+    for pitch in range(keys, keys + BANKS + 1):
+        banks = {(r * pitch + n) % BANKS for r in range(rows) for n in range(lanes)}
+        if len(banks) == rows * lanes:
+            return pitch
+    return keys + 1
 
 
 def pair_score(e: CudaEmitter) -> Lines:
