@@ -19,7 +19,8 @@ import sympy
 
 from codegen.errors import Unsupported
 from codegen.ir.functions import indicator
-from codegen.ir.nest import LoopNest, Term, scalar_symbol, tensor_base
+from codegen.ir.nest import LoopNest, Reduce, Term, scalar_symbol, tensor_base
+from codegen.ir.reductions import REDUCTIONS
 
 #: Roles of a gradient nest's operands.
 COTANGENT, OUTPUT = "cotangent", "output"
@@ -114,9 +115,11 @@ def _sum_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
 
 
 def _logsumexp_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
-    """`dY * exp(f - Y)`, with the saved output Y."""
+    """`dY * exp(f - Y)` (the row's `weight`), with the saved output Y."""
     (term,) = nest.terms
-    return saved(names.cotangent, nest) * sympy.exp(term.body - saved(nest.output, nest))
+    weight = REDUCTIONS["logsumexp"].weight
+    assert weight is not None
+    return saved(names.cotangent, nest) * weight(term.body, saved(nest.output, nest))
 
 
 def _extreme_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
@@ -172,6 +175,33 @@ GRADIENT_RULES: dict[str, GradientRule] = {
     "topk": GradientRule(_selection_auxiliary, _extreme_scale),
     "argtopk": GradientRule(_no_auxiliary, _no_scale),
 }
+
+
+def nested_weight(nested: Reduce, derivative: str) -> sympy.Expr:
+    """d nested / d its body: the weight of the body's derivative in the derivative of a
+    nested reduction, from the reduction's row (`Reduction.weight`); the gradient and the
+    tangent (`jvp.py`) both read it.
+
+    Args:
+        nested: the nested reduction.
+        derivative: what is formed ("gradient", "forward-mode derivative"), for the error.
+
+    Raises:
+        Unsupported: the reduction has no weight of its value and result alone.
+
+    >>> from codegen.ir.nest import index_symbol, tensor_base
+    >>> i, d = index_symbol("i"), index_symbol("d")
+    >>> nested_weight(Reduce("logsumexp", tensor_base("X")[i, d], d, 0, 4), "gradient")
+    exp(X[i, d] - logsumexp_d(X[i, d]))
+    """
+    weight = REDUCTIONS[nested.reduction].weight
+    if weight is None:
+        weighted = " and ".join(name for name, row in REDUCTIONS.items() if row.weight)
+        raise Unsupported(
+            f"no {derivative} through a nested '{nested.reduction}' reduction (only "
+            f"{weighted}): store that intermediate instead of recomputing it"
+        )
+    return weight(nested.body, nested)
 
 
 def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:
