@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codegen.ir.nest import LoopNest
+from codegen.ir.reductions import REDUCTIONS
 from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
@@ -302,21 +303,16 @@ class Kernel:
                 precision=self.precision,
             )
         if self.init is not None:
-            out = INIT_COMBINE[self.nest.reduction](jnp.asarray(self.init, out.dtype), out)
+            combine = REDUCTIONS[self.nest.reduction].init_combine
+            assert combine is not None  # `_initial_value` refuses init= for the others
+            out = getattr(jnp, combine)(jnp.asarray(self.init, out.dtype), out)
         if self._batched is not None and self._batched.output:
             out = out.reshape((*lead, *out.shape[1:]))
         return out
 
 
-#: How `init=` joins the result of each reduction (associative, so this is the reduction
-#: started from `init`).
-INIT_COMBINE = {
-    "sum": jnp.add,
-    "prod": jnp.multiply,
-    "max": jnp.maximum,
-    "min": jnp.minimum,
-    "logsumexp": jnp.logaddexp,
-}
+#: The reductions `init=` may start (`Reduction.init_combine`).
+_STARTED = tuple(name for name, row in REDUCTIONS.items() if row.init_combine)
 
 
 def _initial_value(init: Any, nest: LoopNest, source: str) -> float | None:
@@ -327,12 +323,12 @@ def _initial_value(init: Any, nest: LoopNest, source: str) -> float | None:
         raise ReductionError(
             f"init= is {init!r}", source, expected="a real number, e.g. init=0.0 or init=-inf"
         )
-    if nest.reduction not in INIT_COMBINE:
+    if REDUCTIONS[nest.reduction].init_combine is None:  # the row's `jnp` function joins it
         gives = "k values" if nest.reduction.endswith("topk") else "a position"
         raise ReductionError(
             f"init= starts a reduction from a value, and '{nest.reduction}' gives {gives}",
             source,
-            expected=f"init= with one of {', '.join(INIT_COMBINE)}, or no init=",
+            expected=f"init= with one of {', '.join(_STARTED)}, or no init=",
         )
     if not any(term.reduced for term in nest.terms):
         raise ReductionError(

@@ -58,6 +58,12 @@ def peaks_for(device: str) -> dict[str, float]:
     return next((row for key, row in PEAKS.items() if key in device), {})
 
 
+def short(error: BaseException) -> str:
+    """One line: the error's type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
 def rows_path(out: pathlib.Path, phase: str) -> pathlib.Path:
     return out / f"rows-{phase}.jsonl"
 

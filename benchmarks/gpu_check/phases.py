@@ -21,7 +21,7 @@ import traceback
 import xml.etree.ElementTree as ElementTree
 from typing import Any
 
-from benchmarks.gpu_check import record, run_boxed
+from benchmarks.gpu_check import record, run_boxed, short
 
 #: Corpus cases under the emulator (each costs compiler time); on a GPU: the whole corpus.
 EMULATED_CORPUS = ("matmul", "row_max", "logsumexp_rows", "conv1d_valid", "integer_mask")
@@ -30,12 +30,6 @@ QUICK_CORPUS = ("matmul", "logsumexp_rows")
 LARGE_ELEMENTS = 2**31 + 4099
 LARGE_BYTES_NEEDED = 20 * 2**30
 LARGE_LABEL = f"Y[i] := X[i] * 2, {LARGE_ELEMENTS} float16 elements (> 2^31)"
-
-
-def short(error: BaseException) -> str:
-    """One line: the error's type and the first line of its message."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
 def _version(module: str) -> str:

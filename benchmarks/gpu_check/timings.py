@@ -18,9 +18,8 @@ from typing import Any
 
 import jax
 
-from benchmarks.gpu_check import peaks_for, record
+from benchmarks.gpu_check import peaks_for, record, short
 from benchmarks.gpu_check.cases import CASES, OURS, REFERENCE, SKIP_QUICK, torch_or_none
-from benchmarks.gpu_check.phases import short
 
 
 def timer(emulate: bool) -> Callable[[Callable[[], Any]], float]:

@@ -4,7 +4,10 @@ Every module that treats reductions differently reads this table (or keys a tabl
 by the same names, which `tests/unit/test_tables.py` checks): the language accepts the
 `user` rows; the C and CUDA emitters print the templates; the CPU schedule gives the `simd`
 rows vector lanes; the reference back end and the gradient rules have one entry per row; the
-sharding plan splits a reduced axis only for rows with a `cross_device` combine.
+sharding plan splits a reduced axis only for rows with a `cross_device` combine; `init=`
+starts the rows with an `init_combine`; the gradient and the tangent of a nested reduction
+(`codegen.passes.gradient_rules.nested_weight`) read `weight`; the guard pass folds a
+nested reduction of a constant by `repeated`.
 
 C templates: `{a}`/`{b}` are the reduction state (a value, and a second value or a position),
 `{v}` the value of one iteration, `{pos}` its flat position, `{oa}`/`{ob}` another state to
@@ -13,6 +16,9 @@ fold in, `{exp}`/`{log}` the math functions of the accumulation type; for a sele
 
 >>> REDUCTIONS["logsumexp"].identity, REDUCTIONS["argmax"].positional
 (-inf, True)
+>>> x, y, n = sympy.symbols("x y n")
+>>> REDUCTIONS["logsumexp"].weight(x, y), REDUCTIONS["sum"].repeated(x, n)
+(exp(x - y), n*x)
 >>> USER_REDUCTIONS
 ('sum', 'max', 'min', 'prod', 'logsumexp', 'argmax', 'argmin', 'topk', 'argtopk')
 """
@@ -20,11 +26,18 @@ fold in, `{exp}`/`{log}` the math functions of the accumulation type; for a sele
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+import sympy
 
 #: The dtype of a saved argmax/argmin position (the JAX binding allocates it).
 POSITION_DTYPE = "int32"
+
+#: `weight(value, result)`: d result / d value, where it depends on nothing but the two.
+Weight = Callable[[sympy.Expr, sympy.Expr], sympy.Expr]
+#: `repeated(value, count)`: the result of `count` (>= 1) equal values.
+Repeated = Callable[[sympy.Expr, sympy.Expr], sympy.Expr]
 
 #: The largest k of a topk/argtopk the compiled back ends keep (two k-long arrays per
 #: output row, in registers or on the stack).
@@ -61,6 +74,17 @@ class Reduction:
     #: A selection of the k best values (topk, argtopk): the nest's last free index is the
     #: rank, its extent k; the state is two k-long arrays `{a}[]`, `{b}[]` kept sorted.
     selects: bool = False
+    #: The derivative of the result with respect to one value (`Weight`): the gradient and
+    #: the tangent through a nested reduction are weighted by it, and so are the gradient
+    #: terms of a nest with this reduction. None: a derivative needs values the forward
+    #: saves (`codegen.passes.gradient_rules`), or there is none.
+    weight: Weight | None = None
+    #: The result of a constant value repeated (`Repeated`), for constant folding
+    #: (`codegen.passes.guards`). None: not folded.
+    repeated: Repeated | None = None
+    #: The `jax.numpy` function (its name) joining `init=` and the result: the reduction's
+    #: binary form, so the result is the reduction started from `init`. None: no `init=`.
+    init_combine: str | None = None
 
 
 # argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
@@ -138,6 +162,8 @@ def _extremum(name: str, op: str, identity: float, init: str) -> Reduction:
         result="{a}",
         simd=True,
         cross_device=name,
+        repeated=lambda x, n: x,
+        init_combine="maximum" if op == ">" else "minimum",
     )
 
 
@@ -182,6 +208,9 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             result="{a}",
             simd=True,
             cross_device="sum",
+            weight=lambda x, y: sympy.Integer(1),
+            repeated=lambda x, n: x * n,
+            init_combine="add",
         ),
         _extremum("max", ">", -math.inf, "-INFINITY"),
         _extremum("min", "<", math.inf, "INFINITY"),
@@ -194,6 +223,8 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             combine="{a} *= {oa};",
             result="{a}",
             simd=True,
+            repeated=lambda x, n: x**n,
+            init_combine="multiply",
         ),
         Reduction(
             "logsumexp",
@@ -205,6 +236,9 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             result="({a} > -INFINITY && {a} < INFINITY ? {a} + {log}({b}) : {a})",
             cross_device="logsumexp",
             passes=_LSE_PASSES,
+            weight=lambda x, y: sympy.exp(x - y),  # the softmax weights
+            repeated=lambda x, n: x + sympy.log(n),
+            init_combine="logaddexp",
         ),
         _positional("argmax", ">", "-INFINITY"),
         _positional("argmin", "<", "INFINITY"),

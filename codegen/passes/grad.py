@@ -35,7 +35,6 @@ import sympy
 
 from codegen import config
 from codegen.cache import memo
-from codegen.errors import Unsupported
 from codegen.ir.nest import (
     LoopNest,
     Operand,
@@ -58,6 +57,7 @@ from codegen.passes.gradient_rules import (
     ZERO_COUNT,
     GradientNames,
     gradient_names,
+    nested_weight,
     saved,
 )
 from codegen.passes.guards import bound_guards
@@ -183,15 +183,7 @@ def _derivatives(body: sympy.Expr, occurrence: sympy.Basic, taken: set[str]) -> 
         pieces.append((direct, (), occurrence))
     for nested, stand_in in held.items():
         outer = sympy.diff(fixed, stand_in).xreplace(restore)
-        if nested.reduction == "sum":
-            weight: sympy.Expr = sympy.Integer(1)
-        elif nested.reduction == "logsumexp":
-            weight = sympy.exp(nested.body - nested)
-        else:
-            raise Unsupported(
-                f"no gradient through a nested '{nested.reduction}' reduction (only sum and "
-                "logsumexp): store that intermediate instead of recomputing it"
-            )
+        weight = nested_weight(nested, "gradient")
         name = next(fresh_names(taken | {nested.index.name}))
         taken.add(name)
         index = index_symbol(name)

@@ -19,7 +19,8 @@ import sympy
 
 from codegen.errors import Unsupported
 from codegen.ir.functions import indicator
-from codegen.ir.nest import LoopNest, Term, scalar_symbol, tensor_base
+from codegen.ir.nest import LoopNest, Reduce, Term, scalar_symbol, tensor_base
+from codegen.ir.reductions import REDUCTIONS
 
 #: Roles of a gradient nest's operands.
 COTANGENT, OUTPUT = "cotangent", "output"
@@ -114,16 +115,18 @@ def _sum_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
 
 
 def _logsumexp_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
-    """`dY * exp(f - Y)`, with the saved output Y; 0 where Y is -inf (every f -inf: a
-    softmax row that a mask leaves empty), where `exp(-inf - -inf)` would be NaN: such a row
-    gives no gradient, as in FlexAttention. The test wraps the `exp`, not its argument, so
-    that it stays the `exp(S - L)` that attention's gradient nests compute once for both of
-    their terms."""
+    """`dY * exp(f - Y)` (the row's `weight`), with the saved output Y; 0 where Y is -inf
+    (every f -inf: a softmax row that a mask leaves empty), where `exp(-inf - -inf)` would be
+    NaN: such a row gives no gradient, as in FlexAttention. The test wraps the weight, not its
+    argument, so that it stays the `exp(S - L)` that attention's gradient nests compute once
+    for both of their terms."""
     (term,) = nest.terms
+    weight = REDUCTIONS["logsumexp"].weight
+    assert weight is not None
     y = saved(nest.output, nest)
     empty = sympy.And(sympy.Lt(y, 0), sympy.Eq(y, 2 * y))  # y is -inf (see _is_infinite)
-    weight = sympy.Piecewise((sympy.Integer(0), empty), (sympy.exp(term.body - y), True))
-    return saved(names.cotangent, nest) * weight
+    scale = sympy.Piecewise((sympy.Integer(0), empty), (weight(term.body, y), True))
+    return saved(names.cotangent, nest) * scale
 
 
 def _extreme_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
@@ -179,6 +182,33 @@ GRADIENT_RULES: dict[str, GradientRule] = {
     "topk": GradientRule(_selection_auxiliary, _extreme_scale),
     "argtopk": GradientRule(_no_auxiliary, _no_scale),
 }
+
+
+def nested_weight(nested: Reduce, derivative: str) -> sympy.Expr:
+    """d nested / d its body: the weight of the body's derivative in the derivative of a
+    nested reduction, from the reduction's row (`Reduction.weight`); the gradient and the
+    tangent (`jvp.py`) both read it.
+
+    Args:
+        nested: the nested reduction.
+        derivative: what is formed ("gradient", "forward-mode derivative"), for the error.
+
+    Raises:
+        Unsupported: the reduction has no weight of its value and result alone.
+
+    >>> from codegen.ir.nest import index_symbol, tensor_base
+    >>> i, d = index_symbol("i"), index_symbol("d")
+    >>> nested_weight(Reduce("logsumexp", tensor_base("X")[i, d], d, 0, 4), "gradient")
+    exp(X[i, d] - logsumexp_d(X[i, d]))
+    """
+    weight = REDUCTIONS[nested.reduction].weight
+    if weight is None:
+        weighted = " and ".join(name for name, row in REDUCTIONS.items() if row.weight)
+        raise Unsupported(
+            f"no {derivative} through a nested '{nested.reduction}' reduction (only "
+            f"{weighted}): store that intermediate instead of recomputing it"
+        )
+    return weight(nested.body, nested)
 
 
 def auxiliary_nests(nest: LoopNest) -> dict[str, LoopNest]:

@@ -135,13 +135,6 @@ def _finite(expr: sympy.Expr) -> sympy.Expr:
 
 
 _COUNT = sympy.Symbol("count_", integer=True, positive=True)
-_CONSTANT_REDUCTIONS = {
-    "sum": lambda x: x * _COUNT,
-    "max": lambda x: x,
-    "min": lambda x: x,
-    "logsumexp": lambda x: x + sympy.log(_COUNT),
-    "prod": lambda x: x**_COUNT,
-}
 
 
 def _collapse(expr: sympy.Basic) -> sympy.Basic:
@@ -150,7 +143,8 @@ def _collapse(expr: sympy.Basic) -> sympy.Basic:
         return expr
     expr = expr.func(*(_collapse(a) for a in expr.args))
     if isinstance(expr, Reduce) and expr.index not in expr.body.free_symbols:
-        return _CONSTANT_REDUCTIONS[expr.reduction](expr.body)
+        repeated = REDUCTIONS[expr.reduction].repeated
+        return expr if repeated is None else repeated(expr.body, _COUNT)  # None: not folded
     return expr
 
 

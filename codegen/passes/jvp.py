@@ -55,6 +55,7 @@ from codegen.passes.gradient_rules import (
     OUTPUT,
     ZERO_COUNT,
     gradient_names,
+    nested_weight,
     saved,
 )
 
@@ -169,15 +170,7 @@ def _reduction_tangent(reduction: Reduce, tangents: Mapping[str, str]) -> sympy.
     inner = directional(reduction.body, tangents)
     if inner == 0:
         return sympy.Integer(0)
-    if reduction.reduction == "sum":
-        weighted = inner
-    elif reduction.reduction == "logsumexp":
-        weighted = sympy.exp(reduction.body - reduction) * inner
-    else:
-        raise Unsupported(
-            f"no forward-mode derivative through a nested '{reduction.reduction}' reduction "
-            "(only sum and logsumexp): store that intermediate instead of recomputing it"
-        )
+    weighted = nested_weight(reduction, "forward-mode derivative") * inner
     return Reduce("sum", weighted, reduction.index, reduction.start, reduction.stop)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.cuda import nvrtc
 from codegen.cuda.emit import emit_cuda
+from codegen.cuda.run import nvrtc
 from codegen.ir.functions import FUNCTIONS
 from codegen.passes import grad
 from tensordsl.frontend.lower import lower

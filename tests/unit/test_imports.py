@@ -1,8 +1,9 @@
 """The import structure: stages import only stages before them.
 
-* no import circle among the modules of `tensordsl/` and `codegen/`, counting the imports
-  inside functions (a lazy import still ties two modules together) and the type-only ones
-  (`if TYPE_CHECKING:`: a reader still has to know both to read either);
+* no import circle among the modules of the repository's packages (`tensordsl/`, `codegen/`,
+  `benchmarks/`, `tests/`), counting the imports inside functions (a lazy import still ties
+  two modules together) and the type-only ones (`if TYPE_CHECKING:`: a reader still has to
+  know both to read either);
 * `codegen/` (the compiler) imports neither JAX nor `tensordsl` (the binding above it), not
   even lazily;
 * the production back ends take shapes from the IR, not from the test oracle `reference`;
@@ -20,17 +21,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("tensordsl", "codegen")
+#: Every package of the repository (the notebooks are scripts: nothing imports them).
+REPOSITORY = (*PACKAGES, "benchmarks", "tests")
 
 
 #: The longest module allowed (issue 22: "no module over ~450 lines").
 MAX_LINES = 450
 
 
-def _modules() -> dict[str, Path]:
-    """Every module of the packages, in every folder (not the package `__init__`s)."""
+def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Every module of `packages`, in every folder (not the package `__init__`s)."""
     return {
         ".".join(path.relative_to(ROOT).with_suffix("").parts): path
-        for package in PACKAGES
+        for package in packages
         for path in sorted((ROOT / package).rglob("*.py"))
         if path.stem != "__init__"
     }
@@ -49,9 +52,9 @@ def _imported(tree: ast.AST) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of the packages it imports."""
-    modules = _modules()
+def import_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports."""
+    modules = _modules(packages)
     return {
         name: {m for m in _imported(ast.parse(path.read_text())) if m in modules and m != name}
         for name, path in modules.items()
@@ -97,6 +100,15 @@ def test_no_import_circle() -> None:
         "tensordsl.frontend.lower",
         "tensordsl.backends.table",
     }  # sanity
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or ())
+
+
+def test_no_import_circle_in_the_repository() -> None:
+    """Benchmarks and tests too (`benchmarks/gpu_check`'s phases and timings were one)."""
+    graph = import_graph(REPOSITORY)
+    assert {"benchmarks.gpu_check.timings", "tests.corpus"} <= set(graph)  # sanity
+    assert "benchmarks.gpu_check.cases" in graph["benchmarks.gpu_check.timings"]
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle or ())
 

@@ -3,6 +3,8 @@ entry per row of its source table, and every row's columns are usable."""
 
 import importlib
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import sympy
@@ -12,7 +14,9 @@ from codegen.emit.printer import CPrinter
 from codegen.ir.functions import FUNCTIONS
 from codegen.ir.reductions import REDUCTIONS, USER_REDUCTIONS
 from codegen.passes import gradient_rules
+from codegen.tiles import build as tiles
 from tensordsl.backends import reference
+from tensordsl.backends.pallas import reductions as pallas_reductions
 from tensordsl.binding import partitioning
 
 
@@ -21,6 +25,58 @@ def test_reduction_tables_have_the_same_keys():
     assert set(gradient_rules.GRADIENT_RULES) == set(REDUCTIONS)
     combines = {row.cross_device for row in REDUCTIONS.values()} - {None}
     assert combines == set(partitioning.COMBINES)
+
+
+def test_tile_reductions_are_rows():
+    assert set(pallas_reductions.TILE_REDUCTIONS) == set(tiles.TILE_REDUCTIONS)
+    assert set(tiles.TILE_REDUCTIONS) <= set(REDUCTIONS)
+
+
+def test_value_rows_have_every_facet_and_positions_none():
+    """A row that reduces values to one value starts from `init=` and folds constants;
+    positions and selections do neither; a weight is given where the derivative needs no
+    saved value (max, min and prod save positions or counts: `GRADIENT_RULES`)."""
+    for name, row in REDUCTIONS.items():
+        one_value = not (row.positional or row.selects)
+        assert (row.init_combine is not None) == one_value, name
+        assert (row.repeated is not None) == one_value, name
+    assert [n for n, row in REDUCTIONS.items() if row.weight] == ["sum", "logsumexp"]
+
+
+_VALUES = np.array([[0.75, -1.5, 2.25, 0.125]])
+
+
+def _reduce(name, values):
+    values = jnp.asarray(values)
+    return reference.REDUCE[name](values, jnp.ones(values.shape, bool), (values.ndim - 1,))
+
+
+@pytest.mark.parametrize("name", [n for n, row in REDUCTIONS.items() if row.weight])
+def test_reduction_weight_is_the_derivative_of_the_reference(name):
+    weight = REDUCTIONS[name].weight
+    want = jax.grad(lambda v: _reduce(name, v).sum())(_VALUES)
+    result = float(_reduce(name, _VALUES)[0])
+    x, y = sympy.symbols("x y", real=True)
+    got = [float(weight(x, y).subs({x: float(v), y: result})) for v in _VALUES[0]]
+    np.testing.assert_allclose(got, np.asarray(want)[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", [n for n, row in REDUCTIONS.items() if row.repeated])
+@pytest.mark.parametrize("count", [1, 3, 7])
+def test_reduction_of_a_repeated_value_folds_as_the_reference(name, count):
+    value = 1.375
+    got = REDUCTIONS[name].repeated(sympy.Float(value), sympy.Integer(count))
+    want = _reduce(name, np.full((1, count), value))
+    np.testing.assert_allclose(float(got), np.asarray(want), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", [n for n, row in REDUCTIONS.items() if row.init_combine])
+@pytest.mark.parametrize("init", [-2.5, 0.625])
+def test_init_combine_starts_the_reduction_from_init(name, init):
+    combine = getattr(jnp, REDUCTIONS[name].init_combine)
+    got = combine(jnp.asarray(init, jnp.float64), _reduce(name, _VALUES))
+    want = _reduce(name, np.concatenate([[[init]], _VALUES], axis=1))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
 
 
 def test_user_reductions_are_the_user_rows():
