@@ -90,6 +90,25 @@ ATTENTION = """
     (logsumexp) L[h,i] := S[h,i,j]
     O[h,i,e] := exp(S[h,i,j] - L[h,i]) * V[h,j,e]
 """
+# 10 iterations of Sinkhorn in the log domain, the potentials scaled by 1/epsilon: each
+# statement a logsumexp over the other axis (u = la - A, v = lb - B inlined)
+SINKHORN = "\n".join(
+    ["(logsumexp) A1[i] := -cost[i,j] / epsilon"]
+    + [
+        line
+        for k in range(1, 11)
+        for line in (
+            *([f"(logsumexp) A{k}[i] := lb[j] - B{k - 1}[j] - cost[i,j] / epsilon"] * (k > 1)),
+            f"(logsumexp) B{k}[j] := la[i] - A{k}[i] - cost[i,j] / epsilon",
+        )
+    ]
+    + ["V[j] := lb[j] - B10[j]"]
+)
+GRAPHSAGE = """
+    H[n,d] := X[nbr[n,k], d] / K
+    Z[n,o] := X[n,d] * Ws[d,o] + H[n,d] * Wn[d,o]
+    Y[n,o] := relu(Z[n,o])
+"""
 GAUSSIAN = "Y[i] := exp(-((X[i,0]-Z[j,0])^2 + (X[i,1]-Z[j,1])^2 + (X[i,2]-Z[j,2])^2)) * B[j]"
 
 
@@ -118,6 +137,18 @@ def _triplet(X, same, margin):
     d = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
     hardest = (d * same).max(1) - (d + 1000 * same).min(1)
     return jax.nn.relu(hardest + margin).sum()
+
+
+def _sinkhorn(cost, epsilon, la, lb):
+    v = jnp.zeros_like(lb)
+    for _ in range(10):
+        u = la - jax.nn.logsumexp(v[None, :] - cost / epsilon, axis=1)
+        v = lb - jax.nn.logsumexp(u[:, None] - cost / epsilon, axis=0)
+    return v
+
+
+def _graphsage(X, nbr, K, Ws, Wn):
+    return jax.nn.relu(X @ Ws + X[nbr].sum(1) / K @ Wn)
 
 
 def _conv(x, w):
@@ -251,7 +282,23 @@ ROWS = (
         {"X": (1024, 512), "F": (), "eps": (), "g": (512,)},
         {"X": (3, 5), "F": (), "eps": (), "g": (5,)},
     ),
+    Row(
+        "Sinkhorn, log domain, 10 iterations",
+        SINKHORN,
+        _sinkhorn,
+        {"cost": (512, 512), "epsilon": (), "la": (512,), "lb": (512,)},
+        {"cost": (6, 5), "epsilon": (), "la": (6,), "lb": (5,)},
+    ),
+    Row(
+        "GraphSAGE, mean of 16 neighbours",
+        GRAPHSAGE,
+        _graphsage,
+        {"X": (4096, 64), "nbr": (4096, 16), "K": (), "Ws": (64, 64), "Wn": (64, 64)},
+        {"X": (10, 4), "nbr": (10, 3), "K": (), "Ws": (4, 5), "Wn": (4, 5)},
+    ),
 )
+#: Inputs that are not differentiated: a mask, an index array
+CONSTANT = ("same", "nbr")
 ROWS_BY_NAME = {row.name: row for row in ROWS}
 
 
@@ -267,6 +314,8 @@ def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
         "eps": 1e-5,
         "margin": 0.3,
         "scale": 0.125,
+        "epsilon": 0.01,  # Sinkhorn: most exp arguments far below -87
+        "K": shapes.get("nbr", (1,))[-1],
     }
     for name, value in scalars.items():
         if name in found:
@@ -274,6 +323,10 @@ def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
     if "same" in found:
         labels = rng.integers(0, 4, size=shapes["same"][0])
         found["same"] = (labels[:, None] == labels[None, :]).astype(np.float32)
+    if "cost" in found:  # squared distances
+        found["cost"] = 4 * np.square(found["cost"])
+    if "nbr" in found:  # neighbour lists, with repeats
+        found["nbr"] = rng.integers(0, shapes["X"][0], shapes["nbr"]).astype(np.int32)
     return found
 
 
@@ -292,7 +345,7 @@ def functions(row: Row, impl: str) -> tuple[Callable[..., Any], Callable[..., An
             else td.kernel(row.source, backend="c")
         )
         fn, names = k, k.inputs
-    floats = tuple(n for n, shape in row.shapes.items() if shape and n != "same")
+    floats = tuple(n for n, shape in row.shapes.items() if shape and n not in CONSTANT)
 
     def loss(*values: Any) -> Any:
         *values, ct = values
@@ -350,7 +403,7 @@ def run_row(row: Row, quick: bool, budget: float, settle: float) -> dict[str, An
     out = np.asarray(made[JNP][0](*jnp_args))
     ct = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
     value, grads = made[JNP][1](*jnp_args, ct)
-    by_name = dict(zip([n for n in made[JNP][2] if shapes[n] and n != "same"], grads))
+    by_name = dict(zip([n for n in made[JNP][2] if shapes[n] and n not in CONSTANT], grads))
     fns, args, failed = {}, {}, {}
     for impl in impls:
         names = made[impl][2]
@@ -380,6 +433,8 @@ def decisions(row: Row, shapes: dict) -> str:
     from tensordsl.binding.programs import fuse_program
 
     k = td.program(row.source)
+    if any(op.name not in shapes for op in k.program.inputs):
+        return ""  # gathered operands (GraphSAGE's `X[nbr[n,k], d]`): shaped by the call
     fused = fuse_program(
         live_statements(k.program), k.program.outputs, k.program.concrete_shapes(shapes)
     )

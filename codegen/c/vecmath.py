@@ -15,6 +15,16 @@ maximum error the tests assert are the `libmvec` and `float32_ulps` columns of
 and selects between values computed anyway (with GCC's default `-ftrapping-math`, a `?:`
 arm computed only for that select becomes a branch, and the loop does not vectorise).
 
+libmvec's variants send a vector with any lane out of their fast range (`expf` beyond
+|x| ~ 87.3, where the result underflows or overflows) to scalar libm lane by lane, an order
+of magnitude slower: log-domain code (Sinkhorn, a logsumexp over masked or far-apart scores)
+lives there. So the float32 calls of the `WIDE_RANGE` functions print as helpers
+(`tdsl_exp`, ...) that keep the argument in the fast range: beyond a limit it is shifted
+by a constant (exactly, both being multiples of the argument's ulp) and the result scaled
+back by one multiplication, which rounds once into the subnormal range or overflows to inf as
+the function would; NaN passes through (comparisons with NaN are false: no `fmaxf`, which
+would turn NaN into the bound), and arguments beyond `clamp` give the same 0 or inf.
+
 >>> print(float_helpers("y = tdsl_sigmoid(x);", inline="static inline", prefix="tdsl_"))
 ... # doctest: +ELLIPSIS
 /* glibc's vector variants (libmvec) of these, for calls in vectorised loops */
@@ -22,6 +32,8 @@ arm computed only for that select becomes a branch, and the loop does not vector
 #pragma omp declare simd notinbranch
 float expf(float);
 #endif
+static inline float tdsl_exp(float x) {
+...
 static inline float tdsl_sigmoid(float x) {
 ...
 """
@@ -29,6 +41,7 @@ static inline float tdsl_sigmoid(float x) {
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from codegen.ir.functions import FUNCTIONS
 
@@ -38,14 +51,90 @@ FLOAT_HELPERS = {
     "sigmoid": """\
 {inline} float {prefix}sigmoid(float x) {{
     /* stable: exp of a non-positive number only */
-    const float e = expf(-fabsf(x));
+    const float e = {prefix}exp(-fabsf(x));
     return (x >= 0 ? 1.0F : e) / (1 + e);
 }}""",
     "softplus": """\
 {inline} float {prefix}softplus(float x) {{
-    return (x > 0 ? x : 0.0F) + log1pf(expf(-fabsf(x)));
+    return (x > 0 ? x : 0.0F) + log1pf({prefix}exp(-fabsf(x)));
 }}""",
 }
+
+
+@dataclass(frozen=True)
+class WideRange:
+    """How `<name>f(x)` is kept inside libmvec's fast range: `x` clamped to +-`clamp`; below
+    `-below` (above `above`) shifted by +`shift` (-`shift`) and the result multiplied by
+    `scales[0]` (`scales[1]`)."""
+
+    below: float
+    above: float
+    clamp: float
+    shift: float
+    scales: tuple[str, str]
+
+
+#: exp(-64), exp(64) rounded to float32
+_E64 = ("0x1.969d48p-93F", "0x1.425982p+92F")
+
+#: The functions whose libmvec variant has a slow path, and how their helpers avoid it; the
+#: limits are inside the fast range measured with glibc 2.36. sinh and cosh of |x| > 87 are
+#: +-exp(|x|)/2 to float32 precision and expm1 of x > 86 is exp(x), so the same shift and
+#: scale hold for them; expm1 below -87 is -1, shifted or not (its scale there is 1).
+WIDE_RANGE = {
+    "exp": WideRange(87.0, 87.0, 150.0, 64.0, _E64),
+    "exp2": WideRange(120.0, 120.0, 180.0, 64.0, ("0x1p-64F", "0x1p64F")),
+    "expm1": WideRange(87.0, 86.0, 150.0, 64.0, ("1.0F", _E64[1])),
+    "sinh": WideRange(87.0, 87.0, 150.0, 64.0, (_E64[1], _E64[1])),
+    "cosh": WideRange(87.0, 87.0, 150.0, 64.0, (_E64[1], _E64[1])),
+}
+
+
+def _constant(value: float) -> str:
+    return f"{value:.1f}F"
+
+
+def wide_range_helper(name: str, *, inline: str, prefix: str) -> str:
+    """The float32 definition of `<prefix><name>`, a row of `WIDE_RANGE`.
+
+    The sides are chosen by arithmetic on 0.0/1.0 (exact: one term is not zero), not `?:`:
+    GCC turns selects of the shift and the scale under one condition into branches and
+    copies the call into each, three vector calls per vector, each meeting the slow path
+    (and so it does with one side only: both sides are always written).
+
+    >>> print(wide_range_helper("exp", inline="static inline", prefix="tdsl_"))
+    static inline float tdsl_exp(float x) {
+        /* expf with its argument in libmvec's fast range (codegen.c.vecmath) */
+        const float c = x < -150.0F ? -150.0F : x > 150.0F ? 150.0F : x;
+        const float lo = (float)(c < -87.0F), hi = (float)(c > 87.0F);
+        /* (hi - lo) * -64.0 is -0.0 inside the range, and c + -0.0 is c, -0.0 included */
+        const float s = (1.0F - lo - hi) + lo * 0x1.969d48p-93F + hi * 0x1.425982p+92F;
+        return expf(c + (hi - lo) * -64.0F) * s;
+    }
+    """
+    row = WIDE_RANGE[name]
+    low, high, shift = _constant(-row.clamp), _constant(row.clamp), _constant(row.shift)
+    below, above = _constant(-row.below), _constant(row.above)
+    return "\n".join(
+        [
+            f"{inline} float {prefix}{name}(float x) {{",
+            f"    /* {name}f with its argument in libmvec's fast range (codegen.c.vecmath) */",
+            f"    const float c = x < {low} ? {low} : x > {high} ? {high} : x;",
+            f"    const float lo = (float)(c < {below}), hi = (float)(c > {above});",
+            f"    /* (hi - lo) * -{shift[:-1]} is -0.0 inside the range, and c + -0.0 is c,"
+            " -0.0 included */",
+            f"    const float s = (1.0F - lo - hi) + lo * {row.scales[0]} + hi * {row.scales[1]};",
+            f"    return {name}f(c + (hi - lo) * -{shift}) * s;",
+            "}",
+        ]
+    )
+
+
+def wide_range_functions(prefix: str) -> dict[str, str]:
+    """sympy printer `user_functions` for float32 C: each `WIDE_RANGE` function's name ->
+    its helper's (`exp` -> `tdsl_exp`)."""
+    return {name: prefix + name for name in WIDE_RANGE}
+
 
 _CALL = re.compile(r"\b(\w+)\(")
 
@@ -101,7 +190,17 @@ def float_helpers(code: str, *, inline: str, prefix: str) -> str:
         the declarations of the libm functions that `code` and those helpers call; empty
         when it needs none.
     """
-    called = [name for name in FLOAT_HELPERS if re.search(rf"\b{prefix}{name}\(", code)]
-    helpers = [FLOAT_HELPERS[name].format(inline=inline, prefix=prefix) for name in called]
+    helpers = [
+        FLOAT_HELPERS[name].format(inline=inline, prefix=prefix)
+        for name in FLOAT_HELPERS
+        if re.search(rf"\b{prefix}{name}\(", code)
+    ]
+    calls = "\n".join([code, *helpers])  # sigmoid and softplus call tdsl_exp
+    wide = [
+        wide_range_helper(name, inline=inline, prefix=prefix)
+        for name in WIDE_RANGE
+        if re.search(rf"\b{prefix}{name}\(", calls)
+    ]
+    helpers = wide + helpers
     needed = libmvec_functions("\n".join([code, *helpers]))
     return "\n".join([declarations(needed), *helpers] if needed else helpers)

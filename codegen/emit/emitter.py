@@ -110,7 +110,7 @@ class Emitter(Generic[S]):
         lengths = [r.stop - r.start for r in nest.free]
         self.out_strides = self.stride("OUT", lengths)
         self.printer = self.printer_class(self.f, tensors=tensors, scalars=scalars)
-        self.exp = "expf" if self.f == "float" else "exp"
+        self.exp = self.printer.call_name(sympy.exp)  # float32 C: tdsl_exp (codegen.c.vecmath)
         self.log = "logf" if self.f == "float" else "log"
         self.bounds = [
             loop_bounds(t, term_order(nest, schedule, n)) for n, t in enumerate(nest.terms)

@@ -18,7 +18,7 @@ is (`P0`, `acc_`, `int64_t`), can meet a generated one.
 >>> i, k = index_symbol("i"), index_symbol("k")
 >>> p = CPrinter("float", tensors={"A": TensorView("in_A", ("s_A_0", None), "{}")})
 >>> p.doprint(sympy.exp(tensor_base("A")[i, k]) * i)
-'((float)(v_i))*expf(in_A[v_i*s_A_0 + v_k])'
+'((float)(v_i))*tdsl_exp(in_A[v_i*s_A_0 + v_k])'
 >>> p.doprint(sympy.Piecewise((1.5, i > k), (0, True)))
 '((v_i > v_k) ? 1.5F : 0)'
 """
@@ -99,9 +99,10 @@ class CPrinter(C99CodePrinter):
     ) -> None:
         assert float_type in ("float", "double"), float_type
         alias = float32 if float_type == "float" else float64
-        super().__init__(
-            {"type_aliases": {real: alias}, "user_functions": helper_functions(self.helper_prefix)}
-        )
+        functions = helper_functions(self.helper_prefix)
+        if self.vector_math and float_type == "float":
+            functions |= vecmath.wide_range_functions(self.helper_prefix)
+        super().__init__({"type_aliases": {real: alias}, "user_functions": functions})
         self.float_type = float_type
         self.tensors = dict(tensors or {})
         self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
@@ -267,6 +268,14 @@ class CPrinter(C99CodePrinter):
             return self._print(value)
         otherwise = sympy.Piecewise(*rest)
         return f"({self._print(condition)} ? {self._print(value)} : {self._print(otherwise)})"
+
+    def call_name(self, function: type) -> str:
+        """The name a call of sympy `function` prints as (`expf`, float32 C's `tdsl_exp`).
+
+        >>> CPrinter("double").call_name(sympy.exp)
+        'exp'
+        """
+        return self.doprint(function(sympy.Symbol("x"))).partition("(")[0]
 
     # -- helpers the printed code calls ---------------------------------------------------
 

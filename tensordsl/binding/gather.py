@@ -9,10 +9,13 @@ then `gather_p`, a primitive linear in the table:
   outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
 * JVP: the gather of the table's tangent (0 where the forward reads outside).
 * transpose: the table's cotangent, each element the sum of the cotangents of the positions
-  that read it, without atomics: the positions are sorted once (a stable argsort), a
-  segmented scan sums each run of equal positions in a fixed order, and the end of each run
-  is written to its table element (each at most once; 0 where nothing read it). The same
-  arrays give the same bits on every call. A gather whose positions are distinct by
+  that read it, the same bits on every call. On the CPU, a scatter-add: XLA's CPU scatter
+  runs serially in the order of the positions, so deterministic, at XLA's cost. Elsewhere
+  (GPUs, where a scatter-add is atomic and its order varies) without atomics: the positions
+  are sorted once (a stable argsort), a segmented scan sums each run of equal positions in a
+  fixed order, and the end of each run is written to its table element (each at most once;
+  0 where nothing read it). `jax.lax.platform_dependent` picks one when the call is lowered
+  for its platform. A gather whose positions are distinct by
   construction (`unique`: every index of the gathered operand indexes an axis of the table
   directly, as the row `n` of a one-hot pick `X[n, y[n]]` does) has nothing to sum: its
   cotangents are written to their elements as they are, with no sort and no scan.
@@ -129,6 +132,21 @@ def scatter_distinct(cotangent: Any, positions: Any, size: int) -> Any:
     return out.at[target].set(cotangent, mode="drop", unique_indices=True)
 
 
+def scatter_total(cotangent: Any, positions: Any, size: int) -> Any:
+    """`segment_total` as one scatter-add in the order of the positions: deterministic where
+    the scatter runs serially (XLA's CPU scatter), so used on the CPU only.
+
+    >>> rows = jnp.array([[1.0], [2.0], [4.0], [8.0]])
+    >>> scatter_total(rows, jnp.array([2, 0, 2, -1]), 4).tolist()
+    [[2.0], [0.0], [5.0], [0.0]]
+    """
+    width = cotangent.shape[-1]
+    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
+    target = jnp.where((positions >= 0) & (positions < size), positions, size)
+    out = jnp.zeros((size, width), cotangent.dtype)
+    return out.at[target].add(cotangent, mode="drop")
+
+
 def _transpose(
     cotangent: Any, table: Any, positions: Any, *, fill: bool, unique: bool
 ) -> list[Any]:
@@ -136,7 +154,16 @@ def _transpose(
     aval = table.aval
     if type(cotangent) is ad.Zero:
         return [ad.Zero(aval), None]
-    total = (scatter_distinct if unique else segment_total)(cotangent, positions, aval.shape[0])
+    size = aval.shape[0]
+    if unique:
+        total = scatter_distinct(cotangent, positions, size)
+    else:
+        total = jax.lax.platform_dependent(
+            cotangent,
+            positions,
+            cpu=lambda c, p: scatter_total(c, p, size),
+            default=lambda c, p: segment_total(c, p, size),
+        )
     return [total.astype(aval.dtype), None]
 
 

@@ -296,7 +296,7 @@ def test_the_multi_output_kernel():
     schedule = choose_cpu_schedule(group.nest, default_dtypes(group.nest))
     assert (schedule.strategy, schedule.rows, schedule.lanes) == ("members", 4, 8)
     text = emit_c(group.nest, dtypes=default_dtypes(group.nest)).text
-    assert text.count(" = expf(") == 2  # once per value: in full chunks, in the last chunk
+    assert text.count(" = tdsl_exp(") == 2  # once per value: in full chunks, in the last chunk
     entry = text[text.rindex("\nvoid tdsl_") :]  # the team helpers count threads atomically
     assert "reduction: sum" in text and "atomic" not in entry  # each output written once
     assert schedule.in_words().startswith("every member at once (8 lanes, 4 rows), reducing i")

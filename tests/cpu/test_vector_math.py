@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import re
 import shutil
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from math_sweep import DOMAINS, reference, sweep_inputs, ulp_errors
 
-from codegen.c import compiler
+from codegen.c import compiler, vecmath
 from codegen.c.build import build_c
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.functions import FUNCTIONS
@@ -110,3 +111,55 @@ def test_benchmark_quick_run_writes_its_section(tmp_path) -> None:
         assert re.search(rf"^\| {name} \| (\d+\.\d\d \(\d+\.\d\d\) \| ){{3}}", text, re.M)
     for layer in vector_math.LAYERS:
         assert re.search(rf"^\| {re.escape(layer)} \| \d+\.\d\d \| \d+\.\d\d \|", text, re.M)
+
+
+# Beyond the fast range of libmvec's variants (|x| > ~87 for expf) every lane of a vector
+# went to scalar libm: the helpers of codegen.c.vecmath.WIDE_RANGE shift the argument back.
+# Their results there: within the documented bound of float64, with NaN, the infinities,
+# the underflows to 0 and the subnormal results as libm gives them.
+WIDE = sorted(vecmath.WIDE_RANGE)
+
+
+def _far(name: str) -> np.ndarray:
+    """Arguments beyond each side's limit and clamp, around both, and the special values."""
+    row = vecmath.WIDE_RANGE[name]
+    edges = [row.below, row.above, row.clamp, 103.97208, 126.0, 149.0, 150.0]
+    near = [side * e * f for e in edges for side in (-1, 1) for f in (0.999, 1.0, 1.001)]
+    rng = np.random.default_rng(len(name))
+    swept = rng.uniform(-2.2 * row.clamp, 2.2 * row.clamp, 20_000)
+    specials = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, -3e38, 1e-45, -1e-45]
+    return np.concatenate([swept, near, specials]).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", WIDE)
+def test_far_arguments_keep_ieee_results(name: str) -> None:
+    x = _far(name)
+    got = _run(name, x)
+    errors = _errors(name, x, got)
+    worst = int(np.argmax(errors))
+    assert errors[worst] <= FUNCTIONS[name].float32_ulps, (name, x[worst], got[worst])
+    with np.errstate(all="ignore"):
+        want32 = reference(name, x).astype(np.float32)  # float64 rounded once: numpy's
+    assert np.array_equal(np.isnan(got), np.isnan(x))  # NaN stays NaN, nothing else is
+    assert np.array_equal(got[np.isinf(want32)], want32[np.isinf(want32)])
+    assert np.array_equal(got[want32 == 0] == 0, np.ones(int((want32 == 0).sum()), bool))
+
+
+def test_exp_rounds_subnormal_results() -> None:
+    # exp(x) for x in (-103.97, -87.34) is subnormal in float32: within the bound in
+    # subnormal steps, and rounded correctly below -95, where the error of the scaled call
+    # is far below a step
+    x = np.linspace(-104.5, -87.4, 4001, dtype=np.float32)
+    got = _run("exp", x)
+    steps = np.abs(got - reference("exp", x)) / 2.0**-149  # in subnormal steps
+    assert steps.max() <= FUNCTIONS["exp"].float32_ulps, (x[np.argmax(steps)], steps.max())
+    assert steps[x < -95].max() <= 0.501, steps[x < -95].max()
+    assert (got[x > -103.0] > 0).all() and (got[x < -104.0] == 0).all()
+
+
+@pytest.mark.parametrize("name", WIDE)
+def test_float32_calls_go_through_the_wide_range_helper(name: str) -> None:
+    nest, dtypes = _elementwise(name), {"X": "float32", "Y": "float32"}
+    compiled = build_c(nest, dtypes=dtypes, schedule=_one_thread(nest, dtypes))
+    text = pathlib.Path(compiled.library).with_suffix(".c").read_text()
+    assert f"tdsl_{name}(in_" in text and f"float tdsl_{name}(float x)" in text

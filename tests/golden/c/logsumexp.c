@@ -22,6 +22,14 @@ float expf(float);
 #pragma omp declare simd notinbranch
 float logf(float);
 #endif
+static inline float tdsl_exp(float x) {
+    /* expf with its argument in libmvec's fast range (codegen.c.vecmath) */
+    const float c = x < -150.0F ? -150.0F : x > 150.0F ? 150.0F : x;
+    const float lo = (float)(c < -87.0F), hi = (float)(c > 87.0F);
+    /* (hi - lo) * -64.0 is -0.0 inside the range, and c + -0.0 is c, -0.0 included */
+    const float s = (1.0F - lo - hi) + lo * 0x1.969d48p-93F + hi * 0x1.425982p+92F;
+    return expf(c + (hi - lo) * -64.0F) * s;
+}
 /* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
  * chunks of at most S in [s, a), in [a, e) and in [e, z). */
 static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
@@ -139,10 +147,10 @@ void tdsl_Y_forward_ce67e231(void *out, const void *const *operands, const int64
                         #pragma omp simd reduction(+:c_b_)
                         for (int64_t q_ = 0; q_ < cn_; ++q_) {
                             const float val_ = chunk_[q_];
-                            c_b_ += expf(val_ - c_);
+                            c_b_ += tdsl_exp(val_ - c_);
                         }
                     }
-                    if (c_ > acc_ || c_ != c_) { acc_b_ = acc_b_*expf(acc_ - c_) + c_b_; acc_ = c_; } else if (c_ > -INFINITY) { acc_b_ += c_b_*expf(c_ - acc_); }
+                    if (c_ > acc_ || c_ != c_) { acc_b_ = acc_b_*tdsl_exp(acc_ - c_) + c_b_; acc_ = c_; } else if (c_ > -INFINITY) { acc_b_ += c_b_*tdsl_exp(c_ - acc_); }
                 }
             }
             out_[v_i] = (acc_ > -INFINITY && acc_ < INFINITY ? acc_ + logf(acc_b_) : acc_);

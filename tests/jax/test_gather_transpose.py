@@ -1,0 +1,115 @@
+"""The transpose of a gather on the CPU: a scatter-add in index order (deterministic there,
+and as fast as XLA's), where parallel platforms sort and scan (`tensordsl/binding/gather.py`).
+
+GraphSAGE's neighbour mean `H[n,d] := X[nbr[n,k], d] / K` with many repeated neighbours:
+gradients against float64 `np.add.at`, under jit, vmap and grad of grad, bitwise equal
+across calls and compilations, and what the CPU runs (a scatter, no sort).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tensordsl as td
+
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+
+SAGE = """
+    H[n,d] := X[nbr[n,k], d] / K
+    Y[n,o] := H[n,d] * W[d,o]
+"""
+
+
+def _graph(seed: int, nodes: int = 30, neighbours: int = 7, width: int = 5):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(nodes, width)).astype(np.float32)
+    nbr = rng.integers(0, nodes - 4, size=(nodes, neighbours)).astype(np.int32)  # repeats
+    nbr[0, :] = 3  # one row read 7 times by one node
+    W = rng.normal(size=(width, 3)).astype(np.float32)
+    ct = rng.normal(size=(nodes, 3)).astype(np.float32)
+    return X, nbr, W, ct
+
+
+def _reference_dX(nbr, W, ct, nodes):
+    """d/dX of sum(ct * (mean of X[nbr]) @ W), float64, by np.add.at."""
+    dH = ct.astype(np.float64) @ W.astype(np.float64).T / nbr.shape[1]
+    want = np.zeros((nodes, W.shape[0]))
+    np.add.at(want, nbr, np.broadcast_to(dH[:, None, :], (*nbr.shape, dH.shape[1])))
+    return want
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_graphsage_gradient_against_float64(backend):
+    X, nbr, W, ct = _graph(0)
+    k = td.program(SAGE, backend=backend)
+    K = np.float32(nbr.shape[1])
+    loss = jax.jit(jax.grad(lambda X, W: jnp.sum(k(X, nbr, K, W) * ct), argnums=(0, 1)))
+    dX, dW = loss(X, W)
+    np.testing.assert_allclose(dX, _reference_dX(nbr, W, ct, len(X)), rtol=2e-5, atol=2e-5)
+    H = X.astype(np.float64)[nbr].mean(1)
+    np.testing.assert_allclose(dW, H.T @ ct.astype(np.float64), rtol=2e-5, atol=2e-5)
+    unread = np.setdiff1d(np.arange(len(X)), nbr)
+    assert unread.size and (np.asarray(dX)[unread] == 0).all()
+
+
+def test_bitwise_equal_across_calls_and_compilations():
+    X, nbr, W, ct = _graph(1, nodes=200, neighbours=16)
+    k = td.program(SAGE, backend="c")
+    K = np.float32(16)
+
+    def grad():  # a fresh jit each time: compiled again
+        return np.asarray(jax.jit(jax.grad(lambda X: jnp.sum(k(X, nbr, K, W) * ct)))(X))
+
+    first = grad()
+    for _ in range(3):
+        assert grad().tobytes() == first.tobytes()
+
+
+def test_the_cpu_scatters_in_index_order_without_sorting():
+    X, nbr, W, ct = _graph(2)
+    k = td.kernel("H[n,d] := X[nbr[n,k], d]")
+    grad = jax.jit(jax.grad(lambda X: jnp.sum(k(X, nbr) * ct[:, None, :1])))
+    text = grad.lower(X).compile().as_text()
+    assert "scatter" in text and " sort(" not in text
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_vmap_over_graphs(backend):
+    graphs = [_graph(3 + e) for e in range(3)]
+    X = np.stack([g[0] for g in graphs])
+    nbr = np.stack([g[1] for g in graphs])
+    W, ct = graphs[0][2], np.stack([g[3] for g in graphs])
+    k = td.program(SAGE, backend=backend)
+    K = np.float32(nbr.shape[-1])
+
+    def loss(X, nbr, ct):
+        return jnp.sum(k(X, nbr, K, W) * ct)
+
+    for axes in ((0, 0, 0), (None, 0, 0)):
+        x = X if axes[0] == 0 else X[0]
+        got = jax.jit(jax.vmap(jax.grad(loss), in_axes=axes))(x, nbr, ct)
+        for e in range(3):
+            want = _reference_dX(nbr[e], W, ct[e], X.shape[1])
+            np.testing.assert_allclose(got[e], want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_grad_of_grad(backend):
+    # f(X) = sum(ct * E^2), E = X[nbr] @ W: the Hessian times V is 2 X-scatter of
+    # ct * (V[nbr] @ W) @ W^T, one more transpose of the transpose
+    X, nbr, W, ct = _graph(6)
+    k = td.program("E[n,k,o] := X[nbr[n,k], d] * W[d,o]", backend=backend)
+    V = np.random.default_rng(7).normal(size=X.shape).astype(np.float32)
+    ct3 = np.broadcast_to(ct[:, None, :], (*nbr.shape, 3))
+
+    def f(X):
+        return jnp.sum(ct3 * k(X, nbr, W) ** 2)
+
+    hv = jax.jit(jax.grad(lambda X: jnp.sum(jax.grad(f)(X) * V)))(X)
+    v_e = V.astype(np.float64)[nbr] @ W.astype(np.float64)
+    want = np.zeros(X.shape)
+    np.add.at(want, nbr, 2 * (ct3 * v_e) @ W.astype(np.float64).T)
+    np.testing.assert_allclose(hv, want, rtol=1e-4, atol=1e-4)
