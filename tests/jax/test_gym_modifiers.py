@@ -14,7 +14,7 @@ import pytest
 
 import tensordsl as td
 from tensordsl import nn
-from tensordsl.timing import nest_equations
+from tensordsl.explain.timing import nest_equations
 from tests.backends import BACKENDS
 
 TOLERANCE = {"float64": 1e-9, "float32": 3e-4}
