@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import tensordsl as td
 from tensordsl import nn
 from tests.backends import NEEDS_C_COMPILER
 from tests.jax.test_nn import attention_jnp, check
@@ -203,3 +204,23 @@ def test_attention_gym_on_the_reference_back_end(name):
 @pytest.mark.parametrize("name", ON_C)
 def test_attention_gym_on_c(name):
     _run(name, "c")
+
+
+BOUNDED = {  # docs/nn.md's "loops" column: the masks whose index comparisons bound the keys
+    "causal": "j in [0, min(X.shape[1], i + 1))",
+    "offset_causal": "j in [0, min(X.shape[1], i + 4))",
+    "sliding_window": "j in [max(0, i - 3), min(X.shape[1], i + 1))",
+    "dilated_sliding_window": "j in [max(0, i - 4), min(X.shape[1], i + 5))",
+    "document_causal": "j in [0, min(X.shape[1], i + 1))",
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if "mask_mod" in CASES[n][0]))
+def test_which_masks_bound_the_loops(name):
+    """The same condition as a factor of a plain sum: `explain` shows the keys it visits."""
+    mask = CASES[name][0]["mask_mod"].replace("q_idx", "i").replace("kv_idx", "j")
+    kernel = td.kernel(f"Y[i] := X[i,j] * ({mask.replace('D[b, ', 'D[')})")
+    first = next(
+        ln.strip() for ln in kernel.explain().splitlines() if ln.strip().startswith("j in")
+    )
+    assert first == BOUNDED.get(name, "j in [0, X.shape[1])")
