@@ -315,8 +315,9 @@ def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
         "margin": 0.3,
         "scale": 0.125,
         "epsilon": 0.01,  # Sinkhorn: most exp arguments far below -87
-        "K": shapes.get("nbr", (1,))[-1],
     }
+    if "nbr" in shapes:  # GraphSAGE's neighbour count (attention's K is a tensor)
+        scalars["K"] = shapes["nbr"][-1]
     for name, value in scalars.items():
         if name in found:
             found[name] = np.float32(value)

@@ -9,8 +9,9 @@ where sympy would cancel them (`codegen/ir/ieee.py`), so `X[i,j] + c[i] - X[i,j]
 
 Only the top level of the body is opened: sums (`+`, `-`, and the IEEE sums kept as written)
 and products (`*`, `/`: a quotient is its numerator's terms, each divided). A function's
-argument, a power's base and a denominator are not top-level (`exp(X[i,j] + c[i])` is summed
-as one term). A body whose terms all read the same reduced indices is kept as written.
+argument, a power's base and a denominator are not top-level (`exp(X[i,j] + c[i])` is summed as
+one term, and so is `abs(1 + v[i]^2)`, which sympy simplifies to a sum: `Whole`). A body whose
+terms all read the same reduced indices is kept as written.
 
 >>> from codegen.ir.nest import index_symbol, tensor_base
 >>> b, i, o, r = (index_symbol(n) for n in "bior")
@@ -29,7 +30,23 @@ import sympy
 
 from codegen.ir.ieee import IeeeAdd, IeeeDiv, IeeeMul, cancels, ieee
 
-__all__ = ["AmbiguousSum", "einstein_terms"]
+__all__ = ["AmbiguousSum", "Whole", "einstein_terms", "unwrapped"]
+
+
+class Whole(sympy.Function):
+    """A function call whose value sympy simplified into a sum or a product (`abs(1 + v[i]^2)`
+    is `1 + v[i]^2` for real v, `expm1(x)` is `exp(x) - 1`): one term, as the call the user
+    wrote is; the translator wraps such values, and `unwrapped` removes the wrapper once the
+    terms are formed."""
+
+    def _eval_is_real(self) -> bool | None:
+        return self.args[0].is_real
+
+
+def unwrapped(expr: sympy.Expr) -> sympy.Expr:
+    """`expr` without `Whole` wrappers."""
+    return expr.replace(lambda e: isinstance(e, Whole), lambda e: e.args[0])
+
 
 #: One group of terms: the reduced indices they read and their sum.
 Group = tuple[frozenset[sympy.Symbol], sympy.Expr]

@@ -26,7 +26,7 @@ from codegen.ir.source import expr_source
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from tensordsl.errors import ReductionError, close_match
-from tensordsl.frontend.einstein import AmbiguousSum, einstein_terms
+from tensordsl.frontend.einstein import AmbiguousSum, einstein_terms, unwrapped
 from tensordsl.frontend.gathers import Gather
 from tensordsl.frontend.indices import size_placeholder, walk
 from tensordsl.frontend.left import diagonal_mask, left_forms, left_ranges
@@ -224,13 +224,15 @@ def _terms(
     [(W[i, o]*X[i], (i,)), (c[o], ())]
     """
     if reduction not in ("sum", MEAN) or not reduced:
-        return (Term(translation.body, reduced),)
+        return (Term(unwrapped(translation.body), reduced),)
     try:
         groups = einstein_terms(translation.body, tuple(r.index for r in reduced))
     except AmbiguousSum as err:
+        err.product = unwrapped(err.product)
         raise _ambiguous(err, statement, tuple(n for n, _ in translation.operands)) from None
     return tuple(
-        Term(body, tuple(r for r in reduced if r.index in reads)) for reads, body in groups
+        Term(unwrapped(body), tuple(r for r in reduced if r.index in reads))
+        for reads, body in groups
     )
 
 

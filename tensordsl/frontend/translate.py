@@ -24,7 +24,7 @@ from typing import Any
 import sympy
 
 from codegen.ir.functions import FUNCTIONS, SPELLINGS, indicator
-from codegen.ir.ieee import cancels, ieee
+from codegen.ir.ieee import IeeeAdd, cancels, ieee
 from codegen.ir.nest import index_symbol, scalar_symbol
 from tensordsl.errors import (
     ExpressionError,
@@ -35,6 +35,7 @@ from tensordsl.errors import (
     close_match,
 )
 from tensordsl.frontend.boundaries import BOUNDARY_FORMS
+from tensordsl.frontend.einstein import Whole
 from tensordsl.frontend.ellipsis import check_placement
 from tensordsl.frontend.gathers import Gather, GatheredAccesses
 from tensordsl.frontend.indices import (
@@ -351,7 +352,9 @@ class _Translator(Conditions, GatheredAccesses):
             else self.value(a)
             for n, a in enumerate(node.args)
         ]
-        return self.checked(node, lambda: spec.build(*args))
+        value = self.checked(node, lambda: spec.build(*args))
+        # A call sympy simplified into a sum stays one term for Einstein's rule.
+        return Whole(value) if isinstance(value, (sympy.Add, IeeeAdd)) else value
 
     def size(self, node: Call) -> Any:
         """`size(j)`: the number of values index `j` runs over (`size_placeholder`, replaced

@@ -61,17 +61,26 @@ def test_scores_plus_a_bias_and_a_mask(backend):
 def test_only_top_level_terms_without_a_summed_index_leave_the_sum(backend):
     rng = _rng(2)
     X, c = rng.normal(size=(3, 4)), rng.normal(size=3)
-    n = X.shape[1]
 
     def run(source, *args):
         return np.asarray(td.kernel(source, backend=backend)(*args), dtype=np.float64)
 
     np.testing.assert_allclose(run("Y[b] := X[b,i] - c[b]", X, c), X.sum(1) - c, rtol=1e-5)
     np.testing.assert_allclose(run("Y[b] := -(c[b] - X[b,i])", c, X), X.sum(1) - c, rtol=1e-5)
-    # Inside a product the term is not top-level: summed once per i, as before.
+    # Products distribute over sums first (issue 36, Einstein's rule term by term): c[b]
+    # reads no summed index, so 2*c[b] is added once.
     np.testing.assert_allclose(
-        run("Y[b] := 2 * (X[b,i] + c[b])", X, c), 2 * (X.sum(1) + n * c), rtol=1e-5
+        run("Y[b] := 2 * (X[b,i] + c[b])", X, c), 2 * (X.sum(1) + c), rtol=1e-5
     )
+    # Inside a function the argument is not a top-level sum: c[b] is summed once per i,
+    # also where sympy simplifies the call into a sum (abs of a positive sum, expm1).
+    np.testing.assert_allclose(
+        run("Y[b] := tanh(X[b,i] + c[b])", X, c), np.tanh(X + c[:, None]).sum(1), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        run("Y[b] := 2 * abs(1 + X[b,i]^2)", X), 2 * (1 + X**2).sum(1), rtol=1e-5
+    )
+    np.testing.assert_allclose(run("Y[b] := expm1(X[b,i])", X), np.expm1(X).sum(1), rtol=1e-5)
     # Other reductions reduce the whole body.
     np.testing.assert_allclose(run("(max) Y[b] := X[b,i] + c[b]", X, c), X.max(1) + c, rtol=1e-5)
     np.testing.assert_allclose(

@@ -60,7 +60,9 @@ CASES = [
         "Z′[1,1] := A[i] + A[j]",
         "Z[0,0] := A[i] + A[j]",
         {"A": A10},
-        np.full((1, 1), 20 * A10.sum()),
+        # Tullio sums each term over every index (20 * sum(A)); tensordsl sums each over the
+        # indices it reads (Einstein's rule term by term, issue 36; docs/coming-from.md).
+        np.full((1, 1), 2 * A10.sum()),
     ),
     value("fixed", "F[i] := D[i,5]; F[5] == 5", "F[i] := D[i,4]", {"D": D10}, D10[:, 4]),
     value("interpolated", "G[i] := D[i,$j]  (j = 6)", "G[i] := D[i,5]", {"D": D10}, D10[:, 5]),
