@@ -111,18 +111,23 @@ def _run_reference(
     return reference.evaluate(nest, dict(zip(nest.operand_names, operands)), shapes, dtype)
 
 
-def _run_c(
-    nest: LoopNest,
-    operands: Sequence[jax.Array],
-    shapes: Shapes,
-    dtype: Any,
-    schedule: Any = None,
-    *,
-    precision: Any = None,
-) -> jax.Array:
-    from tensordsl.backends.c import run_c
+def _runner(module: str, function: str) -> Runner:
+    """The runner `function` of `module`, imported when first called (so that `import
+    tensordsl` starts no compiler and never imports CuPy)."""
 
-    return run_c(nest, operands, shapes, dtype, schedule, precision=precision)
+    def run(
+        nest: LoopNest,
+        operands: Sequence[jax.Array],
+        shapes: Shapes,
+        dtype: Any,
+        schedule: Any = None,
+        *,
+        precision: Any = None,
+    ) -> jax.Array:
+        found = getattr(importlib.import_module(module), function)
+        return found(nest, operands, shapes, dtype, schedule=schedule, precision=precision)
+
+    return run
 
 
 def _prefetch_c(nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, schedule: Any) -> None:
@@ -159,34 +164,6 @@ def _c_validate() -> Callable[..., None]:
     from codegen.c.schedule import validate
 
     return validate
-
-
-def _run_cuda(
-    nest: LoopNest,
-    operands: Sequence[jax.Array],
-    shapes: Shapes,
-    dtype: Any,
-    schedule: Any = None,
-    *,
-    precision: Any = None,
-) -> jax.Array:
-    from tensordsl.backends.cuda import run_cuda
-
-    return run_cuda(nest, operands, shapes, dtype, schedule=schedule, precision=precision)
-
-
-def _run_pallas(
-    nest: LoopNest,
-    operands: Sequence[jax.Array],
-    shapes: Shapes,
-    dtype: Any,
-    schedule: Any = None,
-    *,
-    precision: Any = None,
-) -> jax.Array:
-    from tensordsl.backends.pallas.run import run_pallas
-
-    return run_pallas(nest, operands, shapes, dtype, schedule, precision=precision)
 
 
 def _pallas_static_report() -> StaticReport:
@@ -245,7 +222,7 @@ BACKENDS: dict[str, Backend] = {
     "reference": Backend("reference", _run_reference),
     "c": Backend(
         "c",
-        _run_c,
+        _runner("tensordsl.backends.c", "run_c"),
         prefetch=_prefetch_c,
         source_emitter=_c_source,
         takes_schedule=True,
@@ -260,7 +237,7 @@ BACKENDS: dict[str, Backend] = {
     ),
     "cuda": Backend(
         "cuda",
-        _run_cuda,
+        _runner("tensordsl.backends.cuda", "run_cuda"),
         source_emitter=_cuda_source,
         one_pass_rows=CUDA_ONE_PASS_ROWS,
         scheduler=_cuda_scheduler,
@@ -269,7 +246,11 @@ BACKENDS: dict[str, Backend] = {
         one_pass_lines=_cuda_one_pass_lines,
     ),
     # Tile programs lowered to Pallas (interpret mode without a GPU, Triton on one).
-    "pallas": Backend("pallas", _run_pallas, static_report=_pallas_static_report),
+    "pallas": Backend(
+        "pallas",
+        _runner("tensordsl.backends.pallas.run", "run_pallas"),
+        static_report=_pallas_static_report,
+    ),
 }
 
 #: The back-end names a kernel accepts: "auto" or a key of BACKENDS.
