@@ -34,7 +34,7 @@ __all__ = ["AmbiguousSum", "Whole", "einstein_terms", "unwrapped"]
 
 
 class Whole(sympy.Function):
-    """A function call whose value sympy simplified into a sum or a product (`abs(1 + v[i]^2)`
+    """A function call whose value sympy simplified into a sum (`abs(1 + v[i]^2)`
     is `1 + v[i]^2` for real v, `expm1(x)` is `exp(x) - 1`): one term, as the call the user
     wrote is; the translator wraps such values, and `unwrapped` removes the wrapper once the
     terms are formed."""
