@@ -22,7 +22,7 @@ from sympy.printing.str import StrPrinter
 from codegen.ir.functions import indicator  # noqa: F401 - used in the doctest
 from codegen.ir.ieee import print_written
 
-_FUNCTION_NAMES = {"Abs": "abs", "FloorDiv": "floordiv", "CeilDiv": "ceildiv"}
+_FUNCTION_NAMES = {"Abs": "abs"}
 
 
 class SourcePrinter(StrPrinter):
@@ -98,6 +98,33 @@ class SourcePrinter(StrPrinter):
         return f"{_FUNCTION_NAMES.get(name, name)}({args})"
 
     _print_Abs = _print_Function
+
+    def _print_Max(self, expr: Any) -> str:
+        return self._lattice("max", expr.args)
+
+    def _print_Min(self, expr: Any) -> str:
+        return self._lattice("min", expr.args)
+
+    def _lattice(self, name: str, args: tuple[Any, ...]) -> str:
+        """sympy's n-ary Max/Min as the language's two-argument max/min, nested."""
+        first, *rest = args
+        text = self._print(first)
+        for arg in rest:
+            text = f"{name}({text}, {self._print(arg)})"
+        return text
+
+    def _print_FloorDiv(self, expr: Any) -> str:
+        a, b = (self._operand(x) for x in expr.args)
+        return f"({a} // {b})"
+
+    def _print_CeilDiv(self, expr: Any) -> str:
+        a, b = (self._operand(x) for x in expr.args)
+        return f"(-(-{a} // {b}))"
+
+    def _operand(self, expr: Any) -> str:
+        """An operand of `//`, in parentheses unless it is a single name or number."""
+        text = self._print(expr)
+        return text if expr.is_Atom or isinstance(expr, sympy.Indexed) else f"({text})"
 
     def _print_Wrap(self, expr: Any) -> str:
         return f"mod({self._print(expr.args[0])})"  # the extent is the axis's own

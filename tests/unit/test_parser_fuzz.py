@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+import pytest
 import sympy
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -188,4 +190,23 @@ def test_well_formed_statements_round_trip(body: str, reduce: str) -> None:
         assert sympy.expand(difference) == 0 or sympy.simplify(difference) == 0
         assert set(read.reduced_indices) == set(term.reduced_indices)
     assert {o.name for o in again.operands} == {o.name for o in nest.operands}
+    assert again.free_indices == nest.free_indices
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["max(2, i)", "min(i, 3) * X[i]", "max(max(2, i), i + 5)", "X[i] * (i // 3)",
+     "X[i] * ((i + 1) // 3)", "X[i] * (-(-(i + 1) // 3))"],
+)
+def test_index_functions_print_in_the_language(body: str) -> None:
+    """sympy's Max, Min and the floor division of index values print as the language's own
+    `max`, `min` and `//`, so the printed statement reads back to the same values."""
+    nest = lower(parse(f"Y[i] := {body} + X[i]")).nest
+    printed = str(nest)
+    assert "Max" not in printed and "Min" not in printed and "floordiv" not in printed
+    again = lower(parse(printed)).nest
+    x = np.random.default_rng(0).standard_normal(9).astype(np.float32)
+    ours = np.asarray(td.kernel(printed, backend="reference")(X=x))
+    theirs = np.asarray(td.kernel(f"Y[i] := {body} + X[i]", backend="reference")(X=x))
+    np.testing.assert_array_equal(ours, theirs)
     assert again.free_indices == nest.free_indices
