@@ -34,6 +34,7 @@ from codegen.c.strategies import scalar, split
 from codegen.c.threads import CLAUSES, work_expression
 from codegen.c.threads import HELPERS as THREAD_HELPERS
 from codegen.c.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
+from codegen.c.unroll import unrolled
 from codegen.emit.emitter import (
     STORAGE,
     Emitter,
@@ -85,6 +86,7 @@ STRATEGY_EMITTERS: dict[str, Callable[[Emitter[Schedule]], Lines]] = {
     "online": online,
     "members": members,
     "select": select,
+    "unroll": unrolled,
 }
 
 

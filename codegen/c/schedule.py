@@ -25,6 +25,9 @@ Strategies (`Schedule.strategy`):
 * ``"members"`` -- the one strategy of a multi-output nest (`codegen.ir.members`): tiles of
   rows x lanes, the members' bodies computed together (`codegen.c.members`);
 * ``"select"`` -- the one strategy of topk/argtopk: k sorted slots per row (`codegen.c.select`);
+* ``"unroll"`` -- a last free index over `width` values only (`codegen.ir.small_axes`: a pair
+  read as `X[..., 1-p]`) written out, the free index before it (`vector`) in simd lanes
+  (`codegen.c.unroll`);
 * ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
   weights around attention's `sum_e dO*V`: `codegen.ir.contraction.xla_plan`): no kernel is
   generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for
@@ -34,7 +37,7 @@ The heuristic (`choose_cpu_schedule`):
 
 0. one-pass softmax-weighted sum -> ``online``; topk -> ``select``; multi-output -> ``members``;
    a nest with an XLA plan -> ``xla``, unless the caller asks for a generated kernel;
-1. no free index -> ``split``;
+1. no free index -> ``split``; a small constant last axis and no reduction -> ``unroll``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
 3. the output's last free index `v` is vectorised (``tile``) when every access that uses it
@@ -87,10 +90,11 @@ from codegen.ir.contraction import xla_contraction
 from codegen.ir.members import member_bodies
 from codegen.ir.nest import LoopNest, Reduce, accesses
 from codegen.ir.reductions import REDUCTIONS
+from codegen.ir.small_axes import small_extent
 
-STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online", "members", "select")
+STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online", "members", "select", "unroll")
 #: Strategies that generate a kernel (``"xla"`` calls XLA instead).
-KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online", "members", "select")
+KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online", "members", "select", "unroll")
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,8 @@ class Schedule(LoopOrder):
             parts.append(f"lanes={self.lanes}")
         if self.strategy == "members":
             parts.append(f"rows={self.row or '-'}x{self.rows} lanes={self.lanes}")
+        if self.strategy == "unroll":
+            parts.append(f"unroll={self.free_order[-1]}x{self.width} lanes={self.vector}")
         if self.strategy == "split":
             parts.append(f"chunks={self.chunks}")
         if self.strategy == "xla":
@@ -152,6 +158,8 @@ class Schedule(LoopOrder):
             "xla": "XLA's dot (jnp.einsum): no generated kernel",
             "members": f"every member at once ({self.lanes} lanes, {self.rows} rows), {inside}",
             "select": f"one output row at a time, its k best in sorted slots, {inside}",
+            "unroll": f"its {self.width} values of {self.free_order[-1]} written out, "
+            f"{self.vector} in vector lanes",
         }[self.strategy]
         if self.strategy not in ("xla", "split"):
             words += f"; threads share the {loops} loops" if self.parallel and loops else ""
@@ -190,6 +198,10 @@ def validate(nest: LoopNest, schedule: Schedule) -> None:
         raise ValueError("the members strategy is for multi-output nests, member axis innermost")
     if schedule.strategy in ("tile", "dot"):
         _validate_tile(nest, schedule)
+    if schedule.strategy == "unroll" and (
+        small_extent(nest) != schedule.width or free[-1:] != (last,) or schedule.vector != free[-2]
+    ):
+        raise ValueError("the unroll strategy is for a small last axis, the index before in lanes")
     if schedule.small is not None:
         if schedule.strategy not in ("tile", "dot"):
             raise ValueError("only tile and dot schedules have a schedule for small extents")
@@ -293,6 +305,9 @@ def choose_cpu_schedule(
         return Schedule(free, reduced, strategy="xla")
     if not free:
         return Schedule(free, reduced, strategy="split")
+    count = small_extent(nest)
+    if count is not None and free[-1] == nest.free[-1].index.name:
+        return Schedule(free, reduced, strategy="unroll", vector=free[-2], width=count)
     wide = _wide(dtypes, nest)
     vector = free[-1]
     row = free[-2] if len(free) > 1 else None
@@ -408,42 +423,3 @@ def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
             )
         )
     return valid_unique(nest, picks, validate)
-
-
-# --------------------------------------------------------------------------- renaming
-
-#: The fields of `Schedule` that `rename_schedule` knows: those naming indices (renamed) and
-#: the others (numbers, a strategy). A new field turns canonical forms off until it is added.
-RENAMED_FIELDS = frozenset(
-    ("free_order", "reduced_order", "row", "vector", "small")
-    + ("strategy", "parallel", "rows", "width", "chunks", "lanes")
-)
-
-
-def schedule_fields() -> frozenset[str]:
-    """The names of `Schedule`'s fields."""
-    return frozenset(f.name for f in dataclasses.fields(Schedule))
-
-
-def schedule_is_renamable() -> bool:
-    """Whether `rename_schedule` knows every field of `Schedule`."""
-    return schedule_fields() == RENAMED_FIELDS
-
-
-def rename_schedule(schedule: Schedule, indices: Mapping[str, str]) -> Schedule:
-    """`schedule` with its index names renamed (`{old: new}`; others kept)."""
-
-    def new(name: str | None) -> str | None:
-        return None if name is None else indices.get(name, name)
-
-    def names(order: Sequence[str]) -> tuple[str, ...]:
-        return tuple(indices.get(n, n) for n in order)
-
-    return dataclasses.replace(
-        schedule,
-        free_order=names(schedule.free_order),
-        reduced_order=tuple(names(order) for order in schedule.reduced_order),
-        row=new(schedule.row),
-        vector=new(schedule.vector),
-        small=None if schedule.small is None else rename_schedule(schedule.small, indices),
-    )

@@ -22,7 +22,8 @@ import tensordsl as td
 from codegen import config
 from codegen.c import build, compiler, records
 from codegen.c.build import build_c, clear_memory_cache
-from codegen.c.schedule import RENAMED_FIELDS, Schedule, rename_schedule, schedule_fields
+from codegen.c.renaming import RENAMED_FIELDS, rename_schedule, schedule_fields
+from codegen.c.schedule import Schedule
 from codegen.ir.nest import (
     LoopNest,
     Operand,
