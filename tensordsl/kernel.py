@@ -192,7 +192,7 @@ class Kernel:
         return generated_sources(self.nest, target)
 
     def profile(
-        self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
+        self, shapes: Mapping[str, Any], *, dtype: str = "float32", reps: int = 7, wrt: Any = None
     ) -> Any:
         """Time every C nest a forward+backward pass runs, each alone, on these input shapes.
 
@@ -200,6 +200,8 @@ class Kernel:
             shapes: the shape of every input by name (a scalar's shape is `()`).
             dtype: "float32" (default) or "float64", for every input.
             reps: calls per nest after a warm-up; the median is reported.
+            wrt: the inputs differentiated, as in the jitted computation profiled; None:
+                every input but the scalars (shape `()`, most often Python numbers).
 
         Returns:
             A `tensordsl.explain.timing.Profile`: `.timings` (name, schedule, seconds per
@@ -208,19 +210,16 @@ class Kernel:
         Raises:
             ShapeError, RangeError: as for a call with arrays of these shapes.
         """
-        from tensordsl.explain.timing import profile_nests
+        from tensordsl.explain.timing import profile_nests, skipped_inputs
 
-        if dtype not in ("float32", "float64"):
-            raise UnknownNameError(
-                f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
-            )
         checked = self.check_shapes(shapes)
+        skipped = skipped_inputs(dtype, self.inputs, checked, wrt, self.source_text)
         return profile_nests(
             self.nest,
             {**checked, **gather.gathered_shapes(self._lowered, checked)},
             dtype=dtype,
             schedule=self.schedule,
-            nograd=self.nograd | self._lowered.unread,
+            nograd=self.nograd | self._lowered.unread | skipped,
             reps=reps,
         )
 

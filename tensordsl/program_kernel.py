@@ -37,7 +37,7 @@ from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import gather
 from tensordsl.binding.programs import fuse_program, run_program
-from tensordsl.errors import UnknownNameError, UnsupportedError
+from tensordsl.errors import UnsupportedError
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.fusion_choices import fuse_option
 from tensordsl.frontend.statements import (
@@ -270,11 +270,12 @@ class ProgramKernel:
         return lines
 
     def profile(
-        self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
+        self, shapes: Mapping[str, Any], *, dtype: str = "float32", reps: int = 7, wrt: Any = None
     ) -> Any:
-        """Time every C nest a forward+backward call runs, each alone (see `Kernel.profile`):
-        the nests of the fused program for these shapes (the stored statements, their
-        auxiliary nests and every input's gradient nest), as a call runs them.
+        """Time every C nest a forward+backward call runs, each alone (see `Kernel.profile`,
+        `wrt` too): the nests of the fused program for these shapes (the stored statements,
+        their auxiliary nests and the gradient nest of every input `wrt` names), as a call
+        runs them.
 
         Returns:
             A `tensordsl.explain.timing.Profile`; a stored statement's nest is named by its output
@@ -285,11 +286,8 @@ class ProgramKernel:
         """
         from tensordsl.explain.timing import profile_jaxpr
 
-        if dtype not in ("float32", "float64"):
-            raise UnknownNameError(
-                f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
-            )
-        return profile_jaxpr(self._call_jaxpr(shapes, dtype), reps=reps, dtype=dtype)
+        jaxpr = self._call_jaxpr(shapes, dtype, wrt=wrt)
+        return profile_jaxpr(jaxpr, reps=reps, dtype=dtype)
 
     def source(
         self, target: str = "c", shapes: Mapping[str, tuple[int, ...]] | None = None
@@ -328,9 +326,10 @@ class ProgramKernel:
                 sources[key] = emit(part, dtypes, role="call")
         return sources
 
-    def _call_jaxpr(self, shapes: Mapping[str, Any], dtype: str, backend: str = "") -> Any:
+    def _call_jaxpr(self, shapes: Mapping[str, Any], dtype: str, backend: str = "", wrt=()) -> Any:
         """The jaxpr of `jax.value_and_grad` of a call on inputs of these shapes (`backend`,
-        C by default; inputs of `dtype`): its nest equations are the nests a call runs."""
+        C by default; inputs of `dtype`) with respect to every input, or to those `profile`'s
+        `wrt` asks for (`()`: every input): its nest equations are the nests a call runs."""
         if self._stages:
             raise UnsupportedError(
                 "profile() and source(shapes=...) of a program that gathers from its own "
@@ -339,9 +338,10 @@ class ProgramKernel:
                 expected="a program that gathers from inputs only, or source() without shapes",
                 hint="jax.jit(program).lower(...) shows what a call runs",
             )
-        from tensordsl.explain.timing import value_and_grad_jaxpr
+        from tensordsl.explain.timing import skipped_inputs, value_and_grad_jaxpr
 
         shapes = check_program_shapes(self._lowered, shapes)  # `...` flattened
+        skip = wrt != () and skipped_inputs(dtype, self.inputs, shapes, wrt, self.source_text)
         gathers = [s for s in self._lowered.statements if s.gathers]
         arrays = {n for s in gathers for g in s.gathers for n in g.arrays}
 
@@ -358,7 +358,8 @@ class ProgramKernel:
             floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
             return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0
 
-        return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, self.nograd | arrays)
+        nograd = self.nograd | arrays | (skip or frozenset())
+        return value_and_grad_jaxpr(loss, self.inputs, shapes, dtype, nograd)
 
     @deeply
     def __call__(self, /, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:

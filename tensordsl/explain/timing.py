@@ -38,6 +38,7 @@ import numpy as np
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl.backends import table
+from tensordsl.errors import UnknownNameError
 from tensordsl.explain.nests import kernel_nests
 
 PRIMITIVE = "tensordsl_nest"
@@ -170,6 +171,39 @@ def nest_jaxpr(
     return value_and_grad_jaxpr(loss, nest.operand_names, shapes, dtype, nograd)
 
 
+def skipped_inputs(
+    dtype: str,
+    inputs: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    wrt: str | Sequence[str] | None,
+    source: str,
+) -> frozenset[str]:
+    """The inputs whose gradient a profile leaves out: with `wrt` None the scalars (shape
+    `()`: a scale or an epsilon passed as a Python number, which `jax.grad` of a model does
+    not differentiate, so its jitted computation never runs their gradient nests), else
+    every input `wrt` does not name.
+
+    >>> sorted(skipped_inputs("float32", ("X", "eps"), {"X": (3,), "eps": ()}, None, ""))
+    ['eps']
+
+    Raises:
+        UnknownNameError: a dtype other than float32 and float64, or `wrt` naming no input.
+    """
+    if dtype not in ("float32", "float64"):
+        raise UnknownNameError(
+            f"unknown dtype '{dtype}' for profile", expected="float32 or float64"
+        )
+    if wrt is None:
+        return frozenset(name for name in inputs if not tuple(shapes[name]))
+    wrt = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+    for name in wrt:
+        if name not in inputs:
+            raise UnknownNameError(
+                f"unknown input '{name}' in profile's wrt=", source, expected=", ".join(inputs)
+            )
+    return frozenset(inputs) - frozenset(wrt)
+
+
 def value_and_grad_jaxpr(
     loss: Callable[..., Any],
     names: Sequence[str],
@@ -283,7 +317,8 @@ def _random(shape: Sequence[int], dtype: Any, rng: np.random.Generator) -> np.nd
     """Standard normal floats; zeros for integers (saved argmax positions stay in range)."""
     if np.issubdtype(dtype, np.integer):
         return np.zeros(shape, dtype)
-    return np.ascontiguousarray(rng.standard_normal(shape).astype(dtype))
+    # np.require, not np.ascontiguousarray: that makes a scalar an array of one element
+    return np.require(rng.standard_normal(shape).astype(dtype), requirements="C")
 
 
 def _seconds(call: Callable[[], None], reps: int) -> list[float]:

@@ -88,3 +88,61 @@ def test_explain_time_prints_the_timings_after_the_schedules(capsys):
 def test_explain_time_without_every_shape_is_a_user_error(capsys):
     assert main(["explain", CONV, "--time"]) == 2
     assert "no array given for 'X'" in capsys.readouterr().err
+
+
+GRAPHSAGE = """
+    H[n,d] := X[nbr[n,k], d] / K
+    Z[n,o] := X[n,d] * Ws[d,o] + H[n,d] * Wn[d,o]
+    Y[n,o] := relu(Z[n,o])
+"""
+GRAPHSAGE_SHAPES = {"X": (30, 4), "nbr": (30, 3), "K": (), "Ws": (4, 5), "Wn": (4, 5)}
+
+
+def _jitted_nests(k, shapes, wrt):
+    """The nests `jax.jit(jax.value_and_grad(...))` of a call runs, differentiated by `wrt`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tensordsl.explain.timing import nest_equations
+
+    args = [np.ones(shapes[n], np.int32 if n == "nbr" else np.float32) for n in k.inputs]
+    argnums = tuple(k.inputs.index(n) for n in wrt)
+    both = jax.jit(jax.value_and_grad(lambda *a: jnp.sum(k(*a)), argnums=argnums))
+    return [e.params["nest"] for e in nest_equations(jax.make_jaxpr(both)(*args).jaxpr)]
+
+
+def test_profile_times_the_nests_jit_runs_without_the_scalars_gradients():
+    """A scalar (shape ()) is most often a Python number that jax.grad of a model leaves
+    alone: profile leaves its gradient out unless `wrt` names it, and times exactly the
+    nests of the jitted value_and_grad."""
+    k = td.kernel("Y[i] := alpha * X[i,j]")
+    shapes = {"alpha": (), "X": (4, 6)}
+    assert [t.name for t in k.profile(shapes, reps=1).timings] == ["forward", "grad_X"]
+    named = k.profile(shapes, reps=1, wrt=("alpha", "X")).timings
+    assert [t.name for t in named] == ["forward", "grad_alpha", "grad_X"]
+    assert [t.name for t in k.profile(shapes, reps=1, wrt="alpha").timings] == [
+        "forward",
+        "grad_alpha",
+    ]
+    program = td.program(GRAPHSAGE)
+    timed = [t.nest for t in program.profile(GRAPHSAGE_SHAPES, reps=1).timings]
+    assert timed == _jitted_nests(program, GRAPHSAGE_SHAPES, ("X", "Ws", "Wn"))
+
+
+def test_profile_of_a_scalar_gradient_through_xla_and_a_gather():
+    """GraphSAGE's `dK` is an XLA contraction with a scalar prologue (`1/K^2`): it raised a
+    ValueError (the scalar's random value made an array of one element)."""
+    program = td.program(GRAPHSAGE)
+    report = program.profile(GRAPHSAGE_SHAPES, reps=1, wrt=("X", "K", "Ws", "Wn"))
+    names = [t.name for t in report.timings]
+    assert "dK" in names and "dX" in names
+    assert all(t.best > 0 for t in report.timings)
+
+
+def test_profile_wrt_must_name_inputs():
+    k = td.kernel(CONV)
+    with pytest.raises(td.UnknownNameError, match="unknown input 'Q' in profile's wrt="):
+        k.profile({"X": (40,), "W": (3,)}, wrt=("X", "Q"))
+    with pytest.raises(td.UnknownNameError, match="unknown input 'Q' in profile's wrt="):
+        td.program(GRAPHSAGE).profile(GRAPHSAGE_SHAPES, wrt="Q")
