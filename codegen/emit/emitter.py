@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 import sympy
 
-from codegen.emit import staging
+from codegen.emit import lane_sums, staging
 from codegen.emit.loop_order import LoopOrder, term_order
 from codegen.emit.printer import CPrinter, TensorView, c_name
 from codegen.emit.staging import Assign, Loop, Plan, Statement
@@ -107,8 +107,7 @@ class Emitter(Generic[S]):
             tensors[op.name] = TensorView(
                 f"in_{c_name(op.name)}", strides, self.load(op.name), integer=integer
             )
-        lengths = [r.stop - r.start for r in nest.free]
-        self.out_strides = self.stride("OUT", lengths)
+        self.out_strides = self.stride("OUT", [r.stop - r.start for r in nest.free])
         self.printer = self.printer_class(self.f, tensors=tensors, scalars=scalars)
         self.exp = self.printer.call_name(sympy.exp)  # float32 C: tdsl_exp (codegen.c.vecmath)
         self.log = "logf" if self.f == "float" else "log"
@@ -289,7 +288,9 @@ class Emitter(Generic[S]):
 
     def nested_lines(self, loop: Loop, simd: bool) -> Lines:
         """A nested reduction: its state, its loop (`#pragma omp simd` for sums outside a
-        simd loop), its result."""
+        simd loop), its result; a nested sum inside it in lane arrays where that applies."""
+        if not simd and self.simd_sum_pragma and (lanes := lane_sums.lane_sum_lines(self, loop)):
+            return lanes
         reducer = REDUCTIONS[loop.reduction]
         state = (f"{loop.symbol.name}a", f"{loop.symbol.name}b")
         kinds = self.state_types(reducer)
