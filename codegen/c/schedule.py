@@ -139,7 +139,8 @@ class Schedule(LoopOrder):
         ...          width=32).in_words()
         'register tiles of 6 i x 32 j outputs (j in vector lanes), reducing k inside; threads ...'
         """
-        loops = ", ".join(self.free_order)
+        shared = self.free_order[:-2] if self.strategy == "unroll" else self.free_order
+        loops = ", ".join(shared)
         reduced = " then ".join(", ".join(o) for o in self.reduced_order if o)
         inside = f"reducing {reduced} inside" if reduced else "no reduction"
         outputs = f"{self.rows} {self.row} x {self.width} {self.vector}"
