@@ -42,7 +42,9 @@ def test_the_x_gradient_sums_in_lane_arrays():
 @pytest.mark.parametrize("backend", ["reference", pytest.param("c", marks=NEEDS_C_COMPILER)])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("degrees", [3, 4, 8, 11, 17])
-@pytest.mark.parametrize(("source", "reference"), [(CHEBYKAN, _chebykan), (POLYNOMIAL, _polynomial)])
+@pytest.mark.parametrize(
+    ("source", "reference"), [(CHEBYKAN, _chebykan), (POLYNOMIAL, _polynomial)]
+)
 def test_feature_maps_forward_and_gradients_match_float64(
     source, reference, degrees, dtype, backend
 ):
