@@ -109,6 +109,16 @@ GRAPHSAGE = """
     Z[n,o] := X[n,d] * Ws[d,o] + H[n,d] * Wn[d,o]
     Y[n,o] := relu(Z[n,o])
 """
+# GPT-J's rotary embedding: pairs on a last axis of 2, the partner read as `X[..., 1-p]`
+ROPE = "Y[b,t,h,f,p] := X[b,t,h,f,p] * C[t,f] + (2*p - 1) * X[b,t,h,f,1-p] * S[t,f]"
+SQUEEZE_EXCITE = """
+    z[n,c] := X[n,c,s] / S
+    a[n,r] := z[n,c] * W1[c,r]
+    E[n,c] := relu(a[n,r]) * W2[r,c]
+    Y[n,c,s] := X[n,c,s] * sigmoid(E[n,c])
+"""
+# Chebyshev KAN layer: T_d(tanh x) = cos(d * acos(tanh x)), degrees from C's last axis
+CHEBYKAN = "Y[b,o] := cos(d * acos(tanh(X[b,i]))) * C[i,o,d]"
 GAUSSIAN = "Y[i] := exp(-((X[i,0]-Z[j,0])^2 + (X[i,1]-Z[j,1])^2 + (X[i,2]-Z[j,2])^2)) * B[j]"
 
 
@@ -149,6 +159,23 @@ def _sinkhorn(cost, epsilon, la, lb):
 
 def _graphsage(X, nbr, K, Ws, Wn):
     return jax.nn.relu(X @ Ws + X[nbr].sum(1) / K @ Wn)
+
+
+def _rope(X, C, S):
+    c, s = C[:, None, :], S[:, None, :]  # (t, f) -> (t, 1, f), broadcast over heads
+    x0, x1 = X[..., 0], X[..., 1]
+    return jnp.stack([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+
+
+def _squeeze_excite(X, S, W1, W2):
+    gate = jax.nn.sigmoid(jax.nn.relu(X.mean(-1) @ W1) @ W2)
+    return X * gate[:, :, None]
+
+
+def _chebykan(X, C):
+    t = jnp.tanh(X)[..., None]
+    degrees = jnp.arange(C.shape[-1], dtype=X.dtype)
+    return jnp.einsum("bid,iod->bo", jnp.cos(degrees * jnp.arccos(t)), C)
 
 
 def _conv(x, w):
@@ -296,6 +323,29 @@ ROWS = (
         {"X": (4096, 64), "nbr": (4096, 16), "K": (), "Ws": (64, 64), "Wn": (64, 64)},
         {"X": (10, 4), "nbr": (10, 3), "K": (), "Ws": (4, 5), "Wn": (4, 5)},
     ),
+    Row(
+        "RoPE, GPT-J interleaved pairs",
+        ROPE,
+        _rope,
+        {"X": (4, 256, 8, 32, 2), "C": (256, 32), "S": (256, 32)},
+        {"X": (2, 3, 2, 4, 2), "C": (3, 4), "S": (3, 4)},
+        program=False,
+    ),
+    Row(
+        "squeeze-and-excite",
+        SQUEEZE_EXCITE,
+        _squeeze_excite,
+        {"X": (16, 64, 1024), "S": (), "W1": (64, 16), "W2": (16, 64)},
+        {"X": (2, 4, 6), "S": (), "W1": (4, 2), "W2": (2, 4)},
+    ),
+    Row(
+        "ChebyKAN, degree 7, one statement",
+        CHEBYKAN,
+        _chebykan,
+        {"X": (512, 64), "C": (64, 64, 8)},
+        {"X": (5, 3), "C": (3, 4, 3)},
+        program=False,
+    ),
 )
 #: Inputs that are not differentiated: a mask, an index array
 CONSTANT = ("same", "nbr")
@@ -316,10 +366,12 @@ def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
         "scale": 0.125,
         "epsilon": 0.01,  # Sinkhorn: most exp arguments far below -87
     }
+    if "W1" in shapes and "S" in shapes:  # squeeze-and-excite: the pooled length
+        scalars["S"] = shapes["X"][-1]
     if "nbr" in shapes:  # GraphSAGE's neighbour count (attention's K is a tensor)
         scalars["K"] = shapes["nbr"][-1]
     for name, value in scalars.items():
-        if name in found:
+        if name in found and not shapes[name]:  # RoPE's and ChebyKAN's C are tensors
             found[name] = np.float32(value)
     if "same" in found:
         labels = rng.integers(0, 4, size=shapes["same"][0])
