@@ -159,7 +159,7 @@ class Schedule(LoopOrder):
             "xla": "XLA's dot (jnp.einsum): no generated kernel",
             "members": f"every member at once ({self.lanes} lanes, {self.rows} rows), {inside}",
             "select": f"one output row at a time, its k best in sorted slots, {inside}",
-            "unroll": f"its {self.width} values of {self.free_order[-1]} written out, "
+            "unroll": f"its {self.width} values of {''.join(self.free_order[-1:])} written out, "
             f"{self.vector} in vector lanes",
         }[self.strategy]
         if self.strategy not in ("xla", "split"):

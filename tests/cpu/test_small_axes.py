@@ -101,3 +101,10 @@ def test_small_axes_forward_and_gradients_match_float64(case, dtype, backend):
     cotangent = rng.normal(size=want.shape)
     for grad, expected in zip(vjp(cotangent.astype(dtype)), want_vjp(cotangent), strict=True):
         np.testing.assert_allclose(grad, expected, rtol=tol, atol=tol * 4)
+
+
+def test_schedules_without_free_indices_still_read_in_words():
+    """The words of every strategy are built at once: the unroll strategy's name of its
+    axis must not fail for a full reduction (no free index)."""
+    text = td.kernel("s := X[i] * X[i]", backend="c").explain({"X": (5,)})
+    assert "cut into 64 chunks" in text
