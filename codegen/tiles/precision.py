@@ -6,8 +6,8 @@ more with `precision=`; tile programs do the same, one row per mode:
 
 * `"default"`: TF32 (Triton's `inputPrecision = tf32`), what jnp users get and expect the
   speed of;
-* `"high"`: TF32 too: jax names HIGH "tensorfloat32" (3 bfloat16 passes "or tensorfloat32
-  where available"), and jnp on an NVIDIA GPU gives TF32 for it;
+* `"high"`: TF32 too: `jax.lax.Precision("tensorfloat32")` is HIGH (3 bfloat16 passes "or
+  tensorfloat32 where available"), and Pallas' Triton lowering gives TF32 for it;
 * `"highest"`: exact float32 (`ieee`: FMAs, no tensor cores), what jnp's HIGHEST gives.
 
 Triton also has 3xTF32 (`tf32x3`: about float32's accuracy at about a third of TF32's
