@@ -181,3 +181,12 @@ def test_a_table_of_another_format_or_with_a_key_twice_is_refused():
         tuning.parse({"format": 1, "rows": [GOOD, GOOD]})
     with pytest.raises(ValueError, match="missing or unknown field 'source'"):
         tuning.parse({"format": 1, "rows": [{k: v for k, v in GOOD.items() if k != "source"}]})
+
+
+def test_a_programs_explain_shows_its_precision():
+    p = td.program("S[i,j] := Q[i,d] * K[j,d]; O[i,e] := S[i,j] * V[j,e]", precision="highest")
+    shapes = {"Q": (40, 16), "K": (40, 16), "V": (40, 16)}
+    text = p.explain(shapes, target="pallas")
+    tiles = text[text.index("pallas tile programs") :]
+    assert "(precision highest, tolerance 1e-05)" in tiles
+    assert "(precision default" not in tiles

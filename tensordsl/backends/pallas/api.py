@@ -25,6 +25,8 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from codegen.tiles.precision import DotPrecision
+
 _LOG = logging.getLogger("tensordsl")
 #: Triton launch settings of a kernel whose caller gives none (`codegen.tiles.tuning`'s
 #: default rows have the same).
@@ -60,7 +62,7 @@ def dot(left: jax.Array, right: jax.Array, precision: Any = None) -> jax.Array:
     there: the operands' own type, half types on tensor cores), or what `jax.lax.dot_general`
     takes. In interpret mode every dot is exact float32 (the CPU has no TF32 and rejects
     Triton's algorithms)."""
-    if hasattr(precision, "triton"):
+    if isinstance(precision, DotPrecision):
         if _INTERPRETING.get():
             precision = jax.lax.Precision.HIGHEST
         elif precision.triton is None:
