@@ -19,6 +19,7 @@ tensordsl` starts no compiler and never imports CuPy.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -298,16 +299,24 @@ def preferred_backend(nest: LoopNest, operands: Sequence[Any]) -> str | None:
     `nest`'s kind, dtype, reduced extent and mask on `operands` (in `nest.operands` order;
     it needs them all), measured by the GPU sweep; None where it has no row that says (or
     tile programs do not run the nest)."""
-    from codegen.errors import Unsupported
     from codegen.tiles import tuning
-    from codegen.tiles.build import tuning_key
 
     if len(operands) != len(nest.operands):
         return None
-    shapes = {op.name: tuple(v.shape) for op, v in zip(nest.operands, operands)}
-    dtypes = {op.name: str(v.dtype) for op, v in zip(nest.operands, operands)}
+    shapes = tuple((op.name, tuple(v.shape)) for op, v in zip(nest.operands, operands))
+    dtypes = tuple((op.name, str(v.dtype)) for op, v in zip(nest.operands, operands))
+    key = _tuning_key(nest, shapes, dtypes)
+    return None if key is None else tuning.lookup(key).backend
+
+
+@functools.lru_cache(maxsize=1024)
+def _tuning_key(nest: LoopNest, shapes: tuple, dtypes: tuple) -> Any:
+    """`codegen.tiles.build.tuning_key`, once per nest, shapes and dtypes; None for a nest
+    tile programs refuse (or whose extents the operands do not give)."""
+    from codegen.errors import Unsupported
+    from codegen.tiles.build import tuning_key
+
     try:
-        key = tuning_key(nest, shapes, dtypes)
-    except (Unsupported, KeyError):  # a nest tile programs refuse; an extent not given
+        return tuning_key(nest, dict(shapes), dict(dtypes))
+    except (Unsupported, KeyError):
         return None
-    return tuning.lookup(key).backend
