@@ -120,8 +120,8 @@ def emit_cuda(
     check_dtypes(nest, dtypes, STORAGE)
     schedule = schedule or choose_gpu_schedule(nest, dtypes, kernel=True)
     validate_gpu(nest, schedule)
-    strategy = BY_NAME.get(schedule.strategy)
-    if strategy is None:
+    strategy = BY_NAME[schedule.strategy]
+    if strategy.body is None or strategy.launch is None:
         raise ValueError(f"the {schedule.strategy} strategy generates no kernel")
     e = CudaEmitter(nest, dtypes, schedule)
     e.count_fmas = counting
