@@ -104,6 +104,9 @@ class CPrinter(C99CodePrinter):
             functions |= vecmath.wide_range_functions(self.helper_prefix)
         super().__init__({"type_aliases": {real: alias}, "user_functions": functions})
         self.float_type = float_type
+        #: The math macros (`M_PI`, `M_SQRT2`, ...) printed so far: a target without
+        #: <math.h> defines those its code uses (`codegen.cuda.emit`), read from here.
+        self.macros: set[str] = set()
         self.tensors = dict(tensors or {})
         self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
         self._index_mode = False
@@ -127,7 +130,14 @@ class CPrinter(C99CodePrinter):
             and not expr.atoms(sympy.Indexed)
         ):
             return f"(({self.float_type})({self.index(expr)}))"
-        return str(super()._print(expr, **kwargs))
+        text = str(super()._print(expr, **kwargs))
+        if isinstance(expr, sympy.Basic) and expr in self.math_macros and text == self._macro(expr):
+            self.macros.add(self.math_macros[expr])
+        return text
+
+    def _macro(self, expr: sympy.Basic) -> str:
+        """How sympy prints a constant of its `math_macros` table (`M_SQRT2`) where it does."""
+        return f"{self.math_macros[expr]}{self._get_math_macro_suffix(real)}"
 
     # -- atoms ---------------------------------------------------------------------------
 
