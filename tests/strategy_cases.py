@@ -44,8 +44,8 @@ def _statement(
         from tensordsl.frontend.lower import lower
         from tensordsl.frontend.parse import parse
 
-        options = {"reduce": reduce} if reduce else {}
-        return lower(parse(source), **options).nest, _random(seed, **shapes)
+        nest = lower(parse(source), reduce=reduce).nest if reduce else lower(parse(source)).nest
+        return nest, _random(seed, **shapes)
 
     return build
 

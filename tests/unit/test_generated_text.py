@@ -39,28 +39,27 @@ def _compiled_patterns(tree: ast.AST) -> set[str]:
     return {
         target.id
         for node in ast.walk(tree)
-        if isinstance(node, ast.Assign) and _is_re_call(node.value, set())
+        if isinstance(node, ast.Assign) and _re_call(node.value, set()) == "compile"
         for target in node.targets
         if isinstance(target, ast.Name)
     }
 
 
-def _is_re_call(node: ast.AST, patterns: set[str]) -> bool:
+def _re_call(node: ast.AST, patterns: set[str]) -> str | None:
+    """The function's name where `node` calls `re.<name>` or `<pattern>.<name>`."""
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-        return False
+        return None
     owner = node.func.value
-    return isinstance(owner, ast.Name) and (owner.id == "re" or owner.id in patterns)
+    if isinstance(owner, ast.Name) and (owner.id == "re" or owner.id in patterns):
+        return node.func.attr
+    return None
 
 
 def text_searches(source: str) -> tuple[int, int]:
     """(calls of `re` or of a compiled pattern, `in` tests against a name for text)."""
     tree = ast.parse(source)
     patterns = _compiled_patterns(tree)
-    calls = sum(
-        _is_re_call(node, patterns)
-        and not (isinstance(node.func, ast.Attribute) and node.func.attr == "escape")
-        for node in ast.walk(tree)
-    )
+    calls = sum(_re_call(node, patterns) not in (None, "escape") for node in ast.walk(tree))
     tests = sum(
         isinstance(node, ast.Compare)
         and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)

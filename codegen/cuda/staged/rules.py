@@ -100,14 +100,13 @@ def mma_validate(nest: LoopNest, s: GpuGeometry) -> None:
     _validate(nest, s, split_pairwise)
 
 
-def header(s: GpuGeometry) -> str:
-    t = SMEM_THREADS
-    return f"tile={s.row}x{s.vector}={t * s.rows}x{t * s.cols} k={s.tile_k} index={s.index_type}"
+def header(s: GpuGeometry, cores: str = "") -> str:
+    t, k = SMEM_THREADS, s.tile_k
+    return f"tile={s.row}x{s.vector}={t * s.rows}x{t * s.cols} k={k}{cores} index={s.index_type}"
 
 
 def mma_header(s: GpuGeometry) -> str:
-    words = header(s).rsplit(" ", 1)
-    return f"{words[0]} tensor-cores=mma.sync.m16n8k16 {words[1]}"
+    return header(s, " tensor-cores=mma.sync.m16n8k16")
 
 
 def smem_words(s: GpuGeometry) -> str:
