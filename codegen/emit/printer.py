@@ -107,6 +107,9 @@ class CPrinter(C99CodePrinter):
         #: The math macros (`M_PI`, `M_SQRT2`, ...) printed so far: a target without
         #: <math.h> defines those its code uses (`codegen.cuda.emit`), read from here.
         self.macros: set[str] = set()
+        #: The helpers (`tdsl_<name>`) printed calls of so far: `helpers` defines the
+        #: boundary forms' ones only where they are called.
+        self.called: set[str] = set()
         self.tensors = dict(tensors or {})
         self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
         self._index_mode = False
@@ -197,6 +200,7 @@ class CPrinter(C99CodePrinter):
     def _helper(self, name: str, expr: sympy.Basic, *, index: bool = False) -> str:
         print_arg = self.index if index else self._print
         args = ", ".join(print_arg(a) for a in expr.args)
+        self.called.add(name)
         return f"{self.helper_prefix}{name}({args})"
 
     _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = print_written
@@ -291,8 +295,8 @@ class CPrinter(C99CodePrinter):
 
     def helpers(self, code: str = "") -> str:
         """C definitions of the helper functions printed expressions may call (those of
-        the boundary forms where C text `code` calls them); with `vector_math` in float32,
-        the declarations and helpers that `code` needs."""
+        the boundary forms where the printer printed calls of them); with `vector_math` in
+        float32, the declarations and helpers that C text `code` needs."""
         f, i, inline, p = self.float_type, self.int_type, self.inline, self.helper_prefix
         sfx = "f" if f == "float" else ""
         common = [
@@ -307,11 +311,11 @@ class CPrinter(C99CodePrinter):
             f"{inline} {f} {p}sign({f} x) {{ return ({f})((x > 0) - (x < 0)); }}",
         ]
         # the boundary forms' helpers, only where the code reads through them
-        if f"{p}wrap(" in code:
+        if "wrap" in self.called:
             common.append(
                 f"{inline} {i} {p}wrap({i} a, {i} n) {{ {i} r = a % n; return r < 0 ? r + n : r; }}"
             )
-        if f"{p}clamp(" in code:
+        if "clamp" in self.called:
             common.append(
                 f"{inline} {i} {p}clamp({i} a, {i} n) {{ return a < 0 ? 0 : a >= n ? n - 1 : a; }}"
             )
