@@ -107,8 +107,8 @@ class CPrinter(C99CodePrinter):
         #: The math macros (`M_PI`, `M_SQRT2`, ...) printed so far: a target without
         #: <math.h> defines those its code uses (`codegen.cuda.emit`), read from here.
         self.macros: set[str] = set()
-        #: The helpers (`tdsl_<name>`) printed calls of so far: `helpers` defines the
-        #: boundary forms' ones only where they are called.
+        #: The helpers (`tdsl_<name>`) whose calls were written so far, by the printer or
+        #: an emitter (C's `team`, `hsum8`): their definitions are written only then.
         self.called: set[str] = set()
         self.tensors = dict(tensors or {})
         self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
