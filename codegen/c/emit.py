@@ -190,7 +190,7 @@ def _assemble(
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)
     head.append(TILE_HELPERS)
-    if any("tdsl_lane_mask" in line for line in every):
+    if "lane_mask" in e.printer.called:
         head.append(LANE_MASK_HELPERS)
     if "team" in e.printer.called:
         head.append(THREAD_HELPERS)

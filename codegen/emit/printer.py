@@ -203,6 +203,13 @@ class CPrinter(C99CodePrinter):
         self.called.add(name)
         return f"{self.helper_prefix}{name}({args})"
 
+    def _print_Function(self, expr: sympy.Basic, **kwargs: Any) -> str:
+        """A call; one of a function named as a helper (`tdsl_lane_mask`) is noted."""
+        name = type(expr).__name__
+        if name.startswith(self.helper_prefix):
+            self.called.add(name.removeprefix(self.helper_prefix))
+        return str(super()._print_Function(expr, **kwargs))
+
     _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = print_written
 
     def _print_FloorDiv(self, expr: FloorDiv) -> str:
