@@ -45,6 +45,7 @@ from tensordsl.frontend.statements import (
     check_program_shapes,
     line_of,
     lower_program,
+    quoting,
     stage_groups,
     statement_spans,
 )
@@ -443,5 +444,6 @@ def _stages(
             fuse={n: c for n, c in inner.items() if n not in outputs} or True,
         )
         stage.nograd, stage.source_text = frozenset(whole.nograd & set(stage.inputs)), source
+        stage._lowered = quoting(stage._lowered, source)
         stages.append(stage)
     return tuple(stages)
