@@ -147,6 +147,7 @@ class Kernel:
         """
         from tensordsl.explain.gpu_report import report_lines
         from tensordsl.explain.nests import check_report_target, explain, kernel_nests
+        from tensordsl.explain.spelling import label, spellings
         from tensordsl.explain.timing import nest_jaxpr
 
         low = self._lowered
@@ -157,9 +158,10 @@ class Kernel:
             shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
         src = low.statement.source
         gathered = [
-            (g.name, pick_text(low.statement, g) if g.masked else src[g.span[0] : g.span[1]])
+            (g.table, pick_text(low.statement, g) if g.masked else src[g.span[0] : g.span[1]])
             for g in low.gathers
         ]
+        spelled = spellings(low)
         schedule = self.schedule if table.backend(self.backend).takes_schedule else None
         text = explain(
             self.nest,
@@ -168,10 +170,11 @@ class Kernel:
             unread=low.unread,
             backend=self.backend if summary else None,
             schedule=schedule,
+            spelled=spelled,
         )
         if target is None or shapes is None:
             return text
-        names = {each: name for name, each in kernel_nests(self.nest).items()}
+        names = {each: label(name, spelled) for name, each in kernel_nests(self.nest).items()}
         jaxpr = nest_jaxpr(self.nest, shapes, backend=target)
         return "\n".join([text, *report_lines(target, jaxpr, names)])
 
@@ -188,8 +191,9 @@ class Kernel:
     def source(self, target: str = "c") -> dict[str, str]:
         """Generated code for every nest, as a dict from nest name to source text."""
         from tensordsl.explain.nests import generated_sources
+        from tensordsl.explain.spelling import spellings
 
-        return generated_sources(self.nest, target)
+        return generated_sources(self.nest, target, spelled=spellings(self._lowered))
 
     def profile(
         self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
@@ -208,6 +212,7 @@ class Kernel:
         Raises:
             ShapeError, RangeError: as for a call with arrays of these shapes.
         """
+        from tensordsl.explain.spelling import spellings
         from tensordsl.explain.timing import profile_nests
 
         if dtype not in ("float32", "float64"):
@@ -222,6 +227,7 @@ class Kernel:
             schedule=self.schedule,
             nograd=self.nograd | self._lowered.unread,
             reps=reps,
+            spelled=spellings(self._lowered),
         )
 
     def build(self, shapes: Mapping[str, Any], *, dtype: str | None = None) -> None:
