@@ -73,6 +73,12 @@ def test_padding_keys_no_query_sees_may_hold_nan():
     masks.test_keys_no_query_sees_may_hold_nan(BACKEND, "float64")
 
 
+@pytest.mark.parametrize("which", sorted(masks.ARRAY_MASKED_NAN))
+def test_a_nan_at_a_key_an_array_mask_drops(which):
+    """As on the reference and as docs/nn.md says (an array mask is a value, not a bound)."""
+    masks.test_a_nan_at_a_key_an_array_mask_drops(BACKEND, which)
+
+
 # --------------------------------------------------------------------------- 36.3, 36.4
 
 
