@@ -117,5 +117,4 @@ def unread(nest: LoopNest, spelled: Iterable[Spelling]) -> frozenset[str]:
     read = {str(b.label) for t in nest.terms for b in t.body.atoms(sympy.IndexedBase)}
     read |= {getattr(x, "name", "") for t in nest.terms for x in t.body.free_symbols}
     used = {str(b.label) for s in spelled for b in s.access.atoms(sympy.IndexedBase)}
-    used |= {getattr(x, "name", "") for s in spelled if not s.indices for x in (s.access,)}
     return frozenset((used & set(nest.operand_names)) - read)
