@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import tensordsl as td
 from tensordsl import nn
 from tensordsl.errors import UnsupportedError
 from tests.backends import generated_kernels  # noqa: F401 (a fixture)
@@ -93,6 +94,16 @@ def test_a_position_beyond_the_index_type_is_outside(case, monkeypatch):
 @pytest.mark.parametrize("case", [0, 1, 3], ids=lambda n: widths.SHIFTED[n][0])
 def test_large_offsets_read_the_right_elements(case):
     widths.test_large_offsets_read_the_right_elements(*widths.SHIFTED[case], BACKEND)
+
+
+def test_wide_index_arithmetic_without_x64_is_refused():
+    """Without `jax_enable_x64` the tile back end has no 64-bit integers: an UnsupportedError
+    that says so, never a wrapped position."""
+    x = np.arange(6.0, dtype=np.float32)
+    with jax.enable_x64(False):
+        k = td.kernel("Y[i] := X[mod(i + 1099511627776)]", ranges={"i": 6}, backend=BACKEND)
+        with pytest.raises(UnsupportedError, match="beyond JAX's 32-bit integers"):
+            k(x)
 
 
 # --------------------------------------------------------------------------- 38.1-3

@@ -87,7 +87,7 @@ def index_dtype(program: TileProgram) -> Any:
     largest = index_magnitude(program.nest, dict(program.extents))
     if largest <= np.iinfo(np.int32).max:
         return jnp.int32
-    if not jax.config.jax_enable_x64:
+    if jax.dtypes.canonicalize_dtype(np.int64) != np.int64:  # no jax_enable_x64
         raise UnsupportedError(
             f"the pallas back end computes '{program.nest.output}' with index values of "
             f"magnitude up to {largest}, beyond JAX's 32-bit integers",
