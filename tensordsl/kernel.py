@@ -23,6 +23,7 @@ from tensordsl.errors import (
     UnsupportedError,
     close_match,
 )
+from tensordsl.explain.spelling import label, spellings
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.lower import Lowered, lower
 from tensordsl.frontend.one_hot import pick_text
@@ -160,9 +161,10 @@ class Kernel:
             shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
         src = low.statement.source
         gathered = [
-            (g.name, pick_text(low.statement, g) if g.masked else src[g.span[0] : g.span[1]])
+            (g.table, pick_text(low.statement, g) if g.masked else src[g.span[0] : g.span[1]])
             for g in low.gathers
         ]
+        spelled = spellings(low)
         schedule = self.schedule if table.backend(self.backend).takes_schedule else None
         text = explain(
             self.nest,
@@ -171,10 +173,11 @@ class Kernel:
             unread=low.unread,
             backend=self.backend if summary else None,
             schedule=schedule,
+            spelled=spelled,
         )
         if target is None or shapes is None:
             return text
-        names = {each: name for name, each in kernel_nests(self.nest).items()}
+        names = {each: label(name, spelled) for name, each in kernel_nests(self.nest).items()}
         jaxpr = nest_jaxpr(self.nest, shapes, backend=target, precision=self.precision)
         return "\n".join([text, *report_lines(target, jaxpr, names)])
 
@@ -192,7 +195,7 @@ class Kernel:
         """Generated code for every nest, as a dict from nest name to source text."""
         from tensordsl.explain.nests import generated_sources
 
-        return generated_sources(self.nest, target)
+        return generated_sources(self.nest, target, spelled=spellings(self._lowered))
 
     def profile(
         self, shapes: Mapping[str, tuple[int, ...]], *, dtype: str = "float32", reps: int = 7
@@ -225,6 +228,7 @@ class Kernel:
             schedule=self.schedule,
             nograd=self.nograd | self._lowered.unread,
             reps=reps,
+            spelled=spellings(self._lowered),
         )
 
     def build(self, shapes: Mapping[str, Any], *, dtype: str | None = None) -> None:

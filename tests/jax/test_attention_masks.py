@@ -250,3 +250,38 @@ def test_a_special_value_stays_out_of_a_band(backend, dtype, special):
         q, k, v, mask_mod="abs(i - j) <= 4", backend=backend
     )
     _check(ours, jnp.asarray(band)[None, None], q, k, v, dtype)
+
+
+#: What a NaN at a key that an array mask drops reaches (docs/nn.md): such a mask is a value,
+#: every key is visited and the dropped one weighted by 0, and 0 * NaN is NaN. Batch row 0
+#: holds the NaN; (output, dq, dk, dv) NaN in every row of batch row 0, or nowhere.
+ARRAY_MASKED_NAN = {"k": (False, True, False, False), "v": (True, True, True, False)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", sorted(ARRAY_MASKED_NAN))
+def test_a_nan_at_a_key_an_array_mask_drops(backend, which):
+    """As docs/nn.md says, on every back end as on the reference: NaN in v at a dropped key
+    reaches every query of its batch row (and dq, dk there), NaN in k only dq there; the
+    other batch row and every other value are the reference's."""
+    keep = (np.random.default_rng(4).random((B, T)) > 0.3).astype(np.int32)
+    drop = int(np.nonzero(keep[0] == 0)[0][-1])
+    arrays = dict(zip("qkv", _inputs("float64", seed=8)))
+    arrays[which][0, drop] = np.nan  # batch row 0 only
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+
+    def run(backend):
+        def ours(q, k, v):
+            mod = {"mask_mod": "M[b, j] > 0", "mod_args": {"M": keep}}
+            return nn.attention(q, k, v, **mod, backend=backend)
+
+        out, ct = ours(q, k, v), np.random.default_rng(9).normal(size=(B, T, H, E))
+        return (out, *jax.grad(lambda *a: jnp.sum(ours(*a) * ct), (0, 1, 2))(q, k, v))
+
+    got, want = run(backend), run("reference")
+    for name, g, w, nan in zip(("out", "dq", "dk", "dv"), got, want, ARRAY_MASKED_NAN[which]):
+        g, w = np.asarray(g), np.asarray(w)
+        assert np.isnan(g[0]).all() == nan and not np.isnan(g[1]).any(), name
+        assert nan or np.isfinite(g).all(), name
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
+        np.testing.assert_allclose(g[1], w[1], rtol=1e-9, atol=1e-9, err_msg=name)
