@@ -250,3 +250,40 @@ def test_a_special_value_stays_out_of_a_band(backend, dtype, special):
         q, k, v, mask_mod="abs(i - j) <= 4", backend=backend
     )
     _check(ours, jnp.asarray(band)[None, None], q, k, v, dtype)
+
+
+def _documents(order, seed):
+    """(B, T) document ids: sorted runs of random lengths (packed sequences), or the same ids
+    shuffled (a mask no key range bounds)."""
+    rng = np.random.default_rng(seed)
+    ids = np.sort(rng.integers(0, 5, size=(B, T)), axis=1)
+    if order == "unsorted":
+        ids = rng.permuted(ids, axis=1)
+    return ids.astype(np.int32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_a_document_mask_keeps_each_query_to_its_own_document(backend, causal, order):
+    """Issue 38: a document mask over id arrays runs in one pass that visits each block of
+    queries' own documents' keys only (`codegen.c.online`); forward and every gradient as
+    the float64 reference, whether the ids are sorted or not."""
+    doc = _documents(order, seed=11)
+    q, k, v = _inputs("float64", seed=12)
+    keep = doc[:, :, None] == doc[:, None, :]
+    if causal:
+        keep = keep & np.tril(np.ones((T, T), bool))
+
+    def ours(q, k, v):
+        return nn.attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            mask_mod="doc[b, i] == doc[b, j]",
+            mod_args={"doc": doc},
+            backend=backend,
+        )
+
+    _check(ours, jnp.asarray(keep)[:, None], q, k, v, "float64")
