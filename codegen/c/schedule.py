@@ -81,6 +81,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.emit import loop_order as orders
 from codegen.emit.loop_order import LoopOrder, default_loop_order, valid_unique, validate_schedule
 from codegen.ir.affine import affine_parts
 from codegen.ir.contraction import xla_contraction
@@ -293,8 +294,8 @@ def choose_cpu_schedule(
         return Schedule(free, reduced, strategy="xla")
     if not free:
         return Schedule(free, reduced, strategy="split")
-    wide = _wide(dtypes, nest)
-    vector = free[-1]
+    free = orders.shared_row_last(nest, free) if loop_order is None else free
+    wide, vector = _wide(dtypes, nest), free[-1]
     row = free[-2] if len(free) > 1 else None
     if _vector_friendly(nest, vector):
         # 6 rows x 32 float lanes: 24 accumulator vectors of 8 floats (measured best here).
