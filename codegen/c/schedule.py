@@ -38,8 +38,8 @@ The heuristic (`choose_cpu_schedule`):
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
 3. the output's last free index `v` is vectorised (``tile``) when every access that uses it
-   has it in its last axis; the register tile's rows are the previous free index (6 rows of
-   32 float / 16 double lanes). When `v` is a window offset (it shares an access axis with
+   has it in its last axis; the register tile's rows are the previous free index, or the one
+   fewest reads along the reduced loops use (`shared_row_last`; 6 rows of 32 float lanes). When `v` is a window offset (it shares an access axis with
    a reduced index, as `k` in `dW[o, c, k] = dY[o, i]*X[c, i + k]`) it is often short: the
    schedule then carries a ``small`` schedule taken at run time when `v`'s extent is below
    the tile width: a tile one vector wide (8 float lanes), itself with a ``small`` dot
