@@ -252,18 +252,18 @@ def test_a_special_value_stays_out_of_a_band(backend, dtype, special):
     _check(ours, jnp.asarray(band)[None, None], q, k, v, dtype)
 
 
-#: What a NaN at a key that an array mask drops reaches (docs/nn.md): such a mask is a value,
-#: every key is visited and the dropped one weighted by 0, and 0 * NaN is NaN. Batch row 0
-#: holds the NaN; (output, dq, dk, dv) NaN in every row of batch row 0, or nowhere.
-ARRAY_MASKED_NAN = {"k": (False, True, False, False), "v": (True, True, True, False)}
+#: What a NaN at a key that an array mask drops reaches (docs/nn.md): nothing. The mask is the
+#: term's guard (`codegen.passes.guards.guard_masks`), so a dropped pair is never weighted,
+#: as with a mask that compares indices. Batch row 0 holds the NaN; (output, dq, dk, dv) NaN
+#: in every row of batch row 0, or nowhere.
+ARRAY_MASKED_NAN = {"k": (False,) * 4, "v": (False,) * 4}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("which", sorted(ARRAY_MASKED_NAN))
 def test_a_nan_at_a_key_an_array_mask_drops(backend, which):
-    """As docs/nn.md says, on every back end as on the reference: NaN in v at a dropped key
-    reaches every query of its batch row (and dq, dk there), NaN in k only dq there; the
-    other batch row and every other value are the reference's."""
+    """As docs/nn.md says, on every back end as on the reference: a NaN in k or v at a key
+    the mask drops reaches no output and no gradient; every value is the reference's."""
     keep = (np.random.default_rng(4).random((B, T)) > 0.3).astype(np.int32)
     drop = int(np.nonzero(keep[0] == 0)[0][-1])
     arrays = dict(zip("qkv", _inputs("float64", seed=8)))
@@ -285,3 +285,40 @@ def test_a_nan_at_a_key_an_array_mask_drops(backend, which):
         assert nan or np.isfinite(g).all(), name
         np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
         np.testing.assert_allclose(g[1], w[1], rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+def _documents(order, seed):
+    """(B, T) document ids: sorted runs of random lengths (packed sequences), or the same ids
+    shuffled (a mask no key range bounds)."""
+    rng = np.random.default_rng(seed)
+    ids = np.sort(rng.integers(0, 5, size=(B, T)), axis=1)
+    if order == "unsorted":
+        ids = rng.permuted(ids, axis=1)
+    return ids.astype(np.int32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_a_document_mask_keeps_each_query_to_its_own_document(backend, causal, order):
+    """Issue 38: a document mask over id arrays runs in one pass that visits each block of
+    queries' own documents' keys only (`codegen.c.online`); forward and every gradient as
+    the float64 reference, whether the ids are sorted or not."""
+    doc = _documents(order, seed=11)
+    q, k, v = _inputs("float64", seed=12)
+    keep = doc[:, :, None] == doc[:, None, :]
+    if causal:
+        keep = keep & np.tril(np.ones((T, T), bool))
+
+    def ours(q, k, v):
+        return nn.attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            mask_mod="doc[b, i] == doc[b, j]",
+            mod_args={"doc": doc},
+            backend=backend,
+        )
+
+    _check(ours, jnp.asarray(keep)[:, None], q, k, v, "float64")

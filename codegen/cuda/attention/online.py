@@ -285,6 +285,7 @@ def _fold(e: CudaEmitter) -> Lines:
     _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
+        *_guarded_key(e),
         f"const {f} p_ = {exp}(ss_[r_][c_] - mn_);",
         "s_ += p_;",
         *e.fma_hook(),
@@ -358,7 +359,24 @@ def _weighted_column(e: CudaEmitter) -> str:
         update = f"o_[q_] += (cb_ + kk_ < {e.idx(split)} ? p_ : p2_)*ws_[c_][kk_];"
     if e.count_fmas:
         update = f"{{ {update} {' '.join(e.fma_hook())} }}"
-    return f"if (kk_ < ne_ && (full_ || (j0_ + c_ >= lo_ && j0_ + c_ < hi_))) {update}"
+    kept = _guard_test(e)
+    return f"if (kk_ < ne_ && (full_ || (j0_ + c_ >= lo_ && j0_ + c_ < hi_)){kept}) {update}"
+
+
+def _guard_test(e: CudaEmitter) -> str:
+    """` && (guard)` for a term with a guard that is not a loop bound (an array mask:
+    `doc[b, i] == doc[b, j]`, `codegen.passes.guards.guard_mask`; its key is `_guarded_key`),
+    else "": a key the guard drops is left out, not weighted by 0 (0 times a NaN or inf
+    there is NaN)."""
+    guard = e.nest.terms[0].guard
+    return "" if guard == sympy.true else f" && ({e.printer.doprint(guard)})"
+
+
+def _guarded_key(e: CudaEmitter) -> Lines:
+    """The key index of tile column `c_`, declared where a guard reads it (`_guard_test`)."""
+    if e.nest.terms[0].guard == sympy.true:
+        return []
+    return [f"const idx_t {e.printer.index(e.term_order(0)[-1])} = j0_ + c_;"]
 
 
 def _store(e: CudaEmitter, k: str, first: str) -> Lines:
@@ -398,6 +416,7 @@ def _add(e: CudaEmitter) -> Lines:
     _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
+        *_guarded_key(e),
         f"const {e.f} p_ = ss_[r_][c_];",
         *([f"const {e.f} p2_ = ss2_[r_][c_];"] if _split(e) is not None else []),
         "#pragma unroll",
