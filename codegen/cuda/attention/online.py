@@ -37,8 +37,10 @@ range) are loop bounds of `j` per row (`codegen.ir.bounds`). The block's key ran
 union of its rows' ranges: tiles outside it are never visited (causal attention skips the
 tiles above the diagonal); a tile inside every row's range computes its scores without a
 test, and only the tiles on a boundary test each (row, key) pair; there, each warp weights
-only the keys that one of its rows has in range (`_row_keys`). Data masks (a padding
-mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more. Every output
+only the keys that one of its rows has in range (`spans.row_keys`). Data masks (a padding
+mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more; a mask that
+reads arrays and is the term's guard (`doc[b, i] == doc[b, j]`) is tested at each key
+(`spans.guard_test`): a key it drops is left out, never weighted by 0. Every output
 element is written by one block: no atomics.
 
 `codegen.cuda.attention.tile_counts` counts, for concrete shapes, the tiles visited and skipped and
@@ -54,7 +56,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
+from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles, spans
 from codegen.cuda.attention.scores import score_pitch, scores, tile_shape, variant
 from codegen.cuda.dialect import CudaEmitter
 from codegen.cuda.geometry import ONLINE_COLUMNS, GpuGeometry
@@ -198,8 +200,8 @@ def online(e: CudaEmitter) -> Lines:
         "const bool live_ = hi_ > lo_;",
         *block_lines("if (ln_ == 0)", ["rlo_[r_] = lo_;", "rhi_[r_] = hi_;"]),
         "__syncthreads();",
-        *_block_range(R),
-        *_warp_range(P),
+        *spans.block_range(R),
+        *spans.warp_range(P),
     ]
     columns = [
         f"const idx_t ne_ = tdsl_imin({ONLINE_COLUMNS}, nc_ - cb_);",
@@ -243,29 +245,6 @@ def online(e: CudaEmitter) -> Lines:
     ]
 
 
-def _block_range(rows: int) -> Lines:
-    """The union `[blo_, bhi_)` of the block's live rows' key ranges, and their intersection
-    `[flo_, fhi_)`: a tile inside it needs no test per pair."""
-    return [
-        "idx_t blo_ = 0, bhi_ = 0, flo_ = 0, fhi_ = 0;",
-        "bool seen_ = false;",
-        # Kept rolled: unrolled over 64 rows, ptxas (sm_90) spilled attention's dV kernel.
-        "#pragma unroll 1",
-        *block_lines(
-            f"for (int q_ = 0; q_ < {rows}; ++q_)",
-            [
-                "if (rhi_[q_] <= rlo_[q_]) continue;",
-                *block_lines(
-                    "if (!seen_)",
-                    ["blo_ = flo_ = rlo_[q_];", "bhi_ = fhi_ = rhi_[q_];", "seen_ = true;"],
-                ),
-                "blo_ = tdsl_imin(blo_, rlo_[q_]); bhi_ = tdsl_imax(bhi_, rhi_[q_]);",
-                "flo_ = tdsl_imax(flo_, rlo_[q_]); fhi_ = tdsl_imin(fhi_, rhi_[q_]);",
-            ],
-        ),
-    ]
-
-
 def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     """`ws_[c][col]` = the weight at key `j0_ + c` and column `col` (0 past the tile's keys),
     consecutive threads on consecutive columns."""
@@ -285,7 +264,7 @@ def _fold(e: CudaEmitter) -> Lines:
     _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
-        *_guarded_key(e),
+        *spans.guarded_key(e),
         f"const {f} p_ = {exp}(ss_[r_][c_] - mn_);",
         "s_ += p_;",
         *e.fma_hook(),
@@ -293,7 +272,7 @@ def _fold(e: CudaEmitter) -> Lines:
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
     return [
-        _row_keys(),
+        spans.row_keys(),
         f"{f} cm_ = -INFINITY;",
         *block_lines(
             "for (idx_t c_ = c0_; c_ < c1_; ++c_)",
@@ -316,30 +295,6 @@ def _fold(e: CudaEmitter) -> Lines:
     ]
 
 
-def _warp_range(lanes: int) -> Lines:
-    """The union `[wlo_, whi_)` of the key ranges of the live rows of the thread's warp
-    (`32 / lanes` consecutive rows)."""
-    rows = 32 // lanes
-    first = f"r_ / {rows} * {rows}"
-    union = [
-        "if (rhi_[q_] <= rlo_[q_]) continue;",
-        "wlo_ = wseen_ ? tdsl_imin(wlo_, rlo_[q_]) : rlo_[q_];",
-        "whi_ = wseen_ ? tdsl_imax(whi_, rhi_[q_]) : rhi_[q_];",
-        "wseen_ = true;",
-    ]
-    head = f"for (int q_ = {first}; q_ < {first} + {rows}; ++q_)"
-    return ["idx_t wlo_ = 0, whi_ = 0;", "bool wseen_ = false;", *block_lines(head, union)]
-
-
-def _row_keys() -> str:
-    """The keys `[c0_, c1_)` of the tile in the range of the warp's rows: the other keys'
-    scores are the reduction's identity (-inf, or 0 in a weighted sum) for every row of the
-    warp and add nothing, so the warps off a 64-row tile's causal diagonal skip them instead
-    of weighting each by 0. Per warp, not per row: the rows of a warp walk the same keys
-    together and read each `ss_` and `ws_` column at once, without bank conflicts."""
-    return "const idx_t c0_ = tdsl_imax(0, wlo_ - j0_), c1_ = tdsl_imin(jn_, whi_ - j0_);"
-
-
 def _split(e: CudaEmitter) -> sympy.Expr | None:
     """The first packed column of a pair's second member (the kernel's terms are
     `scores_and_weights`: a tuple of two weights), else None."""
@@ -359,24 +314,8 @@ def _weighted_column(e: CudaEmitter) -> str:
         update = f"o_[q_] += (cb_ + kk_ < {e.idx(split)} ? p_ : p2_)*ws_[c_][kk_];"
     if e.count_fmas:
         update = f"{{ {update} {' '.join(e.fma_hook())} }}"
-    kept = _guard_test(e)
+    kept = spans.guard_test(e)
     return f"if (kk_ < ne_ && (full_ || (j0_ + c_ >= lo_ && j0_ + c_ < hi_)){kept}) {update}"
-
-
-def _guard_test(e: CudaEmitter) -> str:
-    """` && (guard)` for a term with a guard that is not a loop bound (an array mask:
-    `doc[b, i] == doc[b, j]`, `codegen.passes.guards.guard_mask`; its key is `_guarded_key`),
-    else "": a key the guard drops is left out, not weighted by 0 (0 times a NaN or inf
-    there is NaN)."""
-    guard = e.nest.terms[0].guard
-    return "" if guard == sympy.true else f" && ({e.printer.doprint(guard)})"
-
-
-def _guarded_key(e: CudaEmitter) -> Lines:
-    """The key index of tile column `c_`, declared where a guard reads it (`_guard_test`)."""
-    if e.nest.terms[0].guard == sympy.true:
-        return []
-    return [f"const idx_t {e.printer.index(e.term_order(0)[-1])} = j0_ + c_;"]
 
 
 def _store(e: CudaEmitter, k: str, first: str) -> Lines:
@@ -416,13 +355,13 @@ def _add(e: CudaEmitter) -> Lines:
     _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
-        *_guarded_key(e),
+        *spans.guarded_key(e),
         f"const {e.f} p_ = ss_[r_][c_];",
         *([f"const {e.f} p2_ = ss2_[r_][c_];"] if _split(e) is not None else []),
         "#pragma unroll",
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
-    return [_row_keys(), *block_lines("for (idx_t c_ = c0_; c_ < c1_; ++c_)", weights)]
+    return [spans.row_keys(), *block_lines("for (idx_t c_ = c0_; c_ < c1_; ++c_)", weights)]
 
 
 def _store_sums(e: CudaEmitter, k: str, first: str, tests: Sequence[sympy.Expr]) -> Lines:
