@@ -218,6 +218,10 @@ C_ONE_PASS_ROWS = 1024
 #: 128 columns per pass over the keys; two passes cost what the two nests would.
 CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
 
+#: The longest packed row (the logsumexp included) the pallas attention kernel
+#: (`tensordsl.backends.pallas.attention`) runs as one pass: head dims up to 256, whole in a tile.
+PALLAS_ONE_PASS_ROWS = 257
+
 BACKENDS: dict[str, Backend] = {
     "reference": Backend("reference", _run_reference),
     "c": Backend(
@@ -249,6 +253,7 @@ BACKENDS: dict[str, Backend] = {
     "pallas": Backend(
         "pallas",
         _runner("tensordsl.backends.pallas.run", "run_pallas"),
+        one_pass_rows=PALLAS_ONE_PASS_ROWS,
         static_report=_pallas_static_report,
     ),
 }

@@ -2,7 +2,9 @@
 its `Backend.static_report`, read by `tensordsl.explain.gpu_report` as CUDA's is.
 
 Each nest's tile program is printed (`codegen.tiles.program.describe`): grid, tiles, dots,
-loads and per-tile bounds; a nest tile programs do not handle says why.
+loads and per-tile bounds; an attention kernel's (`codegen.tiles.attention`: a one-pass nest,
+attention's gradient nests) its grid, dots, weights, bounds per row tile and the tiles
+visited and skipped; a nest tile programs do not handle says why.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from codegen.errors import Unsupported
 from codegen.ir.nest import LoopNest
+from codegen.tiles.attention.build import attention_program
 from codegen.tiles.build import tile_program
 
 TITLE = "pallas tile programs (interpret mode without a GPU, Triton on one)"
@@ -30,6 +33,9 @@ class TileReport:
 
 def tile_report(nest: LoopNest, dtypes: Mapping[str, str], shapes: Mapping[str, Any]) -> TileReport:
     """The tile program of `nest` for these shapes and dtypes, or why there is none."""
+    flash = attention_program(nest, shapes, dtypes)
+    if flash is not None:
+        return TileReport(tuple(flash.describe().split("\n")))
     try:
         program = tile_program(nest, shapes, dtypes)
     except Unsupported as error:

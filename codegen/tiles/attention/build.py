@@ -1,0 +1,248 @@
+"""Find the attention tile program of a nest (`codegen.tiles.attention`), or None.
+
+A nest is an attention kernel when, for the call's shapes:
+
+* it is a one-pass nest (`codegen.passes.online.pair`: scores and weights over one reduced
+  range), or a sum of one term `a(r, l) * b(l, c)` (every added product with the same
+  factors `b` reading the last free index, the column), or two such sums packed along their
+  columns (`codegen.cuda.attention.paired`'s `where(c < C1, a1*b1, a2*b2)`);
+* its weights hold nested sums, each a product of a side that reads the reduced (loop)
+  index and one that does not: a dot of tiles. The free index that the second sides read
+  and the first do not is the row index (the queries of the forward, the keys of dK; the
+  longest of several, as grouped-query heads' group is read by the queries only); the
+  other free indices but the column are outer (one value per program instance);
+* `b` reads the loop index and the column, not the rows; no constraint tests a column;
+  there is no guard.
+
+The loop index is the reduced index the dots' key sides read (the others, grouped-query
+heads' group in dK and dV, run one value at a time). Tiles: rows and keys of up to
+`ROW_TILE` and `KEY_TILE` values (powers of two, at least `MIN_TILE`: Triton's dot), half
+that for head dims over 64; head dims and columns whole, padded to a power of two of at
+least `MIN_TILE`, up to `WIDEST`.
+
+>>> from codegen.ir.examples import matmul
+>>> attention_program(matmul(), {"A": (4, 3), "B": (3, 2)}) is None   # no nested sum
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import sympy
+
+from codegen.ir.affine import holds_everywhere
+from codegen.ir.extents import evaluate_int, extent_values
+from codegen.ir.nest import LoopNest, Reduce, Term, default_dtypes
+from codegen.tiles.attention.program import AttentionProgram, Member, NestedDot
+from codegen.tiles.build import _bounds
+from codegen.tiles.program import TileAxis
+
+#: The largest row and key tiles (head dims up to 64; half that above).
+ROW_TILE, KEY_TILE = 64, 64
+#: The smallest tile side and padded width (Triton's `tl.dot` takes 16 and up).
+MIN_TILE = 16
+#: The widest head dim or column count kept whole in one tile.
+WIDEST = 256
+_HALF = ("float16", "bfloat16")
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _reads(expr: sympy.Basic, index: sympy.Symbol) -> bool:
+    return index in expr.free_symbols
+
+
+def _members(nest: LoopNest) -> tuple[Term, list[tuple[sympy.Expr, sympy.Expr, int]]] | None:
+    """The term and its members as (weight, value, column shift); None if not that form."""
+    column = nest.free[-1].index
+    if nest.online:
+        if len(nest.terms) != 2 or nest.terms[0].reduced != nest.terms[1].reduced:
+            return None
+        scores, weight = nest.terms
+        if set(scores.constraints) != set(weight.constraints):
+            return None
+        return weight, [(scores.body, weight.body, 0)]
+    if nest.reduction != "sum" or len(nest.terms) != 1:
+        return None
+    (term,) = nest.terms
+    body = term.body
+    if isinstance(body, sympy.Piecewise) and len(body.args) == 2:
+        (first, test), (second, otherwise) = body.args
+        if otherwise != sympy.true or not isinstance(test, sympy.StrictLessThan):
+            return None
+        if test.lhs != column or not test.rhs.is_Integer:
+            return None
+        split = int(test.rhs)
+        parts = [_weighted(first, column), _weighted(second, column)]
+        if parts[0] is None or parts[1] is None:
+            return None
+        (a1, b1), (a2, b2) = parts
+        return term, [(a1, b1, 0), (a2, b2.xreplace({column: column + split}), split)]
+    found = _weighted(body, column)
+    return None if found is None else (term, [(found[0], found[1], 0)])
+
+
+def _weighted(body: sympy.Expr, column: sympy.Symbol) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """`(a, b)` with `body = a * b`, `b` the factors reading the column (the same in every
+    added product), `a` not reading it."""
+    products = [sympy.Mul.make_args(t) for t in sympy.Add.make_args(sympy.expand(body, deep=False))]
+    columns = [frozenset(f for f in p if _reads(f, column)) for p in products]
+    if not columns[0] or any(c != columns[0] for c in columns):
+        return None
+    b = sympy.Mul(*sorted(columns[0], key=str))
+    if b.atoms(Reduce) or not b.atoms(sympy.Indexed):
+        return None
+    a = sympy.Add(*(sympy.Mul(*(f for f in p if f not in columns[0])) for p in products))
+    return None if _reads(a, column) else (a, b)
+
+
+def _split_dot(node: Reduce, loop: sympy.Symbol) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """`(rows side, keys side, scale)` of a nested sum's body (keys: reads `loop`)."""
+    rows, keys, scale = [], [], []
+    for factor in sympy.Mul.make_args(node.body):
+        if _reads(factor, loop):
+            keys.append(factor)
+        elif _reads(factor, node.index):
+            rows.append(factor)
+        else:
+            scale.append(factor)
+    return sympy.Mul(*rows), sympy.Mul(*keys), sympy.Mul(*scale)
+
+
+def attention_program(
+    nest: LoopNest, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str] | None = None
+) -> AttentionProgram | None:
+    """The attention tile program of `nest` for these shapes, or None (module docstring).
+
+    Args:
+        nest: the loop nest.
+        shapes: the shape of every tensor the nest names.
+        dtypes: dtype names of the operands and the output (default float32).
+
+    Returns:
+        The `AttentionProgram`, or None when the nest is not an attention kernel.
+    """
+    if len(nest.free) < 2 or any(t.guard != sympy.true for t in nest.terms):
+        return None
+    found = _members(nest)
+    if found is None:
+        return None
+    term, members = found
+    if not term.reduced:
+        return None
+    extents = extent_values(nest, shapes)
+
+    def axis(r: object, tile: int) -> TileAxis:
+        start = evaluate_int(r.start, extents)  # type: ignore[attr-defined]
+        stop = evaluate_int(r.stop, extents)  # type: ignore[attr-defined]
+        return TileAxis(r.index, start, max(0, stop - start), tile)  # type: ignore[attr-defined]
+
+    nodes = sorted({n for a, _, _ in members for n in a.atoms(Reduce)}, key=str)
+    if not nodes or any(n.reduction != "sum" for n in nodes):
+        return None
+    reduced = {r.index: r for r in term.reduced}
+    loops = [r for r in reduced if all(_reads(n, r) for n in nodes)]
+    if not loops:
+        return None
+    loop_index = max(loops, key=lambda r: (axis(reduced[r], 1).extent, str(r)))
+    column = nest.free[-1].index
+    free = {r.index: r for r in nest.free[:-1]}
+    row_candidates: set[sympy.Symbol] = set()
+    for node in nodes:
+        rows_side, keys_side, _ = _split_dot(node, loop_index)
+        if rows_side == 1 or keys_side == 1:
+            return None
+        row_candidates |= {f for f in free if _reads(rows_side, f) and not _reads(keys_side, f)}
+    if not row_candidates:
+        return None
+    # Several (grouped-query heads' group reads the queries only): the longest is the rows,
+    # the others are outer.
+    order = {r.index: n for n, r in enumerate(nest.free)}
+    row_index = max(row_candidates, key=lambda f: (axis(free[f], 1).extent, order[f]))
+    values = [b for _, b, _ in members]
+    if any(_reads(b, row_index) or not _reads(b, loop_index) for b in values):
+        return None
+    wide = max(_power_of_two(max(MIN_TILE, evaluate_int(n.stop - n.start, extents))) for n in nodes)
+    rows_axis = axis(free[row_index], 1)
+    loop_axis = axis(reduced[loop_index], 1)
+    if wide > WIDEST or rows_axis.extent == 0:
+        return None
+    rows_tile = ROW_TILE if wide <= 64 else ROW_TILE // 2
+    keys_tile = KEY_TILE if wide <= 64 else KEY_TILE // 2
+    rows_axis = TileAxis(
+        row_index,
+        rows_axis.start,
+        rows_axis.extent,
+        max(MIN_TILE, min(rows_tile, _power_of_two(rows_axis.extent))),
+    )
+    loop_axis = TileAxis(
+        loop_index,
+        loop_axis.start,
+        loop_axis.extent,
+        max(MIN_TILE, min(keys_tile, _power_of_two(loop_axis.extent))),
+    )
+    dots = []
+    for node in nodes:
+        rows_side, keys_side, scale = _split_dot(node, loop_index)
+        start, stop = evaluate_int(node.start, extents), evaluate_int(node.stop, extents)
+        length = max(0, stop - start)
+        width = TileAxis(node.index, start, length, _power_of_two(max(MIN_TILE, length)))
+        dots.append(NestedDot(node, rows_side, keys_side, scale, width))
+    last = nest.free[-1]
+    column_stop = evaluate_int(last.stop, extents) - (1 if nest.online else 0)
+    column_start = evaluate_int(last.start, extents)
+    if column_start != 0:
+        return None
+    built = []
+    ends = [shift for _, _, shift in members[1:]] + [column_stop]
+    for (weight, value, shift), end in zip(members, ends):
+        width = end - shift
+        if width <= 0 or _power_of_two(max(MIN_TILE, width)) > WIDEST:
+            return None
+        name = nest.output if len(members) == 1 else f"{nest.output}[{shift}:{end}]"
+        tile = _power_of_two(max(MIN_TILE, width))
+        built.append(Member(name, weight, value, TileAxis(column, 0, width, tile)))
+    box = {r.index: _box(axis(r, 1)) for r in (*nest.free, *term.reduced)}
+    if any(hi < lo for lo, hi in box.values()):
+        return None
+    kept = []
+    for constraint in term.constraints:
+        concrete = sympy.sympify(constraint).xreplace(extents)
+        if holds_everywhere(concrete, box):
+            continue
+        if _reads(concrete, column):
+            return None
+        kept.append(concrete)
+    outer = tuple(axis(r, 1) for r in nest.free[:-1] if r.index != row_index)
+    singles = tuple(axis(reduced[r], 1) for r in reduced if r != loop_index)
+    bounds = tuple(
+        b
+        for b in _bounds(kept, [a.index for a in (*outer, rows_axis)], [loop_index])
+        if b.index == loop_index
+    )
+    dtypes = dict(dtypes or default_dtypes(nest))
+    out = str(dtypes.get(nest.output, "float32"))
+    accumulate = "float32" if out in _HALF else out
+    known = tuple(sorted(extents.items(), key=lambda item: item[0].name))
+    kind = "online" if nest.online else "weighted"
+    return AttentionProgram(
+        nest,
+        kind,
+        outer,
+        rows_axis,
+        loop_axis,
+        singles,
+        tuple(built),
+        tuple(dots),
+        tuple(kept),
+        bounds,
+        accumulate,
+        known,
+    )
+
+
+def _box(axis: TileAxis) -> tuple[int, int]:
+    return axis.start, axis.start + axis.extent - 1

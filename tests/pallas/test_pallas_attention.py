@@ -1,0 +1,239 @@
+"""FlashAttention-class attention on the pallas back end (`codegen.tiles.attention`,
+`tensordsl/backends/pallas/attention.py`), in Pallas' interpret mode, against an independent
+float64 jax.numpy attention: every variant's forward and every gradient (q, k, v and the
+modifiers' arrays) for a random cotangent, f32 and bf16; that the fused kernels run (one
+Triton kernel forward, D + dK/dV + dQ backward, in the CUDA lowering); and that each lowers
+for CUDA on this CPU, forward and value_and_grad.
+
+Pallas allocates every output and each program instance writes its whole block once, so
+there is nothing to poison.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tensordsl as td
+from tensordsl.backends.pallas.api import TRITON_CUSTOM_CALL, lowering_for_gpu
+from tensordsl.nn.attention import attention_source
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An attention call: its shapes `(B, T, S, H, Hk, E)`, keyword arguments, the arrays of
+    `mod_args` (made from the rng), and the float64 score rule `(s, arrays, b, h, i, j)`
+    -> (score, keep) of the reference."""
+
+    shape: tuple[int, int, int, int, int, int]
+    kwargs: dict = field(default_factory=dict)
+    arrays: Any = None
+    rule: Any = None
+    #: The mod_args arrays whose gradient is zero (a mask's).
+    no_gradient: tuple[str, ...] = ()
+
+
+def _plain(s, a, b, h, i, j):
+    return s, jnp.ones(s.shape, bool)
+
+
+def _causal(s, a, b, h, i, j):
+    return s, j <= i
+
+
+VARIANTS = {
+    "plain": Variant((2, 48, 48, 2, 2, 16), {}, None, _plain),
+    "causal": Variant((1, 64, 64, 2, 2, 32), {"causal": True}, None, _causal),
+    "sliding_window": Variant(
+        (1, 72, 72, 2, 2, 16),
+        {"causal": True, "mask_mod": "i - j <= 20"},
+        None,
+        lambda s, a, b, h, i, j: (s, (j <= i) & (i - j <= 20)),
+    ),
+    "padding_mask": Variant(
+        (2, 40, 40, 2, 2, 16),
+        {"mask_mod": "M[b, j] > 0"},
+        lambda rng, B, T, S, H: {
+            "M": np.concatenate([np.ones((B, 1)), (rng.random((B, S - 1)) > 0.4)], axis=1).astype(
+                np.float32
+            )
+        },
+        lambda s, a, b, h, i, j: (s, a["M"][b, j] > 0),
+        no_gradient=("M",),
+    ),
+    "relative_bias": Variant(
+        (1, 40, 40, 2, 2, 16),
+        {"causal": True, "score_mod": "S + R[h, i - j + 39]"},
+        lambda rng, B, T, S, H: {"R": rng.normal(size=(H, T + S - 1)).astype(np.float32)},
+        lambda s, a, b, h, i, j: (s + a["R"][h, i - j + 39], j <= i),
+    ),
+    "alibi": Variant(
+        (1, 48, 48, 4, 4, 16),
+        {"causal": True, "score_mod": "S - 2 ** (-(h + 1)) * abs(i - j)"},
+        None,
+        lambda s, a, b, h, i, j: (s - 2.0 ** (-(h + 1)) * jnp.abs(i - j), j <= i),
+    ),
+    "soft_cap": Variant(
+        (1, 48, 48, 2, 2, 16),
+        {"score_mod": "3 * tanh(S / 3)"},
+        None,
+        lambda s, a, b, h, i, j: (3 * jnp.tanh(s / 3), jnp.ones(s.shape, bool)),
+    ),
+    "grouped_query": Variant((1, 40, 40, 4, 2, 16), {"causal": True}, None, _causal),
+    "cross": Variant((2, 24, 72, 2, 2, 16), {}, None, _plain),
+    "odd_length": Variant((1, 37, 37, 2, 2, 24), {"causal": True}, None, _causal),
+}
+
+
+def reference(q, k, v, arrays, rule):
+    """float64 softmax attention: `(B, T, H, E)` queries, `(B, S, Hk, E)` keys and values."""
+    B, T, H, E = q.shape
+    S, Hk = k.shape[1], k.shape[2]
+    k = jnp.repeat(k, H // Hk, axis=2)
+    v = jnp.repeat(v, H // Hk, axis=2)
+    s = jnp.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(E)
+    b, h, i, j = np.meshgrid(
+        np.arange(B), np.arange(H), np.arange(T), np.arange(S), indexing="ij", sparse=True
+    )
+    s, keep = rule(s, arrays, b, h, i, j)
+    s = jnp.where(keep, s, -jnp.inf)
+    p = jnp.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    return jnp.einsum("bhij,bjhe->bihe", p, v)
+
+
+def _inputs(variant: Variant, seed: int = 0) -> tuple[list, dict]:
+    B, T, S, H, Hk, E = variant.shape
+    rng = np.random.default_rng(seed)
+    qkv = [rng.normal(size=(B, n, h, E)) for n, h in ((T, H), (S, Hk), (S, Hk))]
+    arrays = variant.arrays(rng, B, T, S, H) if variant.arrays else {}
+    return qkv, arrays
+
+
+def _attention(variant: Variant, backend: str = "pallas"):
+    names = []
+
+    def call(q, k, v, *mods):
+        args = dict(zip(names, mods))
+        return td.nn.attention(q, k, v, backend=backend, mod_args=args or None, **variant.kwargs)
+
+    return call, names
+
+
+TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_forward_and_every_gradient_match_float64(name, dtype):
+    variant = VARIANTS[name]
+    (q, k, v), arrays = _inputs(variant)
+    call, names = _attention(variant)
+    names += sorted(arrays)
+    args = [jnp.asarray(x, dtype) for x in (q, k, v)]
+    args += [jnp.asarray(arrays[n], dtype) for n in names]
+    cotangent = jnp.asarray(
+        np.random.default_rng(1).normal(size=args[0].shape[:-1] + (variant.shape[-1],)), dtype
+    )
+
+    @jax.jit
+    def forward_and_backward(*args):
+        out, vjp = jax.vjp(call, *args)
+        return out, vjp(cotangent)
+
+    out, found = forward_and_backward(*args)
+    wide = [jnp.asarray(a, jnp.float64) for a in args]
+
+    def ref(q, k, v, *mods):
+        return reference(q, k, v, dict(zip(names, mods)), variant.rule)
+
+    expected, ref_vjp = jax.vjp(ref, *wide)
+    tolerance = TOLERANCE[dtype]
+    scale = float(jnp.abs(expected).max())
+    error = float(jnp.abs(out.astype(jnp.float64) - expected).max())
+    assert error <= tolerance * scale, f"forward: {error} over {tolerance} * {scale}"
+    wanted = ref_vjp(jnp.asarray(cotangent, jnp.float64))
+    for what, got, want in zip(["q", "k", "v", *names], found, wanted):
+        scale = float(jnp.abs(want).max())
+        error = float(jnp.abs(got.astype(jnp.float64) - want).max())
+        if what in variant.no_gradient:  # a mask: its gradient is zero
+            assert scale == 0 and error == 0, f"d{what}: {error}"
+            continue
+        assert scale > 0 and error <= 2 * tolerance * scale, f"d{what}: {error} vs {scale}"
+
+
+def lowered_for_cuda(function, *args) -> str:
+    with lowering_for_gpu():
+        return jax.jit(function).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _loss(call):
+    def loss(*args):
+        return call(*args).astype(jnp.float32).sum()
+
+    return loss
+
+
+def _kernels(text: str) -> list[str]:
+    """The names of the Triton kernels a lowered module calls, in order."""
+    calls = [line for line in text.splitlines() if TRITON_CUSTOM_CALL in line]
+    return [re.search(r'name = "([^"]*)"', line).group(1) for line in calls]
+
+
+@pytest.mark.parametrize("name", ["causal", "grouped_query", "cross"])
+def test_the_fused_kernels_run(name):
+    """One kernel forward; backward the D pass (`dlse_ = -rowsum(dO * O)`), and one
+    attention kernel per gradient: nothing else."""
+    variant = VARIANTS[name]
+    (q, k, v), _ = _inputs(variant)
+    call, _ = _attention(variant)
+    args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)]
+    assert _kernels(lowered_for_cuda(call, *args)) == ["tdsl_out__flash"]
+    both = lowered_for_cuda(jax.value_and_grad(_loss(call), argnums=(0, 1, 2)), *args)
+    assert _kernels(both) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dq__flash",
+        "tdsl_dk__flash",
+        "tdsl_dv__flash",
+    ]
+
+
+def test_explain_shows_the_attention_tile_programs():
+    source = attention_source("s_[b,h,i,j]", "(j <= i)")
+    k = td.program(source, backend="pallas")
+    shapes = {"q_": (2, 100, 4, 64), "k_": (2, 100, 4, 64), "v_": (2, 100, 4, 64), "scale_": ()}
+    text = k.explain(shapes, target="pallas")
+    forward = text[text.index("out_+lse_: attention tile program") :]
+    assert "grid: 2 x 4 x 2 = 16 program instance(s), one per (b, h) and i tile" in forward
+    assert "dot: [i x d_1] @ [d_1 x j]" in forward
+    assert "bound j: j <= i (tiles outside never visited)" in forward
+    assert "tiles per (b, h): 3 of 4 visited, 1 skipped" in forward
+    assert "j tiles per i tile: 0: [0, 1), 1: [0, 2)" in forward
+    assert "dk_: attention tile program" in text and "dq_: attention tile program" in text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["causal", "soft_cap"])
+def test_forward_and_value_and_grad_lower_to_triton(name, dtype):
+    variant = VARIANTS[name]
+    (q, k, v), arrays = _inputs(variant)
+    call, names = _attention(variant)
+    names += sorted(arrays)
+    args = [jnp.asarray(x, dtype) for x in (q, k, v)] + [jnp.asarray(arrays[n]) for n in names]
+    forward = lowered_for_cuda(call, *args)
+    assert forward.count(TRITON_CUSTOM_CALL) == 1  # the whole forward: one kernel
+    both = lowered_for_cuda(jax.value_and_grad(_loss(call), argnums=(0, 1, 2)), *args)
+    assert _kernels(both) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dq__flash",
+        "tdsl_dk__flash",
+        "tdsl_dv__flash",
+    ]
