@@ -38,6 +38,7 @@ from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, default_dtypes
 from codegen.ir.reductions import REDUCTIONS
+from codegen.tiles.hoist import hoist_nested
 from codegen.tiles.program import LoopBound, TermTiles, TileAxis, TileDot, TileLoad, TileProgram
 
 #: The largest tile of a tiled free index.
@@ -72,6 +73,7 @@ def tile_program(
     Raises:
         Unsupported: the nest needs what tile programs do not have yet (worded).
     """
+    nest = hoist_nested(nest)  # a nested sum holding another: into the term's loops
     _check(nest)
     dtypes = dict(dtypes or default_dtypes(nest))
     extents = extent_values(nest, shapes)

@@ -172,6 +172,12 @@ def _pallas_static_report() -> StaticReport:
     return StaticReport(TITLE, tile_report)
 
 
+def _pallas_pairs() -> Callable[..., Any]:
+    from codegen.tiles.attention.pairs import pair_attention
+
+    return pair_attention
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -254,6 +260,7 @@ BACKENDS: dict[str, Backend] = {
         "pallas",
         _runner("tensordsl.backends.pallas.run", "run_pallas"),
         one_pass_rows=PALLAS_ONE_PASS_ROWS,
+        pairs_gradients=_pallas_pairs,
         static_report=_pallas_static_report,
     ),
 }

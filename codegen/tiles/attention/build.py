@@ -76,10 +76,10 @@ def _members(nest: LoopNest) -> tuple[Term, list[tuple[sympy.Expr, sympy.Expr, i
         if test.lhs != column or not test.rhs.is_Integer:
             return None
         split = int(test.rhs)
-        parts = [_weighted(first, column), _weighted(second, column)]
-        if parts[0] is None or parts[1] is None:
+        one, two = _weighted(first, column), _weighted(second, column)
+        if one is None or two is None:
             return None
-        (a1, b1), (a2, b2) = parts
+        (a1, b1), (a2, b2) = one, two
         return term, [(a1, b1, 0), (a2, b2.xreplace({column: column + split}), split)]
     found = _weighted(body, column)
     return None if found is None else (term, [(found[0], found[1], 0)])
@@ -199,12 +199,12 @@ def attention_program(
     built = []
     ends = [shift for _, _, shift in members[1:]] + [column_stop]
     for (weight, value, shift), end in zip(members, ends):
-        width = end - shift
-        if width <= 0 or _power_of_two(max(MIN_TILE, width)) > WIDEST:
+        count = end - shift
+        if count <= 0 or _power_of_two(max(MIN_TILE, count)) > WIDEST:
             return None
         name = nest.output if len(members) == 1 else f"{nest.output}[{shift}:{end}]"
-        tile = _power_of_two(max(MIN_TILE, width))
-        built.append(Member(name, weight, value, TileAxis(column, 0, width, tile)))
+        tile = _power_of_two(max(MIN_TILE, count))
+        built.append(Member(name, weight, value, TileAxis(column, 0, count, tile)))
     box = {r.index: _box(axis(r, 1)) for r in (*nest.free, *term.reduced)}
     if any(hi < lo for lo, hi in box.values()):
         return None
