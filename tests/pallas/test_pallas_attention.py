@@ -241,3 +241,58 @@ def test_forward_and_value_and_grad_lower_to_triton(name, dtype):
         "tdsl_dv__dk__flash",
         "tdsl_dq__flash",
     ]
+
+
+@pytest.mark.parametrize("width", [8, 80, 256])
+def test_head_dims_are_padded_to_a_power_of_two(width):
+    """Head dims under 16, between powers of two and the widest (256), forward and every
+    gradient, with a partial row and key tile. At these shapes the cost model would store
+    the scores (they are smaller than q): `fuse=` recomputes them, as at long T."""
+    source = attention_source("s_[b,h,i,j]", "(j <= i)")
+    program = td.program(source, backend="pallas", fuse={"s_": "inline"})
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 24, 2, width)), jnp.float32) for _ in range(3))
+    scale = jnp.asarray(1 / np.sqrt(width), jnp.float32)
+
+    def call(q, k, v):
+        return program(q_=q, k_=k, v_=v, scale_=scale)
+
+    cotangent = jnp.asarray(rng.normal(size=(1, 2, 24, width)), jnp.float32)
+
+    @jax.jit
+    def forward_and_backward(*args):
+        out, vjp = jax.vjp(call, *args)
+        return out, vjp(cotangent)
+
+    out, found = forward_and_backward(q, k, v)
+
+    def ref(q, k, v):
+        return jnp.swapaxes(reference(q, k, v, {}, _causal), 1, 2)
+
+    wide = [jnp.asarray(a, jnp.float64) for a in (q, k, v)]
+    expected, ref_vjp = jax.vjp(ref, *wide)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
+    for got, want in zip(found, ref_vjp(jnp.asarray(cotangent, jnp.float64))):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+    both = lowered_for_cuda(jax.value_and_grad(lambda *a: call(*a).sum(), (0, 1, 2)), q, k, v)
+    assert _kernels(both) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]
+
+
+def test_vmap_keeps_the_fused_kernel():
+    """vmap adds a leading free index to the nests: one more outer axis of the grid."""
+    variant = VARIANTS["causal"]
+    (q, k, v), _ = _inputs(variant)
+    call, _ = _attention(variant)
+    stacked = [jnp.asarray(np.stack([x, x[::-1] * 0.5]), jnp.float32) for x in (q, k, v)]
+    batched = jax.vmap(call)
+    out = jax.jit(batched)(*stacked)
+    for n in range(2):
+        wide = [jnp.asarray(x[n], jnp.float64) for x in stacked]
+        expected = reference(*wide, {}, _causal)
+        np.testing.assert_allclose(np.asarray(out[n]), np.asarray(expected), atol=2e-5)
+    assert _kernels(lowered_for_cuda(batched, *stacked)) == ["tdsl_out__flash"]
