@@ -33,7 +33,7 @@ import sympy
 
 from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import evaluate_int, extent_values
-from codegen.ir.nest import LoopNest, Reduce, Term, default_dtypes
+from codegen.ir.nest import LoopNest, Range, Reduce, Term, default_dtypes
 from codegen.tiles.attention.program import AttentionProgram, Member, NestedDot
 from codegen.tiles.build import _bounds
 from codegen.tiles.program import TileAxis
@@ -128,121 +128,142 @@ def attention_program(
     if len(nest.free) < 2 or any(t.guard != sympy.true for t in nest.terms):
         return None
     found = _members(nest)
-    if found is None:
+    if found is None or not found[0].reduced:
         return None
     term, members = found
-    if not term.reduced:
-        return None
     extents = extent_values(nest, shapes)
-
-    def axis(r: object, tile: int) -> TileAxis:
-        start = evaluate_int(r.start, extents)  # type: ignore[attr-defined]
-        stop = evaluate_int(r.stop, extents)  # type: ignore[attr-defined]
-        return TileAxis(r.index, start, max(0, stop - start), tile)  # type: ignore[attr-defined]
-
     nodes = sorted({n for a, _, _ in members for n in a.atoms(Reduce)}, key=str)
-    if not nodes or any(n.reduction != "sum" for n in nodes):
+    if not nodes or any(n.reduction != "sum" or not _fixed(n, extents) for n in nodes):
         return None
+    roles = _roles(nest, term, nodes, extents)
+    if roles is None:
+        return None
+    row_index, loop_index = roles
+    if any(_reads(b, row_index) or not _reads(b, loop_index) for _, b, _ in members):
+        return None
+    dots = tuple(_dot(node, loop_index, extents) for node in nodes)
+    built = _built(nest, members, extents)
+    kept = _kept(nest, term, extents)
+    wide = max(d.width.tile for d in dots)
+    if built is None or kept is None or wide > WIDEST:
+        return None
+    free = {r.index: _axis(r, extents) for r in nest.free[:-1]}
+    reduced = {r.index: _axis(r, extents) for r in term.reduced}
+    rows = _tiled(free[row_index], ROW_TILE if wide <= 64 else ROW_TILE // 2)
+    loop = _tiled(reduced[loop_index], KEY_TILE if wide <= 64 else KEY_TILE // 2)
+    if rows.extent == 0:
+        return None
+    outer = tuple(a for index, a in free.items() if index != row_index)
+    singles = tuple(a for index, a in reduced.items() if index != loop_index)
+    bounds = _bounds(kept, [a.index for a in (*outer, rows)], [loop_index])
+    dtypes = dict(dtypes or default_dtypes(nest))
+    out = str(dtypes.get(nest.output, "float32"))
+    return AttentionProgram(
+        nest=nest,
+        kind="online" if nest.online else "weighted",
+        outer=outer,
+        rows=rows,
+        loop=loop,
+        singles=singles,
+        members=built,
+        dots=dots,
+        constraints=tuple(kept),
+        bounds=tuple(b for b in bounds if b.index == loop_index),
+        accumulate="float32" if out in _HALF else out,
+        extents=tuple(sorted(extents.items(), key=lambda item: item[0].name)),
+    )
+
+
+def _axis(r: Range, extents: Mapping[sympy.Symbol, int], tile: int = 1) -> TileAxis:
+    start, stop = evaluate_int(r.start, extents), evaluate_int(r.stop, extents)
+    return TileAxis(r.index, start, max(0, stop - start), tile)
+
+
+def _tiled(axis: TileAxis, most: int) -> TileAxis:
+    """`axis` in tiles of up to `most` values (a power of two, at least MIN_TILE)."""
+    tile = max(MIN_TILE, min(most, _power_of_two(axis.extent)))
+    return TileAxis(axis.index, axis.start, axis.extent, tile)
+
+
+def _fixed(node: Reduce, extents: Mapping[sympy.Symbol, int]) -> bool:
+    """Whether the nested sum's range is known for the call's shapes (no loop index)."""
+    return all(
+        sympy.sympify(sympy.sympify(x).xreplace(extents)).is_Integer
+        for x in (node.start, node.stop)
+    )
+
+
+def _roles(
+    nest: LoopNest, term: Term, nodes: Sequence[Reduce], extents: Mapping[sympy.Symbol, int]
+) -> tuple[sympy.Symbol, sympy.Symbol] | None:
+    """(row index, loop index), or None: the loop is the longest reduced index every dot's
+    key side reads; the rows the longest free index (not the column) that a dot's row side
+    reads and its key side does not (several: grouped-query heads' group reads the queries
+    only, and is outer)."""
     reduced = {r.index: r for r in term.reduced}
     loops = [r for r in reduced if all(_reads(n, r) for n in nodes)]
     if not loops:
         return None
-    loop_index = max(loops, key=lambda r: (axis(reduced[r], 1).extent, str(r)))
-    column = nest.free[-1].index
+    loop = max(loops, key=lambda r: (_axis(reduced[r], extents).extent, str(r)))
     free = {r.index: r for r in nest.free[:-1]}
-    row_candidates: set[sympy.Symbol] = set()
+    candidates: set[sympy.Symbol] = set()
     for node in nodes:
-        rows_side, keys_side, _ = _split_dot(node, loop_index)
+        rows_side, keys_side, _ = _split_dot(node, loop)
         if rows_side == 1 or keys_side == 1:
             return None
-        row_candidates |= {f for f in free if _reads(rows_side, f) and not _reads(keys_side, f)}
-    if not row_candidates:
+        candidates |= {f for f in free if _reads(rows_side, f) and not _reads(keys_side, f)}
+    if not candidates:
         return None
-    # Several (grouped-query heads' group reads the queries only): the longest is the rows,
-    # the others are outer.
     order = {r.index: n for n, r in enumerate(nest.free)}
-    row_index = max(row_candidates, key=lambda f: (axis(free[f], 1).extent, order[f]))
-    values = [b for _, b, _ in members]
-    if any(_reads(b, row_index) or not _reads(b, loop_index) for b in values):
-        return None
-    wide = max(_power_of_two(max(MIN_TILE, evaluate_int(n.stop - n.start, extents))) for n in nodes)
-    rows_axis = axis(free[row_index], 1)
-    loop_axis = axis(reduced[loop_index], 1)
-    if wide > WIDEST or rows_axis.extent == 0:
-        return None
-    rows_tile = ROW_TILE if wide <= 64 else ROW_TILE // 2
-    keys_tile = KEY_TILE if wide <= 64 else KEY_TILE // 2
-    rows_axis = TileAxis(
-        row_index,
-        rows_axis.start,
-        rows_axis.extent,
-        max(MIN_TILE, min(rows_tile, _power_of_two(rows_axis.extent))),
-    )
-    loop_axis = TileAxis(
-        loop_index,
-        loop_axis.start,
-        loop_axis.extent,
-        max(MIN_TILE, min(keys_tile, _power_of_two(loop_axis.extent))),
-    )
-    dots = []
-    for node in nodes:
-        rows_side, keys_side, scale = _split_dot(node, loop_index)
-        start, stop = evaluate_int(node.start, extents), evaluate_int(node.stop, extents)
-        length = max(0, stop - start)
-        width = TileAxis(node.index, start, length, _power_of_two(max(MIN_TILE, length)))
-        dots.append(NestedDot(node, rows_side, keys_side, scale, width))
+    rows = max(candidates, key=lambda f: (_axis(free[f], extents).extent, order[f]))
+    return rows, loop
+
+
+def _dot(node: Reduce, loop: sympy.Symbol, extents: Mapping[sympy.Symbol, int]) -> NestedDot:
+    rows_side, keys_side, scale = _split_dot(node, loop)
+    start, stop = evaluate_int(node.start, extents), evaluate_int(node.stop, extents)
+    length = max(0, stop - start)
+    width = TileAxis(node.index, start, length, _power_of_two(max(MIN_TILE, length)))
+    return NestedDot(node, rows_side, keys_side, scale, width)
+
+
+def _built(
+    nest: LoopNest, members: Sequence[tuple], extents: Mapping[sympy.Symbol, int]
+) -> tuple[Member, ...] | None:
+    """The members with their column axes (the packed logsumexp left out), or None."""
     last = nest.free[-1]
-    column_stop = evaluate_int(last.stop, extents) - (1 if nest.online else 0)
-    column_start = evaluate_int(last.start, extents)
-    if column_start != 0:
+    if evaluate_int(last.start, extents) != 0:
         return None
+    stop = evaluate_int(last.stop, extents) - (1 if nest.online else 0)
+    ends = [shift for _, _, shift in members[1:]] + [stop]
     built = []
-    ends = [shift for _, _, shift in members[1:]] + [column_stop]
     for (weight, value, shift), end in zip(members, ends):
         count = end - shift
-        if count <= 0 or _power_of_two(max(MIN_TILE, count)) > WIDEST:
+        tile = _power_of_two(max(MIN_TILE, count))
+        if count <= 0 or tile > WIDEST:
             return None
         name = nest.output if len(members) == 1 else f"{nest.output}[{shift}:{end}]"
-        tile = _power_of_two(max(MIN_TILE, count))
-        built.append(Member(name, weight, value, TileAxis(column, 0, count, tile)))
-    box = {r.index: _box(axis(r, 1)) for r in (*nest.free, *term.reduced)}
-    if any(hi < lo for lo, hi in box.values()):
-        return None
+        built.append(Member(name, weight, value, TileAxis(last.index, 0, count, tile)))
+    return tuple(built)
+
+
+def _kept(
+    nest: LoopNest, term: Term, extents: Mapping[sympy.Symbol, int]
+) -> list[sympy.Expr] | None:
+    """The term's constraints that do not hold everywhere (concrete), or None when one of
+    them tests the column."""
+    box = {}
+    for r in (*nest.free, *term.reduced):
+        axis = _axis(r, extents)
+        if axis.extent == 0:
+            return None
+        box[r.index] = (axis.start, axis.start + axis.extent - 1)
     kept = []
     for constraint in term.constraints:
-        concrete = sympy.sympify(constraint).xreplace(extents)
+        concrete = sympy.sympify(sympy.sympify(constraint).xreplace(extents))
         if holds_everywhere(concrete, box):
             continue
-        if _reads(concrete, column):
+        if _reads(concrete, nest.free[-1].index):
             return None
         kept.append(concrete)
-    outer = tuple(axis(r, 1) for r in nest.free[:-1] if r.index != row_index)
-    singles = tuple(axis(reduced[r], 1) for r in reduced if r != loop_index)
-    bounds = tuple(
-        b
-        for b in _bounds(kept, [a.index for a in (*outer, rows_axis)], [loop_index])
-        if b.index == loop_index
-    )
-    dtypes = dict(dtypes or default_dtypes(nest))
-    out = str(dtypes.get(nest.output, "float32"))
-    accumulate = "float32" if out in _HALF else out
-    known = tuple(sorted(extents.items(), key=lambda item: item[0].name))
-    kind = "online" if nest.online else "weighted"
-    return AttentionProgram(
-        nest,
-        kind,
-        outer,
-        rows_axis,
-        loop_axis,
-        singles,
-        tuple(built),
-        tuple(dots),
-        tuple(kept),
-        bounds,
-        accumulate,
-        known,
-    )
-
-
-def _box(axis: TileAxis) -> tuple[int, int]:
-    return axis.start, axis.start + axis.extent - 1
+    return kept

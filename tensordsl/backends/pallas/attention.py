@@ -175,33 +175,17 @@ class _Tiles:
         base = {**self.outer, **singles}
         rows = _iota(self.row_start, self.R, 0)
         points = {**base, program.rows.index: rows, program.loop.index: _iota(offset, self.C, 1)}
-        dots = {}
-        for d in program.dots:
-            w = d.width
-            left = self.side(
-                d.rows,
-                {**base, program.rows.index: rows, w.index: _iota(w.start, w.tile, 1)},
-                (self.R, w.tile),
-            )
-            right_points = {**base, program.loop.index: _iota(offset, self.C, 1)}
-            right_points[w.index] = _iota(w.start, w.tile, 0)
-            right = self.side(d.keys, right_points, (w.tile, self.C))
-            if w.tile != w.extent:
-                left = jnp.where(_iota(w.start, w.tile, 1) < w.start + w.extent, left, 0)
-                right = jnp.where(_iota(w.start, w.tile, 0) < w.start + w.extent, right, 0)
-            scale = jnp.asarray(self.evaluator(points)(d.scale), self.dtype)
-            dots[d.node] = self.dot(left, right) * scale
-        evaluate = self.evaluator(points, dots)
+        evaluate = self.evaluator(points, self.dots(base, rows, offset, points))
         weights = tuple(
             jnp.broadcast_to(jnp.asarray(evaluate(m.weight), self.dtype), (self.R, self.C))
             for m in program.members
         )
         weights = self.masked(weights, points, offset)
-        value_points = {**base, program.loop.index: _iota(offset, self.C, 0)}
         values = []
         for member in program.members:
             column = member.column
-            at = {**value_points, column.index: _iota(column.start, column.tile, 1)}
+            at = {**base, program.loop.index: _iota(offset, self.C, 0)}
+            at[column.index] = _iota(column.start, column.tile, 1)
             values.append(self.side(member.value, at, (self.C, column.tile)))
         if program.kind == "online":
             return self.online(weights[0], values[0], state)
@@ -209,6 +193,23 @@ class _Tiles:
             acc + self.dot(a.astype(b.dtype) if b.dtype in _HALF else a, b)
             for acc, a, b in zip(state, weights, values)
         )
+
+    def dots(self, base: dict, rows: Any, offset: Any, points: dict) -> dict[Any, jax.Array]:
+        """Each nested sum of the weights on this `[R x C]` tile: `[R x W] @ [W x C]`, the
+        padded head dim zeroed on both sides."""
+        loop, found = self.program.loop, {}
+        for d in self.program.dots:
+            w = d.width
+            at = {**base, self.program.rows.index: rows, w.index: _iota(w.start, w.tile, 1)}
+            left = self.side(d.rows, at, (self.R, w.tile))
+            at = {**base, loop.index: _iota(offset, self.C, 1), w.index: _iota(w.start, w.tile, 0)}
+            right = self.side(d.keys, at, (w.tile, self.C))
+            if w.tile != w.extent:
+                left = jnp.where(_iota(w.start, w.tile, 1) < w.start + w.extent, left, 0)
+                right = jnp.where(_iota(w.start, w.tile, 0) < w.start + w.extent, right, 0)
+            scale = jnp.asarray(self.evaluator(points)(d.scale), self.dtype)
+            found[d.node] = self.dot(left, right) * scale
+        return found
 
     def online(self, scores: jax.Array, value: jax.Array, state: Any) -> Any:
         """The online softmax update of the running max `m`, sum `s` and accumulator."""
