@@ -296,3 +296,18 @@ def test_vmap_keeps_the_fused_kernel():
         expected = reference(*wide, {}, _causal)
         np.testing.assert_allclose(np.asarray(out[n]), np.asarray(expected), atol=2e-5)
     assert _kernels(lowered_for_cuda(batched, *stacked)) == ["tdsl_out__flash"]
+
+
+def test_jvp_matches_float64():
+    """Forward mode: the tangent nests of the fused forward (run as its two nests)."""
+    variant = VARIANTS["sliding_window"]
+    (q, k, v), _ = _inputs(variant, seed=4)
+    call, _ = _attention(variant)
+    rng = np.random.default_rng(5)
+    primals = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    tangents = tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in (q, k, v))
+    out, tangent = jax.jit(lambda p, t: jax.jvp(call, p, t))(primals, tangents)
+    wide = [tuple(jnp.asarray(x, jnp.float64) for x in xs) for xs in (primals, tangents)]
+    expected, expected_tangent = jax.jvp(lambda *a: reference(*a, {}, variant.rule), *wide)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(tangent), np.asarray(expected_tangent), atol=1e-4)
