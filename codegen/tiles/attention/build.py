@@ -23,6 +23,23 @@ least `MIN_TILE`, up to `WIDEST`.
 >>> from codegen.ir.examples import matmul
 >>> attention_program(matmul(), {"A": (4, 3), "B": (3, 2)}) is None   # no nested sum
 True
+
+Causal attention's one-pass nest: two query tiles of 64, the first visits one key tile.
+
+>>> from codegen.ir.nest import Operand, extent_symbol, index_symbol, tensor_base
+>>> from codegen.passes.online import pair
+>>> i, j, d, e = (index_symbol(n) for n in "ijde")
+>>> Q, K, V, L = (tensor_base(n) for n in "QKVL")
+>>> score = Reduce("sum", Q[i, d] * K[j, d], d, 0, extent_symbol("Q", 1))
+>>> keys, rows = (Range(j, 0, extent_symbol("K", 0)),), Range(i, 0, extent_symbol("Q", 0))
+>>> lse = LoopNest("L", (rows,), (Term(score, keys, (i - j,)),),
+...     (Operand("Q", 2), Operand("K", 2)), "logsumexp")
+>>> out = LoopNest("O", (rows, Range(e, 0, extent_symbol("V", 1))),
+...     (Term(sympy.exp(score - L[i]) * V[j, e], keys, (i - j,)),),
+...     (Operand("Q", 2), Operand("K", 2), Operand("L", 1), Operand("V", 2)))
+>>> program = attention_program(pair(lse, out), {"Q": (100, 64), "K": (100, 64), "V": (100, 64)})
+>>> program.kind, program.grid_shape, program.rows.tile, program.tile_ranges()
+('online', (2,), 64, ((0, 1), (0, 2)))
 """
 
 from __future__ import annotations
