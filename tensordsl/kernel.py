@@ -40,16 +40,19 @@ class Kernel:
         reduce: the reduction over indices not on the left: "sum" (default), "max",
             "min", "prod" or "logsumexp".
         ranges: an extent (`{"k": 3}`) or an explicit `range` per index.
-        backend: "auto" (default: cuda on a CUDA GPU with CuPy, else c), "reference",
-            "c" or "cuda".
+        backend: "auto" (default: on a CUDA GPU, pallas where the tuning table prefers it
+            for the nest's kind, else cuda with CuPy; c elsewhere), "reference", "c",
+            "cuda" or "pallas".
         nograd: inputs that never get a gradient: one name or a tuple of names.
         schedule: a `codegen.c.schedule.Schedule` for the forward nest on the C back end (the
             CUDA back end and all gradient nests use their heuristics).
         loop_order: index names, outermost first, for the forward nest on the C back end.
-        precision: for the contractions the c and cuda back ends give to XLA's dot (and
-            their gradients): None (default: jnp's default, `jax.default_matmul_precision`),
-            "default", "high", "highest" or a `jax.lax.Precision`, as `jnp.einsum` takes it.
-            The reference back end (the test oracle) ignores it: its sums run at HIGHEST.
+        precision: of the kernel's matrix products (and their gradients'), as `jnp.einsum`
+            takes it: None (default: jnp's default, `jax.default_matmul_precision`),
+            "default", "high", "highest" or a `jax.lax.Precision`. The pallas back end's
+            tile dots and the contractions the c and cuda back ends give to XLA's dot follow
+            it (TF32 on a GPU for "default" and "high"); their generated kernels and the
+            reference back end (the test oracle) compute in exact float32 whatever it says.
         init: Tullio's starting value of the reduction, a real number: the result is
             `init` combined with the reduction (`init + sum`, `max(init, max)`, ...), so it
             is also the value of an empty reduction; gradients follow.
@@ -172,7 +175,7 @@ class Kernel:
         if target is None or shapes is None:
             return text
         names = {each: name for name, each in kernel_nests(self.nest).items()}
-        jaxpr = nest_jaxpr(self.nest, shapes, backend=target)
+        jaxpr = nest_jaxpr(self.nest, shapes, backend=target, precision=self.precision)
         return "\n".join([text, *report_lines(target, jaxpr, names)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -282,13 +285,13 @@ class Kernel:
         # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
-        record = table.backend(self.backend)
         nograd = self.nograd
         copied = None
         if self._lowered.gathers:
             values = _with_gathered(self._lowered, values, shapes)
             nograd = nograd | self._lowered.unread
             copied = self._lowered.copied_gather
+        record = table.backend(self.backend, self.nest, values)
         if copied is not None:  # the gather is the result: no nest to run
             out = values[self.nest.operand_names.index(copied)].astype(out_dtype)
         else:

@@ -352,9 +352,8 @@ class ProgramKernel:
             for statement in gathers:
                 known.update(gather.gathered(statement, known, shapes, self.source_text))
             on = backend or table.PROFILED.name
-            results = run_program(
-                self.program, known, backend=on, nograd=self.nograd, fuse=self.fuse
-            )
+            options = {"nograd": self.nograd, "fuse": self.fuse, "precision": self.precision}
+            results = run_program(self.program, known, backend=on, **options)
             floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
             return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0
 

@@ -146,10 +146,11 @@ def nest_jaxpr(
     schedule: Any = None,
     nograd: frozenset[str] = frozenset(),
     backend: str | None = None,
+    precision: Any = None,
 ) -> Any:
     """The jaxpr of `jax.value_and_grad` of the sum of `nest`'s output (`value_and_grad_jaxpr`)
     on `backend` (the profiled back end by default: the nests, gradient groups included,
-    that a call on it runs)."""
+    that a call on it runs), at the kernel's `precision`."""
     from tensordsl.binding.primitive import call_nest
 
     positional = REDUCTIONS[nest.reduction].positional
@@ -163,6 +164,7 @@ def nest_jaxpr(
             out_dtype=POSITION_DTYPE if positional else dtype,
             nograd=nograd,
             schedule=schedule,
+            precision=precision,
         )
         # an argmax has no gradient: its (integer) sum in a float loss, differentiated to 0
         return jnp.sum(out).astype(dtype)

@@ -57,8 +57,8 @@ import sympy
 from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
 from codegen.cuda.attention.scores import score_pitch, scores, tile_shape, variant
 from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.geometry import ONLINE_COLUMNS, GpuGeometry
 from codegen.cuda.layout import split_paired, split_weighted
-from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.cuda.staged import shared
 from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.loop_order import term_order
@@ -75,7 +75,7 @@ def launch(
     return grid, (rows * lanes, 1, 1)
 
 
-def shared_arrays(nest: LoopNest, schedule: GpuSchedule, f: str) -> tuple[shared.Array, ...]:
+def shared_arrays(nest: LoopNest, schedule: GpuGeometry, f: str) -> tuple[shared.Array, ...]:
     """The kernel's shared arrays (`codegen.cuda.staged.shared`) for accumulation type `f`."""
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
     paired = split_paired(nest) is not None  # a pair's second weights: `ss2_`
@@ -93,12 +93,12 @@ def shared_arrays(nest: LoopNest, schedule: GpuSchedule, f: str) -> tuple[shared
     return shared.widest_first(arrays, schedule.index_type)
 
 
-def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
+def shared_bytes(nest: LoopNest, schedule: GpuGeometry, f: str) -> int:
     """Bytes of shared memory the kernel of `nest` declares (accumulation type `f`)."""
     return sum(shared.sizes(shared_arrays(nest, schedule, f), schedule.index_type))
 
 
-def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | None:
+def staged_keys(nest: LoopNest, schedule: GpuGeometry) -> key_tiles.KeyTile | None:
     """The score's read staged per key tile (`codegen.cuda.attention.key_tiles`; float accumulation
     only), if any."""
     by_name = {s.name: s for s in nest.free_indices}
@@ -110,7 +110,7 @@ def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | No
 
 
 def staged_queries(
-    nest: LoopNest, schedule: GpuSchedule, keys: key_tiles.KeyTile
+    nest: LoopNest, schedule: GpuGeometry, keys: key_tiles.KeyTile
 ) -> sympy.Indexed | None:
     """The read of the score's staged nested reduction staged per row tile
     (`codegen.cuda.attention.query_tiles`), if any: one-pass nests only (with it, the weighted

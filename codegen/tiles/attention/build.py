@@ -53,6 +53,7 @@ from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest, Range, Reduce, Term, default_dtypes
 from codegen.tiles.attention.program import AttentionProgram, Member, NestedDot
 from codegen.tiles.build import _bounds
+from codegen.tiles.precision import dot_precision
 from codegen.tiles.program import TileAxis
 
 #: The largest row and key tiles (head dims up to 64; half that above).
@@ -130,7 +131,11 @@ def _split_dot(node: Reduce, loop: sympy.Symbol) -> tuple[sympy.Expr, sympy.Expr
 
 
 def attention_program(
-    nest: LoopNest, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str] | None = None
+    nest: LoopNest,
+    shapes: Mapping[str, Sequence[int]],
+    dtypes: Mapping[str, str] | None = None,
+    *,
+    precision: str = "default",
 ) -> AttentionProgram | None:
     """The attention tile program of `nest` for these shapes, or None (module docstring).
 
@@ -138,6 +143,7 @@ def attention_program(
         nest: the loop nest.
         shapes: the shape of every tensor the nest names.
         dtypes: dtype names of the operands and the output (default float32).
+        precision: how float32 dots round, a key of `codegen.tiles.precision.MODES`.
 
     Returns:
         The `AttentionProgram`, or None when the nest is not an attention kernel.
@@ -188,6 +194,7 @@ def attention_program(
         bounds=tuple(b for b in bounds if b.index == loop_index),
         accumulate="float32" if out in _HALF else out,
         extents=tuple(sorted(extents.items(), key=lambda item: item[0].name)),
+        precision=dot_precision(precision, out),
     )
 
 

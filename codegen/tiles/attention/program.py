@@ -32,6 +32,7 @@ import sympy
 from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.nest import LoopNest, Reduce
 from codegen.ir.source import constraint_source, expr_source
+from codegen.tiles.precision import DotPrecision
 from codegen.tiles.program import LoopBound, TileAxis
 
 
@@ -84,6 +85,8 @@ class AttentionProgram:
     #: The dtype scores and sums are computed and accumulated in.
     accumulate: str
     extents: tuple[tuple[sympy.Symbol, int], ...] = ()
+    #: How its dots round (`codegen.tiles.precision`); None: the operands' own type.
+    precision: DotPrecision | None = None
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -135,6 +138,13 @@ class AttentionProgram:
             f"    loop {self.loop.describe()}",
         ]
         lines += [f"    one value at a time: {a.describe()}" for a in self.singles]
+        lines.append("  launch: the default warps and stages (no tuning row for attention)")
+        if self.precision is not None:
+            p = self.precision
+            lines.append(
+                f"  dots on a GPU: {p.words} (precision {p.name}, tolerance {p.tolerance:g}); "
+                "exact float32 in interpret mode"
+            )
         for dot in self.dots:
             lines.append(
                 f"  dot: [{self.rows.index} x {dot.width.index}] @ [{dot.width.index} x "

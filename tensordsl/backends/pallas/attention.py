@@ -38,11 +38,10 @@ from tensordsl.backends.pallas.lower import TileEvaluator
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def run_attention(
-    program: AttentionProgram, operands: Sequence[Any], dtype: Any, *, precision: Any = None
-) -> jax.Array:
+def run_attention(program: AttentionProgram, operands: Sequence[Any], dtype: Any) -> jax.Array:
     """The nest's output (the packed O and logsumexp of a one-pass nest, the packed members
-    of a pair) computed by the program's one kernel."""
+    of a pair) computed by the program's one kernel, its dots rounding as
+    `program.precision` says."""
     nest = program.nest
     values = [jnp.asarray(v) for v in operands]
     scalars = frozenset(op.name for op in nest.operands if op.is_scalar)
@@ -51,7 +50,7 @@ def run_attention(
     specs = [_output_spec(program, member.column, dtype) for member in program.members]
     if program.kind == "online":
         specs.append(_output_spec(program, None, jnp.dtype(program.accumulate)))
-    kernel = functools.partial(_kernel, program, precision, nest.operand_names, scalars)
+    kernel = functools.partial(_kernel, program, program.precision, nest.operand_names, scalars)
     found = api.call_blocks(
         kernel, values, grid=program.grid_shape, outputs=specs, name=f"tdsl_{nest.output}_flash"
     )

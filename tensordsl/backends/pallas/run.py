@@ -1,13 +1,15 @@
 """The pallas runner: a nest's tile program as one Pallas kernel, inside JAX.
 
 At trace time (shapes are static) the nest becomes a `TileProgram`
-(`codegen.tiles.build.tile_program`), then a kernel (`lower.kernel_function`), called on a
-grid of whole output tiles (`api.call`: interpret mode on the CPU, Triton on a GPU); the
-padded output is cut to the nest's. An attention kernel (a one-pass nest, a gradient nest
-of attention, a pair of them: `codegen.tiles.attention.build.attention_program`) runs as
-one FlashAttention-style kernel (`attention.run_attention`); a one-pass nest of another form
-as its two nests. A nest the tile builder does not handle raises an `UnsupportedError` that
-names it: never a fallback that would hide it.
+(`codegen.tiles.build.tile_program`, its tiles from the tuning table, its dots rounding as
+the kernel's `precision=` says: `precision_mode`), then a kernel (`lower.kernel_function`),
+called on a grid of whole output tiles (`api.call`: interpret mode on the CPU, Triton on a
+GPU with the tuning row's warps and stages); the padded output is cut to the nest's. An
+attention kernel (a one-pass nest, a gradient nest of attention, a pair of them:
+`codegen.tiles.attention.build.attention_program`) runs as one FlashAttention-style kernel
+(`attention.run_attention`); a one-pass nest of another form as its two nests. A nest the
+tile builder does not handle raises an `UnsupportedError` that names it: never a fallback
+that would hide it.
 """
 
 from __future__ import annotations
@@ -32,19 +34,46 @@ from tensordsl.backends.pallas.attention import run_attention
 from tensordsl.backends.pallas.lower import kernel_function
 from tensordsl.errors import UnsupportedError
 
+#: `jax_default_matmul_precision` names that are no `jax.lax.Precision` (dot algorithms),
+#: as the mode nearest to them; any other algorithm name is taken as "default".
+_ALGORITHM_MODES = {"F32_F32_F32": "highest", "TF32_TF32_F32_X3": "highest"}
+
+
+def precision_mode(precision: Any = None) -> str:
+    """The tile dots' mode (a key of `codegen.tiles.precision.MODES`) of a kernel's
+    `precision=`: a `jax.lax.Precision`, or None for jnp's default, the
+    `jax_default_matmul_precision` in effect now (at trace time), as `jnp.dot` reads it.
+
+    >>> import jax
+    >>> precision_mode(jax.lax.Precision.HIGHEST), precision_mode(None)
+    ('highest', 'default')
+    """
+    if precision is None:
+        configured = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
+        if configured is None:
+            return "default"
+        try:
+            precision = jax.lax.Precision(configured)
+        except ValueError:
+            return _ALGORITHM_MODES.get(str(configured).upper(), "default")
+    return str(jax.lax.Precision(precision).name).lower()
+
 
 def nest_program(
-    nest: LoopNest, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str]
+    nest: LoopNest,
+    shapes: Mapping[str, Sequence[int]],
+    dtypes: Mapping[str, str],
+    precision: str = "default",
 ) -> TileProgram:
     """The tile program of `nest`, or an `UnsupportedError` naming the nest and why."""
     frozen_shapes = tuple(sorted((n, tuple(int(d) for d in s)) for n, s in shapes.items()))
-    return _program(nest, frozen_shapes, tuple(sorted(dtypes.items())))
+    return _program(nest, frozen_shapes, tuple(sorted(dtypes.items())), precision)
 
 
 @functools.lru_cache(maxsize=1024)
-def _program(nest: LoopNest, shapes: tuple, dtypes: tuple) -> TileProgram:
+def _program(nest: LoopNest, shapes: tuple, dtypes: tuple, precision: str) -> TileProgram:
     try:
-        return tile_program(nest, dict(shapes), dict(dtypes))
+        return tile_program(nest, dict(shapes), dict(dtypes), precision=precision)
     except Unsupported as error:
         raise UnsupportedError(
             f"the pallas back end cannot run '{nest.label}' ({nest}): {error.what}",
@@ -54,16 +83,21 @@ def _program(nest: LoopNest, shapes: tuple, dtypes: tuple) -> TileProgram:
 
 
 def nest_attention(
-    nest: LoopNest, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str]
+    nest: LoopNest,
+    shapes: Mapping[str, Sequence[int]],
+    dtypes: Mapping[str, str],
+    precision: str = "default",
 ) -> AttentionProgram | None:
     """The attention tile program of `nest` for these shapes, or None."""
     frozen_shapes = tuple(sorted((n, tuple(int(d) for d in s)) for n, s in shapes.items()))
-    return _attention(nest, frozen_shapes, tuple(sorted(dtypes.items())))
+    return _attention(nest, frozen_shapes, tuple(sorted(dtypes.items())), precision)
 
 
 @functools.lru_cache(maxsize=1024)
-def _attention(nest: LoopNest, shapes: tuple, dtypes: tuple) -> AttentionProgram | None:
-    return attention_program(nest, dict(shapes), dict(dtypes))
+def _attention(
+    nest: LoopNest, shapes: tuple, dtypes: tuple, precision: str
+) -> AttentionProgram | None:
+    return attention_program(nest, dict(shapes), dict(dtypes), precision=precision)
 
 
 def run_pallas(
@@ -76,7 +110,8 @@ def run_pallas(
     precision: Any = None,
 ) -> jax.Array:
     """Run `nest` as a Pallas kernel; `shapes` covers every tensor the nest names (the
-    schedule is not used: tile programs choose their own tiles)."""
+    schedule is not used: tile programs choose their own tiles); its dots at `precision`
+    (`precision_mode`)."""
     all_shapes = dict(shapes)
     values = []
     for op, value in zip(nest.operands, operands, strict=True):
@@ -86,20 +121,30 @@ def run_pallas(
     all_shapes.setdefault(nest.output, output_shape(nest, all_shapes))
     dtypes = {op.name: v.dtype.name for op, v in zip(nest.operands, values)}
     dtypes[nest.output] = jnp.dtype(dtype).name
-    flash = nest_attention(nest, all_shapes, dtypes)
+    mode = precision_mode(precision)
+    flash = nest_attention(nest, all_shapes, dtypes, mode)
     if flash is not None:
-        return run_attention(flash, operands, dtype, precision=precision)
+        return run_attention(flash, operands, dtype)
     if nest.online:
         return _two_nests(nest, operands, all_shapes, dtype, precision)
-    program = nest_program(nest, all_shapes, dtypes)
+    program = nest_program(nest, all_shapes, dtypes, mode)
+    return run_program(program, values, dtype)
+
+
+def run_program(program: TileProgram, values: Sequence[jax.Array], dtype: Any) -> jax.Array:
+    """Run a built tile program on its operands (scalars as one-element arrays): the
+    kernel, its launch, the output cut to the nest's shape."""
+    nest, row = program.nest, program.tuning
+    launch = {} if row is None else {"num_warps": row.num_warps, "num_stages": row.num_stages}
     out = api.call(
-        kernel_function(program, precision),
+        kernel_function(program, program.precision),
         values,
         grid=program.grid_shape,
         block=program.block,
         shape=program.padded_shape,
         dtype=jnp.dtype(dtype),
         name=f"tdsl_{nest.output}_tiles",
+        **launch,
     )
     if not program.grid:
         return out.reshape(())
