@@ -41,6 +41,7 @@ from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, default_dtypes
 from codegen.ir.reductions import REDUCTIONS
 from codegen.tiles import tuning
+from codegen.tiles.hoist import hoist_nested
 from codegen.tiles.precision import dot_precision
 from codegen.tiles.program import LoopBound, TermTiles, TileAxis, TileDot, TileLoad, TileProgram
 
@@ -80,6 +81,7 @@ def tile_program(
     Raises:
         Unsupported: the nest needs what tile programs do not have yet (worded).
     """
+    nest = hoist_nested(nest)  # a nested sum holding another: into the term's loops
     _check(nest)
     dtypes = dict(dtypes or default_dtypes(nest))
     extents = extent_values(nest, shapes)

@@ -174,6 +174,12 @@ def _pallas_static_report() -> StaticReport:
     return StaticReport(TITLE, tile_report)
 
 
+def _pallas_pairs() -> Callable[..., Any]:
+    from codegen.tiles.attention.pairs import pair_attention
+
+    return pair_attention
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -224,6 +230,10 @@ C_ONE_PASS_ROWS = 1024
 #: 128 columns per pass over the keys; two passes cost what the two nests would.
 CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
 
+#: The longest packed row (the logsumexp included) the pallas attention kernel
+#: (`tensordsl.backends.pallas.attention`) runs as one pass: head dims up to 256, whole in a tile.
+PALLAS_ONE_PASS_ROWS = 257
+
 BACKENDS: dict[str, Backend] = {
     "reference": Backend("reference", _run_reference),
     "c": Backend(
@@ -255,6 +265,8 @@ BACKENDS: dict[str, Backend] = {
     "pallas": Backend(
         "pallas",
         _runner("tensordsl.backends.pallas.run", "run_pallas"),
+        one_pass_rows=PALLAS_ONE_PASS_ROWS,
+        pairs_gradients=_pallas_pairs,
         static_report=_pallas_static_report,
     ),
 }

@@ -119,6 +119,51 @@ def call(
     )
 
 
+def call_blocks(
+    kernel: Callable[..., None],
+    operands: Sequence[jax.Array],
+    *,
+    grid: tuple[int, ...],
+    outputs: Sequence[tuple[tuple[int, ...], tuple[int, ...], Callable[..., tuple], Any]],
+    name: str,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+) -> tuple[jax.Array, ...]:
+    """Run `kernel(*operand refs, *output refs)` once per point of `grid`, with several
+    outputs, each `(shape, block, index map, dtype)`: the program instance at grid point `g`
+    writes the block `index_map(*g)` of it (operands are whole arrays, as in `call`)."""
+    if jax.default_backend() == "cpu":
+        _say_interpreted()
+
+    def run(*values: jax.Array, interpret: bool) -> tuple[jax.Array, ...]:
+        params = None if interpret else pl_triton.CompilerParams(num_warps, num_stages)
+
+        def traced(*refs: Any) -> None:  # as in `call`: `dot` knows the branch
+            token = _INTERPRETING.set(interpret)
+            try:
+                kernel(*refs)
+            finally:
+                _INTERPRETING.reset(token)
+
+        return tuple(
+            pl.pallas_call(
+                traced,
+                out_shape=[jax.ShapeDtypeStruct(s, d) for s, _, _, d in outputs],
+                grid=grid,
+                out_specs=[pl.BlockSpec(b, m) for _, b, m, _ in outputs],
+                interpret=interpret,
+                compiler_params=params,
+                name=name,
+            )(*values)
+        )
+
+    return jax.lax.platform_dependent(
+        *operands,
+        cpu=functools.partial(run, interpret=True),
+        default=functools.partial(run, interpret=False),
+    )
+
+
 @contextlib.contextmanager
 def lowering_for_gpu(version: str = "H100") -> Iterator[None]:
     """Lower for a GPU (`version`, a name of JAX's `GpuVersion`) on a machine without one.

@@ -3,7 +3,9 @@ its `Backend.static_report`, read by `tensordsl.explain.gpu_report` as CUDA's is
 
 Each nest's tile program is printed (`codegen.tiles.program.describe`): grid, tiles, dots,
 loads and per-tile bounds, the tuning row used (or "default: no measured row") and how its
-dots round at the kernel's `precision=`; a nest tile programs do not handle says why.
+dots round at the kernel's `precision=`; an attention kernel's (`codegen.tiles.attention`:
+a one-pass nest, attention's gradient nests) its grid, dots, weights, bounds per row tile
+and the tiles visited and skipped; a nest tile programs do not handle says why.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from codegen.errors import Unsupported
 from codegen.ir.nest import LoopNest
+from codegen.tiles.attention.build import attention_program
 from codegen.tiles.build import tile_program
 from tensordsl.backends.pallas.run import precision_mode
 
@@ -35,6 +38,9 @@ def tile_report(
 ) -> TileReport:
     """The tile program of `nest` for these shapes and dtypes, its dots at the kernel's
     `precision` (None: jnp's default), or why there is none."""
+    flash = attention_program(nest, shapes, dtypes, precision=precision_mode(precision))
+    if flash is not None:
+        return TileReport(tuple(flash.describe().split("\n")))
     try:
         program = tile_program(nest, shapes, dtypes, precision=precision_mode(precision))
     except Unsupported as error:

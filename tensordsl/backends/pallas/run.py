@@ -4,9 +4,12 @@ At trace time (shapes are static) the nest becomes a `TileProgram`
 (`codegen.tiles.build.tile_program`, its tiles from the tuning table, its dots rounding as
 the kernel's `precision=` says: `precision_mode`), then a kernel (`lower.kernel_function`),
 called on a grid of whole output tiles (`api.call`: interpret mode on the CPU, Triton on a
-GPU with the tuning row's warps and stages); the padded output is cut to the nest's. A nest
-the tile builder does not handle raises an `UnsupportedError` that names it: never a
-fallback that would hide it.
+GPU with the tuning row's warps and stages); the padded output is cut to the nest's. An
+attention kernel (a one-pass nest, a gradient nest of attention, a pair of them:
+`codegen.tiles.attention.build.attention_program`) runs as one FlashAttention-style kernel
+(`attention.run_attention`); a one-pass nest of another form as its two nests. A nest the
+tile builder does not handle raises an `UnsupportedError` that names it: never a fallback
+that would hide it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ import jax.numpy as jnp
 from codegen.errors import Unsupported
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
+from codegen.passes.online import unpair
+from codegen.tiles.attention.build import attention_program
+from codegen.tiles.attention.program import AttentionProgram
 from codegen.tiles.build import tile_program
 from codegen.tiles.program import TileProgram
 from tensordsl.backends.pallas import api
+from tensordsl.backends.pallas.attention import run_attention
 from tensordsl.backends.pallas.lower import kernel_function
 from tensordsl.errors import UnsupportedError
 
@@ -75,6 +82,24 @@ def _program(nest: LoopNest, shapes: tuple, dtypes: tuple, precision: str) -> Ti
         ) from None
 
 
+def nest_attention(
+    nest: LoopNest,
+    shapes: Mapping[str, Sequence[int]],
+    dtypes: Mapping[str, str],
+    precision: str = "default",
+) -> AttentionProgram | None:
+    """The attention tile program of `nest` for these shapes, or None."""
+    frozen_shapes = tuple(sorted((n, tuple(int(d) for d in s)) for n, s in shapes.items()))
+    return _attention(nest, frozen_shapes, tuple(sorted(dtypes.items())), precision)
+
+
+@functools.lru_cache(maxsize=1024)
+def _attention(
+    nest: LoopNest, shapes: tuple, dtypes: tuple, precision: str
+) -> AttentionProgram | None:
+    return attention_program(nest, dict(shapes), dict(dtypes), precision=precision)
+
+
 def run_pallas(
     nest: LoopNest,
     operands: Sequence[Any],
@@ -96,7 +121,13 @@ def run_pallas(
     all_shapes.setdefault(nest.output, output_shape(nest, all_shapes))
     dtypes = {op.name: v.dtype.name for op, v in zip(nest.operands, values)}
     dtypes[nest.output] = jnp.dtype(dtype).name
-    program = nest_program(nest, all_shapes, dtypes, precision_mode(precision))
+    mode = precision_mode(precision)
+    flash = nest_attention(nest, all_shapes, dtypes, mode)
+    if flash is not None:
+        return run_attention(flash, operands, dtype)
+    if nest.online:
+        return _two_nests(nest, operands, all_shapes, dtype, precision)
+    program = nest_program(nest, all_shapes, dtypes, mode)
     return run_program(program, values, dtype)
 
 
@@ -118,3 +149,21 @@ def run_program(program: TileProgram, values: Sequence[jax.Array], dtype: Any) -
     if not program.grid:
         return out.reshape(())
     return out[tuple(slice(0, a.extent) for a in program.grid)]
+
+
+def _two_nests(
+    nest: LoopNest, operands: Sequence[Any], shapes: Mapping[str, Any], dtype: Any, precision: Any
+) -> jax.Array:
+    """A one-pass nest that is not an attention kernel, as its two nests (packed)."""
+    lse, weighted = unpair(nest)
+    values = dict(zip(nest.operand_names, operands))
+    known = dict(shapes)
+    known.pop(nest.output, None)
+    found = run_pallas(
+        lse, [values[n] for n in lse.operand_names], known, dtype, precision=precision
+    )
+    values[lse.output], known[lse.output] = found, tuple(found.shape)
+    out = run_pallas(
+        weighted, [values[n] for n in weighted.operand_names], known, dtype, precision=precision
+    )
+    return jnp.concatenate([out, jnp.expand_dims(found, -1).astype(out.dtype)], axis=-1)
