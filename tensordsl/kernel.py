@@ -23,6 +23,7 @@ from tensordsl.errors import (
     UnsupportedError,
     close_match,
 )
+from tensordsl.explain.spelling import label, spellings
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.lower import Lowered, lower
 from tensordsl.frontend.one_hot import pick_text
@@ -40,16 +41,19 @@ class Kernel:
         reduce: the reduction over indices not on the left: "sum" (default), "max",
             "min", "prod" or "logsumexp".
         ranges: an extent (`{"k": 3}`) or an explicit `range` per index.
-        backend: "auto" (default: cuda on a CUDA GPU with CuPy, else c), "reference",
-            "c" or "cuda".
+        backend: "auto" (default: on a CUDA GPU, pallas where the tuning table prefers it
+            for the nest's kind, else cuda with CuPy; c elsewhere), "reference", "c",
+            "cuda" or "pallas".
         nograd: inputs that never get a gradient: one name or a tuple of names.
         schedule: a `codegen.c.schedule.Schedule` for the forward nest on the C back end (the
             CUDA back end and all gradient nests use their heuristics).
         loop_order: index names, outermost first, for the forward nest on the C back end.
-        precision: for the contractions the c and cuda back ends give to XLA's dot (and
-            their gradients): None (default: jnp's default, `jax.default_matmul_precision`),
-            "default", "high", "highest" or a `jax.lax.Precision`, as `jnp.einsum` takes it.
-            The reference back end (the test oracle) ignores it: its sums run at HIGHEST.
+        precision: of the kernel's matrix products (and their gradients'), as `jnp.einsum`
+            takes it: None (default: jnp's default, `jax.default_matmul_precision`),
+            "default", "high", "highest" or a `jax.lax.Precision`. The pallas back end's
+            tile dots and the contractions the c and cuda back ends give to XLA's dot follow
+            it (TF32 on a GPU for "default" and "high"); their generated kernels and the
+            reference back end (the test oracle) compute in exact float32 whatever it says.
         init: Tullio's starting value of the reduction, a real number: the result is
             `init` combined with the reduction (`init + sum`, `max(init, max)`, ...), so it
             is also the value of an empty reduction; gradients follow.
@@ -157,9 +161,10 @@ class Kernel:
             shapes = {**shapes, **gather.gathered_shapes(low, shapes)}
         src = low.statement.source
         gathered = [
-            (g.name, pick_text(low.statement, g) if g.masked else src[g.span[0] : g.span[1]])
+            (g.table, pick_text(low.statement, g) if g.masked else src[g.span[0] : g.span[1]])
             for g in low.gathers
         ]
+        spelled = spellings(low)
         schedule = self.schedule if table.backend(self.backend).takes_schedule else None
         text = explain(
             self.nest,
@@ -168,11 +173,12 @@ class Kernel:
             unread=low.unread,
             backend=self.backend if summary else None,
             schedule=schedule,
+            spelled=spelled,
         )
         if target is None or shapes is None:
             return text
-        names = {each: name for name, each in kernel_nests(self.nest).items()}
-        jaxpr = nest_jaxpr(self.nest, shapes, backend=target)
+        names = {each: label(name, spelled) for name, each in kernel_nests(self.nest).items()}
+        jaxpr = nest_jaxpr(self.nest, shapes, backend=target, precision=self.precision)
         return "\n".join([text, *report_lines(target, jaxpr, names)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -189,7 +195,7 @@ class Kernel:
         """Generated code for every nest, as a dict from nest name to source text."""
         from tensordsl.explain.nests import generated_sources
 
-        return generated_sources(self.nest, target)
+        return generated_sources(self.nest, target, spelled=spellings(self._lowered))
 
     def profile(
         self, shapes: Mapping[str, Any], *, dtype: str = "float32", reps: int = 7, wrt: Any = None
@@ -221,6 +227,7 @@ class Kernel:
             schedule=self.schedule,
             nograd=self.nograd | self._lowered.unread | skipped,
             reps=reps,
+            spelled=spellings(self._lowered),
         )
 
     def build(self, shapes: Mapping[str, Any], *, dtype: str | None = None) -> None:
@@ -281,13 +288,13 @@ class Kernel:
         # Read by every back end alike: bool, int8, uint32, ... as int32, int64 or float.
         computed = [arguments.computed_dtype(v.dtype) for v in values]
         values = [v if d == v.dtype else v.astype(d) for v, d in zip(values, computed)]
-        record = table.backend(self.backend)
         nograd = self.nograd
         copied = None
         if self._lowered.gathers:
             values = _with_gathered(self._lowered, values, shapes)
             nograd = nograd | self._lowered.unread
             copied = self._lowered.copied_gather
+        record = table.backend(self.backend, self.nest, values)
         if copied is not None:  # the gather is the result: no nest to run
             out = values[self.nest.operand_names.index(copied)].astype(out_dtype)
         else:

@@ -38,6 +38,7 @@ from tensordsl.backends import table
 from tensordsl.binding import gather
 from tensordsl.binding.programs import fuse_program, run_program
 from tensordsl.errors import UnsupportedError
+from tensordsl.explain.spelling import label, spellings
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.fusion_choices import fuse_option
 from tensordsl.frontend.statements import (
@@ -46,8 +47,8 @@ from tensordsl.frontend.statements import (
     line_of,
     lower_program,
     stage_groups,
-    statement_spans,
 )
+from tensordsl.stages import stages
 
 __all__ = ["ProgramKernel"]
 
@@ -96,7 +97,7 @@ class ProgramKernel:
         self.precision = arguments.precision(precision)
         self.fuse = fuse_option(fuse, self._lowered, source)
         groups = stage_groups(self._lowered)
-        self._stages = _stages(self, groups, reduce, ranges) if len(groups) > 1 else ()
+        self._stages = stages(self, groups, reduce, ranges) if len(groups) > 1 else ()
         if schedule is not None or loop_order is not None:
             raise UnsupportedError(
                 "schedule= and loop_order= apply to kernels of one statement",
@@ -199,7 +200,7 @@ class ProgramKernel:
                 f"statement {n + 1} (line {line_of(self.source_text, start)}): "
                 + self.statement_text(n)
             )
-            text = explain(low.nest, shapes=known)
+            text = explain(low.nest, shapes=known, spelled=spellings(low))
             lines += ["  " + line for line in text.split("\n")]
         return "\n".join([*lines, *details])
 
@@ -241,7 +242,8 @@ class ProgramKernel:
         details = []
         for nest in fused.stored:
             details.append(f"fused statement {nest.output}")
-            details += ["  " + line for line in explain(nest, shapes=concrete).split("\n")]
+            text = explain(nest, shapes=concrete, spelled=spellings(self._lowered.statements))
+            details += ["  " + line for line in text.split("\n")]
         for nest in runs:
             if nest.online:
                 details.append(
@@ -286,8 +288,11 @@ class ProgramKernel:
         """
         from tensordsl.explain.timing import profile_jaxpr
 
-        jaxpr = self._call_jaxpr(shapes, dtype, wrt=wrt)
-        return profile_jaxpr(jaxpr, reps=reps, dtype=dtype)
+        jaxpr, spelled = (
+            self._call_jaxpr(shapes, dtype, wrt=wrt),
+            spellings(self._lowered.statements),
+        )
+        return profile_jaxpr(jaxpr, reps=reps, dtype=dtype, spelled=spelled)
 
     def source(
         self, target: str = "c", shapes: Mapping[str, tuple[int, ...]] | None = None
@@ -297,7 +302,8 @@ class ProgramKernel:
         forward+backward call runs for them, fused, keyed by their output (`dQ`, ...; a
         one-pass nest `O+L` in C and CUDA, its two nests `L` and `O` elsewhere; a name run
         twice gets `.2`), in the order `jax.value_and_grad` runs them; a nest that runs as XLA's dot
-        (`explain`) shows the kernel it falls back to.
+        (`explain`) shows the kernel it falls back to. The keys are `profile`'s names (the
+        gradient of a gathered operand by its access, `dW[tok[i], d]`).
         """
         from tensordsl.explain.nests import generated_sources, source_emitter
         from tensordsl.explain.timing import equation_dtypes, nest_equations
@@ -311,6 +317,7 @@ class ProgramKernel:
         emit = source_emitter(target)
         record = table.BACKENDS[target]
         sources: dict[str, str] = {}
+        spelled = spellings(self._lowered.statements)
         for eqn in nest_equations(self._call_jaxpr(shapes, "float32")):
             dtypes = equation_dtypes(eqn)
             nest = eqn.params["nest"]
@@ -319,10 +326,11 @@ class ProgramKernel:
                 parts = unpair(nest)
                 dtypes[nest.online] = dtypes[nest.output]
             for part in parts:
-                key, count = part.label, 1
+                name = label(part.label, spelled)
+                key, count = name, 1
                 while key in sources:
                     count += 1
-                    key = f"{part.label}.{count}"
+                    key = f"{name}.{count}"
                 sources[key] = emit(part, dtypes, role="call")
         return sources
 
@@ -352,9 +360,8 @@ class ProgramKernel:
             for statement in gathers:
                 known.update(gather.gathered(statement, known, shapes, self.source_text))
             on = backend or table.PROFILED.name
-            results = run_program(
-                self.program, known, backend=on, nograd=self.nograd, fuse=self.fuse
-            )
+            options = {"nograd": self.nograd, "fuse": self.fuse, "precision": self.precision}
+            results = run_program(self.program, known, backend=on, **options)
             floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
             return sum(floats, start=jnp.zeros((), dtype))  # an argmax alone: 0
 
@@ -406,43 +413,3 @@ class ProgramKernel:
         if batched is not None:
             results = ellipsis.restore(batched, self.outputs, results, lead)
         return results if self._lowered.returns_tuple else results[0]
-
-
-def _stages(
-    whole: ProgramKernel,
-    groups: tuple[tuple[int, ...], ...],
-    reduce: str | None,
-    ranges: Mapping[str, int | range] | None,
-) -> tuple[ProgramKernel, ...]:
-    """A program that gathers from its own outputs, as programs run in turn
-    (`stage_groups`): each is the source with the other statements blanked, so that every
-    offset, and every error's caret, is that of the whole program (whose text they show)."""
-    source, lowered = whole.source_text, whole._lowered
-    spans = statement_spans(source)
-    reads = [set(s.nest.operand_names) for s in lowered.statements]
-    stages = []
-    for k, group in enumerate(groups):
-        later = set().union(*(reads[n] for g in groups[k + 1 :] for n in g))
-        defined = [lowered.statements[n].nest.output for n in group]
-        outputs = tuple(n for n in defined if n in later or n in whole.outputs)
-        if not outputs:
-            continue
-        text = list(source)
-        for n, (start, stop) in enumerate(spans):
-            if n not in group:
-                text[start:stop] = " " * (stop - start)
-        indices = {r.index.name for n in group for r in lowered.statements[n].ranges}
-        inner = {name: choice for name, choice in whole.fuse if name in defined}
-        stage = ProgramKernel(
-            "".join(text),
-            outputs=outputs,
-            reduce=reduce,
-            ranges={i: r for i, r in (ranges or {}).items() if i in indices},
-            backend=whole.backend,
-            nograd=(),
-            precision=whole.precision,
-            fuse={n: c for n, c in inner.items() if n not in outputs} or True,
-        )
-        stage.nograd, stage.source_text = frozenset(whole.nograd & set(stage.inputs)), source
-        stages.append(stage)
-    return tuple(stages)

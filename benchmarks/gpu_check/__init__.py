@@ -14,7 +14,11 @@ time records that, and the next one still runs; rows a phase wrote before it sto
   one case of more than 2^31 elements where memory allows;
 * `timings`: medians of CUDA-event times (wall clock under the emulator), ours beside the
   alternatives present (jnp at default precision and HIGHEST, cuDNN attention, torch SDPA,
-  torch eager), as a ratio and as % of the device's physical limit (`PEAKS`).
+  torch eager), as a ratio and as % of the device's physical limit (`PEAKS`);
+* `sweep`: candidate tiles, warps and stages of the pallas back end per kind of kernel,
+  timed beside the cuda back end; the fastest of each kind as rows of the tuning table
+  (`DIR/tuning-rows.json`, merged by `python -m benchmarks.gpu_check.sweep merge`;
+  `benchmarks/gpu_check/sweep.py`).
 
 `--emulate` runs the same phases at toy sizes on the CPU under the CUDA emulator
 (`TENSORDSL_CUDA_EMULATE=1`); the suite runs it (tests/gpu/test_gpu_check.py) so that the
@@ -35,10 +39,10 @@ import time
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PHASES = ("machine", "tests", "corpus", "timings")
-#: Seconds per phase on a GPU; the sum stays under 8 minutes with the start-up of each.
-LIMITS = {"machine": 40, "tests": 100, "corpus": 50, "timings": 290}
-EMULATED_LIMITS = {"machine": 60, "tests": 240, "corpus": 300, "timings": 400}
+PHASES = ("machine", "tests", "corpus", "timings", "sweep")
+#: Seconds per phase on a GPU: 8 minutes without the sweep, 10.5 with it.
+LIMITS = {"machine": 40, "tests": 100, "corpus": 50, "timings": 290, "sweep": 150}
+EMULATED_LIMITS = {"machine": 60, "tests": 240, "corpus": 300, "timings": 400, "sweep": 300}
 
 #: Physical limits by device name (first key contained in the name wins): HBM bytes/s,
 #: dense FLOP/s per dtype (float32: the SIMT FP32 peak, so TF32 runs can exceed 100%).
@@ -145,6 +149,14 @@ COLUMNS = {
         ("detail", "detail"),
     )
 }
+COLUMNS["sweep"] = (
+    ("case", "case"),
+    ("dtype", "mode"),
+    ("implementation", "impl"),
+    ("status", "status"),
+    ("ms", "ms"),
+    ("detail", "detail"),
+)
 TIMINGS_LEGEND = (
     "ms: median (CUDA events on a GPU, wall clock under the emulator); ours/this: our time "
     "over this one's (above 1: ours is slower); % limit: the time the physical limit allows "

@@ -367,11 +367,18 @@ def phase_timings(out: pathlib.Path, emulate: bool, quick: bool) -> None:
     gpu_check_timings.run_all(out, emulate, quick, only)
 
 
+def phase_sweep(out: pathlib.Path, emulate: bool, quick: bool) -> None:
+    from benchmarks.gpu_check import sweep
+
+    sweep.phase_sweep(out, emulate, quick)
+
+
 PHASE_FUNCTIONS = {
     "machine": phase_machine,
     "tests": phase_tests,
     "corpus": phase_corpus,
     "timings": phase_timings,
+    "sweep": phase_sweep,
 }
 
 

@@ -31,8 +31,8 @@ from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
 from codegen.c.select import select
 from codegen.c.strategies import scalar, split
-from codegen.c.threads import CLAUSES, work_expression
 from codegen.c.threads import HELPERS as THREAD_HELPERS
+from codegen.c.threads import work_expression
 from codegen.c.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
 from codegen.c.unroll import unrolled
 from codegen.emit.emitter import (
@@ -119,7 +119,7 @@ def emit_c(
     e = Emitter(nest, dtypes, schedule)
     e.named.append(("work_", work_expression(nest)))
     body = _strategy_lines(e, schedule)
-    if any(CLAUSES in line for line in body):  # a parallel loop: reserve its team
+    if "team" in e.printer.called:  # a parallel loop: reserve its team
         team = ["int64_t asked_ = 0;", "const int threads_ = tdsl_team(work_, &asked_);"]
         body = [*team, *body, "tdsl_team_done(threads_);"]
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
@@ -192,11 +192,11 @@ def _assemble(
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)
     head.append(TILE_HELPERS)
-    if any("tdsl_lane_mask" in line for line in every):
+    if "lane_mask" in e.printer.called:
         head.append(LANE_MASK_HELPERS)
-    if any(CLAUSES in line for line in every):
+    if "team" in e.printer.called:
         head.append(THREAD_HELPERS)
-    if any("tdsl_hsum8(" in line for line in every):
+    if "hsum8" in e.printer.called:
         head.append(ROW_DOT_HELPERS)
     prologue: Lines = []
     for n, op in enumerate(nest.operands):

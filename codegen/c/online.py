@@ -27,6 +27,8 @@ one pass was no faster than the two nests; a block shares each row of W among it
 
 from __future__ import annotations
 
+import sympy
+
 from codegen.c.schedule import Schedule
 from codegen.c.strategies import CHUNK, buffer_pass, chunk_fill, parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
@@ -49,7 +51,7 @@ def online(e: Emitter[Schedule]) -> Lines:
     each_row = f"for (int ri_ = 0; ri_ < {ROWS}; ++ri_)"
     at_row = f"const {kind} {i} = i0_ + ri_;"
     scores = [
-        f"const {kind} c0_ = tdsl_imax({lo}, C0_), ce_ = tdsl_imin({hi}, C0_ + CN_);",
+        f"const {kind} c0_ = tdsl_imax(rlo_[ri_], C0_), ce_ = tdsl_imin(rhi_[ri_], C0_ + CN_);",
         *block_lines(
             "if (c0_ < ce_)",
             [f"const {kind} cn_ = ce_ - c0_;", f"{f} *chunk_ = ch_[ri_] + (c0_ - C0_);", *fill],
@@ -71,10 +73,19 @@ def online(e: Emitter[Schedule]) -> Lines:
         *_weighted_sums(e, j, k, first),
     ]
     bounds = [
-        f"{kind} blo_ = INT64_MAX, bhi_ = INT64_MIN;",
+        f"{kind} blo_ = INT64_MAX, bhi_ = INT64_MIN, rlo_[{ROWS}], rhi_[{ROWS}];",
         *block_lines(
             "for (int ri_ = 0; ri_ < rn_; ++ri_)",
-            [at_row, f"blo_ = tdsl_imin(blo_, {lo});", f"bhi_ = tdsl_imax(bhi_, {hi});"],
+            [
+                at_row,
+                f"{kind} lo_ = {lo}, hi_ = {hi};",
+                *_skip_masked(e, j),
+                "rlo_[ri_] = lo_; rhi_[ri_] = hi_;",
+                *block_lines(
+                    "if (lo_ < hi_)",
+                    ["blo_ = tdsl_imin(blo_, lo_);", "bhi_ = tdsl_imax(bhi_, hi_);"],
+                ),
+            ],
         ),
     ]
     result = e.fmt(e.reducer.result, ("m_[ri_]", "s_[ri_]"))
@@ -115,6 +126,30 @@ def online(e: Emitter[Schedule]) -> Lines:
     for r in reversed(outer):
         lines = block_lines(e.free_loop(r), lines)
     return parallel_loop(e, len(outer) + 1, lines)
+
+
+def _skip_masked(e: Emitter[Schedule], j: str) -> Lines:
+    """Row `ri_`'s key range `[lo_, hi_)` narrowed to its first and last key that a mask
+    which is not a loop bound keeps (the scores' guard, `codegen.passes.online`): a document
+    mask `doc[b, i] == doc[b, j]` over sorted ids then visits the row's document only, and
+    a block of rows the keys of its documents (FlexAttention's block mask, found at run time
+    by one test per key left out). Exact for any mask: the keys in between are still tested
+    one by one."""
+    guard = e.nest.terms[0].guard
+    if guard == sympy.true:
+        return []
+    kept = e.printer.doprint(e.hoist(guard))
+    kind = e.index_type
+    return [
+        *block_lines(
+            "while (lo_ < hi_)",
+            [f"const {kind} {j} = lo_;", f"if ({kept}) break;", "++lo_;"],
+        ),
+        *block_lines(
+            "while (hi_ > lo_)",
+            [f"const {kind} {j} = hi_ - 1;", f"if ({kept}) break;", "--hi_;"],
+        ),
+    ]
 
 
 def _rescale(e: Emitter[Schedule]) -> Lines:

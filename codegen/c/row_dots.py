@@ -97,6 +97,7 @@ def row_dot_lines(
         *[f"{state}[{r}] = {state}s[{r}];" for r in range(rows)],
         *block_lines("for (; dk_ < dn_; ++dk_)", tail),
     ]
+    e.printer.called.add("hsum8")  # `ROW_DOT_HELPERS` defines it
     return [f"float {state}[{rows}];", "{", *indent_lines(body), "}"]
 
 

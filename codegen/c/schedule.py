@@ -40,19 +40,19 @@ The heuristic (`choose_cpu_schedule`):
 1. no free index -> ``split``; a small constant last axis and no reduction -> ``unroll``;
 2. per term, the innermost reduced index is the one that is the last axis of the most accesses
    (contiguous reads), ties keep the written order;
-3. the output's last free index `v` is vectorised (``tile``) when every access that uses it
-   has it in its last axis; the register tile's rows are the previous free index (6 rows of
-   32 float / 16 double lanes). When `v` is a window offset (it shares an access axis with
-   a reduced index, as `k` in `dW[o, c, k] = dY[o, i]*X[c, i + k]`) it is often short: the
-   schedule then carries a ``small`` schedule taken at run time when `v`'s extent is below
-   the tile width: a tile one vector wide (8 float lanes), itself with a ``small`` dot
-   schedule over two other free indices for an extent below that (a window offset of 3).
-   So a conv2d output 30 wide keeps vector lanes over its output's columns, not over a
-   3-wide kernel axis. The last tile of an axis moves back to end where the axis ends
-   (`codegen.c.tiles`), a whole tile that stores only its new lanes, so 30 columns run as
-   four whole tiles of 8. So does a tile whose costly work (a
-   function call, a nested reduction) does not read `v` while no access reads `v` either
-   (only tests select by it: the coordinates `p` of the Gaussian kernel's `dX[i, p]`):
+3. the output's last free index `v` is vectorised (``tile``) when every access that uses it has
+   it in its last axis; the register tile's rows are the previous free index, or the one fewest
+   reads along the reduced loops use (`shared_row_last`; 6 x 32 float lanes). When `v` is a
+   window offset (it shares an access axis with a reduced index, as `k` in
+   `dW[o, c, k] = dY[o, i]*X[c, i + k]`) it is often short: the schedule then carries a
+   ``small`` schedule taken at run time when `v`'s extent is below the tile width: a tile one
+   vector wide (8 float lanes), itself with a ``small`` dot schedule over two other free
+   indices for an extent below that (a window offset of 3). So a conv2d output 30 wide keeps
+   vector lanes over its output's columns, not over a 3-wide kernel axis. The last tile of an
+   axis moves back to end where the axis ends (`codegen.c.tiles`), a whole tile that stores
+   only its new lanes, so 30 columns run as four whole tiles of 8. So does a tile whose costly
+   work (a function call, a nested reduction) does not read `v` while no access reads `v`
+   either (only tests select by it: the coordinates `p` of the Gaussian kernel's `dX[i, p]`):
    the dot products there compute that work in vector lanes once for all the columns;
 4. otherwise, for sum/max/min/prod/argmax/argmin, ``dot`` with a 4 x 4 tile of dot products
    of 8 float / 4 double lanes (16 accumulator registers); else ``scalar``;
@@ -84,6 +84,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.emit import loop_order as orders
 from codegen.emit.loop_order import LoopOrder, default_loop_order, valid_unique, validate_schedule
 from codegen.ir.affine import affine_parts
 from codegen.ir.contraction import xla_contraction
@@ -309,8 +310,8 @@ def choose_cpu_schedule(
     count = small_extent(nest)
     if count is not None and free[-1] == nest.free[-1].index.name:
         return Schedule(free, reduced, strategy="unroll", vector=free[-2], width=count)
-    wide = _wide(dtypes, nest)
-    vector = free[-1]
+    free = orders.shared_row_last(nest, free) if loop_order is None else free
+    wide, vector = _wide(dtypes, nest), free[-1]
     row = free[-2] if len(free) > 1 else None
     if _vector_friendly(nest, vector):
         # 6 rows x 32 float lanes: 24 accumulator vectors of 8 floats (measured best here).

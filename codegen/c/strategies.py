@@ -22,6 +22,7 @@ def parallel_loop(e: Emitter[Schedule], collapse: int, loop: Lines) -> Lines:
     assert loop[0].startswith("for ") and loop[-1] == "}", loop[:1]
     clause = f" collapse({collapse})" if collapse > 1 else ""
     region = ["tdsl_team_arrived(asked_);", f"#pragma omp for{clause} schedule(guided)", *loop]
+    e.printer.called.add("team")  # the kernel reserves a team (`codegen.c.emit`)
     return [f"#pragma omp parallel {CLAUSES}", "{", *indent_lines(region), "}"]
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import sympy
 
-from codegen.cuda.schedule import GpuSchedule
+from codegen.cuda.geometry import GpuGeometry
 from codegen.emit.emitter import Emitter, Lines
 from codegen.emit.printer import CPrinter
 from codegen.ir.functions import CeilDiv
@@ -34,7 +34,7 @@ class CudaPrinter(CPrinter):
     vector_math = False  # CUDA's own math functions
 
 
-class CudaEmitter(Emitter[GpuSchedule]):
+class CudaEmitter(Emitter[GpuGeometry]):
     """The C emitter with CUDA types, printer and half-precision intrinsics."""
 
     printer_class = CudaPrinter

@@ -31,7 +31,6 @@ Half-precision inputs are read as float (`__half2float`,
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,8 +119,8 @@ def emit_cuda(
     check_dtypes(nest, dtypes, STORAGE)
     schedule = schedule or choose_gpu_schedule(nest, dtypes, kernel=True)
     validate_gpu(nest, schedule)
-    strategy = BY_NAME.get(schedule.strategy)
-    if strategy is None:
+    strategy = BY_NAME[schedule.strategy]
+    if strategy.body is None or strategy.launch is None:
         raise ValueError(f"the {schedule.strategy} strategy generates no kernel")
     e = CudaEmitter(nest, dtypes, schedule)
     e.count_fmas = counting
@@ -157,11 +156,11 @@ _MATH_CONSTANTS = {
 }
 
 
-def _prelude(body: str) -> Lines:
-    """NVRTC has no <math.h>: define INFINITY and the M_* constants the body uses."""
+def _prelude(macros: set[str]) -> Lines:
+    """NVRTC has no <math.h>: define INFINITY and the M_* constants the printer printed."""
     lines = ["#ifndef INFINITY", "#define INFINITY __int_as_float(0x7f800000)", "#endif"]
     for name, value in _MATH_CONSTANTS.items():
-        if re.search(rf"\b{name}\b", body):
+        if name in macros:
             lines += [f"#ifndef {name}", f"#define {name} {value}", "#endif"]
     return lines
 
@@ -180,7 +179,7 @@ def _assemble(
         head.append("#include <cuda_bf16.h>")
     code = "\n".join(line for _, body in kernels for line in body)
     head += [
-        *_prelude(code),
+        *_prelude(e.printer.macros),
         f"typedef {INDEX_TYPES[e.schedule.index_type]} idx_t;",
         "",
         e.printer.helpers(code),

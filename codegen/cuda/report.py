@@ -42,11 +42,9 @@ import numpy as np
 import sympy
 
 from codegen.cuda.emit import GRID_LIMITS, CudaSource, emit_cuda
-from codegen.cuda.layout import split_pairwise
 from codegen.cuda.run import nvrtc
-from codegen.cuda.schedule import SMEM_THREADS, GpuSchedule
-from codegen.cuda.staged.fragments import MMA_M, MMA_N
-from codegen.cuda.staged.tiles import LANE_COLS, LANE_ROWS
+from codegen.cuda.schedule import GpuSchedule
+from codegen.cuda.staged.rules import ITEM_BYTES
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.functions import Clamp, Wrap
@@ -55,7 +53,6 @@ from codegen.ir.nest import LoopNest, Reduce, Term, accesses, extent_of
 from codegen.passes.proven import drop_proven
 
 SMS = 132  # streaming multiprocessors of an H100 SXM or H200
-ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 #: The most points of a loop level counted one by one (loop bounds that depend on indices).
 COUNT_LIMIT = 1 << 24
 
@@ -265,17 +262,16 @@ def _counts(
                 depth = max(
                     (order.index(r) + 1 for r in access.free_symbols if r in order), default=0
                 )
-                times = sizes[depth] * _tile_share(s, access)
+                share = s.record.load_share
+                times = sizes[depth] * (share(s, access) if share else 1.0)
                 for x in term.body.atoms(Reduce):
                     if access in accesses(x.body):
                         times *= mean_length(x)
                 requested += times * ITEM_BYTES.get(dtypes.get(str(access.base), "float32"), 4)
     except OverflowError:
         return None
-    if s.strategy in ("smem", "mma"):
-        return points, _smem_loads(nest, s, extents, dtypes)
-    if s.strategy == "pairwise":
-        return points, _pairwise_loads(nest, s, extents, dtypes, points)
+    if s.record.loads is not None:
+        return points, s.record.loads(nest, s, extents, dtypes, points)
     return points, requested
 
 
@@ -316,80 +312,12 @@ def _level_sizes(
     return sizes
 
 
-def _tile_share(s: GpuSchedule, access: sympy.Indexed) -> float:
-    """A tile's rows share a load that does not read the row index."""
-    if s.strategy == "tile" and s.row not in {x.name for x in access.free_symbols}:
-        return 1 / s.rows
-    return 1.0
-
-
-def _smem_loads(
-    nest: LoopNest, s: GpuSchedule, extents: Mapping, dtypes: Mapping[str, str]
-) -> float:
-    """Bytes an smem schedule loads: every staged tile element once per block that needs it."""
-    sizes = {r.index.name: int((r.stop - r.start).xreplace(extents)) for r in nest.free}
-    (term,) = nest.terms
-    depth = math.prod(int((r.stop - r.start).xreplace(extents)) for r in term.reduced)
-    tm, tn = SMEM_THREADS * s.rows, SMEM_THREADS * s.cols
-    m, n = sizes[s.row or ""], sizes[s.vector or ""]
-    batch = math.prod(v for name, v in sizes.items() if name not in (s.row, s.vector))
-    total = 0.0
-    for access in accesses(term.body):
-        names = {x.name for x in access.free_symbols}
-        item = ITEM_BYTES.get(dtypes.get(str(access.base), "float32"), 4)
-        if s.vector in names:  # a b tile: once per row of tiles
-            total += math.ceil(m / tm) * math.ceil(n / tn) * tn * depth * batch * item
-        else:
-            total += math.ceil(n / tn) * math.ceil(m / tm) * tm * depth * batch * item
-    return total
-
-
-def _pairwise_loads(
-    nest: LoopNest, s: GpuSchedule, extents: Mapping, dtypes: Mapping[str, str], points: float
-) -> float:
-    """Bytes a pairwise schedule loads: a row-side element in range once per block column,
-    a column-side one once per block row, one that reads neither once per block. Loop
-    bounds do not read the tile's indices, so each (row, column) has `points / (m*n)`."""
-    sizes = {r.index.name: max(int((r.stop - r.start).xreplace(extents)), 1) for r in nest.free}
-    m, n = sizes[s.row or ""], sizes[s.vector or ""]
-    blocks = (math.ceil(m / (SMEM_THREADS * s.rows)), math.ceil(n / (SMEM_THREADS * s.cols)))
-    sides = split_pairwise(nest, s.row or "", s.vector or "")
-    assert sides is not None
-    share = [(sides.rows, blocks[1] * m), (sides.columns, blocks[0] * n)]
-    share.append((sides.common, blocks[0] * blocks[1]))
-    total = 0.0
-    for group, times in share:
-        for access in group:
-            item = ITEM_BYTES.get(dtypes.get(str(access.base), "float32"), 4)
-            total += points / (m * n) * times * item
-    return total
-
-
 def _redundancy(nest: LoopNest, s: GpuSchedule, extents: Mapping) -> float:
     """Executed over useful points of a schedule's mapping (see the module docstring)."""
+    if s.record.redundancy is None:
+        return 1.0
     sizes = {r.index.name: max(int((r.stop - r.start).xreplace(extents)), 1) for r in nest.free}
-    if s.strategy == "tile":
-        rows = sizes[s.row or ""]
-        return math.ceil(rows / s.rows) * s.rows / rows
-    if s.strategy in ("smem", "mma", "pairwise"):
-        tm, tn = SMEM_THREADS * s.rows, SMEM_THREADS * s.cols
-        m, n = sizes[s.row or ""], sizes[s.vector or ""]
-        if s.strategy == "mma":  # mma tiles of 16 x 8, k in steps of 16 and a last one of 8
-            inner = nest.terms[0].reduced[-1]
-            k = max(int((inner.stop - inner.start).xreplace(extents)), 1)
-            deep = math.ceil(k / 8) * 8 / k
-            return _covered(m, tm, MMA_M) / m * _covered(n, tn, MMA_N) / n * deep
-        # a warp's block of LANE_ROWS*rows x LANE_COLS*cols; slices stop where k does
-        rows, cols = _covered(m, tm, LANE_ROWS * s.rows), _covered(n, tn, LANE_COLS * s.cols)
-        return rows / m * cols / n
-    return 1.0
-
-
-def _covered(extent: int, tile: int, step: int) -> int:
-    """Rows (or columns) a tile strategy computes along `extent`: whole tiles of `tile`, and
-    in the last one whole warp blocks (or mma tiles) of `step` (the others skip)."""
-    whole, rest = divmod(extent, tile)
-    return whole * tile + math.ceil(rest / step) * step
+    return s.record.redundancy(nest, s, sizes, extents)
 
 
 def _lanes(
@@ -401,12 +329,12 @@ def _lanes(
         lane: str | None = s.free_order[-1] if s.free_order else None
         inner = s.reduced_order[n][-1] if s.reduced_order[n] else None
         nested = sorted(r.index.name for r in term.body.atoms(Reduce))
-        if s.strategy in ("block", "split") or (s.strategy == "rows" and (width or 1) > 1):
+        if s.record.reduction_lanes is not None and s.record.reduction_lanes(width or 1):
             lane = inner or (nested[0] if nested else None)
-        staging = _staging_lanes(nest, s)
+        staging = s.record.staging(nest, s)
         for access in accesses(term.body):
             text = str(access)
-            if s.strategy in ("smem", "mma"):
+            if staging is None:
                 found.setdefault(text, AccessLanes(text, None, 0))
                 continue
             step = staging.get(access, lane)
@@ -428,20 +356,3 @@ def _stride(access: sympy.Indexed, lane: str | None, extents: Sequence[int]) -> 
             stride += int(sympy.diff(index, step[0])) * scale
         scale *= int(extents[axis])
     return stride
-
-
-def _staging_lanes(nest: LoopNest, s: GpuSchedule) -> dict[sympy.Indexed, str]:
-    """The index consecutive threads step where a pairwise schedule stages each access:
-    the slice's reduced index where the access's last axis reads it (and for an access
-    that reads neither free index of the tile), else the side's free index."""
-    if s.strategy != "pairwise":
-        return {}
-    sides = split_pairwise(nest, s.row or "", s.vector or "")
-    assert sides is not None
-    inner = s.reduced_order[0][-1]
-    found = {}
-    for group, index in ((sides.rows, s.row), (sides.columns, s.vector), (sides.common, inner)):
-        for access in group:
-            walks = inner in {x.name for x in access.indices[-1].free_symbols}
-            found[access] = inner if walks else index or inner
-    return found

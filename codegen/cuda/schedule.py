@@ -60,17 +60,20 @@ Index arithmetic uses 32-bit `int` by default (`index_type="int32"`); pass
 ``index_type="int64"`` when some tensor may have 2^31 elements or more (the caller decides:
 `tensordsl.backends.cuda.prepare` does from each call's shapes, a kernel variant per index type).
 
-The heuristic (`choose_gpu_schedule`): a one-pass nest -> ``online`` (64 rows x 4 lanes,
-tiles of 32 keys; 32 rows x 8 lanes with float64); a weighted sum with nested reductions in
-its weight -> ``weighted`` (the same tiles); a nest of floats with an XLA plan -> ``xla``,
-unless the caller asks for a generated kernel (a loop order, `kernel=True`,
-`TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when no term has a
-reduced loop); contraction-shaped -> ``smem`` (``mma`` for bf16/f16 products); a body
-split by two free indices -> ``pairwise``; a row reduction -> ``rows``; a second-to-last
-free index that bounds do not depend on and that some access does not use -> ``tile`` with 4
-rows (its rows share loads); a column reduction -> ``columns``; else ``thread``. Row and
-column reductions are told apart by `reduction_layout`: which index the largest access
-reads contiguously.
+The heuristic (`choose_gpu_schedule`) takes the first record of
+`codegen.cuda.strategies.STRATEGIES` whose `applies` returns a schedule; each record's rule
+is in its family's `rules.py`. In that order: a one-pass nest -> ``online`` (64 rows x 4
+lanes, tiles of 32 keys; 32 rows x 8 lanes with float64), and only it; a weighted sum with
+nested reductions in its weight -> ``weighted`` (the same tiles); a nest of floats with an
+XLA plan -> ``xla``, unless the caller asks for a generated kernel (a loop order,
+`kernel=True`, `TENSORDSL_XLA_CONTRACTIONS=0`); no free index -> ``split`` (``block`` when
+no term has a reduced loop); contraction-shaped -> ``mma`` for bf16/f16 products, else
+``smem``; a body split by two free indices -> ``pairwise``; a second-to-last free index
+that bounds do not depend on and that some access does not use -> ``tile`` with 4 rows
+(its rows share loads), unless the nest is a row reduction whose widest access reads that
+index; a row reduction -> ``rows``; a column reduction -> ``columns``; else ``thread``
+(topk's only strategy). Row and column reductions are told apart by `reduction_layout`:
+which index the largest access reads contiguously.
 
 >>> from codegen.ir.examples import matmul as example
 >>> matmul = example()
@@ -83,91 +86,53 @@ reads contiguously.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import cast
 
-import sympy
-
-from codegen.cuda.layout import (
-    rectangular,
-    reduction_layout,
-    split_contraction,
-    split_pairwise,
-    weighted_form,
+from codegen.cuda.attention.rules import one_pass
+from codegen.cuda.geometry import (
+    INDEX_TYPES,
+    ONLINE_COLUMNS,
+    ONLINE_THREADS,
+    SMEM_THREADS,
+    Ask,
+    GpuGeometry,
 )
-from codegen.cuda.staged.fragments import tensor_core_type, warp_tiles
-from codegen.emit.loop_order import (
-    LoopOrder,
-    bound_indices,
-    default_loop_order,
-    term_order,
-    valid_unique,
-    validate_schedule,
-)
-from codegen.ir.bounds import loop_bounds
-from codegen.ir.contraction import xla_contraction
-from codegen.ir.nest import LoopNest, accesses
+from codegen.cuda.strategies import BY_NAME, STRATEGIES, Strategy
+from codegen.emit.loop_order import default_loop_order, valid_unique, validate_schedule
+from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import REDUCTIONS
 
-GPU_STRATEGIES = (
-    *("thread", "tile", "smem", "pairwise", "mma", "block", "split", "rows", "columns"),
-    *("online", "weighted", "xla"),
-)
-INDEX_TYPES = {"int32": "int", "int64": "long long"}
-SMEM_THREADS = 16  # threads per side of an smem block (16 x 16)
-#: The online and weighted strategies: the output columns (the logsumexp aside) a block
-#: keeps in registers in one pass over the keys, `ONLINE_COLUMNS / cols` per thread; more
-#: take further passes (`tensordsl.backends.table` bounds the one-pass nest's).
-ONLINE_COLUMNS = 128
-#: The online and weighted strategies' threads per block: 64 rows of 4 lanes (32 of 8 with
-#: float64), FlashAttention-2's row tile: K and V are read once per row tile (docs/backends.md).
-ONLINE_THREADS = 256
+#: Every strategy's name, in the heuristic's order (`codegen.cuda.strategies.STRATEGIES`).
+GPU_STRATEGIES = tuple(s.name for s in STRATEGIES)
+__all__ = [
+    "GPU_STRATEGIES",
+    "INDEX_TYPES",
+    "ONLINE_COLUMNS",
+    "ONLINE_THREADS",
+    "SMEM_THREADS",
+    "GpuSchedule",
+    "candidate_gpu_schedules",
+    "choose_gpu_schedule",
+    "online_schedule",
+    "validate_gpu",
+]
 
 
 @dataclass(frozen=True)
-class GpuSchedule(LoopOrder):
-    """Thread/block mapping of one nest (see the module docstring)."""
+class GpuSchedule(GpuGeometry):
+    """Thread/block mapping of one nest (see the module docstring); its words come from its
+    strategy's record."""
 
-    strategy: str = "thread"
-    threads: int = 256  # threads per block (thread, tile, block, split)
-    row: str | None = None
-    vector: str | None = None
-    rows: int = 1
-    cols: int = 1
-    tile_k: int = 16
-    index_type: str = "int32"
-    #: split: the most blocks (slices) of the first kernel. Only host-side values (the
-    #: grid, the workspace) depend on it, so it is left out of the repr that entry names hash.
-    blocks: int = field(default=1024, repr=False)
+    @property
+    def record(self) -> Strategy:
+        """The record of the schedule's strategy (`codegen.cuda.strategies`)."""
+        return BY_NAME[self.strategy]
 
     def describe(self) -> str:
         """One line for the header comment of generated code."""
-        parts = [f"strategy={self.strategy}", super().describe()]
-        if self.strategy == "xla":
-            return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
-        if self.strategy == "tile":
-            parts.append(f"tile={self.row}x1={self.rows}x1")
-        if self.strategy in ("online", "weighted"):
-            parts.append(
-                f"tile=rows x keys={self.rows}x{self.tile_k} lanes/row={self.cols} "
-                f"columns<={ONLINE_COLUMNS} threads={self.rows * self.cols} "
-                f"staged=weights[{self.tile_k}][{ONLINE_COLUMNS}],scores[{self.rows}]"
-                f"[{self.tile_k}+pad] in shared memory; key tiles outside the rows' "
-                "ranges skipped"
-            )
-        elif self.strategy in ("smem", "mma", "pairwise"):
-            parts.append(
-                f"tile={self.row}x{self.vector}={SMEM_THREADS * self.rows}x"
-                f"{SMEM_THREADS * self.cols} k={self.tile_k}"
-                + (" tensor-cores=mma.sync.m16n8k16" if self.strategy == "mma" else "")
-            )
-        else:
-            parts.append(f"threads={self.threads}")
-        if self.strategy == "split":
-            parts.append(f"blocks<={self.blocks}")
-        parts.append(f"index={self.index_type}")
-        return " ".join(parts)
+        return f"strategy={self.strategy} {super().describe()} {self.record.header(self)}"
 
     def in_words(self) -> str:
         """The schedule in plain words, for `explain` (`describe` is the terse header form).
@@ -175,136 +140,30 @@ class GpuSchedule(LoopOrder):
         >>> GpuSchedule(("i",), (("j",),), strategy="block", threads=256).in_words()
         'one block of 256 threads per output element, splitting j across its threads'
         """
-        reduced = " then ".join(", ".join(o) for o in self.reduced_order if o) or "nothing"
-        side = SMEM_THREADS
-        registers = f"reducing {reduced} in registers" if reduced != "nothing" else "no reduction"
-        smem = (
-            f"{side} x {side} threads per {side * self.rows} {self.row} x "
-            f"{side * self.cols} {self.vector} output tile, staging {self.tile_k}-deep "
-            f"slices of {reduced} in shared memory"
-        )
-        return {
-            "thread": f"one output element per thread, {registers}",
-            "tile": f"{self.rows} consecutive {self.row} per thread, {registers}",
-            "smem": smem,
-            "mma": f"{smem}, products on tensor cores (mma.sync m16n8k16, float sums)",
-            "pairwise": f"{side} x {side} threads per {side * self.rows} {self.row} x "
-            f"{side * self.cols} {self.vector} output tile, {self.rows} x {self.cols} per thread, "
-            f"each access staged in {self.tile_k}-deep slices of {reduced} in shared memory",
-            "block": f"one block of {self.threads} threads per output element, splitting "
-            f"{reduced} across its threads",
-            "split": f"the reduction over {reduced} split across up to {self.blocks} blocks, "
-            "then combined in order by one block",
-            "rows": f"a group of lanes per output element striding {reduced} (coalesced), "
-            "combined by warp shuffles",
-            "columns": f"one output element per thread along the contiguous axis, {reduced} "
-            "cut into slices across blocks, then combined in order",
-            "online": f"{self.rows} rows per block, {self.cols} threads per row, key tiles of "
-            f"{self.tile_k} staged in shared memory, one pass (online softmax)",
-            "weighted": f"{self.rows} rows per block, {self.cols} threads per row, each weight "
-            f"computed once per block, key tiles of {self.tile_k} staged in shared memory",
-            "xla": "XLA's dot (jnp.einsum, cuBLAS): no generated kernel",
-        }[self.strategy]
+        return self.record.in_words(self)
 
 
-def _bounds_read_column(nest: LoopNest, order: LoopOrder) -> bool:
-    """Whether a reduced loop's bound reads the last free index (tests on the free indices
-    alone may: the weighted kernel tests them at the store)."""
-    column = order.free_order[-1]
-    for n, term in enumerate(nest.terms):
-        bounds = loop_bounds(term, term_order(nest, order, n))
-        for expr in (*bounds.starts.values(), *bounds.stops.values()):
-            if any(s.name == column for s in expr.free_symbols):
-                return True
-    return False
+def _takes(record: Strategy, nest: LoopNest) -> bool:
+    """A one-pass nest takes the one-pass records alone, topk the `selects` ones alone."""
+    selects = REDUCTIONS[nest.reduction].selects
+    return record.one_pass == bool(nest.online) and (record.selects or not selects)
 
 
-def _widest_misses(nest: LoopNest, index: str) -> bool:
-    """True when an access of the highest rank does not use `index`."""
-    found = [a for term in nest.terms for a in accesses(term.body)]
-    rank = max((len(a.indices) for a in found), default=0)
-    return any(
-        len(a.indices) == rank and index not in {s.name for s in a.free_symbols} for a in found
-    )
-
-
-def _names_used(nest: LoopNest, index: str) -> bool:
-    """True when some access of the nest does not use `index` (so a row tile saves loads)."""
-    for term in nest.terms:
-        for access in term.body.atoms(sympy.Indexed):
-            if index not in {s.name for s in access.free_symbols}:
-                return True
-    return False
-
-
-def _widest_contiguous(
-    nest: LoopNest, reduced: tuple[tuple[str, ...], ...]
-) -> tuple[tuple[str, ...], ...]:
-    """Each term's reduced loops with the contiguous axis of its highest-rank access
-    innermost (the split strategy's threads stride the innermost loop: LayerNorm's
-    `dF := dV[b,t]*(X[b,t,f] - M[b,t])^2` strides f, not t, which more accesses read last)."""
-    found = []
-    for term, names in zip(nest.terms, reduced, strict=True):
-        ranked = sorted(accesses(term.body), key=lambda a: -len(a.indices))
-        last = {s.name for s in ranked[0].indices[-1].free_symbols} if ranked else set()
-        inner = [name for name in names if name in last]
-        if len(inner) == 1 and names and names[-1] != inner[0]:
-            names = (*(n for n in names if n != inner[0]), inner[0])
-        found.append(tuple(names))
-    return tuple(found)
-
-
-def validate_gpu(nest: LoopNest, schedule: GpuSchedule) -> None:
+def validate_gpu(nest: LoopNest, schedule: GpuGeometry) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
     validate_schedule(nest, schedule, GPU_STRATEGIES, ("rows", "cols", "tile_k", "blocks"))
-    free = schedule.free_order
+    record = BY_NAME[schedule.strategy]
     if schedule.index_type not in INDEX_TYPES:
         raise ValueError(f"index_type must be one of {sorted(INDEX_TYPES)}")
-    if (schedule.strategy == "online") != bool(nest.online):
+    if record.one_pass != bool(nest.online):
         raise ValueError("the online strategy is for one-pass nests (codegen.passes.online)")
-    if REDUCTIONS[nest.reduction].selects and schedule.strategy != "thread":
+    if REDUCTIONS[nest.reduction].selects and not record.selects:
         raise ValueError("topk/argtopk take the thread strategy (a row per thread), only it")
-    if schedule.strategy == "weighted" and (
-        len(free) < 2 or _bounds_read_column(nest, schedule) or not weighted_form(nest)
-    ):
-        raise ValueError("the weighted strategy needs a sum a*b (codegen.cuda.schedule)")
-    if schedule.strategy in ("online", "weighted"):
-        packed = nest.free[-1].index.name
-        lanes, rows = schedule.cols, schedule.rows
-        if free[-1:] != (packed,):
-            raise ValueError(f"the column index {packed!r} must be the last free index")
-        if 32 % lanes or rows * lanes > 1024 or rows * lanes % 32 or ONLINE_COLUMNS % lanes:
-            raise ValueError("online: cols (lanes per row) must divide 32, rows*cols in [32, 1024]")
-        return
     threads = schedule.threads
-    if threads < 32 or threads > 1024 or threads & (threads - 1):
+    if record.block_threads and (threads < 32 or threads > 1024 or threads & (threads - 1)):
         raise ValueError("threads must be a power of two in [32, 1024]")
-    bounded = bound_indices(nest, schedule)
-    if schedule.strategy == "tile" and (schedule.row not in free or schedule.row in bounded):
-        raise ValueError(f"tile row {schedule.row!r} must be a free index loops don't use")
-    if schedule.strategy == "columns" and not (
-        any(t.reduced for t in nest.terms) and rectangular(nest, schedule)
-    ):
-        raise ValueError("the columns strategy needs reduced loops bounded by extents alone")
-    if schedule.strategy in ("rows", "columns") and not free:
-        raise ValueError(f"the {schedule.strategy} strategy needs a free index")
-    if schedule.strategy == "mma" and not warp_tiles(schedule.rows, schedule.cols, schedule.tile_k):
-        raise ValueError("an mma tile needs tile_k a multiple of 16, split evenly by 8 warps")
-    if schedule.strategy in ("smem", "mma", "pairwise"):
-        if (
-            schedule.row not in free
-            or schedule.vector not in free
-            or schedule.row == schedule.vector
-        ):
-            raise ValueError("a tile needs two distinct free indices row and vector")
-        if {schedule.row, schedule.vector} & bounded:
-            raise ValueError("loop bounds depend on the tile's indices")
-        split = split_contraction if schedule.strategy == "smem" else split_pairwise
-        if split(nest, schedule.row or "", schedule.vector or "") is None:
-            raise ValueError(
-                f"the {schedule.strategy} strategy needs one term: a*b (smem, a without vector,"
-                " b without row), or accesses that read row or vector, not both (pairwise)"
-            )
+    if record.validate is not None:
+        record.validate(nest, schedule)
 
 
 def choose_gpu_schedule(
@@ -314,8 +173,10 @@ def choose_gpu_schedule(
     index_type: str = "int32",
     loop_order: Sequence[str] | None = None,
     kernel: bool = False,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> GpuSchedule:
-    """The heuristic GPU schedule of `nest` (see the module docstring).
+    """The heuristic GPU schedule of `nest`: the first record of
+    `codegen.cuda.strategies.STRATEGIES` that applies (see the module docstring).
 
     Args:
         nest: the loop nest.
@@ -325,100 +186,47 @@ def choose_gpu_schedule(
         loop_order: index names fixing the order of free and reduced loops, as on the CPU.
             A loop order asks for a generated kernel.
         kernel: True for a generated kernel even where XLA would compute the nest.
+        shapes: the operands' shapes where known (no record reads them yet).
 
     Returns:
         A valid `GpuSchedule`.
     """
     order = default_loop_order(nest, loop_order)
-    free, reduced = order.free_order, order.reduced_order
-    if nest.online:
-        return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
-    if REDUCTIONS[nest.reduction].selects:  # topk: a row per thread, its k slots in registers
-        return GpuSchedule(free, reduced, index_type=index_type)
-    weighted = not loop_order and free and weighted_form(nest)
-    if weighted and not _bounds_read_column(nest, order):
-        return online_schedule(nest, index_type=index_type, lanes=_lanes(dtypes))
-    if not kernel and loop_order is None and xla_contraction(nest, dtypes):
-        return GpuSchedule(free, reduced, strategy="xla", index_type=index_type)
-    base = GpuSchedule(free, reduced, index_type=index_type)
-    if not free:
-        if loop_order is None:
-            reduced = _widest_contiguous(nest, reduced)
-        strategy = "split" if any(reduced) else "block"
-        return GpuSchedule(free, reduced, strategy=strategy, index_type=index_type)
-    bounded = bound_indices(nest, base)
-    vector = free[-1]
-    for split, strategy in ((split_contraction, "smem"), (split_pairwise, "pairwise")):
-        for row in reversed(free[:-1]) if vector not in bounded else ():
-            if row not in bounded and split(nest, row, vector) is not None:
-                mma = strategy == "smem" and tensor_core_type(nest, dtypes, row, vector) is not None
-                return GpuSchedule(
-                    free,
-                    reduced,
-                    "mma" if mma else strategy,
-                    row=row,
-                    vector=vector,
-                    rows=4,
-                    cols=4,
-                    tile_k=32 if mma else 16,
-                    index_type=index_type,
-                )
-    layout = reduction_layout(nest, base)
-    tileable = len(free) > 1 and free[-2] not in bounded and _names_used(nest, free[-2])
-    tile = GpuSchedule(free, reduced, "tile", row=free[-2] if tileable else None, rows=4,
-                       index_type=index_type)  # fmt: skip
-    # Rows of a tile share the loads of a widest access that misses their index (Y[j,k]
-    # across rows i of pairwise distances' gradient dX[i,k]): that beats a warp per short
-    # row (measured on an H200 for the distances themselves, before they took pairwise:
-    # 16384^2 over k 64, 119 ms with rows, 19.7 ms with tiles).
-    if tileable and any(t.reduced for t in nest.terms) and _widest_misses(nest, free[-2]):
-        return tile
-    if layout == "rows":
-        return GpuSchedule(free, reduced, "rows", index_type=index_type)
-    if tileable and any(t.reduced for t in nest.terms):
-        return tile
-    if layout == "columns":
-        return GpuSchedule(free, reduced, "columns", index_type=index_type)
-    return base
-
-
-def _lanes(dtypes: Mapping[str, str] | None) -> int:
-    """Threads per row of the online kernel: 4 (32 float sums each in registers), 8 where
-    float64 is involved (16 double sums each: 32 spill)."""
-    return 8 if dtypes and "float64" in dtypes.values() else 4
+    base = GpuSchedule(order.free_order, order.reduced_order, index_type=index_type)
+    ask = Ask(base, None if loop_order is None else tuple(loop_order), kernel)
+    for record in STRATEGIES:
+        if _takes(record, nest) and (found := record.applies(nest, shapes, dtypes, ask)):
+            assert isinstance(found, GpuSchedule)  # each record replaces fields of `base`
+            return found
+    raise AssertionError(f"no strategy applies to {nest}")  # thread applies to every nest
 
 
 def online_schedule(
     nest: LoopNest, *, index_type: str = "int32", rows: int = 0, lanes: int = 4, keys: int = 32
 ) -> GpuSchedule:
-    """The online strategy's schedule of a one-pass nest: `rows` rows per block
-    (0: `ONLINE_THREADS / lanes`), `lanes` threads per row, tiles of `keys` keys
-    (`codegen.cuda.attention.online`); the free indices as written, the packed one last."""
-    rows = rows or ONLINE_THREADS // lanes
+    """The online strategy's schedule of a one-pass nest (the weighted one's of a weighted
+    sum): `rows` rows per block (0: `ONLINE_THREADS / lanes`), `lanes` threads per row,
+    tiles of `keys` keys (`codegen.cuda.attention.online`); the free indices as written, the
+    packed one last."""
     order = default_loop_order(nest)
-    return GpuSchedule(
-        order.free_order,
-        order.reduced_order,
-        "online" if nest.online else "weighted",
-        threads=rows * lanes,
-        row=order.free_order[-2],
-        vector=order.free_order[-1],
-        rows=rows,
-        cols=lanes,
-        tile_k=keys,
-        index_type=index_type,
-    )
+    base = GpuSchedule(order.free_order, order.reduced_order)
+    found = one_pass(nest, base, index_type=index_type, rows=rows, lanes=lanes, keys=keys)
+    assert isinstance(found, GpuSchedule)
+    return found
+
+
+def _as_schedules(found: Sequence[GpuGeometry]) -> tuple[GpuSchedule, ...]:
+    """A record's schedules: fields of the `GpuSchedule` it was given, replaced."""
+    assert all(isinstance(s, GpuSchedule) for s in found)
+    return cast(tuple[GpuSchedule, ...], tuple(found))
 
 
 def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
     """The heuristic's kernel, the thread fallback, block and split schedules and small
-    variants."""
-    if nest.online or choose_gpu_schedule(nest, kernel=True).strategy == "weighted":
-        return tuple(
-            online_schedule(nest, rows=r, lanes=n, keys=k, index_type=t)
-            for r, n, k, t in ((64, 4, 32, "int32"), (8, 4, 8, "int64"), (32, 1, 16, "int32"))
-        )
+    variants (a one-pass or weighted nest: its record's tiles)."""
     pick = choose_gpu_schedule(nest, kernel=True)
+    if pick.record.candidates is not None:
+        return _as_schedules(pick.record.candidates(nest, pick))
     free, reduced = pick.free_order, pick.reduced_order
     picks = [
         pick,
@@ -436,10 +244,8 @@ def candidate_gpu_schedules(nest: LoopNest) -> tuple[GpuSchedule, ...]:
             cols=pick.cols,
             index_type="int64",
         ),
+        *_as_schedules(pick.record.variants(pick)),
     ]
-    if pick.strategy in ("smem", "pairwise"):
-        small = GpuSchedule(free, reduced, pick.strategy, row=pick.row, vector=pick.vector)
-        picks.append(dataclasses.replace(small, rows=2, cols=1, tile_k=8))
     if len(free) > 1:
         picks.append(GpuSchedule(free, reduced, "tile", row=free[-2], rows=3, threads=32))
     if free:

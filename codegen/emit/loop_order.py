@@ -166,3 +166,29 @@ def valid_unique(
         if schedule not in unique:
             unique.append(schedule)
     return tuple(unique)
+
+
+def shared_row_last(nest: LoopNest, free: tuple[str, ...]) -> tuple[str, ...]:
+    """`free` (index names) with the tile's row (the index before the last) moved to the free
+    index that the most reads along the reduced loops do not use, when that is more than for
+    the index written there: each such read then serves every row of a tile. Attention's
+    query gradient in the (B, T, H, E) layout, `dq[b, i, h, d]`, reads `k[b, j, h, :]` and
+    `v[b, j, h, :]` along the keys `j`: tiled over h, each key row would serve one row of
+    the tile; tiled over the queries i (the order b, h, i, d), all of them."""
+    if len(free) < 3:
+        return free
+    symbols = {s.name: s for s in nest.free_indices}
+    along = [
+        access.free_symbols
+        for term in nest.terms
+        for access in accesses(term.body)
+        if access.free_symbols & set(term.reduced_indices)
+    ]
+
+    def shared(name: str) -> int:
+        return sum(symbols[name] not in used for used in along)
+
+    best = max(reversed(free[:-1]), key=shared)  # the innermost of equals
+    if shared(best) <= shared(free[-2]):
+        return free
+    return (*(n for n in free[:-1] if n != best), best, free[-1])

@@ -104,6 +104,12 @@ class CPrinter(C99CodePrinter):
             functions |= vecmath.wide_range_functions(self.helper_prefix)
         super().__init__({"type_aliases": {real: alias}, "user_functions": functions})
         self.float_type = float_type
+        #: The math macros (`M_PI`, `M_SQRT2`, ...) printed so far: a target without
+        #: <math.h> defines those its code uses (`codegen.cuda.emit`), read from here.
+        self.macros: set[str] = set()
+        #: The helpers (`tdsl_<name>`) whose calls were written so far, by the printer or
+        #: an emitter (C's `team`, `hsum8`): their definitions are written only then.
+        self.called: set[str] = set()
         self.tensors = dict(tensors or {})
         self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
         self._index_mode = False
@@ -127,7 +133,14 @@ class CPrinter(C99CodePrinter):
             and not expr.atoms(sympy.Indexed)
         ):
             return f"(({self.float_type})({self.index(expr)}))"
-        return str(super()._print(expr, **kwargs))
+        text = str(super()._print(expr, **kwargs))
+        if isinstance(expr, sympy.Basic) and expr in self.math_macros and text == self._macro(expr):
+            self.macros.add(self.math_macros[expr])
+        return text
+
+    def _macro(self, expr: sympy.Basic) -> str:
+        """How sympy prints a constant of its `math_macros` table (`M_SQRT2`) where it does."""
+        return f"{self.math_macros[expr]}{self._get_math_macro_suffix(real)}"
 
     # -- atoms ---------------------------------------------------------------------------
 
@@ -187,7 +200,15 @@ class CPrinter(C99CodePrinter):
     def _helper(self, name: str, expr: sympy.Basic, *, index: bool = False) -> str:
         print_arg = self.index if index else self._print
         args = ", ".join(print_arg(a) for a in expr.args)
+        self.called.add(name)
         return f"{self.helper_prefix}{name}({args})"
+
+    def _print_Function(self, expr: sympy.Basic, **kwargs: Any) -> str:
+        """A call; one of a function named as a helper (`tdsl_lane_mask`) is noted."""
+        name = type(expr).__name__
+        if name.startswith(self.helper_prefix):
+            self.called.add(name.removeprefix(self.helper_prefix))
+        return str(super()._print_Function(expr, **kwargs))
 
     _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = print_written
 
@@ -281,8 +302,8 @@ class CPrinter(C99CodePrinter):
 
     def helpers(self, code: str = "") -> str:
         """C definitions of the helper functions printed expressions may call (those of
-        the boundary forms where C text `code` calls them); with `vector_math` in float32,
-        the declarations and helpers that `code` needs."""
+        the boundary forms where the printer printed calls of them); with `vector_math` in
+        float32, the declarations and helpers that C text `code` needs."""
         f, i, inline, p = self.float_type, self.int_type, self.inline, self.helper_prefix
         sfx = "f" if f == "float" else ""
         common = [
@@ -297,11 +318,11 @@ class CPrinter(C99CodePrinter):
             f"{inline} {f} {p}sign({f} x) {{ return ({f})((x > 0) - (x < 0)); }}",
         ]
         # the boundary forms' helpers, only where the code reads through them
-        if f"{p}wrap(" in code:
+        if "wrap" in self.called:
             common.append(
                 f"{inline} {i} {p}wrap({i} a, {i} n) {{ {i} r = a % n; return r < 0 ? r + n : r; }}"
             )
-        if f"{p}clamp(" in code:
+        if "clamp" in self.called:
             common.append(
                 f"{inline} {i} {p}clamp({i} a, {i} n) {{ return a < 0 ? 0 : a >= n ? n - 1 : a; }}"
             )

@@ -389,15 +389,19 @@ def _term_source(term: Term, operands: tuple[str, ...]) -> str:
     once = isinstance(term.body, sympy.Add) and any(
         not (a.free_symbols & reduced) for a in term.body.args
     )
-    guards = _guards(term)
+    guards = _guards(term, operands)
     if isinstance(term.body, sympy.Add) and (guards or (reduced and once)):
         text = f"({text})" + ("" if guards else "*1")
     return text + guards
 
 
-def _guards(term: Term) -> str:
-    """Constraints read back as guards: `(j <= i)` factors."""
-    return "".join(f"*({constraint_source(c)})" for c in term.constraints)
+def _guards(term: Term, operands: tuple[str, ...] = ()) -> str:
+    """Constraints read back as guards: `(j <= i)` factors; then the guard, a factor too
+    (`(doc[b, i] == doc[b, j])`)."""
+    text = "".join(f"*({constraint_source(c)})" for c in term.constraints)
+    if term.guard != sympy.true:
+        text += f"*({expr_source(term.guard, operands)})"
+    return text
 
 
 def _one_pass_source(nest: LoopNest) -> str:
@@ -407,10 +411,11 @@ def _one_pass_source(nest: LoopNest) -> str:
     last = nest.free[-1].index.name
     x = expr_source(scores.body, nest.operand_names)
     w = expr_source(weight.body, nest.operand_names)
+    names = nest.operand_names
     return "\n".join(
         [
-            f"(one pass, packed along {last}) (logsumexp) {lse} := {x}{_guards(scores)}",
-            f"{nest.output}[{rows}, {last}] := exp({x} - {lse})*{w}{_guards(weight)}",
+            f"(one pass, packed along {last}) (logsumexp) {lse} := {x}{_guards(scores, names)}",
+            f"{nest.output}[{rows}, {last}] := exp({x} - {lse})*{w}{_guards(weight, names)}",
         ]
     )
 

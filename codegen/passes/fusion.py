@@ -49,7 +49,7 @@ import sympy
 from codegen.ir.nest import LoopNest, Reduce, Term
 from codegen.passes.cost import INLINE_REDUCTIONS, Decision, decide
 from codegen.passes.factor import factor_sums
-from codegen.passes.guards import bound_guards, identity_of
+from codegen.passes.guards import bound_guards, guard_masks, identity_of
 from codegen.passes.inline import CannotInline, inline
 from codegen.passes.online import pair
 
@@ -116,7 +116,7 @@ def fuse(
             nest = inline(nest, expanded[name])
         readers = [r for r in statements[n + 1 :] if nest.output in r.operand_names]
         if nest.output in outputs or not readers:
-            stored.append(factor_sums(bound_guards(nest)))
+            stored.append(guard_masks(factor_sums(bound_guards(nest))))
             continue
         decision = decide(
             nest,
@@ -134,7 +134,7 @@ def fuse(
             expanded[nest.output] = _raw(nest)
             inlined.append(nest.output)
             continue
-        stored.append(factor_sums(bound_guards(nest)))
+        stored.append(guard_masks(factor_sums(bound_guards(nest))))
     return Fused(tuple(stored), tuple(inlined), tuple(decisions))
 
 

@@ -275,8 +275,9 @@ def _operands(nest: LoopNest, terms: tuple[Term, ...], names: GradientNames) -> 
     """The gradient nest's operands in a stable order, with their roles."""
     used = set()
     for t in terms:
-        used |= {a.base.name for a in t.body.atoms(sympy.Indexed)}
-        used |= {s.name for s in t.body.free_symbols if isinstance(s, sympy.Symbol)}
+        for expr in (t.body, t.guard):  # a guard reads arrays too (a document mask's ids)
+            used |= {a.base.name for a in expr.atoms(sympy.Indexed)}
+            used |= {s.name for s in expr.free_symbols if isinstance(s, sympy.Symbol)}
     candidates = [(names.cotangent, COTANGENT, len(nest.free))]
     candidates += [(op.name, "input", op.rank) for op in nest.operands]
     candidates += [(nest.output, OUTPUT, len(nest.free))]

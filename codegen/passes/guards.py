@@ -148,6 +148,38 @@ def _collapse(expr: sympy.Basic) -> sympy.Basic:
     return expr
 
 
+def guard_mask(term: Term, identity: sympy.Expr | None) -> Term:
+    """`term` with a mask that is not a loop bound (`where(doc[i] == doc[j], x, identity)`,
+    alone or as a factor of a sum's body, the reduction's `identity` in the other branch)
+    made its guard, when it has none: the kernels test it per element and leave out what it
+    fails (not `0 * W`, NaN where W is), and the gradients of the body are those of the kept
+    branch (attention's `dL = -sum_e dO * O` from the saved output, not a pass over every
+    pair), under the same guard."""
+    if identity is None or term.guard != sympy.true:
+        return term
+    factors = sympy.Mul.make_args(term.body) if identity == 0 else (term.body,)
+    masks = [
+        f
+        for f in factors
+        if isinstance(f, sympy.Piecewise)
+        and len(f.args) == 2
+        and f.args[1] == (identity, sympy.true)
+        and not f.args[0].cond.atoms(sympy.Piecewise, Reduce)
+    ]
+    if len(masks) != 1:
+        return term
+    kept, condition = masks[0].args[0]
+    body = sympy.Mul(kept, *(f for f in factors if f is not masks[0]))
+    return dataclasses.replace(term, body=body, guard=condition)
+
+
+def guard_masks(nest: LoopNest, /) -> LoopNest:
+    """`nest` with each term's mask that is not a loop bound made its guard (`guard_mask`)."""
+    identity = identity_of(nest.reduction)
+    terms = tuple(guard_mask(term, identity) for term in nest.terms)
+    return dataclasses.replace(nest, terms=terms)
+
+
 def bound_guards(nest: LoopNest, /) -> LoopNest:
     """`nest` with affine guards between indices moved into its terms' constraints (see the
     module docstring). Nests whose reduction has no neutral value (argmax) are returned as

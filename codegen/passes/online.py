@@ -41,15 +41,24 @@ from collections.abc import Sequence
 import sympy
 
 from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, rename, tensor_base
+from codegen.passes.guards import guard_mask, identity_of
 
 
 def _single_term(nest: LoopNest, reduction: str) -> Term | None:
     if nest.reduction != reduction or nest.online or len(nest.terms) != 1:
         return None
     term = nest.terms[0]
-    if len(term.reduced) != 1 or term.guard != sympy.true:
+    if len(term.reduced) != 1:
         return None
-    return term
+    return guard_mask(term, identity_of(reduction))
+
+
+def _masked(term: Term, identity: sympy.Expr) -> Term:
+    """`term` with its guard back as a `where` around its body (`guard_mask` undone)."""
+    if term.guard == sympy.true:
+        return term
+    body = sympy.Piecewise((term.body, term.guard), (identity, True))
+    return dataclasses.replace(term, body=body, guard=sympy.true)
 
 
 def _split_weight(body: sympy.Expr, read: sympy.Indexed) -> tuple[sympy.Expr, sympy.Expr] | None:
@@ -80,9 +89,11 @@ def pair(lse: LoopNest, weighted: LoopNest) -> LoopNest | None:
     names = {a.name: b.name for a, b in zip(lse.free_indices, free)}
     names[lse_term.reduced[0].index.name] = term.reduced[0].index.name
     renamed = rename(lse, tensors={}, indices=names)
-    scores = renamed.terms[0]
+    scores = guard_mask(renamed.terms[0], -sympy.oo)
     same_loops = renamed.free == weighted.free[: len(lse.free)] and scores.reduced == term.reduced
     if not same_loops or set(scores.constraints) != set(term.constraints):
+        return None
+    if scores.guard != term.guard:
         return None
     split = _split_weight(term.body, read)
     if split is None or split[0] != scores.body - read:
@@ -111,15 +122,17 @@ def unpair(nest: LoopNest) -> tuple[LoopNest, LoopNest]:
     """The logsumexp nest and the weighted sum that the one-pass `nest` stands for."""
     scores, weight = nest.terms
     free, last = nest.free[:-1], nest.free[-1]
-    lse = LoopNest(nest.online, free, (scores,), _reads(scores, nest.operands), "logsumexp")
+    masked = _masked(scores, -sympy.oo)
+    lse = LoopNest(nest.online, free, (masked,), _reads(masked, nest.operands), "logsumexp")
     read = tensor_base(nest.online)[tuple(r.index for r in free)]
     body = sympy.exp(scores.body - read) * weight.body
+    term = _masked(dataclasses.replace(weight, body=body), sympy.S.Zero)
     operands = (*nest.operands, Operand(nest.online, len(free)))
     weighted = dataclasses.replace(
         nest,
         free=(*free, Range(last.index, last.start, last.stop - 1)),
-        terms=(dataclasses.replace(weight, body=body),),
-        operands=_reads(Term(body), operands),
+        terms=(term,),
+        operands=_reads(term, operands),
         reduction="sum",
         online="",
     )

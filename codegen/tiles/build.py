@@ -2,13 +2,15 @@
 
 The choices, and why:
 
+* The sizes come from the tuning table (`codegen.tiles.tuning`), by the program's
+  `TuningKey` (`tuning_key`), or its default row where it has none.
 * Tiles are powers of two (Triton's blocks must be). The last two free indices are tiled
-  (up to `FREE_TILE` values each), the others get tiles of one value: a tile is at most a
-  matrix, which is what a tensor-core `dot` takes.
-* A term's last reduced index is looped over in tiles of up to `REDUCED_TILE` values, its
-  other reduced indices (and every one of a prod, which Triton cannot reduce) one value at
-  a time; an elementwise tile (output tile x reduced
-  tile) stays within `ELEMENTWISE_BUDGET` values.
+  (up to the row's `free_tile` values each), the others get tiles of one value: a tile is at
+  most a matrix, which is what a tensor-core `dot` takes.
+* A term's last reduced index is looped over in tiles of up to the row's `reduced_tile`
+  values (a term of another kind than the program's: its kind's default), its other
+  reduced indices (and every one of a prod, which Triton cannot reduce) one value at a time;
+  an elementwise tile (output tile x reduced tile) stays within `ELEMENTWISE_BUDGET` values.
 * A term is a `dot` when it is a sum over one reduced index of a product whose factors split
   into a side reading the first tiled free index and a side reading the second (with the
   reduced index on both). A constraint that reads the reduced index zeroes the side whose
@@ -38,12 +40,11 @@ from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, default_dtypes
 from codegen.ir.reductions import REDUCTIONS
+from codegen.tiles import tuning
+from codegen.tiles.hoist import hoist_nested
+from codegen.tiles.precision import dot_precision
 from codegen.tiles.program import LoopBound, TermTiles, TileAxis, TileDot, TileLoad, TileProgram
 
-#: The largest tile of a tiled free index.
-FREE_TILE = 32
-#: The largest tile of a term's last reduced index.
-REDUCED_TILE = 16
 #: The smallest side of a dot's tiles (Triton's `tl.dot` takes 16 and up).
 DOT_MIN = 16
 #: The most values of one elementwise tile (output tile x reduced tile).
@@ -57,7 +58,12 @@ _HALF = ("float16", "bfloat16")
 
 
 def tile_program(
-    nest: LoopNest, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str] | None = None
+    nest: LoopNest,
+    shapes: Mapping[str, Sequence[int]],
+    dtypes: Mapping[str, str] | None = None,
+    *,
+    precision: str = "default",
+    tuned: tuning.TuningRow | None = None,
 ) -> TileProgram:
     """The tile program of `nest` for the shapes of every tensor it names.
 
@@ -65,6 +71,9 @@ def tile_program(
         nest: the loop nest.
         shapes: the shape of every tensor the nest's ranges name.
         dtypes: dtype names of the operands and the output (default float32).
+        precision: how float32 dots round, a key of `codegen.tiles.precision.MODES`.
+        tuned: the tuning row to use (a sweep's candidate); default: the table's row of
+            the program's `tuning_key`.
 
     Returns:
         The `TileProgram`.
@@ -72,21 +81,82 @@ def tile_program(
     Raises:
         Unsupported: the nest needs what tile programs do not have yet (worded).
     """
+    nest = hoist_nested(nest)  # a nested sum holding another: into the term's loops
     _check(nest)
     dtypes = dict(dtypes or default_dtypes(nest))
     extents = extent_values(nest, shapes)
     free = [_axis(r, extents) for r in nest.free]
     dots = [_find_dot(nest, term, free) for term in nest.terms]
-    tiles = _free_tiles(free, any(d is not None for d in dots))
+    key = _key(nest, dots, dtypes, extents)
+    row = tuned if tuned is not None else tuning.lookup(key)
+    tiles = _free_tiles(free, any(d is not None for d in dots), row.free_tile)
     grid = tuple(TileAxis(a.index, a.start, a.extent, t) for a, t in zip(free, tiles))
-    terms = tuple(_term(nest, term, grid, dot, extents) for term, dot in zip(nest.terms, dots))
+    terms = tuple(
+        _term(nest, term, grid, dot, extents, _reduced_tile(key, row, dot))
+        for term, dot in zip(nest.terms, dots)
+    )
     out = str(dtypes.get(nest.output, "float32"))
     if REDUCTIONS[nest.reduction].positional:  # the values compared: the operands' float type
         floats = [str(dtypes.get(op.name)) for op in nest.operands]
         out = "float64" if "float64" in floats else "float32"
     accumulate = "float32" if out in _HALF else out
     known = tuple(sorted(extents.items(), key=lambda item: item[0].name))
-    return TileProgram(nest, grid, terms, accumulate, known)
+    rounding = dot_precision(precision, key.dtype) if key.kind == "dot" else None
+    return TileProgram(nest, grid, terms, accumulate, known, rounding, row)
+
+
+def tuning_key(
+    nest: LoopNest, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str] | None = None
+) -> tuning.TuningKey:
+    """The tuning table's key of `nest`'s tile program (`codegen.tiles.tuning`).
+
+    >>> from codegen.ir.examples import matmul
+    >>> tuning_key(matmul(), {"A": (50, 37), "B": (37, 24)}).describe()
+    'dot, float32, reduced extent <= 64, mask none'
+    """
+    _check(nest)
+    extents = extent_values(nest, shapes)
+    free = [_axis(r, extents) for r in nest.free]
+    dots = [_find_dot(nest, term, free) for term in nest.terms]
+    return _key(nest, dots, dict(dtypes or default_dtypes(nest)), extents)
+
+
+def _key(
+    nest: LoopNest,
+    dots: Sequence[TileDot | None],
+    dtypes: Mapping[str, str],
+    extents: Mapping[sympy.Symbol, int],
+) -> tuning.TuningKey:
+    """Kind, data dtype, reduced-extent bucket and mask kind (see `codegen.tiles.tuning`)."""
+    longest = 0
+    for term, dot in zip(nest.terms, dots):
+        ranges = [r for r in term.reduced if dot is None or r.index == dot.reduced]
+        if ranges:
+            longest = max(longest, evaluate_int(ranges[-1].stop - ranges[-1].start, extents))
+    if any(d is not None for d in dots):
+        kind = "dot"
+    else:
+        kind = "reduce" if any(term.reduced for term in nest.terms) else "elementwise"
+    # The data's dtype: the widest float operand's (the output's where none is a float).
+    floats = {str(dtypes.get(op.name)) for op in nest.operands}
+    widest = [d for d in ("float64", "float32", *_HALF) if d in floats]
+    dtype = widest[0] if widest else str(dtypes.get(nest.output, "float32"))
+    mask = "none"
+    for term in nest.terms:
+        constraints = [c.xreplace(extents) for c in term.constraints]
+        free_indices = [r.index for r in nest.free]
+        if _bounds(constraints, free_indices, [r.index for r in term.reduced]):
+            mask = "bounded"
+        elif mask == "none" and (constraints or term.guard is not sympy.true):
+            mask = "masked"
+    return tuning.TuningKey(kind, dtype, tuning.bucket(max(0, longest)), mask)
+
+
+def _reduced_tile(key: tuning.TuningKey, row: tuning.TuningRow, dot: TileDot | None) -> int:
+    """The largest reduced tile of a term: the row's for a term of the program's kind, the
+    default of its own kind for another (a bias term beside a dot)."""
+    kind = "dot" if dot is not None else ("reduce" if key.kind == "dot" else key.kind)
+    return row.reduced_tile if kind == key.kind else tuning.DEFAULTS[kind]["reduced_tile"]
 
 
 def _check(nest: LoopNest) -> None:
@@ -130,15 +200,15 @@ def _power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _free_tiles(free: Sequence[TileAxis], dot: bool) -> tuple[int, ...]:
-    """Tiles of up to FREE_TILE for the last two free indices (at least DOT_MIN for a dot),
+def _free_tiles(free: Sequence[TileAxis], dot: bool, largest: int) -> tuple[int, ...]:
+    """Tiles of up to `largest` for the last two free indices (at least DOT_MIN for a dot),
     one value for the others."""
     tiles = []
     for position, axis in enumerate(free):
         if position < len(free) - 2:
             tiles.append(1)
             continue
-        tile = min(FREE_TILE, _power_of_two(axis.extent))
+        tile = min(largest, _power_of_two(axis.extent))
         tiles.append(max(tile, DOT_MIN) if dot else tile)
     return tuple(tiles)
 
@@ -203,6 +273,7 @@ def _term(
     grid: tuple[TileAxis, ...],
     dot: TileDot | None,
     extents: Mapping[sympy.Symbol, int],
+    largest: int,
 ) -> TermTiles:
     _check_nested(nest, term, extents)
     ranges = [_axis(r, extents) for r in term.reduced]
@@ -214,10 +285,10 @@ def _term(
         if position < len(ranges) - 1 or nest.reduction == "prod":
             tile = 1  # prod: Triton has no product reduction; one value per step
         elif dot is not None:
-            tile = max(DOT_MIN, min(2 * REDUCED_TILE, _power_of_two(axis.extent)))
+            tile = max(DOT_MIN, min(largest, _power_of_two(axis.extent)))
         else:
             budget = max(1, ELEMENTWISE_BUDGET // per_output)
-            tile = min(REDUCED_TILE, _power_of_two(axis.extent), _power_of_two(budget + 1) // 2)
+            tile = min(largest, _power_of_two(axis.extent), _power_of_two(budget + 1) // 2)
         reduced.append(TileAxis(axis.index, axis.start, axis.extent, tile))
     loops = {a.index for a in grid} | {a.index for a in reduced}
     constraints = [c.xreplace(extents) for c in term.constraints]

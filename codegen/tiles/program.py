@@ -25,6 +25,8 @@ import sympy
 
 from codegen.ir.nest import LoopNest, Term
 from codegen.ir.source import constraint_source, expr_source
+from codegen.tiles.precision import DotPrecision
+from codegen.tiles.tuning import TuningRow
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,10 @@ class TileProgram:
     accumulate: str
     #: The value of every extent symbol the nest names.
     extents: tuple[tuple[sympy.Symbol, int], ...] = ()
+    #: How its dots round (`codegen.tiles.precision`); None: it has no dot.
+    precision: DotPrecision | None = None
+    #: The tuning row its tiles and launch settings come from (`codegen.tiles.tuning`).
+    tuning: TuningRow | None = None
 
     @property
     def reduction(self) -> str:
@@ -155,6 +161,14 @@ class TileProgram:
             f"instance(s), output tile {' x '.join(map(str, self.block))}",
         ]
         lines += [f"    {axis.describe()}" for axis in self.grid]
+        if self.tuning is not None:
+            lines.append(f"  {self.tuning.describe()}")
+        if self.precision is not None:
+            p = self.precision
+            lines.append(
+                f"  dots on a GPU: {p.words} (precision {p.name}, tolerance {p.tolerance:g}); "
+                "exact float32 in interpret mode"
+            )
         for n, t in enumerate(self.terms):
             lines.append(f"  term {n}: {expr_source(t.term.body, names)}")
             lines += [f"    loop {axis.describe()}" for axis in t.reduced]

@@ -19,6 +19,7 @@ tensordsl` starts no compiler and never imports CuPy.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,8 @@ class StaticReport:
 
     #: The report's first line: what it counts, on which machine.
     title: str
-    #: `report(nest, dtypes, shapes)` -> an object whose `lines()` describe one kernel.
+    #: `report(nest, dtypes, shapes, *, precision)` -> an object whose `lines()` describe one
+    #: kernel (`precision`: the kernel's `precision=`, a `jax.lax.Precision` or None).
     report: Callable[..., Any]
 
 
@@ -172,6 +174,12 @@ def _pallas_static_report() -> StaticReport:
     return StaticReport(TITLE, tile_report)
 
 
+def _pallas_pairs() -> Callable[..., Any]:
+    from codegen.tiles.attention.pairs import pair_attention
+
+    return pair_attention
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -200,7 +208,11 @@ def _cuda_static_report() -> StaticReport:
     from codegen.cuda.report import SMS, cuda_report
 
     title = f"cuda kernels (static: grid on {SMS} SMs, per output element; sm_90 by NVRTC)"
-    return StaticReport(title, cuda_report)
+
+    def report(nest: LoopNest, dtypes: Any, shapes: Any, *, precision: Any = None) -> Any:
+        return cuda_report(nest, dtypes, shapes)  # its kernels compute in float32 exactly
+
+    return StaticReport(title, report)
 
 
 def _cuda_one_pass_lines() -> Callable[..., list[str]]:
@@ -217,6 +229,10 @@ C_ONE_PASS_ROWS = 1024
 #: compares it) the CUDA one-pass kernel (`codegen.cuda.attention.online`) runs: its registers hold
 #: 128 columns per pass over the keys; two passes cost what the two nests would.
 CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
+
+#: The longest packed row (the logsumexp included) the pallas attention kernel
+#: (`tensordsl.backends.pallas.attention`) runs as one pass: head dims up to 256, whole in a tile.
+PALLAS_ONE_PASS_ROWS = 257
 
 BACKENDS: dict[str, Backend] = {
     "reference": Backend("reference", _run_reference),
@@ -249,6 +265,8 @@ BACKENDS: dict[str, Backend] = {
     "pallas": Backend(
         "pallas",
         _runner("tensordsl.backends.pallas.run", "run_pallas"),
+        one_pass_rows=PALLAS_ONE_PASS_ROWS,
+        pairs_gradients=_pallas_pairs,
         static_report=_pallas_static_report,
     ),
 }
@@ -265,15 +283,52 @@ REPORT_TARGETS = tuple(b.name for b in BACKENDS.values() if b.static_report is n
 CODE_TARGETS = tuple(b.name for b in BACKENDS.values() if b.emits_code)
 
 
-def backend(name: str) -> Backend:
-    """The record of a back end by name ("auto" resolved for this machine)."""
-    return BACKENDS[resolve_backend(name)]
+def backend(name: str, nest: LoopNest | None = None, operands: Sequence[Any] = ()) -> Backend:
+    """The record of a back end by name ("auto" resolved for this machine, and for `nest`
+    on `operands` where given: `resolve_backend`)."""
+    return BACKENDS[resolve_backend(name, nest, operands)]
 
 
-def resolve_backend(name: str) -> str:
-    """`name` itself, or for "auto": cuda on a CUDA GPU with CuPy, else c."""
+def resolve_backend(name: str, nest: LoopNest | None = None, operands: Sequence[Any] = ()) -> str:
+    """`name` itself, or for "auto": on a GPU, the back end the tuning table prefers for
+    `nest`'s kind on `operands` (`preferred_backend`), else cuda where CuPy is installed;
+    c elsewhere."""
     if name != AUTO:
         return name
-    if jax.default_backend() == "gpu" and importlib.util.find_spec("cupy") is not None:
-        return "cuda"
-    return "c"
+    if not _on_gpu():
+        return "c"
+    if nest is not None and preferred_backend(nest, operands) == "pallas":
+        return "pallas"
+    return "cuda" if importlib.util.find_spec("cupy") is not None else "c"
+
+
+def _on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def preferred_backend(nest: LoopNest, operands: Sequence[Any]) -> str | None:
+    """The back end the tuning table (`codegen.tiles.tuning`) prefers on a GPU for nests of
+    `nest`'s kind, dtype, reduced extent and mask on `operands` (in `nest.operands` order;
+    it needs them all), measured by the GPU sweep; None where it has no row that says (or
+    tile programs do not run the nest)."""
+    from codegen.tiles import tuning
+
+    if len(operands) != len(nest.operands):
+        return None
+    shapes = tuple((op.name, tuple(v.shape)) for op, v in zip(nest.operands, operands))
+    dtypes = tuple((op.name, str(v.dtype)) for op, v in zip(nest.operands, operands))
+    key = _tuning_key(nest, shapes, dtypes)
+    return None if key is None else tuning.lookup(key).backend
+
+
+@functools.lru_cache(maxsize=1024)
+def _tuning_key(nest: LoopNest, shapes: tuple, dtypes: tuple) -> Any:
+    """`codegen.tiles.build.tuning_key`, once per nest, shapes and dtypes; None for a nest
+    tile programs refuse (or whose extents the operands do not give)."""
+    from codegen.errors import Unsupported
+    from codegen.tiles.build import tuning_key
+
+    try:
+        return tuning_key(nest, dict(shapes), dict(dtypes))
+    except (Unsupported, KeyError):
+        return None

@@ -45,6 +45,7 @@ def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None =
             if schedule is not None and schedule.strategy == "xla":
                 lines.append(f"{label}: {schedule.describe()}")
             else:
-                report = static.report(part, dtypes, shapes)  # chosen without proven tests
+                precision = eqn.params.get("precision")
+                report = static.report(part, dtypes, shapes, precision=precision)
                 lines += [f"{label}: {report.lines()[0]}", *report.lines()[1:]]
     return lines

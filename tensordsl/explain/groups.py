@@ -19,7 +19,7 @@ gradients computed together when grad asks for several inputs (o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import sympy
 
@@ -33,6 +33,7 @@ from tensordsl.binding.grouped import groups_for
 from tensordsl.errors import user_facing
 from tensordsl.explain.facts import equal_extents
 from tensordsl.explain.prologues import substitute
+from tensordsl.explain.spelling import Spelling, gradient_lhs, label, spell
 
 #: Extents given to tensors where `explain` has no shapes: distinct, so that only extents the
 #: call's checks make equal are equal.
@@ -44,9 +45,11 @@ def group_lines(
     shapes: Mapping[str, tuple[int, ...]] | None,
     backend: str,
     unread: frozenset[str] = frozenset(),
+    spelled: Sequence[Spelling] = (),
     dtype: str = "float32",
 ) -> list[str]:
-    """One block per group of gradients computed together; none where nothing groups."""
+    """One block per group of gradients computed together; none where nothing groups
+    (gathered operands shown as the accesses they stand for, `spelled`)."""
     if REDUCTIONS[nest.reduction].positional:
         return []
     with user_facing():
@@ -59,25 +62,25 @@ def group_lines(
     lines = ["gradients computed together when grad asks for several inputs (one nest each):"]
     aliases = {g.nest.output: g.wrt for g in gradients}
     for group in groups:
-        lines += _group_lines(group, gradients, shapes, aliases)
+        lines += _group_lines(group, gradients, shapes, aliases, spelled)
     return lines
 
 
-def _group_lines(group: Group, gradients, shapes, aliases) -> list[str]:
-    outputs = list(dict.fromkeys(m.output for m in group.members))
+def _group_lines(group: Group, gradients, shapes, aliases, spelled) -> list[str]:
+    outputs = list(dict.fromkeys(label(m.output, spelled) for m in group.members))
     summed = sorted({str(r.index) for t in group.nest.terms for r in t.reduced})
     over = f" summed over {', '.join(summed)}" if summed else ""
     head = f"  {' and '.join(outputs)}, one nest{over} ({len(group.members)} outputs):"
     cotangent = next(n for n, r in gradients[0].roles if r == gradient_rules.COTANGENT)
     lines = [head]
     for member in group.members:
-        bodies = [substitute(t.body, shapes, aliases) for t in member.nest.terms]
+        bodies = [spell(substitute(t.body, shapes, aliases), spelled) for t in member.nest.terms]
         sums = [
             "sum_" + ",".join(str(r.index) for r in t.reduced) + " " if t.reduced else ""
             for t in member.nest.terms
         ]
         text = " + ".join(f"{s}{body_source(b, cotangent)}" for s, b in zip(sums, bodies))
-        lines.append(f"    {_label(member)} = {text}")
+        lines.append(f"    {_label(member, spelled)} = {text}")
     return lines
 
 
@@ -106,11 +109,15 @@ def body_source(body: sympy.Expr, first: str | None, operands: tuple[str, ...] =
     return expr_source(body, operands, positive_first=True)
 
 
-def _label(member: Member) -> str:
-    indices = [str(r.index) for r in member.nest.free]
+def _label(member: Member, spelled: Sequence[Spelling] = ()) -> str:
+    indices: list[sympy.Expr] = [r.index for r in member.nest.free]
     if member.axis is not None:
-        indices.insert(member.axis, str(member.position))
-    return f"{member.output}[{', '.join(indices)}]" if indices else member.output
+        indices.insert(member.axis, sympy.Integer(member.position))
+    for s in spelled:
+        if member.output == "d" + s.name:
+            return gradient_lhs(s, indices)
+    shown = ", ".join(str(i) for i in indices)
+    return f"{member.output}[{shown}]" if indices else member.output
 
 
 def _shapes(nest: LoopNest, gradients, shapes) -> dict[str, tuple[int, ...]]:

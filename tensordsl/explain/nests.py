@@ -41,6 +41,9 @@ from tensordsl.explain.facts import equal_extents, implied
 from tensordsl.explain.groups import body_source as _body_source
 from tensordsl.explain.groups import group_lines
 from tensordsl.explain.prologues import prologue_lines, substitute
+from tensordsl.explain.spelling import Spelling, gradient_lhs, spell
+from tensordsl.explain.spelling import label as spelling_label
+from tensordsl.explain.spelling import unread as unread_tables
 from tensordsl.explain.summary import summary_lines
 
 
@@ -65,23 +68,27 @@ def nest_lines(
     aliases: Mapping[str, str] | None = None,
     operands: tuple[str, ...] = (),
     same: Mapping[sympy.Symbol, sympy.Symbol] | None = None,
+    spelled: Sequence[Spelling] = (),
+    lhs: str | None = None,
 ) -> list[str]:
     """The nest as `OUT[...] = reduce_r body` lines, with the bounds of every index.
 
     `operands`: the order terms and factors print in (the statement's inputs); `same`:
     extents a call's checks make equal (`facts.equal_extents`), so that a test they
-    imply is left out."""
+    imply is left out; `spelled`: gathered operands shown as the accesses they stand for;
+    `lhs`: the left-hand side in place of the output's, added to (`+=`)."""
     aliases = aliases or {}
     same = same or {}
     order = operands or nest.operand_names
 
     def show(expr: sympy.Basic) -> sympy.Basic:
-        return substitute(expr, shapes, aliases)
+        return spell(substitute(expr, shapes, aliases), spelled)
 
-    lhs = output_source(nest)
+    assign = "=" if lhs is None else "+="
+    lhs = output_source(nest) if lhs is None else lhs
     lines = []
     for n, term in enumerate(nest.terms):
-        lead = f"{lhs} = " if n == 0 else " " * len(lhs) + " + "
+        lead = f"{lhs} {assign} " if n == 0 else " " * len(lhs) + " " * len(assign) + "+ "
         text = f"{_sum_prefix(nest, term)}{_body_source(show(term.body), first, order)}"
         if n > 0 and not term.reduced and text.startswith("-"):
             lead, text = lead[:-2] + "- ", text[1:]  # `- b[i]`, not `+ -b[i]`
@@ -116,32 +123,41 @@ def explain(
     unread: frozenset[str] = frozenset(),
     backend: str | None = None,
     schedule: Any = None,
+    spelled: Sequence[Spelling] = (),
 ) -> str:
     """The forward nest and the gradient nest of every operand, with their bounds.
 
     Args:
         nest: a forward nest.
         shapes: optional shapes by tensor name; bounds are then shown as numbers.
-        gathered: (operand, the access it stands for) of each gathered operand.
-        unread: operands the nest does not read (tables read only through gathers).
+        gathered: (table, the access as written) of each gathered operand.
+        unread: operands the nest does not read (tables read only through gathers; those of
+            `spelled` are found).
         backend: where given, a summary comes first: the nests, the back end, the schedule
             of each in words (`tensordsl.explain.summary`).
         schedule: the user's schedule of the forward nest, if any.
+        spelled: the gathered operands (`spelling.spellings`): shown as the accesses they
+            stand for, never by their internal names.
 
     Returns:
         Several lines of text.
     """
-    summary = [] if backend is None else kernel_summary(nest, backend, schedule, unread)
+    unread = unread | unread_tables(nest, spelled)
+    summary = [] if backend is None else kernel_summary(nest, backend, schedule, unread, spelled)
     gathers = [
-        f"gathered {name} = {access} (before the nest; gradient: a sorted segmented sum)"
-        for name, access in gathered
+        f"gathered {access} before the nest (the gradient of {table}: a sorted segmented sum)"
+        for table, access in gathered
     ]
-    groups = [] if backend is None else group_lines(nest, shapes, backend, unread)
-    return "\n".join([*summary, *gathers, _explain(nest, shapes, unread), *groups])
+    groups = [] if backend is None else group_lines(nest, shapes, backend, unread, spelled)
+    return "\n".join([*summary, *gathers, _explain(nest, shapes, unread, spelled), *groups])
 
 
 def kernel_summary(
-    nest: LoopNest, backend: str, schedule: Any = None, unread: frozenset[str] = frozenset()
+    nest: LoopNest,
+    backend: str,
+    schedule: Any = None,
+    unread: frozenset[str] = frozenset(),
+    spelled: Sequence[Spelling] = (),
 ) -> list[str]:
     """The summary lines of a kernel's nests (`summary.summary_lines`); none for the
     gradients of `unread` operands (read only through gathers: no nest runs for them)."""
@@ -151,7 +167,7 @@ def kernel_summary(
         if name.startswith("grad_") and name[len("grad_") :] in unread:
             continue
         label = labels.get(name) or name.replace("aux_", "saved for gradients: ")
-        label = label.replace("grad_", "gradient of ")
+        label = spelling_label(label, spelled).replace("grad_", "gradient of ")
         nests[label] = each
     schedules = {f"forward {nest.output}": schedule} if schedule is not None else None
     return summary_lines(nests, backend, positions=frozenset(_positions(nest)), schedules=schedules)
@@ -161,12 +177,15 @@ def _explain(
     nest: LoopNest,
     shapes: Mapping[str, tuple[int, ...]] | None,
     unread: frozenset[str] = frozenset(),
+    spelled: Sequence[Spelling] = (),
 ) -> str:
     same = equal_extents(nest)
     order = (nest.output, *nest.operand_names)
     options: dict[str, Any] = {"shapes": shapes, "operands": order, "same": same}
+    options["spelled"] = spelled
+    by_name = {s.name: s for s in spelled}
     lines = ["forward"] + ["  " + line for line in nest_lines(nest, **options)]
-    lines += ["  " + line for line in prologue_lines(nest, shapes)]
+    lines += ["  " + line for line in prologue_lines(nest, shapes, spelled=spelled)]
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         lines.append(f"saved for the gradients ({role})")
         lines += ["  " + line for line in nest_lines(aux, **options)]
@@ -179,12 +198,23 @@ def _explain(
             gradient = grad.gradient(nest, op.name)
         cotangent = next(n for n, r in gradient.roles if r == gradient_rules.COTANGENT)
         aliases = {gradient.nest.output: op.name, cotangent: nest.output}
-        lines.append(f"gradient of {op.name}")
+        gathered = by_name.get(op.name)
+        lhs = None
+        if gathered is None:
+            lines.append(f"gradient of {op.name}")
+        else:
+            lines.append(
+                f"gradient of {gathered.table} at {gathered.text}, each element added to "
+                f"d{gathered.table} (a sorted segmented sum)"
+            )
+            lhs = gradient_lhs(gathered, (r.index for r in gradient.nest.free))
         lines += [
             "  " + line
-            for line in nest_lines(gradient.nest, first=cotangent, aliases=aliases, **options)
+            for line in nest_lines(
+                gradient.nest, first=cotangent, aliases=aliases, lhs=lhs, **options
+            )
         ]
-        lines += ["  " + line for line in prologue_lines(gradient.nest, shapes, aliases)]
+        lines += ["  " + line for line in prologue_lines(gradient.nest, shapes, aliases, spelled)]
     return "\n".join(lines)
 
 
@@ -204,8 +234,11 @@ def kernel_nests(nest: LoopNest) -> dict[str, LoopNest]:
     return nests
 
 
-def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> dict[str, str]:
-    """The generated code of every nest of a kernel, for a back end that emits code.
+def generated_sources(
+    nest: LoopNest, target: str, dtype: str = "float32", spelled: Sequence[Spelling] = ()
+) -> dict[str, str]:
+    """The generated code of every nest of a kernel, for a back end that emits code, keyed
+    as `profile` names them (the gradient of a gathered operand of `spelled` by its access).
 
     Every tensor is taken as `dtype`, except argmax/argmin positions (`POSITION_DTYPE`, as the
     JAX binding passes them).
@@ -214,7 +247,7 @@ def generated_sources(nest: LoopNest, target: str, dtype: str = "float32") -> di
     positions = _positions(nest)
     sources = {}
     for name, n in kernel_nests(nest).items():
-        sources[name] = emit(n, _dtypes(n, positions, dtype), role=name)
+        sources[spelling_label(name, spelled)] = emit(n, _dtypes(n, positions, dtype), role=name)
     return sources
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import sympy
 
 from codegen.ir.contraction import xla_contraction, xla_plan
 from codegen.ir.nest import LoopNest, Range, extent_of, extent_symbol
 from codegen.ir.source import expr_source
+from tensordsl.explain.spelling import Spelling, spell
 
 
 def substitute(
@@ -33,9 +34,11 @@ def prologue_lines(
     nest: LoopNest,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     aliases: Mapping[str, str] | None = None,
+    spelled: Sequence[Spelling] = (),
 ) -> list[str]:
     """How XLA computes a nest whose elementwise factors are evaluated apart before its dot
-    (`codegen.ir.contraction.prologue_contraction`); nothing for other nests.
+    (`codegen.ir.contraction.prologue_contraction`); nothing for other nests. Gathered
+    operands show as the accesses they stand for (`spelled`).
 
     >>> from tensordsl.frontend.lower import lower
     >>> from tensordsl.frontend.parse import parse
@@ -56,7 +59,8 @@ def prologue_lines(
         every = ", ".join(str(i) for i in loops)
         for n, prologue in enumerate(dot.prologues, start=1):
             each = ", ".join(str(i) for i in prologue.indices)
-            text = f"prologue {n}: {expr_source(prologue.body)} evaluated once per ({each})"
+            body = expr_source(spell(prologue.body, spelled))
+            text = f"prologue {n}: {body} evaluated once per ({each})"
             few = _points([loops[i] for i in prologue.indices], shapes, aliases)
             many = _points(list(loops.values()), shapes, aliases)
             if few is not None and many is not None:
@@ -64,7 +68,8 @@ def prologue_lines(
             else:
                 text += f", not per ({every})"
             lines.append(text)
-        inputs = [nest.operands[n].name for n in dot.tensors]
+        texts = {s.name: s.text for s in spelled}
+        inputs = [texts.get(nest.operands[n].name, nest.operands[n].name) for n in dot.tensors]
         inputs += [f"prologue {n + 1}" for n in range(len(dot.prologues))]
         lines.append(f"then XLA's dot: einsum '{dot.subscripts}' of {', '.join(inputs)}")
     return lines

@@ -40,6 +40,7 @@ from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from tensordsl.backends import table
 from tensordsl.errors import UnknownNameError
 from tensordsl.explain.nests import kernel_nests
+from tensordsl.explain.spelling import Spelling, label
 
 PRIMITIVE = "tensordsl_nest"
 
@@ -119,6 +120,7 @@ def profile_nests(
     nograd: frozenset[str] = frozenset(),
     reps: int = 7,
     seed: int = 0,
+    spelled: Sequence[Spelling] = (),
 ) -> Profile:
     """Time every nest `jax.value_and_grad` of `nest` runs on the C back end, each alone.
 
@@ -130,12 +132,14 @@ def profile_nests(
         nograd: inputs without a gradient.
         reps: calls per nest after a warm-up call; the median is reported.
         seed: for the random inputs.
+        spelled: gathered operands, whose gradient nests are named by the access
+            (`grad_W[tok[i], d]`, `tensordsl.explain.spelling`).
 
     Returns:
         A `Profile`; `str()` of it is a table.
     """
     jaxpr = nest_jaxpr(nest, shapes, dtype=dtype, schedule=schedule, nograd=nograd)
-    names = {each: name for name, each in kernel_nests(nest).items()}
+    names = {each: label(name, spelled) for name, each in kernel_nests(nest).items()}
     return profile_jaxpr(jaxpr, names, reps=reps, seed=seed, dtype=dtype)
 
 
@@ -147,10 +151,11 @@ def nest_jaxpr(
     schedule: Any = None,
     nograd: frozenset[str] = frozenset(),
     backend: str | None = None,
+    precision: Any = None,
 ) -> Any:
     """The jaxpr of `jax.value_and_grad` of the sum of `nest`'s output (`value_and_grad_jaxpr`)
     on `backend` (the profiled back end by default: the nests, gradient groups included,
-    that a call on it runs)."""
+    that a call on it runs), at the kernel's `precision`."""
     from tensordsl.binding.primitive import call_nest
 
     positional = REDUCTIONS[nest.reduction].positional
@@ -164,6 +169,7 @@ def nest_jaxpr(
             out_dtype=POSITION_DTYPE if positional else dtype,
             nograd=nograd,
             schedule=schedule,
+            precision=precision,
         )
         # an argmax has no gradient: its (integer) sum in a float loss, differentiated to 0
         return jnp.sum(out).astype(dtype)
@@ -236,12 +242,14 @@ def profile_jaxpr(
     reps: int = 7,
     seed: int = 0,
     dtype: str = "",
+    spelled: Sequence[Spelling] = (),
 ) -> Profile:
     """Time every nest equation of `jaxpr` (e.g. of a whole model's `value_and_grad`) alone.
 
     Args:
         jaxpr: from `jax.make_jaxpr(...)(...).jaxpr`.
-        names: a name for each nest; others are named by their output.
+        names: a name for each nest; others are named by their output (the gradient of a
+            gathered operand of `spelled` by its access: `dW[tok[i], d]`).
         reps: calls per nest after a warm-up call; the median is reported.
         seed: for the random inputs.
         dtype: shown in the table's heading.
@@ -250,12 +258,18 @@ def profile_jaxpr(
         A `Profile`, one timing per equation in order (a nest run twice appears twice).
     """
     rng = np.random.default_rng(seed)
-    timings = tuple(_time_equation(e, names or {}, reps, rng) for e in nest_equations(jaxpr))
+    timings = tuple(
+        _time_equation(e, names or {}, reps, rng, spelled) for e in nest_equations(jaxpr)
+    )
     return Profile(timings, dtype)
 
 
 def _time_equation(
-    eqn: Any, names: Mapping[LoopNest, str], reps: int, rng: np.random.Generator
+    eqn: Any,
+    names: Mapping[LoopNest, str],
+    reps: int,
+    rng: np.random.Generator,
+    spelled: Sequence[Spelling] = (),
 ) -> NestTiming:
     """Time one nest as the C runner runs it: XLA for the "xla" strategy where the
     plan fits the shapes, else the generated kernel (tensordsl/backends/c.py `run_c`)."""
@@ -275,7 +289,7 @@ def _time_equation(
             schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
         call = _kernel_call(nest, dtypes, schedule, out, operands, extents)
     times = _seconds(call, reps)
-    name = names.get(nest, nest.label)
+    name = names.get(nest, label(nest.label, spelled))
     return NestTiming(
         name, nest, schedule.describe(), statistics.median(times), min(times), len(times)
     )

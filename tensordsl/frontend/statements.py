@@ -340,3 +340,13 @@ def check_program_shapes(
         check_shapes(statement, known)
         known[statement.nest.output] = output_shape(statement.nest, known)
     return known
+
+
+def quoting(lowered: LoweredProgram, source: str) -> LoweredProgram:
+    """`lowered` with `source` as its statements' source: a stage of a program run in stages
+    (its text is the program's with the other statements blanked, same offsets), so that the
+    checks a call makes quote the whole program, not blanks."""
+    statements = tuple(
+        replace(s, statement=replace(s.statement, source=source)) for s in lowered.statements
+    )
+    return replace(lowered, statements=statements, source=source)

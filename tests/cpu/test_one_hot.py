@@ -145,7 +145,8 @@ def test_profile_and_source_of_a_program_with_a_pick():
     assert "loss" in names and "dX" in names
     assert set(program.source("c", shapes=shapes)) == set(names)
     text = program.explain(shapes)  # the gathered operand's shape is known (was a KeyError)
-    assert "P[n] = X__at" in text and "fused for these shapes" in text
+    assert "P[n] = X[n, y[n]]" in text and "fused for these shapes" in text
+    assert "__at" not in text
 
 
 def _primitives(jaxpr) -> set[str]:

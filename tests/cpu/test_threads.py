@@ -150,7 +150,9 @@ def test_the_c_helper_follows_the_python_rule_and_shares_one_counter(helpers):
 def test_a_late_thread_keeps_kernels_on_one_thread_for_a_while(helpers):
     first, second = helpers
     cores = first.max_threads()
-    now = first.now_ns()
+    # A start an hour ahead: the calm it begins outlasts any wait of this process on a loaded
+    # machine between these lines (the calm of one started now ends a second later).
+    now = first.now_ns() + 3600 * 10**9
     first.started(now - threads.LATE_NS, now)  # on time, just
     assert threads.teams().calm_until == 0
     first.started(now - threads.LATE_NS - 1, now)  # late: every core was taken

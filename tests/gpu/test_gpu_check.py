@@ -14,6 +14,7 @@ import pytest
 from benchmarks import gpu_check
 from benchmarks.gpu_check import cases as gpu_check_cases
 from benchmarks.gpu_check import phases as gpu_check_phases
+from benchmarks.gpu_check import sweep as gpu_check_sweep
 from codegen.cuda.emulator import emulate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -39,11 +40,15 @@ def _expected_rows() -> set[tuple[str, str, str]]:
     corpus |= {("corpus", "logsumexp_rows grad X", "")}
     corpus.add(("corpus", gpu_check_phases.LARGE_LABEL, ""))
     timings = {("timings", c.name, c.modes[0]) for c in gpu_check_cases.CASES}
+    sweep = {
+        ("sweep", f"{c.name} {gpu_check_sweep._shape_text(c.toy_shapes)}", "float32")
+        for c in gpu_check_sweep.CASES[:2]
+    }
     tests = {
         ("tests", "tests/gpu (JAX FFI)", ""),
         ("tests", "test_cuda_backend (CuPy callback)", ""),
     }
-    return {("machine", "machine", ""), *tests, *corpus, *timings}
+    return {("machine", "machine", ""), *tests, *corpus, *timings, *sweep}
 
 
 def test_emulated_check_writes_a_row_per_phase_and_case(tmp_path: pathlib.Path) -> None:

@@ -250,3 +250,75 @@ def test_a_special_value_stays_out_of_a_band(backend, dtype, special):
         q, k, v, mask_mod="abs(i - j) <= 4", backend=backend
     )
     _check(ours, jnp.asarray(band)[None, None], q, k, v, dtype)
+
+
+#: What a NaN at a key that an array mask drops reaches (docs/nn.md): nothing. The mask is the
+#: term's guard (`codegen.passes.guards.guard_masks`), so a dropped pair is never weighted,
+#: as with a mask that compares indices. Batch row 0 holds the NaN; (output, dq, dk, dv) NaN
+#: in every row of batch row 0, or nowhere.
+ARRAY_MASKED_NAN = {"k": (False,) * 4, "v": (False,) * 4}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", sorted(ARRAY_MASKED_NAN))
+def test_a_nan_at_a_key_an_array_mask_drops(backend, which):
+    """As docs/nn.md says, on every back end as on the reference: a NaN in k or v at a key
+    the mask drops reaches no output and no gradient; every value is the reference's."""
+    keep = (np.random.default_rng(4).random((B, T)) > 0.3).astype(np.int32)
+    drop = int(np.nonzero(keep[0] == 0)[0][-1])
+    arrays = dict(zip("qkv", _inputs("float64", seed=8)))
+    arrays[which][0, drop] = np.nan  # batch row 0 only
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+
+    def run(backend):
+        def ours(q, k, v):
+            mod = {"mask_mod": "M[b, j] > 0", "mod_args": {"M": keep}}
+            return nn.attention(q, k, v, **mod, backend=backend)
+
+        out, ct = ours(q, k, v), np.random.default_rng(9).normal(size=(B, T, H, E))
+        return (out, *jax.grad(lambda *a: jnp.sum(ours(*a) * ct), (0, 1, 2))(q, k, v))
+
+    got, want = run(backend), run("reference")
+    for name, g, w, nan in zip(("out", "dq", "dk", "dv"), got, want, ARRAY_MASKED_NAN[which]):
+        g, w = np.asarray(g), np.asarray(w)
+        assert np.isnan(g[0]).all() == nan and not np.isnan(g[1]).any(), name
+        assert nan or np.isfinite(g).all(), name
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
+        np.testing.assert_allclose(g[1], w[1], rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+def _documents(order, seed):
+    """(B, T) document ids: sorted runs of random lengths (packed sequences), or the same ids
+    shuffled (a mask no key range bounds)."""
+    rng = np.random.default_rng(seed)
+    ids = np.sort(rng.integers(0, 5, size=(B, T)), axis=1)
+    if order == "unsorted":
+        ids = rng.permuted(ids, axis=1)
+    return ids.astype(np.int32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_a_document_mask_keeps_each_query_to_its_own_document(backend, causal, order):
+    """Issue 38: a document mask over id arrays runs in one pass that visits each block of
+    queries' own documents' keys only (`codegen.c.online`); forward and every gradient as
+    the float64 reference, whether the ids are sorted or not."""
+    doc = _documents(order, seed=11)
+    q, k, v = _inputs("float64", seed=12)
+    keep = doc[:, :, None] == doc[:, None, :]
+    if causal:
+        keep = keep & np.tril(np.ones((T, T), bool))
+
+    def ours(q, k, v):
+        return nn.attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            mask_mod="doc[b, i] == doc[b, j]",
+            mod_args={"doc": doc},
+            backend=backend,
+        )
+
+    _check(ours, jnp.asarray(keep)[:, None], q, k, v, "float64")

@@ -338,11 +338,34 @@ def test_more_forms(backend):
 def test_explain_build_and_profile():
     k = td.kernel("E[b,t,d] := W[tok[b,t], d] * s", backend="c")
     text = k.explain({"W": (7, 5), "tok": (2, 3), "s": ()})
-    assert "\ngathered W__at12 = W[tok[b,t], d] (before the nest" in text
+    assert "\ngathered W[tok[b,t], d] before the nest (the gradient of W: a sorted" in text
     assert "gradient of W\n" not in text and "gradient of tok" not in text
     assert "gradient of s" in text
     k.build({"W": (7, 5), "tok": (2, 3), "s": ()})  # tok given by shape: int32
-    assert "grad_W__at12" in str(k.profile({"W": (7, 5), "tok": (2, 3), "s": ()}, reps=1))
+    profile = str(k.profile({"W": (7, 5), "tok": (2, 3), "s": ()}, reps=1))
+    assert "grad_W[tok[b, t], d]" in profile
+
+
+@pytest.mark.parametrize("kind", ["kernel", "program"])
+def test_explain_and_profile_show_a_gathered_operand_as_written(kind):
+    """Issue 36.12: explain and profile showed the internal name of a gathered operand
+    (`W__at8`); they show the access as written and the gradient of its table."""
+    shapes = {"W": (10, 4), "tok": (5,), "X": (5, 4)}
+    if kind == "kernel":
+        k = td.kernel("Y[i] := W[tok[i], d] * X[i,d]", backend="c")
+        texts = [k.explain(), k.explain(shapes)]
+    else:
+        k = td.program("H[i,d] := W[tok[i], d] * 2.0; Y[i] := H[i,d] * X[i,d]", backend="c")
+        texts = [k.explain(), k.explain(shapes)]
+    profile = str(k.profile(shapes, reps=1))
+    for text in [*texts, profile]:
+        assert "__at" not in text
+    for text in texts:
+        assert "gradient of W at W[tok[i], d], each element added to dW" in text
+        assert "dW[tok[i], d] += dY[i]*" in text or "dW[tok[i], d] += dH[i, d]*" in text
+        assert "gradient of W\n" not in text and "gradient of tok" not in text
+        assert "*W[tok[i], d]" in text or "W[tok[i], d]*" in text
+    assert "W[tok[i], d]" in profile
 
 
 @pytest.mark.parametrize("fuse", ["1", "0"])

@@ -1,5 +1,7 @@
-"""Every CUDA strategy is one `Strategy` record (`codegen/cuda/strategies.py`), and every
-record's generated source is pinned by a golden file (tests/golden/cuda), or is a known gap."""
+"""Every CUDA strategy is one `Strategy` record (`codegen/cuda/strategies.py`); every record
+with a kernel has a case (tests/strategy_cases.py) whose source a golden file pins
+(tests/unit/test_strategy_goldens.py) and which the emulator runs
+(tests/gpu/test_strategies_emulated.py); no module of `codegen/cuda` compares strategy names."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ from pathlib import Path
 
 from codegen.cuda.schedule import GPU_STRATEGIES
 from codegen.cuda.strategies import BY_NAME, STRATEGIES
+from tests.strategy_cases import CASES
+from tests.unit.test_strategy_goldens import golden_path
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cuda"
-
-#: Strategies whose generated source no golden file pins yet (issue 34's known gap): adding
-#: a golden file for one (tests/compile_only/test_nvrtc.py: GOLDEN_KERNELS) removes it here.
-WITHOUT_GOLDEN = {"tile", "mma", "block", "online", "weighted", "columns"}
+#: The strategies with no generated kernel: XLA's dot computes the nest (the runner's).
+WITHOUT_KERNEL = {"xla"}
 
 
 def _golden_strategies() -> set[str]:
@@ -25,27 +27,25 @@ def _golden_strategies() -> set[str]:
     return found
 
 
-def test_every_kernel_strategy_is_one_record() -> None:
-    """The heuristic's strategies less "xla" (XLA's dot: the runner's, no kernel)."""
+def test_every_strategy_is_one_record() -> None:
+    """The heuristic's strategies are the records, in order; those without a kernel have no
+    body, launch or second pass."""
     names = [s.name for s in STRATEGIES]
     assert len(names) == len(set(names)) == len(BY_NAME)
-    assert set(names) == set(GPU_STRATEGIES) - {"xla"}
+    assert tuple(names) == GPU_STRATEGIES
+    assert STRATEGIES[-1].name == "thread"  # the fallback: applies to every nest
+    for record in STRATEGIES:
+        kernel = record.name not in WITHOUT_KERNEL
+        assert (record.body is not None, record.launch is not None) == (kernel, kernel)
+        assert kernel or record.second_pass is None
 
 
-def test_every_record_has_a_golden_source() -> None:
+def test_every_record_with_a_kernel_has_a_case_a_golden_and_an_emulator_run() -> None:
+    kernels = set(BY_NAME) - WITHOUT_KERNEL
+    assert set(CASES) == kernels, sorted(set(CASES) ^ kernels)
+    assert all(golden_path(name).exists() for name in kernels)
     golden = _golden_strategies()
-    assert golden, f"no golden CUDA source under {GOLDEN}"
-    assert golden <= set(BY_NAME), golden - set(BY_NAME)
-    missing = set(BY_NAME) - golden
-    assert missing == WITHOUT_GOLDEN, (
-        f"without a golden source: {sorted(missing)}; listed as such: {sorted(WITHOUT_GOLDEN)}"
-    )
-
-
-#: Tests of a strategy's name against string literals left in `codegen/cuda`, by module
-#: (issue 34's known gap: the heuristic's choice and validation, the static report's
-#: figures). The emitter has none: it reads the record. A count that falls is lowered here.
-NAME_TESTS_LEFT = {"codegen/cuda/report.py": 10, "codegen/cuda/schedule.py": 19}
+    assert golden == kernels, sorted(golden ^ kernels)
 
 
 def _is_name(node: ast.AST) -> bool:
@@ -78,11 +78,13 @@ def test_name_tests_are_found() -> None:
     assert name_tests("if strategy is None:\n    pass\n") == 0
 
 
-def test_only_the_listed_modules_test_strategy_names() -> None:
+def test_no_module_tests_strategy_names() -> None:
+    """The schedule, the emitter and the report read the record (`Strategy`) of a schedule's
+    strategy; a test such as `strategy == "tile"` in `codegen/cuda` fails here."""
     root = GOLDEN.parents[2]
     found = {
         path.relative_to(root).as_posix(): n
         for path in sorted((root / "codegen" / "cuda").rglob("*.py"))
         if (n := name_tests(path.read_text()))
     }
-    assert found == NAME_TESTS_LEFT
+    assert found == {}

@@ -84,6 +84,26 @@ def test_attention_scores_stay_recomputed_and_paired_in_one_pass():
     assert [(n.output, n.online) for n in pair_stored(result.stored)] == [("O", "L")]
 
 
+@pytest.mark.parametrize(
+    "mask", ["doc[b, i] == doc[b, j]", "M[b, j] > 0", "(doc[b, i] == doc[b, j]) * (j <= i)"]
+)
+def test_a_mask_that_reads_arrays_keeps_the_scores_recomputed_in_one_pass(mask):
+    """Issue 38: a mask that is not a loop bound is the one-pass nest's guard, tested per
+    pair; the scores stay recomputed (before, they were stored, (B, H, T, T))."""
+    from tensordsl.nn.attention import attention_source
+
+    k = td.program(attention_source("s_[b,h,i,j]", mask), backend="reference")
+    shapes = {"q_": (2, 64, 2, 8), "k_": (2, 64, 2, 8), "v_": (2, 64, 2, 8), "scale_": ()}
+    shapes.update({"doc": (2, 64), "M": (2, 64)})
+    shapes = {name: shape for name, shape in shapes.items() if name in k.inputs}
+    result = fused(k, shapes)
+    assert result.inlined == ("s_",)
+    (one_pass,) = [n for n in pair_stored(result.stored) if n.online]
+    assert one_pass.terms[0].guard == one_pass.terms[1].guard != True  # noqa: E712
+    shown = str(one_pass)  # the mask is shown in the one-pass nest's source, each statement
+    assert shown.count("doc[b, i] == doc[b, j]") + shown.count("M[b, j] > 0") >= 2
+
+
 def test_the_attention_sublayer_as_one_program():
     k = td.program(ATTENTION_LAYER, backend="reference")
     shapes = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -155,3 +156,16 @@ def test_an_error_of_a_split_program_shows_every_statement() -> None:
         RangeError, match=r"points to 7 (.|\n)*\n  Z\[b,v\] := X\[b,d\]\*W\[d,v\]; L"
     ):
         k(X, W, np.array([0, 1, 7]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_a_shape_error_in_a_later_stage_shows_every_statement(backend: str) -> None:
+    """Issue 36.12: the shape check of a later stage quoted its own text, the first statement
+    replaced by blanks; eagerly and under jit, the whole program shows."""
+    k = td.program("Z[b,v] := X[b,d]*W[d,v]; L[b] := Z[b,y[b]] * Q[b]", backend=backend)
+    rng = np.random.default_rng(0)
+    X, W, Q = rng.normal(size=(3, 4)), rng.normal(size=(4, 5)), rng.normal(size=4)
+    shown = r"\n  Z\[b,v\] := X\[b,d\]\*W\[d,v\]; L\[b\] := Z\[b,y\[b\]\] \* Q\[b\]\n {49}\^"
+    for call in (k, jax.jit(k)):
+        with pytest.raises(RangeError, match=r"of 'y' but 4 from axis 0 of 'Q'" + shown):
+            call(X, W, np.array([0, 1, 2]), Q)

@@ -37,8 +37,10 @@ range) are loop bounds of `j` per row (`codegen.ir.bounds`). The block's key ran
 union of its rows' ranges: tiles outside it are never visited (causal attention skips the
 tiles above the diagonal); a tile inside every row's range computes its scores without a
 test, and only the tiles on a boundary test each (row, key) pair; there, each warp weights
-only the keys that one of its rows has in range (`_row_keys`). Data masks (a padding
-mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more. Every output
+only the keys that one of its rows has in range (`spans.row_keys`). Data masks (a padding
+mask `M[i, j]` of -inf, a bias) are part of the score and cost nothing more; a mask that
+reads arrays and is the term's guard (`doc[b, i] == doc[b, j]`) is tested at each key
+(`spans.guard_test`): a key it drops is left out, never weighted by 0. Every output
 element is written by one block: no atomics.
 
 `codegen.cuda.attention.tile_counts` counts, for concrete shapes, the tiles visited and skipped and
@@ -54,11 +56,11 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
+from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles, spans
 from codegen.cuda.attention.scores import score_pitch, scores, tile_shape, variant
 from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.geometry import ONLINE_COLUMNS, GpuGeometry
 from codegen.cuda.layout import split_paired, split_weighted
-from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
 from codegen.cuda.staged import shared
 from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.loop_order import term_order
@@ -75,7 +77,7 @@ def launch(
     return grid, (rows * lanes, 1, 1)
 
 
-def shared_arrays(nest: LoopNest, schedule: GpuSchedule, f: str) -> tuple[shared.Array, ...]:
+def shared_arrays(nest: LoopNest, schedule: GpuGeometry, f: str) -> tuple[shared.Array, ...]:
     """The kernel's shared arrays (`codegen.cuda.staged.shared`) for accumulation type `f`."""
     rows, lanes, keys = schedule.rows, schedule.cols, schedule.tile_k
     paired = split_paired(nest) is not None  # a pair's second weights: `ss2_`
@@ -93,12 +95,12 @@ def shared_arrays(nest: LoopNest, schedule: GpuSchedule, f: str) -> tuple[shared
     return shared.widest_first(arrays, schedule.index_type)
 
 
-def shared_bytes(nest: LoopNest, schedule: GpuSchedule, f: str) -> int:
+def shared_bytes(nest: LoopNest, schedule: GpuGeometry, f: str) -> int:
     """Bytes of shared memory the kernel of `nest` declares (accumulation type `f`)."""
     return sum(shared.sizes(shared_arrays(nest, schedule, f), schedule.index_type))
 
 
-def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | None:
+def staged_keys(nest: LoopNest, schedule: GpuGeometry) -> key_tiles.KeyTile | None:
     """The score's read staged per key tile (`codegen.cuda.attention.key_tiles`; float accumulation
     only), if any."""
     by_name = {s.name: s for s in nest.free_indices}
@@ -110,7 +112,7 @@ def staged_keys(nest: LoopNest, schedule: GpuSchedule) -> key_tiles.KeyTile | No
 
 
 def staged_queries(
-    nest: LoopNest, schedule: GpuSchedule, keys: key_tiles.KeyTile
+    nest: LoopNest, schedule: GpuGeometry, keys: key_tiles.KeyTile
 ) -> sympy.Indexed | None:
     """The read of the score's staged nested reduction staged per row tile
     (`codegen.cuda.attention.query_tiles`), if any: one-pass nests only (with it, the weighted
@@ -198,8 +200,8 @@ def online(e: CudaEmitter) -> Lines:
         "const bool live_ = hi_ > lo_;",
         *block_lines("if (ln_ == 0)", ["rlo_[r_] = lo_;", "rhi_[r_] = hi_;"]),
         "__syncthreads();",
-        *_block_range(R),
-        *_warp_range(P),
+        *spans.block_range(R),
+        *spans.warp_range(P),
     ]
     columns = [
         f"const idx_t ne_ = tdsl_imin({ONLINE_COLUMNS}, nc_ - cb_);",
@@ -243,29 +245,6 @@ def online(e: CudaEmitter) -> Lines:
     ]
 
 
-def _block_range(rows: int) -> Lines:
-    """The union `[blo_, bhi_)` of the block's live rows' key ranges, and their intersection
-    `[flo_, fhi_)`: a tile inside it needs no test per pair."""
-    return [
-        "idx_t blo_ = 0, bhi_ = 0, flo_ = 0, fhi_ = 0;",
-        "bool seen_ = false;",
-        # Kept rolled: unrolled over 64 rows, ptxas (sm_90) spilled attention's dV kernel.
-        "#pragma unroll 1",
-        *block_lines(
-            f"for (int q_ = 0; q_ < {rows}; ++q_)",
-            [
-                "if (rhi_[q_] <= rlo_[q_]) continue;",
-                *block_lines(
-                    "if (!seen_)",
-                    ["blo_ = flo_ = rlo_[q_];", "bhi_ = fhi_ = rhi_[q_];", "seen_ = true;"],
-                ),
-                "blo_ = tdsl_imin(blo_, rlo_[q_]); bhi_ = tdsl_imax(bhi_, rhi_[q_]);",
-                "flo_ = tdsl_imax(flo_, rlo_[q_]); fhi_ = tdsl_imin(fhi_, rhi_[q_]);",
-            ],
-        ),
-    ]
-
-
 def _stage_weights(e: CudaEmitter, j: str, k: str, first: str) -> Lines:
     """`ws_[c][col]` = the weight at key `j0_ + c` and column `col` (0 past the tile's keys),
     consecutive threads on consecutive columns."""
@@ -285,6 +264,7 @@ def _fold(e: CudaEmitter) -> Lines:
     _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
+        *spans.guarded_key(e),
         f"const {f} p_ = {exp}(ss_[r_][c_] - mn_);",
         "s_ += p_;",
         *e.fma_hook(),
@@ -292,7 +272,7 @@ def _fold(e: CudaEmitter) -> Lines:
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
     return [
-        _row_keys(),
+        spans.row_keys(),
         f"{f} cm_ = -INFINITY;",
         *block_lines(
             "for (idx_t c_ = c0_; c_ < c1_; ++c_)",
@@ -315,30 +295,6 @@ def _fold(e: CudaEmitter) -> Lines:
     ]
 
 
-def _warp_range(lanes: int) -> Lines:
-    """The union `[wlo_, whi_)` of the key ranges of the live rows of the thread's warp
-    (`32 / lanes` consecutive rows)."""
-    rows = 32 // lanes
-    first = f"r_ / {rows} * {rows}"
-    union = [
-        "if (rhi_[q_] <= rlo_[q_]) continue;",
-        "wlo_ = wseen_ ? tdsl_imin(wlo_, rlo_[q_]) : rlo_[q_];",
-        "whi_ = wseen_ ? tdsl_imax(whi_, rhi_[q_]) : rhi_[q_];",
-        "wseen_ = true;",
-    ]
-    head = f"for (int q_ = {first}; q_ < {first} + {rows}; ++q_)"
-    return ["idx_t wlo_ = 0, whi_ = 0;", "bool wseen_ = false;", *block_lines(head, union)]
-
-
-def _row_keys() -> str:
-    """The keys `[c0_, c1_)` of the tile in the range of the warp's rows: the other keys'
-    scores are the reduction's identity (-inf, or 0 in a weighted sum) for every row of the
-    warp and add nothing, so the warps off a 64-row tile's causal diagonal skip them instead
-    of weighting each by 0. Per warp, not per row: the rows of a warp walk the same keys
-    together and read each `ss_` and `ws_` column at once, without bank conflicts."""
-    return "const idx_t c0_ = tdsl_imax(0, wlo_ - j0_), c1_ = tdsl_imin(jn_, whi_ - j0_);"
-
-
 def _split(e: CudaEmitter) -> sympy.Expr | None:
     """The first packed column of a pair's second member (the kernel's terms are
     `scores_and_weights`: a tuple of two weights), else None."""
@@ -358,7 +314,8 @@ def _weighted_column(e: CudaEmitter) -> str:
         update = f"o_[q_] += (cb_ + kk_ < {e.idx(split)} ? p_ : p2_)*ws_[c_][kk_];"
     if e.count_fmas:
         update = f"{{ {update} {' '.join(e.fma_hook())} }}"
-    return f"if (kk_ < ne_ && (full_ || (j0_ + c_ >= lo_ && j0_ + c_ < hi_))) {update}"
+    kept = spans.guard_test(e)
+    return f"if (kk_ < ne_ && (full_ || (j0_ + c_ >= lo_ && j0_ + c_ < hi_)){kept}) {update}"
 
 
 def _store(e: CudaEmitter, k: str, first: str) -> Lines:
@@ -398,12 +355,13 @@ def _add(e: CudaEmitter) -> Lines:
     _, lanes, _, owned = tile_shape(e)
     columns = [f"const idx_t kk_ = ln_ + {lanes}*q_;", _weighted_column(e)]
     weights = [
+        *spans.guarded_key(e),
         f"const {e.f} p_ = ss_[r_][c_];",
         *([f"const {e.f} p2_ = ss2_[r_][c_];"] if _split(e) is not None else []),
         "#pragma unroll",
         *block_lines(f"for (int q_ = 0; q_ < {owned}; ++q_)", columns),
     ]
-    return [_row_keys(), *block_lines("for (idx_t c_ = c0_; c_ < c1_; ++c_)", weights)]
+    return [spans.row_keys(), *block_lines("for (idx_t c_ = c0_; c_ < c1_; ++c_)", weights)]
 
 
 def _store_sums(e: CudaEmitter, k: str, first: str, tests: Sequence[sympy.Expr]) -> Lines:

@@ -19,7 +19,7 @@ import dataclasses
 import sympy
 
 from codegen.cuda.attention.key_tiles import ORIGIN
-from codegen.cuda.schedule import ONLINE_COLUMNS
+from codegen.cuda.geometry import ONLINE_COLUMNS
 from codegen.emit.printer import TensorView
 from codegen.ir.nest import LoopNest, Reduce, Term, tensor_base
 

@@ -13,7 +13,7 @@ import sympy
 
 from codegen.cuda.attention import key_tiles, pair_tiles, query_tiles
 from codegen.cuda.dialect import CudaEmitter
-from codegen.cuda.schedule import ONLINE_COLUMNS, GpuSchedule
+from codegen.cuda.geometry import ONLINE_COLUMNS, GpuGeometry
 from codegen.cuda.staged.tiles import BANKS
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.ir.nest import Term
@@ -25,7 +25,7 @@ def tile_shape(e: CudaEmitter) -> tuple[int, int, int, int]:
     return s.rows, s.cols, s.tile_k, ONLINE_COLUMNS // s.cols
 
 
-def variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuSchedule) -> CudaEmitter:
+def variant(e: CudaEmitter, terms: Sequence[Term], schedule: GpuGeometry) -> CudaEmitter:
     """`e` with other terms and schedule (same parameters, printer and names)."""
     other = e.variant(terms=terms, schedule=schedule)
     assert isinstance(other, CudaEmitter)

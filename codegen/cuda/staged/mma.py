@@ -28,8 +28,8 @@ from __future__ import annotations
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.geometry import SMEM_THREADS
 from codegen.cuda.layout import split_contraction
-from codegen.cuda.schedule import SMEM_THREADS
 from codegen.cuda.staged.fragments import (
     MMA_K,
     MMA_M,

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.geometry import SMEM_THREADS
 from codegen.cuda.layout import split_pairwise
-from codegen.cuda.schedule import SMEM_THREADS
 from codegen.cuda.staged.tiles import (
     LANE_COLS,
     LANE_ROWS,

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sympy
 
 from codegen.cuda.dialect import CudaEmitter
+from codegen.cuda.geometry import SMEM_THREADS
 from codegen.cuda.layout import split_contraction
-from codegen.cuda.schedule import SMEM_THREADS
 from codegen.cuda.staged import shared
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 

@@ -15,6 +15,7 @@ takes the Triton branch.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -24,8 +25,11 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from codegen.tiles.precision import DotPrecision
+
 _LOG = logging.getLogger("tensordsl")
-#: Triton launch settings of every kernel until a tuning table gives them per kernel kind.
+#: Triton launch settings of a kernel whose caller gives none (`codegen.tiles.tuning`'s
+#: default rows have the same).
 NUM_WARPS, NUM_STAGES = 4, 2
 #: The name of the custom call Pallas' Triton lowering leaves in a lowered module.
 TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
@@ -36,8 +40,35 @@ def program_id(axis: int) -> jax.Array:
     return pl.program_id(axis)
 
 
+#: Whether the kernel being traced runs in interpret mode (set by `call`).
+_INTERPRETING = contextvars.ContextVar("tensordsl_pallas_interpreting", default=False)
+
+
+def _dot_algorithms() -> dict[str, Any]:
+    """`codegen.tiles.precision`'s Triton input precisions as what Pallas' dot takes (its
+    Triton lowering turns Precision.HIGHEST into `ieee`, the presets into `tf32`/`tf32x3`)."""
+    presets = jax.lax.DotAlgorithmPreset
+    return {
+        "tf32": presets.TF32_TF32_F32,
+        "tf32x3": presets.TF32_TF32_F32_X3,
+        "ieee": jax.lax.Precision.HIGHEST,
+    }
+
+
 def dot(left: jax.Array, right: jax.Array, precision: Any = None) -> jax.Array:
-    """`left @ right` on two 2-D tiles (Triton's `tl.dot`: tensor cores on a GPU)."""
+    """`left @ right` on two 2-D tiles (Triton's `tl.dot`: tensor cores on a GPU).
+
+    `precision`: a `codegen.tiles.precision.DotPrecision` (its Triton input precision; None
+    there: the operands' own type, half types on tensor cores), or what `jax.lax.dot_general`
+    takes. In interpret mode every dot is exact float32 (the CPU has no TF32 and rejects
+    Triton's algorithms)."""
+    if isinstance(precision, DotPrecision):
+        if _INTERPRETING.get():
+            precision = jax.lax.Precision.HIGHEST
+        elif precision.triton is None:
+            precision = jax.lax.Precision.DEFAULT
+        else:
+            precision = _dot_algorithms()[precision.triton]
     return pl_triton.dot(left, right, precision=precision)
 
 
@@ -50,16 +81,29 @@ def call(
     shape: tuple[int, ...],
     dtype: Any,
     name: str,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
 ) -> jax.Array:
     """Run `kernel(*operand refs, output ref)` once per point of `grid`; operands are whole
-    arrays, the output of `shape` is written one `block` per program instance."""
+    arrays, the output of `shape` is written one `block` per program instance; on a GPU
+    with Triton's `num_warps` and `num_stages`."""
     if jax.default_backend() == "cpu":
         _say_interpreted()
 
     def run(*values: jax.Array, interpret: bool) -> jax.Array:
-        params = None if interpret else pl_triton.CompilerParams(NUM_WARPS, NUM_STAGES)
+        params = None if interpret else pl_triton.CompilerParams(num_warps, num_stages)
+
+        def traced(*refs: Any) -> None:
+            # A function of its own per branch (JAX caches a kernel's trace by function),
+            # telling `dot` which branch it is traced for.
+            token = _INTERPRETING.set(interpret)
+            try:
+                kernel(*refs)
+            finally:
+                _INTERPRETING.reset(token)
+
         return pl.pallas_call(
-            kernel,
+            traced,
             out_shape=jax.ShapeDtypeStruct(shape, dtype),
             grid=grid,
             out_specs=pl.BlockSpec(block, lambda *g: g),
@@ -67,6 +111,51 @@ def call(
             compiler_params=params,
             name=name,
         )(*values)
+
+    return jax.lax.platform_dependent(
+        *operands,
+        cpu=functools.partial(run, interpret=True),
+        default=functools.partial(run, interpret=False),
+    )
+
+
+def call_blocks(
+    kernel: Callable[..., None],
+    operands: Sequence[jax.Array],
+    *,
+    grid: tuple[int, ...],
+    outputs: Sequence[tuple[tuple[int, ...], tuple[int, ...], Callable[..., tuple], Any]],
+    name: str,
+    num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
+) -> tuple[jax.Array, ...]:
+    """Run `kernel(*operand refs, *output refs)` once per point of `grid`, with several
+    outputs, each `(shape, block, index map, dtype)`: the program instance at grid point `g`
+    writes the block `index_map(*g)` of it (operands are whole arrays, as in `call`)."""
+    if jax.default_backend() == "cpu":
+        _say_interpreted()
+
+    def run(*values: jax.Array, interpret: bool) -> tuple[jax.Array, ...]:
+        params = None if interpret else pl_triton.CompilerParams(num_warps, num_stages)
+
+        def traced(*refs: Any) -> None:  # as in `call`: `dot` knows the branch
+            token = _INTERPRETING.set(interpret)
+            try:
+                kernel(*refs)
+            finally:
+                _INTERPRETING.reset(token)
+
+        return tuple(
+            pl.pallas_call(
+                traced,
+                out_shape=[jax.ShapeDtypeStruct(s, d) for s, _, _, d in outputs],
+                grid=grid,
+                out_specs=[pl.BlockSpec(b, m) for _, b, m, _ in outputs],
+                interpret=interpret,
+                compiler_params=params,
+                name=name,
+            )(*values)
+        )
 
     return jax.lax.platform_dependent(
         *operands,

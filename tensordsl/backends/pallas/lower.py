@@ -18,19 +18,25 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import sympy
 
 from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.extents import evaluate_int
+from codegen.ir.magnitude import index_magnitude
 from codegen.ir.reductions import REDUCTIONS
 from codegen.tiles.program import TermTiles, TileAxis, TileProgram
 from tensordsl.backends.pallas import api
 from tensordsl.backends.pallas.reductions import TILE_REDUCTIONS
 from tensordsl.backends.reference import Evaluator
+from tensordsl.errors import UnsupportedError
 
 
 class TileEvaluator(Evaluator):
-    """The reference's evaluator on tiles: operands are Pallas refs, read by gathers."""
+    """The reference's evaluator on tiles: operands are Pallas refs, read by gathers; loop
+    indices are `index_dtype` (`index_dtype(program)`)."""
+
+    index_dtype: Any = jnp.int32
 
     def access(self, access: sympy.Indexed) -> jax.Array:
         value = self.load(access)
@@ -42,7 +48,7 @@ class TileEvaluator(Evaluator):
         """The tile of `access` in the operand's own dtype."""
         ref = self.operands[access.base.name]
         indices = [
-            jnp.clip(jnp.asarray(self(i), jnp.int32), 0, n - 1)
+            jnp.clip(jnp.asarray(self(i), self.index_dtype), 0, n - 1).astype(jnp.int32)
             for i, n in zip(access.indices, ref.shape)
         ]
         shape = jnp.broadcast_shapes(*(jnp.shape(i) for i in indices))
@@ -56,8 +62,9 @@ class TileEvaluator(Evaluator):
         padded = 1 << max(0, length - 1).bit_length()
         rank = max((jnp.ndim(a) for a in self.grid.values()), default=0) + 1
         points = {s: jnp.expand_dims(a, -1) for s, a in self.grid.items()}
-        points[node.index] = _iota(start, padded, rank, rank - 1)
+        points[node.index] = _iota(start, padded, rank, rank - 1, self.index_dtype)
         inner = TileEvaluator(points, self.operands, self.extents, self.dtype)
+        inner.index_dtype = self.index_dtype
         body = jnp.asarray(inner(node.body), self.dtype)
         shape = jnp.broadcast_shapes(jnp.shape(body), jnp.shape(points[node.index]))
         body = jnp.broadcast_to(body, shape)
@@ -68,10 +75,25 @@ class TileEvaluator(Evaluator):
         return rule.finish(rule.fold(body, mask, positions, (rank - 1,), state))
 
 
-def _iota(offset: Any, tile: int, rank: int, axis: int) -> jax.Array:
+def _iota(offset: Any, tile: int, rank: int, axis: int, dtype: Any = jnp.int32) -> jax.Array:
     shape = [1] * rank
     shape[axis] = tile
-    return offset + jax.lax.broadcasted_iota(jnp.int32, tuple(shape), axis)
+    return jnp.asarray(offset, dtype) + jax.lax.broadcasted_iota(dtype, tuple(shape), axis)
+
+
+def index_dtype(program: TileProgram) -> Any:
+    """int32, or int64 where the index arithmetic (offsets, range starts, the arguments of
+    mod and clamp) leaves int32 (`codegen.ir.magnitude`): `X[mod(i + 2^40)]` wrapped."""
+    largest = index_magnitude(program.nest, dict(program.extents))
+    if largest <= np.iinfo(np.int32).max:
+        return jnp.int32
+    if jax.dtypes.canonicalize_dtype(np.int64) != np.int64:  # no jax_enable_x64
+        raise UnsupportedError(
+            f"the pallas back end computes '{program.nest.output}' with index values of "
+            f"magnitude up to {largest}, beyond JAX's 32-bit integers",
+            expected="jax.config.update('jax_enable_x64', True), or backend='c'",
+        )
+    return jnp.int64
 
 
 def _identity(name: str, dtype: Any) -> jax.Array:
@@ -88,7 +110,11 @@ def _kernel(program: TileProgram, precision: Any, *refs: Any) -> None:
     *inputs, out_ref = refs
     nest = program.nest
     operands = {op.name: ref[0] if op.is_scalar else ref for op, ref in zip(nest.operands, inputs)}
-    starts = [a.start + api.program_id(n) * a.tile for n, a in enumerate(program.grid)]
+    wide = index_dtype(program)
+    starts = [
+        jnp.asarray(a.start, wide) + api.program_id(n).astype(wide) * a.tile
+        for n, a in enumerate(program.grid)
+    ]
     block = tuple(a.tile for a in program.grid)
     result = None
     for term in program.terms:
@@ -116,14 +142,20 @@ class _TermLowering:
         self.dtype = jnp.dtype(program.accumulate)
         self.extents = dict(program.extents)
         self.rank = len(program.grid) + len(term.reduced)
+        self.index = index_dtype(program)
 
     def evaluator(self, points: dict[sympy.Symbol, Any]) -> TileEvaluator:
-        return TileEvaluator(points, self.operands, self.extents, self.dtype)
+        evaluator = TileEvaluator(points, self.operands, self.extents, self.dtype)
+        evaluator.index_dtype = self.index
+        return evaluator
+
+    def iota(self, offset: Any, tile: int, rank: int, axis: int) -> jax.Array:
+        return _iota(offset, tile, rank, axis, self.index)
 
     def free_points(self, rank: int | None = None) -> dict[sympy.Symbol, Any]:
         """Each free index on the output tile, over `rank` axes (default: the term's)."""
         return {
-            a.index: _iota(s, a.tile, rank or self.rank, n)
+            a.index: self.iota(s, a.tile, rank or self.rank, n)
             for n, (a, s) in enumerate(zip(self.program.grid, self.starts))
         }
 
@@ -152,7 +184,7 @@ class _TermLowering:
         points = self.free_points()
         base = len(self.program.grid)
         for n, (axis, offset) in enumerate(zip(self.term.reduced, offsets)):
-            points[axis.index] = _iota(offset, axis.tile, self.rank, base + n)
+            points[axis.index] = self.iota(offset, axis.tile, self.rank, base + n)
         return points
 
     def positions(self, points: Mapping[sympy.Symbol, Any]) -> Any:
@@ -198,7 +230,7 @@ class _TermLowering:
         for axis, offset in zip(self.term.reduced if reduced else (), offsets):
             inside = inside & (offset + axis.tile <= axis.start + axis.extent)
         for constraint in term.constraints:
-            least = _least(constraint.xreplace(self.extents), box)
+            least = _corner(constraint.xreplace(self.extents), box, False, self.index)
             if least is None:
                 return None
             inside = inside & (least >= 0)
@@ -236,16 +268,17 @@ class _TermLowering:
         for bound in self.term.bounds:
             if bound.index != axis.index:
                 continue
-            most = _most(bound.rest, box)  # the largest `rest` over the output tile
+            most = _corner(bound.rest, box, True, self.index)  # the largest over the tile
+            assert most is not None, "tile_program keeps only affine bounds"
             c = bound.coefficient
             if c > 0:  # index >= ceil(-rest / c): from the least such index's tile
                 lowest = -jnp.floor_divide(most, c)
-                first = jnp.maximum(first, jnp.floor_divide(lowest - axis.start, axis.tile))
+                first = jnp.maximum(first, (lowest - axis.start) // axis.tile)
             else:  # index <= floor(rest / -c)
                 highest = jnp.floor_divide(most, -c)
-                stop = jnp.minimum(stop, jnp.floor_divide(highest - axis.start, axis.tile) + 1)
-        first = jnp.asarray(first, jnp.int32)
-        stop = jnp.where(self.output_tile_live(), jnp.asarray(stop, jnp.int32), first)
+                stop = jnp.minimum(stop, (highest - axis.start) // axis.tile + 1)
+        first = jnp.asarray(first).astype(jnp.int32)
+        stop = jnp.where(self.output_tile_live(), jnp.asarray(stop).astype(jnp.int32), first)
         return first, jnp.maximum(first, stop)
 
     # ------------------------------------------------------------------ dot terms
@@ -260,22 +293,15 @@ class _TermLowering:
 
         def step(offsets: tuple[Any, ...], total: jax.Array) -> jax.Array:
             (offset,) = offsets
-            k_row = _iota(offset, axis.tile, 2, 1)
-            left_points = {**single, rows.index: _iota(row_start, rows.tile, 2, 0)}
-            left_points[dot.reduced] = k_row
+            left_points = {**single, rows.index: self.iota(row_start, rows.tile, 2, 0)}
+            left_points[dot.reduced] = self.iota(offset, axis.tile, 2, 1)
             left = self.side(dot.left, left_points, (rows.tile, axis.tile))
-            if axis.partial:
-                left = jnp.where(k_row < axis.start + axis.extent, left, 0)
-            left = self.zeroed(left, dot.left_masks, left_points)
-            right_points = {**single, columns.index: _iota(column_start, columns.tile, 2, 1)}
-            k_column = _iota(offset, axis.tile, 2, 0)
-            right_points[dot.reduced] = k_column
+            right_points = {**single, columns.index: self.iota(column_start, columns.tile, 2, 1)}
+            right_points[dot.reduced] = self.iota(offset, axis.tile, 2, 0)
             right = self.side(dot.right, right_points, (axis.tile, columns.tile))
-            right = self.zeroed(right, dot.right_masks, right_points)
             if left.dtype != right.dtype:
                 left, right = left.astype(self.dtype), right.astype(self.dtype)
-            product = api.dot(left, right, self.precision)
-            return total + product.astype(self.dtype)
+            return total + self.masked_dot(left, right, left_points, right_points, offset)
 
         total = self.loops(step, jnp.zeros((rows.tile, columns.tile), self.dtype))
         points = self.free_points(len(grid))
@@ -312,22 +338,47 @@ class _TermLowering:
             value = value.astype(self.dtype)
         return jnp.broadcast_to(value, shape)
 
-    def zeroed(self, tile: jax.Array, masks: Any, points: dict[sympy.Symbol, Any]) -> jax.Array:
-        """`tile` with zeros where a constraint fails, on tiles that cross it only."""
-        if not masks:
-            return tile
-        box = {s: (jnp.min(p), jnp.max(p)) for s, p in points.items()}
+    def masked_dot(
+        self, left: jax.Array, right: jax.Array, left_points: Any, right_points: Any, offset: Any
+    ) -> jax.Array:
+        """`left @ right` of one reduced tile. On a tile that the end of the reduced range or
+        a constraint of either side crosses, the pairs left out contribute exactly nothing:
+        `where` on the products, never a product with 0 (0 * NaN is NaN: a NaN or inf at a
+        key that a causal mask or the partial last tile leaves out reached every row of the
+        tile, where the reference adds nothing). Interior tiles take the dot."""
+        dot, (axis,) = self.term.dot, self.term.reduced
+        assert dot is not None
+        end = axis.start + axis.extent
 
-        def masked(tile: jax.Array) -> jax.Array:
-            evaluate = self.evaluator(points)
-            mask = functools.reduce(jnp.logical_and, [jnp.asarray(evaluate(c)) >= 0 for c in masks])
-            return jnp.where(mask, tile, 0)
+        def plain(pair: tuple[jax.Array, jax.Array]) -> jax.Array:
+            return api.dot(pair[0], pair[1], self.precision).astype(self.dtype)
 
-        least = [_least(c.xreplace(self.extents), box) for c in masks]
-        if any(x is None for x in least):
-            return masked(tile)
-        inside = functools.reduce(jnp.logical_and, [x >= 0 for x in least])
-        return jax.lax.cond(inside, lambda t: t, masked, tile)
+        if not axis.partial and not dot.left_masks and not dot.right_masks:
+            return plain((left, right))
+
+        def masked(pair: tuple[jax.Array, jax.Array]) -> jax.Array:
+            keep_left = self.keep(dot.left_masks, left_points, left.shape)
+            keep_left = keep_left & (left_points[dot.reduced] < end)
+            keep_right = self.keep(dot.right_masks, right_points, right.shape)
+            keep_right = keep_right & (right_points[dot.reduced] < end)
+            kept = keep_left[:, :, None] & keep_right[None, :, :]
+            products = pair[0].astype(self.dtype)[:, :, None] * pair[1].astype(self.dtype)[None]
+            return jnp.sum(jnp.where(kept, products, 0), axis=1)
+
+        box = {s: (jnp.min(p), jnp.max(p)) for s, p in {**left_points, **right_points}.items()}
+        inside = offset + axis.tile <= end
+        for constraint in (*dot.left_masks, *dot.right_masks):
+            least = _corner(constraint.xreplace(self.extents), box, False, self.index)
+            if least is None:
+                return masked((left, right))
+            inside = inside & (least >= 0)
+        return jax.lax.cond(inside, plain, masked, (left, right))
+
+    def keep(self, masks: Any, points: dict[sympy.Symbol, Any], shape: tuple[int, ...]) -> Any:
+        """Where every constraint of `masks` holds on a dot side's tile."""
+        evaluate = self.evaluator(points)
+        kept = [jnp.asarray(evaluate(c)) >= 0 for c in masks]
+        return jnp.broadcast_to(functools.reduce(jnp.logical_and, kept, jnp.asarray(True)), shape)
 
     def output_tile_live(self) -> Any:
         """False when the constraints that read free indices only exclude this whole output
@@ -337,32 +388,25 @@ class _TermLowering:
         for constraint in self.term.term.constraints:
             constraint = constraint.xreplace(self.extents)
             if constraint.free_symbols <= set(box):
-                most = _corner(constraint, box, most=True)
+                most = _corner(constraint, box, True, self.index)
                 if most is not None:
                     live = live & (most >= 0)
         return live
 
 
-def _corner(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]], most: bool) -> Any:
-    """The least (or largest) value of the affine `expr` over `box`; None if not affine."""
+def _corner(
+    expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]], most: bool, dtype: Any
+) -> Any:
+    """The least (or largest) value of the affine `expr` over `box`, in `dtype`; None if
+    not affine."""
     try:
         form = as_affine(expr, tuple(box))
     except NotAffine:
         return None
     if not form.constant.is_Integer:
         return None
-    value: Any = jnp.asarray(int(form.constant), jnp.int32)
+    value: Any = jnp.asarray(int(form.constant), dtype)
     for index, c in form.coefficients:
         lo, hi = box[index]
         value = value + c * (hi if (c > 0) == most else lo)
     return value
-
-
-def _least(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]]) -> Any:
-    return _corner(expr, box, most=False)
-
-
-def _most(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]]) -> Any:
-    found = _corner(expr, box, most=True)
-    assert found is not None, "tile_program keeps only affine bounds"
-    return found

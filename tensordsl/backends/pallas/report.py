@@ -2,7 +2,10 @@
 its `Backend.static_report`, read by `tensordsl.explain.gpu_report` as CUDA's is.
 
 Each nest's tile program is printed (`codegen.tiles.program.describe`): grid, tiles, dots,
-loads and per-tile bounds; a nest tile programs do not handle says why.
+loads and per-tile bounds, the tuning row used (or "default: no measured row") and how its
+dots round at the kernel's `precision=`; an attention kernel's (`codegen.tiles.attention`:
+a one-pass nest, attention's gradient nests) its grid, dots, weights, bounds per row tile
+and the tiles visited and skipped; a nest tile programs do not handle says why.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from typing import Any
 
 from codegen.errors import Unsupported
 from codegen.ir.nest import LoopNest
+from codegen.tiles.attention.build import attention_program
 from codegen.tiles.build import tile_program
+from tensordsl.backends.pallas.run import precision_mode
 
 TITLE = "pallas tile programs (interpret mode without a GPU, Triton on one)"
 
@@ -28,10 +33,16 @@ class TileReport:
         return list(self.text)
 
 
-def tile_report(nest: LoopNest, dtypes: Mapping[str, str], shapes: Mapping[str, Any]) -> TileReport:
-    """The tile program of `nest` for these shapes and dtypes, or why there is none."""
+def tile_report(
+    nest: LoopNest, dtypes: Mapping[str, str], shapes: Mapping[str, Any], *, precision: Any = None
+) -> TileReport:
+    """The tile program of `nest` for these shapes and dtypes, its dots at the kernel's
+    `precision` (None: jnp's default), or why there is none."""
+    flash = attention_program(nest, shapes, dtypes, precision=precision_mode(precision))
+    if flash is not None:
+        return TileReport(tuple(flash.describe().split("\n")))
     try:
-        program = tile_program(nest, shapes, dtypes)
+        program = tile_program(nest, shapes, dtypes, precision=precision_mode(precision))
     except Unsupported as error:
         return TileReport((f"not run by tile programs: {error.what}",))
     return TileReport(tuple(program.describe().split("\n")))

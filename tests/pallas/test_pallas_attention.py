@@ -1,0 +1,313 @@
+"""FlashAttention-class attention on the pallas back end (`codegen.tiles.attention`,
+`tensordsl/backends/pallas/attention.py`), in Pallas' interpret mode, against an independent
+float64 jax.numpy attention: every variant's forward and every gradient (q, k, v and the
+modifiers' arrays) for a random cotangent, f32 and bf16; that the fused kernels run (one
+Triton kernel forward, D + dK/dV + dQ backward, in the CUDA lowering); and that each lowers
+for CUDA on this CPU, forward and value_and_grad.
+
+Pallas allocates every output and each program instance writes its whole block once, so
+there is nothing to poison.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tensordsl as td
+from tensordsl.backends.pallas.api import TRITON_CUSTOM_CALL, lowering_for_gpu
+from tensordsl.nn.attention import attention_source
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An attention call: its shapes `(B, T, S, H, Hk, E)`, keyword arguments, the arrays of
+    `mod_args` (made from the rng), and the float64 score rule `(s, arrays, b, h, i, j)`
+    -> (score, keep) of the reference."""
+
+    shape: tuple[int, int, int, int, int, int]
+    kwargs: dict = field(default_factory=dict)
+    arrays: Any = None
+    rule: Any = None
+    #: The mod_args arrays whose gradient is zero (a mask's).
+    no_gradient: tuple[str, ...] = ()
+
+
+def _plain(s, a, b, h, i, j):
+    return s, jnp.ones(s.shape, bool)
+
+
+def _causal(s, a, b, h, i, j):
+    return s, j <= i
+
+
+VARIANTS = {
+    "plain": Variant((2, 48, 48, 2, 2, 16), {}, None, _plain),
+    "causal": Variant((1, 64, 64, 2, 2, 32), {"causal": True}, None, _causal),
+    "sliding_window": Variant(
+        (1, 72, 72, 2, 2, 16),
+        {"causal": True, "mask_mod": "i - j <= 20"},
+        None,
+        lambda s, a, b, h, i, j: (s, (j <= i) & (i - j <= 20)),
+    ),
+    "padding_mask": Variant(
+        (2, 40, 40, 2, 2, 16),
+        {"mask_mod": "M[b, j] > 0"},
+        lambda rng, B, T, S, H: {
+            "M": np.concatenate([np.ones((B, 1)), (rng.random((B, S - 1)) > 0.4)], axis=1).astype(
+                np.float32
+            )
+        },
+        lambda s, a, b, h, i, j: (s, a["M"][b, j] > 0),
+        no_gradient=("M",),
+    ),
+    "relative_bias": Variant(
+        (1, 40, 40, 2, 2, 16),
+        {"causal": True, "score_mod": "S + R[h, i - j + 39]"},
+        lambda rng, B, T, S, H: {"R": rng.normal(size=(H, T + S - 1)).astype(np.float32)},
+        lambda s, a, b, h, i, j: (s + a["R"][h, i - j + 39], j <= i),
+    ),
+    "alibi": Variant(
+        (1, 48, 48, 4, 4, 16),
+        {"causal": True, "score_mod": "S - 2 ** (-(h + 1)) * abs(i - j)"},
+        None,
+        lambda s, a, b, h, i, j: (s - 2.0 ** (-(h + 1)) * jnp.abs(i - j), j <= i),
+    ),
+    "alibi_learned_slopes": Variant(
+        (2, 32, 32, 2, 2, 16),
+        {"causal": True, "score_mod": "S - sl[h] * abs(i - j)"},
+        lambda rng, B, T, S, H: {"sl": rng.uniform(0.05, 0.5, size=H).astype(np.float32)},
+        lambda s, a, b, h, i, j: (s - a["sl"][h] * jnp.abs(i - j), j <= i),
+    ),
+    "soft_cap": Variant(
+        (1, 48, 48, 2, 2, 16),
+        {"score_mod": "3 * tanh(S / 3)"},
+        None,
+        lambda s, a, b, h, i, j: (3 * jnp.tanh(s / 3), jnp.ones(s.shape, bool)),
+    ),
+    "grouped_query": Variant((1, 40, 40, 4, 2, 16), {"causal": True}, None, _causal),
+    "cross": Variant((2, 24, 72, 2, 2, 16), {}, None, _plain),
+    "odd_length": Variant((1, 37, 37, 2, 2, 24), {"causal": True}, None, _causal),
+}
+
+
+def reference(q, k, v, arrays, rule):
+    """float64 softmax attention: `(B, T, H, E)` queries, `(B, S, Hk, E)` keys and values."""
+    B, T, H, E = q.shape
+    S, Hk = k.shape[1], k.shape[2]
+    k = jnp.repeat(k, H // Hk, axis=2)
+    v = jnp.repeat(v, H // Hk, axis=2)
+    s = jnp.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(E)
+    b, h, i, j = np.meshgrid(
+        np.arange(B), np.arange(H), np.arange(T), np.arange(S), indexing="ij", sparse=True
+    )
+    s, keep = rule(s, arrays, b, h, i, j)
+    s = jnp.where(keep, s, -jnp.inf)
+    p = jnp.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    return jnp.einsum("bhij,bjhe->bihe", p, v)
+
+
+def _inputs(variant: Variant, seed: int = 0) -> tuple[list, dict]:
+    B, T, S, H, Hk, E = variant.shape
+    rng = np.random.default_rng(seed)
+    qkv = [rng.normal(size=(B, n, h, E)) for n, h in ((T, H), (S, Hk), (S, Hk))]
+    arrays = variant.arrays(rng, B, T, S, H) if variant.arrays else {}
+    return qkv, arrays
+
+
+def _attention(variant: Variant, backend: str = "pallas"):
+    names = []
+
+    def call(q, k, v, *mods):
+        args = dict(zip(names, mods))
+        return td.nn.attention(q, k, v, backend=backend, mod_args=args or None, **variant.kwargs)
+
+    return call, names
+
+
+TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_forward_and_every_gradient_match_float64(name, dtype):
+    variant = VARIANTS[name]
+    (q, k, v), arrays = _inputs(variant)
+    call, names = _attention(variant)
+    names += sorted(arrays)
+    args = [jnp.asarray(x, dtype) for x in (q, k, v)]
+    args += [jnp.asarray(arrays[n], dtype) for n in names]
+    cotangent = jnp.asarray(
+        np.random.default_rng(1).normal(size=args[0].shape[:-1] + (variant.shape[-1],)), dtype
+    )
+
+    @jax.jit
+    def forward_and_backward(*args):
+        out, vjp = jax.vjp(call, *args)
+        return out, vjp(cotangent)
+
+    out, found = forward_and_backward(*args)
+    wide = [jnp.asarray(a, jnp.float64) for a in args]
+
+    def ref(q, k, v, *mods):
+        return reference(q, k, v, dict(zip(names, mods)), variant.rule)
+
+    expected, ref_vjp = jax.vjp(ref, *wide)
+    tolerance = TOLERANCE[dtype]
+    scale = float(jnp.abs(expected).max())
+    error = float(jnp.abs(out.astype(jnp.float64) - expected).max())
+    assert error <= tolerance * scale, f"forward: {error} over {tolerance} * {scale}"
+    wanted = ref_vjp(jnp.asarray(cotangent, jnp.float64))
+    for what, got, want in zip(["q", "k", "v", *names], found, wanted):
+        scale = float(jnp.abs(want).max())
+        error = float(jnp.abs(got.astype(jnp.float64) - want).max())
+        if what in variant.no_gradient:  # a mask: its gradient is zero
+            assert scale == 0 and error == 0, f"d{what}: {error}"
+            continue
+        assert scale > 0 and error <= 2 * tolerance * scale, f"d{what}: {error} vs {scale}"
+
+
+def lowered_for_cuda(function, *args) -> str:
+    with lowering_for_gpu():
+        return jax.jit(function).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _loss(call):
+    def loss(*args):
+        return call(*args).astype(jnp.float32).sum()
+
+    return loss
+
+
+def _kernels(text: str) -> list[str]:
+    """The names of the Triton kernels a lowered module calls, in order."""
+    calls = [line for line in text.splitlines() if TRITON_CUSTOM_CALL in line]
+    return [re.search(r'name = "([^"]*)"', line).group(1) for line in calls]
+
+
+@pytest.mark.parametrize("name", ["causal", "grouped_query", "cross"])
+def test_the_fused_kernels_run(name):
+    """One kernel forward; backward the D pass (`dlse_ = -rowsum(dO * O)`), dK and dV in one
+    kernel, and dQ: nothing else."""
+    variant = VARIANTS[name]
+    (q, k, v), _ = _inputs(variant)
+    call, _ = _attention(variant)
+    args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)]
+    assert _kernels(lowered_for_cuda(call, *args)) == ["tdsl_out__flash"]
+    both = lowered_for_cuda(jax.value_and_grad(_loss(call), argnums=(0, 1, 2)), *args)
+    assert _kernels(both) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]
+
+
+def test_explain_shows_the_attention_tile_programs():
+    source = attention_source("s_[b,h,i,j]", "(j <= i)")
+    k = td.program(source, backend="pallas")
+    shapes = {"q_": (2, 100, 4, 64), "k_": (2, 100, 4, 64), "v_": (2, 100, 4, 64), "scale_": ()}
+    text = k.explain(shapes, target="pallas")
+    forward = text[text.index("out_+lse_: attention tile program") :]
+    assert "grid: 2 x 4 x 2 = 16 program instance(s), one per (b, h) and i tile" in forward
+    assert "dot: [i x d_1] @ [d_1 x j]" in forward
+    assert "bound j: j <= i (tiles outside never visited)" in forward
+    assert "tiles per (b, h): 3 of 4 visited, 1 skipped" in forward
+    assert "j tiles per i tile: 0: [0, 1), 1: [0, 2)" in forward
+    assert "dv__dk_: attention tile program" in text and "dq_: attention tile program" in text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["causal", "soft_cap"])
+def test_forward_and_value_and_grad_lower_to_triton(name, dtype):
+    variant = VARIANTS[name]
+    (q, k, v), arrays = _inputs(variant)
+    call, names = _attention(variant)
+    names += sorted(arrays)
+    args = [jnp.asarray(x, dtype) for x in (q, k, v)] + [jnp.asarray(arrays[n]) for n in names]
+    forward = lowered_for_cuda(call, *args)
+    assert forward.count(TRITON_CUSTOM_CALL) == 1  # the whole forward: one kernel
+    both = lowered_for_cuda(jax.value_and_grad(_loss(call), argnums=(0, 1, 2)), *args)
+    assert _kernels(both) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]
+
+
+@pytest.mark.parametrize("width", [8, 80, 256])
+def test_head_dims_are_padded_to_a_power_of_two(width):
+    """Head dims under 16, between powers of two and the widest (256), forward and every
+    gradient, with a partial row and key tile. At these shapes the cost model would store
+    the scores (they are smaller than q): `fuse=` recomputes them, as at long T."""
+    source = attention_source("s_[b,h,i,j]", "(j <= i)")
+    program = td.program(source, backend="pallas", fuse={"s_": "inline"})
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 24, 2, width)), jnp.float32) for _ in range(3))
+    scale = jnp.asarray(1 / np.sqrt(width), jnp.float32)
+
+    def call(q, k, v):
+        return program(q_=q, k_=k, v_=v, scale_=scale)
+
+    cotangent = jnp.asarray(rng.normal(size=(1, 2, 24, width)), jnp.float32)
+
+    @jax.jit
+    def forward_and_backward(*args):
+        out, vjp = jax.vjp(call, *args)
+        return out, vjp(cotangent)
+
+    out, found = forward_and_backward(q, k, v)
+
+    def ref(q, k, v):
+        return jnp.swapaxes(reference(q, k, v, {}, _causal), 1, 2)
+
+    wide = [jnp.asarray(a, jnp.float64) for a in (q, k, v)]
+    expected, ref_vjp = jax.vjp(ref, *wide)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
+    for got, want in zip(found, ref_vjp(jnp.asarray(cotangent, jnp.float64))):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+    both = lowered_for_cuda(jax.value_and_grad(lambda *a: call(*a).sum(), (0, 1, 2)), q, k, v)
+    assert _kernels(both) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]
+
+
+def test_vmap_keeps_the_fused_kernel():
+    """vmap adds a leading free index to the nests: one more outer axis of the grid."""
+    variant = VARIANTS["causal"]
+    (q, k, v), _ = _inputs(variant)
+    call, _ = _attention(variant)
+    stacked = [jnp.asarray(np.stack([x, x[::-1] * 0.5]), jnp.float32) for x in (q, k, v)]
+    batched = jax.vmap(call)
+    out = jax.jit(batched)(*stacked)
+    for n in range(2):
+        wide = [jnp.asarray(x[n], jnp.float64) for x in stacked]
+        expected = reference(*wide, {}, _causal)
+        np.testing.assert_allclose(np.asarray(out[n]), np.asarray(expected), atol=2e-5)
+    assert _kernels(lowered_for_cuda(batched, *stacked)) == ["tdsl_out__flash"]
+
+
+def test_jvp_matches_float64():
+    """Forward mode: the tangent nests of the fused forward (run as its two nests)."""
+    variant = VARIANTS["sliding_window"]
+    (q, k, v), _ = _inputs(variant, seed=4)
+    call, _ = _attention(variant)
+    rng = np.random.default_rng(5)
+    primals = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    tangents = tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in (q, k, v))
+    out, tangent = jax.jit(lambda p, t: jax.jvp(call, p, t))(primals, tangents)
+    wide = [tuple(jnp.asarray(x, jnp.float64) for x in xs) for xs in (primals, tangents)]
+    expected, expected_tangent = jax.jvp(lambda *a: reference(*a, {}, variant.rule), *wide)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(tangent), np.asarray(expected_tangent), atol=1e-4)
