@@ -17,11 +17,7 @@ from tensordsl.backends import table
 from tensordsl.binding import gather
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
-    ReductionError,
-    ScheduleError,
-    UnknownNameError,
     UnsupportedError,
-    close_match,
 )
 from tensordsl.explain.spelling import label, spellings
 from tensordsl.frontend import arguments, ellipsis
@@ -30,6 +26,7 @@ from tensordsl.frontend.one_hot import pick_text
 from tensordsl.frontend.parse import parse
 from tensordsl.frontend.shapes import check_shapes
 from tensordsl.frontend.statements import is_program
+from tensordsl.options import check_options, forward_schedule, initial_value, no_init
 from tensordsl.program_kernel import ProgramKernel
 
 
@@ -87,9 +84,9 @@ class Kernel:
         self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=extents)
         self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
-        self.schedule = _forward_schedule(self.nest, schedule, loop_order, source)
+        self.schedule = forward_schedule(self.nest, schedule, loop_order, source)
         self.precision = arguments.precision(precision)
-        self.init = _initial_value(init, self.nest, source)
+        self.init = initial_value(init, self.nest, source)
         self._batched = ellipsis.leading_axes([self._lowered.statement], source)
         self._checked: set[tuple[tuple[str, tuple[int, ...]], ...]] = set()
         self.__signature__ = callables.signature(self.inputs)
@@ -310,39 +307,11 @@ class Kernel:
             )
         if self.init is not None:
             combine = REDUCTIONS[self.nest.reduction].init_combine
-            assert combine is not None  # `_initial_value` refuses init= for the others
+            assert combine is not None  # `initial_value` refuses init= for the others
             out = getattr(jnp, combine)(jnp.asarray(self.init, out.dtype), out)
         if self._batched is not None and self._batched.output:
             out = out.reshape((*lead, *out.shape[1:]))
         return out
-
-
-#: The reductions `init=` may start (`Reduction.init_combine`).
-_STARTED = tuple(name for name, row in REDUCTIONS.items() if row.init_combine)
-
-
-def _initial_value(init: Any, nest: LoopNest, source: str) -> float | None:
-    """`init=` checked: a real number, for a statement that reduces something."""
-    if init is None:
-        return None
-    if isinstance(init, bool) or not isinstance(init, int | float | np.integer | np.floating):
-        raise ReductionError(
-            f"init= is {init!r}", source, expected="a real number, e.g. init=0.0 or init=-inf"
-        )
-    if REDUCTIONS[nest.reduction].init_combine is None:  # the row's `jnp` function joins it
-        gives = "k values" if nest.reduction.endswith("topk") else "a position"
-        raise ReductionError(
-            f"init= starts a reduction from a value, and '{nest.reduction}' gives {gives}",
-            source,
-            expected=f"init= with one of {', '.join(_STARTED)}, or no init=",
-        )
-    if not any(term.reduced for term in nest.terms):
-        raise ReductionError(
-            "init= starts a reduction, but the statement reduces no index",
-            source,
-            expected="an index on the right that is not on the left, or no init=",
-        )
-    return float(init)
 
 
 def _with_gathered(lowered: Lowered, values: list[Any], shapes: Mapping[str, Any]) -> list[Any]:
@@ -352,46 +321,6 @@ def _with_gathered(lowered: Lowered, values: list[Any], shapes: Mapping[str, Any
     return [by_name[name] for name in lowered.nest.operand_names]
 
 
-def _forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: str) -> Any:
-    """The user's schedule or loop order for the forward nest, checked now."""
-    if schedule is None and loop_order is None:
-        return None
-    scheduled = table.SCHEDULED
-    assert scheduled.schedule_type is not None and scheduled.scheduler is not None
-    assert scheduled.validate_schedule is not None
-    validate = scheduled.validate_schedule()
-    if schedule is not None and not isinstance(schedule, scheduled.schedule_type()):
-        raise ScheduleError(
-            f"schedule= must be a codegen.c.schedule.Schedule, got {type(schedule).__name__}",
-            source,
-            expected="a Schedule, e.g. from codegen.c.schedule.candidate_schedules(k.nest)",
-        )
-    order = arguments.names(loop_order, option="loop_order")
-    try:
-        if schedule is None:
-            schedule = scheduled.scheduler()(nest, loop_order=order)
-        validate(nest, schedule)
-    except ValueError as error:
-        raise ScheduleError(
-            f"bad schedule: {error}", source, expected="index names of the statement, each once"
-        ) from None
-    return schedule
-
-
-OPTIONS = (
-    "reduce",
-    "ranges",
-    "backend",
-    "nograd",
-    "schedule",
-    "loop_order",
-    "outputs",
-    "precision",
-    "fuse",
-    "init",
-)
-
-
 @deeply
 def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     """Parse and check an index expression; nothing is compiled until the first call.
@@ -399,9 +328,9 @@ def kernel(source: str, **options: Any) -> Kernel | ProgramKernel:
     See `Kernel` for the options. A source of several statements (or `outputs=`) gives a
     `tensordsl.program_kernel.ProgramKernel`.
     """
-    _check_options(options, "td.kernel")
+    check_options(options, "td.kernel")
     if is_program(source) or "outputs" in options:
-        _no_init(options, source)
+        no_init(options, source)
         return ProgramKernel(source, **options)
     if "fuse" in options:
         raise UnsupportedError(
@@ -424,26 +353,6 @@ def program(source: str, **options: Any) -> ProgramKernel:
     >>> softmax(np.zeros((1, 2))).tolist()
     [[1.0, 1.0]]
     """
-    _check_options(options, "td.program")
-    _no_init(options, source)
+    check_options(options, "td.program")
+    no_init(options, source)
     return ProgramKernel(source, **options)
-
-
-def _no_init(options: Mapping[str, Any], source: str) -> None:
-    if "init" in options:
-        raise UnsupportedError(
-            "init= applies to a kernel of one statement",
-            source,
-            expected="init= on td.kernel of one statement; in a program, combine the value in "
-            "a statement of its own",
-        )
-
-
-def _check_options(options: Mapping[str, Any], caller: str) -> None:
-    for name in options:
-        if name not in OPTIONS:
-            raise UnknownNameError(
-                f"{caller} has no option '{name}'",
-                expected="options " + ", ".join(OPTIONS),
-                hint=close_match(name, OPTIONS),
-            )
