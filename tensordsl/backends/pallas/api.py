@@ -87,36 +87,17 @@ def call(
     """Run `kernel(*operand refs, output ref)` once per point of `grid`; operands are whole
     arrays, the output of `shape` is written one `block` per program instance; on a GPU
     with Triton's `num_warps` and `num_stages`."""
-    if jax.default_backend() == "cpu":
-        _say_interpreted()
-
-    def run(*values: jax.Array, interpret: bool) -> jax.Array:
-        params = None if interpret else pl_triton.CompilerParams(num_warps, num_stages)
-
-        def traced(*refs: Any) -> None:
-            # A function of its own per branch (JAX caches a kernel's trace by function),
-            # telling `dot` which branch it is traced for.
-            token = _INTERPRETING.set(interpret)
-            try:
-                kernel(*refs)
-            finally:
-                _INTERPRETING.reset(token)
-
-        return pl.pallas_call(
-            traced,
-            out_shape=jax.ShapeDtypeStruct(shape, dtype),
-            grid=grid,
-            out_specs=pl.BlockSpec(block, lambda *g: g),
-            interpret=interpret,
-            compiler_params=params,
-            name=name,
-        )(*values)
-
-    return jax.lax.platform_dependent(
-        *operands,
-        cpu=functools.partial(run, interpret=True),
-        default=functools.partial(run, interpret=False),
+    outputs = [(shape, block, lambda *g: g, dtype)]
+    (out,) = call_blocks(
+        kernel,
+        operands,
+        grid=grid,
+        outputs=outputs,
+        name=name,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
+    return out
 
 
 def call_blocks(
@@ -138,7 +119,9 @@ def call_blocks(
     def run(*values: jax.Array, interpret: bool) -> tuple[jax.Array, ...]:
         params = None if interpret else pl_triton.CompilerParams(num_warps, num_stages)
 
-        def traced(*refs: Any) -> None:  # as in `call`: `dot` knows the branch
+        def traced(*refs: Any) -> None:
+            # A function of its own per branch (JAX caches a kernel's trace by function),
+            # telling `dot` which branch it is traced for.
             token = _INTERPRETING.set(interpret)
             try:
                 kernel(*refs)
