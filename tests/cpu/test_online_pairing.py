@@ -13,7 +13,7 @@ import tensordsl as td
 from codegen.passes.online import pair, pair_stored
 from tensordsl.binding.programs import compiled_statements
 from tensordsl.nn.attention import attention_source
-from tests.backends import NEEDS_C_COMPILER
+from tests.backends import BACKENDS, NEEDS_C_COMPILER, generated_kernels  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")
 
@@ -71,7 +71,8 @@ def test_the_relative_table_program_is_paired():
     assert "  forward out_+lse_  one pass over each row's scores" in text
 
 
-@pytest.mark.parametrize("backend", ["reference", pytest.param("c", marks=NEEDS_C_COMPILER)])
+@pytest.mark.usefixtures("generated_kernels")
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_relative_table_attention_and_its_gradients(backend):
     values = _inputs(1)
     want_out, want_grads = _reference(**values)
