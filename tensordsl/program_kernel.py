@@ -226,7 +226,7 @@ class ProgramKernel:
         ]
         lines += ["  " + str(decision) for decision in fused.decisions]
         record = table.backend(self.backend)
-        runs = pair_stored(fused.stored) if record.one_pass_rows else fused.stored
+        runs = pair_stored(fused.stored, concrete) if record.one_pass_rows else fused.stored
         forward = {f"forward {n.output}{'+' + n.online if n.online else ''}": n for n in runs}
         lines += summary_lines(forward, self.backend)
         lines += [

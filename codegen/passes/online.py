@@ -36,11 +36,21 @@ True
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import sympy
 
-from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, rename, tensor_base
+from codegen.ir.nest import (
+    LoopNest,
+    Operand,
+    Range,
+    Reduce,
+    Term,
+    extent_symbol,
+    map_expressions,
+    rename,
+    tensor_base,
+)
 from codegen.passes.guards import guard_mask, identity_of
 
 
@@ -73,27 +83,58 @@ def _split_weight(body: sympy.Expr, read: sympy.Indexed) -> tuple[sympy.Expr, sy
     return found[0].args[0], weight
 
 
-def pair(lse: LoopNest, weighted: LoopNest) -> LoopNest | None:
+Shapes = Mapping[str, Sequence[int]]
+
+
+def _extents(nests: Sequence[LoopNest], shapes: Shapes | None) -> dict[sympy.Symbol, int]:
+    """The value of every extent the nests name that `shapes` gives (none without shapes)."""
+    found = {}
+    for nest in nests:
+        for name in nest.extent_tensors():
+            for axis, n in enumerate((shapes or {}).get(name, ())):
+                found[extent_symbol(name, axis)] = int(n)
+    return found
+
+
+def _loops(term: Term, free: Sequence[Range], extents: dict) -> tuple:
+    """What decides which scores a term visits: its free and reduced ranges, constraints and
+    guard, with the extents of this call substituted."""
+
+    def value(expr: sympy.Basic) -> sympy.Basic:
+        return sympy.sympify(expr).xreplace(extents)
+
+    ranges = tuple(Range(r.index, value(r.start), value(r.stop)) for r in (*free, *term.reduced))
+    return ranges, frozenset(value(c) for c in term.constraints), value(term.guard)
+
+
+def pair(lse: LoopNest, weighted: LoopNest, shapes: Shapes | None = None) -> LoopNest | None:
     """The one-pass nest of a logsumexp `lse` and a sum `weighted` of `exp(X - L) * W` over
-    the same reduced range, or None when they do not have that form (module docstring)."""
+    the same reduced range, or None when they do not have that form (module docstring).
+
+    Ranges are compared as written, or, where `shapes` (of the tensors the nests name, for
+    one call) are given, as the loops they give for those shapes: `Min(K.shape[1],
+    V.shape[1])` and `K.shape[1]` are the same loop when K and V have as many keys. The
+    paired nest is then right for those shapes only, as every fused nest is
+    (`codegen.passes.fusion`)."""
     lse_term, term = _single_term(lse, "logsumexp"), _single_term(weighted, "sum")
     if lse_term is None or term is None or len(weighted.free) != len(lse.free) + 1:
-        return None
-    if lse.output in weighted.extent_tensors():
         return None
     free = weighted.free_indices[: len(lse.free)]
     read = tensor_base(lse.output)[free] if free else None
     reads = {a for a in term.body.atoms(sympy.Indexed) if a.base.name == lse.output}
     if read is None or reads != {read}:
         return None
+    # The weighted sum's ranges may name L's extents: L's own ranges, which the pair keeps.
+    own = {extent_symbol(lse.output, k): r.stop - r.start for k, r in enumerate(lse.free)}
+    weighted = map_expressions(weighted, lambda e: e.xreplace(own))
+    term = guard_mask(weighted.terms[0], identity_of("sum"))
     names = {a.name: b.name for a, b in zip(lse.free_indices, free)}
     names[lse_term.reduced[0].index.name] = term.reduced[0].index.name
     renamed = rename(lse, tensors={}, indices=names)
     scores = guard_mask(renamed.terms[0], -sympy.oo)
-    same_loops = renamed.free == weighted.free[: len(lse.free)] and scores.reduced == term.reduced
-    if not same_loops or set(scores.constraints) != set(term.constraints):
-        return None
-    if scores.guard != term.guard:
+    extents = _extents((lse, weighted), shapes)
+    lse_loops = _loops(scores, renamed.free, extents)
+    if lse_loops != _loops(term, weighted.free[: len(lse.free)], extents):
         return None
     split = _split_weight(term.body, read)
     if split is None or split[0] != scores.body - read:
@@ -139,16 +180,16 @@ def unpair(nest: LoopNest) -> tuple[LoopNest, LoopNest]:
     return lse, weighted
 
 
-def pair_stored(stored: Sequence[LoopNest]) -> tuple[LoopNest, ...]:
+def pair_stored(stored: Sequence[LoopNest], shapes: Shapes | None = None) -> tuple[LoopNest, ...]:
     """`stored` (nests in run order) with each logsumexp and the weighted sum that reads it
     replaced by their one-pass nest, run where the weighted sum ran; a logsumexp read by a
-    nest in between stays as it is."""
+    nest in between stays as it is. `shapes`: as `pair` takes them."""
     runs = list(stored)
     for n, lse in enumerate(stored):
         for m in range(n + 1, len(stored)):
             if lse.output not in stored[m].operand_names:
                 continue
-            paired = pair(lse, stored[m])
+            paired = pair(lse, stored[m], shapes)
             if paired is not None and not any(
                 lse.output in between.operand_names for between in stored[n + 1 : m]
             ):

@@ -116,9 +116,12 @@ class FusedProgram:
         backend: str,
         nograd: frozenset[str],
         precision: Any = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
-        self.runs = pair_stored(stored)  # forward: a logsumexp and its weighted sum in one pass
+        # forward: a logsumexp and its weighted sum in one pass, where their loops are the
+        # same for these shapes (the tensors' shapes of the call it was fused for)
+        self.runs = pair_stored(stored, shapes)
         # A max subtracted for stability and divided out again: its gradient is exactly zero.
         self.zero_gradient = shift_invariant(stored, outputs=outputs)
         self.backend, self.nograd, self.precision = backend, nograd, precision

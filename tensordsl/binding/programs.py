@@ -64,7 +64,10 @@ def run_program(
         # no gradient nest for a statistic subtracted for stability). Also where statements
         # share an input: its gradient is then one nest, not one per statement and a sum.
         names = tuple(known)
-        fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision)
+        shapes = program.concrete_shapes(
+            {op.name: np.shape(known[op.name]) for op in program.inputs}
+        )
+        fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision, shapes)
         return fused.call(*(known[name] for name in names))
     for nest in nests:
         operands = [known[name] for name in nest.operand_names]
