@@ -474,3 +474,20 @@ def test_a_query_that_keeps_no_key_gives_zero_and_zero_gradients():
         if what in ("out", "dq"):
             assert (g[empty] == 0).all(), what
         np.testing.assert_allclose(g, np.asarray(w), atol=4e-5 * float(np.abs(w).max()))
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_a_nan_at_a_causally_dropped_key_reaches_only_the_queries_that_keep_it(which):
+    """Causal, a NaN in k or v at the last key: only the last query keeps it, so only its
+    output row is NaN (not `0 * NaN` through `p @ V` on the boundary tiles; not a NaN sum
+    written as 0); every other row as the float64 reference on clean inputs."""
+    variant = VARIANTS["odd_length"]
+    (q, k, v), _ = _inputs(variant, seed=6)
+    poisoned = {"q": q, "k": k.copy(), "v": v.copy()}
+    poisoned[which][:, -1] = np.nan
+    call, _ = _attention(variant)
+    got = np.asarray(jax.jit(call)(*(jnp.asarray(poisoned[n], jnp.float32) for n in "qkv")))
+    assert np.isnan(got[:, -1]).all()
+    assert np.isfinite(got[:, :-1]).all()
+    expected = np.asarray(reference(*(jnp.asarray(x, jnp.float64) for x in (q, k, v)), {}, _causal))
+    np.testing.assert_allclose(got[:, :-1], expected[:, :-1], atol=2e-5)

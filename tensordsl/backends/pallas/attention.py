@@ -196,19 +196,33 @@ class _Tiles:
         )
 
     def product(self, weights: jax.Array, values: jax.Array, kept: Any) -> jax.Array:
-        """`weights @ values`; with a guard (`kept`: the `[R x C]` pairs it keeps), a pair it
-        drops contributes nothing even where `values` holds NaN or inf (0 * NaN is NaN): the
-        dot when the value tile is finite, else `where(kept, w * v, 0)` summed."""
+        """`weights @ values`; with `kept` (the `[R x C]` pairs a guard, a constraint or the
+        loop's end keeps), a pair left out contributes nothing even where `values` holds NaN
+        or inf (0 * NaN is NaN): the dot when the value tile is finite, else
+        `where(kept, w * v, 0)` summed one key at a time (2-D tiles only: no `[R x C x E]`
+        tensor for Triton to hold)."""
         if kept is None:
             return self.dot(weights, values)
 
-        def elementwise(operands: tuple) -> jax.Array:
-            w, v = (x.astype(self.dtype) for x in operands)
-            each = jnp.where(kept[:, :, None], w[:, :, None] * v[None, :, :], 0.0)
-            return each.sum(axis=1).astype(self.dtype)
+        def one_key_at_a_time(operands: tuple) -> jax.Array:
+            w, v, kept = operands
+            w, v = w.astype(self.dtype), v.astype(self.dtype)
+            of_w = jax.lax.broadcasted_iota(jnp.int32, w.shape, 1)
+            of_v = jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
+
+            def key(n: Any, acc: jax.Array) -> jax.Array:
+                weight = jnp.where(of_w == n, w, 0.0).sum(axis=1)
+                keeps = jnp.where((of_w == n) & kept, 1.0, 0.0).sum(axis=1) > 0
+                value = jnp.where(of_v == n, v, 0.0).sum(axis=0)
+                return acc + jnp.where(keeps[:, None], weight[:, None] * value[None, :], 0.0)
+
+            zero = jnp.zeros((w.shape[0], v.shape[1]), self.dtype)
+            return jax.lax.fori_loop(0, w.shape[1], key, zero)
 
         finite = jnp.where(jnp.isfinite(values), 0.0, 1.0).sum() == 0  # no reduce_and
-        return jax.lax.cond(finite, lambda o: self.dot(*o), elementwise, (weights, values))
+        return jax.lax.cond(
+            finite, lambda o: self.dot(o[0], o[1]), one_key_at_a_time, (weights, values, kept)
+        )
 
     def dots(self, base: dict, rows: Any, offset: Any, points: dict) -> dict[Any, jax.Array]:
         """Each nested sum of the weights on this `[R x C]` tile: `[R x W] @ [W x C]`, the
@@ -240,8 +254,8 @@ class _Tiles:
 
     def masked(self, weights: tuple, points: dict, offset: Any) -> tuple[tuple, Any]:
         """The weights with the constraints' `where` (and the loop's end), on the tiles
-        that cross them only; with a guard, on every tile, and the `[R x C]` pairs kept
-        (None without a guard)."""
+        that cross them only (with a guard, on every tile), and the `[R x C]` pairs kept
+        (None when every pair counts): `product` leaves the others out of `a @ b` too."""
         program, loop = self.program, self.program.loop
         guarded = program.guard != sympy.true
         if not program.constraints and not loop.partial and not guarded:
@@ -257,12 +271,12 @@ class _Tiles:
                 mask = mask & jnp.asarray(evaluate(program.guard), bool)
             return jnp.broadcast_to(mask, (self.R, self.C))
 
-        def where(weights: tuple, mask: Any) -> tuple:
-            return tuple(jnp.where(mask, w, jnp.asarray(fill, w.dtype)) for w in weights)
+        def where(weights: tuple) -> tuple:
+            kept = mask()
+            return tuple(jnp.where(kept, w, jnp.asarray(fill, w.dtype)) for w in weights), kept
 
         if guarded:
-            kept = mask()
-            return where(weights, kept), kept
+            return where(weights)
         box = {index: (v, v) for index, v in self.outer.items()}
         box[program.rows.index] = (self.row_start, self.row_start + self.R - 1)
         box[loop.index] = (offset, offset + self.C - 1)
@@ -270,9 +284,10 @@ class _Tiles:
         for constraint in program.constraints:
             least = _corner(constraint, box, most=False)
             if least is None:
-                return where(weights, mask()), None
+                return where(weights)
             inside = inside & (least >= 0)
-        return jax.lax.cond(inside, lambda w: w, lambda w: where(w, mask()), weights), None
+        every = jnp.ones((self.R, self.C), bool)
+        return jax.lax.cond(inside, lambda w: (w, every), where, weights)
 
     # ---------------------------------------------------------------- the loops
     def tile_range(self, singles: dict) -> tuple[Any, Any]:
@@ -331,7 +346,7 @@ class _Tiles:
         if program.kind == "online":
             m0 = jnp.full((self.R,), -jnp.inf, self.dtype)
             m, s, acc = self.accumulate((m0, jnp.zeros((self.R,), self.dtype), accs[0]))
-            some = s > 0
+            some = s != 0  # a row that keeps no key: 0; a NaN sum (NaN in k) stays NaN
             out = jnp.where(some[:, None], acc / jnp.where(some, s, 1.0)[:, None], 0.0)
             lse = jnp.where(some, m + jnp.log(jnp.where(some, s, 1.0)), -jnp.inf)
             found = (out, lse)
