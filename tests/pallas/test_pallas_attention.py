@@ -94,7 +94,31 @@ VARIANTS = {
     "grouped_query": Variant((1, 40, 40, 4, 2, 16), {"causal": True}, None, _causal),
     "cross": Variant((2, 24, 72, 2, 2, 16), {}, None, _plain),
     "odd_length": Variant((1, 37, 37, 2, 2, 24), {"causal": True}, None, _causal),
+    # Array masks (the nests' guard): tested per (query, key) pair on every tile.
+    "document_sorted": Variant(
+        (2, 72, 72, 2, 2, 16),
+        {"mask_mod": "doc[b, i] == doc[b, j]"},
+        lambda rng, B, T, S, H: {"doc": _documents(rng, B, T, shuffled=False)},
+        lambda s, a, b, h, i, j: (s, a["doc"][b, i] == a["doc"][b, j]),
+        no_gradient=("doc",),
+    ),
+    "document_unsorted": Variant(
+        (2, 72, 72, 2, 2, 16),
+        {"causal": True, "mask_mod": "doc[b, i] == doc[b, j]"},
+        lambda rng, B, T, S, H: {"doc": _documents(rng, B, T, shuffled=True)},
+        lambda s, a, b, h, i, j: (s, (a["doc"][b, i] == a["doc"][b, j]) & (j <= i)),
+        no_gradient=("doc",),
+    ),
 }
+
+
+def _documents(rng, B: int, T: int, shuffled: bool) -> np.ndarray:
+    """(B, T) document ids: sorted runs (packed sequences) or the same ids shuffled; the
+    first query's document holds the first key (no query of the causal variant keeps none)."""
+    ids = np.sort(rng.integers(0, 4, size=(B, T)), axis=1)
+    if shuffled:
+        ids = rng.permuted(ids, axis=1)
+    return ids.astype(np.float32)
 
 
 def reference(q, k, v, arrays, rule):
@@ -192,14 +216,19 @@ def _kernels(text: str) -> list[str]:
     return [re.search(r'name = "([^"]*)"', line).group(1) for line in calls]
 
 
-@pytest.mark.parametrize("name", ["causal", "grouped_query", "cross"])
+@pytest.mark.parametrize(
+    "name",
+    ["causal", "grouped_query", "cross", "padding_mask", "document_sorted", "document_unsorted"],
+)
 def test_the_fused_kernels_run(name):
     """One kernel forward; backward the D pass (`dlse_ = -rowsum(dO * O)`), dK and dV in one
-    kernel, and dQ: nothing else."""
+    kernel, and dQ: nothing else; array masks (guards) too."""
     variant = VARIANTS[name]
-    (q, k, v), _ = _inputs(variant)
-    call, _ = _attention(variant)
+    (q, k, v), arrays = _inputs(variant)
+    call, names = _attention(variant)
+    names += sorted(arrays)
     args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)]
+    args += [jnp.asarray(arrays[n], jnp.float32) for n in names]
     assert _kernels(lowered_for_cuda(call, *args)) == ["tdsl_out__flash"]
     both = lowered_for_cuda(jax.value_and_grad(_loss(call), argnums=(0, 1, 2)), *args)
     assert _kernels(both) == [
@@ -222,6 +251,25 @@ def test_explain_shows_the_attention_tile_programs():
     assert "tiles per (b, h): 3 of 4 visited, 1 skipped" in forward
     assert "j tiles per i tile: 0: [0, 1), 1: [0, 2)" in forward
     assert "dv__dk_: attention tile program" in text and "dq_: attention tile program" in text
+
+
+def test_explain_shows_an_array_mask_tested_on_every_tile():
+    source = attention_source("s_[b,h,i,j]", "(doc[b, i] == doc[b, j])")
+    k = td.program(source, backend="pallas")
+    shapes = {"q_": (2, 100, 4, 64), "k_": (2, 100, 4, 64), "v_": (2, 100, 4, 64)}
+    text = k.explain({**shapes, "scale_": (), "doc": (2, 100)}, target="pallas")
+    forward = text[text.index("out_+lse_: attention tile program") :]
+    assert (
+        "where doc[b, i] == doc[b, j]: on every tile (a pair it fails left out: score -inf"
+        in forward
+    )
+    assert "tiles per (b, h): 4 of 4 visited, 0 skipped" in forward
+    gradients = text[text.index("dv__dk_: attention tile program") :]
+    assert (
+        "where doc[b, i] == doc[b, j]: on every tile (a pair it fails left out: weight 0"
+        in gradients
+    )
+    assert "dq_: attention tile program" in gradients
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -311,3 +359,135 @@ def test_jvp_matches_float64():
     expected, expected_tangent = jax.jvp(lambda *a: reference(*a, {}, variant.rule), *wide)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5)
     np.testing.assert_allclose(np.asarray(tangent), np.asarray(expected_tangent), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "which"),
+    [("padding_mask", "k"), ("padding_mask", "v"), ("document_sorted", "v")],
+)
+def test_a_nan_at_a_dropped_key_reaches_nothing(name, which):
+    """A NaN in k or v at a key the array mask drops: the fused kernels leave the pair out
+    (score -inf, `where(guard, product, 0)`), so the NaN reaches no output and no gradient
+    but where a query keeps that key (a document mask: the key's own document's queries)."""
+    variant = VARIANTS[name]
+    (q, k, v), arrays = _inputs(variant, seed=3)
+    B, T, S, H, Hk, E = variant.shape
+    wide = {"q": q, "k": k, "v": v}
+    keep = np.broadcast_to(
+        variant.rule(
+            np.zeros((B, H, T, S)),
+            arrays,
+            *np.meshgrid(
+                np.arange(B), np.arange(H), np.arange(T), np.arange(S), indexing="ij", sparse=True
+            ),
+        )[1],
+        (B, H, T, S),
+    )
+    drop = int(np.nonzero(~keep[0, 0, 0])[0][-1])  # a key the first query drops
+    poisoned = {n: x.copy() for n, x in wide.items()}
+    poisoned[which][0, drop] = np.nan
+    call, names = _attention(variant)
+    names += sorted(arrays)
+    mods = [jnp.asarray(arrays[n], jnp.float32) for n in names]
+    cotangent = jnp.asarray(np.random.default_rng(1).normal(size=(B, T, H, E)), jnp.float32)
+
+    def run(q, k, v):
+        out, vjp = jax.vjp(lambda q, k, v: call(q, k, v, *mods), q, k, v)
+        return (out, *vjp(cotangent))
+
+    got = jax.jit(run)(*(jnp.asarray(poisoned[n], jnp.float32) for n in "qkv"))
+    assert _kernels(lowered_for_cuda(run, *(jnp.asarray(wide[n], jnp.float32) for n in "qkv"))) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]
+    # Where the NaN may go: the queries that keep the key, and what they reach.
+    reached = keep[0, :, :, drop].any(axis=0)  # (T,) queries of batch row 0 keeping it
+    ref_args = [jnp.asarray(wide[n], jnp.float64) for n in "qkv"]
+    expected, ref_vjp = jax.vjp(lambda q, k, v: reference(q, k, v, arrays, variant.rule), *ref_args)
+    wanted = (expected, *ref_vjp(jnp.asarray(cotangent, jnp.float64)))
+    for what, g, w in zip(("out", "dq", "dk", "dv"), got, wanted):
+        g, w = np.asarray(g, np.float64), np.asarray(w)
+        finite = np.ones(g.shape, bool)
+        if reached.any():  # the document's own queries see the NaN: out and dq there, all k
+            finite[0] = False
+        assert np.isfinite(g[finite]).all(), what
+        if not reached.any():
+            assert np.isfinite(g).all(), what
+            scale = float(np.abs(w).max())
+            assert np.abs(g - w).max() <= 4e-5 * scale, what
+        else:
+            np.testing.assert_allclose(g[1], w[1], atol=4e-5 * float(np.abs(w).max()))
+            if what == "out":
+                rows = ~reached
+                assert np.isnan(g[0, reached]).all() and np.isfinite(g[0, rows]).all()
+                np.testing.assert_allclose(g[0, rows], w[0, rows], atol=4e-5)
+
+
+def test_a_query_that_keeps_no_key_gives_zero_and_zero_gradients():
+    """An array mask `i + off[b] >= j` that keeps no key for the first queries of batch row
+    0: their output is 0 and they add nothing to any gradient (finite, as the reference's
+    where the rows kept are, zero where they are not), in the fused kernels."""
+    B, T, H, E = 2, 40, 2, 16
+    off = np.array([-5, 0], np.float32)
+    keep = np.arange(T)[None, :, None] + off[:, None, None] >= np.arange(T)[None, None]
+    rng = np.random.default_rng(7)
+    q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, E)), jnp.float32) for _ in range(3))
+    cotangent = jnp.asarray(rng.normal(size=(B, T, H, E)), jnp.float32)
+
+    def call(q, k, v, off):
+        return td.nn.attention(
+            q, k, v, mask_mod="i + off[b] >= j", mod_args={"off": off}, backend="pallas"
+        )
+
+    def run(q, k, v):
+        out, vjp = jax.vjp(lambda q, k, v: call(q, k, v, jnp.asarray(off)), q, k, v)
+        return (out, *vjp(cotangent))
+
+    assert _kernels(lowered_for_cuda(run, q, k, v)) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]
+    got = jax.jit(run)(q, k, v)
+
+    def ref(q, k, v):
+        mask = jnp.asarray(keep)[:, None]
+        s = jnp.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(E)
+        s = jnp.where(mask, s, -jnp.inf)
+        m = jnp.where(mask.any(-1, keepdims=True), s.max(-1, keepdims=True), 0.0)
+        p = jnp.where(mask, jnp.exp(s - m), 0.0)
+        total = p.sum(-1, keepdims=True)
+        p = p / jnp.where(total > 0, total, 1.0)
+        return jnp.einsum("bhij,bjhe->bihe", p, v)
+
+    wide = [jnp.asarray(x, jnp.float64) for x in (q, k, v)]
+    expected, ref_vjp = jax.vjp(ref, *wide)
+    wanted = (expected, *ref_vjp(jnp.asarray(cotangent, jnp.float64)))
+    empty = ~keep.any(-1)  # (B, T)
+    assert empty[0, :5].all() and not empty[1].any()
+    for what, g, w in zip(("out", "dq", "dk", "dv"), got, wanted):
+        g = np.asarray(g, np.float64)
+        assert np.isfinite(g).all(), what
+        if what in ("out", "dq"):
+            assert (g[empty] == 0).all(), what
+        np.testing.assert_allclose(g, np.asarray(w), atol=4e-5 * float(np.abs(w).max()))
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_a_nan_at_a_causally_dropped_key_reaches_only_the_queries_that_keep_it(which):
+    """Causal, a NaN in k or v at the last key: only the last query keeps it, so only its
+    output row is NaN (not `0 * NaN` through `p @ V` on the boundary tiles; not a NaN sum
+    written as 0); every other row as the float64 reference on clean inputs."""
+    variant = VARIANTS["odd_length"]
+    (q, k, v), _ = _inputs(variant, seed=6)
+    poisoned = {"q": q, "k": k.copy(), "v": v.copy()}
+    poisoned[which][:, -1] = np.nan
+    call, _ = _attention(variant)
+    got = np.asarray(jax.jit(call)(*(jnp.asarray(poisoned[n], jnp.float32) for n in "qkv")))
+    assert np.isnan(got[:, -1]).all()
+    assert np.isfinite(got[:, :-1]).all()
+    expected = np.asarray(reference(*(jnp.asarray(x, jnp.float64) for x in (q, k, v)), {}, _causal))
+    np.testing.assert_allclose(got[:, :-1], expected[:, :-1], atol=2e-5)

@@ -12,7 +12,8 @@ A nest is an attention kernel when, for the call's shapes:
   longest of several, as grouped-query heads' group is read by the queries only); the
   other free indices but the column are outer (one value per program instance);
 * `b` reads the loop index and the column, not the rows; no constraint tests a column;
-  there is no guard.
+  a guard (an array mask: `Term.guard`, the same on both terms of a one-pass nest) reads no
+  column and no nested sum: it is tested per (row, loop value) pair on every tile.
 
 The loop index is the reduced index the dots' key sides read (the others, grouped-query
 heads' group in dK and dV, run one value at a time). Tiles: rows and keys of up to
@@ -148,13 +149,16 @@ def attention_program(
     Returns:
         The `AttentionProgram`, or None when the nest is not an attention kernel.
     """
-    if len(nest.free) < 2 or any(t.guard != sympy.true for t in nest.terms):
+    if len(nest.free) < 2:
         return None
     found = _members(nest)
     if found is None or not found[0].reduced:
         return None
     term, members = found
     extents = extent_values(nest, shapes)
+    guard = _guard(nest, extents)
+    if guard is None:
+        return None
     nodes = sorted({n for a, _, _ in members for n in a.atoms(Reduce)}, key=str)
     if not nodes or any(n.reduction != "sum" or not _fixed(n, extents) for n in nodes):
         return None
@@ -191,6 +195,7 @@ def attention_program(
         members=built,
         dots=dots,
         constraints=tuple(kept),
+        guard=guard,
         bounds=tuple(b for b in bounds if b.index == loop_index),
         accumulate="float32" if out in _HALF else out,
         extents=tuple(sorted(extents.items(), key=lambda item: item[0].name)),
@@ -269,6 +274,18 @@ def _built(
         name = nest.output if len(members) == 1 else f"{nest.output}[{shift}:{end}]"
         built.append(Member(name, weight, value, TileAxis(last.index, 0, count, tile)))
     return tuple(built)
+
+
+def _guard(nest: LoopNest, extents: Mapping[sympy.Symbol, int]) -> sympy.Basic | None:
+    """The terms' guard with concrete extents (the same on every term), or None when they
+    differ or it reads the column or a nested sum."""
+    guards = {t.guard for t in nest.terms}
+    if len(guards) != 1:
+        return None
+    guard = sympy.sympify(next(iter(guards))).xreplace(extents)
+    if guard.atoms(Reduce) or _reads(guard, nest.free[-1].index):
+        return None
+    return guard
 
 
 def _kept(

@@ -18,8 +18,8 @@ tile of up to `2 * WIDEST`.
 Two nests pair when each is a one-member weighted attention program, their outer, row, loop
 and single axes have the same ranges (matched in order), their weights share a nested sum
 once the second's indices are renamed to the first's (dQ shares nothing with dK: its rows
-are the queries), their kept constraints agree, and the packed nest is an attention
-program itself.
+are the queries), their kept constraints and guards (array masks) agree, and the packed nest
+is an attention program itself.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ def _pair(
         return None
     if set(map(str, parts[0].constraints)) != set(map(str, parts[1].constraints)):
         return None
+    if parts[0].guard != parts[1].guard:
+        return None
     split = first.members[0].column.extent
     body = sympy.Piecewise(
         (a1 * b1, sympy.StrictLessThan(column, split)),
@@ -128,7 +130,10 @@ def _pair(
     width = split + second.members[0].column.extent
     free = (*moved_first.free[:-1], Range(column, 0, width))
     kept = tuple(parts[0].constraints)  # those that hold everywhere dropped (a column test)
-    nest = LoopNest(output, free, (Term(body, term.reduced, kept),), tuple(operands.values()))
+    guard = term.guard
+    nest = LoopNest(
+        output, free, (Term(body, term.reduced, kept, guard),), tuple(operands.values())
+    )
     known = dict(shapes)
     known[output] = (*(s for s in _shape(first)), width)
     if attention_program(nest, known, {n: dtype for n in nest.operand_names}) is None:

@@ -80,6 +80,9 @@ class AttentionProgram:
     #: The constraints that do not hold everywhere (concrete extents): a `where` on the
     #: tiles that cross them.
     constraints: tuple[sympy.Expr, ...]
+    #: An array mask (`Term.guard`, concrete extents; `sympy.true`: none): tested per (row,
+    #: loop value) pair on every tile, a pair it fails left out (no tile skipping).
+    guard: sympy.Basic
     #: The loop bounds of `loop` per row tile that the affine constraints give.
     bounds: tuple[LoopBound, ...]
     #: The dtype scores and sums are computed and accumulated in.
@@ -165,6 +168,12 @@ class AttentionProgram:
                 f"({member.column.index}: {member.column.extent} padded to {member.column.tile})"
             )
         lines += [f"  bound {b.describe()} (tiles outside never visited)" for b in self.bounds]
+        if self.guard != sympy.true:
+            dropped = "score -inf" if self.kind == "online" else "weight 0"
+            lines.append(
+                f"  where {expr_source(self.guard, names)}: on every tile (a pair it fails "
+                f"left out: {dropped}, its product with the values 0)"
+            )
         if self.constraints:
             tested = ", ".join(constraint_source(c) for c in self.constraints)
             lines.append(f"  where {tested}: on boundary tiles only")

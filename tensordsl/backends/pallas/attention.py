@@ -11,7 +11,9 @@ walks the tiles of the loop index (`[C]` values) between the bounds of its row t
 2. the weights (the score expression, or a gradient nest's weight: the score's derivative
    as the project derived it) as elementwise tile code on `[R x C]`, the reference's
    `Evaluator` run on tiles with the dots standing for the nested sums;
-3. the constraints' `where` under a `cond`, on tiles that cross them or the end only;
+3. the constraints' `where` under a `cond`, on tiles that cross them or the end only; an
+   array mask's (the program's guard) on every tile, and a pair it drops left out of the
+   products too (`_Tiles.product`: no 0 * NaN from a dropped key's value);
 4. online: the running max and sum per row, the accumulator rescaled when the max grows,
    `p @ V`; weighted: `a @ b` per member, into float32 accumulators `[R x E]`.
 
@@ -179,7 +181,7 @@ class _Tiles:
             jnp.broadcast_to(jnp.asarray(evaluate(m.weight), self.dtype), (self.R, self.C))
             for m in program.members
         )
-        weights = self.masked(weights, points, offset)
+        weights, kept = self.masked(weights, points, offset)
         values = []
         for member in program.members:
             column = member.column
@@ -187,10 +189,39 @@ class _Tiles:
             at[column.index] = _iota(column.start, column.tile, 1)
             values.append(self.side(member.value, at, (self.C, column.tile)))
         if program.kind == "online":
-            return self.online(weights[0], values[0], state)
+            return self.online(weights[0], values[0], state, kept)
         return tuple(
-            acc + self.dot(a.astype(b.dtype) if b.dtype in _HALF else a, b)
+            acc + self.product(a.astype(b.dtype) if b.dtype in _HALF else a, b, kept)
             for acc, a, b in zip(state, weights, values)
+        )
+
+    def product(self, weights: jax.Array, values: jax.Array, kept: Any) -> jax.Array:
+        """`weights @ values`; with `kept` (the `[R x C]` pairs a guard, a constraint or the
+        loop's end keeps), a pair left out contributes nothing even where `values` holds NaN
+        or inf (0 * NaN is NaN): the dot when the value tile is finite, else
+        `where(kept, w * v, 0)` summed one key at a time (2-D tiles only: no `[R x C x E]`
+        tensor for Triton to hold)."""
+        if kept is None:
+            return self.dot(weights, values)
+
+        def one_key_at_a_time(operands: tuple) -> jax.Array:
+            w, v, kept = operands
+            w, v = w.astype(self.dtype), v.astype(self.dtype)
+            of_w = jax.lax.broadcasted_iota(jnp.int32, w.shape, 1)
+            of_v = jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
+
+            def key(n: Any, acc: jax.Array) -> jax.Array:
+                weight = jnp.where(of_w == n, w, 0.0).sum(axis=1)
+                keeps = jnp.where((of_w == n) & kept, 1.0, 0.0).sum(axis=1) > 0
+                value = jnp.where(of_v == n, v, 0.0).sum(axis=0)
+                return acc + jnp.where(keeps[:, None], weight[:, None] * value[None, :], 0.0)
+
+            zero = jnp.zeros((w.shape[0], v.shape[1]), self.dtype)
+            return jax.lax.fori_loop(0, w.shape[1], key, zero)
+
+        finite = jnp.where(jnp.isfinite(values), 0.0, 1.0).sum() == 0  # no reduce_and
+        return jax.lax.cond(
+            finite, lambda o: self.dot(o[0], o[1]), one_key_at_a_time, (weights, values, kept)
         )
 
     def dots(self, base: dict, rows: Any, offset: Any, points: dict) -> dict[Any, jax.Array]:
@@ -210,7 +241,7 @@ class _Tiles:
             found[d.node] = self.dot(left, right) * scale
         return found
 
-    def online(self, scores: jax.Array, value: jax.Array, state: Any) -> Any:
+    def online(self, scores: jax.Array, value: jax.Array, state: Any, kept: Any) -> Any:
         """The online softmax update of the running max `m`, sum `s` and accumulator."""
         m, s, acc = state
         grown = jnp.maximum(m, scores.max(axis=1))
@@ -219,23 +250,33 @@ class _Tiles:
         p = jnp.exp(scores - safe[:, None])
         s = s * alpha + p.sum(axis=1)
         p = p.astype(value.dtype) if value.dtype in _HALF else p
-        return grown, s, acc * alpha[:, None] + self.dot(p, value)
+        return grown, s, acc * alpha[:, None] + self.product(p, value, kept)
 
-    def masked(self, weights: tuple, points: dict, offset: Any) -> tuple:
+    def masked(self, weights: tuple, points: dict, offset: Any) -> tuple[tuple, Any]:
         """The weights with the constraints' `where` (and the loop's end), on the tiles
-        that cross them only."""
+        that cross them only (with a guard, on every tile), and the `[R x C]` pairs kept
+        (None when every pair counts): `product` leaves the others out of `a @ b` too."""
         program, loop = self.program, self.program.loop
-        if not program.constraints and not loop.partial:
-            return weights
+        guarded = program.guard != sympy.true
+        if not program.constraints and not loop.partial and not guarded:
+            return weights, None
         fill = -jnp.inf if program.kind == "online" else 0.0
 
-        def where(weights: tuple) -> tuple:
+        def mask() -> Any:
             evaluate = self.evaluator(points)
             mask = points[loop.index] < loop.start + loop.extent
             for constraint in program.constraints:
                 mask = mask & (jnp.asarray(evaluate(constraint)) >= 0)
-            return tuple(jnp.where(mask, w, jnp.asarray(fill, w.dtype)) for w in weights)
+            if guarded:
+                mask = mask & jnp.asarray(evaluate(program.guard), bool)
+            return jnp.broadcast_to(mask, (self.R, self.C))
 
+        def where(weights: tuple) -> tuple:
+            kept = mask()
+            return tuple(jnp.where(kept, w, jnp.asarray(fill, w.dtype)) for w in weights), kept
+
+        if guarded:
+            return where(weights)
         box = {index: (v, v) for index, v in self.outer.items()}
         box[program.rows.index] = (self.row_start, self.row_start + self.R - 1)
         box[loop.index] = (offset, offset + self.C - 1)
@@ -245,7 +286,8 @@ class _Tiles:
             if least is None:
                 return where(weights)
             inside = inside & (least >= 0)
-        return jax.lax.cond(inside, lambda w: w, where, weights)
+        every = jnp.ones((self.R, self.C), bool)
+        return jax.lax.cond(inside, lambda w: (w, every), where, weights)
 
     # ---------------------------------------------------------------- the loops
     def tile_range(self, singles: dict) -> tuple[Any, Any]:
@@ -304,7 +346,7 @@ class _Tiles:
         if program.kind == "online":
             m0 = jnp.full((self.R,), -jnp.inf, self.dtype)
             m, s, acc = self.accumulate((m0, jnp.zeros((self.R,), self.dtype), accs[0]))
-            some = s > 0
+            some = s != 0  # a row that keeps no key: 0; a NaN sum (NaN in k) stays NaN
             out = jnp.where(some[:, None], acc / jnp.where(some, s, 1.0)[:, None], 0.0)
             lse = jnp.where(some, m + jnp.log(jnp.where(some, s, 1.0)), -jnp.inf)
             found = (out, lse)
