@@ -604,8 +604,8 @@ scatter-add on the CPU), GPT-J RoPE (its last axis of 2, read as `X[..., 1-p]`, 
 with the feature axis in vector lanes: the unroll strategy), ChebyKAN in one statement (the
 X gradient's inner sums over `o` in lane arrays of 8 degrees). Sinkhorn and GraphSAGE's
 forward+backward stay above the target, also on a quiet machine (load 1.3-1.9 on
-2026-12-06: Sinkhorn 2.5x / 5.6x, GraphSAGE fwd+bwd 3.4x; the previous session measured
-Sinkhorn's fwd+bwd at 1.76-2.49x, a change not yet explained). Squeeze-and-excite: each of
+2026-12-06: Sinkhorn 2.5x / 5.6x, GraphSAGE fwd+bwd 3.4x; the tree at this session's
+start measures Sinkhorn's fwd+bwd the same, 5.3x against 5.1x, in one run). Squeeze-and-excite: each of
 its nests alone runs about as fast as XLA's on one core, but its 1M-element nests (the
 pooling, the gated product) run on one thread where XLA's fused loops use both cores (with
 XLA on one thread, `intra_op_parallelism_threads=1`, the two took about the same time).
