@@ -77,7 +77,7 @@ class Backend:
     #: (`tensordsl.binding.grouped`); False: each gradient nest alone.
     groups_gradients: bool = False
     #: Pairs gradient nests that one kernel with two outputs computes together:
-    #: `pairs(nests, shapes, dtype)` -> `codegen.cuda.attention.paired.Pair`s; None: none pair.
+    #: `pairs(nests, shapes, dtype)` -> `codegen.passes.packing.Pair`s; None: none pair.
     pairs_gradients: Callable[[], Callable[..., Any]] | None = None
     #: Builds a nest's kernel now: `build(nest, dtypes=, schedule=)` -> a compiled nest
     #: (`function`, `host_parameters`); `profile()` and `explain --build` call it.

@@ -23,8 +23,8 @@ per pair), `ss_` and `ss2_` holding them per tile, and each packed column adding
 weight of its member. Each element of G is written once, by one block: no atomics.
 
 Two nests pair when, for the call's shapes (the pair is made for them: a max or min of
-extents alone is replaced by its value, `_folded`), their free ranges but the columns are
-the same, their one reduced range is the same, their constraints are the same once those
+extents alone is replaced by its value, `codegen.passes.packing.folded_extents`), their
+free ranges but the columns are the same, their one reduced range is the same, their constraints are the same once those
 that hold everywhere are dropped, none of the kept ones tests a column, both column ranges
 start at 0, both members' columns fit one pass of the kernel (`ONLINE_COLUMNS`: past it,
 each pass would compute both weights, more than the two kernels apart), their weights
@@ -34,9 +34,7 @@ pair, sharing nothing), and the kernel fits the static shared memory (float64's 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 import sympy
 
@@ -46,19 +44,10 @@ from codegen.cuda.schedule import ONLINE_COLUMNS, choose_gpu_schedule
 from codegen.cuda.staged.shared import STATIC_SHARED_LIMIT
 from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import extent_values
-from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, extent_of, index_symbol
+from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, index_symbol
+from codegen.passes.packing import Pair, folded_extents, renamed_indices
 
 Shapes = Mapping[str, Sequence[int]]
-
-
-@dataclass(frozen=True)
-class Pair:
-    """The packed nest of two weighted gradient nests: `outputs[0]` is its columns
-    `[0, split)`, `outputs[1]` the rest."""
-
-    nest: LoopNest
-    outputs: tuple[str, str]
-    split: int
 
 
 def pair_weighted(nests: Mapping[str, LoopNest], shapes: Shapes, dtype: str) -> tuple[Pair, ...]:
@@ -113,8 +102,10 @@ def _pair(first: LoopNest, second: LoopNest, shapes: Shapes, taken: set[str]) ->
     renames = {r.index: f.index for r, f in zip(second.free[:-1], first.free[:-1], strict=True)}
     renames[second.terms[0].reduced[0].index] = first.terms[0].reduced[0].index
     renames[second.free[-1].index] = index_symbol(name)
-    first = _folded(_renamed_nest(first, {first.free[-1].index: index_symbol(name)}), extents)
-    moved = _folded(_renamed_nest(second, renames), extents)
+    first = folded_extents(
+        renamed_indices(first, {first.free[-1].index: index_symbol(name)}), extents
+    )
+    moved = folded_extents(renamed_indices(second, renames), extents)
 
     def concrete(x: sympy.Basic) -> sympy.Basic:
         return sympy.sympify(x).xreplace(extents)
@@ -170,47 +161,3 @@ def _kept(nest: LoopNest, concrete) -> list[sympy.Expr] | None:
     kept = [c for c in term.constraints if not holds_everywhere(concrete(c), box)]
     column = nest.free[-1].index
     return None if any(column in c.free_symbols for c in kept) else kept
-
-
-def _renamed_nest(nest: LoopNest, mapping: Mapping[sympy.Symbol, sympy.Symbol]) -> LoopNest:
-    """`nest` with its loop indices renamed at once (through stand-ins, so swaps work)."""
-    stand = {old: sympy.Dummy(old.name, integer=True) for old in mapping}
-    back = {stand[old]: new for old, new in mapping.items()}
-    return _mapped(nest, lambda x: x.xreplace(stand).xreplace(back))
-
-
-def _folded(nest: LoopNest, extents: Mapping[sympy.Symbol, sympy.Integer]) -> LoopNest:
-    """`nest` with each max and min of extents alone replaced by its value for the call's
-    shapes (the relative bias's `Max(0, Q.shape[1] - R.shape[1] + T)` offsets, 0 where R
-    covers every `i - j`): the pair is made for these shapes, and the two members' scores
-    then read alike, so their common sub-expressions are computed once."""
-    found = {
-        x
-        for e in nest.expressions()
-        for x in sympy.sympify(e).atoms(sympy.Max, sympy.Min)
-        if x.free_symbols and all(extent_of(s) is not None for s in x.free_symbols)
-    }
-    values = {x: x.xreplace(extents) for x in found}
-    return _mapped(nest, lambda x: x.xreplace(values))
-
-
-def _mapped(nest: LoopNest, fn: Callable[[sympy.Basic], sympy.Basic]) -> LoopNest:
-    """`nest` with `fn` applied to every expression of its ranges and terms."""
-
-    def moved(x: sympy.Basic) -> sympy.Basic:
-        return fn(sympy.sympify(x))
-
-    free = tuple(Range(moved(r.index), moved(r.start), moved(r.stop)) for r in nest.free)
-    terms = tuple(
-        Term(
-            moved(t.body),
-            tuple(Range(moved(r.index), moved(r.start), moved(r.stop)) for r in t.reduced),
-            tuple(moved(c) for c in t.constraints),
-            moved(t.guard),
-        )
-        for t in nest.terms
-    )
-    return dataclasses.replace(nest, free=free, terms=terms)
-
-
-__all__ = ["Pair", "pair_weighted"]

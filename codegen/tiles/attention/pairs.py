@@ -4,7 +4,8 @@ The gradient nests of attention's keys and values (`codegen.passes.grad`) are we
 attention kernels (`codegen.tiles.attention.build`) over the same rows (the keys `j`), the
 same loop (the queries `i`) and the same outer indices, whose weights recompute the same
 scores and softmax weights. `pair_attention` packs two such nests along their columns, as
-`codegen.cuda.attention.paired` does for the CUDA kernel (its `Pair`)::
+`codegen.cuda.attention.paired` does for the CUDA kernel (both return a
+`codegen.passes.packing.Pair`)::
 
     G[.., j, c] = sum_i where(c < C1, a1(j, i) * b1(i, c), a2(j, i) * b2(i, c - C1))
 
@@ -28,9 +29,9 @@ from collections.abc import Mapping, Sequence
 
 import sympy
 
-from codegen.cuda.attention.paired import Pair, _folded, _renamed_nest
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, index_symbol
+from codegen.passes.packing import Pair, folded_extents, renamed_indices
 from codegen.tiles.attention.build import attention_program
 from codegen.tiles.attention.program import AttentionProgram
 from codegen.tiles.program import TileAxis
@@ -48,7 +49,7 @@ def pair_attention(nests: Mapping[str, LoopNest], shapes: Shapes, dtype: str) ->
         dtype: the gradients' dtype.
 
     Returns:
-        The pairs (`codegen.cuda.attention.paired.Pair`); a nest in none runs alone.
+        The pairs (`codegen.passes.packing.Pair`); a nest in none runs alone.
     """
     programs = {name: _program(nest, shapes, dtype) for name, nest in nests.items()}
     taken: set[str] = set()
@@ -99,8 +100,8 @@ def _pair(
     }
     renames[two.free[-1].index] = column
     extents = {s: sympy.Integer(v) for n in (one, two) for s, v in extent_values(n, shapes).items()}
-    moved_first = _folded(_renamed_nest(one, {one.free[-1].index: column}), extents)
-    moved = _folded(_renamed_nest(two, renames), extents)
+    moved_first = folded_extents(renamed_indices(one, {one.free[-1].index: column}), extents)
+    moved = folded_extents(renamed_indices(two, renames), extents)
     # The members' weight and value, renamed as the packed nest reads them.
     parts = []
     for nest in (moved_first, moved):
