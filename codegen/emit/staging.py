@@ -93,6 +93,7 @@ class _Planner:
     levels: dict[sympy.Symbol, int]  # loop index -> its level
     count: int
     integer_tensors: frozenset[str]  # tensors of integers (they compare as integers)
+    last: int  # the innermost level
     uses: dict[Node, int] = field(default_factory=dict)
     homes: dict[Node, tuple] = field(default_factory=dict)  # node -> (level, nested indices)
     names: dict[Node, sympy.Symbol] = field(default_factory=dict)
@@ -155,11 +156,43 @@ class _Planner:
             return self.nested(node, home)
         if isinstance(node, sympy.Indexed):
             rewritten = node
+        elif isinstance(node, sympy.Piecewise):
+            rewritten = self.selection(node, home)
         else:
             rewritten = node.func(*(self.rewrite(a, home) for a in node.args))
         if not self.needs_name(node, parent_home):
             return rewritten
         return self.name(node, Assign(self.fresh(), rewritten), home)
+
+    def selection(self, node: sympy.Piecewise, home: tuple) -> sympy.Piecewise:
+        """A `where` the compiler can vectorise: a condition bound at an outer level is
+        computed there (the loop is then unswitched on it); a branch that calls a function,
+        under a condition that changes from one iteration of the innermost loop to the next,
+        is computed before the choice (a call under a branch is not vectorised: the vector
+        math functions are declared `notinbranch`). Both are safe: every access is in bounds
+        and the functions have no side effects (`-fno-math-errno`)."""
+        innermost = home[0] == self.last and not home[1]
+        pairs = []
+        for expr, cond in node.args:
+            value = self.rewrite(expr, home)
+            test = self.rewrite(cond, home)
+            if cond not in (sympy.true, sympy.false) and not self.integral_test(cond):
+                if self.home(cond) != home:
+                    test = self.names.get(cond) or self.name(
+                        cond, Assign(self.fresh(), test), self.home(cond)
+                    )
+                elif innermost and not isinstance(value, sympy.Symbol) and _calls(expr):
+                    value = self.name(expr, Assign(self.fresh(), value), self.home(expr))
+            pairs.append((value, test))
+        return sympy.Piecewise(*pairs)
+
+    def integral_test(self, cond: sympy.Basic) -> bool:
+        """A comparison of integer arithmetic only (indices, parameters, integer tensors):
+        printed inline, where the compiler folds it into loop bounds."""
+        return all(self.integral(a) for a in cond.atoms(sympy.Rel) for a in a.args) and not any(
+            isinstance(a, sympy.Indexed) and a.base.name not in self.integer_tensors
+            for a in cond.atoms(sympy.Indexed)
+        )
 
     def nested(self, node: Reduce, home: tuple) -> sympy.Symbol:
         inner_home = (home[0], (*home[1], node.index))
@@ -194,6 +227,15 @@ class _Planner:
         symbol = sympy.Dummy(f"t{self.count}_", real=True)  # generated: no user name meets it
         self.count += 1
         return symbol
+
+
+def _calls(expr: sympy.Basic) -> bool:
+    """Whether `expr` calls a function (`exp`, `tanh`, ...) outside nested reductions."""
+    if isinstance(expr, Reduce) or not expr.args:
+        return False
+    if isinstance(expr, sympy.Function) and not isinstance(expr, sympy.Piecewise):
+        return True
+    return any(_calls(a) for a in expr.args)
 
 
 def _merge(nested_lists) -> tuple:
@@ -289,7 +331,7 @@ def plan(
     """
     where = {s: n for n, symbols in enumerate(levels) for s in symbols}
     body = unique_reduce_indices(body, set(where))
-    planner = _Planner(where, first, integer_tensors)
+    planner = _Planner(where, first, integer_tensors, last=len(levels) - 1)
     planner.count_uses(body)
     last = (len(levels) - 1, ())
     value = planner.rewrite(body, last)
