@@ -176,7 +176,7 @@ class Kernel:
             return text
         names = {each: label(name, spelled) for name, each in kernel_nests(self.nest).items()}
         jaxpr = nest_jaxpr(self.nest, shapes, backend=target, precision=self.precision)
-        return "\n".join([text, *report_lines(target, jaxpr, names)])
+        return "\n".join([text, *report_lines(target, jaxpr, names, spelled)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""

@@ -179,7 +179,8 @@ class ProgramKernel:
             assert shapes is not None
             text = self.explain(shapes)
             jaxpr = self._call_jaxpr(shapes, "float32", backend=target)
-            return "\n".join([text, *report_lines(target, jaxpr)])
+            spelled = spellings(self._lowered.statements)
+            return "\n".join([text, *report_lines(target, jaxpr, spelled=spelled)])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         for low in self._lowered.statements if known is not None else ():
