@@ -252,7 +252,8 @@ class ProgramKernel:
                     "(online softmax) and on the CUDA back end (codegen.cuda.attention.online; the "
                     "reference back end runs the two)"
                 )
-                details += ["  " + line for line in online_lines(nest, concrete)]
+                spelled = spellings(self._lowered.statements)
+                details += ["  " + line for line in online_lines(nest, concrete, spelled)]
         return lines, details
 
     def _summary(self) -> list[str]:

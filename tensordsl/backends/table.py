@@ -92,8 +92,9 @@ class Backend:
     validate_schedule: Callable[[], Callable[..., None]] | None = None
     #: The static report of its kernels for a call's shapes (`explain(shapes, target=)`).
     static_report: Callable[[], StaticReport] | None = None
-    #: Its one-pass kernel in words for concrete shapes, `lines(nest, shapes)`, each line
-    #: starting with its name (a program's `explain(shapes)`); None: nothing to add.
+    #: Its one-pass kernel in words for concrete shapes, `lines(nest, shapes, *, spell)`, each
+    #: line starting with its name (a program's `explain(shapes)`; `spell` as
+    #: `StaticReport.report`'s); None: nothing to add.
     one_pass_lines: Callable[[], Callable[..., list[str]]] | None = None
 
     @property

@@ -339,15 +339,17 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
     return lines
 
 
-def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+def online_lines(
+    nest: LoopNest, shapes: Mapping[str, Sequence[int]], spelled: Sequence[Spelling] = ()
+) -> list[str]:
     """Each back end's one-pass kernel of `nest` for concrete shapes (every tensor it names),
     in its words (`Backend.one_pass_lines`: CUDA's tile and staging, grid, key tiles visited
-    and skipped, score evaluations executed per useful one)."""
+    and skipped, score evaluations executed per useful one), gathered operands as written."""
     return [
         line
         for record in table.BACKENDS.values()
         if record.one_pass_lines is not None
-        for line in record.one_pass_lines()(nest, shapes)
+        for line in record.one_pass_lines()(nest, shapes, spell=lambda e: spell(e, spelled))
     ]
 
 
