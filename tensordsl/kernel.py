@@ -19,7 +19,7 @@ from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
     UnsupportedError,
 )
-from tensordsl.explain.spelling import label, spellings
+from tensordsl.explain.spelling import Spelling, label, spellings
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.lower import Lowered, lower
 from tensordsl.frontend.one_hot import pick_text
@@ -122,6 +122,11 @@ class Kernel:
     @property
     def output(self) -> str:
         return self.nest.output
+
+    @property
+    def spelled(self) -> tuple[Spelling, ...]:
+        """Its gathered operands as written (`tensordsl.explain.spelling`)."""
+        return spellings(self._lowered)
 
     def __repr__(self) -> str:
         return f"tensordsl.kernel({self.source_text!r})"

@@ -20,6 +20,7 @@ W[tok[i], d]*X[i, d]
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -111,6 +112,14 @@ def label(name: str, spelled: Iterable[Spelling]) -> str:
             written = (prefix + s.text).replace("\\", "\\\\")  # as re.sub reads it
             name = re.sub(part, written, name)
     return name
+
+
+def spelled_nest(nest: LoopNest, spelled: Iterable[Spelling]) -> LoopNest:
+    """`nest` for printing only (`python -m tensordsl explain`'s "parsed"), its bodies read
+    its gathered operands as written: `Y[i] := W[tok[i], d]*X[i, d]`."""
+    spelled = tuple(spelled)
+    terms = tuple(dataclasses.replace(t, body=spell(t.body, spelled)) for t in nest.terms)
+    return dataclasses.replace(nest, terms=terms)
 
 
 def gradient_lhs(spelled: Spelling, free: Iterable[sympy.Symbol]) -> str:

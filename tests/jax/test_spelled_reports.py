@@ -1,8 +1,8 @@
 """No internal name of a gathered operand (`W__at8`, `tensordsl.frontend.gathers`) reaches a
 user (issue 36.12): every explain output, the static reports of every target included (CUDA's
 per-access lines and one-pass staging, the pallas tile programs, the names of paired gradient
-nests), shows the access as written, `W[tok[i], d]`, and the gradient of a gathered operand
-as that of its table there, `dW[tok[i], d]`."""
+nests), and the command line's explain, show the access as written, `W[tok[i], d]`, and the
+gradient of a gathered operand as that of its table there, `dW[tok[i], d]`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 
 import tensordsl as td
 from tensordsl.backends import table
+from tensordsl.cli import main
+from tests.backends import NEEDS_C_COMPILER
 
 CASES = {  # a gather read by a kernel, by two statements, by attention's one pass
     "kernel": (
@@ -48,3 +50,16 @@ def test_no_internal_name_of_a_gathered_operand_in_any_explain_output(case, targ
         assert access in report  # the report itself reads the gathered operand
         if case != "kernel":  # its gradient, named by the table at the access
             assert f"d{access}" in report
+
+
+@NEEDS_C_COMPILER
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_internal_name_on_the_command_line(case, capsys):
+    """`python -m tensordsl explain` (its parsed statement, schedules, builds and report)."""
+    _, source, shapes, access = CASES[case]
+    given = [f"{name}={'x'.join(map(str, shape))}" for name, shape in shapes.items()]
+    argv = ["explain", source.replace("\n", ";"), "--shapes", *given, "--target", "cuda"]
+    assert main([*argv, "--build"]) == 0
+    text = capsys.readouterr().out
+    assert "__at" not in text, [line for line in text.splitlines() if "__at" in line]
+    assert access in text
