@@ -101,6 +101,7 @@ def _built(name: str, seconds: float, cached: set[str]) -> str:
 
 def explain_command(args: argparse.Namespace) -> int:
     from tensordsl.explain.nests import build_nests, range_lines, schedule_lines
+    from tensordsl.explain.spelling import label, spelled_nest
     from tensordsl.kernel import kernel
 
     k = kernel(args.source, reduce=args.reduce)
@@ -110,22 +111,29 @@ def explain_command(args: argparse.Namespace) -> int:
     if shapes:
         k.check_shapes(shapes)
     print(f"statement  {args.source}")
-    print(f"parsed     {k.nest}")
+    print(f"parsed     {spelled_nest(k.nest, k.spelled)}")
     print(f"inputs     {', '.join(k.inputs)}   output {k.output}   reduction {k.nest.reduction}")
     print("ranges")
     print("\n".join("  " + line for line in range_lines(k.nest, shapes or None)))
     print(k.explain(shapes=shapes or None, target=args.report_target, summary=False))
     print(f"schedules ({args.dtype})")
-    print("\n".join("  " + line for line in schedule_lines(k.nest, dtype=args.dtype)))
+    lines = schedule_lines(k.nest, dtype=args.dtype, spelled=k.spelled)
+    print("\n".join("  " + line for line in lines))
     if args.build:
         cached: set[str] = set()
         with BUILDS.silenced():
-            seconds = build_nests(k.nest, dtype=args.dtype, progress=_progress("  "), cached=cached)
+            seconds = build_nests(
+                k.nest,
+                dtype=args.dtype,
+                progress=_progress("  "),
+                cached=cached,
+                spelled=k.spelled,
+            )
         if sys.stderr.isatty():
             print(file=sys.stderr)
         print(f"built (c, {args.dtype})")
         for name, elapsed in seconds.items():
-            print(f"  {name}: {_built(name, elapsed, cached)}")
+            print(f"  {label(name, k.spelled)}: {_built(name, elapsed, cached)}")
     if args.time:
         print(k.profile(shapes, dtype=args.dtype, reps=args.reps))
     if args.source_target:
@@ -138,23 +146,31 @@ def explain_command(args: argparse.Namespace) -> int:
 def _explain_program(k: ProgramKernel, args: argparse.Namespace, shapes: dict) -> int:
     """`explain` for a program: its summary and each statement's nests, schedules, code."""
     from tensordsl.explain.nests import build_nests, schedule_lines
+    from tensordsl.explain.spelling import label
 
     print(f"inputs     {', '.join(k.inputs)}   outputs {', '.join(k.outputs)}")
     print(k.explain(shapes=shapes or None, target=args.report_target))
     for n, nest in enumerate(k.program.statements):
         print(f"schedules of statement {n + 1}, {nest.output} ({args.dtype})")
-        print("\n".join("  " + line for line in schedule_lines(nest, dtype=args.dtype)))
+        lines = schedule_lines(nest, dtype=args.dtype, spelled=k.spelled)
+        print("\n".join("  " + line for line in lines))
         if args.build:
             cached: set[str] = set()
             with BUILDS.silenced():
                 seconds = build_nests(
-                    nest, dtype=args.dtype, progress=_progress("  "), cached=cached
+                    nest,
+                    dtype=args.dtype,
+                    progress=_progress("  "),
+                    cached=cached,
+                    spelled=k.spelled,
                 )
             if sys.stderr.isatty():
                 print(file=sys.stderr)
             print(
                 f"built (c, {args.dtype}) "
-                + ", ".join(f"{m}: {_built(m, t, cached)}" for m, t in seconds.items())
+                + ", ".join(
+                    f"{label(m, k.spelled)}: {_built(m, t, cached)}" for m, t in seconds.items()
+                )
             )
     if args.time:
         print(k.profile(shapes, dtype=args.dtype, reps=args.reps))

@@ -19,7 +19,7 @@ from tensordsl.binding import primitive as jax_bind
 from tensordsl.errors import (
     UnsupportedError,
 )
-from tensordsl.explain.spelling import label, spellings
+from tensordsl.explain.spelling import Spelling, label, spellings
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.lower import Lowered, lower
 from tensordsl.frontend.one_hot import pick_text
@@ -123,6 +123,11 @@ class Kernel:
     def output(self) -> str:
         return self.nest.output
 
+    @property
+    def spelled(self) -> tuple[Spelling, ...]:
+        """Its gathered operands as written (`tensordsl.explain.spelling`)."""
+        return spellings(self._lowered)
+
     def __repr__(self) -> str:
         return f"tensordsl.kernel({self.source_text!r})"
 
@@ -176,7 +181,7 @@ class Kernel:
             return text
         names = {each: label(name, spelled) for name, each in kernel_nests(self.nest).items()}
         jaxpr = nest_jaxpr(self.nest, shapes, backend=target, precision=self.precision)
-        return "\n".join([text, *report_lines(target, jaxpr, names)])
+        return "\n".join([text, *report_lines(target, jaxpr, names, spelled)])
 
     def check_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         """`shapes` as int tuples, checked as a call would check its inputs' shapes."""

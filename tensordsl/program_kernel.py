@@ -38,7 +38,7 @@ from tensordsl.backends import table
 from tensordsl.binding import gather
 from tensordsl.binding.programs import fuse_program, run_program
 from tensordsl.errors import UnsupportedError
-from tensordsl.explain.spelling import label, spellings
+from tensordsl.explain.spelling import Spelling, label, spellings
 from tensordsl.frontend import arguments, ellipsis
 from tensordsl.frontend.fusion_choices import fuse_option
 from tensordsl.frontend.statements import (
@@ -143,6 +143,11 @@ class ProgramKernel:
         return self._lowered.program
 
     @property
+    def spelled(self) -> tuple[Spelling, ...]:
+        """Its gathered operands as written (`tensordsl.explain.spelling`)."""
+        return spellings(self._lowered.statements)
+
+    @property
     def inputs(self) -> tuple[str, ...]:
         """The names no statement defines, in order of first appearance (scalars included)."""
         gathered = self._lowered.gathered
@@ -179,7 +184,8 @@ class ProgramKernel:
             assert shapes is not None
             text = self.explain(shapes)
             jaxpr = self._call_jaxpr(shapes, "float32", backend=target)
-            return "\n".join([text, *report_lines(target, jaxpr)])
+            spelled = self.spelled
+            return "\n".join([text, *report_lines(target, jaxpr, spelled=spelled)])
 
         known = None if shapes is None else check_program_shapes(self._lowered, shapes)
         for low in self._lowered.statements if known is not None else ():
@@ -242,7 +248,7 @@ class ProgramKernel:
         details = []
         for nest in fused.stored:
             details.append(f"fused statement {nest.output}")
-            text = explain(nest, shapes=concrete, spelled=spellings(self._lowered.statements))
+            text = explain(nest, shapes=concrete, spelled=self.spelled)
             details += ["  " + line for line in text.split("\n")]
         for nest in runs:
             if nest.online:
@@ -251,7 +257,8 @@ class ProgramKernel:
                     "(online softmax) and on the CUDA back end (codegen.cuda.attention.online; the "
                     "reference back end runs the two)"
                 )
-                details += ["  " + line for line in online_lines(nest, concrete)]
+                spelled = self.spelled
+                details += ["  " + line for line in online_lines(nest, concrete, spelled)]
         return lines, details
 
     def _summary(self) -> list[str]:
@@ -290,7 +297,7 @@ class ProgramKernel:
 
         jaxpr, spelled = (
             self._call_jaxpr(shapes, dtype, wrt=wrt),
-            spellings(self._lowered.statements),
+            self.spelled,
         )
         return profile_jaxpr(jaxpr, reps=reps, dtype=dtype, spelled=spelled)
 
@@ -317,7 +324,7 @@ class ProgramKernel:
         emit = source_emitter(target)
         record = table.BACKENDS[target]
         sources: dict[str, str] = {}
-        spelled = spellings(self._lowered.statements)
+        spelled = self.spelled
         for eqn in nest_equations(self._call_jaxpr(shapes, "float32")):
             dtypes = equation_dtypes(eqn)
             nest = eqn.params["nest"]

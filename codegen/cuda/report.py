@@ -50,6 +50,7 @@ from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.functions import Clamp, Wrap
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest, Reduce, Term, accesses, extent_of
+from codegen.ir.source import Spell, as_written
 from codegen.passes.proven import drop_proven
 
 SMS = 132  # streaming multiprocessors of an H100 SXM or H200
@@ -136,6 +137,7 @@ def cuda_report(
     schedule: GpuSchedule | None = None,
     *,
     registers: bool = True,
+    spell: Spell = as_written,
 ) -> CudaReport:
     """The static report of `nest`'s CUDA kernels (see the module docstring).
 
@@ -145,6 +147,8 @@ def cuda_report(
         shapes: the shape of every tensor the nest names (the output's is computed).
         schedule: the schedule; the heuristic's kernel when None.
         registers: read registers and spills from NVRTC where it is available.
+        spell: rewrites each access before it is printed (`explain`: a gathered operand as
+            the access its user wrote).
 
     Returns:
         A `CudaReport`.
@@ -174,7 +178,7 @@ def cuda_report(
         )
         fmas = (useful * factor / outputs, useful / outputs)
         loads = (requested / outputs, least / outputs)
-    lanes = tuple(_lanes(nest, s, shapes, values.get("width")))
+    lanes = tuple(_lanes(nest, s, shapes, values.get("width"), spell))
     found = CudaReport(s.describe(), tuple(grids), source.block, outputs, fmas, loads, lanes)
     if registers and nvrtc.available():
         compiled = nvrtc.compile_source(source.text, options=("--ptxas-options=-v",))
@@ -321,7 +325,11 @@ def _redundancy(nest: LoopNest, s: GpuSchedule, extents: Mapping) -> float:
 
 
 def _lanes(
-    nest: LoopNest, s: GpuSchedule, shapes: Mapping[str, Sequence[int]], width: int | None
+    nest: LoopNest,
+    s: GpuSchedule,
+    shapes: Mapping[str, Sequence[int]],
+    width: int | None,
+    spell: Spell,
 ) -> list[AccessLanes]:
     """For every access: the index consecutive lanes step, and the stride in elements."""
     found: dict[str, AccessLanes] = {}
@@ -333,7 +341,7 @@ def _lanes(
             lane = inner or (nested[0] if nested else None)
         staging = s.record.staging(nest, s)
         for access in accesses(term.body):
-            text = str(access)
+            text = str(spell(access))
             if staging is None:
                 found.setdefault(text, AccessLanes(text, None, 0))
                 continue

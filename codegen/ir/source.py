@@ -14,6 +14,7 @@ back to the same nest). Nests with several terms print one line per term, the fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -23,6 +24,15 @@ from codegen.ir.functions import indicator  # noqa: F401 - used in the doctest
 from codegen.ir.ieee import print_written
 
 _FUNCTION_NAMES = {"Abs": "abs"}
+
+#: A rewrite of a nest's expressions for people, applied before they are printed (`explain`
+#: shows a gathered operand as the access its user wrote, `tensordsl.explain.spelling`).
+Spell = Callable[[sympy.Basic], sympy.Basic]
+
+
+def as_written(expr: sympy.Basic) -> sympy.Basic:
+    """The `Spell` that leaves an expression as the nest writes it."""
+    return expr
 
 
 class SourcePrinter(StrPrinter):

@@ -19,12 +19,13 @@ Nothing here imports JAX: a tile program is printed by `explain` and tested as d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
 
 from codegen.ir.nest import LoopNest, Term
-from codegen.ir.source import constraint_source, expr_source
+from codegen.ir.source import Spell, as_written, constraint_source, expr_source
 from codegen.tiles.precision import DotPrecision
 from codegen.tiles.tuning import TuningRow
 
@@ -151,11 +152,13 @@ class TileProgram:
     def instances(self) -> int:
         return math.prod(self.grid_shape)
 
-    def describe(self) -> str:
-        """The program for people (`explain(..., target="pallas")`)."""
-        names = self.nest.operand_names
+    def describe(self, *, spell: Spell | None = None, name: Callable[[str], str] = str) -> str:
+        """The program for people (`explain(..., target="pallas")`): `spell` rewrites each
+        expression before it is printed and `name` each output's name (`explain` shows a
+        gathered operand as the access the user wrote, `tensordsl.explain.spelling`)."""
+        names, spell = self.nest.operand_names, spell or as_written
         lines = [
-            f"tile program for {self.nest.label} ({self.reduction}, accumulated in "
+            f"tile program for {name(self.nest.label)} ({self.reduction}, accumulated in "
             f"{self.accumulate})",
             f"  grid: {' x '.join(map(str, self.grid_shape))} = {self.instances} program "
             f"instance(s), output tile {' x '.join(map(str, self.block))}",
@@ -170,16 +173,16 @@ class TileProgram:
                 "exact float32 in interpret mode"
             )
         for n, t in enumerate(self.terms):
-            lines.append(f"  term {n}: {expr_source(t.term.body, names)}")
+            lines.append(f"  term {n}: {expr_source(spell(t.term.body), names)}")
             lines += [f"    loop {axis.describe()}" for axis in t.reduced]
             for load in t.loads:
                 axes = ", ".join(load.axes) or "scalar"
-                lines.append(f"    load {load.access} over ({axes}): {load.kind}")
+                lines.append(f"    load {spell(load.access)} over ({axes}): {load.kind}")
             if t.dot is not None:
                 d = t.dot
                 lines.append(
                     f"    dot: [{d.rows} x {d.reduced}] @ [{d.reduced} x {d.columns}], "
-                    f"scaled by {expr_source(d.scale, names)}"
+                    f"scaled by {expr_source(spell(d.scale), names)}"
                 )
                 for side, masks in (("left", d.left_masks), ("right", d.right_masks)):
                     lines += [

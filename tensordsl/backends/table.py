@@ -48,8 +48,10 @@ class StaticReport:
 
     #: The report's first line: what it counts, on which machine.
     title: str
-    #: `report(nest, dtypes, shapes, *, precision)` -> an object whose `lines()` describe one
-    #: kernel (`precision`: the kernel's `precision=`, a `jax.lax.Precision` or None).
+    #: `report(nest, dtypes, shapes, *, precision, spell, name)` -> an object whose `lines()`
+    #: describe one kernel (`precision`: the kernel's `precision=`, a `jax.lax.Precision` or
+    #: None; `spell` rewrites each expression and `name` each output name before they are
+    #: printed: `codegen.ir.source.Spell`).
     report: Callable[..., Any]
 
 
@@ -90,8 +92,9 @@ class Backend:
     validate_schedule: Callable[[], Callable[..., None]] | None = None
     #: The static report of its kernels for a call's shapes (`explain(shapes, target=)`).
     static_report: Callable[[], StaticReport] | None = None
-    #: Its one-pass kernel in words for concrete shapes, `lines(nest, shapes)`, each line
-    #: starting with its name (a program's `explain(shapes)`); None: nothing to add.
+    #: Its one-pass kernel in words for concrete shapes, `lines(nest, shapes, *, spell)`, each
+    #: line starting with its name (a program's `explain(shapes)`; `spell` as
+    #: `StaticReport.report`'s); None: nothing to add.
     one_pass_lines: Callable[[], Callable[..., list[str]]] | None = None
 
     @property
@@ -209,8 +212,11 @@ def _cuda_static_report() -> StaticReport:
 
     title = f"cuda kernels (static: grid on {SMS} SMs, per output element; sm_90 by NVRTC)"
 
-    def report(nest: LoopNest, dtypes: Any, shapes: Any, *, precision: Any = None) -> Any:
-        return cuda_report(nest, dtypes, shapes)  # its kernels compute in float32 exactly
+    def report(
+        nest: LoopNest, dtypes: Any, shapes: Any, *, precision: Any, spell: Any, name: Any
+    ) -> Any:
+        # its kernels compute in float32 exactly; it names no output but the nest's label
+        return cuda_report(nest, dtypes, shapes, spell=spell)
 
     return StaticReport(title, report)
 

@@ -3,24 +3,33 @@
 
 Reads the nest equations of a forward+backward call's jaxpr (`tensordsl.explain.timing`) and gives
 each nest, with its shapes and dtypes, to the back end's `static_report` (`codegen.cuda.report`;
-the pallas back end's tile programs, `tensordsl.backends.pallas.report`).
+the pallas back end's tile programs, `tensordsl.backends.pallas.report`), with the spelling of
+the gathered operands (`tensordsl.explain.spelling`): the report shows `W[tok[i], d]` and
+`dW[tok[i], d]`, never the internal names the nests give them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import table
+from tensordsl.explain.spelling import Spelling, label, spell
 from tensordsl.explain.timing import equation_dtypes, nest_equations
 
 
-def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None = None) -> list[str]:
+def report_lines(
+    target: str,
+    jaxpr: Any,
+    names: Mapping[LoopNest, str] | None = None,
+    spelled: Sequence[Spelling] = (),
+) -> list[str]:
     """The static report of `target` (`Backend.static_report`; `table.REPORT_TARGETS`) of every
     nest equation of `jaxpr` (a forward+backward call's): each nest with its shapes and dtypes,
     scheduled by the back end's heuristic where it has one (CUDA's kernel figures; the pallas
-    back end's tile programs)."""
+    back end's tile programs); `spelled`: the gathered operands, shown as written."""
     from codegen.ir.extents import output_shape
     from codegen.passes.online import unpair
 
@@ -29,6 +38,8 @@ def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None =
     static = backend.static_report()
     choose = backend.scheduler() if backend.scheduler is not None else None
     lines = [static.title]
+    spelling = functools.partial(spell, spelled=spelled)
+    naming = functools.partial(label, spelled=spelled)
     for eqn in nest_equations(jaxpr):
         nest: LoopNest = eqn.params["nest"]
         dtypes = equation_dtypes(eqn)
@@ -40,12 +51,14 @@ def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None =
             dtypes[nest.online] = dtypes[nest.output]
         for part in parts:
             schedule = None if choose is None else choose(part, dtypes)
-            label = (names or {}).get(part, part.label)
+            title = (names or {}).get(part) or naming(part.label)
             shapes.setdefault(part.output, output_shape(part, shapes))
             if schedule is not None and schedule.strategy == "xla":
-                lines.append(f"{label}: {schedule.describe()}")
+                lines.append(f"{title}: {schedule.describe()}")
             else:
                 precision = eqn.params.get("precision")
-                report = static.report(part, dtypes, shapes, precision=precision)
-                lines += [f"{label}: {report.lines()[0]}", *report.lines()[1:]]
+                report = static.report(
+                    part, dtypes, shapes, precision=precision, spell=spelling, name=naming
+                )
+                lines += [f"{title}: {report.lines()[0]}", *report.lines()[1:]]
     return lines

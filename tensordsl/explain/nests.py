@@ -308,9 +308,16 @@ def range_lines(nest: LoopNest, shapes: Mapping[str, tuple[int, ...]] | None = N
     return lines
 
 
-def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = None) -> list[str]:
+def schedule_lines(
+    nest: LoopNest,
+    *,
+    dtype: str = "float32",
+    forward: Any = None,
+    spelled: Sequence[Spelling] = (),
+) -> list[str]:
     """The schedule each target picks for every nest of a kernel (`forward`: the user's one),
-    in words (generated code's header comment has the terse form, `describe()`).
+    in words (generated code's header comment has the terse form, `describe()`); `spelled`:
+    the gathered operands, whose gradient nests are named as written.
 
     >>> from tensordsl.frontend.lower import lower
     >>> from tensordsl.frontend.parse import parse
@@ -333,21 +340,23 @@ def schedule_lines(nest: LoopNest, *, dtype: str = "float32", forward: Any = Non
         dtypes = _dtypes(n, positions, dtype)
         cpu = forward if name == "forward" and forward is not None else None
         cpu = cpu or choose_cpu_schedule(n, dtypes)
-        lines.append(name)
+        lines.append(spelling_label(name, spelled))
         lines.append(f"  c:    {cpu.in_words()}")
         lines.append(f"  cuda: {choose_gpu_schedule(n, dtypes).in_words()}")
     return lines
 
 
-def online_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+def online_lines(
+    nest: LoopNest, shapes: Mapping[str, Sequence[int]], spelled: Sequence[Spelling] = ()
+) -> list[str]:
     """Each back end's one-pass kernel of `nest` for concrete shapes (every tensor it names),
     in its words (`Backend.one_pass_lines`: CUDA's tile and staging, grid, key tiles visited
-    and skipped, score evaluations executed per useful one)."""
+    and skipped, score evaluations executed per useful one), gathered operands as written."""
     return [
         line
         for record in table.BACKENDS.values()
         if record.one_pass_lines is not None
-        for line in record.one_pass_lines()(nest, shapes)
+        for line in record.one_pass_lines()(nest, shapes, spell=lambda e: spell(e, spelled))
     ]
 
 
@@ -358,6 +367,7 @@ def build_nests(
     forward: Any = None,
     progress: Callable[[str], None] | None = None,
     cached: set[str] | None = None,
+    spelled: Sequence[Spelling] = (),
 ) -> dict[str, float]:
     """Compile every C nest of a kernel now, as its first call and gradient would.
 
@@ -367,6 +377,7 @@ def build_nests(
         forward: the forward nest's schedule, if the user chose one.
         progress: called with one line before and after each build.
         cached: gets the name of every nest loaded from a cache without compiling.
+        spelled: the gathered operands, whose gradient nests `progress` names as written.
 
     Returns:
         Seconds spent on each nest, by name ("forward", "aux_...", "grad_<input>").
@@ -379,8 +390,9 @@ def build_nests(
     nests = kernel_nests(nest)
     seconds = {}
     for n, (name, each) in enumerate(nests.items(), start=1):
+        shown = spelling_label(name, spelled)
         if progress is not None:
-            progress(f"[{n}/{len(nests)}] building {name} ...")
+            progress(f"[{n}/{len(nests)}] building {shown} ...")
         start, before = time.perf_counter(), compiles()
         schedule = forward if name == "forward" else None
         build(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule, mode="full")
@@ -389,8 +401,8 @@ def build_nests(
         if loaded and cached is not None:
             cached.add(name)
         if progress is not None:
-            what = f"built {name} in {seconds[name]:.2f} s"
-            what = f"{name} loaded from cache" if loaded else what
+            what = f"built {shown} in {seconds[name]:.2f} s"
+            what = f"{shown} loaded from cache" if loaded else what
             progress(f"[{n}/{len(nests)}] {what}")
     return seconds
 

@@ -14,10 +14,14 @@ gathered operand as the gradient of its table at that access (`dW[tok[i], d]`).
 W[tok[i], d]*X[i, d]
 >>> label("grad_W__at8", spelled), label("dW__at8", spelled), label("grad_X", spelled)
 ('grad_W[tok[i], d]', 'dW[tok[i], d]', 'grad_X')
+>>> label("dV_dW__at8", spelled), label("dW__at80", spelled)
+('dV_dW[tok[i], d]', 'dW__at80')
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -98,12 +102,24 @@ def spell(expr: sympy.Basic, spelled: Iterable[Spelling]) -> sympy.Basic:
 
 def label(name: str, spelled: Iterable[Spelling]) -> str:
     """A nest's name with a gathered operand's gradient named by its access: `grad_W__at8`
-    (`profile`, a kernel's) or `dW__at8` (a program's) as `grad_W[tok[i], d]`, `dW[...]`."""
+    (`profile`, a kernel's) or `dW__at8` (a program's) as `grad_W[tok[i], d]`, `dW[...]`,
+    also as a part of a pair's name (`dV_dW__at8`, two gradient nests run as one) or of a
+    member's (`dV_dW__at8[0:16]`)."""
     for s in spelled:
         for prefix in ("grad_", "d"):
-            if name == prefix + s.name:
-                return prefix + s.text
+            # a whole part: not inside a longer name (`dW__at80`, `odW__at8`)
+            part = rf"(?<![A-Za-z0-9]){re.escape(prefix + s.name)}(?![A-Za-z0-9])"
+            written = (prefix + s.text).replace("\\", "\\\\")  # as re.sub reads it
+            name = re.sub(part, written, name)
     return name
+
+
+def spelled_nest(nest: LoopNest, spelled: Iterable[Spelling]) -> LoopNest:
+    """`nest` for printing only (`python -m tensordsl explain`'s "parsed"), its bodies read
+    its gathered operands as written: `Y[i] := W[tok[i], d]*X[i, d]`."""
+    spelled = tuple(spelled)
+    terms = tuple(dataclasses.replace(t, body=spell(t.body, spelled)) for t in nest.terms)
+    return dataclasses.replace(nest, terms=terms)
 
 
 def gradient_lhs(spelled: Spelling, free: Iterable[sympy.Symbol]) -> str:

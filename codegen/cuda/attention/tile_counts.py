@@ -29,6 +29,7 @@ from codegen.emit.loop_order import term_order
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Reduce, default_dtypes
+from codegen.ir.source import Spell, as_written
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,14 @@ def _points(ranges: Sequence[range]) -> list[tuple[int, ...]]:
     return points
 
 
-def one_pass_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+def one_pass_lines(
+    nest: LoopNest, shapes: Mapping[str, Sequence[int]], *, spell: Spell = as_written
+) -> list[str]:
     """The CUDA kernel of a one-pass nest (`online`) for concrete shapes (every
     tensor it names), as a program's `explain(shapes)` words it: its tile and staging, the
     grid, the key tiles visited and skipped, and the score evaluations executed per useful one
     (a warp pays, on a visited tile, for its rows times the most keys one of them has in
-    range: `tile_counts`)."""
+    range: `tile_counts`); `spell` rewrites the staged reads before they are printed."""
     schedule = choose_gpu_schedule(nest, default_dtypes(nest))
     shared = shared_bytes(nest, schedule, "float")
     dynamic = ", dynamic: past the static 48 KB" if shared > STATIC_SHARED_LIMIT else ""
@@ -155,7 +158,7 @@ def one_pass_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[
     rows = schedule.rows * schedule.cols
     keys = staged_keys(nest, schedule)
     staged = (
-        f"the keys' read {keys.access} staged per tile as ks_[{schedule.tile_k}][{PITCH}] "
+        f"the keys' read {spell(keys.access)} staged per tile as ks_[{schedule.tile_k}][{PITCH}] "
         f"(float32, sum over {keys.nested.index} of at most {PITCH - 1})"
         if keys is not None
         else "no read of the score staged per key tile"
@@ -163,7 +166,7 @@ def one_pass_lines(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> list[
     query = staged_queries(nest, schedule, keys) if keys is not None else None
     if query is not None:
         staged += (
-            f"; the rows' read {query} staged once per row tile as "
+            f"; the rows' read {spell(query)} staged once per row tile as "
             f"qs_[{schedule.rows}][{query_tiles.PITCH}] (sum of at most {query_tiles.DEPTH})"
         )
     return [

@@ -24,14 +24,14 @@ Nothing here imports JAX.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import sympy
 
 from codegen.ir.affine import NotAffine, as_affine
 from codegen.ir.nest import LoopNest, Reduce
-from codegen.ir.source import constraint_source, expr_source
+from codegen.ir.source import Spell, as_written, constraint_source, expr_source
 from codegen.tiles.precision import DotPrecision
 from codegen.tiles.program import LoopBound, TileAxis
 
@@ -122,18 +122,19 @@ class AttentionProgram:
             ranges.append((first, max(first, stop)))
         return tuple(ranges)
 
-    def describe(self) -> str:
-        """The program for people (`explain(..., target="pallas")`)."""
-        names = self.nest.operand_names
+    def describe(self, *, spell: Spell | None = None, name: Callable[[str], str] = str) -> str:
+        """The program for people (`explain(..., target="pallas")`); `spell` and `name` as
+        `TileProgram.describe`'s."""
+        names, spell = self.nest.operand_names, spell or as_written
         what = (
             "online softmax: a running max and sum per row, O and the row logsumexp "
-            f"'{self.nest.online}' written once"
+            f"'{name(self.nest.online)}' written once"
             if self.kind == "online"
             else "weighted sums of tiles, each output tile written once (no atomics)"
         )
         grid = " x ".join(map(str, self.grid_shape))
         lines = [
-            f"attention tile program for {self.nest.label} ({self.kind}: {what}; accumulated "
+            f"attention tile program for {name(self.nest.label)} ({self.kind}: {what}; accumulated "
             f"in {self.accumulate})",
             f"  grid: {grid} = {self.instances} program instance(s), one per "
             f"({', '.join(str(a.index) for a in self.outer) or '-'}) and {self.rows.index} tile",
@@ -151,27 +152,27 @@ class AttentionProgram:
         for dot in self.dots:
             lines.append(
                 f"  dot: [{self.rows.index} x {dot.width.index}] @ [{dot.width.index} x "
-                f"{self.loop.index}] for {expr_source(dot.node, names)} "
+                f"{self.loop.index}] for {expr_source(spell(dot.node), names)} "
                 f"({dot.width.index}: {dot.width.extent} padded to {dot.width.tile})"
             )
         for member in self.members:
             role = "score" if self.kind == "online" else "weight"
             lines.append(
-                f"  {member.output}: {role} {expr_source(member.weight, names)} "
+                f"  {name(member.output)}: {role} {expr_source(spell(member.weight), names)} "
                 "(elementwise tile code, nested sums as the dots above)"
             )
             if self.kind == "online":
                 lines.append("    p = exp(score - running max), the running sum and O rescaled")
             lines.append(
                 f"    dot: [{self.rows.index} x {self.loop.index}] @ [{self.loop.index} x "
-                f"{member.column.index}] with {expr_source(member.value, names)} "
+                f"{member.column.index}] with {expr_source(spell(member.value), names)} "
                 f"({member.column.index}: {member.column.extent} padded to {member.column.tile})"
             )
         lines += [f"  bound {b.describe()} (tiles outside never visited)" for b in self.bounds]
         if self.guard != sympy.true:
             dropped = "score -inf" if self.kind == "online" else "weight 0"
             lines.append(
-                f"  where {expr_source(self.guard, names)}: on every tile (a pair it fails "
+                f"  where {expr_source(spell(self.guard), names)}: on every tile (a pair it fails "
                 f"left out: {dropped}, its product with the values 0)"
             )
         if self.constraints:

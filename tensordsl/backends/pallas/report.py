@@ -10,12 +10,13 @@ and the tiles visited and skipped; a nest tile programs do not handle says why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from codegen.errors import Unsupported
 from codegen.ir.nest import LoopNest
+from codegen.ir.source import Spell, as_written
 from codegen.tiles.attention.build import attention_program
 from codegen.tiles.build import tile_program
 from tensordsl.backends.pallas.run import precision_mode
@@ -34,15 +35,22 @@ class TileReport:
 
 
 def tile_report(
-    nest: LoopNest, dtypes: Mapping[str, str], shapes: Mapping[str, Any], *, precision: Any = None
+    nest: LoopNest,
+    dtypes: Mapping[str, str],
+    shapes: Mapping[str, Any],
+    *,
+    precision: Any = None,
+    spell: Spell = as_written,
+    name: Callable[[str], str] = str,
 ) -> TileReport:
     """The tile program of `nest` for these shapes and dtypes, its dots at the kernel's
-    `precision` (None: jnp's default), or why there is none."""
+    `precision` (None: jnp's default), or why there is none; `spell` and `name` rewrite its
+    expressions and names for people (`codegen.tiles.program.TileProgram.describe`)."""
     flash = attention_program(nest, shapes, dtypes, precision=precision_mode(precision))
     if flash is not None:
-        return TileReport(tuple(flash.describe().split("\n")))
+        return TileReport(tuple(flash.describe(spell=spell, name=name).split("\n")))
     try:
         program = tile_program(nest, shapes, dtypes, precision=precision_mode(precision))
     except Unsupported as error:
         return TileReport((f"not run by tile programs: {error.what}",))
-    return TileReport(tuple(program.describe().split("\n")))
+    return TileReport(tuple(program.describe(spell=spell, name=name).split("\n")))
