@@ -32,6 +32,7 @@ from codegen import config
 from codegen.c.build import CompiledNest, build_c
 from codegen.c.build import optimised_builds as optimised_builds  # `k.build()`: ahead of time
 from codegen.c.build import prefetch_c as prefetch_kernel
+from codegen.c.scatter import CompiledScatter, build_scatter
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
@@ -42,7 +43,7 @@ _REGISTER_LOCK = threading.Lock()
 REGISTERED: dict[str, int] = {}
 
 
-def register_ffi_target(compiled: CompiledNest) -> str:
+def register_ffi_target(compiled: CompiledNest | CompiledScatter) -> str:
     """Register the FFI handler of `compiled` with XLA once; return the target name.
 
     Thread-safe and idempotent: the name carries the library's digest, so one name always
@@ -59,7 +60,7 @@ def register_ffi_target(compiled: CompiledNest) -> str:
     return name
 
 
-def _address(compiled: CompiledNest) -> int:
+def _address(compiled: CompiledNest | CompiledScatter) -> int:
     return int(ctypes.cast(compiled.ffi_handler, ctypes.c_void_p).value or 0)
 
 
@@ -122,6 +123,21 @@ def run_c(
     if config.cpu_call() == "ffi" and compiled.ffi_handler is not None:
         return _call_ffi(compiled, operands, result, params, poison)
     return _call_callback(compiled, operands, result, params, poison)
+
+
+def scatter_rows(rows: jax.Array, positions: jax.Array, size: int) -> jax.Array | None:
+    """The table's cotangent of a gather (`tensordsl.binding.scatter`): `rows` (`count x
+    width`) summed into `size` rows, row `i` into row `positions[i]` in the order of `i`
+    (codegen/c/scatter.py: one thread, the same bits on every call), a position outside
+    `[0, size)` dropped. None where the C kernel has no build for these dtypes."""
+    compiled = build_scatter(jnp.dtype(rows.dtype).name, jnp.dtype(positions.dtype).name)
+    if compiled is None:
+        return None
+    count, width = rows.shape
+    result = jax.ShapeDtypeStruct((size, width), rows.dtype)
+    params = np.array([count, size, width], dtype=np.int64)
+    call = jax.ffi.ffi_call(register_ffi_target(compiled), result, vmap_method="sequential")
+    return call(rows, positions, params=params, poison=np.int32(config.poison_outputs()))
 
 
 def _call_ffi(

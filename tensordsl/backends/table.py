@@ -93,6 +93,10 @@ class Backend:
     #: Its one-pass kernel in words for concrete shapes, `lines(nest, shapes)`, each line
     #: starting with its name (a program's `explain(shapes)`); None: nothing to add.
     one_pass_lines: Callable[[], Callable[..., list[str]]] | None = None
+    #: The transpose of a gather on the CPU, `scatter(rows, positions, size)`: each row added
+    #: to its position in the order of the positions (deterministic), or None for dtypes it
+    #: has no kernel for (`tensordsl.binding.scatter`); None: XLA's scatter-add.
+    row_scatter: Callable[[], Callable[..., Any]] | None = None
 
     @property
     def emits_code(self) -> bool:
@@ -166,6 +170,12 @@ def _c_validate() -> Callable[..., None]:
     from codegen.c.schedule import validate
 
     return validate
+
+
+def _c_row_scatter() -> Callable[..., Any]:
+    from tensordsl.backends.c import scatter_rows
+
+    return scatter_rows
 
 
 def _pallas_static_report() -> StaticReport:
@@ -250,6 +260,7 @@ BACKENDS: dict[str, Backend] = {
         compiles=_c_compiles,
         schedule_type=_c_schedule_type,
         validate_schedule=_c_validate,
+        row_scatter=_c_row_scatter,
     ),
     "cuda": Backend(
         "cuda",
