@@ -5,9 +5,11 @@ added to the table row it was read from. Here that is one loop over the rows in 
 of their positions, on one thread: every table row receives its additions in the same
 order on every call, so the result is the same bits every time (no atomics, no sort), and
 it equals a serial `np.add.at` in the table's dtype. One pass reads each row once and
-writes into the table, which a gather's table usually keeps in cache; it costs a fraction
-of XLA's CPU scatter (benchmarks/RESULTS.md, "gather transpose"). Parallel back ends keep
-the sort and segmented sum, which need no order.
+writes into the table, which a gather's table usually keeps in cache. XLA's CPU scatter
+gives the same bits (it is serial too) but takes longer on a gather's cotangent (it copies
+it into its own layout first), and far longer on a busy machine (benchmarks/RESULTS.md,
+"the gather's transpose on the C back end"). Parallel back
+ends keep the sort and segmented sum, which need no order.
 
 The entry point has the calling convention of every generated kernel (codegen/c/emit.py),
 `entry(out, operands, params)`, with operands `(rows, positions)` and `params` =
