@@ -6,7 +6,9 @@ then `gather_p`, a primitive linear in the table:
 
 * forward: one read per element; a position outside the table reads NaN (0 for an integer
   table), as `jnp.take(..., mode="fill")` does. When every input is concrete (an eager call
-  outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
+  outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead. On the CPU
+  the back end's row gather where its record has one (`Backend.row_gather`: the C back
+  end's, codegen/c/gathers.py), else XLA's.
 * JVP: the gather of the table's tangent (0 where the forward reads outside).
 * transpose: the table's cotangent, each element the sum of the cotangents of the positions
   that read it, the same bits on every call (`tensordsl/binding/scatter.py`): on the CPU a
@@ -35,6 +37,7 @@ import sympy
 from jax.interpreters import ad, batching, mlir
 
 from codegen.ir.nest import extent_symbol, index_symbol
+from tensordsl.backends import table as table_of_backends
 from tensordsl.binding import positions, private_jax, scatter
 from tensordsl.errors import InputError, RangeError, UnsupportedError
 from tensordsl.frontend.gathers import Gather
@@ -72,7 +75,22 @@ def _gather(table: Any, positions: Any, *, fill: bool, unique: bool, backend: st
     return jnp.where(inside, read, _fill(table.dtype, fill))
 
 
+def _gather_on_cpu(table: Any, positions: Any, *, fill: bool, unique: bool, backend: str) -> Any:
+    """The back end's row gather where its record has one (and a kernel for these dtypes:
+    the C back end's, `codegen/c/gathers.py`), else XLA's."""
+    record = table_of_backends.BACKENDS.get(backend)
+    if record is not None and record.row_gather is not None:
+        flat = positions.reshape(-1)
+        found = record.row_gather()(table, flat, fill and jnp.issubdtype(table.dtype, jnp.inexact))
+        if found is not None:
+            return found.reshape((*positions.shape, table.shape[1]))
+    return _gather(table, positions, fill=fill, unique=unique, backend=backend)
+
+
 mlir.register_lowering(gather_p, mlir.lower_fun(_gather, multiple_results=False))
+mlir.register_lowering(
+    gather_p, mlir.lower_fun(_gather_on_cpu, multiple_results=False), platform="cpu"
+)
 
 
 def _jvp(

@@ -5,7 +5,7 @@ the elements read from it, the same bits on every call (`tensordsl/binding/gathe
 
 * on the CPU, one scatter-add in the order of the positions, deterministic because it is
   serial: the back end's own row scatter where its record has one (`Backend.row_scatter`:
-  the C back end's, `codegen/c/scatter.py`, the same bits as XLA's, faster and steadier on a
+  the C back end's, `codegen/c/gathers.py`, the same bits as XLA's, faster and steadier on a
   busy machine), else XLA's
   scatter-add (`scatter_total`), which also runs serially on the CPU;
 * elsewhere (GPUs, where a scatter-add is atomic and its order varies) without atomics: the
@@ -57,11 +57,9 @@ def table_cotangent(
     axis, a row), summed as the module docstring says for the back end named `backend`.
 
     >>> rows = jnp.array([[1.0], [2.0], [4.0], [8.0]])
-    >>> table_cotangent(rows, jnp.array([2, 0, 2, -1]), 4, unique=False, backend="reference")
-    Array([[2.],
-           [0.],
-           [5.],
-           [0.]], dtype=float32)
+    >>> at = jnp.array([2, 0, 2, -1])
+    >>> table_cotangent(rows, at, 4, unique=False, backend="reference").tolist()
+    [[2.0], [0.0], [5.0], [0.0]]
     """
     if unique:
         return scatter_distinct(cotangent, positions, size)

@@ -1,6 +1,7 @@
-"""The transpose of a gather on the CPU: a scatter-add in index order (deterministic there):
-the C back end's own row scatter (codegen/c/scatter.py), XLA's for the reference back end,
-where parallel platforms sort and scan (`tensordsl/binding/scatter.py`).
+"""A gather and its transpose on the CPU: the transpose a scatter-add in index order
+(deterministic there): the C back end's own row kernels (codegen/c/gathers.py), XLA's for
+the reference back end, where parallel platforms sort and scan
+(`tensordsl/binding/scatter.py`).
 
 GraphSAGE's neighbour mean `H[n,d] := X[nbr[n,k], d] / K` with many repeated neighbours:
 values and gradients against float64 numpy (`np.add.at`), under jit, vmap and grad of grad,
@@ -83,6 +84,23 @@ def test_the_cpu_scatters_in_index_order_without_sorting(backend, scatter):
     text = grad.lower(X).compile().as_text()
     assert scatter in text and " sort(" not in text
     assert backend == "reference" or " scatter(" not in text
+
+
+@pytest.mark.parametrize(
+    ("backend", "gather"), [("reference", " gather("), ("c", "tdsl_gather_rows_")]
+)
+def test_the_cpu_gathers_rows_with_the_back_ends_kernel(backend, gather):
+    """The forward's gather: XLA's for the reference back end, the C kernel's for C; an
+    index outside the table reads NaN under jit either way."""
+    X, nbr, W, ct = _graph(9)
+    nbr[2, 1] = len(X) + 3
+    k = td.kernel("H[n,k,d] := X[nbr[n,k], d]", backend=backend)
+    assert gather in jax.jit(k).lower(X, nbr).compile().as_text()
+    got = np.asarray(jax.jit(k)(X, nbr))
+    assert np.isnan(got[2, 1]).all()
+    inside = np.ones(nbr.shape, bool)
+    inside[2, 1] = False
+    assert got[inside].tobytes() == X[nbr[inside]].tobytes()
 
 
 @pytest.mark.parametrize("x64", [False, True])

@@ -1,7 +1,8 @@
-"""The C back end's row scatter (codegen/c/scatter.py), called directly: every table row the
-sum of the rows read from it, added in the order of their positions, so its bits are those of
-a serial `np.add.at` in the table's dtype; positions outside the table add nothing; every
-output element written (the output poisoned with NaN first)."""
+"""The C back end's row kernels (codegen/c/gathers.py), called directly. The scatter: every
+table row the sum of the rows read from it, added in the order of their positions, so its
+bits are those of a serial `np.add.at` in the table's dtype; positions outside the table add
+nothing. The gather: `table[positions]`, NaN or 0 outside. Every output element written (the
+output poisoned first)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from codegen.c import ffi
-from codegen.c.scatter import VALUES, build_scatter, scatter_source
+from codegen.c.gathers import VALUES, build_rows, gather_source, scatter_source
 from tests.backends import NEEDS_C_COMPILER
 
 pytestmark = [
@@ -20,14 +21,24 @@ pytestmark = [
 ]
 
 
-def _scatter(rows: np.ndarray, positions: np.ndarray, size: int) -> np.ndarray:
-    compiled = build_scatter(rows.dtype.name, positions.dtype.name)
+def _call(kind: str, values: np.ndarray, positions: np.ndarray, shape, params) -> np.ndarray:
+    compiled = build_rows(kind, values.dtype.name, positions.dtype.name)
     assert compiled is not None
-    out = np.full((size, rows.shape[1]), np.nan, rows.dtype)  # poisoned
-    operands = (ctypes.c_void_p * 2)(rows.ctypes.data, positions.ctypes.data)
-    params = np.array([len(positions), size, rows.shape[1]], np.int64)
+    out = np.full(shape, 7.5, values.dtype)  # poisoned: no value either kernel writes here
+    operands = (ctypes.c_void_p * 2)(values.ctypes.data, positions.ctypes.data)
+    params = np.array(params, np.int64)
     compiled.function(out.ctypes.data, operands, params.ctypes.data)
     return out
+
+
+def _scatter(rows: np.ndarray, positions: np.ndarray, size: int) -> np.ndarray:
+    width = rows.shape[1]
+    return _call("scatter", rows, positions, (size, width), (len(positions), size, width))
+
+
+def _gather(table: np.ndarray, positions: np.ndarray, fill: bool) -> np.ndarray:
+    (size, width), count = table.shape, len(positions)
+    return _call("gather", table, positions, (count, width), (count, size, width, int(fill)))
 
 
 def _case(seed: int, dtype: str, index: str, count: int = 400, size: int = 37, width: int = 11):
@@ -87,7 +98,22 @@ def test_no_rows_or_one(count):
     assert _scatter(rows, positions, size).tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("fill", [True, False])
+@pytest.mark.parametrize("index", ["int32", "int64"])
+@pytest.mark.parametrize("dtype", VALUES)
+def test_the_gather_reads_rows_and_nan_or_zero_outside(dtype, index, fill):
+    rows, positions, size = _case(3, dtype, index)
+    table = rows[:size]
+    got = _gather(table, positions, fill)
+    inside = (positions >= 0) & (positions < size)
+    assert got[inside].tobytes() == table[positions[inside]].tobytes()
+    outside = got[~inside]
+    assert outside.size and (np.isnan(outside).all() if fill else (outside == 0).all())
+
+
 def test_other_dtypes_have_no_kernel():
-    assert build_scatter("float16", "int32") is None
-    assert build_scatter("float32", "int16") is None
+    for kind in ("gather", "scatter"):
+        assert build_rows(kind, "float16", "int32") is None
+        assert build_rows(kind, "float32", "int16") is None
     assert scatter_source("float64", "int64").entry == "tdsl_scatter_rows_float64_int64"
+    assert gather_source("float32", "int32").entry == "tdsl_gather_rows_float32_int32"
