@@ -293,7 +293,8 @@ class Kernel:
         nograd = self.nograd
         copied = None
         if self._lowered.gathers:
-            values = _with_gathered(self._lowered, values, shapes)
+            backend = table.resolve_backend(self.backend)
+            values = _with_gathered(self._lowered, values, shapes, backend)
             nograd = nograd | self._lowered.unread
             copied = self._lowered.copied_gather
         record = table.backend(self.backend, self.nest, values)
@@ -319,10 +320,14 @@ class Kernel:
         return out
 
 
-def _with_gathered(lowered: Lowered, values: list[Any], shapes: Mapping[str, Any]) -> list[Any]:
-    """The nest's operands: the call's arrays and the operands gathered from them."""
+def _with_gathered(
+    lowered: Lowered, values: list[Any], shapes: Mapping[str, Any], backend: str
+) -> list[Any]:
+    """The nest's operands: the call's arrays and the operands gathered from them (for the
+    nest on `backend`)."""
     by_name = dict(zip(lowered.inputs, values))
-    by_name.update(gather.gathered(lowered, by_name, shapes, lowered.statement.source))
+    source = lowered.statement.source
+    by_name.update(gather.gathered(lowered, by_name, shapes, source, backend))
     return [by_name[name] for name in lowered.nest.operand_names]
 
 

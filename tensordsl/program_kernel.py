@@ -364,9 +364,9 @@ class ProgramKernel:
             known = {
                 n: v.astype(jnp.int32) if n in arrays else v for n, v in zip(self.inputs, values)
             }
-            for statement in gathers:
-                known.update(gather.gathered(statement, known, shapes, self.source_text))
             on = backend or table.PROFILED.name
+            for statement in gathers:
+                known.update(gather.gathered(statement, known, shapes, self.source_text, on))
             options = {"nograd": self.nograd, "fuse": self.fuse, "precision": self.precision}
             results = run_program(self.program, known, backend=on, **options)
             floats = [jnp.sum(r) for r in results if jnp.issubdtype(r.dtype, jnp.inexact)]
@@ -406,13 +406,15 @@ class ProgramKernel:
             self._lowered, {name: np.shape(v) for name, v in zip(self.inputs, values)}
         )
         by_name = dict(zip(self.inputs, values))
+        on = table.resolve_backend(self.backend)
         for statement in self._lowered.statements:
             if statement.gathers:
-                by_name.update(gather.gathered(statement, by_name, known, self.source_text))
+                found = gather.gathered(statement, by_name, known, self.source_text, on)
+                by_name.update(found)
         results = run_program(
             self.program,
             by_name,
-            backend=table.resolve_backend(self.backend),
+            backend=on,
             nograd=self.nograd,
             precision=self.precision,
             fuse=self.fuse,

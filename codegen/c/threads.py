@@ -55,7 +55,7 @@ import sympy
 
 from codegen import config
 from codegen.ir.host import host_function
-from codegen.ir.nest import LoopNest
+from codegen.ir.nest import LoopNest, Reduce
 
 #: Work units one more thread must have for a team to be worth starting: about 0.3 ms on
 #: one core of this project's machine (the Gaussian kernel at 256x256x3, 5.2 million units,
@@ -88,15 +88,22 @@ def thread_count(work: int, cores: int, held: int = 0, *, crowded: bool = False)
     return wanted if wanted > 1 else 1
 
 
-def body_cost(body: sympy.Basic) -> int:
+def body_cost(body: sympy.Basic) -> sympy.Expr:
     """Work units of one evaluation of a term's body: one per load, per arithmetic
-    operation and for the update of the result, `FUNCTION_COST` per scalar function call.
-    Index arithmetic inside an access is not counted (it is hoisted or strength-reduced)."""
-    cost, stack = 1, [body]
+    operation and for the update of the result, `FUNCTION_COST` per scalar function call,
+    and a nested reduction's body as many times as its loop runs (in terms of its extents:
+    `sum_s(X[n,c,s] * dY[n,c,s])` inside a gradient reads two whole tensors, not two
+    elements). Index arithmetic inside an access is not counted (it is hoisted or
+    strength-reduced)."""
+    cost: sympy.Expr = sympy.Integer(1)
+    stack = [body]
     while stack:
         node = stack.pop()
         if isinstance(node, sympy.Indexed):
             cost += 1
+            continue
+        if isinstance(node, Reduce):
+            cost += sympy.Max(node.stop - node.start, 0) * body_cost(node.body)
             continue
         if isinstance(node, sympy.Pow):
             cost += 1 if node.exp.is_Integer else FUNCTION_COST

@@ -32,6 +32,7 @@ from codegen import config
 from codegen.c.build import CompiledNest, build_c
 from codegen.c.build import optimised_builds as optimised_builds  # `k.build()`: ahead of time
 from codegen.c.build import prefetch_c as prefetch_kernel
+from codegen.c.gathers import CompiledRows, build_rows
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
@@ -42,7 +43,7 @@ _REGISTER_LOCK = threading.Lock()
 REGISTERED: dict[str, int] = {}
 
 
-def register_ffi_target(compiled: CompiledNest) -> str:
+def register_ffi_target(compiled: CompiledNest | CompiledRows) -> str:
     """Register the FFI handler of `compiled` with XLA once; return the target name.
 
     Thread-safe and idempotent: the name carries the library's digest, so one name always
@@ -59,7 +60,7 @@ def register_ffi_target(compiled: CompiledNest) -> str:
     return name
 
 
-def _address(compiled: CompiledNest) -> int:
+def _address(compiled: CompiledNest | CompiledRows) -> int:
     return int(ctypes.cast(compiled.ffi_handler, ctypes.c_void_p).value or 0)
 
 
@@ -122,6 +123,36 @@ def run_c(
     if config.cpu_call() == "ffi" and compiled.ffi_handler is not None:
         return _call_ffi(compiled, operands, result, params, poison)
     return _call_callback(compiled, operands, result, params, poison)
+
+
+def scatter_rows(rows: jax.Array, positions: jax.Array, size: int) -> jax.Array | None:
+    """The table's cotangent of a gather (`tensordsl.binding.scatter`): `rows` (`count x
+    width`) summed into `size` rows, row `i` into row `positions[i]` in the order of `i`
+    (codegen/c/gathers.py: one thread, the same bits on every call), a position outside
+    `[0, size)` dropped. None where the C kernel has no build for these dtypes."""
+    count, width = rows.shape
+    return _rows("scatter", rows, positions, (size, width), (count, size, width))
+
+
+def gather_rows(table: jax.Array, positions: jax.Array, fill: bool) -> jax.Array | None:
+    """The rows of `table` (`size x width`) at `positions` (1-d; codegen/c/gathers.py), NaN
+    (`fill`) or 0 where a position is outside `[0, size)`. None where the C kernel has no
+    build for these dtypes."""
+    size, width = table.shape
+    count = positions.shape[0]
+    return _rows("gather", table, positions, (count, width), (count, size, width, int(fill)))
+
+
+def _rows(
+    kind: str, values: jax.Array, positions: jax.Array, shape: tuple[int, ...], params: tuple
+) -> jax.Array | None:
+    compiled = build_rows(kind, jnp.dtype(values.dtype).name, jnp.dtype(positions.dtype).name)
+    if compiled is None:
+        return None
+    result = jax.ShapeDtypeStruct(shape, values.dtype)
+    call = jax.ffi.ffi_call(register_ffi_target(compiled), result, vmap_method="sequential")
+    poison = np.int32(config.poison_outputs())
+    return call(values, positions, params=np.array(params, dtype=np.int64), poison=poison)
 
 
 def _call_ffi(

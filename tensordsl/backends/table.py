@@ -96,6 +96,14 @@ class Backend:
     #: line starting with its name (a program's `explain(shapes)`; `spell` as
     #: `StaticReport.report`'s); None: nothing to add.
     one_pass_lines: Callable[[], Callable[..., list[str]]] | None = None
+    #: The transpose of a gather on the CPU, `scatter(rows, positions, size)`: each row added
+    #: to its position in the order of the positions (deterministic), or None for dtypes it
+    #: has no kernel for (`tensordsl.binding.scatter`); None: XLA's scatter-add.
+    row_scatter: Callable[[], Callable[..., Any]] | None = None
+    #: A gather on the CPU, `gather(table, positions, fill)`: the table's rows at the
+    #: positions, NaN (`fill`) or 0 outside, or None for dtypes it has no kernel for
+    #: (`tensordsl.binding.gather`); None: XLA's gather.
+    row_gather: Callable[[], Callable[..., Any]] | None = None
 
     @property
     def emits_code(self) -> bool:
@@ -169,6 +177,18 @@ def _c_validate() -> Callable[..., None]:
     from codegen.c.schedule import validate
 
     return validate
+
+
+def _c_row_scatter() -> Callable[..., Any]:
+    from tensordsl.backends.c import scatter_rows
+
+    return scatter_rows
+
+
+def _c_row_gather() -> Callable[..., Any]:
+    from tensordsl.backends.c import gather_rows
+
+    return gather_rows
 
 
 def _pallas_static_report() -> StaticReport:
@@ -256,6 +276,8 @@ BACKENDS: dict[str, Backend] = {
         compiles=_c_compiles,
         schedule_type=_c_schedule_type,
         validate_schedule=_c_validate,
+        row_scatter=_c_row_scatter,
+        row_gather=_c_row_gather,
     ),
     "cuda": Backend(
         "cuda",

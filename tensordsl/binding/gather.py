@@ -6,19 +6,17 @@ then `gather_p`, a primitive linear in the table:
 
 * forward: one read per element; a position outside the table reads NaN (0 for an integer
   table), as `jnp.take(..., mode="fill")` does. When every input is concrete (an eager call
-  outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead.
+  outside `jit`, `vmap` and `grad`) such a position is a `RangeError` instead. On the CPU
+  the back end's row gather where its record has one (`Backend.row_gather`: the C back
+  end's, codegen/c/gathers.py), else XLA's.
 * JVP: the gather of the table's tangent (0 where the forward reads outside).
 * transpose: the table's cotangent, each element the sum of the cotangents of the positions
-  that read it, the same bits on every call. On the CPU, a scatter-add: XLA's CPU scatter
-  runs serially in the order of the positions, so deterministic, at XLA's cost. Elsewhere
-  (GPUs, where a scatter-add is atomic and its order varies) without atomics: the positions
-  are sorted once (a stable argsort), a segmented scan sums each run of equal positions in a
-  fixed order, and the end of each run is written to its table element (each at most once;
-  0 where nothing read it). `jax.lax.platform_dependent` picks one when the call is lowered
-  for its platform. A gather whose positions are distinct by
-  construction (`unique`: every index of the gathered operand indexes an axis of the table
-  directly, as the row `n` of a one-hot pick `X[n, y[n]]` does) has nothing to sum: its
-  cotangents are written to their elements as they are, with no sort and no scan.
+  that read it, the same bits on every call (`tensordsl/binding/scatter.py`): on the CPU a
+  scatter-add in the order of the positions (the C back end's own, else XLA's), elsewhere a
+  sort and a segmented sum; a gather whose positions are distinct by construction
+  (`unique`: every index of the gathered operand indexes an axis of the table directly, as
+  the row `n` of a one-hot pick `X[n, y[n]]` does) has nothing to sum. The primitive's
+  `backend` parameter names the back end whose nests read the gather.
 * batching: a batched table is flattened with its batch axis, the positions offset per
   example; a batched position array just gives a batched result.
 
@@ -39,7 +37,8 @@ import sympy
 from jax.interpreters import ad, batching, mlir
 
 from codegen.ir.nest import extent_symbol, index_symbol
-from tensordsl.binding import positions, private_jax
+from tensordsl.backends import table as table_of_backends
+from tensordsl.binding import positions, private_jax, scatter
 from tensordsl.errors import InputError, RangeError, UnsupportedError
 from tensordsl.frontend.gathers import Gather
 from tensordsl.frontend.lower import Lowered
@@ -67,7 +66,7 @@ def _fill(dtype: Any, fill: bool) -> Any:
     return jnp.zeros((), dtype)
 
 
-def _gather(table: Any, positions: Any, *, fill: bool, unique: bool) -> Any:
+def _gather(table: Any, positions: Any, *, fill: bool, unique: bool, backend: str) -> Any:
     """`table[positions]` (rows of a 2-d table), NaN (`fill`) or 0 where a position is -1."""
     inside = (positions >= 0)[..., None]
     if table.shape[0] == 0:
@@ -76,108 +75,71 @@ def _gather(table: Any, positions: Any, *, fill: bool, unique: bool) -> Any:
     return jnp.where(inside, read, _fill(table.dtype, fill))
 
 
+def _gather_on_cpu(table: Any, positions: Any, *, fill: bool, unique: bool, backend: str) -> Any:
+    """The back end's row gather where its record has one (and a kernel for these dtypes:
+    the C back end's, `codegen/c/gathers.py`), else XLA's."""
+    record = table_of_backends.BACKENDS.get(backend)
+    if record is not None and record.row_gather is not None:
+        flat = positions.reshape(-1)
+        found = record.row_gather()(table, flat, fill and jnp.issubdtype(table.dtype, jnp.inexact))
+        if found is not None:
+            return found.reshape((*positions.shape, table.shape[1]))
+    return _gather(table, positions, fill=fill, unique=unique, backend=backend)
+
+
 mlir.register_lowering(gather_p, mlir.lower_fun(_gather, multiple_results=False))
+mlir.register_lowering(
+    gather_p, mlir.lower_fun(_gather_on_cpu, multiple_results=False), platform="cpu"
+)
 
 
 def _jvp(
-    primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool, unique: bool
+    primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool, unique: bool, backend: str
 ) -> tuple[Any, Any]:
     table, positions = primals
-    out = gather_p.bind(table, positions, fill=fill, unique=unique)
+    out = gather_p.bind(table, positions, fill=fill, unique=unique, backend=backend)
     if type(tangents[0]) is ad.Zero:
         return out, ad.Zero(jax.typeof(out).to_tangent_aval())
-    return out, gather_p.bind(tangents[0], positions, fill=False, unique=unique)
-
-
-def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
-    """`out[r] = sum of the rows of cotangent where positions == r`, deterministic, without a
-    scatter: `cotangent` has the shape of `positions` and one more axis (a row).
-
-    >>> rows = jnp.array([[1.0], [2.0], [4.0], [8.0]])
-    >>> segment_total(rows, jnp.array([2, 0, 2, -1]), 4).tolist()
-    [[2.0], [0.0], [5.0], [0.0]]
-    """
-    width = cotangent.shape[-1]
-    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
-    if positions.size == 0:
-        return jnp.zeros((size, width), cotangent.dtype)
-    order = jnp.argsort(positions, stable=True)
-    keys, values = positions[order], cotangent[order]
-    starts = jnp.concatenate([jnp.ones((1,), bool), keys[1:] != keys[:-1]])[:, None]
-
-    def add(a: Any, b: Any) -> Any:  # a segmented sum: a run restarts where b starts one
-        return a[0] | b[0], jnp.where(b[0], b[1], a[1] + b[1])
-
-    _, sums = jax.lax.associative_scan(add, (jnp.broadcast_to(starts, values.shape), values))
-    # The end of each run holds its total: written to its row, each row at most once (the
-    # ends' keys are distinct), positions outside the table (-1) dropped.
-    ends = jnp.concatenate([keys[1:] != keys[:-1], jnp.ones((1,), bool)])
-    target = jnp.where(ends & (keys >= 0) & (keys < size), keys, size)
-    out = jnp.zeros((size, width), cotangent.dtype)
-    return out.at[target].set(sums, mode="drop", unique_indices=True)
-
-
-def scatter_distinct(cotangent: Any, positions: Any, size: int) -> Any:
-    """`segment_total` where no two positions inside `[0, size)` are equal: each row written
-    to its position as it is (nothing to sum), the others dropped.
-
-    >>> rows = jnp.array([[1.0], [2.0], [4.0]])
-    >>> scatter_distinct(rows, jnp.array([2, -1, 0]), 4).tolist()
-    [[4.0], [0.0], [1.0], [0.0]]
-    """
-    width = cotangent.shape[-1]
-    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
-    target = jnp.where((positions >= 0) & (positions < size), positions, size)
-    out = jnp.zeros((size, width), cotangent.dtype)
-    return out.at[target].set(cotangent, mode="drop", unique_indices=True)
-
-
-def scatter_total(cotangent: Any, positions: Any, size: int) -> Any:
-    """`segment_total` as one scatter-add in the order of the positions: deterministic where
-    the scatter runs serially (XLA's CPU scatter), so used on the CPU only.
-
-    >>> rows = jnp.array([[1.0], [2.0], [4.0], [8.0]])
-    >>> scatter_total(rows, jnp.array([2, 0, 2, -1]), 4).tolist()
-    [[2.0], [0.0], [5.0], [0.0]]
-    """
-    width = cotangent.shape[-1]
-    positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
-    target = jnp.where((positions >= 0) & (positions < size), positions, size)
-    out = jnp.zeros((size, width), cotangent.dtype)
-    return out.at[target].add(cotangent, mode="drop")
+    return out, gather_p.bind(tangents[0], positions, fill=False, unique=unique, backend=backend)
 
 
 def _transpose(
-    cotangent: Any, table: Any, positions: Any, *, fill: bool, unique: bool
+    cotangent: Any, table: Any, positions: Any, *, fill: bool, unique: bool, backend: str
 ) -> list[Any]:
     assert ad.is_undefined_primal(table) and not ad.is_undefined_primal(positions)
     aval = table.aval
     if type(cotangent) is ad.Zero:
         return [ad.Zero(aval), None]
     size = aval.shape[0]
-    if unique:
-        total = scatter_distinct(cotangent, positions, size)
-    else:
-        total = jax.lax.platform_dependent(
-            cotangent,
-            positions,
-            cpu=lambda c, p: scatter_total(c, p, size),
-            default=lambda c, p: segment_total(c, p, size),
-        )
+    total = scatter.table_cotangent(cotangent, positions, size, unique=unique, backend=backend)
     return [total.astype(aval.dtype), None]
+
+
+def _transpose_total(
+    cotangent: Any, rows: Any, positions: Any, *, size: int, backend: str
+) -> list[Any]:
+    """The transpose of a table's cotangent (`scatter.rows_total_p`): the gather of its
+    cotangent, 0 where a position is -1 (grad of grad)."""
+    assert ad.is_undefined_primal(rows) and not ad.is_undefined_primal(positions)
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(rows.aval), None]
+    found = gather_p.bind(cotangent, positions, fill=False, unique=False, backend=backend)
+    return [found.astype(rows.aval.dtype), None]
 
 
 ad.primitive_jvps[gather_p] = _jvp
 ad.primitive_transposes[gather_p] = _transpose
+ad.primitive_transposes[scatter.rows_total_p] = _transpose_total
 
 
 def _batch(
-    args: Sequence[Any], dims: Sequence[Any], *, fill: bool, unique: bool
+    args: Sequence[Any], dims: Sequence[Any], *, fill: bool, unique: bool, backend: str
 ) -> tuple[Any, int]:
     table, positions = args
     table_dim, positions_dim = dims
     if table_dim is None:  # the examples' positions read one table: they may coincide
-        return gather_p.bind(table, positions, fill=fill, unique=False), positions_dim
+        found = gather_p.bind(table, positions, fill=fill, unique=False, backend=backend)
+        return found, positions_dim
     table = jnp.moveaxis(table, table_dim, 0)
     size, n, width = table.shape
     if positions_dim is None:
@@ -187,7 +149,8 @@ def _batch(
     example = jnp.arange(size, dtype=positions.dtype).reshape((size,) + (1,) * (positions.ndim - 1))
     flat = jnp.where(positions >= 0, positions + example * n, -1)
     # each example's positions offset into its own part of the table: distinct as they were
-    return gather_p.bind(table.reshape(size * n, width), flat, fill=fill, unique=unique), 0
+    flat_table = table.reshape(size * n, width)
+    return gather_p.bind(flat_table, flat, fill=fill, unique=unique, backend=backend), 0
 
 
 batching.primitive_batchers[gather_p] = _batch
@@ -252,12 +215,15 @@ def gathered(
     values: Mapping[str, Any],
     shapes: Mapping[str, tuple[int, ...]],
     source: str,
+    backend: str,
 ) -> dict[str, Any]:
     """The value of every gathered operand of a statement, by name (see the module
-    docstring), from the call's arrays and the shapes of every tensor its ranges name."""
+    docstring), from the call's arrays and the shapes of every tensor its ranges name;
+    `backend` names the back end whose nests read them (its row scatter, where it has one,
+    sums their transposes on the CPU: `tensordsl.binding.scatter`)."""
     extents = extents_of(shapes)
     ranges = range_values(lowered.ranges, extents)
-    return {g.name: _gathered(g, values, ranges, extents, source) for g in lowered.gathers}
+    return {g.name: _gathered(g, values, ranges, extents, source, backend) for g in lowered.gathers}
 
 
 def _row_axes(g: Gather, ranges: Mapping[str, tuple[int, int]], shape: Sequence[int]) -> int:
@@ -291,6 +257,7 @@ def _gathered(
     ranges: Mapping[str, tuple[int, int]],
     extents: Mapping[sympy.Symbol, int],
     source: str,
+    backend: str,
 ) -> Any:
     table = values[g.table]
     whole = _row_axes(g, ranges, table.shape)
@@ -345,7 +312,8 @@ def _gathered(
     rows = table.reshape(count, width)
     rows, rows_at = private_jax.same_varying_axes([rows, rows_at])
     unique = _distinct(g, lead)
-    return gather_p.bind(rows, rows_at, fill=not g.masked, unique=unique).reshape(tuple(spans))
+    found = gather_p.bind(rows, rows_at, fill=not g.masked, unique=unique, backend=backend)
+    return found.reshape(tuple(spans))
 
 
 def _distinct(g: Gather, lead: int) -> bool:

@@ -145,7 +145,8 @@ def explain(
     unread = unread | unread_tables(nest, spelled)
     summary = [] if backend is None else kernel_summary(nest, backend, schedule, unread, spelled)
     gathers = [
-        f"gathered {access} before the nest (the gradient of {table}: a sorted segmented sum)"
+        f"gathered {access} before the nest (the gradient of {table}: a sum in index order on "
+        "the CPU, a sorted segmented sum elsewhere)"
         for table, access in gathered
     ]
     groups = [] if backend is None else group_lines(nest, shapes, backend, unread, spelled)
@@ -205,7 +206,7 @@ def _explain(
         else:
             lines.append(
                 f"gradient of {gathered.table} at {gathered.text}, each element added to "
-                f"d{gathered.table} (a sorted segmented sum)"
+                f"d{gathered.table} (in index order on the CPU, sorted elsewhere)"
             )
             lhs = gradient_lhs(gathered, (r.index for r in gradient.nest.free))
         lines += [

@@ -166,7 +166,8 @@ def embedding(ids: Any, table: Any, *, backend: str = "auto") -> Any:
     The statement `EMBEDDING` reads the table through the index array (the language's
     gather, `tensordsl/binding/gather.py`): one read per element, no sum over the
     vocabulary; its gradient sums the cotangents of each row's reads in a fixed order
-    (sorted positions, no scatter or atomics), so the same ids give the same bits. An id
+    (serially in the order of the ids on the CPU, by sorted positions on a GPU, no
+    atomics), so the same ids give the same bits. An id
     outside `[0, vocabulary)` is a `RangeError` in an eager call; under `jit`, `grad` or
     `vmap` (ids not known yet) its row reads NaN and gets no gradient, as `jnp.take`.
 

@@ -25,7 +25,17 @@ from codegen.c.compiler import compile_c
 from codegen.c.emit import emit_c
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.examples import matmul
-from codegen.ir.nest import default_dtypes
+from codegen.ir.nest import (
+    LoopNest,
+    Operand,
+    Range,
+    Reduce,
+    Term,
+    default_dtypes,
+    extent_symbol,
+    index_symbol,
+    tensor_base,
+)
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.corpus import CORPUS, make_inputs
@@ -71,6 +81,27 @@ def test_work_counts_operations_not_body_evaluations():
     k = td.kernel(CONV)
     # 9971 outputs, each one store and 30 terms of a product
     assert threads.nest_work(k.nest, {"X": (10000,), "W": (30,), "Y": (9971,)}) == 9971 * 121
+
+
+def test_a_nested_reduction_counts_every_turn_of_its_loop():
+    """A gradient that sums a product over a long axis inside an elementwise factor
+    (squeeze-and-excite's `dE[n,c] := sum_s(dY[n,c,s]*X[n,c,s]) * sigmoid'(E[n,c])`) reads
+    two whole tensors: its work is the sum's, so it gets a team like the elementwise nests
+    around it, not one thread."""
+    n, c, s = (index_symbol(x) for x in "ncs")
+    X, dY, E = (tensor_base(x) for x in ("X", "dY", "E"))
+    inner = Reduce("sum", X[n, c, s] * dY[n, c, s], s, 0, extent_symbol("X", 2))
+    assert threads.body_cost(inner) == 1 + 4 * extent_symbol("X", 2)
+    gate = inner * sympy.exp(E[n, c])
+    # the update, the product, a load and an exp outside the sum
+    assert threads.body_cost(gate) == 3 + threads.FUNCTION_COST + 4 * extent_symbol("X", 2)
+    free = (Range(n, 0, extent_symbol("X", 0)), Range(c, 0, extent_symbol("X", 1)))
+    operands = (Operand("X", 3), Operand("dY", 3), Operand("E", 2))
+    nest = LoopNest("dE", free, (Term(gate, ()),), operands)
+    shapes = {"X": (16, 64, 1024), "dY": (16, 64, 1024), "E": (16, 64), "dE": (16, 64)}
+    work = threads.nest_work(nest, shapes)
+    assert work == 16 * 64 * (1 + 3 + threads.FUNCTION_COST + 4 * 1024)
+    assert threads.thread_count(work, 2) == 2
 
 
 # --------------------------------------------------------------------------- generated C

@@ -1,9 +1,12 @@
-"""The transpose of a gather on the CPU: a scatter-add in index order (deterministic there,
-and as fast as XLA's), where parallel platforms sort and scan (`tensordsl/binding/gather.py`).
+"""A gather and its transpose on the CPU: the transpose a scatter-add in index order
+(deterministic there): the C back end's own row kernels (codegen/c/gathers.py), XLA's for
+the reference back end, where parallel platforms sort and scan
+(`tensordsl/binding/scatter.py`).
 
 GraphSAGE's neighbour mean `H[n,d] := X[nbr[n,k], d] / K` with many repeated neighbours:
-gradients against float64 `np.add.at`, under jit, vmap and grad of grad, bitwise equal
-across calls and compilations, and what the CPU runs (a scatter, no sort).
+values and gradients against float64 numpy (`np.add.at`), under jit, vmap and grad of grad,
+bitwise equal across calls and compilations and to a serial sum in index order, and what
+the CPU runs (a scatter, no sort).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def test_graphsage_gradient_against_float64(backend):
     K = np.float32(nbr.shape[1])
     loss = jax.jit(jax.grad(lambda X, W: jnp.sum(k(X, nbr, K, W) * ct), argnums=(0, 1)))
     dX, dW = loss(X, W)
+    Y = X.astype(np.float64)[nbr].mean(1) @ W.astype(np.float64)
+    np.testing.assert_allclose(jax.jit(k)(X, nbr, K, W), Y, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(dX, _reference_dX(nbr, W, ct, len(X)), rtol=2e-5, atol=2e-5)
     H = X.astype(np.float64)[nbr].mean(1)
     np.testing.assert_allclose(dW, H.T @ ct.astype(np.float64), rtol=2e-5, atol=2e-5)
@@ -68,12 +73,64 @@ def test_bitwise_equal_across_calls_and_compilations():
         assert grad().tobytes() == first.tobytes()
 
 
-def test_the_cpu_scatters_in_index_order_without_sorting():
+@pytest.mark.parametrize(
+    ("backend", "scatter"), [("reference", " scatter("), ("c", "tdsl_scatter_rows_")]
+)
+def test_the_cpu_scatters_in_index_order_without_sorting(backend, scatter):
+    """XLA's scatter for the reference back end, the C kernel's for the C back end."""
     X, nbr, W, ct = _graph(2)
-    k = td.kernel("H[n,d] := X[nbr[n,k], d]")
+    k = td.kernel("H[n,d] := X[nbr[n,k], d]", backend=backend)
     grad = jax.jit(jax.grad(lambda X: jnp.sum(k(X, nbr) * ct[:, None, :1])))
     text = grad.lower(X).compile().as_text()
-    assert "scatter" in text and " sort(" not in text
+    assert scatter in text and " sort(" not in text
+    assert backend == "reference" or " scatter(" not in text
+
+
+@pytest.mark.parametrize(
+    ("backend", "gather"), [("reference", " gather("), ("c", "tdsl_gather_rows_")]
+)
+def test_the_cpu_gathers_rows_with_the_back_ends_kernel(backend, gather):
+    """The forward's gather: XLA's for the reference back end, the C kernel's for C; an
+    index outside the table reads NaN under jit either way."""
+    X, nbr, W, ct = _graph(9)
+    nbr[2, 1] = len(X) + 3
+    k = td.kernel("H[n,k,d] := X[nbr[n,k], d]", backend=backend)
+    assert gather in jax.jit(k).lower(X, nbr).compile().as_text()
+    got = np.asarray(jax.jit(k)(X, nbr))
+    assert np.isnan(got[2, 1]).all()
+    inside = np.ones(nbr.shape, bool)
+    inside[2, 1] = False
+    assert got[inside].tobytes() == X[nbr[inside]].tobytes()
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_the_c_sum_is_a_serial_sum_in_index_order(x64):
+    """float32 with int32 positions, float64 with int64: dX has the bits of `np.add.at` in
+    the table's dtype (additions in index order), on every call and every compilation."""
+    rng = np.random.default_rng(8)
+    nodes, width = 40, 6
+    with jax.enable_x64(x64):
+        dtype = np.float64 if x64 else np.float32
+        X = rng.normal(size=(nodes, width)).astype(dtype)
+        nbr = rng.integers(0, nodes - 5, size=(120, 9)).astype(np.int32)  # repeats, unread
+        scale = 10.0 ** rng.integers(-5, 6, size=(120, 9, 1))  # sums that depend on order
+        ct = (rng.normal(size=(120, 9, width)) * scale).astype(dtype)
+        k = td.kernel("E[n,k,d] := X[nbr[n,k], d]", backend="c")
+
+        def grad():  # a fresh jit each time: compiled again
+            return np.asarray(jax.jit(jax.grad(lambda X: jnp.sum(k(X, nbr) * ct)))(X))
+
+        first = grad()
+        assert first.dtype == dtype
+        assert all(grad().tobytes() == first.tobytes() for _ in range(2))
+    serial = np.zeros((nodes, width), dtype)
+    np.add.at(serial, nbr, ct)
+    assert first.tobytes() == serial.tobytes()
+    exact = np.zeros((nodes, width))
+    np.add.at(exact, nbr, ct.astype(np.float64))
+    np.testing.assert_allclose(first, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+    unread = np.setdiff1d(np.arange(nodes), nbr)
+    assert unread.size and (first[unread] == 0).all()
 
 
 @pytest.mark.parametrize("backend", ["reference", "c"])
