@@ -439,6 +439,12 @@ def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.E
             return p.level_lines(plan, 0, lines)
     lane = [*p.declare()]
     for n in range(len(p.nest.terms)):
-        plan = p.plan(n, [[sym for level in lanes for sym in level]], tests[n])
-        lane += ["{", *indent_lines(p.level_lines(plan, 0, p.fold_lines(n, plan, ""))), "}"]
+        # The row's and the outer levels' values are named and computed before the lane's,
+        # inside the lane loop (the compiler hoists them): a row-only read left inside a
+        # `where` arm would be a masked load of one address, which GCC does not vectorise.
+        plan = p.plan(n, [[], *lanes], tests[n])
+        lines = p.fold_lines(n, plan, "")
+        for level in reversed(range(len(plan.statements))):
+            lines = p.level_lines(plan, level, lines)
+        lane += ["{", *indent_lines(lines), "}"]
     return lane_loops(p, rn, wn, [*lane, *stored(p, [p.store_line()], whole=whole)])

@@ -19,20 +19,17 @@ libmvec's variants send a vector with any lane out of their fast range (`expf` b
 |x| ~ 87.3, where the result underflows or overflows) to scalar libm lane by lane, an order
 of magnitude slower: log-domain code (Sinkhorn, a logsumexp over masked or far-apart scores)
 lives there. So the float32 calls of the `WIDE_RANGE` functions print as helpers
-(`tdsl_exp`, ...) that keep the argument in the fast range: beyond a limit it is shifted
+(`tdsl_expm1`, ...) that keep the argument in the fast range: beyond a limit it is shifted
 by a constant (exactly, both being multiples of the argument's ulp) and the result scaled
 back by one multiplication, which rounds once into the subnormal range or overflows to inf as
 the function would; NaN passes through (comparisons with NaN are false: no `fmaxf`, which
 would turn NaN into the bound), and arguments beyond `clamp` give the same 0 or inf.
+`exp`, the most called (logsumexp, softmax, sigmoid), is inline arithmetic instead
+(`EXP_HELPER`, `tdsl_exp`): no call, no slow path, no wide-range helper around it.
 
 >>> print(float_helpers("y = tdsl_sigmoid(x);", inline="static inline", prefix="tdsl_"))
 ... # doctest: +ELLIPSIS
-/* glibc's vector variants (libmvec) of these, for calls in vectorised loops */
-#if defined(TDSL_LIBMVEC) && defined(__x86_64__) && __GLIBC__ * 100 + __GLIBC_MINOR__ >= 222
-#pragma omp declare simd notinbranch
-float expf(float);
-#endif
-static inline float tdsl_exp(float x) {
+static inline __attribute__((always_inline)) float tdsl_exp(float x) {
 ...
 static inline float tdsl_sigmoid(float x) {
 ...
@@ -80,14 +77,43 @@ _E64 = ("0x1.969d48p-93F", "0x1.425982p+92F")
 #: The functions whose libmvec variant has a slow path, and how their helpers avoid it; the
 #: limits are inside the fast range measured with glibc 2.36. sinh and cosh of |x| > 87 are
 #: +-exp(|x|)/2 to float32 precision and expm1 of x > 86 is exp(x), so the same shift and
-#: scale hold for them; expm1 below -87 is -1, shifted or not (its scale there is 1).
+#: scale hold for them; expm1 below -87 is -1, shifted or not (its scale there is 1). `exp`
+#: itself is `EXP_HELPER`, no libm call at all.
 WIDE_RANGE = {
-    "exp": WideRange(87.0, 87.0, 150.0, 64.0, _E64),
     "exp2": WideRange(120.0, 120.0, 180.0, 64.0, ("0x1p-64F", "0x1p64F")),
     "expm1": WideRange(87.0, 86.0, 150.0, 64.0, ("1.0F", _E64[1])),
     "sinh": WideRange(87.0, 87.0, 150.0, 64.0, (_E64[1], _E64[1])),
     "cosh": WideRange(87.0, 87.0, 150.0, 64.0, (_E64[1], _E64[1])),
 }
+
+
+#: The float32 `exp`: inline arithmetic with no slow path, in place of libmvec's `expf`
+#: behind a wide-range helper. That helper (a clamp, two compares, a scale) doubled the cost
+#: of libmvec's call in its fast range, and a vector call spills the registers live across
+#: it; inlined, the polynomial costs about what the bare vector call does, and a
+#: log-domain loop (a logsumexp's gradient, Sinkhorn) about half of what the helper did
+#: (benchmarks/RESULTS.md, "Issue 37: Sinkhorn"). `x = n ln2 + r`, `|r| <= ln2/2` (Cephes'
+#: two-part ln2, n rounded by adding 1.5 * 2^23); `e^r - 1` by Cephes' polynomial; 2^n in
+#: two normal factors, so that a subnormal or infinite result is rounded once. The
+#: argument is clamped to [-104, 89], beyond which exp rounds to 0 and overflows to inf;
+#: NaN passes the clamp (both comparisons are false) and stays NaN. Always inlined: GCC stops
+#: inlining into a function grown large (a gradient nest of 20 terms), and a call of it does
+#: not vectorise.
+EXP_HELPER = """\
+{inline} __attribute__((always_inline)) float {prefix}exp(float x) {{
+    /* exp with no slow path: a polynomial, 2^n in two factors (codegen.c.vecmath) */
+    const float c = x < -104.0F ? -104.0F : x > 89.0F ? 89.0F : x;
+    const float t = c * 1.44269504088896341F + 12582912.0F;
+    const float n = t - 12582912.0F;
+    const float r = c - n * 0.693359375F - n * -2.12194440e-4F;
+    const float q = ((((1.9875691500e-4F * r + 1.3981999507e-3F) * r + 8.3334519073e-3F) * r
+                      + 4.1665795894e-2F) * r + 1.6666665459e-1F) * r + 5.0000001201e-1F;
+    union {{ float f; int32_t i; uint32_t u; }} u = {{.f = t}}, a, b;
+    const int32_t k = u.i - 0x4b400000, k1 = k >> 1;
+    a.u = (uint32_t)(k1 + 127) << 23;
+    b.u = (uint32_t)(k - k1 + 127) << 23;
+    return (q * r * r + r + 1.0F) * a.f * b.f;
+}}"""
 
 
 def _constant(value: float) -> str:
@@ -102,14 +128,14 @@ def wide_range_helper(name: str, *, inline: str, prefix: str) -> str:
     copies the call into each, three vector calls per vector, each meeting the slow path
     (and so it does with one side only: both sides are always written).
 
-    >>> print(wide_range_helper("exp", inline="static inline", prefix="tdsl_"))
-    static inline float tdsl_exp(float x) {
-        /* expf with its argument in libmvec's fast range (codegen.c.vecmath) */
+    >>> print(wide_range_helper("sinh", inline="static inline", prefix="tdsl_"))
+    static inline float tdsl_sinh(float x) {
+        /* sinhf with its argument in libmvec's fast range (codegen.c.vecmath) */
         const float c = x < -150.0F ? -150.0F : x > 150.0F ? 150.0F : x;
         const float lo = (float)(c < -87.0F), hi = (float)(c > 87.0F);
         /* (hi - lo) * -64.0 is -0.0 inside the range, and c + -0.0 is c, -0.0 included */
-        const float s = (1.0F - lo - hi) + lo * 0x1.969d48p-93F + hi * 0x1.425982p+92F;
-        return expf(c + (hi - lo) * -64.0F) * s;
+        const float s = (1.0F - lo - hi) + lo * 0x1.425982p+92F + hi * 0x1.425982p+92F;
+        return sinhf(c + (hi - lo) * -64.0F) * s;
     }
     """
     row = WIDE_RANGE[name]
@@ -133,7 +159,7 @@ def wide_range_helper(name: str, *, inline: str, prefix: str) -> str:
 def wide_range_functions(prefix: str) -> dict[str, str]:
     """sympy printer `user_functions` for float32 C: each `WIDE_RANGE` function's name ->
     its helper's (`exp` -> `tdsl_exp`)."""
-    return {name: prefix + name for name in WIDE_RANGE}
+    return {name: prefix + name for name in ("exp", *WIDE_RANGE)}
 
 
 _CALL = re.compile(r"\b(\w+)\(")
@@ -201,6 +227,7 @@ def float_helpers(code: str, *, inline: str, prefix: str) -> str:
         for name in WIDE_RANGE
         if re.search(rf"\b{prefix}{name}\(", calls)
     ]
-    helpers = wide + helpers
+    exp = [EXP_HELPER.format(inline=inline, prefix=prefix)]
+    helpers = exp * bool(re.search(rf"\b{prefix}exp\(", calls)) + wide + helpers
     needed = libmvec_functions("\n".join([code, *helpers]))
     return "\n".join([declarations(needed), *helpers] if needed else helpers)
