@@ -40,6 +40,7 @@ from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair_stored
+from codegen.passes.partials import row_partials
 from codegen.passes.reuse import read_stored
 from codegen.recursion import deeply
 from tensordsl.binding import grouped, program_jvp
@@ -224,7 +225,11 @@ class FusedProgram:
                 found = together[name] if name in together else self._call(*item)
                 cotangent[name] = cotangent[name] + found if name in cotangent else found
         merged = {name: self._merged(parts[name], values[name]) for name in parts}
-        together = grouped.run_together(merged, self.backend, self.precision, call_nest)
+        together = {
+            name: found for name in merged if (found := self._by_rows(*merged[name])) is not None
+        }
+        ungrouped = {name: item for name, item in merged.items() if name not in together}
+        together |= grouped.run_together(ungrouped, self.backend, self.precision, call_nest)
         return [
             together[name]
             if name in together
@@ -281,6 +286,16 @@ class FusedProgram:
             shapes.update(part.shapes)
         shapes[nest.output] = tuple(np.shape(like))
         return nest, values, shapes, like
+
+    def _by_rows(self, nest: LoopNest, values: dict, shapes: dict, like: Any) -> Any:
+        """A gradient of few elements, each a sum over many rows of pairs (a score
+        modifier's slopes), as per-row partial sums summed here in a fixed order
+        (`codegen.passes.partials`); None where it does not split."""
+        rows = row_partials(nest, shapes)
+        if rows is None:
+            return None
+        partial = self._call(rows.nest, values, shapes, like)
+        return jnp.sum(partial, axis=rows.summed, dtype=jnp.result_type(like))
 
     def _call(self, nest: LoopNest, values: dict, shapes: dict, like: Any) -> Any:
         operands = [values[name] for name in nest.operand_names]
