@@ -54,8 +54,13 @@ The heuristic (`choose_cpu_schedule`):
    work (a function call, a nested reduction) does not read `v` while no access reads `v`
    either (only tests select by it: the coordinates `p` of the Gaussian kernel's `dX[i, p]`):
    the dot products there compute that work in vector lanes once for all the columns;
-4. otherwise, for sum/max/min/prod/argmax/argmin, ``dot`` with a 4 x 4 tile of dot products
-   of 8 float / 4 double lanes (16 accumulator registers); else ``scalar``;
+4. otherwise a sum some term of which computes a nested reduction per value of its innermost
+   reduced index (a score parameter's gradient: `sum_e dO[i, e]*V[j, e]` per key `j`) ->
+   ``scalar``, whose chunks compute such dot products 8 values at a time in vectors
+   (`codegen.c.strategies`; dot lanes over `j` would compute them lane by lane, reading
+   their rows across the lanes); for sum/max/min/prod/argmax/argmin, ``dot`` with a 4 x 4
+   tile of dot products of 8 float / 4 double lanes (16 accumulator registers); else
+   ``scalar``;
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
    time from the extents (guided schedule; see the thread-count note below).
 
@@ -84,12 +89,13 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c.work import costly_per_row, nested_per_value
 from codegen.emit import loop_order as orders
 from codegen.emit.loop_order import LoopOrder, default_loop_order, valid_unique, validate_schedule
 from codegen.ir.affine import affine_parts
 from codegen.ir.contraction import xla_contraction
 from codegen.ir.members import member_bodies
-from codegen.ir.nest import LoopNest, Reduce, accesses
+from codegen.ir.nest import LoopNest, accesses
 from codegen.ir.reductions import REDUCTIONS
 from codegen.ir.small_axes import small_extent
 
@@ -341,7 +347,7 @@ def choose_cpu_schedule(
         # ran faster than with 4 x 64). A vector axis shorter than the tile (the
         # Gaussian kernel's coordinates, `dX[i, p]`) runs as dot products instead, whose
         # lanes compute that work in vector form once for all the columns.
-        costly = _costly_per_row(nest, vector)
+        costly = costly_per_row(nest, vector)
         if costly and small is None and not _reads(nest, vector):
             small = _dot_schedule(nest, free, reduced, wide)
         return Schedule(
@@ -354,6 +360,8 @@ def choose_cpu_schedule(
             width=(32 if costly else 16) if wide else (64 if costly else 32),
             small=small,
         )
+    if nested_per_value(nest, reduced):
+        return Schedule(free, reduced)
     return _dot_schedule(nest, free, reduced, wide) or Schedule(free, reduced)
 
 
@@ -380,20 +388,6 @@ def _reads(nest: LoopNest, name: str) -> bool:
         for access in accesses(term.body)
         for index in access.indices
     )
-
-
-def _costly_per_row(nest: LoopNest, vector: str) -> bool:
-    """Whether some term computes a nested reduction or a function call that does not read
-    the vector index (so the tile computes it once per row and tile)."""
-    for term in nest.terms:
-        if not term.reduced:
-            continue
-        for node in sympy.preorder_traversal(term.body):
-            if isinstance(node, Reduce | sympy.Function) and not any(
-                s.name == vector for s in node.free_symbols if isinstance(s, sympy.Symbol)
-            ):
-                return True
-    return False
 
 
 def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:

@@ -32,10 +32,12 @@ CHUNK = 256
 
 def scalar(e: Emitter[Schedule]) -> Lines:
     """One output element at a time: the free loops, then each term's reduced loops (in
-    chunks with the reduction's vectorised passes where it has them)."""
+    chunks with the reduction's vectorised passes where it has them, and for a sum whose
+    values each compute a dot product that 8 values can share, `_batched_sum`)."""
     body = [*e.declare()]
     for n, term in enumerate(e.nest.terms):
-        body += _chunked_term(e, n) if e.reducer.passes and term.reduced else e.term_lines(n)
+        passes = e.reducer.passes or (_SUM_PASSES if _batched_sum(e, n) else ())
+        body += _chunked_term(e, n, passes) if passes and term.reduced else e.term_lines(n)
     lines = [*body, e.store_line("")]
     free = e.free_symbols()
     for r in reversed(free):
@@ -64,7 +66,23 @@ def chunk_fill(e: Emitter[Schedule], n: int, also: str = "") -> tuple[Plan, Line
     return plan, block_lines(f"for ({kind} {j} = c0_; {j} < c0_ + cn_; ++{j})", values), lo, hi
 
 
-def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
+#: A sum over a chunk's values: one vectorised pass.
+_SUM_PASSES = (Pass("{a} += {v};", "reduction(+:{a})"),)
+
+
+def _batched_sum(e: Emitter[Schedule], n: int) -> bool:
+    """Whether term `n` of a sum computes, per value of its innermost reduced index, a dot
+    product of contiguous rows that 8 values can share (a score modifier's gradient by
+    rows: `sum_d Q[i, d]*K[j, d]` for 8 keys `j`, `Q[i, :]` read once): then the term
+    runs in chunks, as logsumexp's does."""
+    order = e.term_order(n)
+    if e.reducer.name != "sum" or not order:
+        return False
+    plan = e.plan(n, [[], *e.reduced_levels(n)])
+    return bool(_batch_dots(e, plan, len(order), order[-1])[1])
+
+
+def _chunked_term(e: Emitter[Schedule], n: int, passes: tuple[Pass, ...]) -> Lines:
     """Term `n` with its innermost reduced loop cut into chunks of `CHUNK` values: each
     chunk's values computed once into a buffer (`chunk_fill`), reduced by
     `Reduction.passes` in simd loops over the buffer, and combined into the state.
@@ -76,7 +94,7 @@ def _chunked_term(e: Emitter[Schedule], n: int) -> Lines:
         f"const {kind} cn_ = tdsl_imin({CHUNK}, chi_ - c0_);",
         *fill,
         *e.declare("c_"),
-        *_buffer_passes(e, ("c_", "c_b_")),
+        *(line for p in passes for line in buffer_pass(e, p, ("c_", "c_b_"))),
         e.fmt(e.reducer.combine, e.names(), ("c_", "c_b_")),
     ]
     innermost = [
@@ -119,11 +137,6 @@ def _batch_dots(
         lines += dots
         kept.append(Assign(st.symbol, sympy.Dummy(f"{state}[r_]", real=True)))
     return (plan.with_level(level, kept) if lines else plan), lines
-
-
-def _buffer_passes(e: Emitter[Schedule], state: tuple[str, str]) -> Lines:
-    """The reduction's passes over the `cn_` values of `chunk_` into `state`."""
-    return [line for p in e.reducer.passes for line in buffer_pass(e, p, state)]
 
 
 def buffer_pass(e: Emitter[Schedule], p: Pass, state: tuple[str, str]) -> Lines:

@@ -10,7 +10,8 @@ transposed into this backward:
 
 * forward: the stored statements in order (`codegen.passes.fusion`), every value kept;
 * backward: the stored statements in reverse; the cotangent of a stored intermediate is the
-  sum of what its readers give it (attention's `dL` plus `-rowsum(dO * O)` from O); the
+  sum of what its readers give it (attention's `dL` plus `-rowsum(dO * O)` from O; one
+  nest for all the readers where it is an array several statements read, `_folded`); the
   gradient nests of each program input, one per statement that reads it, are added into ONE
   nest (`merge_gradients`: their terms over the same loops merge into one term, so the
   scores and weights are computed once, `dS = P * (dP + dL)` in FlashAttention's words) and
@@ -25,14 +26,18 @@ differentiable (second order), batchable and jittable.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import sympy
 from jax.custom_derivatives import SymbolicZero
 
+from codegen.ir.affine import holds_everywhere
+from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Operand, rename
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
 from codegen.passes import grad, gradient_rules
@@ -40,6 +45,8 @@ from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair_stored
+from codegen.passes.packing import folded_extents
+from codegen.passes.partials import row_partials
 from codegen.passes.reuse import read_stored
 from codegen.recursion import deeply
 from tensordsl.binding import grouped, program_jvp
@@ -103,6 +110,33 @@ def _tangent(output: Any, tangent: Any, perturbed: bool) -> Any:
     if not is_differentiable(jnp.result_type(output)):
         return np.zeros(np.shape(output), jax.dtypes.float0)
     return tangent if perturbed else jnp.zeros_like(output)
+
+
+def _folded(parts: list[_Part]) -> list[_Part]:
+    """The parts with their max and min of extents evaluated for the call's shapes, and the
+    constraints that then hold on the whole of their free ranges dropped: two readers'
+    bounds that differ as written (`Min(v_.shape[1], ...)` against `ds_.shape[3]`) and agree
+    for these shapes then merge into one term (`merge_gradients`)."""
+    found = []
+    for part in parts:
+        extents = {s: sympy.Integer(v) for s, v in extent_values(part.nest, part.shapes).items()}
+        nest = folded_extents(part.nest, extents)
+        box = {}
+        for r in nest.free:
+            lo, hi = (sympy.sympify(x).xreplace(extents) for x in (r.start, r.stop))
+            if lo.is_Integer and hi.is_Integer:
+                box[r.index] = (int(lo), int(hi) - 1)
+        terms = tuple(
+            dataclasses.replace(
+                t,
+                constraints=tuple(
+                    c for c in t.constraints if not holds_everywhere(c.xreplace(extents), box)
+                ),
+            )
+            for t in nest.terms
+        )
+        found.append(dataclasses.replace(part, nest=dataclasses.replace(nest, terms=terms)))
+    return found
 
 
 class FusedProgram:
@@ -200,7 +234,16 @@ class FusedProgram:
         cotangent = {name: ct for name, ct in zip(self.outputs, cotangents) if ct is not None}
         needed = _needed(self.stored, frozenset(perturbed))
         parts: dict[str, list[_Part]] = {}
+        # A stored intermediate several statements read (attention's stored scores, read by
+        # the logsumexp and the weighted sum) gets its gradient nests merged into one, run
+        # once its last reader is done: each pair's weight is computed once, not per reader.
+        readers = Counter(op.name for n in self.stored for op in n.operands)
+        pending: dict[str, list[_Part]] = {}
         for nest in reversed(self.stored):
+            if nest.output in pending:
+                name = nest.output
+                found = self._call(*self._merged(_folded(pending.pop(name)), values[name]))
+                cotangent[name] = cotangent[name] + found if name in cotangent else found
             dy = cotangent.get(nest.output)
             if dy is None:
                 continue
@@ -215,7 +258,9 @@ class FusedProgram:
                 if not is_differentiable(jnp.result_type(value)):
                     continue
                 part = self._part(nest, op.name, values, by_role)
-                if op.name in stored_names:
+                if op.name in stored_names and readers[op.name] > 1:
+                    pending.setdefault(op.name, []).append(part)
+                elif op.name in stored_names:
                     here[op.name] = self._merged([part], value)
                 else:
                     parts.setdefault(op.name, []).append(part)
@@ -225,6 +270,9 @@ class FusedProgram:
                 cotangent[name] = cotangent[name] + found if name in cotangent else found
         merged = {name: self._merged(parts[name], values[name]) for name in parts}
         together = grouped.run_together(merged, self.backend, self.precision, call_nest)
+        for name in merged:  # a gradient alone: by rows where that splits it
+            if name not in together and (found := self._by_rows(*merged[name])) is not None:
+                together[name] = found
         return [
             together[name]
             if name in together
@@ -281,6 +329,16 @@ class FusedProgram:
             shapes.update(part.shapes)
         shapes[nest.output] = tuple(np.shape(like))
         return nest, values, shapes, like
+
+    def _by_rows(self, nest: LoopNest, values: dict, shapes: dict, like: Any) -> Any:
+        """A gradient of few elements, each a sum over many rows of pairs (a score
+        modifier's slopes), as per-row partial sums summed here in a fixed order
+        (`codegen.passes.partials`); None where it does not split."""
+        rows = row_partials(nest, shapes)
+        if rows is None:
+            return None
+        partial = self._call(rows.nest, values, shapes, like)
+        return jnp.sum(partial, axis=rows.summed, dtype=jnp.result_type(like))
 
     def _call(self, nest: LoopNest, values: dict, shapes: dict, like: Any) -> Any:
         operands = [values[name] for name in nest.operand_names]
