@@ -79,6 +79,10 @@ class Backend:
     #: Pairs gradient nests that one kernel with two outputs computes together:
     #: `pairs(nests, shapes, dtype)` -> `codegen.passes.packing.Pair`s; None: none pair.
     pairs_gradients: Callable[[], Callable[..., Any]] | None = None
+    #: Runs a pair with extras (`Pair.extras`: gradients of score parameters as per-tile
+    #: partial sums): `run(nest, extras, values by name, shapes, dtype, *, precision)` ->
+    #: (the pair's packed output, the extras' gradients); None: its pairs have no extras.
+    runs_partials: Callable[[], Callable[..., Any]] | None = None
     #: Builds a nest's kernel now: `build(nest, dtypes=, schedule=)` -> a compiled nest
     #: (`function`, `host_parameters`); `profile()` and `explain --build` call it.
     builder: Callable[[], Callable[..., Any]] | None = None
@@ -180,6 +184,12 @@ def _pallas_pairs() -> Callable[..., Any]:
     return pair_attention
 
 
+def _pallas_partials() -> Callable[..., Any]:
+    from tensordsl.backends.pallas.run import run_partials
+
+    return run_partials
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -267,6 +277,7 @@ BACKENDS: dict[str, Backend] = {
         _runner("tensordsl.backends.pallas.run", "run_pallas"),
         one_pass_rows=PALLAS_ONE_PASS_ROWS,
         pairs_gradients=_pallas_pairs,
+        runs_partials=_pallas_partials,
         static_report=_pallas_static_report,
     ),
 }

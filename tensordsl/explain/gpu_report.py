@@ -13,7 +13,36 @@ from typing import Any
 
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import table
-from tensordsl.explain.timing import equation_dtypes, nest_equations
+from tensordsl.explain.timing import PRIMITIVE, equation_dtypes
+
+#: The primitive of a pair whose kernel computes score parameters' gradients too
+#: (`tensordsl.binding.partials`).
+PARTIALS = "tensordsl_partials"
+
+
+def _equations(jaxpr: Any) -> list[Any]:
+    """Every nest and partials equation of `jaxpr` and of the jaxprs in its parameters, in
+    order."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in (PRIMITIVE, PARTIALS):
+            found.append(eqn)
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                found.extend(_equations(inner))
+    return found
+
+
+def _partials_equation(eqn: Any) -> tuple[LoopNest, dict, dict, tuple]:
+    """(the pair's nest, dtypes, shapes, the extras) of a partials equation."""
+    pair = eqn.params["pair"]
+    names = eqn.params["names"]
+    dtypes = {n: v.aval.dtype.name for n, v in zip(names, eqn.invars)}
+    dtypes[pair.nest.output] = eqn.outvars[0].aval.dtype.name
+    shapes = dict(eqn.params["shapes"])
+    shapes.update({n: v.aval.shape for n, v in zip(names, eqn.invars)})
+    return pair.nest, dtypes, shapes, pair.extras
 
 
 def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None = None) -> list[str]:
@@ -29,8 +58,15 @@ def report_lines(target: str, jaxpr: Any, names: Mapping[LoopNest, str] | None =
     static = backend.static_report()
     choose = backend.scheduler() if backend.scheduler is not None else None
     lines = [static.title]
-    for eqn in nest_equations(jaxpr):
-        nest: LoopNest = eqn.params["nest"]
+    for eqn in _equations(jaxpr):
+        if eqn.primitive.name == PARTIALS:
+            nest, dtypes, shapes, extras = _partials_equation(eqn)
+            precision = eqn.params.get("precision")
+            report = static.report(nest, dtypes, shapes, precision=precision, extras=extras)
+            label = (names or {}).get(nest, nest.label)
+            lines += [f"{label}: {report.lines()[0]}", *report.lines()[1:]]
+            continue
+        nest = eqn.params["nest"]
         dtypes = equation_dtypes(eqn)
         shapes = {**dict(eqn.params["extents"])}
         shapes.update({op.name: v.aval.shape for op, v in zip(nest.operands, eqn.invars)})
