@@ -109,6 +109,18 @@ VARIANTS = {
         lambda rng, B, T, S, H: {"R": rng.normal(size=(H, T + S - 1)).astype(np.float32)},
         lambda s, a, b, h, i, j: (s + a["R"][h, i - j + 39], j <= i),
     ),
+    "padding_mask_learned_slopes": Variant(
+        (2, 40, 40, 2, 2, 16),
+        {"mask_mod": "M[b, j] > 0", "score_mod": "S - sl[h] * abs(i - j)"},
+        lambda rng, B, T, S, H: {
+            "M": np.concatenate([np.ones((B, 1)), (rng.random((B, S - 1)) > 0.4)], axis=1).astype(
+                np.float32
+            ),
+            "sl": rng.uniform(0.05, 0.5, size=H).astype(np.float32),
+        },
+        lambda s, a, b, h, i, j: (s - a["sl"][h] * jnp.abs(i - j), a["M"][b, j] > 0),
+        no_gradient=("M",),
+    ),
     "grouped_query": Variant((1, 40, 40, 4, 2, 16), {"causal": True}, None, _causal),
     "cross": Variant((2, 24, 72, 2, 2, 16), {}, None, _plain),
     "odd_length": Variant((1, 37, 37, 2, 2, 24), {"causal": True}, None, _causal),
@@ -264,14 +276,16 @@ PARAMETERS = {
     "learned_soft_cap": "c",
     "learned_scale": "t",
     "grouped_query_relative_bias": "R",
+    "padding_mask_learned_slopes": "sl",
 }
 
 
 @pytest.mark.parametrize("name", sorted(PARAMETERS))
 def test_score_parameter_gradients_are_partial_sums_of_the_dk_dv_kernel(name):
     """The gradient of a score parameter (a relative-bias table, ALiBi slopes, a soft-cap, a
-    scale) runs inside the dK+dV kernel as per-tile partial sums: no kernel of its own; a
-    relative-bias table's forward and dQ, dK+dV kernels are the fused ones too."""
+    scale; with a padding mask too) runs inside the dK+dV kernel as per-tile partial sums:
+    no kernel of its own; a relative-bias table's forward and dQ, dK+dV kernels are the
+    fused ones too. (A mask's array is not differentiated: its gradient is zero.)"""
     variant = VARIANTS[name]
     (q, k, v), arrays = _inputs(variant)
     call, names = _attention(variant)
@@ -279,7 +293,7 @@ def test_score_parameter_gradients_are_partial_sums_of_the_dk_dv_kernel(name):
     args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)]
     args += [jnp.asarray(arrays[n], jnp.float32) for n in names]
     assert _kernels(lowered_for_cuda(call, *args)) == ["tdsl_out__flash"]
-    argnums = tuple(range(len(args)))
+    argnums = (0, 1, 2, *(3 + n for n, a in enumerate(names) if a not in variant.no_gradient))
     both = lowered_for_cuda(jax.value_and_grad(_loss(call), argnums=argnums), *args)
     assert _kernels(both) == [
         "tdsl_out__flash",
@@ -287,8 +301,7 @@ def test_score_parameter_gradients_are_partial_sums_of_the_dk_dv_kernel(name):
         "tdsl_dv__dk__flash",
         "tdsl_dq__flash",
     ]
-    # Only the parameter differentiated: dK+dV still runs (it carries the partials)? No:
-    # without dK and dV there is no pair, and the gradient runs as its own tile program.
+    # The parameter alone differentiated: no dK+dV pair to carry it, its own tile program.
     alone = lowered_for_cuda(jax.grad(_loss(call), argnums=len(args) - 1), *args)
     assert f"tdsl_d{PARAMETERS[name]}_tiles" in _kernels(alone)
 

@@ -13,9 +13,10 @@ tile (the scores' dots, `dO . V`, the exponential), so the gradient is computed 
   so rewritten, is the tile's contribution, its ranges and constraints a `where`;
 * each program instance writes one partial per parameter element it reaches, once, into a
   partials array (`ParamPartial`): a parameter axis that is an outer index of the kernel
-  (the head of `sl[h]`) comes from the grid; the one other axis (`p`) is computed per tile,
-  a window of consecutive positions per tile summed without scatter (Pallas' interpret
-  mode drops repeated-index updates) and added to the instance's own block at its offset;
+  (the head of `sl[h]`) comes from the grid; the others (`p`; with grouped-query heads the
+  head too), flattened row-major into one local axis, are computed per tile: a window of
+  consecutive positions per tile summed without scatter (Pallas' interpret mode drops
+  repeated-index updates) and added to the instance's own block at its offset;
 * the partials are summed after the kernel in a fixed order (no atomics): deterministic.
 
 Nothing is per modifier: a nest matches when its indices map onto the kernel's one to one
@@ -112,11 +113,11 @@ def partial_of(
         mapped = _mapped(gradient, term, kernel, accesses)
         if mapped is None:
             return None
-        body, where, index = mapped
+        body, where, index, guard = mapped
         if found is not None and index != found:
             return None
         found = index
-        if not _inside(program, where, term.guard == program.guard):
+        if not _inside(program, where, guard == program.guard):
             return None
         box = _box(program, padded=True)
         kept = [c for c in where if not holds_everywhere(c, box)]
@@ -157,9 +158,9 @@ def _accesses(program: AttentionProgram) -> dict[str, set[tuple]]:
 
 def _mapped(
     gradient: LoopNest, term, kernel: tuple[sympy.Symbol, ...], accesses: dict[str, set[tuple]]
-) -> tuple[sympy.Expr, list[sympy.Expr], tuple[sympy.Expr, ...]] | None:
-    """(body, domain constraints, parameter position) of one gradient term in the kernel's
-    indices, or None when its indices do not map one to one onto the kernel's."""
+) -> tuple[sympy.Expr, list[sympy.Expr], tuple[sympy.Expr, ...], sympy.Basic] | None:
+    """(body, domain constraints, parameter position, guard) of one gradient term in the
+    kernel's indices, or None when its indices do not map one to one onto the kernel's."""
     own = (*gradient.free_indices, *(r.index for r in term.reduced))
     if len(own) != len(kernel):
         return None
@@ -201,7 +202,8 @@ def _mapped(
     for r in (*gradient.free, *term.reduced):
         where += [sympy.expand(back[r.index] - r.start), sympy.expand(r.stop - 1 - back[r.index])]
     index = tuple(sympy.expand(back[x]) for x in gradient.free_indices)
-    return mapped, where, index
+    guard = sympy.sympify(term.guard).xreplace(fresh).xreplace(solution)
+    return mapped, where, index, guard
 
 
 def _box(program: AttentionProgram, padded: bool) -> dict[sympy.Symbol, tuple[int, int]]:
