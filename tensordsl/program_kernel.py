@@ -36,7 +36,7 @@ from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
 from tensordsl.binding import gather
-from tensordsl.binding.programs import fuse_program, run_program
+from tensordsl.binding.programs import auto_backend, fuse_program, run_program
 from tensordsl.errors import UnsupportedError
 from tensordsl.explain.spelling import Spelling, label, spellings
 from tensordsl.frontend import arguments, ellipsis
@@ -231,10 +231,13 @@ class ProgramKernel:
             )
         ]
         lines += ["  " + str(decision) for decision in fused.decisions]
-        record = table.backend(self.backend)
+        auto = None
+        if self.backend == table.AUTO:
+            auto = auto_backend(self.program, known, "float32", self.fuse)
+        record = table.backend(self.backend if auto is None else auto.backend)
         runs = pair_stored(fused.stored, concrete) if record.one_pass_rows else fused.stored
         forward = {f"forward {n.output}{'+' + n.online if n.online else ''}": n for n in runs}
-        lines += summary_lines(forward, self.backend)
+        lines += summary_lines(forward, self.backend, auto=auto)
         lines += [
             f"  ({nest.output}+{nest.online}: {nest.online} and {nest.output} in one pass "
             "where rows are short enough; the other back ends run the two)"
@@ -411,10 +414,13 @@ class ProgramKernel:
             if statement.gathers:
                 found = gather.gathered(statement, by_name, known, self.source_text, on)
                 by_name.update(found)
+        dtype = jnp.result_type(*values) if values else jnp.float32  # auto's tuning rows
         results = run_program(
             self.program,
             by_name,
-            backend=on,
+            backend=auto_backend(self.program, _shapes(by_name), dtype, self.fuse).backend
+            if self.backend == table.AUTO
+            else on,
             nograd=self.nograd,
             precision=self.precision,
             fuse=self.fuse,
@@ -422,3 +428,7 @@ class ProgramKernel:
         if batched is not None:
             results = ellipsis.restore(batched, self.outputs, results, lead)
         return results if self._lowered.returns_tuple else results[0]
+
+
+def _shapes(values: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(np.shape(v)) for name, v in values.items()}

@@ -123,7 +123,7 @@ def fuse(
             readers,
             outputs=outputs,
             shapes=shapes,
-            paired=_paired(nest, readers),
+            paired=_paired(nest, readers, shapes),
             intermediates=intermediates,
         )
         if nest.output in force:
@@ -146,10 +146,14 @@ def inlinable(nest: LoopNest) -> bool:
     return not any(t.reduced for t in nest.terms) or nest.reduction in INLINE_REDUCTIONS
 
 
-def _paired(producer: LoopNest, readers: Sequence[LoopNest]) -> tuple[str, ...]:
+def _paired(
+    producer: LoopNest, readers: Sequence[LoopNest], shapes: Mapping[str, Sequence[int]]
+) -> tuple[str, ...]:
     """The readers whose reads of `producer`, recomputed, the one-pass strategy computes
     together with a logsumexp reader's (`codegen.passes.online.pair`): attention's weighted
-    sum, paired with the logsumexp of the same scores."""
+    sum, paired with the logsumexp of the same scores. Their loops are compared for the
+    call's `shapes`, as the runners pair them (a relative-bias table's `R[h, i - j + T - 1]`
+    gives ranges that agree for the shapes only)."""
     if producer.reduction not in INLINE_REDUCTIONS:
         return ()
     raw = _raw(producer)
@@ -165,7 +169,7 @@ def _paired(producer: LoopNest, readers: Sequence[LoopNest]) -> tuple[str, ...]:
             except CannotInline:
                 continue
             lse_nest, weighted_nest = (factor_sums(bound_guards(nest)) for nest in one)
-            if pair(lse_nest, _rows_as_read(weighted_nest, lse.output)) is not None:
+            if pair(lse_nest, _rows_as_read(weighted_nest, lse.output), shapes) is not None:
                 found.append(weighted.output)
     return tuple(found)
 

@@ -23,6 +23,9 @@ class Pair:
     nest: LoopNest
     outputs: tuple[str, str]
     split: int
+    #: Other gradient nests (of score parameters) that the pair's kernel computes too, as
+    #: per-tile partial sums (`codegen.tiles.attention.partials`); empty: none.
+    extras: tuple[LoopNest, ...] = ()
 
 
 def renamed_indices(nest: LoopNest, mapping: Mapping[sympy.Symbol, sympy.Symbol]) -> LoopNest:

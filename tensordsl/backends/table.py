@@ -81,6 +81,10 @@ class Backend:
     #: Pairs gradient nests that one kernel with two outputs computes together:
     #: `pairs(nests, shapes, dtype)` -> `codegen.passes.packing.Pair`s; None: none pair.
     pairs_gradients: Callable[[], Callable[..., Any]] | None = None
+    #: Runs a pair with extras (`Pair.extras`: gradients of score parameters as per-tile
+    #: partial sums): `run(nest, extras, values by name, shapes, dtype, *, precision)` ->
+    #: (the pair's packed output, the extras' gradients); None: its pairs have no extras.
+    runs_partials: Callable[[], Callable[..., Any]] | None = None
     #: Builds a nest's kernel now: `build(nest, dtypes=, schedule=)` -> a compiled nest
     #: (`function`, `host_parameters`); `profile()` and `explain --build` call it.
     builder: Callable[[], Callable[..., Any]] | None = None
@@ -203,6 +207,12 @@ def _pallas_pairs() -> Callable[..., Any]:
     return pair_attention
 
 
+def _pallas_partials() -> Callable[..., Any]:
+    from tensordsl.backends.pallas.run import run_partials
+
+    return run_partials
+
+
 def _c_scheduler() -> Callable[..., Any]:
     from codegen.c.schedule import choose_cpu_schedule
 
@@ -295,6 +305,7 @@ BACKENDS: dict[str, Backend] = {
         _runner("tensordsl.backends.pallas.run", "run_pallas"),
         one_pass_rows=PALLAS_ONE_PASS_ROWS,
         pairs_gradients=_pallas_pairs,
+        runs_partials=_pallas_partials,
         static_report=_pallas_static_report,
     ),
 }
@@ -320,14 +331,51 @@ def backend(name: str, nest: LoopNest | None = None, operands: Sequence[Any] = (
 def resolve_backend(name: str, nest: LoopNest | None = None, operands: Sequence[Any] = ()) -> str:
     """`name` itself, or for "auto": on a GPU, the back end the tuning table prefers for
     `nest`'s kind on `operands` (`preferred_backend`), else cuda where CuPy is installed;
-    c elsewhere."""
+    c elsewhere (`auto_choice`)."""
     if name != AUTO:
         return name
+    return auto_choice(() if nest is None else ((nest, operands),)).backend
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """The back end "auto" took for a call, and why (`explain` prints the reason)."""
+
+    backend: str
+    reason: str
+
+
+def auto_choice(runs: Any) -> AutoChoice:
+    """What "auto" takes for a call that runs these nests, each with its operands (arrays,
+    or anything with a `shape` and a `dtype`; `runs` may be a function giving them, called
+    on a GPU only): without a GPU, c; on a GPU, pallas when the
+    tuning table prefers pallas for at least one nest's kind and cuda for none (a call's
+    nests run on one back end), else cuda where CuPy is installed, c elsewhere.
+
+    >>> import unittest.mock
+    >>> with unittest.mock.patch(f"{__name__}._on_gpu", lambda: False):
+    ...     auto_choice(()).reason
+    'no GPU (jax runs on cpu)'
+    """
     if not _on_gpu():
-        return "c"
-    if nest is not None and preferred_backend(nest, operands) == "pallas":
-        return "pallas"
-    return "cuda" if importlib.util.find_spec("cupy") is not None else "c"
+        return AutoChoice("c", f"no GPU (jax runs on {jax.default_backend()})")
+    runs = tuple(runs() if callable(runs) else runs)
+    preferred = [(nest.label, preferred_backend(nest, ops)) for nest, ops in runs]
+    pallas = [label for label, p in preferred if p == "pallas"]
+    cuda = [label for label, p in preferred if p == "cuda"]
+    if pallas and not cuda:
+        return AutoChoice(
+            "pallas", f"on a GPU the tuning table prefers pallas for {', '.join(pallas)}"
+        )
+    if cuda:
+        why = f"on a GPU the tuning table prefers cuda for {', '.join(cuda)}"
+    elif runs:
+        why = "on a GPU the tuning table has no measured row preferring pallas for these nests"
+    else:
+        why = "on a GPU"
+    if importlib.util.find_spec("cupy") is not None:
+        return AutoChoice("cuda", why)
+    return AutoChoice("c", f"{why}; CuPy is not installed")
 
 
 def _on_gpu() -> bool:

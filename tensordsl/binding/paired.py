@@ -2,7 +2,9 @@
 record pairs them (`Backend.pairs_gradients`: CUDA's `codegen.cuda.attention.paired`, attention's dK
 and dV in one weighted kernel). The pair is a `nest_p` call like any other (batched,
 jitted, differentiated again as one); its packed columns are sliced back into the two
-gradients.
+gradients. A pair whose kernel also computes the gradients of score parameters
+(`Pair.extras`, the pallas back end's per-tile partial sums) runs as one `partials_p` call
+(`tensordsl.binding.partials`), returning those gradients too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 from codegen import config
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import table
+from tensordsl.binding.partials import call_partials
 
 
 def integer_operands(nest: LoopNest, operands: Sequence[Any]) -> frozenset[str]:
@@ -50,15 +53,32 @@ def run_pairs(
     for dtype, alike in by_dtype.items():
         for pair in pairs(alike, shapes, dtype):
             operands = [values[name] for name in pair.nest.operand_names]
-            packed = call_nest(
-                pair.nest,
-                operands,
-                backend=backend,
-                shapes=shapes,
-                out_dtype=dtype,
-                nograd=integer_operands(pair.nest, operands),
-                precision=precision,
-            )
+            if pair.extras and record.runs_partials is not None:
+                packed, extras = call_partials(
+                    pair,
+                    values,
+                    shapes,
+                    backend=backend,
+                    dtype=dtype,
+                    precision=precision,
+                    nograd=frozenset(
+                        n
+                        for x in (pair.nest, *pair.extras)
+                        for n in integer_operands(x, [values[m] for m in x.operand_names])
+                    ),
+                    call_nest=call_nest,
+                )
+                found.update((extra.output, g) for extra, g in zip(pair.extras, extras))
+            else:
+                packed = call_nest(
+                    pair.nest,
+                    operands,
+                    backend=backend,
+                    shapes=shapes,
+                    out_dtype=dtype,
+                    nograd=integer_operands(pair.nest, operands),
+                    precision=precision,
+                )
             first, second = pair.outputs
             found[first], found[second] = packed[..., : pair.split], packed[..., pair.split :]
     return found

@@ -189,3 +189,27 @@ def fuse_program(
     (the `fuse=` option, as sorted pairs)."""
     known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
     return _fused(live, outputs, known, force, config.xla_contractions())
+
+
+def auto_backend(
+    program: Program,
+    shapes: Mapping[str, Sequence[int]],
+    dtype: Any,
+    force: tuple[tuple[str, str], ...] = (),
+) -> Any:
+    """What `backend="auto"` takes for a call of `program` on inputs of these shapes and
+    `dtype` (`tensordsl.backends.table.auto_choice`, an `AutoChoice`): on a GPU, the back end
+    the tuning table prefers for the nests the call runs (fused and paired for the shapes);
+    c without a GPU (nothing is fused to decide it)."""
+    from codegen.passes.online import pair_stored
+    from tensordsl.backends import table
+
+    def runs() -> list[tuple[LoopNest, list[Any]]]:
+        concrete = program.concrete_shapes({op.name: shapes[op.name] for op in program.inputs})
+        fused = fuse_program(live_statements(program), program.outputs, concrete, force)
+        return [
+            (nest, [jax.ShapeDtypeStruct(concrete[n], dtype) for n in nest.operand_names])
+            for nest in pair_stored(fused.stored, concrete)
+        ]
+
+    return table.auto_choice(runs)

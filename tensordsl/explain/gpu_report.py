@@ -17,7 +17,22 @@ from typing import Any
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import table
 from tensordsl.explain.spelling import Spelling, label, spell
-from tensordsl.explain.timing import equation_dtypes, nest_equations
+from tensordsl.explain.timing import PRIMITIVE, equation_dtypes, nest_equations
+
+#: The primitive of a pair whose kernel computes score parameters' gradients too
+#: (`tensordsl.binding.partials`).
+PARTIALS = "tensordsl_partials"
+
+
+def _partials_equation(eqn: Any) -> tuple[LoopNest, dict, dict, tuple]:
+    """(the pair's nest, dtypes, shapes, the extras) of a partials equation."""
+    pair = eqn.params["pair"]
+    names = eqn.params["names"]
+    dtypes = {n: v.aval.dtype.name for n, v in zip(names, eqn.invars)}
+    dtypes[pair.nest.output] = eqn.outvars[0].aval.dtype.name
+    shapes = dict(eqn.params["shapes"])
+    shapes.update({n: v.aval.shape for n, v in zip(names, eqn.invars)})
+    return pair.nest, dtypes, shapes, pair.extras
 
 
 def report_lines(
@@ -40,8 +55,23 @@ def report_lines(
     lines = [static.title]
     spelling = functools.partial(spell, spelled=spelled)
     naming = functools.partial(label, spelled=spelled)
-    for eqn in nest_equations(jaxpr):
-        nest: LoopNest = eqn.params["nest"]
+    for eqn in nest_equations(jaxpr, (PRIMITIVE, PARTIALS)):
+        if eqn.primitive.name == PARTIALS:
+            nest, dtypes, shapes, extras = _partials_equation(eqn)
+            precision = eqn.params.get("precision")
+            report = static.report(
+                nest,
+                dtypes,
+                shapes,
+                precision=precision,
+                extras=extras,
+                spell=spelling,
+                name=naming,
+            )
+            title = (names or {}).get(nest) or naming(nest.label)
+            lines += [f"{title}: {report.lines()[0]}", *report.lines()[1:]]
+            continue
+        nest = eqn.params["nest"]
         dtypes = equation_dtypes(eqn)
         shapes = {**dict(eqn.params["extents"])}
         shapes.update({op.name: v.aval.shape for op, v in zip(nest.operands, eqn.invars)})

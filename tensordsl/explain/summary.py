@@ -33,16 +33,22 @@ def summary_lines(
     positions: frozenset[str] = frozenset(),
     schedules: Mapping[str, Any] | None = None,
     dtype: str = "float32",
+    auto: Any = None,
 ) -> list[str]:
     """A count of `nests` (by label) and, on a back end with schedules, the schedule of
-    each in words, as its heuristic picks it for `dtype` inputs (or as `schedules` gives)."""
-    record = table.backend(backend)
+    each in words, as its heuristic picks it for `dtype` inputs (or as `schedules` gives).
+    With `backend="auto"`, the back end it took and why (`auto`: the call's
+    `table.AutoChoice`; without it, the machine's alone)."""
+    if backend == table.AUTO and auto is None:
+        auto = table.auto_choice(())
+    record = table.backend(backend if auto is None else auto.backend)
     count = f"{len(nests)} nest{'s' * (len(nests) != 1)}"
     where = f"the {record.name} back end" + (" (auto)" if backend == table.AUTO else "")
+    said = [] if auto is None else [f"  (auto took {auto.backend}: {auto.reason})"]
     if record.scheduler is None:
-        return [f"{count} on {where} (jax.numpy: no generated code, no schedule)"]
+        return [f"{count} on {where} (jax.numpy: no generated code, no schedule)", *said]
     choose = record.scheduler()
-    lines = [f"{count} on {where}, each scheduled for {dtype} inputs as:"]
+    lines = [f"{count} on {where}, each scheduled for {dtype} inputs as:", *said]
     width = max(len(label) for label in nests)
     for label, nest in nests.items():
         schedule = (schedules or {}).get(label) or choose(nest, _dtypes(nest, positions, dtype))

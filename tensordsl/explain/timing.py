@@ -98,16 +98,17 @@ class Profile:
         return "\n".join(self.lines())
 
 
-def nest_equations(jaxpr: Any) -> list[Any]:
-    """Every nest equation of `jaxpr` and of the jaxprs in its parameters, in order."""
+def nest_equations(jaxpr: Any, primitives: tuple[str, ...] = (PRIMITIVE,)) -> list[Any]:
+    """Every equation of `jaxpr` and of the jaxprs in its parameters whose primitive is one of
+    `primitives` (nest equations), in order."""
     found = []
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == PRIMITIVE:
+        if eqn.primitive.name in primitives:
             found.append(eqn)
         for value in eqn.params.values():
             inner = getattr(value, "jaxpr", value)
             if hasattr(inner, "eqns"):
-                found.extend(nest_equations(inner))
+                found.extend(nest_equations(inner, primitives))
     return found
 
 

@@ -91,6 +91,36 @@ VARIANTS = {
         None,
         lambda s, a, b, h, i, j: (3 * jnp.tanh(s / 3), jnp.ones(s.shape, bool)),
     ),
+    "learned_soft_cap": Variant(
+        (1, 48, 48, 2, 2, 16),
+        {"score_mod": "c * tanh(S / c)"},
+        lambda rng, B, T, S, H: {"c": np.float32(rng.uniform(2.0, 4.0))},
+        lambda s, a, b, h, i, j: (a["c"] * jnp.tanh(s / a["c"]), jnp.ones(s.shape, bool)),
+    ),
+    "learned_scale": Variant(
+        (2, 40, 40, 2, 2, 16),
+        {"causal": True, "score_mod": "S * t"},
+        lambda rng, B, T, S, H: {"t": np.float32(rng.uniform(0.5, 1.5))},
+        lambda s, a, b, h, i, j: (s * a["t"], j <= i),
+    ),
+    "grouped_query_relative_bias": Variant(
+        (1, 40, 40, 4, 2, 16),
+        {"causal": True, "score_mod": "S + R[h, i - j + 39]"},
+        lambda rng, B, T, S, H: {"R": rng.normal(size=(H, T + S - 1)).astype(np.float32)},
+        lambda s, a, b, h, i, j: (s + a["R"][h, i - j + 39], j <= i),
+    ),
+    "padding_mask_learned_slopes": Variant(
+        (2, 40, 40, 2, 2, 16),
+        {"mask_mod": "M[b, j] > 0", "score_mod": "S - sl[h] * abs(i - j)"},
+        lambda rng, B, T, S, H: {
+            "M": np.concatenate([np.ones((B, 1)), (rng.random((B, S - 1)) > 0.4)], axis=1).astype(
+                np.float32
+            ),
+            "sl": rng.uniform(0.05, 0.5, size=H).astype(np.float32),
+        },
+        lambda s, a, b, h, i, j: (s - a["sl"][h] * jnp.abs(i - j), a["M"][b, j] > 0),
+        no_gradient=("M",),
+    ),
     "grouped_query": Variant((1, 40, 40, 4, 2, 16), {"causal": True}, None, _causal),
     "cross": Variant((2, 24, 72, 2, 2, 16), {}, None, _plain),
     "odd_length": Variant((1, 37, 37, 2, 2, 24), {"causal": True}, None, _causal),
@@ -239,6 +269,64 @@ def test_the_fused_kernels_run(name):
     ]
 
 
+#: The attention variants with a score parameter, and the parameter.
+PARAMETERS = {
+    "relative_bias": "R",
+    "alibi_learned_slopes": "sl",
+    "learned_soft_cap": "c",
+    "learned_scale": "t",
+    "grouped_query_relative_bias": "R",
+    "padding_mask_learned_slopes": "sl",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETERS))
+def test_score_parameter_gradients_are_partial_sums_of_the_dk_dv_kernel(name):
+    """The gradient of a score parameter (a relative-bias table, ALiBi slopes, a soft-cap, a
+    scale; with a padding mask too) runs inside the dK+dV kernel as per-tile partial sums:
+    no kernel of its own; a relative-bias table's forward and dQ, dK+dV kernels are the
+    fused ones too. (A mask's array is not differentiated: its gradient is zero.)"""
+    variant = VARIANTS[name]
+    (q, k, v), arrays = _inputs(variant)
+    call, names = _attention(variant)
+    names += sorted(arrays)
+    args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)]
+    args += [jnp.asarray(arrays[n], jnp.float32) for n in names]
+    assert _kernels(lowered_for_cuda(call, *args)) == ["tdsl_out__flash"]
+    argnums = (0, 1, 2, *(3 + n for n, a in enumerate(names) if a not in variant.no_gradient))
+    both = lowered_for_cuda(jax.value_and_grad(_loss(call), argnums=argnums), *args)
+    assert _kernels(both) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]
+    # The parameter alone differentiated: no dK+dV pair to carry it, its own tile program.
+    alone = lowered_for_cuda(jax.grad(_loss(call), argnums=len(args) - 1), *args)
+    assert f"tdsl_d{PARAMETERS[name]}_tiles" in _kernels(alone)
+
+
+def test_score_parameter_gradients_are_deterministic_and_batch():
+    """Two runs give the same bits (partials summed in a fixed order, no atomics); under
+    vmap (the batching of the fused primitive: the separate nests) each batch row matches
+    the unbatched gradients."""
+    variant = VARIANTS["relative_bias"]
+    (q, k, v), arrays = _inputs(variant, seed=8)
+    call, names = _attention(variant)
+    names += sorted(arrays)
+    args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)] + [jnp.asarray(arrays["R"])]
+    grad = jax.jit(jax.grad(_loss(call), argnums=(1, 2, 3)))
+    first, second = grad(*args), grad(*args)
+    for a, b in zip(first, second):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    tables = jnp.stack([args[3], args[3][:, ::-1] * 0.5])
+    batched = jax.jit(jax.vmap(lambda R: grad(*args[:3], R)))(tables)
+    for n in range(2):
+        one = grad(*args[:3], tables[n])
+        for a, b in zip(batched, one):
+            np.testing.assert_allclose(np.asarray(a[n]), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 def test_explain_shows_the_attention_tile_programs():
     source = attention_source("s_[b,h,i,j]", "(j <= i)")
     k = td.program(source, backend="pallas")
@@ -251,6 +339,23 @@ def test_explain_shows_the_attention_tile_programs():
     assert "tiles per (b, h): 3 of 4 visited, 1 skipped" in forward
     assert "j tiles per i tile: 0: [0, 1), 1: [0, 2)" in forward
     assert "dv__dk_: attention tile program" in text and "dq_: attention tile program" in text
+
+
+def test_explain_shows_the_partial_sums_of_a_relative_bias_table():
+    source = attention_source("s_[b,h,i,j] + R[h, i - j + 99]", "(j <= i)")
+    k = td.program(source, backend="pallas")
+    shapes = {"q_": (2, 100, 4, 64), "k_": (2, 100, 4, 64), "v_": (2, 100, 4, 64), "scale_": ()}
+    text = k.explain({**shapes, "R": (4, 199)}, target="pallas")
+    assert "out_+lse_: attention tile program" in text  # the forward fused
+    pair = text[text.index("dv__dk_: attention tile program") : text.index("dq_: attention")]
+    assert "  dR: partial sums of " in pair
+    assert (
+        "per program instance (per (h) from the grid, 199 position(s) at i - j + 99 in "
+        "windows of 128 per tile), written once, summed after the kernel in a fixed order "
+        "(no atomics)" in pair
+    )
+    assert "  dscale_: partial sums of " in pair and "(one value per program instance)" in pair
+    assert "dR: tile program" not in text
 
 
 def test_explain_shows_an_array_mask_tested_on_every_tile():

@@ -6,6 +6,8 @@ for "cuda" here goes through Pallas' Triton lowering (Triton IR is built now; no
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,3 +82,42 @@ def test_every_corpus_kernel_and_gradient_lowers_to_triton(case):
             lowered_for_cuda(both, *args)
         return
     assert lowered_for_cuda(both, *args).count(TRITON_CUSTOM_CALL) >= 1 + len(args)
+
+
+def _kernel_names(text: str) -> list[str]:
+    calls = [line for line in text.splitlines() if TRITON_CUSTOM_CALL in line]
+    return [re.search(r'name = "([^"]*)"', line).group(1) for line in calls]
+
+
+#: Score parameters whose gradients the dK+dV kernel computes as per-tile partial sums.
+SCORE_PARAMETERS = {
+    "relative_bias_table": ("S + R[h, i - j + 39]", (2, 79)),
+    "alibi_slopes": ("S - sl[h] * abs(i - j)", (2,)),
+    "soft_cap": ("c * tanh(S / c)", ()),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(SCORE_PARAMETERS))
+def test_score_parameter_gradients_lower_inside_the_fused_kernels(name, dtype):
+    """value_and_grad of attention with a score parameter, every input differentiated: the
+    four fused Triton kernels, the parameter's gradient inside dK+dV (no kernel of its own)."""
+    score_mod, shape = SCORE_PARAMETERS[name]
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 40, 2, 16)), dtype) for _ in range(3))
+    param = jnp.asarray(rng.uniform(1.0, 2.0, size=shape), dtype)
+    mod = {"relative_bias_table": "R", "alibi_slopes": "sl", "soft_cap": "c"}[name]
+
+    def loss(q, k, v, p):
+        out = td.nn.attention(
+            q, k, v, causal=True, score_mod=score_mod, mod_args={mod: p}, backend="pallas"
+        )
+        return out.astype(jnp.float32).sum()
+
+    both = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
+    assert _kernel_names(lowered_for_cuda(both, q, k, v, param)) == [
+        "tdsl_out__flash",
+        "tdsl_dlse__tiles",
+        "tdsl_dv__dk__flash",
+        "tdsl_dq__flash",
+    ]

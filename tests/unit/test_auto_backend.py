@@ -92,3 +92,63 @@ def test_the_kernel_call_asks_with_its_nest_and_operands(gpu, monkeypatch):
     a, b = operands((5, 4), (4, 3))
     np.testing.assert_allclose(np.asarray(k(a, b)), a.astype(np.float64) @ b, rtol=1e-5)
     assert ("auto", k.nest, [(5, 4), (4, 3)]) in asked
+
+
+PROGRAM = "C[i,j] := A[i,k] * B[k,j]\nD[i,j] := tanh(C[i,j])"
+
+
+def _program_backend(monkeypatch) -> list[str]:
+    """The back ends a program's calls run on (the program run by the reference back end)."""
+    import tensordsl.program_kernel as program_kernel
+
+    taken = []
+    real = program_kernel.run_program
+
+    def run(program, values, *, backend, **options):
+        taken.append(backend)
+        return real(program, values, backend="reference", **options)
+
+    monkeypatch.setattr(program_kernel, "run_program", run)
+    return taken
+
+
+def test_a_program_on_a_gpu_takes_pallas_where_the_table_prefers_it(gpu, monkeypatch):
+    """td.program resolves "auto" per call for the nests the call runs (fused for its
+    shapes): pallas where the table prefers pallas for one of them and cuda for none."""
+    import tensordsl as td
+
+    taken = _program_backend(monkeypatch)
+    p = td.program(PROGRAM, outputs="D")
+    a, b = operands((50, 64), (64, 40))
+    want = np.tanh(a.astype(np.float64) @ b)
+    (out,) = p(a, b)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+    assert taken == ["cuda"]  # no row: today's choice
+    gpu[DOT] = _prefer(DOT, "pallas")
+    p(a, b)
+    assert taken[-1] == "pallas"
+    text = p.explain({"A": (50, 64), "B": (64, 40)})
+    assert "(auto took pallas: on a GPU the tuning table prefers pallas for" in text
+    p(*operands((50, 300), (300, 40)))  # another reduced extent: no row
+    assert taken[-1] == "cuda"
+    gpu[DOT] = _prefer(DOT, "cuda")
+    p(a, b)
+    assert taken[-1] == "cuda"
+    text = p.explain({"A": (50, 64), "B": (64, 40)})
+    assert "(auto took cuda: on a GPU the tuning table prefers cuda for" in text
+
+
+def test_explain_says_what_auto_took_on_the_cpu(monkeypatch):
+    import tensordsl as td
+
+    monkeypatch.setattr(table, "_on_gpu", lambda: False)
+    monkeypatch.setattr(tuning, "table", lambda: {DOT: _prefer(DOT, "pallas")})
+    taken = _program_backend(monkeypatch)
+    p = td.program(PROGRAM, outputs="D")
+    p(*operands((50, 64), (64, 40)))
+    assert taken == ["c"]
+    text = p.explain({"A": (50, 64), "B": (64, 40)})
+    assert "on the c back end (auto), each scheduled" in text
+    assert "(auto took c: no GPU (jax runs on cpu))" in text
+    k = td.kernel("C[i,j] := A[i,k] * B[k,j]")
+    assert "(auto took c: no GPU (jax runs on cpu))" in k.explain()

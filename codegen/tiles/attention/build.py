@@ -46,12 +46,14 @@ Causal attention's one-pass nest: two query tiles of 64, the first visits one ke
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import sympy
 
 from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import evaluate_int, extent_values
-from codegen.ir.nest import LoopNest, Range, Reduce, Term, default_dtypes
+from codegen.ir.nest import LoopNest, Range, Reduce, Term, default_dtypes, map_expressions
+from codegen.passes.grad import merge_terms
 from codegen.tiles.attention.program import AttentionProgram, Member, NestedDot
 from codegen.tiles.build import _bounds
 from codegen.tiles.precision import dot_precision
@@ -74,11 +76,19 @@ def _reads(expr: sympy.Basic, index: sympy.Symbol) -> bool:
     return index in expr.free_symbols
 
 
-def _members(nest: LoopNest) -> tuple[Term, list[tuple[sympy.Expr, sympy.Expr, int]]] | None:
-    """The term and its members as (weight, value, column shift); None if not that form."""
+def _members(
+    nest: LoopNest, extents: Mapping[sympy.Symbol, int]
+) -> tuple[Term, list[tuple[sympy.Expr, sympy.Expr, int]]] | None:
+    """The term and its members as (weight, value, column shift); None if not that form.
+    A one-pass nest's two terms must walk the same reduced ranges for the call's extents
+    (a relative-bias table's pair sums over `Min(K.shape[1], V.shape[1])` and
+    `K.shape[1]` keys: the same loop when K and V have as many)."""
     column = nest.free[-1].index
     if nest.online:
-        if len(nest.terms) != 2 or nest.terms[0].reduced != nest.terms[1].reduced:
+        if len(nest.terms) != 2:
+            return None
+        loops = [tuple(_axis(r, extents) for r in t.reduced) for t in nest.terms]
+        if loops[0] != loops[1]:
             return None
         scores, weight = nest.terms
         if set(scores.constraints) != set(weight.constraints):
@@ -151,11 +161,12 @@ def attention_program(
     """
     if len(nest.free) < 2:
         return None
-    found = _members(nest)
+    extents = extent_values(nest, shapes)
+    nest = concrete(nest, extents)
+    found = _members(nest, extents)
     if found is None or not found[0].reduced:
         return None
     term, members = found
-    extents = extent_values(nest, shapes)
     guard = _guard(nest, extents)
     if guard is None:
         return None
@@ -201,6 +212,29 @@ def attention_program(
         extents=tuple(sorted(extents.items(), key=lambda item: item[0].name)),
         precision=dot_precision(precision, out),
     )
+
+
+def concrete(nest: LoopNest, extents: Mapping[sympy.Symbol, int]) -> LoopNest:
+    """`nest` for the call's extents: every extent replaced by its value, each term's
+    constraints that hold on its whole box dropped (the rest sorted), and summed terms over
+    the same loops merged into one (`codegen.passes.grad.merge_terms`).
+
+    A program's gradient nest of an input that two statements read has a term from each;
+    with a relative-bias table (`R[h, i - j + T - 1]`) their ranges and offsets are written
+    differently (`Min(K.shape[1], V.shape[1])`, `Max(0, K.shape[1] - T)`) and only agree
+    for the call's shapes: as one term, dQ and dK are attention kernels again."""
+    values = {s: sympy.Integer(v) for s, v in extents.items()}
+    fixed = map_expressions(nest, lambda e: sympy.sympify(e).xreplace(values))
+    free = {r.index: (int(r.start), int(r.stop) - 1) for r in fixed.free}
+    terms = []
+    for term in fixed.terms:
+        box = dict(free)
+        box.update({r.index: (int(r.start), int(r.stop) - 1) for r in term.reduced})
+        kept = {c for c in term.constraints if not holds_everywhere(c, box)}
+        terms.append(Term(term.body, term.reduced, tuple(sorted(kept, key=str)), term.guard))
+    if nest.reduction == "sum" and not nest.online:
+        terms = list(merge_terms(tuple(terms)))
+    return replace(fixed, terms=tuple(terms))
 
 
 def _axis(r: Range, extents: Mapping[sympy.Symbol, int], tile: int = 1) -> TileAxis:

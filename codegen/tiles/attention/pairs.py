@@ -26,13 +26,15 @@ is an attention program itself.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import sympy
 
-from codegen.ir.extents import extent_values
+from codegen.ir.extents import extent_values, output_shape
 from codegen.ir.nest import LoopNest, Operand, Range, Reduce, Term, index_symbol
 from codegen.passes.packing import Pair, folded_extents, renamed_indices
 from codegen.tiles.attention.build import attention_program
+from codegen.tiles.attention.partials import partial_of
 from codegen.tiles.attention.program import AttentionProgram
 from codegen.tiles.program import TileAxis
 
@@ -49,7 +51,8 @@ def pair_attention(nests: Mapping[str, LoopNest], shapes: Shapes, dtype: str) ->
         dtype: the gradients' dtype.
 
     Returns:
-        The pairs (`codegen.passes.packing.Pair`); a nest in none runs alone.
+        The pairs (`codegen.passes.packing.Pair`), each with the gradients of score
+        parameters its kernel computes too (`Pair.extras`); a nest in none runs alone.
     """
     programs = {name: _program(nest, shapes, dtype) for name, nest in nests.items()}
     taken: set[str] = set()
@@ -63,7 +66,28 @@ def pair_attention(nests: Mapping[str, LoopNest], shapes: Shapes, dtype: str) ->
             if pair is not None:
                 found.append(pair)
                 taken |= {first, second}
-    return tuple(found)
+    return tuple(_with_partials(p, nests, taken, shapes, dtype) for p in found)
+
+
+def _with_partials(
+    pair: Pair, nests: Mapping[str, LoopNest], taken: set[str], shapes: Shapes, dtype: str
+) -> Pair:
+    """`pair` with the gradient nests of score parameters among the unpaired `nests` that
+    its kernel computes as partial sums (`codegen.tiles.attention.partials`); each nest
+    joins one pair at most (`taken` grows)."""
+    known = dict(shapes)
+    known[pair.nest.output] = output_shape(pair.nest, known)
+    program = attention_program(pair.nest, known, {n: dtype for n in pair.nest.operand_names})
+    if program is None:
+        return pair
+    extras = []
+    for name, nest in nests.items():
+        if name in taken or name not in shapes:
+            continue
+        if partial_of(program, nest, known) is not None:
+            extras.append(nest)
+            taken.add(name)
+    return replace(pair, extras=tuple(extras)) if extras else pair
 
 
 def _program(nest: LoopNest, shapes: Shapes, dtype: str) -> AttentionProgram | None:

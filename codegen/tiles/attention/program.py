@@ -90,6 +90,9 @@ class AttentionProgram:
     extents: tuple[tuple[sympy.Symbol, int], ...] = ()
     #: How its dots round (`codegen.tiles.precision`); None: the operands' own type.
     precision: DotPrecision | None = None
+    #: Gradients of score parameters it computes too, as per-tile partial sums
+    #: (`codegen.tiles.attention.partials.ParamPartial`; a weighted kernel only).
+    partials: tuple = ()
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -168,6 +171,7 @@ class AttentionProgram:
                 f"{member.column.index}] with {expr_source(spell(member.value), names)} "
                 f"({member.column.index}: {member.column.extent} padded to {member.column.tile})"
             )
+        lines += [p.describe(self) for p in self.partials]
         lines += [f"  bound {b.describe()} (tiles outside never visited)" for b in self.bounds]
         if self.guard != sympy.true:
             dropped = "score -inf" if self.kind == "online" else "weight 0"

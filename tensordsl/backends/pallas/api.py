@@ -55,6 +55,13 @@ def _dot_algorithms() -> dict[str, Any]:
     }
 
 
+def add_at(ref: Any, start: Any, values: jax.Array) -> None:
+    """`ref[..., start : start + n] += values` on a program instance's own block (leading
+    axes of one value): a contiguous slice, each position once (no scatter, no atomics)."""
+    index = (*(0 for _ in ref.shape[:-1]), pl.ds(start, values.shape[0]))
+    ref[index] = ref[index] + values.astype(ref.dtype)
+
+
 def dot(left: jax.Array, right: jax.Array, precision: Any = None) -> jax.Array:
     """`left @ right` on two 2-D tiles (Triton's `tl.dot`: tensor cores on a GPU).
 

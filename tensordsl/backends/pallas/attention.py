@@ -36,23 +36,34 @@ from codegen.tiles.attention.program import AttentionProgram
 from codegen.tiles.program import TileAxis
 from tensordsl.backends.pallas import api
 from tensordsl.backends.pallas.lower import TileEvaluator
+from tensordsl.backends.pallas.partials import add_partial, partial_spec, summed
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def run_attention(program: AttentionProgram, operands: Sequence[Any], dtype: Any) -> jax.Array:
+def run_attention(
+    program: AttentionProgram,
+    operands: Sequence[Any],
+    dtype: Any,
+    more: Mapping[str, Any] | None = None,
+) -> Any:
     """The nest's output (the packed O and logsumexp of a one-pass nest, the packed members
     of a pair) computed by the program's one kernel, its dots rounding as
-    `program.precision` says."""
+    `program.precision` says. With `program.partials` (score parameters' gradients, which
+    may read the arrays `more` by name too): the output and the partials' arrays, one per
+    partial (`tensordsl.backends.pallas.partials`)."""
     nest = program.nest
-    values = [jnp.asarray(v) for v in operands]
-    scalars = frozenset(op.name for op in nest.operands if op.is_scalar)
-    values = [v.reshape((1,)) if op.is_scalar else v for op, v in zip(nest.operands, values)]
+    more = dict(more or {})
+    names = (*nest.operand_names, *more)
+    values = [jnp.asarray(v) for v in (*operands, *more.values())]
+    scalars = frozenset(n for n, v in zip(names, values) if v.ndim == 0)
+    values = [v.reshape((1,)) if v.ndim == 0 else v for v in values]
     dtype = jnp.dtype(dtype)
     specs = [_output_spec(program, member.column, dtype) for member in program.members]
     if program.kind == "online":
         specs.append(_output_spec(program, None, jnp.dtype(program.accumulate)))
-    kernel = functools.partial(_kernel, program, program.precision, nest.operand_names, scalars)
+    specs += [partial_spec(program, p) for p in program.partials]
+    kernel = functools.partial(_kernel, program, program.precision, names, scalars)
     found = api.call_blocks(
         kernel, values, grid=program.grid_shape, outputs=specs, name=f"tdsl_{nest.output}_flash"
     )
@@ -60,9 +71,13 @@ def run_attention(program: AttentionProgram, operands: Sequence[Any], dtype: Any
     for member, out in zip(program.members, found):
         cut.append(_cut(program, out, member.column.extent))
     if program.kind == "online":
-        lse = _cut(program, found[-1], None)
+        lse = _cut(program, found[len(program.members)], None)
         cut.append(jnp.expand_dims(lse, -1).astype(dtype))
-    return cut[0] if len(cut) == 1 else jnp.concatenate(cut, axis=-1)
+    out = cut[0] if len(cut) == 1 else jnp.concatenate(cut, axis=-1)
+    if not program.partials:
+        return out
+    rest = found[len(found) - len(program.partials) :]
+    return out, tuple(summed(program, p, a) for p, a in zip(program.partials, rest))
 
 
 def _output_spec(program: AttentionProgram, column: TileAxis | None, dtype: Any) -> tuple:
@@ -132,7 +147,9 @@ def _kernel(
     operands = {n: ref[0] if n in scalars else ref for n, ref in zip(names, inputs)}
     outer = {a.index: a.start + api.program_id(k) for k, a in enumerate(program.outer)}
     row_start = program.rows.start + api.program_id(len(program.outer)) * program.rows.tile
-    _Tiles(program, operands, outer, row_start, precision).write(outs)
+    tiles = _Tiles(program, operands, outer, row_start, precision)
+    tiles.partials = outs[len(outs) - len(program.partials) :] if program.partials else ()
+    tiles.write(outs[: len(outs) - len(program.partials)])
 
 
 class _Tiles:
@@ -151,6 +168,8 @@ class _Tiles:
         self.dtype = jnp.dtype(program.accumulate)
         self.extents = dict(program.extents)
         self.R, self.C = program.rows.tile, program.loop.tile
+        #: The partials' output refs (`program.partials`), added to on every tile.
+        self.partials: Sequence[Any] = ()
 
     def evaluator(self, points: dict, dots: Mapping[Any, jax.Array] | None = None) -> Any:
         return _Evaluator(points, self.operands, self.extents, self.dtype, dots=dots or {})
@@ -182,6 +201,12 @@ class _Tiles:
             for m in program.members
         )
         weights, kept = self.masked(weights, points, offset)
+        for partial, ref in zip(program.partials, self.partials):
+            box = {index: (v, v) for index, v in base.items()}
+            box[program.rows.index] = (self.row_start, self.row_start + self.R - 1)
+            box[program.loop.index] = (offset, offset + self.C - 1)
+            low = _corner(partial.local, box, most=False)
+            add_partial(partial, ref, evaluate, kept, low, (self.R, self.C), self.dtype)
         values = []
         for member in program.members:
             column = member.column
@@ -342,6 +367,8 @@ class _Tiles:
 
     def write(self, outs: Sequence[Any]) -> None:
         program = self.program
+        for ref in self.partials:
+            ref[...] = jnp.zeros(ref.shape, ref.dtype)
         accs = tuple(jnp.zeros((self.R, m.column.tile), self.dtype) for m in program.members)
         if program.kind == "online":
             m0 = jnp.full((self.R,), -jnp.inf, self.dtype)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -26,6 +27,7 @@ from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
 from codegen.passes.online import unpair
 from codegen.tiles.attention.build import attention_program
+from codegen.tiles.attention.partials import partial_of
 from codegen.tiles.attention.program import AttentionProgram
 from codegen.tiles.build import tile_program
 from codegen.tiles.program import TileProgram
@@ -167,3 +169,32 @@ def _two_nests(
         weighted, [values[n] for n in weighted.operand_names], known, dtype, precision=precision
     )
     return jnp.concatenate([out, jnp.expand_dims(found, -1).astype(out.dtype)], axis=-1)
+
+
+def run_partials(
+    nest: LoopNest,
+    extras: Sequence[LoopNest],
+    values: Mapping[str, Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: Any,
+    *,
+    precision: Any = None,
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    """The packed gradients of the pair `nest` and the gradients `extras` (score parameters)
+    from one attention kernel. `values`: every operand's array by name."""
+    known = {n: tuple(s) for n, s in shapes.items()}
+    known.update({n: tuple(jnp.shape(v)) for n, v in values.items()})
+    known.setdefault(nest.output, output_shape(nest, known))
+    dtypes = {n: jnp.asarray(values[n]).dtype.name for n in nest.operand_names}
+    dtypes[nest.output] = jnp.dtype(dtype).name
+    program = nest_attention(nest, known, dtypes, precision_mode(precision))
+    assert program is not None, "a pair with partials is an attention kernel"
+    partials = tuple(partial_of(program, extra, known) for extra in extras)
+    assert all(p is not None for p in partials), "the pairing matched every extra"
+    program = replace(program, partials=partials)
+    more = {
+        n: values[n] for extra in extras for n in extra.operand_names if n not in nest.operand_names
+    }
+    operands = [values[n] for n in nest.operand_names]
+    out, found = run_attention(program, operands, dtype, more)
+    return out, tuple(f.astype(dtype) for f in found)
