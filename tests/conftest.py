@@ -22,17 +22,3 @@ def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     element a kernel forgets to write shows; a file takes it for every test with
     `pytestmark = pytest.mark.usefixtures("poisoned_outputs")`."""
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests of a module that share a module-scoped fixture run on one pytest-xdist
-    worker (`--dist loadgroup`, pyproject.toml's addopts): most such fixtures build many
-    kernels up front (the emulator's bulk builds, a module's own cold kernel cache), and the
-    default `load` distribution deals a module's tests to both workers in turn, so each
-    worker built them all, at the same time, neither finding the other's in the disk cache."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        definitions = info.name2fixturedefs.values() if info is not None else ()
-        if any(chain[-1].scope == "module" for chain in definitions):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
