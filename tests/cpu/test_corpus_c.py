@@ -91,9 +91,52 @@ def test_every_candidate_schedule_agrees(case):
 
 
 SMOOTH = [c.name for c in CORPUS if c.differentiable and not c.ties]
+#: The smooth cases whose second order runs by default: every reduction (sum, max, min,
+#: logsumexp, prod with and without a zero), contractions, convolutions and strides, ranges,
+#: `where`, powers, scalar functions and a sum of terms. A case's second order costs about as
+#: much as its first (docs/testing.md); the other cases are marked `slow` (`-m ""` runs them).
+SECOND_ORDER = {
+    "matmul",
+    "batched_matmul",
+    "attention_weighted_sum",
+    "trace",
+    "layernorm_variance",
+    "division_by_vector",
+    "row_max",
+    "row_min",
+    "max_of_products",
+    "logsumexp_rows",
+    "softmax_denominator",
+    "prod_rows",
+    "prod_with_zero",
+    "pairwise_sq_dist",
+    "rbf_kernel",
+    "conv2d_channels",
+    "conv1d_strided",
+    "ranges_negative_start",
+    "where_index_mask",
+    "tanh_matmul",
+    "gelu_erf",
+    "pow_rows",
+    "linear_bias",
+    "summed_and_once_terms",
+}
 
 
-@pytest.mark.parametrize("name", SMOOTH)
+def _reduction(name: str) -> str:
+    case = next(c for c in CORPUS if c.name == name)
+    return lower(parse(case.source), reduce=case.reduce, ranges=case.ranges).nest.reduction
+
+
+def test_the_default_second_order_cases_cover_every_reduction():
+    assert SECOND_ORDER.issubset(SMOOTH), SECOND_ORDER - set(SMOOTH)
+    assert {_reduction(n) for n in SECOND_ORDER} == {_reduction(n) for n in SMOOTH}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=() if n in SECOND_ORDER else pytest.mark.slow) for n in SMOOTH],
+)
 def test_second_order_gradients(name):
     case = next(c for c in CORPUS if c.name == name)
     inputs = make_inputs(case)
