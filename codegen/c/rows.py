@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import sympy
 
+from codegen.c.geometry import CpuGeometry
 from codegen.c.row_dots import DOT_ROWS, batchable_sum, plain_reads, row_dot_lines, row_of
-from codegen.c.schedule import Schedule
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Loop, Plan, Statement
 
-CEmitter = Emitter[Schedule]
+CEmitter = Emitter[CpuGeometry]
 
 
 def declare_row(e: CEmitter) -> str:

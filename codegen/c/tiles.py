@@ -13,17 +13,17 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.c.geometry import CpuGeometry
 from codegen.c.outline import declared_locals, declared_names, outlined_call
 from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
+from codegen.c.reductions.simple import parallel_loop, scalar
 from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
-from codegen.c.schedule import Schedule
-from codegen.c.strategies import parallel_loop, scalar
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts
 from codegen.ir.nest import Term, extent_of
 
-CEmitter = Emitter[Schedule]
+CEmitter = Emitter[CpuGeometry]
 
 
 def lane_loops(
@@ -255,7 +255,7 @@ def _interior_range(
 
 def vector_extent(e: CEmitter) -> str:
     """C expression of the vector index's extent: where it is shorter than the tile, a
-    narrower tile (`Schedule.small`) takes over."""
+    narrower tile (`CpuGeometry.small`) takes over."""
     s = e.schedule
     r = next(r for r in e.nest.free if r.index.name == s.vector)
     return e.idx(sympy.expand(r.stop - r.start))

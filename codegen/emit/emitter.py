@@ -3,7 +3,7 @@
 `Emitter` emits C; everything that differs for another C dialect is a class attribute (the
 printer, the index and position types, the storage types, the half-precision conversions),
 so `codegen.cuda.dialect.CudaEmitter` only states what differs. The strategies
-(`codegen.c.strategies`, `codegen.c.tiles`, `codegen.cuda.reductions.simple`,
+(`codegen.c.reductions.simple`, `codegen.c.tiles`, `codegen.cuda.reductions.simple`,
 `codegen.cuda.staged.tiles`) write loops through an emitter; `codegen.c.emit` and
 `codegen.cuda.emit` assemble the function.
 """
