@@ -23,15 +23,15 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.c.geometry import CpuGeometry
-from codegen.c.outline import outlined_functions
-from codegen.c.padding import LANE_MASK_HELPERS, prepare_lines
+from codegen.c.reductions.row_dots import ROW_DOT_HELPERS
 from codegen.c.reductions.simple import scalar
-from codegen.c.row_dots import ROW_DOT_HELPERS
 from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
 from codegen.c.strategies import BY_NAME
 from codegen.c.threads import HELPERS as THREAD_HELPERS
 from codegen.c.threads import work_expression
-from codegen.c.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
+from codegen.c.tiles.outline import outlined_functions
+from codegen.c.tiles.padding import LANE_MASK_HELPERS, prepare_lines
+from codegen.c.tiles.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
 from codegen.emit.emitter import (
     STORAGE,
     Emitter,

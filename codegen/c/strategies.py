@@ -22,17 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from codegen.c import tile_rules as tiles
 from codegen.c.attention import rules as attention
-from codegen.c.dot import dot
+from codegen.c.attention.members import members
+from codegen.c.attention.online import online
 from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
-from codegen.c.members import members
-from codegen.c.online import online
 from codegen.c.reductions import rules as reductions
+from codegen.c.reductions.select import select
 from codegen.c.reductions.simple import scalar, split
-from codegen.c.select import select
-from codegen.c.tiles import tile
-from codegen.c.unroll import unrolled
+from codegen.c.tiles import rules as tiles
+from codegen.c.tiles.dot import dot
+from codegen.c.tiles.tiles import tile
+from codegen.c.tiles.unroll import unrolled
 from codegen.emit.emitter import Emitter, Lines
 from codegen.ir.nest import LoopNest
 

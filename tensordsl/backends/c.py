@@ -29,9 +29,9 @@ import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
 from codegen import config
-from codegen.c.build import CompiledNest, build_c
-from codegen.c.build import optimised_builds as optimised_builds  # `k.build()`: ahead of time
-from codegen.c.build import prefetch_c as prefetch_kernel
+from codegen.c.run.build import CompiledNest, build_c
+from codegen.c.run.build import optimised_builds as optimised_builds  # `k.build()`: ahead of time
+from codegen.c.run.build import prefetch_c as prefetch_kernel
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest

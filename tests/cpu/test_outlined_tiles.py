@@ -14,10 +14,10 @@ import pytest
 from cases import BY_NAME, CASES, Case
 from test_c_backend import check, run_case
 
-from codegen.c import outline
-from codegen.c.build import build_c, clear_memory_cache
 from codegen.c.emit import emit_c
+from codegen.c.run.build import build_c, clear_memory_cache
 from codegen.c.schedule import Schedule, candidate_schedules
+from codegen.c.tiles import outline
 from codegen.emit.emitter import Emitter
 from tests.backends import NEEDS_C_COMPILER
 

@@ -13,8 +13,8 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.c import build, tiers
-from codegen.c.compiler import STATS
+from codegen.c.run import build, tiers
+from codegen.c.run.compiler import STATS
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.backends import NEEDS_C_COMPILER

@@ -13,7 +13,7 @@ import dataclasses
 import sympy
 
 from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
-from codegen.c.tile_rules import vector_friendly, wide
+from codegen.c.tiles.rules import vector_friendly, wide
 from codegen.ir.members import member_bodies
 from codegen.ir.nest import LoopNest
 

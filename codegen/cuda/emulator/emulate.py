@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from codegen import config
-from codegen.c.compiler import BuildError, Toolchain, compile_c, compiler_version
+from codegen.c.run.compiler import BuildError, Toolchain, compile_c, compiler_version
 from codegen.cache import disk as disk_cache
 from codegen.cuda.emulator.counts import COUNTERS, Counts
 from codegen.cuda.run import nvrtc

@@ -12,7 +12,13 @@ from __future__ import annotations
 import sympy
 
 from codegen.c.geometry import CpuGeometry
-from codegen.c.row_dots import DOT_ROWS, batchable_sum, plain_reads, row_dot_lines, row_of
+from codegen.c.reductions.row_dots import (
+    DOT_ROWS,
+    batchable_sum,
+    plain_reads,
+    row_dot_lines,
+    row_of,
+)
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Loop, Plan, Statement
 

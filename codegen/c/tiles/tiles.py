@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.c.geometry import CpuGeometry
-from codegen.c.outline import declared_locals, declared_names, outlined_call
-from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
 from codegen.c.reductions.simple import parallel_loop, scalar
-from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
+from codegen.c.tiles.outline import declared_locals, declared_names, outlined_call
+from codegen.c.tiles.padding import LaneMasks, lane_masks, prepare_lines
+from codegen.c.tiles.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts

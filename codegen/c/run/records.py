@@ -99,7 +99,7 @@ def canonical_form(
     where renaming by position could make two different nests equal (a name it leaves
     alone clashes with a new one) or `Schedule` has a field `rename_schedule` does not know.
     """
-    from codegen.c.renaming import rename_schedule, schedule_is_renamable
+    from codegen.c.run.renaming import rename_schedule, schedule_is_renamable
 
     tensors, indices = canonical_names(nest)
     if _clashes(nest, tensors, indices) or not schedule_is_renamable():

@@ -48,9 +48,11 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 from codegen import config, progress
-from codegen.c import ffi, records, threads, tiers
-from codegen.c.compiled import CompiledNest
-from codegen.c.compiler import (
+from codegen.c import threads
+from codegen.c.emit import CSource, emit_c
+from codegen.c.run import ffi, records, tiers
+from codegen.c.run.compiled import CompiledNest
+from codegen.c.run.compiler import (
     BuildError,
     c_toolchain,
     compile_c,
@@ -58,7 +60,6 @@ from codegen.c.compiler import (
     compiler_version,
     count,
 )
-from codegen.c.emit import CSource, emit_c
 from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
 from codegen.cache import disk as disk_cache
 from codegen.cache.once import OnceMap

@@ -1,0 +1,3 @@
+"""The register-tile strategies of the C emitter: tile (`tiles`), dot (`dot`) and unroll
+(`unroll`), with the rows they bind (`rows`), their lane masks (`padding`), long cases as
+functions of their own (`outline`); their rules in `rules`."""
