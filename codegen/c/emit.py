@@ -116,7 +116,7 @@ def _strategy_lines(e: Emitter[CpuGeometry], schedule: CpuGeometry) -> Lines:
     """The loops of `schedule`, and those of its `small` schedules (each in turn) where the
     vector index's extent is shorter than its tile (an interior shorter than the tile, the
     extent less the edges that need per-lane tests, runs whole tested tiles instead:
-    `codegen.c.tiles.tiled`)."""
+    `codegen.c.tiles.tiles.tiled`)."""
     here, record = e.variant(schedule=schedule), BY_NAME[schedule.strategy]
     narrow = schedule.small
     if record.wide_and_narrow and narrow is not None and narrow.strategy == schedule.strategy:

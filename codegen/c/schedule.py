@@ -21,13 +21,14 @@ Strategies (`Schedule.strategy`):
   number of chunks reduced in parallel and combined in order (deterministic);
 * ``"online"`` -- the one and only strategy of a one-pass softmax-weighted sum
   (`LoopNest.online`, `codegen.passes.online`): blocks of 8 rows, each row's scores in chunks with
-  a running max (`codegen.c.online`);
+  a running max (`codegen.c.attention.online`);
 * ``"members"`` -- the one strategy of a multi-output nest (`codegen.ir.members`): tiles of
-  rows x lanes, the members' bodies computed together (`codegen.c.members`);
-* ``"select"`` -- the one strategy of topk/argtopk: k sorted slots per row (`codegen.c.select`);
+  rows x lanes, the members' bodies computed together (`codegen.c.attention.members`);
+* ``"select"`` -- the one strategy of topk/argtopk: k sorted slots per row
+  (`codegen.c.reductions.select`);
 * ``"unroll"`` -- a last free index over `width` values only (`codegen.ir.small_axes`: a pair
   read as `X[..., 1-p]`) written out, the free index before it (`vector`) in simd lanes
-  (`codegen.c.unroll`);
+  (`codegen.c.tiles.unroll`);
 * ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
   weights around attention's `sum_e dO*V`: `codegen.ir.contraction.xla_plan`): no kernel is
   generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for
@@ -35,7 +36,7 @@ Strategies (`Schedule.strategy`):
 
 The heuristic (`choose_cpu_schedule`) takes the first record of
 `codegen.c.strategies.STRATEGIES` whose `applies` returns a schedule; each record's rule is
-in its family's rules (`codegen.c.tile_rules`, `codegen.c.reductions.rules`,
+in its family's rules (`codegen.c.tiles.rules`, `codegen.c.reductions.rules`,
 `codegen.c.attention.rules`). In that order:
 
 0. one-pass softmax-weighted sum -> ``online``; topk -> ``select``; multi-output -> ``members``;

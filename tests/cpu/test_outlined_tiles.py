@@ -1,4 +1,4 @@
-"""Tile cases emitted as functions of their own (`codegen.c.outline`) against numpy float64.
+"""Tile cases emitted as functions of their own (`codegen.c.tiles.outline`) against numpy float64.
 
 Every case body of a tile and dot schedule is outlined here (`OUTLINE_LINES = 1`), so that
 each kind of case (interior, edge, reduced edge; full and partial tiles) runs through a call

@@ -1,6 +1,6 @@
 """Tiered builds (issue 37): a kernel missing from the disk cache answers its first calls
 from an unoptimised build while the optimised one is made in the background, then the
-optimised one takes over between two calls (codegen/c/tiers.py, codegen/c/build.py)."""
+optimised one takes over between two calls (codegen/c/run/tiers.py, codegen/c/run/build.py)."""
 
 from __future__ import annotations
 

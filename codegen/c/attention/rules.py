@@ -1,5 +1,5 @@
 """When the strategies of attention's nests apply (online, members), what they check and their
-words (see `codegen.c.tile_rules` for the form of a rule).
+words (see `codegen.c.tiles.rules` for the form of a rule).
 
 `online` is the one and only strategy of a one-pass softmax-weighted sum (`LoopNest.online`);
 `members` the one strategy of a multi-output nest (`codegen.ir.members`: attention's dK and
@@ -24,8 +24,9 @@ def online_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> 
 
 
 def members_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> CpuGeometry | None:
-    """`codegen.c.members`: the row (last free index but the member axis) in the lanes where
-    all read it contiguously, else 4 rows (1 if a bound reads it) by lanes of the reduction."""
+    """`codegen.c.attention.members`: the row (last free index but the member axis) in the
+    lanes where all read it contiguously, else 4 rows (1 if a bound reads it) by lanes of the
+    reduction."""
     if member_bodies(nest) is None:
         return None
     free, is_wide = ask.base.free_order, wide(dtypes, nest)

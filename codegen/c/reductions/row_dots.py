@@ -1,6 +1,6 @@
 """Dot products for 8 rows at once in explicit 8-float vectors (C emitter).
 
-A tile's rows batch their nested sums (`codegen.c.rows.batch_row_sums`), and a chunked
+A tile's rows batch their nested sums (`codegen.c.tiles.rows.batch_row_sums`), and a chunked
 logsumexp computes 8 consecutive values of its reduced index together
 (`codegen.c.reductions.simple._batch_dots`). When such a sum is a dot product of two float32 rows
 that are contiguous along the summed index, as attention's scores `sum_e Q[i, e]*K[j, e]`

@@ -1,5 +1,5 @@
 """When the reduction strategies apply (xla, split, select, scalar), what they check and their
-words (see `codegen.c.tile_rules` for the form of a rule)."""
+words (see `codegen.c.tiles.rules` for the form of a rule)."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def _batch_dots(
     e: Emitter[CpuGeometry], plan: Plan, level: int, inner: sympy.Symbol
 ) -> tuple[Plan, Lines]:
     """The nested dot products of the level of the innermost reduced index `inner` computed
-    for 8 consecutive values of it at once, in vectors (`codegen.c.row_dots`), into
+    for 8 consecutive values of it at once, in vectors (`codegen.c.reductions.row_dots`), into
     `<t>a[r_]`: attention's logsumexp computes 8 scores `sum_e Q[i, e]*K[j, e]` together,
     reading `Q[i, :]` once. Only sums that `batchable_sum` allows are batched. Returns the
     plan with those sums replaced by reads of the arrays, and the lines that compute them

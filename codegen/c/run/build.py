@@ -16,7 +16,7 @@ too, the user's compiler setting (`TENSORDSL_CC`, `TENSORDSL_CFLAGS`) is at faul
 What is compiled is the nest's canonical form (`codegen.ir.nest.canonical`: tensors and indices
 renamed by position), so nests that differ only in their names share one shared object (and
 its results do not depend on which of them was built first). A kernel record
-(codegen/c/records.py) remembers, for a nest as written and for its canonical form, the
+(codegen/c/run/records.py) remembers, for a nest as written and for its canonical form, the
 shared object, its entry point and its host function, so that a process finding the record
 loads the kernel without emitting C.
 
@@ -26,7 +26,7 @@ starts every kernel of a traced function while it is traced, so independent comp
 parallel with each other and with the rest of the trace.
 
 When jaxlib's FFI headers are present, each shared object also holds an XLA FFI handler for
-its entry point (codegen/c/ffi.py), so that JAX can call the kernel without Python; if the
+its entry point (codegen/c/run/ffi.py), so that JAX can call the kernel without Python; if the
 headers are missing or the handler does not build, the kernel is built alone and
 `CompiledNest.ffi_handler` is None.
 
@@ -86,7 +86,7 @@ class _Settings:
     flags: tuple[str, ...]
     cache_dir: str
     ffi_headers: str
-    fast: bool = False  # the first, unoptimised build of a tiered kernel (codegen/c/tiers.py)
+    fast: bool = False  # the first, unoptimised build of a tiered kernel (codegen/c/run/tiers.py)
 
 
 def _settings(*, fast: bool = False) -> _Settings:
@@ -147,7 +147,7 @@ def build_c(
 
     Returns:
         A `CompiledNest`, callable as `compiled(out, operands, extents)`; in tiered mode, the
-        unoptimised build until the optimised one takes over (codegen/c/tiers.py).
+        unoptimised build until the optimised one takes over (codegen/c/run/tiers.py).
 
     Raises:
         BuildError: when the compiler rejects the generated code (a tensordsl bug).

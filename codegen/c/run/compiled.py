@@ -1,7 +1,8 @@
 """A compiled loop nest: the entry point of a loaded shared object and its host function.
 
-`codegen.c.build.build_c` returns one; the runners call it through XLA (tensordsl/backends/c.py) or
-directly (`compiled(out, operands, extents)`, tensordsl/explain/timing.py).
+`codegen.c.run.build.build_c` returns one; the runners call it through XLA
+(tensordsl/backends/c.py) or directly (`compiled(out, operands, extents)`,
+tensordsl/explain/timing.py).
 """
 
 from __future__ import annotations

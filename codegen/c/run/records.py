@@ -1,7 +1,7 @@
 """Kernel records: what a warm process needs to load a built kernel without emitting C.
 
 A record (`kernels/<2 hex>/<digest>.json` under `config.cache_dir()`) holds, for one nest,
-dtypes, schedule, role and toolchain, the shared object built for it (codegen/c/build.py),
+dtypes, schedule, role and toolchain, the shared object built for it (codegen/c/run/build.py),
 its entry point, whether it holds an XLA FFI handler, and its host function as Python source
 (`codegen.ir.host.compiled_host_function`). A record is stored under two keys: the nest as
 written (cheap to compute) and its canonical form (`codegen.ir.nest.canonical`: tensors and

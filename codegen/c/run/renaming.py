@@ -1,4 +1,4 @@
-"""Schedules in other index names: the canonical kernel records (`codegen.c.records`) store
+"""Schedules in other index names: the canonical kernel records (`codegen.c.run.records`) store
 one kernel per nest up to renaming, so a schedule is renamed with its nest."""
 
 from __future__ import annotations

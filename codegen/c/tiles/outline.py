@@ -34,7 +34,7 @@ def declared_names(lines: Iterable[str]) -> list[tuple[str, str]]:
 def declared_locals(lines: Iterable[str]) -> list[tuple[str, str]]:
     """The variables that `lines` declare at their top level (not indented: `const int64_t
     n = ...;`, `float *copy = ...;`), each with its type: the padded copies and masks that
-    `codegen.c.padding.prepare_lines` makes before the loops."""
+    `codegen.c.tiles.padding.prepare_lines` makes before the loops."""
     return [(m.group(2), m.group(1)) for line in lines if (m := _TOP_LEVEL.match(line))]
 
 

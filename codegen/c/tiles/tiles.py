@@ -1,5 +1,5 @@
 """The tile strategy of the C emitter: register tiles over two free indices (the dot strategy,
-`codegen.c.dot`, shares their lanes and their grid).
+`codegen.c.tiles.dot`, shares their lanes and their grid).
 
 See `codegen.c.schedule` for what the strategies are and `docs/architecture.md` for how tiles
 treat the constraints of gradient nests.
@@ -364,7 +364,7 @@ def tiled(
     lines = grid + parallel_loop(e, len(free), lines)
     if made is None or prepared:
         return lines
-    # Shifted reads padded, their lane tests a mask (`codegen.c.padding`); where the copies
+    # Shifted reads padded, their lane tests a mask (`codegen.c.tiles.padding`); where the copies
     # cannot be allocated, the scalar strategy.
     prepare, freed, allocated = made
     return [*prepare, *_either(allocated, lines, scalar(e)), *freed]
