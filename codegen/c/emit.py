@@ -29,20 +29,12 @@ from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
 from codegen.c.strategies import BY_NAME
 from codegen.c.threads import HELPERS as THREAD_HELPERS
 from codegen.c.threads import work_expression
+from codegen.c.tiles.grid import TILE_HELPERS
 from codegen.c.tiles.outline import outlined_functions
 from codegen.c.tiles.padding import LANE_MASK_HELPERS, prepare_lines
-from codegen.c.tiles.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
-from codegen.emit.emitter import (
-    STORAGE,
-    Emitter,
-    Lines,
-    accumulation_type,
-    block_lines,
-    c_name,
-    check_dtypes,
-    entry_name,
-    indent_lines,
-)
+from codegen.c.tiles.tiles import shared_masks, tile, vector_extent
+from codegen.emit.emitter import Emitter, Lines, block_lines, c_name, indent_lines
+from codegen.emit.signature import STORAGE, accumulation_type, check_dtypes, entry_name
 from codegen.ir.nest import LoopNest
 
 __all__ = ["STORAGE", "CSource", "accumulation_type", "emit_c"]
@@ -159,23 +151,22 @@ def _wide_and_narrow(
     ]
     if masks is None:
         return lines
-    prepare, freed, allocated = prepare_lines(e, masks)
+    made = prepare_lines(e, masks)
     fallback = scalar(e.variant(schedule=dataclasses.replace(here.schedule, small=None)))
-    either = [*block_lines(f"if ({allocated})", lines)[:-1], "} else {"]
-    return [*prepare, *either, *indent_lines(fallback), "}", *freed]
+    either = [*block_lines(f"if ({made.allocated})", lines)[:-1], "} else {"]
+    return [*made.lines, *either, *indent_lines(fallback), "}", *made.freed]
 
 
 def _assemble(
     e: Emitter[CpuGeometry], entry: str, params: list[tuple[str, sympy.Expr]], body: Lines
 ) -> str:
     nest = e.nest
-    every = [*body, *(line for _, _, case in e.outlined for line in case)]
     head = [
         *e.header(),
         "#include <math.h>",
         "#include <stdint.h>",
         "",
-        e.printer.helpers("\n".join(every)),
+        e.printer.helpers(),
     ]
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)

@@ -25,7 +25,7 @@ back by one multiplication, which rounds once into the subnormal range or overfl
 the function would; NaN passes through (comparisons with NaN are false: no `fmaxf`, which
 would turn NaN into the bound), and arguments beyond `clamp` give the same 0 or inf.
 
->>> print(float_helpers("y = tdsl_sigmoid(x);", inline="static inline", prefix="tdsl_"))
+>>> print(float_helpers({"sigmoid"}, inline="static inline", prefix="tdsl_"))
 ... # doctest: +ELLIPSIS
 /* glibc's vector variants (libmvec) of these, for calls in vectorised loops */
 #if defined(TDSL_LIBMVEC) && defined(__x86_64__) && __GLIBC__ * 100 + __GLIBC_MINOR__ >= 222
@@ -40,10 +40,13 @@ static inline float tdsl_sigmoid(float x) {
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from codegen.ir.functions import FUNCTIONS
+
+#: The functions each float32 helper calls (`tdsl_exp` is `WIDE_RANGE`'s exp).
+HELPER_CALLS = {"sigmoid": ("exp", "fabs"), "softplus": ("log1p", "exp", "fabs")}
 
 #: The float32 definitions of the helper rows of FUNCTIONS (the other targets' are the
 #: printer's): a `?:` between values computed anyway, and one division.
@@ -136,17 +139,13 @@ def wide_range_functions(prefix: str) -> dict[str, str]:
     return {name: prefix + name for name in WIDE_RANGE}
 
 
-_CALL = re.compile(r"\b(\w+)\(")
+def libmvec_functions(called: Iterable[str]) -> list[str]:
+    """The functions with a libmvec variant among `called` (rows of FUNCTIONS by name), sorted.
 
-
-def libmvec_functions(code: str) -> list[str]:
-    """The functions with a libmvec variant that float32 C text `code` calls, sorted.
-
-    >>> libmvec_functions("v = expf(a) + sqrtf(b) + exp(c) + log1pf(d);")
+    >>> libmvec_functions({"exp", "sqrt", "log1p", "sigmoid"})
     ['exp', 'log1p']
     """
-    names = {word.removesuffix("f") for word in _CALL.findall(code) if word.endswith("f")}
-    return sorted(n for n in names if n in FUNCTIONS and FUNCTIONS[n].libmvec)
+    return sorted(n for n in set(called) if n in FUNCTIONS and FUNCTIONS[n].libmvec)
 
 
 def declarations(names: list[str]) -> str:
@@ -154,7 +153,7 @@ def declarations(names: list[str]) -> str:
     the glibc version whose libmvec has them.
 
     Args:
-        names: rows of FUNCTIONS with a `libmvec` version (`libmvec_functions` finds them).
+        names: rows of FUNCTIONS with a `libmvec` version (`libmvec_functions` picks them).
 
     Returns:
         C text: a comment, then one `#if ... #endif` block per glibc version.
@@ -177,30 +176,26 @@ def declarations(names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def float_helpers(code: str, *, inline: str, prefix: str) -> str:
+def float_helpers(called: Iterable[str], *, inline: str, prefix: str) -> str:
     """The helpers and declarations that float32 C code needs (see the module's example).
 
     Args:
-        code: the C text that will follow (the function body).
+        called: the functions the code calls (rows of FUNCTIONS by name, as the printer and
+            the emitter note them: `CPrinter.functions`).
         inline: the qualifier of helper definitions (`static inline`).
         prefix: the helpers' name prefix (`tdsl_`).
 
     Returns:
-        The definitions of the `FLOAT_HELPERS` that `code` calls (`<prefix><name>`), after
-        the declarations of the libm functions that `code` and those helpers call; empty
-        when it needs none.
+        The definitions of the `FLOAT_HELPERS` and `WIDE_RANGE` helpers that the code calls,
+        after the declarations of the libm functions that the code and those helpers call;
+        empty when it needs none.
     """
-    helpers = [
-        FLOAT_HELPERS[name].format(inline=inline, prefix=prefix)
-        for name in FLOAT_HELPERS
-        if re.search(rf"\b{prefix}{name}\(", code)
+    called = set(called)
+    named = [name for name in FLOAT_HELPERS if name in called]
+    calls = called | {f for name in named for f in HELPER_CALLS[name]}  # sigmoid calls exp
+    wide = [name for name in WIDE_RANGE if name in calls]
+    helpers = [wide_range_helper(name, inline=inline, prefix=prefix) for name in wide] + [
+        FLOAT_HELPERS[name].format(inline=inline, prefix=prefix) for name in named
     ]
-    calls = "\n".join([code, *helpers])  # sigmoid and softplus call tdsl_exp
-    wide = [
-        wide_range_helper(name, inline=inline, prefix=prefix)
-        for name in WIDE_RANGE
-        if re.search(rf"\b{prefix}{name}\(", calls)
-    ]
-    helpers = wide + helpers
-    needed = libmvec_functions("\n".join([code, *helpers]))
+    needed = libmvec_functions(calls)  # a wide-range helper calls its function itself
     return "\n".join([declarations(needed), *helpers] if needed else helpers)

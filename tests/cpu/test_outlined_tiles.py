@@ -92,17 +92,30 @@ def test_short_bodies_stay_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_declared_locals_are_the_top_level_declarations_with_their_types() -> None:
-    lines = [
-        "const int64_t pl0_ = 1 - P5;",
-        "float *pb0_X = (float *)malloc(sizeof(float) * 4);",
-        "if (pb0_X) {",
-        "    const int64_t x_ = j_ + pl0_;",
-        "}",
-        "int32_t *mb0_ = (int32_t *)malloc(sizeof(int32_t) * 4);",
-    ]
-    assert outline.declared_locals(lines) == [
-        ("pl0_", "const int64_t"),
-        ("pb0_X", "float *"),
-        ("mb0_", "int32_t *"),
-    ]
+def test_the_padded_copies_record_what_they_declare() -> None:
+    """The variables an outlined case may take (`Prepared.declared`) are the top-level
+    declarations of the lines that make the padded copies, with their types, in order."""
+    import re
+
+    import sympy
+
+    from codegen.c.schedule import choose_cpu_schedule
+    from codegen.c.tiles.padding import lane_masks, prepare_lines
+    from codegen.c.tiles.tiles import _tile_paths
+    from codegen.passes import grad
+    from tensordsl.frontend.lower import lower
+    from tensordsl.frontend.parse import parse
+
+    forward = lower(parse("Y[o,y,x] := X[c,y+p,x+q] * W[o,c,p,q]")).nest
+    nest = grad.gradient(forward, "X").nest
+    dtypes = dict.fromkeys((*nest.operand_names, nest.output), "float32")
+    e = Emitter(nest, dtypes, choose_cpu_schedule(nest, dtypes, kernel=True))
+    paths = _tile_paths(e)
+    vector = sympy.Symbol(e.schedule.vector or "", integer=True)
+    masks = lane_masks(paths.edge, paths.tests, vector)
+    assert masks is not None
+    made = prepare_lines(e, masks)
+    top = re.compile(r"^((?:const )?\w+(?: \*)?)\s*(\w+) = ")
+    written = [(m.group(2), m.group(1)) for line in made.lines if (m := top.match(line))]
+    assert list(made.declared) == written
+    assert {t for _, t in made.declared} == {"const int64_t", "float *", "int32_t *"}

@@ -63,7 +63,7 @@ from codegen.c.run.compiler import (
 from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
 from codegen.cache import disk as disk_cache
 from codegen.cache.once import OnceMap
-from codegen.emit.emitter import STORAGE, check_dtypes, entry_name
+from codegen.emit.signature import STORAGE, check_dtypes, entry_name
 from codegen.ir.host import compiled_host_function, host_function
 from codegen.ir.nest import LoopNest, canonical_names, default_dtypes
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 class KernelRecord:
     """A built kernel as stored on disk (see the module docstring)."""
 
-    name: str  # the entry name the nest would have alone (`codegen.emit.emitter.entry_name`)
+    name: str  # the entry name the nest would have alone (`codegen.emit.signature.entry_name`)
     entry: str  # the entry point in `library` (the canonical form's)
     library: str
     handler: bool
