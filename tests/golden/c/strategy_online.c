@@ -19,17 +19,21 @@ static inline float tdsl_sign(float x) { return (float)((x > 0) - (x < 0)); }
 /* glibc's vector variants (libmvec) of these, for calls in vectorised loops */
 #if defined(TDSL_LIBMVEC) && defined(__x86_64__) && __GLIBC__ * 100 + __GLIBC_MINOR__ >= 222
 #pragma omp declare simd notinbranch
-float expf(float);
-#pragma omp declare simd notinbranch
 float logf(float);
 #endif
-static inline float tdsl_exp(float x) {
-    /* expf with its argument in libmvec's fast range (codegen.c.vecmath) */
-    const float c = x < -150.0F ? -150.0F : x > 150.0F ? 150.0F : x;
-    const float lo = (float)(c < -87.0F), hi = (float)(c > 87.0F);
-    /* (hi - lo) * -64.0 is -0.0 inside the range, and c + -0.0 is c, -0.0 included */
-    const float s = (1.0F - lo - hi) + lo * 0x1.969d48p-93F + hi * 0x1.425982p+92F;
-    return expf(c + (hi - lo) * -64.0F) * s;
+static inline __attribute__((always_inline)) float tdsl_exp(float x) {
+    /* exp with no slow path: a polynomial, 2^n in two factors (codegen.c.vecmath) */
+    const float c = x < -104.0F ? -104.0F : x > 89.0F ? 89.0F : x;
+    const float t = c * 1.44269504088896341F + 12582912.0F;
+    const float n = t - 12582912.0F;
+    const float r = c - n * 0.693359375F - n * -2.12194440e-4F;
+    const float q = ((((1.9875691500e-4F * r + 1.3981999507e-3F) * r + 8.3334519073e-3F) * r
+                      + 4.1665795894e-2F) * r + 1.6666665459e-1F) * r + 5.0000001201e-1F;
+    union { float f; int32_t i; uint32_t u; } u = {.f = t}, a, b;
+    const int32_t k = u.i - 0x4b400000, k1 = k >> 1;
+    a.u = (uint32_t)(k1 + 127) << 23;
+    b.u = (uint32_t)(k - k1 + 127) << 23;
+    return (q * r * r + r + 1.0F) * a.f * b.f;
 }
 /* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
  * chunks of at most S in [s, a), in [a, e) and in [e, z). */
