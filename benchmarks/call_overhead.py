@@ -180,8 +180,8 @@ def measure(budget_s: float, info: dict[str, Any]) -> dict[tuple[str, str, str],
 def compile_times(repeats: int) -> tuple[float, float]:
     """Median seconds to compile the matmul kernel alone and with its FFI handler."""
     from codegen import config
-    from codegen.c import compiler, ffi
     from codegen.c.emit import emit_c
+    from codegen.c.run import compiler, ffi
 
     nest = td.kernel("C[i,j] := A[i,k] * B[k,j]").nest
     dtypes = {"A": "float32", "B": "float32", "C": "float32"}

@@ -84,7 +84,7 @@ def time_once(fn: Callable[..., Any], args: list[Any]) -> float:
 
 def wait_for_optimised() -> None:
     """Wait until the optimised builds of every C kernel built so far have taken over."""
-    from codegen.c.build import wait_for_optimised as wait
+    from codegen.c.run.build import wait_for_optimised as wait
 
     wait()
 
@@ -271,7 +271,7 @@ def machine() -> dict[str, Any]:
     info["python"] = platform.python_version()
     try:
         from codegen import config
-        from codegen.c import compiler
+        from codegen.c.run import compiler
 
         info["cc"] = compiler.compiler_version(config.c_compiler())
         info["cflags"] = " ".join(compiler.compile_flags())

@@ -115,7 +115,7 @@ def jitted(block: Callable[..., Any], ct: Any) -> tuple[Any, Any]:
 
 
 def _builds() -> int:
-    from codegen.c import compiler
+    from codegen.c.run import compiler
 
     return compiler.STATS["compiles"] + compiler.STATS["disk_hits"]
 
@@ -195,7 +195,7 @@ def slowest_nests(profile: Any, count: int = 10) -> str:
 
 def compile_child(payload: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: seconds of the first (and second) jit(value_and_grad) call."""
-    from codegen.c import compiler
+    from codegen.c.run import compiler
 
     if payload.get("jax_cache"):
         # JAX's persistent compilation cache: XLA's compile of the traced program is read

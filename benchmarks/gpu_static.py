@@ -332,7 +332,7 @@ def _markdown(records: list[dict[str, Any]], seconds: float) -> str:
 
 def _compiler() -> str:
     from codegen import config
-    from codegen.c.compiler import compiler_version
+    from codegen.c.run.compiler import compiler_version
 
     return compiler_version(config.cxx_compiler())
 

@@ -82,7 +82,7 @@ def _timed(call: Callable[[], Any], reps: int) -> tuple[float, float]:
 
 def _direct_call(kernel: Any, arrays: list[np.ndarray]) -> Callable[[], Any]:
     """The forward kernel called outside JAX, as `tensordsl.explain.timing` calls it."""
-    from codegen.c.build import build_c
+    from codegen.c.run.build import build_c
     from codegen.ir.nest import default_dtypes
 
     nest = kernel.nest

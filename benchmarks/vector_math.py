@@ -52,7 +52,8 @@ from benchmarks.common import (
     time_rounds,
     write_outputs,
 )
-from codegen.c import compiler, vecmath
+from codegen.c import vecmath
+from codegen.c.run import compiler
 from codegen.ir.functions import FUNCTIONS
 from tests.cpu.math_sweep import reference, sweep_inputs, ulp_errors
 

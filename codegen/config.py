@@ -19,7 +19,7 @@ __all__ = ["SettingError", "check_settings"]  # SettingError: where the readers 
 def cache_dir() -> pathlib.Path:
     """Where compiled kernels are cached: `TENSORDSL_CACHE_DIR`, else the user cache dir.
 
-    codegen/c/build.py falls back to a private temporary folder, with one warning, when this
+    codegen/c/run/build.py falls back to a private temporary folder, with one warning, when this
     one cannot be created or written.
     """
     explicit = os.environ.get("TENSORDSL_CACHE_DIR")
@@ -150,7 +150,7 @@ def build_mode() -> str:
 
     "tiered" (default): first unoptimised (a fraction of the optimising compiler's time), used
     at once, while the optimised build runs in a background thread and takes over between two
-    calls when it is ready (codegen/c/tiers.py); "fast": unoptimised only; "full": optimised
+    calls when it is ready (codegen/c/run/tiers.py); "fast": unoptimised only; "full": optimised
     only, waited for. Both builds are cached; a kernel whose optimised build is on disk loads it
     whatever the mode but "fast".
 

@@ -1,7 +1,7 @@
 """What building kernels reports: the `tensordsl` logger and one progress line on stderr.
 
 Kernels build on a model's first `jit` call, in rounds: the binding starts every kernel of a
-traced function at once (codegen/c/build.py), and they finish while tracing goes on. A round
+traced function at once (codegen/c/run/build.py), and they finish while tracing goes on. A round
 that has run for `TENSORDSL_PROGRESS_AFTER` seconds (default 1) gets one line on stderr,
 `tensordsl: building 7 kernels: 3/7`, rewritten in place with a bar on a terminal and
 printed once per finished kernel otherwise, then `tensordsl: built 7 kernels in 3.1 s`.
@@ -166,5 +166,5 @@ class BuildProgress:
         stream.flush()
 
 
-#: The builds of C kernels (codegen/c/build.py).
+#: The builds of C kernels (codegen/c/run/build.py).
 BUILDS = BuildProgress()

@@ -27,7 +27,7 @@ SANITIZE_FLAGS = "-fsanitize=address,undefined,float-cast-overflow -fno-omit-fra
 DEFAULT_TESTS = ("tests/cpu/test_corpus_c.py", "-k", "test_forward or test_gradients")
 CANARY = """
 import ctypes
-from codegen.c.compiler import compile_c
+from codegen.c.run.compiler import compile_c
 library = ctypes.CDLL(str(compile_c("void tdsl_canary(double *x) { x[4] = x[3] + 1; }")))
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -17,35 +17,24 @@ Element offsets are int64 throughout. The body of every term is printed after `s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import sympy
 
-from codegen.c.dot import dot
-from codegen.c.members import members
-from codegen.c.online import online
-from codegen.c.outline import outlined_functions
-from codegen.c.padding import LANE_MASK_HELPERS, prepare_lines
-from codegen.c.row_dots import ROW_DOT_HELPERS
-from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
-from codegen.c.select import select
-from codegen.c.strategies import scalar, split
+from codegen.c.geometry import CpuGeometry
+from codegen.c.reductions.row_dots import ROW_DOT_HELPERS
+from codegen.c.reductions.simple import scalar
+from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
+from codegen.c.strategies import BY_NAME
 from codegen.c.threads import HELPERS as THREAD_HELPERS
 from codegen.c.threads import work_expression
-from codegen.c.tiles import TILE_HELPERS, shared_masks, tile, vector_extent
-from codegen.c.unroll import unrolled
-from codegen.emit.emitter import (
-    STORAGE,
-    Emitter,
-    Lines,
-    accumulation_type,
-    block_lines,
-    c_name,
-    check_dtypes,
-    entry_name,
-    indent_lines,
-)
+from codegen.c.tiles.grid import TILE_HELPERS
+from codegen.c.tiles.outline import outlined_functions
+from codegen.c.tiles.padding import LANE_MASK_HELPERS, prepare_lines
+from codegen.c.tiles.tiles import shared_masks, tile, vector_extent
+from codegen.emit.emitter import Emitter, Lines, block_lines, c_name, indent_lines
+from codegen.emit.signature import STORAGE, accumulation_type, check_dtypes, entry_name
 from codegen.ir.nest import LoopNest
 
 __all__ = ["STORAGE", "CSource", "accumulation_type", "emit_c"]
@@ -78,18 +67,6 @@ static inline uint16_t tdsl_f2bf(float f) {
 }"""
 
 
-STRATEGY_EMITTERS: dict[str, Callable[[Emitter[Schedule]], Lines]] = {
-    "scalar": scalar,
-    "tile": tile,
-    "dot": dot,
-    "split": split,
-    "online": online,
-    "members": members,
-    "select": select,
-    "unroll": unrolled,
-}
-
-
 def emit_c(
     nest: LoopNest,
     *,
@@ -114,9 +91,9 @@ def emit_c(
     check_dtypes(nest, dtypes, STORAGE)
     schedule = schedule or choose_cpu_schedule(nest, dtypes, kernel=True)
     validate(nest, schedule)
-    if schedule.strategy not in KERNEL_STRATEGIES:
+    if schedule.record.body is None:
         raise ValueError(f"the {schedule.strategy} strategy generates no C")
-    e = Emitter(nest, dtypes, schedule)
+    e: Emitter[CpuGeometry] = Emitter(nest, dtypes, schedule)
     e.named.append(("work_", work_expression(nest)))
     body = _strategy_lines(e, schedule)
     if "team" in e.printer.called:  # a parallel loop: reserve its team
@@ -127,16 +104,17 @@ def emit_c(
     return CSource(_assemble(e, entry, params, body), entry, tuple(params))
 
 
-def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
+def _strategy_lines(e: Emitter[CpuGeometry], schedule: CpuGeometry) -> Lines:
     """The loops of `schedule`, and those of its `small` schedules (each in turn) where the
     vector index's extent is shorter than its tile (an interior shorter than the tile, the
     extent less the edges that need per-lane tests, runs whole tested tiles instead:
-    `codegen.c.tiles.tiled`)."""
-    here = e.variant(schedule=schedule)
+    `codegen.c.tiles.tiles.tiled`)."""
+    here, record = e.variant(schedule=schedule), BY_NAME[schedule.strategy]
     narrow = schedule.small
-    if schedule.strategy == "tile" and narrow is not None and narrow.strategy == "tile":
+    if record.wide_and_narrow and narrow is not None and narrow.strategy == schedule.strategy:
         return _wide_and_narrow(e, here, narrow)
-    body = STRATEGY_EMITTERS[schedule.strategy](here)
+    assert record.body is not None  # `emit_c` checked
+    body = record.body(here)
     if narrow is None:
         return body
     small = _strategy_lines(e, narrow)
@@ -144,7 +122,9 @@ def _strategy_lines(e: Emitter[Schedule], schedule: Schedule) -> Lines:
     return [*block_lines(head, body)[:-1], "} else {", *indent_lines(small), "}"]
 
 
-def _wide_and_narrow(e: Emitter[Schedule], here: Emitter[Schedule], narrow: Schedule) -> Lines:
+def _wide_and_narrow(
+    e: Emitter[CpuGeometry], here: Emitter[CpuGeometry], narrow: CpuGeometry
+) -> Lines:
     """Wide tiles over the vector axis, then narrow ones (`Schedule.small` a tile): over the
     whole axis where it is shorter than a wide tile, else over the end of the axis where at
     most a narrow tile's width is left after whole wide tiles, instead of a wide tile moved
@@ -171,23 +151,22 @@ def _wide_and_narrow(e: Emitter[Schedule], here: Emitter[Schedule], narrow: Sche
     ]
     if masks is None:
         return lines
-    prepare, freed, allocated = prepare_lines(e, masks)
+    made = prepare_lines(e, masks)
     fallback = scalar(e.variant(schedule=dataclasses.replace(here.schedule, small=None)))
-    either = [*block_lines(f"if ({allocated})", lines)[:-1], "} else {"]
-    return [*prepare, *either, *indent_lines(fallback), "}", *freed]
+    either = [*block_lines(f"if ({made.allocated})", lines)[:-1], "} else {"]
+    return [*made.lines, *either, *indent_lines(fallback), "}", *made.freed]
 
 
 def _assemble(
-    e: Emitter[Schedule], entry: str, params: list[tuple[str, sympy.Expr]], body: Lines
+    e: Emitter[CpuGeometry], entry: str, params: list[tuple[str, sympy.Expr]], body: Lines
 ) -> str:
     nest = e.nest
-    every = [*body, *(line for _, _, case in e.outlined for line in case)]
     head = [
         *e.header(),
         "#include <math.h>",
         "#include <stdint.h>",
         "",
-        e.printer.helpers("\n".join(every)),
+        e.printer.helpers(),
     ]
     if any(v in ("float16", "bfloat16") for v in e.dtypes.values()):
         head.append(_HALF)

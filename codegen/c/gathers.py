@@ -16,7 +16,7 @@ Each entry point has the calling convention of every generated kernel (codegen/c
 `(count, size, width)` (the gather: and `fill`): `positions` holds `count` integers, the
 table `size x width`, the rows `count x width`; a position outside `[0, size)` (the
 gather's -1 for an element read outside its table) reads NaN or 0 and adds nothing. Its XLA
-FFI handler (codegen/c/ffi.py) is compiled beside it.
+FFI handler (codegen/c/run/ffi.py) is compiled beside it.
 
 >>> print(scatter_source("float32", "int32").entry, gather_source("float64", "int64").entry)
 tdsl_scatter_rows_float32_int32 tdsl_gather_rows_float64_int64
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codegen import config
-from codegen.c import ffi, threads
-from codegen.c.compiler import BuildError, compile_c, compile_flags
+from codegen.c import threads
+from codegen.c.run import ffi
+from codegen.c.run.compiler import BuildError, compile_c, compile_flags
 from codegen.cache import disk as disk_cache
 from codegen.emit.emitter import STORAGE
 

@@ -21,19 +21,23 @@ Strategies (`Schedule.strategy`):
   number of chunks reduced in parallel and combined in order (deterministic);
 * ``"online"`` -- the one and only strategy of a one-pass softmax-weighted sum
   (`LoopNest.online`, `codegen.passes.online`): blocks of 8 rows, each row's scores in chunks with
-  a running max (`codegen.c.online`);
+  a running max (`codegen.c.attention.online`);
 * ``"members"`` -- the one strategy of a multi-output nest (`codegen.ir.members`): tiles of
-  rows x lanes, the members' bodies computed together (`codegen.c.members`);
-* ``"select"`` -- the one strategy of topk/argtopk: k sorted slots per row (`codegen.c.select`);
+  rows x lanes, the members' bodies computed together (`codegen.c.attention.members`);
+* ``"select"`` -- the one strategy of topk/argtopk: k sorted slots per row
+  (`codegen.c.reductions.select`);
 * ``"unroll"`` -- a last free index over `width` values only (`codegen.ir.small_axes`: a pair
   read as `X[..., 1-p]`) written out, the free index before it (`vector`) in simd lanes
-  (`codegen.c.unroll`);
+  (`codegen.c.tiles.unroll`);
 * ``"xla"`` -- a contraction, alone or with elementwise companions (a bias, a mask, the
   weights around attention's `sum_e dO*V`: `codegen.ir.contraction.xla_plan`): no kernel is
   generated, the runner calls XLA's dot (`jnp.einsum`) and XLA fuses the rest, faster for
   those than a generated loop nest.
 
-The heuristic (`choose_cpu_schedule`):
+The heuristic (`choose_cpu_schedule`) takes the first record of
+`codegen.c.strategies.STRATEGIES` whose `applies` returns a schedule; each record's rule is
+in its family's rules (`codegen.c.tiles.rules`, `codegen.c.reductions.rules`,
+`codegen.c.attention.rules`). In that order:
 
 0. one-pass softmax-weighted sum -> ``online``; topk -> ``select``; multi-output -> ``members``;
    a nest with an XLA plan -> ``xla``, unless the caller asks for a generated kernel;
@@ -57,9 +61,9 @@ The heuristic (`choose_cpu_schedule`):
 4. otherwise a sum some term of which computes a nested reduction per value of its innermost
    reduced index (a score parameter's gradient: `sum_e dO[i, e]*V[j, e]` per key `j`) ->
    ``scalar``, whose chunks compute such dot products 8 values at a time in vectors
-   (`codegen.c.strategies`; dot lanes over `j` would compute them lane by lane, reading
-   their rows across the lanes); for sum/max/min/prod/argmax/argmin, ``dot`` with a 4 x 4
-   tile of dot products of 8 float / 4 double lanes (16 accumulator registers); else
+   (`codegen.c.reductions.simple`; dot lanes over `j` would compute them lane by lane,
+   reading their rows across the lanes); for sum/max/min/prod/argmax/argmin, ``dot`` with a
+   4 x 4 tile of dot products of 8 float / 4 double lanes (16 accumulator registers); else
    ``scalar``;
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
    time from the extents (guided schedule; see the thread-count note below).
@@ -89,53 +93,35 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.c.work import costly_per_row, nested_per_value
-from codegen.emit import loop_order as orders
-from codegen.emit.loop_order import LoopOrder, default_loop_order, valid_unique, validate_schedule
-from codegen.ir.affine import affine_parts
-from codegen.ir.contraction import xla_contraction
-from codegen.ir.members import member_bodies
-from codegen.ir.nest import LoopNest, accesses
+from codegen.c.geometry import Ask, CpuGeometry
+from codegen.c.strategies import BY_NAME, STRATEGIES, Strategy
+from codegen.emit.loop_order import default_loop_order, valid_unique, validate_schedule
+from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import REDUCTIONS
-from codegen.ir.small_axes import small_extent
 
-STRATEGIES = ("scalar", "tile", "dot", "split", "xla", "online", "members", "select", "unroll")
-#: Strategies that generate a kernel (``"xla"`` calls XLA instead).
-KERNEL_STRATEGIES = ("scalar", "tile", "dot", "split", "online", "members", "select", "unroll")
+#: Every strategy's name, in the heuristic's order (`codegen.c.strategies.STRATEGIES`).
+CPU_STRATEGIES = tuple(s.name for s in STRATEGIES)
 
 
 @dataclass(frozen=True)
-class Schedule(LoopOrder):
-    """Loop order and parallel/vector mapping of one nest (see the module docstring)."""
+class Schedule(CpuGeometry):
+    """Loop order and parallel/vector mapping of one nest (see the module docstring); its
+    words come from its strategy's record."""
 
-    strategy: str = "scalar"
-    parallel: bool = True
-    row: str | None = None
-    vector: str | None = None
-    rows: int = 1
-    width: int = 1
-    chunks: int = 64  # split: number of chunks of the outermost reduced loop
-    lanes: int = 8  # dot: vector partial sums per dot product
-    #: Used instead when the vector index's extent is below `width` (decided at run time).
-    small: Schedule | None = None
+    @property
+    def record(self) -> Strategy:
+        """The record of the schedule's strategy (`codegen.c.strategies`)."""
+        return BY_NAME[self.strategy]
 
     def describe(self) -> str:
         """One line for the header comment of generated code."""
-        parts = [f"strategy={self.strategy}", super().describe()]
-        if self.strategy in ("tile", "dot"):
-            parts.append(f"tile={self.row or '-'}x{self.vector}={self.rows}x{self.width}")
-        if self.strategy == "dot":
-            parts.append(f"lanes={self.lanes}")
-        if self.strategy == "members":
-            parts.append(f"rows={self.row or '-'}x{self.rows} lanes={self.lanes}")
-        if self.strategy == "unroll":
-            parts.append(f"unroll={self.free_order[-1]}x{self.width} lanes={self.vector}")
-        if self.strategy == "split":
-            parts.append(f"chunks={self.chunks}")
-        if self.strategy == "xla":
-            return " ".join([*parts, "(jnp.einsum: XLA's dot, no generated kernel)"])
+        record = self.record
+        parts = [f"strategy={self.strategy}", super().describe(), *record.header(self)]
+        if record.body is None:
+            return " ".join(parts)
         parts.append(f"parallel={'yes' if self.parallel else 'no'}")
         if self.small is not None:
+            assert isinstance(self.small, Schedule)
             parts.append(f"| if {self.vector} < {self.width}: {self.small.describe()}")
         return " ".join(parts)
 
@@ -146,36 +132,20 @@ class Schedule(LoopOrder):
         ...          width=32).in_words()
         'register tiles of 6 i x 32 j outputs (j in vector lanes), reducing k inside; threads ...'
         """
-        shared = self.free_order[:-2] if self.strategy == "unroll" else self.free_order
+        record = self.record
+        shared = self.free_order[: len(self.free_order) - record.inner_free_loops]
         loops = ", ".join(shared)
         reduced = " then ".join(", ".join(o) for o in self.reduced_order if o)
         inside = f"reducing {reduced} inside" if reduced else "no reduction"
-        outputs = f"{self.rows} {self.row} x {self.width} {self.vector}"
-        if self.row is None:
-            outputs = f"{self.width} {self.vector}"
-        words = {
-            "scalar": f"one output element at a time, {inside}",
-            "tile": f"register tiles of {outputs} outputs ({self.vector} in vector lanes), "
-            + inside,
-            "dot": f"{outputs} dot products at a time, each as {self.lanes} vector partial "
-            f"sums over {reduced or 'nothing'}",
-            "split": f"the reduction over {reduced} cut into {self.chunks} chunks reduced in "
-            "parallel and combined in order",
-            "online": "one pass over each row's scores with a running max (online softmax), "
-            "blocks of 8 rows",
-            "xla": "XLA's dot (jnp.einsum): no generated kernel",
-            "members": f"every member at once ({self.lanes} lanes, {self.rows} rows), {inside}",
-            "select": f"one output row at a time, its k best in sorted slots, {inside}",
-            "unroll": f"its {self.width} values of {''.join(self.free_order[-1:])} written out, "
-            f"{self.vector} in vector lanes",
-        }[self.strategy]
-        if self.strategy not in ("xla", "split"):
+        words = record.in_words(self, inside, reduced)
+        if record.shares_free_loops:
             words += f"; threads share the {loops} loops" if self.parallel and loops else ""
         if self.small is not None:
             small = self.small
-            if small.strategy == "tile" and small.vector == self.vector:
-                what = f"{small.width}-lane tiles"
-            else:
+            assert isinstance(small, Schedule)
+            own = small.record.small_words
+            what = own(small, self) if own is not None else None
+            if what is None:
                 what = small.in_words().split(";")[0]
             words += f" ({what} below {self.width} values of {self.vector})"
         return words
@@ -185,98 +155,28 @@ def _names(indices: Sequence[sympy.Symbol]) -> tuple[str, ...]:
     return tuple(s.name for s in indices)
 
 
-def _symbols(nest: LoopNest) -> dict[str, sympy.Symbol]:
-    found = {s.name: s for s in nest.free_indices}
-    for term in nest.terms:
-        found.update({s.name: s for s in term.reduced_indices})
-    return found
-
-
-def validate(nest: LoopNest, schedule: Schedule) -> None:
+def validate(nest: LoopNest, schedule: CpuGeometry) -> None:
     """Raise ValueError when `schedule` does not fit `nest`."""
-    validate_schedule(nest, schedule, STRATEGIES, ("rows", "width", "chunks", "lanes"))
-    free, last = schedule.free_order, nest.free[-1].index.name if nest.free else None
-    if (schedule.strategy == "online") != bool(nest.online):
+    validate_schedule(nest, schedule, CPU_STRATEGIES, ("rows", "width", "chunks", "lanes"))
+    record = BY_NAME[schedule.strategy]
+    if record.one_pass != bool(nest.online):
         raise ValueError("the online strategy is for one-pass softmax-weighted sums, and only it")
-    if (schedule.strategy == "select") != REDUCTIONS[nest.reduction].selects:
+    if record.selects != REDUCTIONS[nest.reduction].selects:
         raise ValueError("the select strategy is for topk/argtopk, and only it")
-    if nest.online and free[-1:] != (nest.free[-1].index.name,):
+    if nest.online and schedule.free_order[-1:] != (nest.free[-1].index.name,):
         raise ValueError("a one-pass nest keeps its packed output axis innermost")
-    if schedule.strategy == "members" and (member_bodies(nest) is None or free[-1:] != (last,)):
-        raise ValueError("the members strategy is for multi-output nests, member axis innermost")
-    if schedule.strategy in ("tile", "dot"):
-        _validate_tile(nest, schedule)
-    if schedule.strategy == "unroll" and (
-        small_extent(nest) != schedule.width or free[-1:] != (last,) or schedule.vector != free[-2]
-    ):
-        raise ValueError("the unroll strategy is for a small last axis, the index before in lanes")
+    if record.validate is not None:
+        record.validate(nest, schedule)
     if schedule.small is not None:
-        if schedule.strategy not in ("tile", "dot"):
+        if not record.small_schedule:
             raise ValueError("only tile and dot schedules have a schedule for small extents")
         validate(nest, schedule.small)
 
 
-def _validate_tile(nest: LoopNest, schedule: Schedule) -> None:
-    tiled = [schedule.row, schedule.vector] if schedule.row else [schedule.vector]
-    if schedule.vector is None or tuple(schedule.free_order[-len(tiled) :]) != tuple(tiled):
-        raise ValueError(
-            f"a {schedule.strategy} schedule tiles the innermost free loops; "
-            f"got free order {schedule.free_order}, tile {tiled}"
-        )
-    if schedule.row is None and schedule.rows != 1:
-        raise ValueError("rows > 1 needs a row index")
-    if schedule.strategy == "dot" and not REDUCTIONS[nest.reduction].simd:
-        raise ValueError(f"the dot strategy does not support the reduction {nest.reduction}")
-    if schedule.strategy == "dot" and any(not order for order in schedule.reduced_order):
-        raise ValueError("the dot strategy needs a reduced index in every term")
-
-
-def _vector_friendly(nest: LoopNest, name: str) -> bool:
-    """Every access that uses `name` has it only in its last axis, with coefficient +1."""
-    symbol = _symbols(nest)[name]
-    for term in nest.terms:
-        for access in accesses(term.body):
-            *outer, last = access.indices
-            if any(symbol in index.free_symbols for index in outer):
-                return False
-            if symbol in last.free_symbols and affine_parts(last, (symbol,)) != {symbol: 1}:
-                return False
-    return True
-
-
-def _wide(dtypes: Mapping[str, str] | None, nest: LoopNest) -> bool:
-    return dtypes is not None and "float64" in (dtypes.get(nest.output), *dtypes.values())
-
-
-def _windowed(nest: LoopNest) -> frozenset[str]:
-    """Free indices that share an access axis with a reduced index (`X[c, i + k]`)."""
-    found: set[str] = set()
-    for term in nest.terms:
-        reduced = set(term.reduced_indices)
-        for access in accesses(term.body):
-            for axis in access.indices:
-                if axis.free_symbols & reduced:
-                    found.update(s.name for s in axis.free_symbols - reduced)
-    return frozenset(found) & set(_names(nest.free_indices))
-
-
-def _dot_schedule(
-    nest: LoopNest, free: tuple[str, ...], reduced: tuple[tuple[str, ...], ...], wide: bool
-) -> Schedule | None:
-    if not all(reduced) or not REDUCTIONS[nest.reduction].simd:
-        return None
-    # 4 x 4 dot products of one vector register each (8 float / 4 double lanes): 16
-    # accumulator registers plus 8 loads per step (measured best of 2..6 x 3..8 x 8..16).
-    row = free[-2] if len(free) > 1 else None
-    return Schedule(
-        free,
-        reduced,
-        strategy="dot",
-        row=row,
-        vector=free[-1],
-        rows=4 if row else 1,
-        width=4,
-        lanes=4 if wide else 8,
+def _takes(record: Strategy, nest: LoopNest) -> bool:
+    """A one-pass nest takes the one-pass record alone, topk the `selects` one alone."""
+    return record.one_pass == bool(nest.online) and record.selects == (
+        REDUCTIONS[nest.reduction].selects and not nest.online
     )
 
 
@@ -287,7 +187,8 @@ def choose_cpu_schedule(
     loop_order: Sequence[str] | None = None,
     kernel: bool = False,
 ) -> Schedule:
-    """The heuristic schedule of `nest` on the CPU (see the module docstring).
+    """The heuristic schedule of `nest` on the CPU: the first record of
+    `codegen.c.strategies.STRATEGIES` that applies (see the module docstring).
 
     Args:
         nest: the loop nest.
@@ -304,96 +205,19 @@ def choose_cpu_schedule(
         ValueError: when `loop_order` names an unknown index or repeats one.
     """
     order = default_loop_order(nest, loop_order)
-    free, reduced = order.free_order, order.reduced_order
-    if nest.online or REDUCTIONS[nest.reduction].selects:
-        return Schedule(free, reduced, strategy="online" if nest.online else "select")
-    if member_bodies(nest) is not None:
-        return _members_schedule(nest, free, reduced, _wide(dtypes, nest))
-    if not kernel and loop_order is None and xla_contraction(nest, dtypes):
-        return Schedule(free, reduced, strategy="xla")
-    if not free:
-        return Schedule(free, reduced, strategy="split")
-    count = small_extent(nest)
-    if count is not None and free[-1] == nest.free[-1].index.name:
-        return Schedule(free, reduced, strategy="unroll", vector=free[-2], width=count)
-    free = orders.shared_row_last(nest, free) if loop_order is None else free
-    wide, vector = _wide(dtypes, nest), free[-1]
-    row = free[-2] if len(free) > 1 else None
-    if _vector_friendly(nest, vector):
-        # 6 rows x 32 float lanes: 24 accumulator vectors of 8 floats (measured best here).
-        small = None
-        windowed = _windowed(nest)
-        if vector in windowed and loop_order is None:
-            # A window offset (`dW[o, c, k]`) is often short: then dot products over the
-            # long reduced axis, tiled over two free indices that are no window offsets.
-            plain = [name for name in free if name not in windowed]
-            dot_free = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
-            small = _dot_schedule(nest, dot_free, reduced, wide) if plain else None
-            # Between the two, a tile one vector wide (conv2d's output 30 wide).
-            narrow = 4 if wide else 8
-            small = Schedule(
-                free,
-                reduced,
-                strategy="tile",
-                row=row,
-                vector=vector,
-                rows=6 if row else 1,
-                width=narrow,
-                small=small,
-            )
-        # Costly work per row (a nested reduction, an exp) is done once per tile width of the
-        # vector axis: wider tiles (8 x 64 floats) do it fewer times, and each value read
-        # along the reduced axis (attention's K and V rows) serves 8 rows (attention's nests
-        # ran faster than with 4 x 64). A vector axis shorter than the tile (the
-        # Gaussian kernel's coordinates, `dX[i, p]`) runs as dot products instead, whose
-        # lanes compute that work in vector form once for all the columns.
-        costly = costly_per_row(nest, vector)
-        if costly and small is None and not _reads(nest, vector):
-            small = _dot_schedule(nest, free, reduced, wide)
-        return Schedule(
-            free,
-            reduced,
-            strategy="tile",
-            row=row,
-            vector=vector,
-            rows=(8 if costly else 6) if row else 1,
-            width=(32 if costly else 16) if wide else (64 if costly else 32),
-            small=small,
-        )
-    if nested_per_value(nest, reduced):
-        return Schedule(free, reduced)
-    return _dot_schedule(nest, free, reduced, wide) or Schedule(free, reduced)
-
-
-def _members_schedule(nest: LoopNest, free: tuple[str, ...], reduced: tuple, wide: bool):
-    """`codegen.c.members`: the row (last free index but the member axis) in the lanes where
-    all read it contiguously, else 4 rows (1 if a bound reads it) by lanes of the reduction."""
-    order = (*(n for n in free if n != nest.free[-1].index.name), nest.free[-1].index.name)
-    row = order[-2] if len(order) > 1 else None
-    limits = [x for t in nest.terms for x in t.expressions() if x is not t.body]
-    given = {"strategy": "members", "row": row, "lanes": 4 if wide else 8}
-    if row in {s.name for x in limits for s in sympy.sympify(x).free_symbols}:
-        return Schedule(order, reduced, **given)
-    if row and _vector_friendly(nest, row):
-        return Schedule(order, reduced, **(given | {"vector": row, "lanes": 16 if wide else 32}))
-    return Schedule(order, reduced, **given, rows=4 if row else 1)
-
-
-def _reads(nest: LoopNest, name: str) -> bool:
-    """Whether some access of `nest` reads the index `name` (else only tests select by it)."""
-    symbol = _symbols(nest)[name]
-    return any(
-        symbol in index.free_symbols
-        for term in nest.terms
-        for access in accesses(term.body)
-        for index in access.indices
-    )
+    base = Schedule(order.free_order, order.reduced_order)
+    ask = Ask(base, None if loop_order is None else tuple(loop_order), kernel)
+    for record in STRATEGIES:
+        if _takes(record, nest) and (found := record.applies(nest, None, dtypes, ask)):
+            assert isinstance(found, Schedule)  # each record replaces fields of `base`
+            return found
+    raise AssertionError(f"no strategy applies to {nest}")  # scalar applies to every nest
 
 
 def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
     """Every kernel schedule the heuristic could pick for `nest`, plus the scalar fallback."""
     if nest.online or REDUCTIONS[nest.reduction].selects:
-        return (choose_cpu_schedule(nest),)
+        return (choose_cpu_schedule(nest),)  # their one strategy
     picks = [
         choose_cpu_schedule(nest, {"out": "float32"}, kernel=True),
         choose_cpu_schedule(nest, {"out": "float64"}, kernel=True),
@@ -404,6 +228,7 @@ def candidate_schedules(nest: LoopNest) -> tuple[Schedule, ...]:
     picks.append(Schedule(tuple(reversed(free)), tuple(tuple(reversed(o)) for o in reduced)))
     for pick in picks[:2]:
         if pick.small is not None:
+            assert isinstance(pick.small, Schedule)  # the rules replace fields of a Schedule
             picks += [dataclasses.replace(pick, small=None), pick.small]
     if free and all(reduced):
         picks.append(

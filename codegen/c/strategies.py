@@ -1,182 +1,162 @@
-"""The scalar and split strategies of the C emitter (see `codegen.c.schedule`)."""
+"""One `Strategy` record per C strategy, in the heuristic's order: everything the schedule,
+the emitter and `explain` ask of a strategy.
+
+A strategy's loops live in its family's modules, and its rules (`reductions/rules.py`,
+`attention/rules.py`, `tile_rules.py`) say when it applies, what it checks and its words; its
+record here ties them together with the function that writes its loops. The heuristic
+(`codegen.c.schedule.choose_cpu_schedule`) takes the first record whose `applies` returns a
+schedule; `validate`, `Schedule.describe`, `Schedule.in_words` and `emit_c` read the record
+of the schedule's strategy. No module compares strategy names
+(tests/unit/test_c_strategies.py). Adding a strategy: its emitter and rules in its family's
+folder, one record in `STRATEGIES` at its place in the heuristic's order, and a golden source
+(tests/unit/test_c_strategy_goldens.py).
+
+>>> [s.name for s in STRATEGIES][:4]
+['online', 'select', 'members', 'xla']
+>>> BY_NAME["xla"].body is None, BY_NAME["tile"].small_schedule
+(True, True)
+"""
 
 from __future__ import annotations
 
-import sympy
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from codegen.c.row_dots import DOT_ROWS, batchable_sum, row_dot_lines
-from codegen.c.schedule import Schedule
-from codegen.c.threads import CLAUSES
-from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
-from codegen.emit.staging import Assign, Loop, Plan, Statement
-from codegen.ir.reductions import Pass
+from codegen.c.attention import rules as attention
+from codegen.c.attention.members import members
+from codegen.c.attention.online import online
+from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
+from codegen.c.reductions import rules as reductions
+from codegen.c.reductions.select import select
+from codegen.c.reductions.simple import scalar, split
+from codegen.c.tiles import rules as tiles
+from codegen.c.tiles.dot import dot
+from codegen.c.tiles.tiles import tile
+from codegen.c.tiles.unroll import unrolled
+from codegen.emit.emitter import Emitter, Lines
+from codegen.ir.nest import LoopNest
 
-
-def parallel_loop(e: Emitter[Schedule], collapse: int, loop: Lines) -> Lines:
-    """`loop` (one statement: a loop over the `collapse` outermost free indices, nested
-    when more than one) shared out among the kernel's team when the schedule is parallel:
-    `threads_` threads, as `tdsl_team` gave the kernel, each noting when it started
-    (`codegen.c.threads`)."""
-    if not e.schedule.parallel or collapse == 0:
-        return loop
-    assert loop[0].startswith("for ") and loop[-1] == "}", loop[:1]
-    clause = f" collapse({collapse})" if collapse > 1 else ""
-    region = ["tdsl_team_arrived(asked_);", f"#pragma omp for{clause} schedule(guided)", *loop]
-    e.printer.called.add("team")  # the kernel reserves a team (`codegen.c.emit`)
-    return [f"#pragma omp parallel {CLAUSES}", "{", *indent_lines(region), "}"]
-
-
-#: Values a term computes at once into a buffer for a reduction with passes (logsumexp).
-CHUNK = 256
+#: `applies(nest, shapes, dtypes, ask)`: the strategy's schedule of the nest, or None where
+#: it does not fit (or a record before it in the heuristic's order should take it).
+Applies = Callable[[LoopNest, Shapes, Dtypes, Ask], CpuGeometry | None]
+#: `in_words(schedule, inside, reduced)`: the schedule in plain words, given the words for
+#: its reduced loops (`reducing k inside`, or `no reduction`) and their names (`k`).
+Words = Callable[[CpuGeometry, str, str], str]
 
 
-def scalar(e: Emitter[Schedule]) -> Lines:
-    """One output element at a time: the free loops, then each term's reduced loops (in
-    chunks with the reduction's vectorised passes where it has them, and for a sum whose
-    values each compute a dot product that 8 values can share, `_batched_sum`)."""
-    body = [*e.declare()]
-    for n, term in enumerate(e.nest.terms):
-        passes = e.reducer.passes or (_SUM_PASSES if _batched_sum(e, n) else ())
-        body += _chunked_term(e, n, passes) if passes and term.reduced else e.term_lines(n)
-    lines = [*body, e.store_line("")]
-    free = e.free_symbols()
-    for r in reversed(free):
-        lines = block_lines(e.free_loop(r), lines)
-    return parallel_loop(e, len(free), lines)
+@dataclass(frozen=True)
+class Strategy:
+    """Everything the schedule, the emitter and `explain` need of one strategy."""
+
+    name: str
+    #: The heuristic's rule: a schedule of this strategy for the nest, or None.
+    applies: Applies
+    #: The schedule's header words after its loop order (`Schedule.describe`).
+    header: Callable[[CpuGeometry], tuple[str, ...]]
+    #: The schedule in plain words, for `explain` (`Schedule.in_words`).
+    in_words: Words
+    #: Writes the function's loops through the emitter; None: no kernel (the runner calls
+    #: XLA: "xla").
+    body: Callable[[Emitter[CpuGeometry]], Lines] | None
+    #: Raises ValueError where a schedule of this strategy does not fit the nest.
+    validate: Callable[[LoopNest, CpuGeometry], None] | None = None
+    #: For one-pass nests (`LoopNest.online`) alone, and they for it alone.
+    one_pass: bool = False
+    #: For topk/argtopk nests alone, and they for it alone.
+    selects: bool = False
+    #: Whether its threads share the free loops (`in_words` says so where they do).
+    shares_free_loops: bool = True
+    #: The innermost free loops its threads do not share (unroll's lanes and small axis).
+    inner_free_loops: int = 0
+    #: Whether a schedule of it may carry a `small` schedule for short vector axes.
+    small_schedule: bool = False
+    #: Its words as the `small` schedule of another (None: its own words); a tile keeping
+    #: the lanes of the wide one is "8-lane tiles".
+    small_words: Callable[[CpuGeometry, CpuGeometry], str | None] | None = None
+    #: Register tiles whose narrow `small` tiles of the same strategy take the end of the
+    #: vector axis after whole wide tiles (`codegen.c.emit`), not the whole axis.
+    wide_and_narrow: bool = False
 
 
-def chunk_fill(e: Emitter[Schedule], n: int, also: str = "") -> tuple[Plan, Lines, str, str]:
-    """The lines that compute the `cn_` values of term `n` from `c0_` on (its innermost
-    reduced loop) into `chunk_`, the identity where a test leaves one out (`also`: a
-    statement run with each value computed). Returns the term's plan, those lines, and the
-    loop's bounds."""
-    order = e.term_order(n)
-    plan = e.plan(n, [[], *e.reduced_levels(n)])
-    inner, kind = order[-1], e.index_type
-    j = e.printer.index(inner)
-    lo, hi = e.idx(e.bounds[n].starts[inner]), e.idx(e.bounds[n].stops[inner])
-    plan, dots = _batch_dots(e, plan, len(order), inner)
-    fold = e.fold_lines(n, plan, "", update=f"chunk_[{j} - c0_] = {{v}};{also}")
-    values = [f"chunk_[{j} - c0_] = {e.reducer.init[0]};", *e.level_lines(plan, len(order), fold)]
-    if dots:
-        each = block_lines("for (int64_t r_ = 0; r_ < jn_; ++r_)", [_at_row(kind, j), *values])
-        head = f"for ({kind} j0_ = c0_; j0_ < c0_ + cn_; j0_ += {DOT_ROWS})"
-        bound = f"const {kind} jn_ = tdsl_imin({DOT_ROWS}, c0_ + cn_ - j0_);"
-        return plan, block_lines(head, [bound, *dots, *each]), lo, hi
-    return plan, block_lines(f"for ({kind} {j} = c0_; {j} < c0_ + cn_; ++{j})", values), lo, hi
-
-
-#: A sum over a chunk's values: one vectorised pass.
-_SUM_PASSES = (Pass("{a} += {v};", "reduction(+:{a})"),)
-
-
-def _batched_sum(e: Emitter[Schedule], n: int) -> bool:
-    """Whether term `n` of a sum computes, per value of its innermost reduced index, a dot
-    product of contiguous rows that 8 values can share (a score modifier's gradient by
-    rows: `sum_d Q[i, d]*K[j, d]` for 8 keys `j`, `Q[i, :]` read once): then the term
-    runs in chunks, as logsumexp's does."""
-    order = e.term_order(n)
-    if e.reducer.name != "sum" or not order:
-        return False
-    plan = e.plan(n, [[], *e.reduced_levels(n)])
-    return bool(_batch_dots(e, plan, len(order), order[-1])[1])
-
-
-def _chunked_term(e: Emitter[Schedule], n: int, passes: tuple[Pass, ...]) -> Lines:
-    """Term `n` with its innermost reduced loop cut into chunks of `CHUNK` values: each
-    chunk's values computed once into a buffer (`chunk_fill`), reduced by
-    `Reduction.passes` in simd loops over the buffer, and combined into the state.
-    logsumexp then calls one vectorised exp per value instead of a scalar exp and a branch,
-    and computes an expensive value (attention's scores) once."""
-    plan, fill, lo, hi = chunk_fill(e, n)
-    kind = e.index_type
-    chunk = [
-        f"const {kind} cn_ = tdsl_imin({CHUNK}, chi_ - c0_);",
-        *fill,
-        *e.declare("c_"),
-        *(line for p in passes for line in buffer_pass(e, p, ("c_", "c_b_"))),
-        e.fmt(e.reducer.combine, e.names(), ("c_", "c_b_")),
-    ]
-    innermost = [
-        f"const {kind} clo_ = {lo}, chi_ = {hi};",
-        f"{e.f} chunk_[{CHUNK}];",
-        *block_lines(f"for ({kind} c0_ = clo_; c0_ < chi_; c0_ += {CHUNK})", chunk),
-    ]
-    loops = e.loops(n, innermost, stop_at=len(e.term_order(n)) - 1, plan=plan)
-    return ["{", *indent_lines(e.level_lines(plan, 0, loops)), "}"]
-
-
-def _at_row(kind: str, j: str) -> str:
-    """The value `j` of the reduced index for the row `r_` of a block from `j0_`."""
-    return f"const {kind} {j} = j0_ + r_;"
-
-
-def _batch_dots(
-    e: Emitter[Schedule], plan: Plan, level: int, inner: sympy.Symbol
-) -> tuple[Plan, Lines]:
-    """The nested dot products of the level of the innermost reduced index `inner` computed
-    for 8 consecutive values of it at once, in vectors (`codegen.c.row_dots`), into
-    `<t>a[r_]`: attention's logsumexp computes 8 scores `sum_e Q[i, e]*K[j, e]` together,
-    reading `Q[i, :]` once. Only sums that `batchable_sum` allows are batched. Returns the
-    plan with those sums replaced by reads of the arrays, and the lines that compute them
-    (empty if none)."""
-    statements = plan.statements[level]
-    tested = bool(plan.tests[level])
-    local = {st.symbol for st in statements}
-    lines: Lines = []
-    kept: list[Statement] = []
-    at_row = _at_row(e.index_type, e.printer.index(inner))
-    for st in statements:
-        state = f"{st.symbol.name}a"
-        dots = None
-        if isinstance(st, Loop) and batchable_sum(st, local, tested):
-            dots = row_dot_lines(e, st, state, "jn_", inner.name, at_row)
-        if dots is None:
-            kept.append(st)
-            continue
-        lines += dots
-        kept.append(Assign(st.symbol, sympy.Dummy(f"{state}[r_]", real=True)))
-    return (plan.with_level(level, kept) if lines else plan), lines
-
-
-def buffer_pass(e: Emitter[Schedule], p: Pass, state: tuple[str, str]) -> Lines:
-    """One pass of a reduction over the `cn_` values of `chunk_` into `state`."""
-    lines = [e.fmt(p.before, state)] if p.before else []
-    loop = block_lines(
-        f"for ({e.index_type} q_ = 0; q_ < cn_; ++q_)",
-        [f"const {e.f} val_ = chunk_[q_];", e.fmt(p.update, state)],
-    )
-    part = [f"#pragma omp simd {e.fmt(p.simd, state)}", *loop]
-    return lines + (block_lines(f"if ({e.fmt(p.only_if, state)})", part) if p.only_if else part)
-
-
-def split(e: Emitter[Schedule]) -> Lines:
-    """A full reduction: the outermost reduced loop in fixed chunks, combined in order."""
-    chunks = e.schedule.chunks
-    dims = f"[{chunks}]"
-    lines = [*e.declare("part_", dims)]
-    chunk = [*e.declare()]
-    for n, term in enumerate(e.nest.terms):
-        if not term.reduced:
-            chunk += block_lines("if (c_ == 0)", e.term_lines(n))
-            continue
-        first = e.term_order(n)[0]
-        lo, hi = e.idx(e.bounds[n].starts[first]), e.idx(e.bounds[n].stops[first])
-        part = (f"lo_ + len_*c_/{chunks}", f"lo_ + len_*(c_ + 1)/{chunks}")
-        chunk += [
-            "{",
-            *indent_lines(
-                [
-                    f"const int64_t lo_ = {lo}, len_ = tdsl_imax({hi} - lo_, 0);",
-                    *e.term_lines(n, first=part),
-                ]
-            ),
-            "}",
-        ]
-    states = len(e.reducer.init)
-    pairs = list(zip(e.names("part_", "[c_]"), e.names(), strict=True))[:states]
-    chunk += [f"{p} = {a};" for p, a in pairs]
-    lines += parallel_loop(e, 1, block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", chunk))
-    combine = e.fmt(e.reducer.combine, e.names(), e.names("part_", "[c_]"))
-    lines += [*e.declare(), *block_lines(f"for (int64_t c_ = 0; c_ < {chunks}; ++c_)", [combine])]
-    return [*lines, e.store_line()]
+#: Every strategy, in the heuristic's order: the first whose `applies` returns a schedule is
+#: the nest's (a one-pass nest takes only `one_pass` records, topk only `selects` ones).
+STRATEGIES: tuple[Strategy, ...] = (
+    Strategy(
+        "online",
+        attention.online_applies,
+        header=reductions.no_header,
+        in_words=attention.online_words,
+        body=online,
+        one_pass=True,
+    ),
+    Strategy(
+        "select",
+        reductions.select_applies,
+        header=reductions.no_header,
+        in_words=reductions.select_words,
+        body=select,
+        selects=True,
+    ),
+    Strategy(
+        "members",
+        attention.members_applies,
+        header=attention.members_header,
+        in_words=attention.members_words,
+        body=members,
+        validate=attention.members_validate,
+    ),
+    Strategy(
+        "xla",
+        reductions.xla_applies,
+        header=reductions.xla_header,
+        in_words=reductions.xla_words,
+        body=None,
+        shares_free_loops=False,
+    ),
+    Strategy(
+        "split",
+        reductions.split_applies,
+        header=reductions.split_header,
+        in_words=reductions.split_words,
+        body=split,
+        shares_free_loops=False,
+    ),
+    Strategy(
+        "unroll",
+        tiles.unroll_applies,
+        header=tiles.unroll_header,
+        in_words=tiles.unroll_words,
+        body=unrolled,
+        validate=tiles.unroll_validate,
+        inner_free_loops=2,
+    ),
+    Strategy(
+        "tile",
+        tiles.tile_applies,
+        header=tiles.tile_header,
+        in_words=tiles.tile_words,
+        body=tile,
+        validate=tiles.tile_validate,
+        small_schedule=True,
+        small_words=tiles.lane_tiles_words,
+        wide_and_narrow=True,
+    ),
+    Strategy(
+        "dot",
+        tiles.dot_applies,
+        header=tiles.dot_header,
+        in_words=tiles.dot_words,
+        body=dot,
+        validate=tiles.dot_validate,
+        small_schedule=True,
+    ),
+    Strategy(
+        "scalar",
+        reductions.scalar_applies,
+        header=reductions.no_header,
+        in_words=reductions.scalar_words,
+        body=scalar,
+    ),
+)
+#: The record of each strategy by its name (`Schedule.strategy`).
+BY_NAME: dict[str, Strategy] = {s.name: s for s in STRATEGIES}

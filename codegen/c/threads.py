@@ -32,7 +32,7 @@ work that amortises that risk, and never more threads than cores are free:
   threads, or the next kernel, could use.
 
 `thread_count` is the rule in Python, the twin of the C helper `tdsl_team` (tested against
-it); `codegen.c.strategies.parallel_loop` wraps a kernel's loop in its parallel region.
+it); `codegen.c.reductions.simple.parallel_loop` wraps a kernel's loop in its parallel region.
 Which thread computes which output element does not change any result: each element is
 still computed by one thread, in the same order.
 

@@ -4,7 +4,7 @@ glibc's `expf`, `logf`, ... are scalar calls; inside a `#pragma omp simd` loop e
 waits on them. glibc also ships vector variants (libmvec, `_ZGVdN8v_expf` for AVX2, ...),
 but declares them (`#pragma omp declare simd`) only under `-ffast-math`. The generated C
 declares the ones it calls itself, so GCC calls the vector variant from a vectorised loop
-and the scalar one elsewhere (-lmvec links them; `codegen.c.build` defines `TDSL_LIBMVEC` when
+and the scalar one elsewhere (-lmvec links them; `codegen.c.run.build` defines `TDSL_LIBMVEC` when
 it does; GCC vectorises the calls only with `-fno-math-errno`, a base flag). Without libmvec
 (another C library, another architecture) the declarations drop out and the calls stay
 scalar libm calls. Which functions have a variant, from which glibc version, and the
@@ -27,7 +27,7 @@ would turn NaN into the bound), and arguments beyond `clamp` give the same 0 or 
 `exp`, the most called (logsumexp, softmax, sigmoid), is inline arithmetic instead
 (`EXP_HELPER`, `tdsl_exp`): no call, no slow path, no wide-range helper around it.
 
->>> print(float_helpers("y = tdsl_sigmoid(x);", inline="static inline", prefix="tdsl_"))
+>>> print(float_helpers({"sigmoid"}, inline="static inline", prefix="tdsl_"))
 ... # doctest: +ELLIPSIS
 static inline __attribute__((always_inline)) float tdsl_exp(float x) {
 ...
@@ -37,10 +37,13 @@ static inline float tdsl_sigmoid(float x) {
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from codegen.ir.functions import FUNCTIONS
+
+#: The functions each float32 helper calls (`tdsl_exp` is `EXP_HELPER`).
+HELPER_CALLS = {"sigmoid": ("exp", "fabs"), "softplus": ("log1p", "exp", "fabs")}
 
 #: The float32 definitions of the helper rows of FUNCTIONS (the other targets' are the
 #: printer's): a `?:` between values computed anyway, and one division.
@@ -162,17 +165,13 @@ def wide_range_functions(prefix: str) -> dict[str, str]:
     return {name: prefix + name for name in ("exp", *WIDE_RANGE)}
 
 
-_CALL = re.compile(r"\b(\w+)\(")
+def libmvec_functions(called: Iterable[str]) -> list[str]:
+    """The functions with a libmvec variant among `called` (rows of FUNCTIONS by name), sorted.
 
-
-def libmvec_functions(code: str) -> list[str]:
-    """The functions with a libmvec variant that float32 C text `code` calls, sorted.
-
-    >>> libmvec_functions("v = expf(a) + sqrtf(b) + exp(c) + log1pf(d);")
+    >>> libmvec_functions({"exp", "sqrt", "log1p", "sigmoid"})
     ['exp', 'log1p']
     """
-    names = {word.removesuffix("f") for word in _CALL.findall(code) if word.endswith("f")}
-    return sorted(n for n in names if n in FUNCTIONS and FUNCTIONS[n].libmvec)
+    return sorted(n for n in set(called) if n in FUNCTIONS and FUNCTIONS[n].libmvec)
 
 
 def declarations(names: list[str]) -> str:
@@ -180,7 +179,7 @@ def declarations(names: list[str]) -> str:
     the glibc version whose libmvec has them.
 
     Args:
-        names: rows of FUNCTIONS with a `libmvec` version (`libmvec_functions` finds them).
+        names: rows of FUNCTIONS with a `libmvec` version (`libmvec_functions` picks them).
 
     Returns:
         C text: a comment, then one `#if ... #endif` block per glibc version.
@@ -203,31 +202,32 @@ def declarations(names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def float_helpers(code: str, *, inline: str, prefix: str) -> str:
+def float_helpers(called: Iterable[str], *, inline: str, prefix: str) -> str:
     """The helpers and declarations that float32 C code needs (see the module's example).
 
     Args:
-        code: the C text that will follow (the function body).
+        called: the functions the code calls (rows of FUNCTIONS by name, as the printer and
+            the emitter note them: `CPrinter.functions`).
         inline: the qualifier of helper definitions (`static inline`).
         prefix: the helpers' name prefix (`tdsl_`).
 
     Returns:
-        The definitions of the `FLOAT_HELPERS` that `code` calls (`<prefix><name>`), after
-        the declarations of the libm functions that `code` and those helpers call; empty
-        when it needs none.
+        The definitions of the `FLOAT_HELPERS` and `WIDE_RANGE` helpers that the code calls,
+        after the declarations of the libm functions that the code and those helpers call;
+        empty when it needs none.
     """
-    helpers = [
-        FLOAT_HELPERS[name].format(inline=inline, prefix=prefix)
-        for name in FLOAT_HELPERS
-        if re.search(rf"\b{prefix}{name}\(", code)
-    ]
-    calls = "\n".join([code, *helpers])  # sigmoid and softplus call tdsl_exp
+    called = set(called)
+    named = [name for name in FLOAT_HELPERS if name in called]
+    calls = called | {f for name in named for f in HELPER_CALLS[name]}  # sigmoid calls exp
+    exp = [EXP_HELPER.format(inline=inline, prefix=prefix)] if "exp" in calls else []
     wide = [
         wide_range_helper(name, inline=inline, prefix=prefix)
         for name in WIDE_RANGE
-        if re.search(rf"\b{prefix}{name}\(", calls)
+        if name in calls
     ]
-    exp = [EXP_HELPER.format(inline=inline, prefix=prefix)]
-    helpers = exp * bool(re.search(rf"\b{prefix}exp\(", calls)) + wide + helpers
-    needed = libmvec_functions("\n".join([code, *helpers]))
+    helpers = (
+        exp + wide + [FLOAT_HELPERS[name].format(inline=inline, prefix=prefix) for name in named]
+    )
+    # exp is inline arithmetic (no libm call); a wide-range helper calls its function itself
+    needed = libmvec_functions(calls - {"exp"})
     return "\n".join([declarations(needed), *helpers] if needed else helpers)

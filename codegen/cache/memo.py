@@ -2,7 +2,7 @@
 
 A memo (`memo/<namespace>/<2 hex>/<digest>.pickle` under `config.cache_dir()`) is a value
 computed once and pickled: the gradient nests of `codegen.passes.grad.gradient`, the
-compiler's version line and OpenMP flags (`codegen.c.compiler`). A key is the sha256 of the
+compiler's version line and OpenMP flags (`codegen.c.run.compiler`). A key is the sha256 of the
 complete text of its parts (`key_text`: every field of every dataclass, sympy expressions in
 `srepr`, so equal texts mean equal values) and of a version: a digest of the source files of
 the compiler (`source_version`), so any change to the code generator or the derivation starts

@@ -7,7 +7,7 @@ for a value whose background computation has not started yet computes it itself 
 waiting in the queue. A failed computation is not kept (the next `get` tries again); its
 error is raised in every thread waiting for it.
 
-The build of C kernels uses it (codegen/c/build.py): kernels are started at trace time, so
+The build of C kernels uses it (codegen/c/run/build.py): kernels are started at trace time, so
 independent compiles run in parallel with each other and with the rest of the trace.
 
 >>> values = OnceMap()

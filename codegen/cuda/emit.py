@@ -45,8 +45,9 @@ from codegen.cuda.schedule import (
     validate_gpu,
 )
 from codegen.cuda.strategies import BY_NAME, Grid
-from codegen.emit.emitter import Lines, accumulation_type, block_lines, check_dtypes, entry_name
+from codegen.emit.emitter import Lines, block_lines
 from codegen.emit.printer import c_name
+from codegen.emit.signature import accumulation_type, check_dtypes, entry_name
 from codegen.ir.nest import LoopNest, default_dtypes
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -177,12 +178,11 @@ def _assemble(
         head.append("#include <cuda_fp16.h>")
     if "bfloat16" in e.dtypes.values():
         head.append("#include <cuda_bf16.h>")
-    code = "\n".join(line for _, body in kernels for line in body)
     head += [
         *_prelude(e.printer.macros),
         f"typedef {INDEX_TYPES[e.schedule.index_type]} idx_t;",
         "",
-        e.printer.helpers(code),
+        e.printer.helpers(),
         *(device(e) if (device := BY_NAME[e.schedule.strategy].device_functions) else []),
     ]
     lines = head

@@ -3,7 +3,7 @@
 `Emitter` emits C; everything that differs for another C dialect is a class attribute (the
 printer, the index and position types, the storage types, the half-precision conversions),
 so `codegen.cuda.dialect.CudaEmitter` only states what differs. The strategies
-(`codegen.c.strategies`, `codegen.c.tiles`, `codegen.cuda.reductions.simple`,
+(`codegen.c.reductions.simple`, `codegen.c.tiles`, `codegen.cuda.reductions.simple`,
 `codegen.cuda.staged.tiles`) write loops through an emitter; `codegen.c.emit` and
 `codegen.cuda.emit` assemble the function.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
+import string
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
@@ -21,42 +21,14 @@ import sympy
 from codegen.emit import lane_sums, staging
 from codegen.emit.loop_order import LoopOrder, term_order
 from codegen.emit.printer import CPrinter, TensorView, c_name
+from codegen.emit.signature import STORAGE, accumulation_type
 from codegen.emit.staging import Assign, Loop, Plan, Statement
 from codegen.ir.bounds import LoopBounds, hoist_parameters, loop_bounds
 from codegen.ir.nest import LoopNest, Term, extent_of, extent_symbol
 from codegen.ir.reductions import REDUCTIONS, Reduction
 
-STORAGE = {
-    "float32": "float",
-    "float64": "double",
-    "float16": "uint16_t",
-    "bfloat16": "uint16_t",
-    "int32": "int32_t",
-    "int64": "int64_t",
-}
-
 Lines = list[str]
 S = TypeVar("S", bound=LoopOrder)
-
-
-def check_dtypes(nest: LoopNest, dtypes: Mapping[str, str], storage: Mapping[str, str]) -> None:
-    """Raise ValueError unless every tensor of `nest` has a dtype with a `storage` type."""
-    missing = [n for n in (*nest.operand_names, nest.output) if dtypes.get(n) not in storage]
-    if missing:
-        raise ValueError(f"dtypes of {missing} missing or not one of {sorted(storage)}")
-
-
-def entry_name(nest: LoopNest, dtypes: Mapping[str, str], schedule: object, role: str) -> str:
-    """`tdsl_<output>_<role>_<hash8>`: the hash covers the nest, dtypes and schedule."""
-    digest = hashlib.sha256(
-        repr((str(nest), sorted(dtypes.items()), schedule, role)).encode()
-    ).hexdigest()[:8]
-    return f"tdsl_{c_name(nest.output)}_{c_name(role)}_{digest}"
-
-
-def accumulation_type(dtypes: Mapping[str, str]) -> str:
-    """`double` when any operand or the output is float64, else `float`."""
-    return "double" if "float64" in dtypes.values() else "float"
 
 
 def indent_lines(lines: Sequence[str], levels: int = 1) -> Lines:
@@ -109,11 +81,24 @@ class Emitter(Generic[S]):
             )
         self.out_strides = self.stride("OUT", [r.stop - r.start for r in nest.free])
         self.printer = self.printer_class(self.f, tensors=tensors, scalars=scalars)
-        self.exp = self.printer.call_name(sympy.exp)  # float32 C: tdsl_exp (codegen.c.vecmath)
-        self.log = "logf" if self.f == "float" else "log"
+        self._exp = self.printer.call_name(sympy.exp)  # float32 C: tdsl_exp (codegen.c.vecmath)
+        self._log = "logf" if self.f == "float" else "log"
         self.bounds = [
             loop_bounds(t, term_order(nest, schedule, n)) for n, t in enumerate(nest.terms)
         ]
+
+    @property
+    def exp(self) -> str:
+        """The name of exp in the accumulation type, for code written around the printer (a
+        reduction's template, the online strategy); noted as called (`CPrinter.functions`)."""
+        self.printer.functions.add("exp")
+        return self._exp
+
+    @property
+    def log(self) -> str:
+        """The name of log in the accumulation type; noted as called, as `exp`."""
+        self.printer.functions.add("log")
+        return self._log
 
     def variant(self, terms: Sequence[Term] | None = None, schedule: S | None = None) -> Emitter[S]:
         """This emitter with other terms or schedule (same parameters, printer and names)."""
@@ -235,9 +220,9 @@ class Emitter(Generic[S]):
         """A reduction template with its state variables, the other state it combines with,
         and the C name of the value it takes (`value`)."""
         a, b = state
-        return template.format(
-            a=a, b=b, oa=other[0], ob=other[1], v=value, pos="pos_", exp=self.exp, log=self.log
-        )
+        fields = {field for _, field, _, _ in string.Formatter().parse(template) if field}
+        functions = {name: getattr(self, name) for name in ("exp", "log") if name in fields}
+        return template.format(a=a, b=b, oa=other[0], ob=other[1], v=value, pos="pos_", **functions)
 
     # -- terms ---------------------------------------------------------------------------
 

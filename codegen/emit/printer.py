@@ -110,6 +110,10 @@ class CPrinter(C99CodePrinter):
         #: The helpers (`tdsl_<name>`) whose calls were written so far, by the printer or
         #: an emitter (C's `team`, `hsum8`): their definitions are written only then.
         self.called: set[str] = set()
+        #: The functions (sympy's names: `exp`, `log1p`, `sigmoid`) whose calls were written
+        #: so far, by the printer or an emitter (`Emitter.exp`): float32 C declares their
+        #: vector variants and defines their helpers from these (`codegen.c.vecmath`).
+        self.functions: set[str] = set()
         self.tensors = dict(tensors or {})
         self.scalars = {scalar_symbol(name): c for name, c in (scalars or {}).items()}
         self._index_mode = False
@@ -125,6 +129,8 @@ class CPrinter(C99CodePrinter):
             self._index_mode = saved
 
     def _print(self, expr: Any, **kwargs: Any) -> str:
+        if isinstance(expr, sympy.Function):
+            self.functions.add(type(expr).__name__)
         if (
             not self._index_mode
             and isinstance(expr, sympy.Expr)
@@ -296,14 +302,17 @@ class CPrinter(C99CodePrinter):
         >>> CPrinter("double").call_name(sympy.exp)
         'exp'
         """
-        return self.doprint(function(sympy.Symbol("x"))).partition("(")[0]
+        written = set(self.functions)
+        name = self.doprint(function(sympy.Symbol("x"))).partition("(")[0]
+        self.functions = written  # a probe: no call was written
+        return name
 
     # -- helpers the printed code calls ---------------------------------------------------
 
-    def helpers(self, code: str = "") -> str:
+    def helpers(self) -> str:
         """C definitions of the helper functions printed expressions may call (those of
         the boundary forms where the printer printed calls of them); with `vector_math` in
-        float32, the declarations and helpers that C text `code` needs."""
+        float32, the declarations and helpers that the functions called need (`functions`)."""
         f, i, inline, p = self.float_type, self.int_type, self.inline, self.helper_prefix
         sfx = "f" if f == "float" else ""
         common = [
@@ -327,7 +336,7 @@ class CPrinter(C99CodePrinter):
                 f"{inline} {i} {p}clamp({i} a, {i} n) {{ return a < 0 ? 0 : a >= n ? n - 1 : a; }}"
             )
         if self.vector_math and f == "float":
-            vector = vecmath.float_helpers(code, inline=inline, prefix=p)
+            vector = vecmath.float_helpers(self.functions, inline=inline, prefix=p)
             return "\n".join([*common, vector] if vector else common)
         return "\n".join(
             [

@@ -69,7 +69,7 @@ class Reduction:
     simd: bool = False  # independent lanes combined at the end give the same result
     cross_device: str | None = None  # how results over a split reduced axis combine
     #: The same result from passes over a chunk of values, each a vectorised loop; chunk
-    #: results fold in by `combine` (the scalar strategy, `codegen.c.strategies`).
+    #: results fold in by `combine` (the scalar strategy, `codegen.c.reductions.simple`).
     passes: tuple[Pass, ...] = ()
     #: A selection of the k best values (topk, argtopk): the nest's last free index is the
     #: rank, its extent k; the state is two k-long arrays `{a}[]`, `{b}[]` kept sorted.

@@ -5,7 +5,7 @@ GPT-J's rotary embedding pairs neighbours on a last axis of 2 and reads the part
 most 2 values whatever the shapes, and its gradient nest tests `min(2, n)` the same way. Such
 an axis cannot be a vector axis (its reads run backwards, and 2 lanes are no vector); the C
 back end unrolls it instead and puts the free index before it in vector lanes
-(`codegen.c.unroll`), where a scalar loop would run one element at a time.
+(`codegen.c.tiles.unroll`), where a scalar loop would run one element at a time.
 
 >>> from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
 >>> from codegen.ir.nest import tensor_base

@@ -299,7 +299,7 @@ def _operands(nest: LoopNest, terms: tuple[Term, ...], names: GradientNames) -> 
 def gradient(nest: LoopNest, wrt: str) -> Gradient:
     """The gradient nest of `nest` with respect to its operand `wrt`.
 
-    Derived once per process and kept on disk for the next one (codegen/c/records.py,
+    Derived once per process and kept on disk for the next one (codegen/c/run/records.py,
     keyed by the nest, `wrt` and the sources of tensordsl/ and codegen/).
 
     Args:

@@ -8,7 +8,7 @@ Attention's forward is two statements over the same scores `X` (recomputed, neve
 Run as two nests, the scores are computed twice and Q and K are read twice. `pair` turns the
 two into one nest that computes both in one pass over j, as FlashAttention does: per row, a
 running max `m` and sum `s` of `exp(X - m)`, the weighted sum rescaled when `m` grows, then
-`O = acc / s` and `L = m + log s` (the C strategy "online", `codegen.c.online`).
+`O = acc / s` and `L = m + log s` (the C strategy "online", `codegen.c.attention.online`).
 
 The paired nest (`LoopNest.online` names L) has two terms over the same reduced range and
 constraints: `X` and the weight `W` (`V[b,h,j,e]` above). Its free ranges are O's with the
@@ -140,7 +140,7 @@ def pair(lse: LoopNest, weighted: LoopNest, shapes: Shapes | None = None) -> Loo
     if split is None or split[0] != scores.body - read:
         return None
     if free[-1] in split[1].free_symbols:
-        return None  # a block of rows shares each weight (codegen.c.online)
+        return None  # a block of rows shares each weight (codegen.c.attention.online)
     last = weighted.free[-1]
     operands = {op.name: op for op in (*lse.operands, *weighted.operands) if op.name != lse.output}
     return dataclasses.replace(

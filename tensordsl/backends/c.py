@@ -4,7 +4,7 @@ The nest is compiled at trace time (the first call for a dtype combination). Two
 call it, chosen by `TENSORDSL_CPU_CALL` (codegen/config.py):
 
 * "ffi" (default): `jax.ffi.ffi_call` to the XLA FFI handler compiled into the kernel's own
-  shared object (codegen/c/ffi.py). XLA calls C directly: no Python and no GIL per call. The
+  shared object (codegen/c/run/ffi.py). XLA calls C directly: no Python and no GIL per call. The
   int64 `params` array is computed here, at trace time, from the static shapes and passed as
   an attribute.
 * "callback": `buffer_callback`, whose Python callback passes XLA's buffers to the kernel
@@ -29,10 +29,10 @@ import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
 from codegen import config
-from codegen.c.build import CompiledNest, build_c
-from codegen.c.build import optimised_builds as optimised_builds  # `k.build()`: ahead of time
-from codegen.c.build import prefetch_c as prefetch_kernel
 from codegen.c.gathers import CompiledRows, build_rows
+from codegen.c.run.build import CompiledNest, build_c
+from codegen.c.run.build import optimised_builds as optimised_builds  # `k.build()`: ahead of time
+from codegen.c.run.build import prefetch_c as prefetch_kernel
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
@@ -87,7 +87,7 @@ def prefetch_c(
     nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, schedule: Schedule | None
 ) -> None:
     """Start building the kernel `run_c` will need for `nest`, in the background
-    (`codegen.c.build.prefetch_c`); nothing for the "xla" strategy."""
+    (`codegen.c.run.build.prefetch_c`); nothing for the "xla" strategy."""
     dtypes = kernel_dtypes(nest, operand_dtypes, dtype)
     schedule = _schedule(nest, dtypes, schedule)
     if schedule.strategy != "xla":

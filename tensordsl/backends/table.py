@@ -154,19 +154,19 @@ def _prefetch_c(nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, sched
 
 
 def _c_source() -> SourceEmitter:
-    from codegen.c.build import c_source
+    from codegen.c.run.build import c_source
 
     return c_source
 
 
 def _c_builder() -> Callable[..., Any]:
-    from codegen.c.build import build_c
+    from codegen.c.run.build import build_c
 
     return build_c
 
 
 def _c_compiles() -> int:
-    from codegen.c.compiler import STATS
+    from codegen.c.run.compiler import STATS
 
     return STATS["compiles"]
 

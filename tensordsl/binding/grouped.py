@@ -183,7 +183,7 @@ def run_together(
 
 def _keeps_its_own(nest: LoopNest, schedule: Any) -> bool:
     """Whether a gradient nest runs faster alone than in a group (whose kernel puts the
-    innermost reduced index or the last free one in vector lanes, `codegen.c.members`):
+    innermost reduced index or the last free one in vector lanes, `codegen.c.attention.members`):
     XLA's dot; a register tile of several rows over a free axis it keeps (not over the
     constant positions that split it, the Gaussian kernel's `dX[i, p]`); a nested
     reduction, which a tile computes once for all its lanes and the group once per row."""

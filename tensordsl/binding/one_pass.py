@@ -1,6 +1,6 @@
 """A one-pass nest (`codegen.passes.online`: a logsumexp and the softmax-weighted sum that reads it)
 run as the two nests it stands for, where no one-pass kernel runs it: the reference back end,
-a packed axis longer than a back end's `one_pass_rows` (C: `codegen.c.online`, CUDA:
+a packed axis longer than a back end's `one_pass_rows` (C: `codegen.c.attention.online`, CUDA:
 `codegen.cuda.attention.online`), differentiation.
 """
 

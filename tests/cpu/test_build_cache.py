@@ -20,9 +20,9 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.c import build, compiler, records
-from codegen.c.build import build_c, clear_memory_cache
-from codegen.c.renaming import RENAMED_FIELDS, rename_schedule, schedule_fields
+from codegen.c.run import build, compiler, records
+from codegen.c.run.build import build_c, clear_memory_cache
+from codegen.c.run.renaming import RENAMED_FIELDS, rename_schedule, schedule_fields
 from codegen.c.schedule import Schedule
 from codegen.ir.nest import (
     LoopNest,
@@ -104,7 +104,7 @@ def test_names_do_not_matter_one_library_serves_both(cache: pathlib.Path) -> Non
 
 CHILD = (
     "import json, numpy as np, tensordsl as td\n"
-    "from codegen.c import compiler\n"
+    "from codegen.c.run import compiler\n"
     f"k = td.kernel({AFFINE!r}, backend='c')\n"
     "r = np.random.default_rng(3)\n"
     "a, b, c = r.standard_normal((4, 3)), r.standard_normal((3, 5)), r.standard_normal(5)\n"

@@ -11,10 +11,10 @@ import pytest
 import sympy
 from cases import BY_NAME, CASES, Case
 
-from codegen.c import compiler
-from codegen.c.build import build_c, c_source, clear_memory_cache
-from codegen.c.compiler import BuildError, compile_c
 from codegen.c.emit import emit_c
+from codegen.c.run import compiler
+from codegen.c.run.build import build_c, c_source, clear_memory_cache
+from codegen.c.run.compiler import BuildError, compile_c
 from codegen.c.schedule import Schedule, candidate_schedules, choose_cpu_schedule
 from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
 from tests.backends import NEEDS_C_COMPILER

@@ -18,9 +18,9 @@ import sympy
 
 import tensordsl as td
 from codegen import config
-from codegen.c import compiler
-from codegen.c.build import build_c, clear_memory_cache
-from codegen.c.compiler import BuildError, compile_c
+from codegen.c.run import compiler
+from codegen.c.run.build import build_c, clear_memory_cache
+from codegen.c.run.compiler import BuildError, compile_c
 from codegen.config import SettingError
 from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
 from tests.backends import NEEDS_C_COMPILER

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.c import compiler
+from codegen.c.run import compiler
 from codegen.c.schedule import candidate_schedules
 from tensordsl.backends import reference
 from tensordsl.frontend.lower import lower

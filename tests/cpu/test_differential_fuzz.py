@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import tensordsl as td
-from codegen.c.build import clear_memory_cache
+from codegen.c.run.build import clear_memory_cache
 from tensordsl.backends import reference
 from tests.backends import NEEDS_C_COMPILER
 from tests.fuzzing import (

@@ -13,9 +13,9 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.c import ffi
-from codegen.c.build import build_c, clear_memory_cache
-from codegen.c.compiler import compile_c
+from codegen.c.run import ffi
+from codegen.c.run.build import build_c, clear_memory_cache
+from codegen.c.run.compiler import compile_c
 from tensordsl.backends import c as cpu
 from tensordsl.backends import reference
 from tensordsl.frontend.lower import lower

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from codegen import config
-from codegen.c.build import build_c
 from codegen.c.emit import emit_c
+from codegen.c.run.build import build_c
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.passes.grad import gradient
 from tensordsl.frontend.lower import lower

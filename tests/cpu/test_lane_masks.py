@@ -1,4 +1,4 @@
-"""Edge tiles of shifted gradients without per-lane tests (`codegen.c.padding`): the shifted
+"""Edge tiles of shifted gradients without per-lane tests (`codegen.c.tiles.padding`): the shifted
 operand read from a zero-padded copy, the lane constraints a mask row ANDed into each lane's
 value. Values against float64 numpy at odd extents, outputs poisoned; a lane outside its
 operand adds exactly zero even where the weight it multiplies is infinite or NaN."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.c.build import build_c
+from codegen.c.run.build import build_c
 from codegen.c.schedule import candidate_schedules
 from codegen.ir.reductions import REDUCTIONS
 from tensordsl.frontend.lower import lower

@@ -1,4 +1,5 @@
-"""The one-pass logsumexp and softmax-weighted sum (`codegen.passes.online`, `codegen.c.online`).
+"""The one-pass logsumexp and softmax-weighted sum (`codegen.passes.online`,
+`codegen.c.attention.online`).
 
 Every check compares with float64 numpy that runs the statements in order (the scores
 materialised, `exp(S - L)` as written, so `exp(-inf - -inf)` is NaN there as in the program's

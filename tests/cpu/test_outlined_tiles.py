@@ -1,4 +1,4 @@
-"""Tile cases emitted as functions of their own (`codegen.c.outline`) against numpy float64.
+"""Tile cases emitted as functions of their own (`codegen.c.tiles.outline`) against numpy float64.
 
 Every case body of a tile and dot schedule is outlined here (`OUTLINE_LINES = 1`), so that
 each kind of case (interior, edge, reduced edge; full and partial tiles) runs through a call
@@ -14,10 +14,10 @@ import pytest
 from cases import BY_NAME, CASES, Case
 from test_c_backend import check, run_case
 
-from codegen.c import outline
-from codegen.c.build import build_c, clear_memory_cache
 from codegen.c.emit import emit_c
+from codegen.c.run.build import build_c, clear_memory_cache
 from codegen.c.schedule import Schedule, candidate_schedules
+from codegen.c.tiles import outline
 from codegen.emit.emitter import Emitter
 from tests.backends import NEEDS_C_COMPILER
 
@@ -92,17 +92,30 @@ def test_short_bodies_stay_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_declared_locals_are_the_top_level_declarations_with_their_types() -> None:
-    lines = [
-        "const int64_t pl0_ = 1 - P5;",
-        "float *pb0_X = (float *)malloc(sizeof(float) * 4);",
-        "if (pb0_X) {",
-        "    const int64_t x_ = j_ + pl0_;",
-        "}",
-        "int32_t *mb0_ = (int32_t *)malloc(sizeof(int32_t) * 4);",
-    ]
-    assert outline.declared_locals(lines) == [
-        ("pl0_", "const int64_t"),
-        ("pb0_X", "float *"),
-        ("mb0_", "int32_t *"),
-    ]
+def test_the_padded_copies_record_what_they_declare() -> None:
+    """The variables an outlined case may take (`Prepared.declared`) are the top-level
+    declarations of the lines that make the padded copies, with their types, in order."""
+    import re
+
+    import sympy
+
+    from codegen.c.schedule import choose_cpu_schedule
+    from codegen.c.tiles.padding import lane_masks, prepare_lines
+    from codegen.c.tiles.tiles import _tile_paths
+    from codegen.passes import grad
+    from tensordsl.frontend.lower import lower
+    from tensordsl.frontend.parse import parse
+
+    forward = lower(parse("Y[o,y,x] := X[c,y+p,x+q] * W[o,c,p,q]")).nest
+    nest = grad.gradient(forward, "X").nest
+    dtypes = dict.fromkeys((*nest.operand_names, nest.output), "float32")
+    e = Emitter(nest, dtypes, choose_cpu_schedule(nest, dtypes, kernel=True))
+    paths = _tile_paths(e)
+    vector = sympy.Symbol(e.schedule.vector or "", integer=True)
+    masks = lane_masks(paths.edge, paths.tests, vector)
+    assert masks is not None
+    made = prepare_lines(e, masks)
+    top = re.compile(r"^((?:const )?\w+(?: \*)?)\s*(\w+) = ")
+    written = [(m.group(2), m.group(1)) for line in made.lines if (m := top.match(line))]
+    assert list(made.declared) == written
+    assert {t for _, t in made.declared} == {"const int64_t", "float *", "int32_t *"}

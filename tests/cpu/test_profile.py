@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-import codegen.c.build
+import codegen.c.run.build
 import tensordsl as td
 from tensordsl.cli import main
 from tensordsl.explain.nests import kernel_nests
@@ -55,13 +55,13 @@ def test_profile_times_a_contraction_as_xla_runs_it_and_a_kernel_where_asked(mon
     assert all(t.schedule.startswith("strategy=xla") for t in heuristic.profile(shapes).timings)
     ordered = td.kernel("C[i,j] := A[i,k] * B[k,j]", loop_order=("i", "j", "k"))
     built = []
-    real_build = codegen.c.build.build_c
+    real_build = codegen.c.run.build.build_c
 
     def recording_build(nest, **options):
         built.append(nest)
         return real_build(nest, **options)
 
-    monkeypatch.setattr(codegen.c.build, "build_c", recording_build)
+    monkeypatch.setattr(codegen.c.run.build, "build_c", recording_build)
     timings = ordered.profile(shapes, reps=1).timings
     strategies = [t.schedule.split()[0] for t in timings]
     assert strategies == ["strategy=tile", "strategy=xla", "strategy=xla"]

@@ -13,8 +13,8 @@ import pytest
 import sympy
 
 from codegen import config
-from codegen.c.build import build_c
 from codegen.c.emit import emit_c
+from codegen.c.run.build import build_c
 from codegen.c.schedule import Schedule
 from codegen.ir.nest import (
     LoopNest,

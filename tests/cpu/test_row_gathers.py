@@ -11,8 +11,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from codegen.c import ffi
 from codegen.c.gathers import VALUES, build_rows, gather_source, scatter_source
+from codegen.c.run import ffi
 from tests.backends import NEEDS_C_COMPILER
 
 pytestmark = [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from codegen import config
-from codegen.c.build import build_c
+from codegen.c.run.build import build_c
 from codegen.c.schedule import choose_cpu_schedule
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse

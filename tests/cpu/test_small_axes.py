@@ -1,4 +1,4 @@
-"""Small constant last axes (`codegen.ir.small_axes`, `codegen.c.unroll`): a pair read as
+"""Small constant last axes (`codegen.ir.small_axes`, `codegen.c.tiles.unroll`): a pair read as
 `X[..., 1-p]` (GPT-J's rotary embedding), a 3-vector or a quaternion read backwards. The C
 back end writes the K values out and puts the index before in vector lanes where the strides
 allow it, else runs the scalar strategy; both against float64 jax.numpy on random inputs,

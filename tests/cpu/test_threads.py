@@ -20,9 +20,9 @@ import sympy
 import tensordsl as td
 from codegen import config
 from codegen.c import emit, threads
-from codegen.c.build import build_c, c_source, clear_memory_cache
-from codegen.c.compiler import compile_c
 from codegen.c.emit import emit_c
+from codegen.c.run.build import build_c, c_source, clear_memory_cache
+from codegen.c.run.compiler import compile_c
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.examples import matmul
 from codegen.ir.nest import (
@@ -199,7 +199,7 @@ _TEAM = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from codegen.c.build import build_c
+    from codegen.c.run.build import build_c
     import tensordsl as td
     n = int(sys.argv[1])
     k = td.kernel("K[i, j] := exp(-(X[i, d] - Z[j, d])**2)", backend="c")

@@ -1,6 +1,6 @@
 """Tiered builds (issue 37): a kernel missing from the disk cache answers its first calls
 from an unoptimised build while the optimised one is made in the background, then the
-optimised one takes over between two calls (codegen/c/tiers.py, codegen/c/build.py)."""
+optimised one takes over between two calls (codegen/c/run/tiers.py, codegen/c/run/build.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 import tensordsl as td
 from codegen import config
-from codegen.c import build, tiers
-from codegen.c.compiler import STATS
+from codegen.c.run import build, tiers
+from codegen.c.run.compiler import STATS
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.backends import NEEDS_C_COMPILER

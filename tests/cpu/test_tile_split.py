@@ -1,6 +1,6 @@
 """A tested tile splits a reduced loop that its one lane constraint bounds: the part where the
 constraint holds for every row and lane of the tile runs untested, the rest is tested per
-lane (`codegen.c.tiles._tested_parts`). Values and gradients against the reference back end
+lane (`codegen.c.tiles.tiles._tested_parts`). Values and gradients against the reference back end
 in float64, for constraints with a coefficient, two reduced indices, an offset, and scores
 recomputed inside a program."""
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from math_sweep import DOMAINS, reference, sweep_inputs, ulp_errors
 
-from codegen.c import compiler, vecmath
-from codegen.c.build import build_c
+from codegen.c import vecmath
+from codegen.c.run import compiler
+from codegen.c.run.build import build_c
 from codegen.c.schedule import Schedule, choose_cpu_schedule
 from codegen.ir.functions import FUNCTIONS
 from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 import tensordsl as td
-from codegen.c import build
+from codegen.c.run import build
 from codegen.progress import BUILDS
 
 

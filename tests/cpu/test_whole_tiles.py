@@ -101,7 +101,7 @@ def test_an_elementwise_tile_stores_untested_where_it_skips_nothing():
 def test_float32_input_gradient_whose_interior_is_shorter_than_a_tile(width, window, monkeypatch):
     """dX's columns (`width + window - 1` of them, 32 float lanes a tile) have an interior
     shorter than a tile: whole tiles over the extent, tested per lane where they cross an
-    edge (`codegen.c.tiles.tiled`), the tested lanes adding zero (`selected_fold_lines`)."""
+    edge (`codegen.c.tiles.tiles.tiled`), the tested lanes adding zero (`selected_fold_lines`)."""
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
     rng = np.random.default_rng(width * window)
     height = 8 + width % 3

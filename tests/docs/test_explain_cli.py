@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-import codegen.c.build
+import codegen.c.run.build
 import tensordsl as td
 from tensordsl.cli import main
 
@@ -88,7 +88,7 @@ def test_explain_build_reports_progress_and_the_kernel_reuses_the_builds(
     def no_compiler(*args, **kwargs):
         raise AssertionError("the kernel compiled a nest that --build had built")
 
-    monkeypatch.setattr(codegen.c.build, "compile_c", no_compiler)
+    monkeypatch.setattr(codegen.c.run.build, "compile_c", no_compiler)
     rng = np.random.default_rng(3)
     X, W = rng.normal(size=11), rng.normal(size=4)
     k = td.kernel(CONV)

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from codegen.c import compiler
+from codegen.c.run import compiler
 from codegen.cuda.emulator import emulate
 
 pytestmark = pytest.mark.skipif(

@@ -25,7 +25,7 @@ CHILD = (
     "import json\n"
     "import numpy as np\n"
     "import tensordsl as td\n"
-    "from codegen.c import compiler\n"
+    "from codegen.c.run import compiler\n"
     "x = np.random.default_rng(3).uniform(-2.0, 2.0, 37)\n"
     "w = np.random.default_rng(4).uniform(0.5, 1.5, 37)\n"
     "k = td.kernel('Y[i] := X[i] * W[i] + exp(X[i])', backend='cuda')\n"

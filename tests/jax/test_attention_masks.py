@@ -302,7 +302,7 @@ def _documents(order, seed):
 @pytest.mark.parametrize("order", ["sorted", "unsorted"])
 def test_a_document_mask_keeps_each_query_to_its_own_document(backend, causal, order):
     """Issue 38: a document mask over id arrays runs in one pass that visits each block of
-    queries' own documents' keys only (`codegen.c.online`); forward and every gradient as
+    queries' own documents' keys only (`codegen.c.attention.online`); forward and every gradient as
     the float64 reference, whether the ids are sorted or not."""
     doc = _documents(order, seed=11)
     q, k, v = _inputs("float64", seed=12)

@@ -460,7 +460,7 @@ ATTENTION = """
 def test_attention_program_hessian_vector_product_on_c(monkeypatch):
     """Forward-over-reverse through the causal attention program of docs/language.md on C:
     its second-order nests are the longest tiled sources (cases outlined as functions,
-    `codegen.c.outline`), as the fusion cost model recomputes the scores at these sizes;
+    `codegen.c.tiles.outline`), as the fusion cost model recomputes the scores at these sizes;
     40 rows and 35 columns give interior, edge and partial tiles."""
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
     k = td.program(ATTENTION, backend="c")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensordsl as td
-from codegen.c import compiler
+from codegen.c.run import compiler
 from tensordsl.errors import RangeError
 
 rng = np.random.default_rng(0)

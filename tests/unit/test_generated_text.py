@@ -26,8 +26,7 @@ NOT_GENERATED = {
 }
 #: Searches of generated code left, by module: (count, what they look for).
 SEARCHES_LEFT = {
-    "codegen/c/outline.py": (5, "the declarations an outlined tile case reads"),
-    "codegen/c/vecmath.py": (4, "the vector math functions called"),
+    "codegen/c/tiles/outline.py": (1, "which declared variables an outlined tile case reads"),
     "codegen/cuda/emulator/emulate.py": (2, "a kernel's dynamic shared arrays"),
 }
 

@@ -17,7 +17,7 @@ import pytest
 import sympy
 
 import tensordsl as td
-from codegen.c.compiler import compile_flags
+from codegen.c.run.compiler import compile_flags
 from codegen.emit.staging import Assign, plan
 from codegen.ir.nest import index_symbol, tensor_base
 

@@ -116,12 +116,15 @@ def test_function_rows_are_consistent(name):
 
 
 def test_libmvec_rows_print_as_the_functions_they_declare() -> None:
-    # codegen/c/vecmath.py declares `<name>f` `omp declare simd` for each libmvec row; the
-    # rows with a slow path print as their helper, which calls `<name>f`
+    # codegen/c/vecmath.py declares `<name>f` `omp declare simd` for each libmvec row the
+    # printer notes as called (by the row's name); the rows with a slow path print as their
+    # helper, which calls `<name>f`
     x = sympy.Symbol("x", real=True)
     for name, spec in FUNCTIONS.items():
         if spec.libmvec is not None:
-            printed = CPrinter("float").doprint(spec.build(x))
+            printer = CPrinter("float")
+            printed = printer.doprint(spec.build(x))
+            assert name in printer.functions
             if name == "exp":  # inline arithmetic, no libm call (vecmath.EXP_HELPER)
                 helper = vecmath.EXP_HELPER.format(inline="", prefix="tdsl_")
                 assert printed.startswith("tdsl_exp(") and "expf(" not in helper
@@ -130,8 +133,14 @@ def test_libmvec_rows_print_as_the_functions_they_declare() -> None:
                 assert printed.startswith(f"tdsl_{name}(") and f" {name}f(c + " in helper
             else:
                 assert printed.startswith(f"{name}f(")
-            assert vecmath.libmvec_functions(f"y = {name}f(x);") == [name]
+            assert vecmath.libmvec_functions({name, "sqrt"}) == [name]
 
 
 def test_float32_helpers_are_the_helper_rows() -> None:
     assert set(vecmath.FLOAT_HELPERS) == {n for n, spec in FUNCTIONS.items() if spec.helper}
+    assert set(vecmath.HELPER_CALLS) == set(vecmath.FLOAT_HELPERS)
+    x = sympy.Symbol("x", real=True)
+    for name in vecmath.FLOAT_HELPERS:  # noted as called by the row's name, as vecmath reads
+        printer = CPrinter("float")
+        assert printer.doprint(FUNCTIONS[name].build(x)).startswith(f"tdsl_{name}(")
+        assert name in printer.functions

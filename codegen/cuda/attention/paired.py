@@ -24,8 +24,9 @@ weight of its member. Each element of G is written once, by one block: no atomic
 
 Two nests pair when, for the call's shapes (the pair is made for them: a max or min of
 extents alone is replaced by its value, `codegen.passes.packing.folded_extents`), their
-free ranges but the columns are the same, their one reduced range is the same, their constraints are the same once those
-that hold everywhere are dropped, none of the kept ones tests a column, both column ranges
+free ranges but the columns are the same, their one reduced range is the same, their
+constraints are the same once those that hold everywhere are dropped, none of the kept ones
+tests a column, both column ranges
 start at 0, both members' columns fit one pass of the kernel (`ONLINE_COLUMNS`: past it,
 each pass would compute both weights, more than the two kernels apart), their weights
 share a nested reduction (the scores; dQ and dV of full attention over equal extents would

@@ -5,7 +5,7 @@ A translation unit holds one or many kernels: each kernel's text, exactly as `em
 returns it, inside its own namespace (so that their helpers and `idx_t` do not clash), and a
 descriptor per kernel appended after it (`TDSL_EMU_KERNEL`). Units are compiled by the host
 C++ compiler (`TENSORDSL_CXX`) against the CUDA toolkit's headers (`vector_types.h`,
-`cuda_fp16.h`, `cuda_bf16.h`), cached on disk by content hash (`codegen.c.compiler.compile_c`
+`cuda_fp16.h`, `cuda_bf16.h`), cached on disk by content hash (`codegen.c.run.compiler.compile_c`
 with the emulator's toolchain, under `cache_dir()/cuda_emu/`) and loaded with ctypes.
 Compilation dominates the cost (about 2 s per compiler call here, 0.07 s per further kernel
 in a unit), so `build` puts many kernels in one unit and compiles two units at once; a
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from codegen import config
-from codegen.c.compiler import BuildError, Toolchain, compile_c, compiler_version
+from codegen.c.run.compiler import BuildError, Toolchain, compile_c, compiler_version
 from codegen.cache import disk as disk_cache
 from codegen.cuda.emulator.counts import COUNTERS, Counts
 from codegen.cuda.run import nvrtc
@@ -94,7 +94,7 @@ _LOCK = threading.Lock()
 _LIBRARIES: dict[pathlib.Path, ctypes.CDLL] = {}
 _KERNELS: dict[tuple[str, str, bool], EmulatedKernel] = {}
 _COUNT_LOCK = threading.Lock()
-#: Kernels compiled in this process (compiler calls and disk hits: `codegen.c.build.STATS`).
+#: Kernels compiled in this process (compiler calls and disk hits: `codegen.c.run.build.STATS`).
 STATS = {"kernels": 0}
 
 

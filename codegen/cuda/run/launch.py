@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from codegen import config
-from codegen.c import ffi
+from codegen.c.run import ffi
 from codegen.cuda.emulator.emulate import EmulationError, compile_unit, cuda_include_candidates
 
 SOURCE = pathlib.Path(__file__).with_name("ffi.cc")

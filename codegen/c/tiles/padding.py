@@ -167,12 +167,25 @@ def _masked_term(term: Term, p: _Term, f: str) -> Term:
     return dataclasses.replace(term, body=body, constraints=kept)
 
 
-def prepare_lines(e: Emitter, masks: LaneMasks) -> tuple[Lines, Lines, str]:
+@dataclass(frozen=True)
+class Prepared:
+    """The padded copies and mask rows of a tiled nest, made before its loops."""
+
+    lines: Lines  # allocate and fill them
+    freed: Lines  # free them
+    allocated: str  # the C condition that they were allocated
+    #: The variables `lines` declare at their top level, each with its type (an outlined
+    #: tile case takes those it reads: `codegen.c.tiles.outline`).
+    declared: tuple[tuple[str, str], ...]
+
+
+def prepare_lines(e: Emitter, masks: LaneMasks) -> Prepared:
     """C lines that allocate and fill the padded copies and mask rows, the lines that free
-    them, and the C condition that they were allocated."""
+    them, the C condition that they were allocated, and the variables they declare."""
     lines: Lines = []
     freed: Lines = []
     allocated: list[str] = []
+    declared: list[tuple[str, str]] = []
     mask_type = "int32_t" if e.f == "float" else "int64_t"
     x = sympy.Dummy("px_", integer=True)
     for p in masks.terms:
@@ -181,6 +194,7 @@ def prepare_lines(e: Emitter, masks: LaneMasks) -> tuple[Lines, Lines, str]:
             f"const int64_t {low} = {e.idx(p.low)};",
             f"const int64_t {width} = tdsl_imax({e.idx(p.high)} - {low} + 1, 0);",
         ]
+        declared += [(low, "const int64_t"), (width, "const int64_t")]
         for name in p.operands:
             ctype = e.storage[e.dtypes[name]]
             rank = len(e.printer.tensors[name].strides)
@@ -192,9 +206,11 @@ def prepare_lines(e: Emitter, masks: LaneMasks) -> tuple[Lines, Lines, str]:
                 f"{ctype} *{base} = ({ctype} *)malloc(sizeof({ctype}) * "
                 f"(size_t)tdsl_imax({rows} * {width}, 1));",
             ]
+            declared += [(size, "const int64_t"), (rows, "const int64_t"), (base, f"{ctype} *")]
             for d in range(rank - 1):
                 inner = e.idx(sympy.Mul(*extents[d + 1 : -1]))
                 lines.append(f"const int64_t sp{p.k}_{c_name(name)}_{d} = {inner} * {width};")
+                declared.append((f"sp{p.k}_{c_name(name)}_{d}", "const int64_t"))
             source = f"in_{c_name(name)}"
             read = f"x_ >= 0 && x_ < {size} ? {source}[r_ * {size} + x_] : 0"
             fill = [f"const int64_t x_ = j_ + {low};", f"{base}[r_ * {width} + j_] = {read};"]
@@ -221,6 +237,7 @@ def prepare_lines(e: Emitter, masks: LaneMasks) -> tuple[Lines, Lines, str]:
                 ),
             ),
         ]
+        declared.append((mask, f"{mask_type} *"))
         allocated.append(mask)
         freed.append(f"free({mask});")
-    return lines, freed, " && ".join(allocated)
+    return Prepared(lines, freed, " && ".join(allocated), tuple(declared))

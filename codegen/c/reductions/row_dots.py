@@ -1,8 +1,8 @@
 """Dot products for 8 rows at once in explicit 8-float vectors (C emitter).
 
-A tile's rows batch their nested sums (`codegen.c.rows.batch_row_sums`), and a chunked
+A tile's rows batch their nested sums (`codegen.c.tiles.rows.batch_row_sums`), and a chunked
 logsumexp computes 8 consecutive values of its reduced index together
-(`codegen.c.strategies._batch_dots`). When such a sum is a dot product of two float32 rows
+(`codegen.c.reductions.simple._batch_dots`). When such a sum is a dot product of two float32 rows
 that are contiguous along the summed index, as attention's scores `sum_e Q[i, e]*K[j, e]`
 and `sum_e dO[i, e]*V[j, e]` are, the 8 rows' sums are computed here in 8-float vectors
 (GCC/clang vector extensions, no intrinsics): one vector accumulator per row, a row shared
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sympy
 
-from codegen.c.schedule import Schedule
+from codegen.c.geometry import CpuGeometry
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Loop
 
@@ -57,7 +57,7 @@ static inline tdsl_v8 tdsl_hsum8(tdsl_v8 a0, tdsl_v8 a1, tdsl_v8 a2, tdsl_v8 a3,
 
 
 def row_dot_lines(
-    e: Emitter[Schedule], st: Loop, state: str, rn: str, row: str, declare_row: str
+    e: Emitter[CpuGeometry], st: Loop, state: str, rn: str, row: str, declare_row: str
 ) -> Lines | None:
     """The sums `st` of 8 rows into `float <state>[8]` in vectors, or None where `st` is not
     a dot product of two contiguous float32 rows, one of them reading the index `row`.
@@ -102,7 +102,7 @@ def row_dot_lines(
 
 
 def _contiguous_factors(
-    e: Emitter[Schedule], st: Loop, row: str
+    e: Emitter[CpuGeometry], st: Loop, row: str
 ) -> tuple[sympy.Indexed, ...] | None:
     """The two accesses of `st`'s value when it is their product, both float32 read as
     float, indexed by the summed index alone in their last (contiguous) axis, at least one

@@ -1,12 +1,16 @@
-"""Schedules in other index names: the canonical kernel records (`codegen.c.records`) store
+"""Schedules in other index names: the canonical kernel records (`codegen.c.run.records`) store
 one kernel per nest up to renaming, so a schedule is renamed with its nest."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
+from codegen.c.geometry import CpuGeometry
 from codegen.c.schedule import Schedule
+
+S = TypeVar("S", bound=CpuGeometry)
 
 #: The fields of `Schedule` that `rename_schedule` knows: those naming indices (renamed) and
 #: the others (numbers, a strategy). A new field turns canonical forms off until it is added.
@@ -26,7 +30,7 @@ def schedule_is_renamable() -> bool:
     return schedule_fields() == RENAMED_FIELDS
 
 
-def rename_schedule(schedule: Schedule, indices: Mapping[str, str]) -> Schedule:
+def rename_schedule(schedule: S, indices: Mapping[str, str]) -> S:
     """`schedule` with its index names renamed (`{old: new}`; others kept)."""
 
     def new(name: str | None) -> str | None:

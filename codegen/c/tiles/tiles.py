@@ -1,5 +1,5 @@
 """The tile strategy of the C emitter: register tiles over two free indices (the dot strategy,
-`codegen.c.dot`, shares their lanes and their grid).
+`codegen.c.tiles.dot`, shares their lanes and their grid).
 
 See `codegen.c.schedule` for what the strategies are and `docs/architecture.md` for how tiles
 treat the constraints of gradient nests.
@@ -13,17 +13,17 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.c.outline import declared_locals, declared_names, outlined_call
-from codegen.c.padding import LaneMasks, lane_masks, prepare_lines
-from codegen.c.rows import batch_row_calls, batch_row_sums, row_loop
-from codegen.c.schedule import Schedule
-from codegen.c.strategies import parallel_loop, scalar
+from codegen.c.geometry import CpuGeometry
+from codegen.c.reductions.simple import parallel_loop, scalar
+from codegen.c.tiles.outline import outlined_call
+from codegen.c.tiles.padding import LaneMasks, lane_masks, prepare_lines
+from codegen.c.tiles.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
 from codegen.ir.affine import affine_parts
 from codegen.ir.nest import Term, extent_of
 
-CEmitter = Emitter[Schedule]
+CEmitter = Emitter[CpuGeometry]
 
 
 def lane_loops(
@@ -206,31 +206,6 @@ def _tested_parts(
     return [(untested, ()), (rest, (c,))]
 
 
-TILE_HELPERS = """\
-/* Tiles of S along [s, z) with the interior part [a, e) (s <= a <= e <= z) tiled from a:
- * chunks of at most S in [s, a), in [a, e) and in [e, z). */
-static inline int64_t tdsl_tiles(int64_t s, int64_t a, int64_t e, int64_t z, int64_t S) {
-    return (a - s + S - 1) / S + (e - a + S - 1) / S + (z - e + S - 1) / S;
-}
-/* Tile t: its start, its width in *n. The last tile of a part at least S long moves back
- * to end where the part ends, a whole tile (constant trip counts) whose first *k rows or
- * lanes the tile before it already stores. */
-static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int64_t z,
-                                int64_t S, int64_t *n, int64_t *k) {
-    const int64_t na = (a - s + S - 1) / S, ni = (e - a + S - 1) / S;
-    const int64_t x0 = t < na ? s + t * S : t < na + ni ? a + (t - na) * S : e + (t - na - ni) * S;
-    const int64_t from = t < na ? s : t < na + ni ? a : e, to = t < na ? a : t < na + ni ? e : z;
-    *n = tdsl_imin(S, to - x0);
-    *k = 0;
-    if (*n < S && to - from >= S) {
-        *k = S - *n;
-        *n = S;
-        return to - S;
-    }
-    return x0;
-}"""
-
-
 def _interior_range(
     e: CEmitter, x: sympy.Symbol, conditions: Sequence[sympy.Expr]
 ) -> tuple[str, str]:
@@ -255,7 +230,7 @@ def _interior_range(
 
 def vector_extent(e: CEmitter) -> str:
     """C expression of the vector index's extent: where it is shorter than the tile, a
-    narrower tile (`Schedule.small`) takes over."""
+    narrower tile (`CpuGeometry.small`) takes over."""
     s = e.schedule
     r = next(r for r in e.nest.free if r.index.name == s.vector)
     return e.idx(sympy.expand(r.stop - r.start))
@@ -282,6 +257,10 @@ def tiled(
     masks = lane_masks(paths.edge, paths.tests, vector) if paths.condition else None
     edge_e, edge_tests = (masks.emitter, masks.tests) if masks else (paths.edge, paths.tests)
     grid, tile, full = [], [], []
+    # the int64 variables the grid's and the tiles' lines declare, as they are written: an
+    # outlined case takes those it reads (`codegen.c.tiles.outline`)
+    grid_names: list[str] = []
+    tile_names: list[str] = []
     # An elementwise tile stores in its inner loop: a tile moved back (`tdsl_tile`'s skip)
     # takes the general path, so that whole tiles store every lane untested (a test there
     # is a masked store per vector, about 2x the time of softmax's P).
@@ -301,6 +280,7 @@ def tiled(
             # Masked edge tiles cost about what interior ones do: whole tiles over the
             # extent, none of them partial (a partial one keeps its accumulators in memory).
             grid += [f"const int64_t {first} = {lo};", f"const int64_t {last} = {hi};"]
+            grid_names += [first, last]
         elif x.name == s.vector and (low or high):
             # An interior shorter than a tile: whole tiles over the extent, tested where
             # they cross an edge (narrow tiles would keep their accumulators in memory).
@@ -312,12 +292,15 @@ def tiled(
                 f"const int64_t {first} = {e0} - {a0} >= {size} ? {a0} : {lo};",
                 f"const int64_t {last} = {e0} - {a0} >= {size} ? {e0} : {hi};",
             ]
+            grid_names += [a0, e0, first, last]
         else:
             end = f"tdsl_imin(tdsl_imax({high}, {first}), {hi})" if high else hi
             grid += [f"const int64_t {first} = {a};", f"const int64_t {last} = {end};"]
+            grid_names += [first, last]
         grid += [
             f"const int64_t {count} = tdsl_tiles({lo}, {first}, {last}, {hi}, {size});",
         ]
+        grid_names.append(count)
         skip = "sk_" if x.name == s.vector else "skr_"
         tile += [
             f"int64_t {width};",
@@ -325,16 +308,17 @@ def tiled(
             f"const int64_t {origin} = "
             f"tdsl_tile({number}, {lo}, {first}, {last}, {hi}, {size}, &{width}, &{skip});",
         ]
+        tile_names += [width, skip, origin]
         if span is not None and x.name == s.vector and span[2] != lo:
             tile.append(f"{skip} = tdsl_imax({skip}, {span[2]} - {origin});")
         full += [f"{width} == {size}", f"{skip} == 0"] if elementwise else [f"{width} == {size}"]
     check = " && ".join(full)
     none = tuple(() for _ in e.nest.terms)
     loops = [e.printer.index(x) for x in free if x.name not in (s.row, s.vector)]
-    names = [*declared_names([*grid, *tile]), *((n, "const int64_t") for n in loops)]
+    names = [(n, "const int64_t") for n in (*grid_names, *tile_names, *loops)]
     made = prepare_lines(e, masks) if masks is not None else None
     if made is not None:  # the padded copies and masks, made before the loops
-        names += declared_locals(made[0])
+        names += made.declared
 
     def case(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.Expr]]) -> Lines:
         return outlined_call(p, body(p, rn, wn, tests), names)
@@ -364,10 +348,9 @@ def tiled(
     lines = grid + parallel_loop(e, len(free), lines)
     if made is None or prepared:
         return lines
-    # Shifted reads padded, their lane tests a mask (`codegen.c.padding`); where the copies
+    # Shifted reads padded, their lane tests a mask (`codegen.c.tiles.padding`); where the copies
     # cannot be allocated, the scalar strategy.
-    prepare, freed, allocated = made
-    return [*prepare, *_either(allocated, lines, scalar(e)), *freed]
+    return [*made.lines, *_either(made.allocated, lines, scalar(e)), *made.freed]
 
 
 def _either(check: str, yes: Lines, no: Lines) -> Lines:

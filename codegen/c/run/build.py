@@ -16,7 +16,7 @@ too, the user's compiler setting (`TENSORDSL_CC`, `TENSORDSL_CFLAGS`) is at faul
 What is compiled is the nest's canonical form (`codegen.ir.nest.canonical`: tensors and indices
 renamed by position), so nests that differ only in their names share one shared object (and
 its results do not depend on which of them was built first). A kernel record
-(codegen/c/records.py) remembers, for a nest as written and for its canonical form, the
+(codegen/c/run/records.py) remembers, for a nest as written and for its canonical form, the
 shared object, its entry point and its host function, so that a process finding the record
 loads the kernel without emitting C.
 
@@ -26,7 +26,7 @@ starts every kernel of a traced function while it is traced, so independent comp
 parallel with each other and with the rest of the trace.
 
 When jaxlib's FFI headers are present, each shared object also holds an XLA FFI handler for
-its entry point (codegen/c/ffi.py), so that JAX can call the kernel without Python; if the
+its entry point (codegen/c/run/ffi.py), so that JAX can call the kernel without Python; if the
 headers are missing or the handler does not build, the kernel is built alone and
 `CompiledNest.ffi_handler` is None.
 
@@ -48,9 +48,11 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 from codegen import config, progress
-from codegen.c import ffi, records, threads, tiers
-from codegen.c.compiled import CompiledNest
-from codegen.c.compiler import (
+from codegen.c import threads
+from codegen.c.emit import CSource, emit_c
+from codegen.c.run import ffi, records, tiers
+from codegen.c.run.compiled import CompiledNest
+from codegen.c.run.compiler import (
     BuildError,
     c_toolchain,
     compile_c,
@@ -58,11 +60,10 @@ from codegen.c.compiler import (
     compiler_version,
     count,
 )
-from codegen.c.emit import CSource, emit_c
-from codegen.c.schedule import KERNEL_STRATEGIES, Schedule, choose_cpu_schedule, validate
+from codegen.c.schedule import Schedule, choose_cpu_schedule, validate
 from codegen.cache import disk as disk_cache
 from codegen.cache.once import OnceMap
-from codegen.emit.emitter import STORAGE, check_dtypes, entry_name
+from codegen.emit.signature import STORAGE, check_dtypes, entry_name
 from codegen.ir.host import compiled_host_function, host_function
 from codegen.ir.nest import LoopNest, canonical_names, default_dtypes
 
@@ -85,7 +86,7 @@ class _Settings:
     flags: tuple[str, ...]
     cache_dir: str
     ffi_headers: str
-    fast: bool = False  # the first, unoptimised build of a tiered kernel (codegen/c/tiers.py)
+    fast: bool = False  # the first, unoptimised build of a tiered kernel (codegen/c/run/tiers.py)
 
 
 def _settings(*, fast: bool = False) -> _Settings:
@@ -146,7 +147,7 @@ def build_c(
 
     Returns:
         A `CompiledNest`, callable as `compiled(out, operands, extents)`; in tiered mode, the
-        unoptimised build until the optimised one takes over (codegen/c/tiers.py).
+        unoptimised build until the optimised one takes over (codegen/c/run/tiers.py).
 
     Raises:
         BuildError: when the compiler rejects the generated code (a tensordsl bug).
@@ -324,7 +325,7 @@ def _check(nest: LoopNest, dtypes: Mapping[str, str], schedule: Schedule) -> Non
     """`emit_c`'s checks, on the nest as written (its errors name the user's tensors)."""
     check_dtypes(nest, dtypes, STORAGE)
     validate(nest, schedule)
-    if schedule.strategy not in KERNEL_STRATEGIES:
+    if schedule.record.body is None:
         raise ValueError(f"the {schedule.strategy} strategy generates no C")
 
 

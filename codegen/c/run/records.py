@@ -1,7 +1,7 @@
 """Kernel records: what a warm process needs to load a built kernel without emitting C.
 
 A record (`kernels/<2 hex>/<digest>.json` under `config.cache_dir()`) holds, for one nest,
-dtypes, schedule, role and toolchain, the shared object built for it (codegen/c/build.py),
+dtypes, schedule, role and toolchain, the shared object built for it (codegen/c/run/build.py),
 its entry point, whether it holds an XLA FFI handler, and its host function as Python source
 (`codegen.ir.host.compiled_host_function`). A record is stored under two keys: the nest as
 written (cheap to compute) and its canonical form (`codegen.ir.nest.canonical`: tensors and
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 class KernelRecord:
     """A built kernel as stored on disk (see the module docstring)."""
 
-    name: str  # the entry name the nest would have alone (`codegen.emit.emitter.entry_name`)
+    name: str  # the entry name the nest would have alone (`codegen.emit.signature.entry_name`)
     entry: str  # the entry point in `library` (the canonical form's)
     library: str
     handler: bool
@@ -99,7 +99,7 @@ def canonical_form(
     where renaming by position could make two different nests equal (a name it leaves
     alone clashes with a new one) or `Schedule` has a field `rename_schedule` does not know.
     """
-    from codegen.c.renaming import rename_schedule, schedule_is_renamable
+    from codegen.c.run.renaming import rename_schedule, schedule_is_renamable
 
     tensors, indices = canonical_names(nest)
     if _clashes(nest, tensors, indices) or not schedule_is_renamable():

@@ -9,13 +9,13 @@ comparison with the last slot."""
 
 from __future__ import annotations
 
-from codegen.c.schedule import Schedule
-from codegen.c.strategies import CHUNK, parallel_loop
+from codegen.c.geometry import CpuGeometry
+from codegen.c.reductions.simple import CHUNK, parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.select import row_indices, row_lines, update_template
 
 
-def select(e: Emitter[Schedule]) -> Lines:
+def select(e: Emitter[CpuGeometry]) -> Lines:
     """The whole function body of a topk/argtopk nest."""
     chunked = bool(e.nest.terms[0].reduced) if len(e.nest.terms) == 1 else False
     lines = row_lines(e, _chunked_term) if chunked else row_lines(e)
@@ -25,7 +25,7 @@ def select(e: Emitter[Schedule]) -> Lines:
     return parallel_loop(e, len(free), lines)
 
 
-def _chunked_term(e: Emitter[Schedule]) -> Lines:
+def _chunked_term(e: Emitter[CpuGeometry]) -> Lines:
     """The reduced loops, the innermost in chunks (module docstring); a value a test leaves
     out keeps the position -1 and is not inserted."""
     order = e.term_order(0)

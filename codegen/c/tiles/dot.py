@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.c.rows import row_loop
-from codegen.c.tiles import CEmitter, lane_levels, lane_loops, stored, tiled
+from codegen.c.tiles.rows import row_loop
+from codegen.c.tiles.tiles import CEmitter, lane_levels, lane_loops, stored, tiled
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Plan
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from codegen import config
-from codegen.c import tiers
+from codegen.c.run import tiers
 from codegen.cache import disk as disk_cache
 from codegen.cache import memo
 

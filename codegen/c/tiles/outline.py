@@ -21,26 +21,15 @@ from codegen.emit.emitter import Emitter, Lines, block_lines
 #: A tile case body of at least this many lines is emitted as a function of its own.
 OUTLINE_LINES = 150
 
-_DECLARED = re.compile(r"\bint64_t\s+(\w+)\s*[;=]")
-_TOP_LEVEL = re.compile(r"^((?:const )?\w+(?: \*)?)\s*(\w+) = ")
-
-
-def declared_names(lines: Iterable[str]) -> list[tuple[str, str]]:
-    """The int64 variables that `lines` declare (`int64_t x;`, `const int64_t x = ...;`), each
-    with the type a function takes it as."""
-    return [(m.group(1), "const int64_t") for line in lines for m in _DECLARED.finditer(line)]
-
-
-def declared_locals(lines: Iterable[str]) -> list[tuple[str, str]]:
-    """The variables that `lines` declare at their top level (not indented: `const int64_t
-    n = ...;`, `float *copy = ...;`), each with its type: the padded copies and masks that
-    `codegen.c.padding.prepare_lines` makes before the loops."""
-    return [(m.group(2), m.group(1)) for line in lines if (m := _TOP_LEVEL.match(line))]
-
 
 def outlined_call(e: Emitter, body: Lines, names: Iterable[tuple[str, str]]) -> Lines:
     """`body` itself when short; else a call to a new function (kept in `e.outlined`) that
-    runs it, passing those of the variables `names` (name, type) that it reads."""
+    runs it, passing those of the variables `names` (name, type) that it reads.
+
+    `names` are the variables the tile's grid, its tiles and its padded copies declare,
+    recorded as they are written (`codegen.c.tiles.tiles.tiled`,
+    `codegen.c.tiles.padding.Prepared.declared`); which of them the case reads is still
+    found in its text (tests/unit/test_generated_text.py: `SEARCHES_LEFT`)."""
     if len(body) < OUTLINE_LINES:
         return body
     text = "\n".join(body)

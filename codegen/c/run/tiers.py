@@ -7,7 +7,7 @@ fraction of that time (benchmarks/RESULTS.md, first calls). So with `TENSORDSL_B
 (the default, `codegen.config.build_mode`) a kernel missing from the disk cache is built
 first at `FAST_LEVEL` with a *slot*: every call of that library (its XLA FFI handler, its
 ctypes entry) reads one function pointer, at first its own unoptimised entry point, once per
-call. The optimised build runs in a background thread (codegen/c/build.py); when it has
+call. The optimised build runs in a background thread (codegen/c/run/build.py); when it has
 loaded, `take_over` stores its entry point in the slot, so the next call runs optimised code
 and no call ever switches half way. The optimised library's source is the kernel's source as
 an untiered build has it, byte for byte, so both builds share its disk cache entry.

@@ -1,22 +1,28 @@
 """A tile's rows in the C emitter: the row index and loop, and the work of the row level
 computed for all the rows at once.
 
-A tile strategy (`codegen.c.tiles`, `codegen.c.dot`) binds its row index once per row of the
+A tile strategy (`codegen.c.tiles`, `codegen.c.tiles.dot`) binds its row index once per row of the
 tile; what the row level computes that reads no lane is batched over the rows: nested sums
 in one loop of independent accumulation chains (in 8-float vectors where they are dot
-products of contiguous rows, `codegen.c.row_dots`), function calls in one simd loop.
+products of contiguous rows, `codegen.c.reductions.row_dots`), function calls in one simd loop.
 """
 
 from __future__ import annotations
 
 import sympy
 
-from codegen.c.row_dots import DOT_ROWS, batchable_sum, plain_reads, row_dot_lines, row_of
-from codegen.c.schedule import Schedule
+from codegen.c.geometry import CpuGeometry
+from codegen.c.reductions.row_dots import (
+    DOT_ROWS,
+    batchable_sum,
+    plain_reads,
+    row_dot_lines,
+    row_of,
+)
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Loop, Plan, Statement
 
-CEmitter = Emitter[Schedule]
+CEmitter = Emitter[CpuGeometry]
 
 
 def declare_row(e: CEmitter) -> str:
@@ -44,8 +50,8 @@ def batch_row_sums(
     when nothing else of the row level feeds it; it is then read from `<t>a[r_]`. The rows'
     sums are computed outside the row level's tests, and the sums of masked rows go unused
     (which sums qualify: `batchable_sum`). A dot product of two contiguous float32 rows runs
-    in vectors (`codegen.c.row_dots`). Also returns each batched sum's symbol with its array
-    element.
+    in vectors (`codegen.c.reductions.row_dots`). Also returns each batched sum's symbol with
+    its array element.
     """
     statements = plan.statements[level]
     tested = bool(plan.tests[level])

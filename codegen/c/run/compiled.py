@@ -1,7 +1,8 @@
 """A compiled loop nest: the entry point of a loaded shared object and its host function.
 
-`codegen.c.build.build_c` returns one; the runners call it through XLA (tensordsl/backends/c.py) or
-directly (`compiled(out, operands, extents)`, tensordsl/explain/timing.py).
+`codegen.c.run.build.build_c` returns one; the runners call it through XLA
+(tensordsl/backends/c.py) or directly (`compiled(out, operands, extents)`,
+tensordsl/explain/timing.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class CompiledNest:
     """A compiled nest: call it with the output, the operands and the extents."""
 
     nest: LoopNest
-    name: str  # the nest's own entry name (`codegen.emit.emitter.entry_name`), as k.source shows it
+    #: the nest's own entry name (`codegen.emit.signature.entry_name`), as k.source shows it
+    name: str
     entry: str  # the entry point in `library`: the canonical form's, maybe another nest's
     library: pathlib.Path
     function: Callable[..., None] = field(repr=False)

@@ -21,8 +21,8 @@ from dataclasses import replace
 
 import sympy
 
-from codegen.c.schedule import Schedule
-from codegen.c.strategies import parallel_loop
+from codegen.c.geometry import CpuGeometry
+from codegen.c.reductions.simple import parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.printer import TensorView
 from codegen.emit.staging import Assign, Plan
@@ -30,7 +30,7 @@ from codegen.ir.members import member_bodies
 from codegen.ir.nest import extent_of, tensor_base
 
 
-def members(e: Emitter[Schedule]) -> Lines:
+def members(e: Emitter[CpuGeometry]) -> Lines:
     """The loops of a multi-output nest (see the module docstring)."""
     bodies = member_bodies(e.nest)
     assert bodies is not None, "the members strategy is for multi-output nests"
@@ -94,7 +94,7 @@ def members(e: Emitter[Schedule]) -> Lines:
 
 
 def _across(
-    e: Emitter[Schedule], n: int, bodies: tuple[sympy.Expr, ...], row: sympy.Symbol, edge: bool
+    e: Emitter[CpuGeometry], n: int, bodies: tuple[sympy.Expr, ...], row: sympy.Symbol, edge: bool
 ) -> Lines:
     """Term `n` with the row in vector lanes (`Schedule.vector`: the row is every access's
     contiguous axis, LayerNorm's `dgamma[c]` and `dbeta[c]`): its reduced loops outside, the
@@ -129,7 +129,7 @@ def _across(
 
 
 def _term_lines(
-    e: Emitter[Schedule],
+    e: Emitter[CpuGeometry],
     n: int,
     bodies: tuple[sympy.Expr, ...],
     accumulators: list[str],
@@ -314,7 +314,7 @@ def _for(index: str, stop: object, body: Lines, step: int = 1) -> Lines:
     return block_lines(f"for (int64_t {index} = 0; {index} < {stop}; {advance})", body)
 
 
-def _offset(e: Emitter[Schedule], position: int) -> str:
+def _offset(e: Emitter[CpuGeometry], position: int) -> str:
     """The output offset of the current free point's element of member `position` (the
     packed member axis is the output's last, contiguous axis)."""
     parts = []

@@ -18,13 +18,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from codegen.c.schedule import Schedule
-from codegen.c.strategies import parallel_loop, scalar
+from codegen.c.geometry import CpuGeometry
+from codegen.c.reductions.simple import parallel_loop, scalar
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.ir.nest import accesses
 
 
-def unrolled(e: Emitter[Schedule]) -> Lines:
+def unrolled(e: Emitter[CpuGeometry]) -> Lines:
     """The loops of the unroll strategy, and the scalar strategy for other calls (see the
     module docstring)."""
     count = e.schedule.width
@@ -47,7 +47,9 @@ def unrolled(e: Emitter[Schedule]) -> Lines:
     return [*block_lines(head, vector)[:-1], "} else {", *indent_lines(other), "}"]
 
 
-def _constant_strides(e: Emitter[Schedule], count: int) -> tuple[Emitter[Schedule], list[str]]:
+def _constant_strides(
+    e: Emitter[CpuGeometry], count: int
+) -> tuple[Emitter[CpuGeometry], list[str]]:
     """`e` with the next to last stride of the output and of every operand whose last axis
     reads the small index printed as `count`, and the run-time tests that make it so (the
     small index over `[0, count)`, each such stride `count`)."""

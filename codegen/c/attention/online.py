@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import sympy
 
-from codegen.c.schedule import Schedule
-from codegen.c.strategies import CHUNK, buffer_pass, chunk_fill, parallel_loop
+from codegen.c.geometry import CpuGeometry
+from codegen.c.reductions.simple import CHUNK, buffer_pass, chunk_fill, parallel_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 
 #: Rows of a block: each row of the weights read serves them all.
 ROWS = 8
 
 
-def online(e: Emitter[Schedule]) -> Lines:
+def online(e: Emitter[CpuGeometry]) -> Lines:
     """The whole function body of a one-pass nest (module docstring)."""
     nest, f, kind = e.nest, e.f, e.index_type
     last = nest.free[-1]
@@ -128,7 +128,7 @@ def online(e: Emitter[Schedule]) -> Lines:
     return parallel_loop(e, len(outer) + 1, lines)
 
 
-def _skip_masked(e: Emitter[Schedule], j: str) -> Lines:
+def _skip_masked(e: Emitter[CpuGeometry], j: str) -> Lines:
     """Row `ri_`'s key range `[lo_, hi_)` narrowed to its first and last key that a mask
     which is not a loop bound keeps (the scores' guard, `codegen.passes.online`): a document
     mask `doc[b, i] == doc[b, j]` over sorted ids then visits the row's document only, and
@@ -152,7 +152,7 @@ def _skip_masked(e: Emitter[Schedule], j: str) -> Lines:
     ]
 
 
-def _rescale(e: Emitter[Schedule]) -> Lines:
+def _rescale(e: Emitter[CpuGeometry]) -> Lines:
     """Row `ri_`'s running max, sum and weighted sums updated for the chunk's scores in
     `ch_[ri_]`, which become their weights."""
     f = e.f
@@ -184,7 +184,7 @@ def _rescale(e: Emitter[Schedule]) -> Lines:
     ]
 
 
-def _weighted_sums(e: Emitter[Schedule], j: str, k: str, first: str) -> Lines:
+def _weighted_sums(e: Emitter[CpuGeometry], j: str, k: str, first: str) -> Lines:
     """`o_[r][k] += ch_[r][q] * W[j, k]` over the chunk for every row of the block whose
     range holds `j` (`in_[r][q]`, set where the row computed its score): a key outside a
     row's range adds nothing, also where W holds NaN or inf (its weight 0 times W would be
