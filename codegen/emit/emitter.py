@@ -227,7 +227,12 @@ class Emitter(Generic[S]):
     # -- terms ---------------------------------------------------------------------------
 
     def plan(
-        self, n: int, levels: Sequence[Sequence[sympy.Symbol]], tests: Sequence[sympy.Expr] = ()
+        self,
+        n: int,
+        levels: Sequence[Sequence[sympy.Symbol]],
+        tests: Sequence[sympy.Expr] = (),
+        *,
+        hoist_conditions: bool = False,
     ) -> Plan:
         """Where term `n`'s sub-expressions are computed when its loops bind `levels`
         (see `codegen.emit.staging`). `tests` are constraints `c >= 0` tested per element (the
@@ -241,7 +246,12 @@ class Emitter(Generic[S]):
         integer = frozenset(name for name, v in self.printer.tensors.items() if v.integer)
         body = self.hoist(term.body)
         found = staging.plan(
-            body, levels, conditions, first=self.temporaries, integer_tensors=integer
+            body,
+            levels,
+            conditions,
+            first=self.temporaries,
+            integer_tensors=integer,
+            hoist_conditions=hoist_conditions,
         )
         self.temporaries = found.next_temporary
         return found

@@ -94,6 +94,7 @@ class _Planner:
     count: int
     integer_tensors: frozenset[str]  # tensors of integers (they compare as integers)
     last: int  # the innermost level
+    hoist_conditions: bool = False  # `selection`: a `where` rewritten for the vectoriser
     uses: dict[Node, int] = field(default_factory=dict)
     homes: dict[Node, tuple] = field(default_factory=dict)  # node -> (level, nested indices)
     names: dict[Node, sympy.Symbol] = field(default_factory=dict)
@@ -156,7 +157,7 @@ class _Planner:
             return self.nested(node, home)
         if isinstance(node, sympy.Indexed):
             rewritten = node
-        elif isinstance(node, sympy.Piecewise):
+        elif isinstance(node, sympy.Piecewise) and self.hoist_conditions:
             rewritten = self.selection(node, home)
         else:
             rewritten = node.func(*(self.rewrite(a, home) for a in node.args))
@@ -181,7 +182,7 @@ class _Planner:
                     test = self.names.get(cond) or self.name(
                         cond, Assign(self.fresh(), test), self.home(cond)
                     )
-                elif innermost and not isinstance(value, sympy.Symbol) and _calls(expr):
+                elif innermost and _calls(expr) and not value.is_Symbol:
                     value = self.name(expr, Assign(self.fresh(), value), self.home(expr))
             pairs.append((value, test))
         return sympy.Piecewise(*pairs)
@@ -315,6 +316,7 @@ def plan(
     *,
     first: int = 0,
     integer_tensors: frozenset[str] = frozenset(),
+    hoist_conditions: bool = False,
 ) -> Plan:
     """Place the sub-expressions of `body` and the `tests` at `levels` (outermost first).
 
@@ -325,13 +327,19 @@ def plan(
         first: the number of the first temporary (`t<first>_`), so that several plans of
             one function do not reuse names.
         integer_tensors: names of tensors whose elements are integers.
+        hoist_conditions: whether a `where` is rewritten for the vectoriser (`selection`):
+            its condition computed at its own level, a branch that calls a function before
+            the choice. Measured to help one-term elementwise tiles only (the logsumexp
+            gradient: 7.6 -> 0.7 ms); in reduction tiles and several-term tiles gcc then
+            unswitches the lane loop and leaves its exp version scalar (Sinkhorn's
+            gradient: 15 -> 49 ms), so the emitter asks for it there only.
 
     Returns:
         The `Plan`.
     """
     where = {s: n for n, symbols in enumerate(levels) for s in symbols}
     body = unique_reduce_indices(body, set(where))
-    planner = _Planner(where, first, integer_tensors, last=len(levels) - 1)
+    planner = _Planner(where, first, integer_tensors, len(levels) - 1, hoist_conditions)
     planner.count_uses(body)
     last = (len(levels) - 1, ())
     value = planner.rewrite(body, last)

@@ -31,7 +31,7 @@ def _assigned(p) -> list[list[str]]:
 
 def test_a_condition_of_an_outer_level_is_computed_there() -> None:
     body = sympy.Piecewise((0, sympy.Eq(L[i], 2 * L[i])), (sympy.exp(S[i, j] - L[i]), True))
-    p = plan(body, [[], [i], [j]])
+    p = plan(body, [[], [i], [j]], hoist_conditions=True)
     outer = _assigned(p)[1]
     assert any("Eq(" in s or "==" in s for s in outer), outer
     assert "exp" in str(p.value)  # the branch stays under the choice: the loop is unswitched
@@ -39,7 +39,7 @@ def test_a_condition_of_an_outer_level_is_computed_there() -> None:
 
 def test_a_call_under_a_condition_of_the_innermost_loop_is_computed_before_it() -> None:
     body = sympy.Piecewise((sympy.exp(S[i, j] - L[i]), S[i, j] > L[i]), (0, True))
-    p = plan(body, [[], [i], [j]])
+    p = plan(body, [[], [i], [j]], hoist_conditions=True)
     inner = _assigned(p)[2]
     assert any("exp" in s for s in inner), inner
     assert "exp" not in str(p.value)
@@ -47,7 +47,7 @@ def test_a_call_under_a_condition_of_the_innermost_loop_is_computed_before_it() 
 
 def test_an_index_comparison_stays_inline() -> None:
     body = sympy.Piecewise((sympy.exp(S[i, j] - L[i]), j <= i), (0, True))
-    p = plan(body, [[], [i], [j]])
+    p = plan(body, [[], [i], [j]], hoist_conditions=True)
     assert "exp" in str(p.value) and _assigned(p)[2] == []
 
 

@@ -413,7 +413,7 @@ def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.E
     lanes = lane_levels(p)
     whole = wn != "wn_"  # the constant path: `tiled` sends it no tile that skips lanes
     if len(p.nest.terms) == 1:
-        plan = p.plan(0, [[], *lanes], tests[0])
+        plan = p.plan(0, [[], *lanes], tests[0], hoist_conditions=True)  # staging.selection
         if not any(plan.tests[:-1]):
             around = ([*p.declare()], stored(p, [p.store_line()], whole=whole))
             lines = lane_loops(
