@@ -603,13 +603,11 @@ exp with no slow path, the cost gradient's row reads outside its where: section 
 Sinkhorn"), GraphSAGE (the gather's transpose one scatter-add on the CPU), GPT-J RoPE (its
 last axis of 2, read as `X[..., 1-p]`, unrolled with the feature axis in vector lanes: the
 unroll strategy), ChebyKAN in one statement (the X gradient's inner sums over `o` in lane
-arrays of 8 degrees). Sinkhorn and GraphSAGE's forward+backward stay above the target, also
-on a quiet machine (load 1.3-1.9 on 2026-12-06: Sinkhorn 2.5x / 5.6x, GraphSAGE fwd+bwd
-3.4x; the tree at this session's start measures Sinkhorn's fwd+bwd the same, 5.3x against
-5.1x, in one run). Squeeze-and-excite: each of its nests alone runs about as fast as XLA's
-on one core, but its 1M-element nests (the pooling, the gated product) run on one thread
-where XLA's fused loops use both cores (with XLA on one thread,
-`intra_op_parallelism_threads=1`, the two took about the same time).
+arrays of 8 degrees). Until 2026-12-06 Sinkhorn measured 2.5x / 5.6x and GraphSAGE's
+fwd+bwd 3.4x on a quiet machine (load 1.3-1.9); the table above is after those fixes.
+Squeeze-and-excite: each of its nests alone runs about as fast as XLA's on one core; the
+fused program's fwd+bwd varies from run to run (1.0x-2.1x in the session's runs), its
+unfused column below 1.5x; not explained yet.
 
 Sizes:
 
