@@ -190,10 +190,7 @@ class _Planner:
     def integral_test(self, cond: sympy.Basic) -> bool:
         """A comparison of integer arithmetic only (indices, parameters, integer tensors):
         printed inline, where the compiler folds it into loop bounds."""
-        return all(self.integral(a) for a in cond.atoms(sympy.Rel) for a in a.args) and not any(
-            isinstance(a, sympy.Indexed) and a.base.name not in self.integer_tensors
-            for a in cond.atoms(sympy.Indexed)
-        )
+        return all(self.integral(side) for rel in cond.atoms(sympy.Rel) for side in rel.args)
 
     def nested(self, node: Reduce, home: tuple) -> sympy.Symbol:
         inner_home = (home[0], (*home[1], node.index))
