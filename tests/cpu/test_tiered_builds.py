@@ -5,6 +5,9 @@ optimised one takes over between two calls (codegen/c/run/tiers.py, codegen/c/ru
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +17,7 @@ import pytest
 import tensordsl as td
 from codegen import config
 from codegen.c.run import build, tiers
-from codegen.c.run.compiler import STATS
+from codegen.c.run.compiler import BACKGROUND_NICENESS, STATS
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.backends import NEEDS_C_COMPILER
@@ -156,3 +159,29 @@ def test_build_ahead_of_time_builds_optimised_kernels(empty_cache):
     # Every kernel the call and its gradient need is on disk, optimised: nothing compiles.
     jax.jit(jax.grad(lambda W, X: kernel(W, X).sum(), argnums=(0, 1)))(W, X)
     assert STATS["compiles"] == compiles
+
+
+@pytest.mark.skipif(shutil.which("nice") is None, reason="no `nice` command here")
+def test_the_optimised_build_compiles_at_the_lowest_priority(empty_cache, monkeypatch):
+    # A compiler that notes its niceness: the first build's runs at the process's, so that a
+    # first call waits no longer; the background build's at the lowest, using idle cores.
+    log = empty_cache / "compiles.log"
+    script = empty_cache / "noting-cc"
+    script.write_text(f'#!/bin/sh\necho "$(nice) $*" >> {log}\nexec cc "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("TENSORDSL_CC", str(script))
+    W, X = _inputs()
+    compiled = build.build_c(_nest(), dtypes=DTYPES)
+    own_entry = _address(
+        ctypes.CDLL(str(compiled.library))[compiled.entry.removesuffix(tiers.CALL_SUFFIX)]
+    )
+    deadline = time.monotonic() + 120
+    # Not `wait_for_optimised`: a build it finds still queued it makes itself, waited for.
+    while tiers.slot_target(compiled.library, compiled.entry) == own_entry:
+        assert time.monotonic() < deadline, "the optimised build never took over"
+        time.sleep(0.05)
+    np.testing.assert_allclose(_run(compiled, W, X), _expected(W, X), rtol=1e-12)
+    kernels = [line.split() for line in log.read_text().splitlines() if ".so.tmp" in line]
+    niceness = {words[1]: int(words[0]) for words in kernels}  # by level: -O0, -O3
+    own = os.nice(0)
+    assert niceness == {tiers.FAST_LEVEL: own, "-O3": max(own, BACKGROUND_NICENESS)}

@@ -54,6 +54,7 @@ from codegen.c.run import ffi, records, tiers
 from codegen.c.run.compiled import CompiledNest
 from codegen.c.run.compiler import (
     BuildError,
+    background_priority,
     c_toolchain,
     compile_c,
     compile_flags,
@@ -72,7 +73,8 @@ _BUILT: OnceMap[CompiledNest] = OnceMap(progress.BUILDS)
 _EMITTED: OnceMap[records.KernelRecord] = OnceMap()  # by canonical record digest
 #: Optimised builds of tiered kernels, made in the background (not on the progress line).
 _OPTIMISED: OnceMap[CompiledNest] = OnceMap()
-_STARTED: set[_Request] = set()  # optimised builds started, for `wait_for_optimised`
+#: Optimised builds started, for `wait_for_optimised`: the fast build each takes over.
+_STARTED: dict[_Request, CompiledNest] = {}
 _STARTED_LOCK = threading.Lock()
 _WARNED: set[_Request] = set()
 
@@ -222,19 +224,21 @@ def _build_tiered(request: _Request) -> CompiledNest:
     fast_settings = _settings(fast=True)
     quick = _build(dataclasses.replace(request, settings=fast_settings))
     with _STARTED_LOCK:
-        _STARTED.add(request)
+        _STARTED[request] = quick
     _OPTIMISED.start(
         request,
-        functools.partial(_take_over, quick, request),
+        functools.partial(_take_over, quick, request, background=True),
         still_wanted=lambda: _settings() == request.settings,
         workers=max(1, config.build_jobs()),
     )
     return quick
 
 
-def _take_over(quick: CompiledNest, request: _Request) -> CompiledNest:
-    """Build `request` optimised and make the fast build `quick` call it from now on."""
-    optimised = _build(request)
+def _take_over(quick: CompiledNest, request: _Request, *, background: bool) -> CompiledNest:
+    """Build `request` optimised and make the fast build `quick` call it from now on; in the
+    `background` (nobody waits for it) its compiler runs at the lowest priority."""
+    with background_priority() if background else contextlib.nullcontext():
+        optimised = _build(request)
     tiers.take_over(quick.library, quick.entry, optimised.function)
     return optimised
 
@@ -243,9 +247,10 @@ def wait_for_optimised() -> None:
     """Wait until every optimised build started in the background so far has taken over
     (or failed: its error is raised here)."""
     with _STARTED_LOCK:
-        started = list(_STARTED)
-    for request in started:
-        _OPTIMISED.get(request, functools.partial(_build, request))
+        started = list(_STARTED.items())
+    for request, quick in started:
+        # A build still queued is made here, waited for: at the usual priority.
+        _OPTIMISED.get(request, functools.partial(_take_over, quick, request, background=False))
 
 
 def _exact(request: _Request) -> tuple[records.KernelRecord | None, CompiledNest | None]:

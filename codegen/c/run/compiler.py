@@ -1,6 +1,10 @@
 """The C compiler: its version line, the OpenMP flags that work with it, whether glibc's
 vector math library links, and compiling a source into a cached shared object (`compile_c`).
 
+Compilers run for builds that nobody waits for (the optimised build of a tiered kernel,
+`background_priority`) run under `nice`, so that the first builds and the trace a first call
+waits for keep the cores.
+
 Each is probed by running the compiler (`cc --version`, one-line programs), once per
 compiler binary: the answers are kept in the cache folder, keyed by the binary's path, size
 and time of change, so a warm process starts no compiler at all. (After installing OpenMP
@@ -9,6 +13,8 @@ or libmvec for an unchanged compiler, clear the cache folder.)
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import os
@@ -18,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -230,8 +236,38 @@ def _compile_in(
     return library
 
 
+#: The niceness of compilers run inside `background_priority` (the lowest).
+BACKGROUND_NICENESS = 19
+_BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("tdsl_nice", default=False)
+
+
+@contextlib.contextmanager
+def background_priority() -> Iterator[None]:
+    """Compilers this thread runs within the context run at the lowest priority (`nice`).
+
+    For builds nobody waits for: the optimised build of a tiered kernel. On a machine with
+    few cores, an optimising compiler started beside a first call's unoptimised builds and
+    its trace would take a core from them; at the lowest priority it runs on what they
+    leave idle (the kernel's fair share between sessions is unchanged: `nice` orders only
+    this user's processes, and the build gets every idle core once the call is done)."""
+    token = _BACKGROUND.set(True)
+    try:
+        yield
+    finally:
+        _BACKGROUND.reset(token)
+
+
+def _priority_prefix() -> tuple[str, ...]:
+    """`nice -n 19` before a background compiler command (nothing without `nice`)."""
+    if not _BACKGROUND.get():
+        return ()
+    nice = shutil.which("nice")
+    return () if nice is None else (nice, "-n", str(BACKGROUND_NICENESS))
+
+
 def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -> None:
-    """Run the compiler; a failure is the user's setting when a one-line program fails too.
+    """Run the compiler (under `nice` in `background_priority`); a failure is the user's
+    setting when a one-line program fails too.
 
     Raises:
         BuildError: the compiler rejects this source (the message: command and output).
@@ -240,7 +276,9 @@ def _run_compiler(command: list[str], tool: Toolchain, flags: tuple[str, ...]) -
     if config.debug():
         print("tensordsl: " + " ".join(command), file=sys.stderr)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [*_priority_prefix(), *command], capture_output=True, text=True, check=False
+        )
     except OSError as error:
         raise config.SettingError(
             f"cannot run the compiler {tool.compiler!r} ({error})",
