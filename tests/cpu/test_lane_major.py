@@ -4,6 +4,7 @@ kernel's gradient), on interior and edge tiles, with and without tests at the la
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -79,11 +80,40 @@ def test_the_heuristic_runs_a_short_selected_axis_as_dot_products():
     assert schedule.small.strategy == "dot" and schedule.small.vector == "p"
 
 
-def test_an_axis_that_accesses_read_keeps_its_wide_tiles():
-    # Attention's weighted sum reads e in V[j, e]: no dot products for a short e.
-    source = "O[i,e] := exp(S[i,j] - L[i]) * V[j,e]"
-    schedule = choose_cpu_schedule(lower(parse(source)).nest, {}, kernel=True)
-    assert schedule.strategy == "tile" and schedule.small is None
+WEIGHTED_SUM = "O[i,e] := where(j <= i, exp(S[i,j] - L[i]), 0) * V[j,e]"
+
+
+def test_an_axis_that_accesses_read_takes_a_half_wide_tile_when_short():
+    # Attention's weighted sum reads e in V[j, e]: no dot products for a short e, but a
+    # head narrower than the wide tile (32 under 64 float lanes) fills a tile half as wide
+    # instead of running every tile on the edge path; so does its gradient of V.
+    forward = lower(parse(WEIGHTED_SUM)).nest
+    for nest in (forward, gradient(forward, "V").nest):
+        for dtype, width in (("float32", 64), ("float64", 32)):
+            schedule = choose_cpu_schedule(nest, {nest.output: dtype}, kernel=True)
+            assert (schedule.strategy, schedule.width) == ("tile", width)
+            assert schedule.small == dataclasses.replace(schedule, width=width // 2, small=None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("heads", [64, 32, 20, 7])
+def test_the_weighted_sum_and_its_gradient_on_wide_half_and_edge_tiles(dtype, heads):
+    # Head widths that fill the wide tile, the half tile, and neither (its edge path); 37
+    # rows and keys: partial tiles of rows, and tiles across the causal diagonal.
+    rng = np.random.default_rng(5)
+    arrays = {
+        "S": rng.normal(size=(37, 37)),
+        "L": rng.uniform(1.0, 2.0, size=37),
+        "V": rng.normal(size=(37, heads)),
+        "dO": rng.normal(size=(37, heads)),
+    }
+    r = {n: a.astype(dtype).astype(np.float64) for n, a in arrays.items()}
+    weights = np.tril(np.exp(r["S"] - r["L"][:, None]))
+    nest = lower(parse(WEIGHTED_SUM)).nest
+    out = _run(nest, arrays, dtype, None, (37, heads))
+    _check(out, weights @ r["V"], dtype)
+    out = _run(gradient(nest, "V").nest, arrays, dtype, None, (37, heads))  # reads dO, S, L
+    _check(out, weights.T @ r["dO"], dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -11,8 +11,8 @@ rows are the previous free index, or the one fewest reads along the reduced loop
 (`shared_row_last`; 6 x 32 float lanes). A window offset `v` (it shares an access axis with
 a reduced index) carries a `small` schedule taken at run time when `v`'s extent is below the
 tile width: a tile one vector wide, itself with a `small` dot schedule over two other free
-indices. Costly work per row that does not read `v` gets wider tiles, and dot products below
-the tile width where no access reads `v`.
+indices. Costly work per row that does not read `v` gets wider tiles, and below the tile width dot
+products where no access reads `v`, else a tile half as wide.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
     costly = _costly_per_row(nest, vector)
     if costly and small is None and not reads(nest, vector):
         small = dot_schedule(nest, base, free, reduced, is_wide)
-    return dataclasses.replace(
+    tile = dataclasses.replace(
         base,
         free_order=free,
         strategy="tile",
@@ -151,6 +151,12 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
         width=(32 if costly else 16) if is_wide else (64 if costly else 32),
         small=small,
     )
+    if costly and small is None:
+        # A vector axis read by the tile and shorter than it (attention's head width 32
+        # under 64 float lanes) would run every tile on the edge path, whose trip counts
+        # are known only at run time: a tile half as wide takes over there.
+        tile = dataclasses.replace(tile, small=dataclasses.replace(tile, width=tile.width // 2))
+    return tile
 
 
 def dot_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> CpuGeometry | None:
