@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import threading
 import time
 
 import jax
@@ -185,3 +186,21 @@ def test_the_optimised_build_compiles_at_the_lowest_priority(empty_cache, monkey
     niceness = {words[1]: int(words[0]) for words in kernels}  # by level: -O0, -O3
     own = os.nice(0)
     assert niceness == {tiers.FAST_LEVEL: own, "-O3": max(own, BACKGROUND_NICENESS)}
+
+
+def test_waiting_for_a_still_queued_optimised_build_also_switches_its_slot(empty_cache):
+    # Every background worker busy: the optimised build is still queued when it is waited
+    # for, so `wait_for_optimised` makes it itself, and must hand it to the fast build's slot.
+    release = threading.Event()
+    for n in range(16):
+        build._OPTIMISED.start(("busy", n), release.wait, workers=2)
+    try:
+        compiled = build.build_c(_nest(), dtypes=DTYPES)
+        base = compiled.entry.removesuffix(tiers.CALL_SUFFIX)
+        own_entry = _address(ctypes.CDLL(str(compiled.library))[base])
+        build.wait_for_optimised()
+        assert tiers.slot_target(compiled.library, compiled.entry) != own_entry
+        W, X = _inputs()
+        np.testing.assert_allclose(_run(compiled, W, X), _expected(W, X), rtol=1e-12)
+    finally:
+        release.set()
