@@ -23,7 +23,7 @@ import sympy
 
 from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
 from codegen.emit import loop_order as orders
-from codegen.ir.affine import affine_parts
+from codegen.ir.affine import NotAffine, affine_parts
 from codegen.ir.nest import LoopNest, Reduce, accesses
 from codegen.ir.reductions import REDUCTIONS
 from codegen.ir.small_axes import small_extent
@@ -46,6 +46,24 @@ def vector_friendly(nest: LoopNest, name: str) -> bool:
             if any(symbol in index.free_symbols for index in outer):
                 return False
             if symbol in last.free_symbols and affine_parts(last, (symbol,)) != {symbol: 1}:
+                return False
+    return True
+
+
+def bounded_affinely(nest: LoopNest, names: tuple[str | None, ...]) -> bool:
+    """Whether every constraint that mentions one of the tiled indices `names` is affine in
+    it, so that a tile's corners bound it for the whole tile (`tiles._tile_paths`). A bound
+    such as `k <= floordiv(i, 2)` is not: the tile's loops over `k` would read `i`, which
+    only the lanes define (the fuzzer's `where(j < i + 1, B[2i] + A[i, j], 0)`, whose
+    gradient dB holds it)."""
+    tiled = [symbol for name, symbol in symbols(nest).items() if name in names]
+    for term in nest.terms:
+        for c in term.constraints:
+            try:
+                linear = affine_parts(c, tiled)
+            except NotAffine:
+                return False
+            if sympy.expand(c - sum(a * x for x, a in linear.items())).has(*tiled):
                 return False
     return True
 
@@ -77,6 +95,8 @@ def dot_schedule(
     """The dot strategy's schedule over the free order `free`, or None where it does not fit."""
     if not all(reduced) or not REDUCTIONS[nest.reduction].simd:
         return None
+    if not bounded_affinely(nest, free[-2:]):
+        return None
     # 4 x 4 dot products of one vector register each (8 float / 4 double lanes): 16
     # accumulator registers plus 8 loads per step (measured best of 2..6 x 3..8 x 8..16).
     row = free[-2] if len(free) > 1 else None
@@ -99,6 +119,8 @@ def unroll_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> 
     count = small_extent(nest)
     if count is None or free[-1] != nest.free[-1].index.name:
         return None
+    if not bounded_affinely(nest, free[-2:]):
+        return None
     return dataclasses.replace(ask.base, strategy="unroll", vector=free[-2], width=count)
 
 
@@ -109,7 +131,7 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
     free = orders.shared_row_last(nest, free) if ask.loop_order is None else free
     is_wide, vector = wide(dtypes, nest), free[-1]
     row = free[-2] if len(free) > 1 else None
-    if not vector_friendly(nest, vector):
+    if not vector_friendly(nest, vector) or not bounded_affinely(nest, (row, vector)):
         return None
     # 6 rows x 32 float lanes: 24 accumulator vectors of 8 floats (measured best here).
     small = None
@@ -216,6 +238,8 @@ def tile_validate(nest: LoopNest, schedule: CpuGeometry) -> None:
         )
     if schedule.row is None and schedule.rows != 1:
         raise ValueError("rows > 1 needs a row index")
+    if not bounded_affinely(nest, tuple(tiled)):
+        raise ValueError(f"a constraint of the nest is not affine in the tiled {tiled}")
 
 
 def dot_validate(nest: LoopNest, schedule: CpuGeometry) -> None:
@@ -232,6 +256,8 @@ def unroll_validate(nest: LoopNest, schedule: CpuGeometry) -> None:
     free, last = schedule.free_order, nest.free[-1].index.name if nest.free else None
     if small_extent(nest) != schedule.width or free[-1:] != (last,) or schedule.vector != free[-2]:
         raise ValueError("the unroll strategy is for a small last axis, the index before in lanes")
+    if not bounded_affinely(nest, free[-2:]):
+        raise ValueError(f"a constraint of the nest is not affine in the tiled {free[-2:]}")
 
 
 def tile_header(s: CpuGeometry) -> tuple[str, ...]:
