@@ -488,8 +488,11 @@ def decisions(row: Row, shapes: dict) -> str:
     k = td.program(row.source)
     if any(op.name not in shapes for op in k.program.inputs):
         return ""  # gathered operands (GraphSAGE's `X[nbr[n,k], d]`): shaped by the call
-    fused = fuse_program(
-        live_statements(k.program), k.program.outputs, k.program.concrete_shapes(shapes)
+    fused = fuse_program(  # an HVP is differentiated twice: fused for that
+        live_statements(k.program),
+        k.program.outputs,
+        k.program.concrete_shapes(shapes),
+        order=2 if row.hvp else 1,
     )
     stored = [d.name for d in fused.decisions if d.choice == "store"]
     inlined = [d.name for d in fused.decisions if d.choice == "inline"]
