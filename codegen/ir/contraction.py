@@ -277,7 +277,7 @@ class XlaPlan:
     terms: tuple[Term, ...]
     dots: tuple[Contraction | None, ...]
     nested: Mapping[Reduce, Contraction]
-    origins: tuple[int, ...] = ()  # the nest's term each of `terms` comes from (by position)
+    origins: tuple[int, ...]  # the nest's term each of `terms` comes from (by position)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -361,11 +361,14 @@ def _contracted_groups(nest: LoopNest, term: Term) -> list[tuple[Term, Contracti
     groups = summands.grouped(term, contracted)
     if groups is None:
         return None
-    found = [(t, prologue_contraction(nest, t)) for t in groups]
-    # Matrix products only (a column sum of products, LayerNorm's `dg`, stays one pass).
-    if any(dot is None or not matrix_product(dot) for _, dot in found):
-        return None
-    return found  # type: ignore[return-value]
+    found = []
+    for group in groups:
+        dot = prologue_contraction(nest, group)
+        # Matrix products only (a column sum of products, LayerNorm's `dg`, stays one pass).
+        if dot is None or not matrix_product(dot):
+            return None
+        found.append((group, dot))
+    return found
 
 
 def _short(term: Term) -> Term | None:
