@@ -11,8 +11,10 @@ rows are the previous free index, or the one fewest reads along the reduced loop
 (`shared_row_last`; 6 x 32 float lanes). A window offset `v` (it shares an access axis with
 a reduced index) carries a `small` schedule taken at run time when `v`'s extent is below the
 tile width: a tile one vector wide, itself with a `small` dot schedule over two other free
-indices. Costly work per row that does not read `v` gets wider tiles, and dot products below
-the tile width where no access reads `v`.
+indices. Costly work per row that does not read `v` (a function call, a nested reduction; in
+an elementwise nest too) gets wider tiles, and dot products below the tile width where no
+access reads `v`. A dot tile has rows only where some read does not read the row index
+(`shares_rows`): that read serves every row of the tile.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ def dot_schedule(
         return None
     # 4 x 4 dot products of one vector register each (8 float / 4 double lanes): 16
     # accumulator registers plus 8 loads per step (measured best of 2..6 x 3..8 x 8..16).
+    # Rows serve the tile only through a read they share (one that does not read the row
+    # index); where every read reads it, each row is a stream of its own: one row of 4.
     row = free[-2] if len(free) > 1 else None
     return dataclasses.replace(
         base,
@@ -107,7 +111,7 @@ def dot_schedule(
         strategy="dot",
         row=row,
         vector=free[-1],
-        rows=4 if row else 1,
+        rows=4 if row and shares_rows(nest, row) else 1,
         width=4,
         lanes=4 if wide else 8,
     )
@@ -163,6 +167,18 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
     costly = _costly_per_row(nest, vector)
     if costly and small is None and not reads(nest, vector):
         small = dot_schedule(nest, base, free, reduced, is_wide)
+    if costly and small is None and not any(reduced):
+        # An elementwise nest (a gate per row): the plain tile where `v` is shorter than
+        # the wide one, which would store every tile lane by lane.
+        small = dataclasses.replace(
+            base,
+            free_order=free,
+            strategy="tile",
+            row=row,
+            vector=vector,
+            rows=6 if row else 1,
+            width=16 if is_wide else 32,
+        )
     return dataclasses.replace(
         base,
         free_order=free,
@@ -214,12 +230,20 @@ def reads(nest: LoopNest, name: str) -> bool:
     )
 
 
+def shares_rows(nest: LoopNest, row: str) -> bool:
+    """Whether some read does not read the index `row` (so a tile's rows share it)."""
+    symbol = symbols(nest)[row]
+    return any(
+        symbol not in access.free_symbols for term in nest.terms for access in accesses(term.body)
+    )
+
+
 def _costly_per_row(nest: LoopNest, vector: str) -> bool:
     """Whether some term computes a nested reduction or a function call that does not read
-    the vector index (so the tile computes it once per row and tile)."""
+    the vector index (so the tile computes it once per row and tile, per step of the
+    reduced loops where there are some: a gate `sigmoid(E[n, c])` of an elementwise
+    `X[n, c, s] * sigmoid(E[n, c])` too)."""
     for term in nest.terms:
-        if not term.reduced:
-            continue
         for node in sympy.preorder_traversal(term.body):
             if isinstance(node, Reduce | sympy.Function) and not any(
                 s.name == vector for s in node.free_symbols if isinstance(s, sympy.Symbol)
