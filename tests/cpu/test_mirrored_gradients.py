@@ -117,3 +117,23 @@ def test_an_input_also_read_otherwise_adds_both_gradients():
         want = jax.grad(lambda c, a: jnp.sum(reference(c, a) * ct), (0, 1))(c, a)
     for got, expected in zip(found, want, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-10, atol=1e-12)
+
+
+@NEEDS_C_COMPILER
+@pytest.mark.usefixtures("poisoned_outputs")
+def test_the_mirrored_gradient_is_differentiated_again():
+    """A Hessian-vector product through the marginals' mirrored gradients (jvp of grad)."""
+    rng = np.random.default_rng(11)
+    cost = 4 * np.square(rng.standard_normal((5, 4)))
+    la, lb, ct = rng.standard_normal(5), rng.standard_normal(4), rng.standard_normal(4)
+    tangent = rng.standard_normal(5)
+    program = td.program(_sinkhorn_source(2), backend="c")
+
+    def hvp(fn):
+        grad = jax.grad(lambda a: jnp.sum(fn(cost, 0.5, a, lb) * ct))
+        return jax.jvp(grad, (la,), (tangent,))[1]
+
+    with jax.enable_x64(True):
+        found = hvp(lambda c, e, a, b: program(cost=c, epsilon=e, la=a, lb=b))
+        want = hvp(lambda c, e, a, b: _sinkhorn(c, e, a, b, 2))
+    np.testing.assert_allclose(np.asarray(found), np.asarray(want), rtol=1e-9, atol=1e-12)
