@@ -488,8 +488,11 @@ def decisions(row: Row, shapes: dict) -> str:
     k = td.program(row.source)
     if any(op.name not in shapes for op in k.program.inputs):
         return ""  # gathered operands (GraphSAGE's `X[nbr[n,k], d]`): shaped by the call
-    fused = fuse_program(
-        live_statements(k.program), k.program.outputs, k.program.concrete_shapes(shapes)
+    fused = fuse_program(  # an HVP is differentiated twice: fused for that
+        live_statements(k.program),
+        k.program.outputs,
+        k.program.concrete_shapes(shapes),
+        order=2 if row.hvp else 1,
     )
     stored = [d.name for d in fused.decisions if d.choice == "store"]
     inlined = [d.name for d in fused.decisions if d.choice == "inline"]
@@ -595,8 +598,9 @@ gradient: no test per lane), thread teams by the size of the work (a small nest 
 thread and never waits for a busy core). Not yet, and the rows that show it: conv1d and
 conv2d above the issue's 1.2x forward+backward (the 30-wide forward runs in 8-lane tiles,
 the weight gradient in the dot strategy), softmax's forward (exp(X - M) evaluated in two
-nests where XLA evaluates it once), the attention HVP faster unfused (the cost model does
-not know a program is differentiated twice).
+nests where XLA evaluates it once). The attention HVP is fused for a call differentiated
+twice (its scores stored: every tangent nest would recompute them and their tangent) and its
+tangent nests' sums of matrix products run as XLA's dots (section "attention HVP").
 
 Issue 37's rows (target: 1.5x jax.numpy, forward and forward+backward): Sinkhorn (an inline
 exp with no slow path, the cost gradient's row reads outside its where: section "Issue 37:

@@ -475,6 +475,16 @@ _CASES: list[Case] = [
         reduce="max",
         ranges={"k": 2},
     ),
+    # Per channel: the gradient solves k = p - 2t, which sympy's Piecewise once turned
+    # round for ever in the tie rule's test (a segfault, the stack exhausted).
+    _case(
+        "max_pool_channels",
+        "Y[c,t] := X[c, 2t+k]",
+        {"X": Arg((3, 9))},
+        lambda X: X[:, :8].reshape(3, 4, 2).max(axis=2),
+        reduce="max",
+        ranges={"k": 2},
+    ),
     # ---- indices as values, comparisons, masks ------------------------------------------
     _case(
         "index_as_value",

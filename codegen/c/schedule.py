@@ -57,14 +57,18 @@ in its family's rules (`codegen.c.tiles.rules`, `codegen.c.reductions.rules`,
    only its new lanes, so 30 columns run as four whole tiles of 8. So does a tile whose costly
    work (a function call, a nested reduction) does not read `v` while no access reads `v`
    either (only tests select by it: the coordinates `p` of the Gaussian kernel's `dX[i, p]`):
-   the dot products there compute that work in vector lanes once for all the columns;
+   the dot products there compute that work in vector lanes once for all the columns. A
+   function call or nested reduction that does not read `v` (a gate `sigmoid(E[n, c])` of
+   `X[n, c, s] * sigmoid(E[n, c])`, with or without a reduction) is computed once per row and
+   tile: such tiles are wider (8 x 64 float lanes);
 4. otherwise a sum some term of which computes a nested reduction per value of its innermost
    reduced index (a score parameter's gradient: `sum_e dO[i, e]*V[j, e]` per key `j`) ->
    ``scalar``, whose chunks compute such dot products 8 values at a time in vectors
    (`codegen.c.reductions.simple`; dot lanes over `j` would compute them lane by lane,
    reading their rows across the lanes); for sum/max/min/prod/argmax/argmin, ``dot`` with a
-   4 x 4 tile of dot products of 8 float / 4 double lanes (16 accumulator registers); else
-   ``scalar``;
+   4 x 4 tile of dot products of 8 float / 4 double lanes (16 accumulator registers), or one
+   row of 4 where every read reads the row index (a row sum `sum_s X[n, c, s]`: rows would
+   share nothing, only add streams); else ``scalar``;
 5. OpenMP parallelises the free loops (collapsed) when there is enough work, decided at run
    time from the extents (guided schedule; see the thread-count note below).
 

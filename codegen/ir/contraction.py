@@ -28,6 +28,7 @@ not per `(b, u, o)`) and given to the einsum as one more input, as `gelu(H) @ W`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import string
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen import config
+from codegen.ir import summands
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.nest import LoopNest, Range, Reduce, Term, extent_of, extent_symbol
 
@@ -275,6 +277,7 @@ class XlaPlan:
     terms: tuple[Term, ...]
     dots: tuple[Contraction | None, ...]
     nested: Mapping[Reduce, Contraction]
+    origins: tuple[int, ...]  # the nest's term each of `terms` comes from (by position)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -306,8 +309,9 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
     free = [r.index for r in nest.free]
     terms: list[Term] = []
     dots: list[Contraction | None] = []
+    origins: list[int] = []
     einsums: dict[Reduce, Contraction] = {}
-    for written in nest.terms:
+    for origin, written in enumerate(nest.terms):
         term, dot = written, term_contraction(nest, written)
         if dot is None:
             term = _sum_into_select(term)
@@ -317,8 +321,14 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
                 if short is None:
                     # Elementwise factors evaluated apart, then a dot (GELU before a matmul).
                     term, dot, nested = written, prologue_contraction(nest, written), []
-                    if dot is None:
-                        return None
+                    if dot is None:  # products that each contract (a tangent nest's)
+                        split = _contracted_groups(nest, written)
+                        if split is None:
+                            return None
+                        terms += [t for t, _ in split]
+                        dots += [d for _, d in split]
+                        origins += [origin] * len(split)
+                        continue
                 else:
                     term = short
             for node in nested:
@@ -328,9 +338,37 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
                 einsums[node] = found
         terms.append(term)
         dots.append(dot)
+        origins.append(origin)
     if not einsums and all(dot is None for dot in dots):
         return None
-    return XlaPlan(tuple(terms), tuple(dots), einsums)
+    return XlaPlan(tuple(terms), tuple(dots), einsums, tuple(origins))
+
+
+def _contracted_groups(nest: LoopNest, term: Term) -> list[tuple[Term, Contraction]] | None:
+    """A term that adds products, each a (prologue) contraction, as one term per group of
+    products that contract the same plain accesses (`codegen.ir.summands`), with its
+    einsum; None where some product or group is no matrix product."""
+
+    def contracted(product: sympy.Expr) -> tuple[sympy.Expr, ...] | None:
+        found = prologue_contraction(nest, dataclasses.replace(term, body=product))
+        if found is None:
+            return None
+        inside = [p.body for p in found.prologues]
+        factors = sympy.Mul.make_args(product)
+        plain = [f for f in factors if isinstance(f, sympy.Indexed)]
+        return tuple(f for f in plain if not any(b.has(f) for b in inside))
+
+    groups = summands.grouped(term, contracted)
+    if groups is None:
+        return None
+    found = []
+    for group in groups:
+        dot = prologue_contraction(nest, group)
+        # Matrix products only (a column sum of products, LayerNorm's `dg`, stays one pass).
+        if dot is None or not matrix_product(dot):
+            return None
+        found.append((group, dot))
+    return found
 
 
 def _short(term: Term) -> Term | None:

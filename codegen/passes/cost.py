@@ -28,6 +28,15 @@ backward pass:
   experts' hidden layer, also larger than every input, is stored: nothing pairs its readers,
   and its gradients would redo its sum per element.
 
+A program differentiated twice (`order` 2: an HVP, `jax.jvp` of `jax.grad`; a Hessian) runs
+every nest of its forward+backward pass again as a tangent nest, which evaluates the
+intermediate and its tangent (one more product per tensor it reads: the scores' tangent
+`Q*tK + tQ*K` is twice their work): a recomputed intermediate is paid again in every
+derivative order that reads it, a stored one is computed once per order. The estimates grow
+by that factor per order, and the one-pass exception above then holds only where storing
+would cost more by the counts, or more than `HIGHER_ORDER_STORE_BYTES` of memory: attention's
+HVP stores its scores (five tangent nests would each recompute them and their tangent).
+
 Decisions are `Decision` records; `explain` prints them with their estimates.
 
 >>> from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol
@@ -73,6 +82,9 @@ ELEMENT_BYTES = 4
 #: Reductions an intermediate may have and still be recomputed inside its readers (their
 #: gradients through a nested reduction are derived; see `codegen.passes.grad`).
 INLINE_REDUCTIONS = ("sum", "logsumexp")
+#: The largest intermediate stored, instead of recomputed in one pass, when a program is
+#: differentiated more than once (module docstring): past it, memory comes first.
+HIGHER_ORDER_STORE_BYTES = 2**28
 
 Shapes = Mapping[str, Sequence[int]]
 
@@ -212,11 +224,12 @@ def _prologues(reader: LoopNest) -> dict[Term, tuple[Prologue, ...]]:
         return {}
     plan = xla_plan(reader)
     assert plan is not None
-    return {
-        term: dot.prologues
-        for term, dot in zip(reader.terms, plan.dots)
-        if dot is not None and dot.prologues
-    }
+    found: dict[Term, tuple[Prologue, ...]] = {}
+    for origin, dot in zip(plan.origins, plan.dots):  # a term split in groups: each one's
+        if dot is not None and dot.prologues:
+            term = reader.terms[origin]
+            found[term] = (*found.get(term, ()), *dot.prologues)
+    return found
 
 
 def nonlinear_in(reader: LoopNest, name: str) -> bool:
@@ -287,6 +300,27 @@ def _gradient_reads_value(producer: LoopNest, readers: Sequence[LoopNest]) -> bo
     return any(not REDUCTIONS[r.reduction].positional for r in readers)
 
 
+def _higher_order(
+    producer: LoopNest, order: int, inline_cost: float, store_cost: float
+) -> tuple[float, float]:
+    """The estimates of a first-order pass, grown for a pass of derivative `order`. Each
+    order runs every nest again as its tangent nest, which evaluates the intermediate and its
+    tangent (one product more per tensor the intermediate reads: `1 + tensors` evaluations):
+    recomputed, `2 + tensors` times the work of the order before; stored, the value and its
+    tangent are each computed, written and read once, `1 + tensors` times."""
+    higher = max(order - 1, 0)
+    tensors = sum(1 for op in producer.operands if not op.is_scalar)
+    return inline_cost * (2 + tensors) ** higher, store_cost * (1 + tensors) ** higher
+
+
+def _store_at_higher_order(order: int, size: int, inline_cost: float, store_cost: float) -> bool:
+    """Whether a program differentiated more than once stores an intermediate that the
+    one-pass rule would recompute: cheaper by the counts, and no larger than
+    `HIGHER_ORDER_STORE_BYTES`."""
+    fits = size * ELEMENT_BYTES <= HIGHER_ORDER_STORE_BYTES
+    return order > 1 and fits and store_cost < inline_cost
+
+
 def _largest_other(name: str, sizes: Mapping[str, int], intermediates: Sequence[str]) -> int:
     """The size of the largest input or output (intermediates are not compared)."""
     return max((n for key, n in sizes.items() if key not in (name, *intermediates)), default=0)
@@ -300,6 +334,7 @@ def decide(
     shapes: Shapes,
     paired: Sequence[str] = (),
     intermediates: Sequence[str] = (),
+    order: int = 1,
 ) -> Decision:
     """Recompute `producer` inside its `readers`, or store it (module docstring).
 
@@ -311,6 +346,8 @@ def decide(
         paired: readers whose reads cost nothing once recomputed, because the one-pass
             strategy computes them together with another reader (attention's weighted sum).
         intermediates: the program's other intermediates (not compared for size).
+        order: how many times the call is differentiated (1: a forward+backward pass; 2:
+            an HVP or a Hessian, each nest run again as its tangent nest).
 
     Returns:
         A `Decision`.
@@ -345,6 +382,7 @@ def decide(
             repeats += [(reader.output, loop, n) for loop, n in use.repeats]
     # Stored: computed once, written, read by each nest above; its cotangent written and read.
     store_cost = per_element * size + BYTE_COST * ELEMENT_BYTES * size * (3 + reads)
+    inline_cost, store_cost = _higher_order(producer, order, inline_cost, store_cost)
     if reduces(producer):
         if repeats:
             where, loop, n = repeats[0]
@@ -353,6 +391,13 @@ def decide(
         backward = [r.output for r in readers if nonlinear_in(r, name)]
         if backward:
             if paired and size > _largest_other(name, sizes, intermediates):
+                if _store_at_higher_order(order, size, inline_cost, store_cost):
+                    times = "twice" if order == 2 else f"{order} times"
+                    why = (
+                        f"larger than every input and output, but differentiated {times}: "
+                        "every tangent nest would recompute it and its tangent"
+                    )
+                    return Decision(name, "store", why, inline_cost, store_cost)
                 why = (
                     "larger than every input and output, read by a logsumexp and the weighted "
                     f"sum {paired[0]} (in one pass where their rows share an order): never "

@@ -90,6 +90,7 @@ def fuse(
     outputs: Sequence[str],
     shapes: Mapping[str, Sequence[int]],
     force: Mapping[str, str] | None = None,
+    order: int = 1,
 ) -> Fused:
     """Decide and carry out the inlining of a program's intermediates (module docstring).
 
@@ -99,6 +100,7 @@ def fuse(
         outputs: the statements whose results the program returns.
         shapes: the shape of every input and every statement's output, for this call.
         force: "inline" or "store" per intermediate, instead of the cost model's choice.
+        order: how many times the call is differentiated (`codegen.passes.cost.decide`).
 
     Returns:
         A `Fused`: the nests to run in order (outputs and stored intermediates), the names of
@@ -125,6 +127,7 @@ def fuse(
             shapes=shapes,
             paired=_paired(nest, readers, shapes),
             intermediates=intermediates,
+            order=order,
         )
         if nest.output in force:
             choice = force[nest.output]

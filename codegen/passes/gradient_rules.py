@@ -134,8 +134,12 @@ def _extreme_scale(nest: LoopNest, names: GradientNames) -> sympy.Expr:
     rank r; the gradient nest sums over the ranks, which no input reads)."""
     (term,) = nest.terms
     argument = saved(names.argument, nest)
+    # `position - argument == 0`, not `position == argument`: once a gradient solves the
+    # position for its own indices (`X[c, 2t + k]`: k = p - 2t), sympy's Piecewise makes
+    # `Eq(p - 2t, argument)` canonical by turns for ever (sympy 1.14); the difference
+    # against 0 it leaves alone.
     return sympy.Piecewise(
-        (saved(names.cotangent, nest), sympy.Eq(flat_position(term), argument)),
+        (saved(names.cotangent, nest), sympy.Eq(flat_position(term) - argument, 0)),
         (sympy.Integer(0), True),
     )
 

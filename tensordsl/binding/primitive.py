@@ -323,7 +323,7 @@ def _tangent_call(args: Sequence[Any], params: dict) -> tuple[LoopNest, list[int
     return found.nest, positions, nest_params
 
 
-def _evaluate_tangent(*args: Any, **params: Any) -> jax.Array:
+def evaluate_tangent(*args: Any, **params: Any) -> jax.Array:
     """`tangent_p` evaluated: its tangent nest, run like any nest."""
     nest, positions, nest_params = _tangent_call(args, params)
     operands = [args[i] for i in positions]
@@ -339,7 +339,7 @@ def _batch_tangent(
     """`tangent_p` batched: its tangent nest, batched like any nest (`jacfwd`)."""
     _, positions, nest_params = _tangent_call(args, params)
     if all(dims[i] is None for i in positions):  # it reads nothing the batch varies
-        return _evaluate_tangent(
+        return evaluate_tangent(
             *[jnp.take(a, 0, d) if d is not None else a for a, d in zip(args, dims)], **params
         ), None
     return _batch([args[i] for i in positions], [dims[i] for i in positions], **nest_params)
@@ -349,12 +349,12 @@ def _jvp_tangent(primals: Sequence[Any], tangents: Sequence[Any], **params: Any)
     """`tangent_p` differentiated: its tangent nest's JVP (forward over forward, HVPs)."""
     _, positions, nest_params = _tangent_call(primals, params)
     if not positions:
-        output = _evaluate_tangent(*primals, **params)
+        output = evaluate_tangent(*primals, **params)
         return output, ad.Zero(jax.typeof(output).to_tangent_aval())
     return _jvp([primals[i] for i in positions], [tangents[i] for i in positions], **nest_params)
 
 
-mlir.register_lowering(tangent_p, mlir.lower_fun(_evaluate_tangent, multiple_results=False))
+mlir.register_lowering(tangent_p, mlir.lower_fun(evaluate_tangent, multiple_results=False))
 private_jax.requires_devices_during_lowering(tangent_p)
 batching.primitive_batchers[tangent_p] = _batch_tangent
 ad.primitive_jvps[tangent_p] = _jvp_tangent

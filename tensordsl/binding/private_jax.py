@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 from jax._src import core, dispatch
+from jax._src.interpreters import ad, batching
 from jax._src.lax import utils as lax_utils
 from jax.extend.core import Primitive
 
@@ -72,3 +73,22 @@ def same_varying_axes(values: Sequence[Any]) -> list[Any]:
         v if a == union else jax.lax.pcast(v, tuple(sorted(union - a)), to="varying")
         for v, a in zip(values, axes)
     ]
+
+
+def derivative_order(values: Sequence[Any]) -> int:
+    """How many differentiations (`jvp`, `grad`, `linearize`, nested) are tracing `values`
+    now: the most forward-mode and linearize tracers with a nonzero tangent wrapped around
+    one value, through `vmap`'s tracers (`jax.hessian`). 2 for `jax.jvp` of `jax.grad`."""
+    deepest = 0
+    for value in values:
+        found = 0
+        while isinstance(value, core.Tracer):
+            if isinstance(value, (ad.JVPTracer, ad.LinearizeTracer)):
+                found += type(value.tangent) is not ad.Zero
+                value = value.primal
+            elif isinstance(value, batching.BatchTracer):
+                value = value.val
+            else:
+                break
+        deepest = max(deepest, found)
+    return deepest

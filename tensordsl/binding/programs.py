@@ -26,6 +26,7 @@ from codegen.ir.program import Program, live_statements
 from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.invariance import shift_invariant
 from tensordsl.binding import primitive as jax_bind
+from tensordsl.binding import private_jax
 from tensordsl.binding.program_grad import FusedProgram
 from tensordsl.errors import UnsupportedError, check_settings
 
@@ -54,7 +55,10 @@ def run_program(
     """
     check_settings()  # a bad TENSORDSL_* value fails here, not inside JAX's lowering
     known = dict(values)
-    nests = compiled_statements(program, known, backend, fuse)
+    # A program differentiated twice (an HVP) runs each nest again as its tangent nest: the
+    # cost model weighs what it recomputes by that (`codegen.passes.cost`).
+    order = private_jax.derivative_order(list(known.values()))
+    nests = compiled_statements(program, known, backend, fuse, order=order)
     if (
         nests != live_statements(program)
         or shift_invariant(nests, outputs=program.outputs)
@@ -99,10 +103,13 @@ def compiled_statements(
     values: Mapping[str, Any],
     backend: str,
     fuse: tuple[tuple[str, str], ...] = (),
+    *,
+    order: int = 1,
 ) -> tuple[LoopNest, ...]:
     """The nests a call runs, in order: the live statements fused for these shapes
     (`codegen.passes.fusion`) on every back end, so that they all agree; as written (statements in
-    order as separate kernels) where `TENSORDSL_FUSE=0`.
+    order as separate kernels) where `TENSORDSL_FUSE=0`. `order`: how many times the call is
+    differentiated (0 and 1 fuse alike).
 
     Raises:
         UnsupportedError: a recomputed intermediate reduces over an empty range (its masks were
@@ -112,7 +119,7 @@ def compiled_statements(
     if not config.fuse_programs():
         return live
     shapes = program.concrete_shapes({op.name: np.shape(values[op.name]) for op in program.inputs})
-    fused = fuse_program(live, program.outputs, shapes, fuse)
+    fused = fuse_program(live, program.outputs, shapes, fuse, order=order)
     for nest in fused.stored:
         for nested in nested_ranges(nest):
             length = evaluate_int(nested.stop - nested.start, extent_values(nest, shapes))
@@ -172,11 +179,16 @@ def _check_stored_sizes(
 
 @functools.lru_cache(maxsize=256)
 def _fused(
-    live: tuple[LoopNest, ...], outputs: tuple[str, ...], shapes: tuple, force: tuple, xla: bool
+    live: tuple[LoopNest, ...],
+    outputs: tuple[str, ...],
+    shapes: tuple,
+    force: tuple,
+    xla: bool,
+    order: int,
 ) -> Fused:
     # `xla`: the decisions count a read inside a prologue of XLA's dot once per its points,
     # so they depend on whether contractions run as XLA's dot (`config.xla_contractions`).
-    return fuse(live, outputs=outputs, shapes=dict(shapes), force=dict(force))
+    return fuse(live, outputs=outputs, shapes=dict(shapes), force=dict(force), order=order)
 
 
 def fuse_program(
@@ -184,11 +196,14 @@ def fuse_program(
     outputs: tuple[str, ...],
     shapes: Mapping[str, Sequence[int]],
     force: tuple[tuple[str, str], ...] = (),
+    *,
+    order: int = 1,
 ) -> Fused:
-    """`codegen.passes.fusion.fuse` of the live statements, cached per shapes and `force`
-    (the `fuse=` option, as sorted pairs)."""
+    """`codegen.passes.fusion.fuse` of the live statements, cached per shapes, `force`
+    (the `fuse=` option, as sorted pairs) and derivative `order` (below 1 counts as 1: a
+    forward alone fuses as a forward+backward pass, so that both run the same nests)."""
     known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
-    return _fused(live, outputs, known, force, config.xla_contractions())
+    return _fused(live, outputs, known, force, config.xla_contractions(), max(order, 1))
 
 
 def auto_backend(

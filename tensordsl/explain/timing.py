@@ -43,6 +43,8 @@ from tensordsl.explain.nests import kernel_nests
 from tensordsl.explain.spelling import Spelling, label
 
 PRIMITIVE = "tensordsl_nest"
+#: A kernel's tangent term (`tensordsl.binding.primitive.tangent_p`), lowered as its tangent nest.
+TANGENT = "tensordsl_tangent"
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,9 @@ def profile_jaxpr(
 ) -> Profile:
     """Time every nest equation of `jaxpr` (e.g. of a whole model's `value_and_grad`) alone.
 
+    Forward mode's tangent terms (`jax.jvp`; an HVP's second-order nests, `jax.jvp` of
+    `jax.grad`) are timed as the tangent nests their lowering runs (named `tY` for `Y`).
+
     Args:
         jaxpr: from `jax.make_jaxpr(...)(...).jaxpr`.
         names: a name for each nest; others are named by their output (the gradient of a
@@ -260,9 +265,22 @@ def profile_jaxpr(
     """
     rng = np.random.default_rng(seed)
     timings = tuple(
-        _time_equation(e, names or {}, reps, rng, spelled) for e in nest_equations(jaxpr)
+        _time_equation(nest, names or {}, reps, rng, spelled)
+        for e in nest_equations(jaxpr, (PRIMITIVE, TANGENT))
+        for nest in _as_nest_equations(e)
     )
     return Profile(timings, dtype)
+
+
+def _as_nest_equations(eqn: Any) -> list[Any]:
+    """A tangent term as the nest equation its lowering runs (its tangent nest, none where
+    it reads no perturbed input); a nest equation as it is."""
+    if eqn.primitive.name != TANGENT:
+        return [eqn]
+    from tensordsl.binding.primitive import evaluate_tangent
+
+    lowered = jax.make_jaxpr(lambda *args: evaluate_tangent(*args, **eqn.params))
+    return nest_equations(lowered(*(v.aval for v in eqn.invars)).jaxpr)
 
 
 def _time_equation(

@@ -45,8 +45,10 @@ def emit(named: Named, dtype: str = "float32", schedule: GpuSchedule | None = No
     return emit_cuda(named.nest, dtypes=dtypes(named, dtype), schedule=schedule, role=named.role)
 
 
-def check_ptx(source: CudaSource, arch: str = "compute_80") -> None:
-    ptx = nvrtc.compile_source(source.text, arch=arch).ptx
+def check_ptx(source: CudaSource, arch: str = "compute_80", ptx: str | None = None) -> None:
+    """Every pass of `source` is an entry of its PTX (compiled for `arch`, or `ptx`), with the
+    launcher's parameters."""
+    ptx = nvrtc.compile_source(source.text, arch=arch).ptx if ptx is None else ptx
     for kernel in source.passes:
         assert f".entry {kernel.entry}(" in ptx
         params = nvrtc.ptx_parameters(ptx, kernel.entry)
@@ -59,8 +61,8 @@ def check_ptx(source: CudaSource, arch: str = "compute_80") -> None:
 @pytest.mark.parametrize("named", NESTS, ids=lambda n: n.id)
 def test_compiles_for_sm90_without_spills(named: Named) -> None:
     source = emit(named)
-    check_ptx(source)
     cubin = nvrtc.compile_source(source.text, arch="sm_90", options=["--ptxas-options=-v"])
+    check_ptx(source, ptx=cubin.ptx)  # the PTX of the same compile: NVRTC runs once
     assert cubin.binary[:4] == b"\x7fELF"
     assert cubin.registers is not None, cubin.log
     assert (cubin.spill_stores, cubin.spill_loads) == (0, 0), (named.id, cubin.log)

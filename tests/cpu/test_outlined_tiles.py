@@ -83,11 +83,11 @@ def test_short_bodies_stay_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     names = [("o_i", "const int64_t"), ("n_", "const int64_t")]
     assert outline.outlined_call(e, body, names) == body
     call = outline.outlined_call(e, [*body, "z_ = y_;"], [*names, names[0]])
-    assert call == ["tdsl_case0_(out, operands, params, o_i);"]
+    assert call == ["tdsl_case0_(out, operands, params, o_i, n_);"]
     (name, args, lines) = e.outlined[0]
     assert (name, args, lines) == (
         "tdsl_case0_",
-        (("o_i", "const int64_t"),),
+        (("o_i", "const int64_t"), ("n_", "const int64_t")),
         (*body, "z_ = y_;"),
     )
 

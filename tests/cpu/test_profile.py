@@ -147,3 +147,28 @@ def test_profile_wrt_must_name_inputs():
         k.profile({"X": (40,), "W": (3,)}, wrt=("X", "Q"))
     with pytest.raises(td.UnknownNameError, match="unknown input 'Q' in profile's wrt="):
         td.program(GRAPHSAGE).profile(GRAPHSAGE_SHAPES, wrt="Q")
+
+
+def test_profile_jaxpr_times_the_tangent_nests_of_an_hvp():
+    """Forward over reverse (`jax.jvp` of `jax.grad`): each gradient nest's tangent term is
+    timed as the tangent nest its lowering runs, after the nests of the first order."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from codegen.passes import jvp
+    from tensordsl.explain.timing import profile_jaxpr
+
+    k = td.kernel("Y[i] := exp(X[i,j]) * W[j]", backend="c")
+    X, W = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.ones(4, np.float32)
+
+    def hvp(X, W):
+        grad = jax.grad(lambda X, W: jnp.sum(jnp.sin(k(X, W))), (0, 1))
+        return jax.jvp(grad, (X, W), (X, W))[1]
+
+    report = profile_jaxpr(jax.make_jaxpr(hvp)(X, W).jaxpr, reps=1)
+    names = [t.name for t in report.timings]
+    assert names[:2] == ["Y", "tY"], names
+    assert {"tdX", "tdW"} <= set(names), names
+    (tangent,) = [t.nest for t in report.timings if t.name == "tY"]
+    assert tangent == jvp.tangent(k.nest, ("X", "W")).nest

@@ -457,13 +457,19 @@ ATTENTION = """
 """
 
 
-def test_attention_program_hessian_vector_product_on_c(monkeypatch):
-    """Forward-over-reverse through the causal attention program of docs/language.md on C:
-    its second-order nests are the longest tiled sources (cases outlined as functions,
-    `codegen.c.tiles.outline`), as the fusion cost model recomputes the scores at these sizes;
-    40 rows and 35 columns give interior, edge and partial tiles."""
+@pytest.mark.parametrize("scores", ["stored", "inline"])
+def test_attention_program_hessian_vector_product_on_c(scores, monkeypatch):
+    """Forward-over-reverse through the causal attention program of docs/language.md on C.
+    Differentiated twice, the fusion cost model stores the scores (each tangent nest would
+    recompute them and their tangent); forced inline, the second-order nests are the longest
+    tiled sources (cases outlined as functions, `codegen.c.tiles.outline`). 40 rows and 35
+    columns give interior, edge and partial tiles."""
+    from tensordsl.explain.timing import nest_equations
+
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
-    k = td.program(ATTENTION, backend="c")
+    k = td.program(
+        ATTENTION, backend="c", **({"fuse": {"S": "inline"}} if scores == "inline" else {})
+    )
 
     def twin(Q, K, scale, V):
         s = jnp.einsum("hid,hjd->hij", Q, K) * scale
@@ -479,7 +485,36 @@ def test_attention_program_hessian_vector_product_on_c(monkeypatch):
     def loss(f):
         return lambda Q, K, V: jnp.sum(f(Q, K, 0.4, V) * ct)
 
-    got = jax.jit(lambda *p: jax.jvp(jax.grad(loss(k), (0, 1, 2)), p, vectors)[1])(Q, K, V)
+    hvp = jax.jit(lambda *p: jax.jvp(jax.grad(loss(k), (0, 1, 2)), p, vectors)[1])
+    got = hvp(Q, K, V)
     want = jax.jvp(jax.grad(loss(twin), (0, 1, 2)), (Q, K, V), vectors)[1]
+    ran = {e.params["nest"].output for e in nest_equations(jax.make_jaxpr(hvp)(Q, K, V).jaxpr)}
+    assert ("S" in ran) == (scores == "stored"), ran
+    once = {
+        e.params["nest"].output
+        for e in nest_equations(jax.make_jaxpr(jax.grad(loss(k), (0, 1, 2)))(Q, K, V).jaxpr)
+    }
+    assert "S" not in once, once  # differentiated once: recomputed in one pass
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10)
+
+
+def test_derivative_order_counts_the_differentiations_tracing_a_value():
+    """What the fusion cost model is told (`tensordsl.binding.programs.run_program`)."""
+    from tensordsl.binding.private_jax import derivative_order
+
+    seen = []
+
+    def f(x):
+        seen.append(derivative_order([x]))
+        return jnp.sum(jnp.sin(x))
+
+    x = jnp.linspace(-1.0, 1.0, 3)
+    f(x)
+    jax.jit(jax.value_and_grad(f))(x)
+    jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x)
+    jax.jit(lambda x: jax.jvp(jax.grad(f), (x,), (x,)))(x)
+    jax.jit(jax.hessian(f))(x)
+    jax.vmap(jax.grad(jax.grad(lambda s: f(x * s))))(x)
+    jax.grad(lambda y: f(x) + y)(1.0)  # x itself is not differentiated
+    assert seen == [0, 1, 1, 2, 2, 2, 0]

@@ -154,6 +154,40 @@ def test_nests_that_need_a_loop_have_no_plan(source):
     assert xla_plan(_nest(source)) is None
 
 
+def test_tangent_nests_of_contractions_run_as_dots():
+    """A tangent nest adds one product per perturbed factor (`Q*tK + K*tQ`); grouped by the
+    tensors they contract, the rest factored out, each group is one einsum
+    (`codegen.ir.summands`), as in jnp's own forward mode: no kernel runs."""
+    from codegen.passes import jvp
+
+    scores = jvp.tangent(_nest("S[h,i,j] := Q[h,i,d] * K[h,j,d] * s"), ("Q", "K")).nest
+    plan = xla_plan(scores)
+    assert plan is not None and len(plan.dots) == 2 and all(plan.dots)
+    source = "O[i,e] := exp(S[i,j] - L[i]) * V[j,e]"
+    weighted = jvp.tangent(_nest(source), ("S", "L", "V")).nest
+    plan = xla_plan(weighted)  # tV * exp(S - L), and V * exp(S - L) * (tS - tL)
+    assert plan is not None and plan.origins == (0, 0)
+    assert [len(d.tensors) for d in plan.dots] == [1, 1]
+    rng = np.random.default_rng(12)
+    args = (_random(rng, 6, 5), _random(rng, 6), _random(rng, 5, 4))
+    slopes = (_random(rng, 6, 5), _random(rng, 6), _random(rng, 5, 4))
+    k = td.kernel(source, backend="c")
+
+    def twin(S, L, V):
+        return jnp.exp(S - L[:, None]) @ V
+
+    got = jax.jvp(k, args, slopes)
+    want = jax.jvp(twin, args, slopes)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12)
+    assert "custom_call" not in _hlo(lambda *a: jax.jvp(k, a, slopes)[1], *args)
+
+
+def test_a_sum_of_products_that_are_no_contractions_keeps_its_kernel():
+    assert xla_plan(_nest("Y[i] := A[i,k] * B[k] + exp(A[i,k]) * C[k]")) is None
+    assert xla_plan(_nest("Y[i] := A[i,k] * (B[k] + exp(A[i,k]) * C[k])")) is None
+
+
 def _random(rng, *shape):
     return rng.normal(size=shape)
 

@@ -124,3 +124,24 @@ def test_no_module_tests_strategy_names() -> None:
         if (n := name_tests(path.read_text()))
     }
     assert found == {}
+
+
+def test_tiles_refuse_a_bound_that_is_not_affine_in_a_tiled_index() -> None:
+    """dB of `where(j < i + 1, B[2i] + A[i, j], 0)` sums over `j <= floordiv(p, 2)`: no tile
+    strategy takes it (their corners bound affine constraints only), and a forced dot
+    schedule is refused rather than emitted with an undeclared lane variable."""
+    import dataclasses
+
+    from codegen.c.schedule import validate
+    from codegen.passes import grad
+
+    forward = _statement("Y[i] := where(j < i + 1, B[2i] + A[i, j], 0)")()
+    nest = grad.gradient(forward, "B").nest
+    schedule = choose_cpu_schedule(nest, dict.fromkeys(["A", "B", "dY", nest.output], "float64"))
+    assert schedule.strategy not in ("tile", "dot", "unroll"), schedule.describe()
+    free = tuple(r.index.name for r in nest.free)
+    dot = dataclasses.replace(
+        schedule, strategy="dot", free_order=free, row=None, vector=free[-1], width=4, lanes=4
+    )
+    with pytest.raises(ValueError, match="not affine in the tiled"):
+        validate(nest, dot)

@@ -8,6 +8,7 @@ import pytest
 import tensordsl as td
 from benchmarks.natural import ATTENTION_LAYER, TRIPLET
 from codegen.ir.program import live_statements
+from codegen.passes.fusion import fuse
 from codegen.passes.online import pair_stored
 from tensordsl.binding.programs import fuse_program
 from tests.programs import PROGRAMS_BY_NAME
@@ -16,13 +17,15 @@ MLP = "H[b,u] := X[b,f] * W1[f,u]\nY[b,o] := tanh(H[b,u]) * W2[u,o]"
 MOE = "H[b,e,o] := X[b,f] * W[e,f,o]\nY[b,o] := G[b,e] * tanh(H[b,e,o])"
 
 
-def fused(k: td.ProgramKernel, shapes: dict):
+def fused(k: td.ProgramKernel, shapes: dict, order: int = 1):
     concrete = k.program.concrete_shapes(shapes)
-    return fuse_program(live_statements(k.program), k.program.outputs, concrete, k.fuse)
+    return fuse_program(
+        live_statements(k.program), k.program.outputs, concrete, k.fuse, order=order
+    )
 
 
-def decisions(k: td.ProgramKernel, shapes: dict) -> dict:
-    return {d.name: d for d in fused(k, shapes).decisions}
+def decisions(k: td.ProgramKernel, shapes: dict, order: int = 1) -> dict:
+    return {d.name: d for d in fused(k, shapes, order).decisions}
 
 
 def test_the_mlp_hidden_layer_is_stored_not_recomputed_per_output_feature(monkeypatch):
@@ -82,6 +85,29 @@ def test_attention_scores_stay_recomputed_and_paired_in_one_pass():
     assert result.inlined == ("S",)
     assert "read by a logsumexp and the weighted sum O" in decisions(k, shapes)["S"].reason
     assert [(n.output, n.online) for n in pair_stored(result.stored)] == [("O", "L")]
+
+
+def test_attention_scores_differentiated_twice_are_stored_where_they_fit(monkeypatch):
+    """An HVP (`jax.jvp` of `jax.grad`) runs every nest again as a tangent nest, which would
+    recompute the scores and their tangent: stored, unless they pass the memory cap."""
+    from codegen.passes import cost
+
+    case = PROGRAMS_BY_NAME["causal_attention"]
+    k = td.kernel(case.source, outputs=case.outputs, backend="reference")
+    shapes = {"Q": (1, 2, 256, 64), "K": (1, 2, 256, 64), "scale": (), "V": (1, 2, 256, 64)}
+    first, second = decisions(k, shapes)["S"], decisions(k, shapes, order=2)["S"]
+    assert first.choice == "inline"
+    assert (second.choice, second.reason) == (
+        "store",
+        "larger than every input and output, but differentiated twice: every tangent nest "
+        "would recompute it and its tangent",
+    )
+    assert second.inline_cost > first.inline_cost
+    assert [n.output for n in fused(k, shapes, order=2).stored] == ["S", "L", "O"]
+    monkeypatch.setattr(cost, "HIGHER_ORDER_STORE_BYTES", 2 * 256 * 256 * 4 - 1)
+    live, concrete = live_statements(k.program), k.program.concrete_shapes(shapes)
+    capped = fuse(live, outputs=k.program.outputs, shapes=concrete, order=2)  # not cached
+    assert capped.inlined == ("S",)  # past the cap: one pass, as at first order
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ measurable next to a tile's reduction.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from codegen.emit.emitter import Emitter, Lines, block_lines
@@ -24,16 +23,16 @@ OUTLINE_LINES = 150
 
 def outlined_call(e: Emitter, body: Lines, names: Iterable[tuple[str, str]]) -> Lines:
     """`body` itself when short; else a call to a new function (kept in `e.outlined`) that
-    runs it, passing those of the variables `names` (name, type) that it reads.
+    runs it, passing every variable of `names` (name, type; the first of repeated names).
 
     `names` are the variables the tile's grid, its tiles and its padded copies declare,
     recorded as they are written (`codegen.c.tiles.tiles.tiled`,
-    `codegen.c.tiles.padding.Prepared.declared`); which of them the case reads is still
-    found in its text (tests/unit/test_generated_text.py: `SEARCHES_LEFT`)."""
+    `codegen.c.tiles.padding.Prepared.declared`), all in scope where the case runs. They
+    are passed whether or not the case reads them: the emitter never searches what it wrote
+    (issue 34), and an unread parameter of a static function costs nothing measurable."""
     if len(body) < OUTLINE_LINES:
         return body
-    text = "\n".join(body)
-    args = tuple((n, c) for n, c in dict(names).items() if re.search(rf"\b{re.escape(n)}\b", text))
+    args = tuple(dict(names).items())
     name = f"tdsl_case{len(e.outlined)}_"
     e.outlined.append((name, args, tuple(body)))
     return [f"{name}({', '.join(('out', 'operands', 'params', *(n for n, _ in args)))});"]

@@ -11,8 +11,10 @@ rows are the previous free index, or the one fewest reads along the reduced loop
 (`shared_row_last`; 6 x 32 float lanes). A window offset `v` (it shares an access axis with
 a reduced index) carries a `small` schedule taken at run time when `v`'s extent is below the
 tile width: a tile one vector wide, itself with a `small` dot schedule over two other free
-indices. Costly work per row that does not read `v` gets wider tiles, and dot products below
-the tile width where no access reads `v`.
+indices. Costly work per row that does not read `v` (a function call, a nested reduction; in
+an elementwise nest too) gets wider tiles, and dot products below the tile width where no
+access reads `v`. A dot tile has rows only where some read does not read the row index
+(`shares_rows`): that read serves every row of the tile.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sympy
 
 from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
 from codegen.emit import loop_order as orders
-from codegen.ir.affine import affine_parts
+from codegen.ir.affine import NotAffine, affine_parts
 from codegen.ir.nest import LoopNest, Reduce, accesses
 from codegen.ir.reductions import REDUCTIONS
 from codegen.ir.small_axes import small_extent
@@ -46,6 +48,24 @@ def vector_friendly(nest: LoopNest, name: str) -> bool:
             if any(symbol in index.free_symbols for index in outer):
                 return False
             if symbol in last.free_symbols and affine_parts(last, (symbol,)) != {symbol: 1}:
+                return False
+    return True
+
+
+def bounded_affinely(nest: LoopNest, names: tuple[str | None, ...]) -> bool:
+    """Whether every constraint that mentions one of the tiled indices `names` is affine in
+    it, so that a tile's corners bound it for the whole tile (`tiles._tile_paths`). A bound
+    such as `k <= floordiv(i, 2)` is not: the tile's loops over `k` would read `i`, which
+    only the lanes define (the fuzzer's `where(j < i + 1, B[2i] + A[i, j], 0)`, whose
+    gradient dB holds it)."""
+    tiled = [symbol for name, symbol in symbols(nest).items() if name in names]
+    for term in nest.terms:
+        for c in term.constraints:
+            try:
+                linear = affine_parts(c, tiled)
+            except NotAffine:
+                return False
+            if sympy.expand(c - sum(a * x for x, a in linear.items())).has(*tiled):
                 return False
     return True
 
@@ -77,8 +97,12 @@ def dot_schedule(
     """The dot strategy's schedule over the free order `free`, or None where it does not fit."""
     if not all(reduced) or not REDUCTIONS[nest.reduction].simd:
         return None
+    if not bounded_affinely(nest, free[-2:]):
+        return None
     # 4 x 4 dot products of one vector register each (8 float / 4 double lanes): 16
     # accumulator registers plus 8 loads per step (measured best of 2..6 x 3..8 x 8..16).
+    # Rows serve the tile only through a read they share (one that does not read the row
+    # index); where every read reads it, each row is a stream of its own: one row of 4.
     row = free[-2] if len(free) > 1 else None
     return dataclasses.replace(
         base,
@@ -87,7 +111,7 @@ def dot_schedule(
         strategy="dot",
         row=row,
         vector=free[-1],
-        rows=4 if row else 1,
+        rows=4 if row and shares_rows(nest, row) else 1,
         width=4,
         lanes=4 if wide else 8,
     )
@@ -99,6 +123,8 @@ def unroll_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> 
     count = small_extent(nest)
     if count is None or free[-1] != nest.free[-1].index.name:
         return None
+    if not bounded_affinely(nest, free[-2:]):
+        return None
     return dataclasses.replace(ask.base, strategy="unroll", vector=free[-2], width=count)
 
 
@@ -109,7 +135,7 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
     free = orders.shared_row_last(nest, free) if ask.loop_order is None else free
     is_wide, vector = wide(dtypes, nest), free[-1]
     row = free[-2] if len(free) > 1 else None
-    if not vector_friendly(nest, vector):
+    if not vector_friendly(nest, vector) or not bounded_affinely(nest, (row, vector)):
         return None
     # 6 rows x 32 float lanes: 24 accumulator vectors of 8 floats (measured best here).
     small = None
@@ -141,6 +167,18 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
     costly = _costly_per_row(nest, vector)
     if costly and small is None and not reads(nest, vector):
         small = dot_schedule(nest, base, free, reduced, is_wide)
+    if costly and small is None and not any(reduced):
+        # An elementwise nest (a gate per row): the plain tile where `v` is shorter than
+        # the wide one, which would store every tile lane by lane.
+        small = dataclasses.replace(
+            base,
+            free_order=free,
+            strategy="tile",
+            row=row,
+            vector=vector,
+            rows=6 if row else 1,
+            width=16 if is_wide else 32,
+        )
     return dataclasses.replace(
         base,
         free_order=free,
@@ -192,12 +230,20 @@ def reads(nest: LoopNest, name: str) -> bool:
     )
 
 
+def shares_rows(nest: LoopNest, row: str) -> bool:
+    """Whether some read does not read the index `row` (so a tile's rows share it)."""
+    symbol = symbols(nest)[row]
+    return any(
+        symbol not in access.free_symbols for term in nest.terms for access in accesses(term.body)
+    )
+
+
 def _costly_per_row(nest: LoopNest, vector: str) -> bool:
     """Whether some term computes a nested reduction or a function call that does not read
-    the vector index (so the tile computes it once per row and tile)."""
+    the vector index (so the tile computes it once per row and tile, per step of the
+    reduced loops where there are some: a gate `sigmoid(E[n, c])` of an elementwise
+    `X[n, c, s] * sigmoid(E[n, c])` too)."""
     for term in nest.terms:
-        if not term.reduced:
-            continue
         for node in sympy.preorder_traversal(term.body):
             if isinstance(node, Reduce | sympy.Function) and not any(
                 s.name == vector for s in node.free_symbols if isinstance(s, sympy.Symbol)
@@ -216,6 +262,8 @@ def tile_validate(nest: LoopNest, schedule: CpuGeometry) -> None:
         )
     if schedule.row is None and schedule.rows != 1:
         raise ValueError("rows > 1 needs a row index")
+    if not bounded_affinely(nest, tuple(tiled)):
+        raise ValueError(f"a constraint of the nest is not affine in the tiled {tiled}")
 
 
 def dot_validate(nest: LoopNest, schedule: CpuGeometry) -> None:
@@ -232,6 +280,8 @@ def unroll_validate(nest: LoopNest, schedule: CpuGeometry) -> None:
     free, last = schedule.free_order, nest.free[-1].index.name if nest.free else None
     if small_extent(nest) != schedule.width or free[-1:] != (last,) or schedule.vector != free[-2]:
         raise ValueError("the unroll strategy is for a small last axis, the index before in lanes")
+    if not bounded_affinely(nest, free[-2:]):
+        raise ValueError(f"a constraint of the nest is not affine in the tiled {free[-2:]}")
 
 
 def tile_header(s: CpuGeometry) -> tuple[str, ...]:

@@ -39,17 +39,19 @@ class NvrtcError(RuntimeError):
 @dataclass(frozen=True)
 class Compiled:
     """The result of one compilation: PTX text or CUBIN bytes, the log and ptxas figures
-    (the most registers and all spills over the source's kernels)."""
+    (the most registers and all spills over the source's kernels), and the PTX NVRTC made on
+    the way for either kind of target (a CUBIN's compile gives both: no second compile)."""
 
     binary: bytes  # PTX (text, as bytes) for compute_XX targets, CUBIN for sm_XX
     log: str
     registers: int | None = None
     spill_stores: int | None = None
     spill_loads: int | None = None
+    ptx_bytes: bytes = b""
 
     @property
     def ptx(self) -> str:
-        return self.binary.decode()
+        return self.ptx_bytes.decode()
 
 
 def _nvrtc() -> Any:
@@ -119,11 +121,9 @@ def compile_source(
                 + text
             ) from None
         log = nvrtc.getProgramLog(program)
-        if arch.startswith("sm_"):
-            binary = cubin(program)
-        else:
-            ptx = nvrtc.getPTX(program)
-            binary = (ptx.encode() if isinstance(ptx, str) else bytes(ptx)).rstrip(b"\0")
+        ptx = nvrtc.getPTX(program)
+        ptx_bytes = (ptx.encode() if isinstance(ptx, str) else bytes(ptx)).rstrip(b"\0")
+        binary = cubin(program) if arch.startswith("sm_") else ptx_bytes
     finally:
         nvrtc.destroyProgram(program)
     # Over every kernel of the source: the most registers, all spills.
@@ -136,6 +136,7 @@ def compile_source(
         max(f["registers"] for f in figures) if figures else None,
         sum(f["stores"] for f in figures) if figures else None,
         sum(f["loads"] for f in figures) if figures else None,
+        ptx_bytes,
     )
     with _LOCK:
         _MEMORY[key] = compiled
