@@ -16,6 +16,9 @@ transposed into this backward:
   nest (`merge_gradients`: their terms over the same loops merge into one term, so the
   scores and weights are computed once, `dS = P * (dP + dL)` in FlashAttention's words) and
   run once;
+* an input a statement reads only as `x[i] - A[i]` (or `x[i] + A[i]`) with a stored
+  intermediate `A` that statement alone reads (Sinkhorn's marginals) takes `A`'s gradient
+  from it, negated (or as is), instead of a gradient nest of its own (`codegen.passes.mirror`);
 * a statistic no output depends on (a max subtracted for stability, `exp(X - M)` divided by
   its sum: `codegen.passes.invariance`) gets no cotangent: none of its gradient nests run.
 
@@ -44,6 +47,7 @@ from codegen.passes import grad, gradient_rules
 from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from codegen.passes.invariance import shift_invariant
+from codegen.passes.mirror import mirror_sign
 from codegen.passes.online import pair_stored
 from codegen.passes.packing import folded_extents
 from codegen.passes.partials import row_partials
@@ -239,6 +243,9 @@ class FusedProgram:
         # once its last reader is done: each pair's weight is computed once, not per reader.
         readers = Counter(op.name for n in self.stored for op in n.operands)
         pending: dict[str, list[_Part]] = {}
+        # An input that mirrors a stored intermediate of the same statement (`la[i] - A[i]`)
+        # gets that intermediate's gradient, negated where a difference, not a nest of its own.
+        mirrored: dict[str, Any] = {}
         for nest in reversed(self.stored):
             if nest.output in pending:
                 name = nest.output
@@ -249,6 +256,7 @@ class FusedProgram:
                 continue
             by_role = self._roles(nest, values, dy)
             here: dict[str, tuple] = {}  # the stored intermediates' gradients of this nest
+            partners: dict[str, list[tuple[str, int]]] = {}  # intermediate: (input, sign)
             for op in nest.operands:
                 value = values[op.name]
                 if op.name not in needed or op.name in self.nograd:
@@ -256,6 +264,10 @@ class FusedProgram:
                 if op.name in self.zero_gradient:
                     continue
                 if not is_differentiable(jnp.result_type(value)):
+                    continue
+                mirror = self._mirror(nest, op.name, values, needed, readers)
+                if mirror is not None:
+                    partners.setdefault(mirror[0], []).append((op.name, mirror[1]))
                     continue
                 part = self._part(nest, op.name, values, by_role)
                 if op.name in stored_names and readers[op.name] > 1:
@@ -268,19 +280,54 @@ class FusedProgram:
             for name, item in here.items():
                 found = together[name] if name in together else self._call(*item)
                 cotangent[name] = cotangent[name] + found if name in cotangent else found
+                for wrt, sign in partners.get(name, ()):
+                    mine = (found if sign > 0 else -found).astype(jnp.result_type(values[wrt]))
+                    mirrored[wrt] = mirrored[wrt] + mine if wrt in mirrored else mine
         merged = {name: self._merged(parts[name], values[name]) for name in parts}
         together = grouped.run_together(merged, self.backend, self.precision, call_nest)
         for name in merged:  # a gradient alone: by rows where that splits it
             if name not in together and (found := self._by_rows(*merged[name])) is not None:
                 together[name] = found
-        return [
-            together[name]
-            if name in together
-            else self._call(*merged[name])
-            if name in merged
-            else jnp.zeros_like(values[name])
+        found = {  # in the order of `perturbed`, as the nests run
+            name: together[name] if name in together else self._call(*merged[name])
             for name in perturbed
+            if name in merged
+        }
+        for name, value in mirrored.items():
+            found[name] = found[name] + value if name in found else value
+        return [
+            found[name] if name in found else jnp.zeros_like(values[name]) for name in perturbed
         ]
+
+    def _mirror(
+        self,
+        nest: LoopNest,
+        wrt: str,
+        values: Mapping[str, Any],
+        needed: set[str],
+        readers: Counter,
+    ) -> tuple[str, int] | None:
+        """(a stored intermediate of `nest` that `wrt`, a program input, mirrors, the sign of
+        its gradient in `wrt`'s: `codegen.passes.mirror`), or None: the intermediate must get
+        its gradient from `nest` alone, run here (this statement its one reader), of `wrt`'s
+        shape."""
+        stored = {n.output for n in self.stored}
+        if wrt in stored:
+            return None
+        for op in nest.operands:
+            name = op.name
+            if (
+                name in stored
+                and readers[name] == 1
+                and name in needed
+                and name not in self.nograd
+                and name not in self.zero_gradient
+                and np.shape(values[name]) == np.shape(values[wrt])
+                and is_differentiable(jnp.result_type(values[name]))
+                and (sign := mirror_sign(nest, wrt, name)) is not None
+            ):
+                return name, sign
+        return None
 
     def _roles(self, nest: LoopNest, values: Mapping[str, Any], dy: Any) -> dict[str, Any]:
         """The values a gradient nest of `nest` reads by role: cotangent, output, saved
