@@ -609,9 +609,11 @@ last axis of 2, read as `X[..., 1-p]`, unrolled with the feature axis in vector 
 unroll strategy), ChebyKAN in one statement (the X gradient's inner sums over `o` in lane
 arrays of 8 degrees). Until 2026-12-06 Sinkhorn measured 2.5x / 5.6x and GraphSAGE's
 fwd+bwd 3.4x on a quiet machine (load 1.3-1.9); the table above is after those fixes.
-Squeeze-and-excite: each of its nests alone runs about as fast as XLA's on one core; the
-fused program's fwd+bwd varies from run to run (1.0x-2.1x in the session's runs), its
-unfused column below 1.5x; not explained yet.
+Squeeze-and-excite: its fwd+bwd varied from run to run (1.0x-2.1x) because its kernels'
+thread teams waited for a second thread that found no free core, in about half the calls on
+a loaded machine, and the back-off caught only waits of 10 ms; a team that does not pay now
+keeps kernels of its size on one thread a while, and the forward's nests stream their rows
+(section "Issue 37: squeeze-and-excite").
 
 Sizes:
 
