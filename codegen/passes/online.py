@@ -180,6 +180,26 @@ def unpair(nest: LoopNest) -> tuple[LoopNest, LoopNest]:
     return lse, weighted
 
 
+def centred(lse: LoopNest, weighted: LoopNest, shapes: Shapes | None = None) -> LoopNest | None:
+    """The softmax-weighted sum `O = sum_j exp(X - L) * W` written as `sum_j exp(X - L) *
+    (W - O)` (O read as a tensor, its own output), for differentiating with L and O held
+    constant; None where `pair(lse, weighted, shapes)` does not pair them.
+
+    Its gradient is the whole softmax's: the weights sum to 1, so `dO = sum_j P * (dX *
+    (W - O) + dW)` and L gets no cotangent from O. At a key that takes all the weight (a
+    one-hot row: float64 scores near 1e200) `W - O` is exactly 0, where FlashAttention's
+    `dP - D` (`sum_e dO * W` less `sum_e dO * O`, two sums in different orders) leaves a
+    rounding residue that the scores' slope then multiplies (docs/nn.md).
+    """
+    nest = pair(lse, weighted, shapes)
+    if nest is None:
+        return None
+    scores, weight = nest.terms
+    own = tensor_base(weighted.output)[weighted.free_indices]
+    weight = dataclasses.replace(weight, body=weight.body - own)
+    return unpair(dataclasses.replace(nest, terms=(scores, weight)))[1]
+
+
 def pair_stored(stored: Sequence[LoopNest], shapes: Shapes | None = None) -> tuple[LoopNest, ...]:
     """`stored` (nests in run order) with each logsumexp and the weighted sum that reads it
     replaced by their one-pass nest, run where the weighted sum ran; a logsumexp read by a
