@@ -31,6 +31,11 @@ differentiation.
 ('L', V.shape[1] + 1, ['X[i, j]', 'V[j, e]'])
 >>> [str(n) for n in unpair(nest)] == [str(lse), str(weighted)]
 True
+
+Differentiated in float64, the weighted sum is centred on its own output (`centred`):
+
+>>> print(centred(lse, weighted))
+O[i, e] := exp(X[i, j] - L[i])*(V[j, e] - O[i, e])
 """
 
 from __future__ import annotations
