@@ -250,6 +250,8 @@ class FusedProgram:
             by_role = self._roles(nest, values, dy)
             here: dict[str, tuple] = {}  # the stored intermediates' gradients of this nest
             lse, differentiated = self._centred(nest, values)
+            if lse:  # the centred sum's own value: 0, NaN where O is not finite
+                by_role = {**by_role, gradient_rules.OUTPUT: values[nest.output] * 0}
             for op in nest.operands:
                 value = values[op.name]
                 if op.name not in needed or op.name in self.nograd or op.name == lse:

@@ -161,3 +161,20 @@ def test_float64_fused_gradients_of_ordinary_scores(backend):
         return jnp.sum(out * ct) + jnp.sum(lse * lse_ct)
 
     _check(jax.grad(loss, (0, 1, 2))(q, k, v), want)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", ONE_HOT_BACKENDS)
+def test_one_hot_rows_give_exact_gradients_with_the_scores_stored(backend, monkeypatch):
+    """Contractions as XLA's dot (the default): at head width 64 the scores are stored, the
+    statements run apart, and their float64 gradients are still the whole softmax's."""
+    if jax.default_backend() != "gpu":
+        monkeypatch.setenv("TENSORDSL_CUDA_EMULATE", "1")
+    q, k, v, ct = _one_hot_inputs(1e100 / 4, 1e100 / 4, T=40, B=1, E=64, seed=7)
+    want = _numpy_gradients(q, k, v, ct, 0.125)
+    assert not want[0].any() and not want[1].any()
+
+    def loss(q, k, v):
+        return jnp.sum(nn.attention(q, k, v, backend=backend) * ct)
+
+    _check(jax.grad(loss, (0, 1, 2))(q, k, v), want)
