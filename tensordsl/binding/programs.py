@@ -92,9 +92,8 @@ def _softmax_in_float64(
     softmax-weighted sum that reads it (attention with its scores stored): differentiated
     together (`FusedProgram._centred`), their gradient is exact where one key takes a row's
     whole weight, where each statement's own gives `dP - D`'s rounding residue."""
-    if not config.fuse_programs() or not any(
-        jnp.result_type(v) == jnp.float64 for v in values.values()
-    ):
+    # Promoted as the nests' dtypes are: a Python scale (weak) leaves float32 inputs float32.
+    if not config.fuse_programs() or jnp.result_type(*values.values()) != jnp.float64:
         return False
     lse = [n for n in nests if n.reduction == "logsumexp"]
     return any(
