@@ -31,6 +31,11 @@ differentiation.
 ('L', V.shape[1] + 1, ['X[i, j]', 'V[j, e]'])
 >>> [str(n) for n in unpair(nest)] == [str(lse), str(weighted)]
 True
+
+Differentiated in float64, the weighted sum is centred on its own output (`centred`):
+
+>>> print(centred(lse, weighted))
+O__centred[i, e] := exp(X[i, j] - L[i])*(V[j, e] - O[i, e])
 """
 
 from __future__ import annotations
@@ -178,6 +183,38 @@ def unpair(nest: LoopNest) -> tuple[LoopNest, LoopNest]:
         online="",
     )
     return lse, weighted
+
+
+def centred(lse: LoopNest, weighted: LoopNest, shapes: Shapes | None = None) -> LoopNest | None:
+    """The softmax-weighted sum `O = sum_j exp(X - L) * W` written as `C = sum_j exp(X - L) *
+    (W - O)`, O read as an operand (its value) and the nest's output named `C` (`O__centred`),
+    for differentiating with L and O held constant; None where `pair(lse, weighted, shapes)`
+    does not pair them.
+
+    Its gradient is the whole softmax's: the weights sum to 1, so `dO = sum_j P * (dX *
+    (W - O) + dW)` and L gets no cotangent from O. At a key that takes all the weight (a
+    one-hot row: float64 scores near 1e200) `W - O` is exactly 0, where FlashAttention's
+    `dP - D` (`sum_e dO * W` less `sum_e dO * O`, two sums in different orders) leaves a
+    rounding residue that the scores' slope then multiplies (docs/nn.md). C itself is 0 in
+    exact arithmetic (NaN where O is not finite): a gradient that reads its saved output
+    (`grad._saved_output_shortcut`: a row-constant bias, whose gradient is 0) must be given
+    that, not O.
+    """
+    if pair(lse, weighted, shapes) is None:
+        return None
+    # The mask stays the term's guard: a pair it drops is never weighted (no 0 * NaN).
+    term = guard_mask(weighted.terms[0], identity_of("sum"))
+    read = tensor_base(lse.output)[weighted.free_indices[: len(lse.free)]]
+    split = _split_weight(term.body, read)
+    assert split is not None  # `pair` found this form
+    own = tensor_base(weighted.output)[weighted.free_indices]
+    body = sympy.exp(split[0]) * (split[1] - own)
+    return dataclasses.replace(
+        weighted,
+        output=f"{weighted.output}__centred",
+        terms=(dataclasses.replace(term, body=body),),
+        operands=(*weighted.operands, Operand(weighted.output, len(weighted.free))),
+    )
 
 
 def pair_stored(stored: Sequence[LoopNest], shapes: Shapes | None = None) -> tuple[LoopNest, ...]:

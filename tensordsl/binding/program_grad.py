@@ -48,7 +48,7 @@ from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards
 from codegen.passes.invariance import shift_invariant
 from codegen.passes.mirror import mirror_sign
-from codegen.passes.online import pair_stored
+from codegen.passes.online import centred, pair_stored
 from codegen.passes.packing import folded_extents
 from codegen.passes.partials import row_partials
 from codegen.passes.reuse import read_stored
@@ -257,9 +257,12 @@ class FusedProgram:
             by_role = self._roles(nest, values, dy)
             here: dict[str, tuple] = {}  # the stored intermediates' gradients of this nest
             partners: dict[str, list[tuple[str, int]]] = {}  # intermediate: (input, sign)
+            lse, differentiated = self._centred(nest, values)
+            if lse:  # the centred sum's own value: 0, NaN where O is not finite
+                by_role = {**by_role, gradient_rules.OUTPUT: values[nest.output] * 0}
             for op in nest.operands:
                 value = values[op.name]
-                if op.name not in needed or op.name in self.nograd:
+                if op.name not in needed or op.name in self.nograd or op.name == lse:
                     continue
                 if op.name in self.zero_gradient:
                     continue
@@ -269,7 +272,7 @@ class FusedProgram:
                 if mirror is not None:
                     partners.setdefault(mirror[0], []).append((op.name, mirror[1]))
                     continue
-                part = self._part(nest, op.name, values, by_role)
+                part = self._part(differentiated, op.name, values, by_role)
                 if op.name in stored_names and readers[op.name] > 1:
                     pending.setdefault(op.name, []).append(part)
                 elif op.name in stored_names:
@@ -328,6 +331,23 @@ class FusedProgram:
             ):
                 return name, sign
         return None
+
+    def _centred(self, nest: LoopNest, values: Mapping[str, Any]) -> tuple[str, LoopNest]:
+        """In float64, a softmax-weighted sum of a stored logsumexp as the nest to
+        differentiate, `sum_j exp(X - L) * (W - O)` (`codegen.passes.online.centred`), and
+        the logsumexp's name (it then gets no cotangent from the sum): exact where one key
+        takes a row's whole weight (docs/nn.md, "Scores beyond float precision"). Float32 and
+        narrower keep FlashAttention's `dP - D`, one subtraction per score and head element
+        fewer; else ("", nest)."""
+        if jnp.result_type(values[nest.output]) != jnp.float64:
+            return "", nest
+        shapes = _shapes(values)
+        for lse in self.stored:
+            if lse.reduction == "logsumexp" and lse.output in nest.operand_names:
+                found = centred(lse, nest, shapes)
+                if found is not None:
+                    return lse.output, found
+        return "", nest
 
     def _roles(self, nest: LoopNest, values: Mapping[str, Any], dy: Any) -> dict[str, Any]:
         """The values a gradient nest of `nest` reads by role: cotangent, output, saved

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from codegen import config
@@ -25,6 +26,7 @@ from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
 from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.invariance import shift_invariant
+from codegen.passes.online import centred
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.binding import private_jax
 from tensordsl.binding.program_grad import FusedProgram
@@ -59,18 +61,18 @@ def run_program(
     # cost model weighs what it recomputes by that (`codegen.passes.cost`).
     order = private_jax.derivative_order(list(known.values()))
     nests = compiled_statements(program, known, backend, fuse, order=order)
+    shapes = program.concrete_shapes({op.name: np.shape(known[op.name]) for op in program.inputs})
     if (
         nests != live_statements(program)
         or shift_invariant(nests, outputs=program.outputs)
         or _shared_inputs(nests, values)
+        or _softmax_in_float64(nests, values, shapes)
     ):
         # Fused: one differentiable function whose input gradients are one nest each (and
         # no gradient nest for a statistic subtracted for stability). Also where statements
-        # share an input: its gradient is then one nest, not one per statement and a sum.
+        # share an input: its gradient is then one nest, not one per statement and a sum;
+        # and a float64 softmax-weighted sum: its gradient is then the whole softmax's.
         names = tuple(known)
-        shapes = program.concrete_shapes(
-            {op.name: np.shape(known[op.name]) for op in program.inputs}
-        )
         fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision, shapes)
         return fused.call(*(known[name] for name in names))
     for nest in nests:
@@ -85,6 +87,22 @@ def run_program(
             precision=precision,
         )
     return tuple(known[name] for name in program.outputs)
+
+
+def _softmax_in_float64(
+    nests: Sequence[LoopNest], values: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]
+) -> bool:
+    """Whether a float64 call (fused: not `TENSORDSL_FUSE=0`) runs a logsumexp and the
+    softmax-weighted sum that reads it (attention with its scores stored): differentiated
+    together (`FusedProgram._centred`), their gradient is exact where one key takes a row's
+    whole weight, where each statement's own gives `dP - D`'s rounding residue."""
+    # Promoted as the nests' dtypes are: a Python scale (weak) leaves float32 inputs float32.
+    if not config.fuse_programs() or jnp.result_type(*values.values()) != jnp.float64:
+        return False
+    lse = [n for n in nests if n.reduction == "logsumexp"]
+    return any(
+        centred(a, b, shapes) is not None for a in lse for b in nests if a.output in b.operand_names
+    )
 
 
 def _shared_inputs(nests: Sequence[LoopNest], inputs: Mapping[str, Any]) -> bool:

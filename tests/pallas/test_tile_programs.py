@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import pytest
+import sympy
 
 from codegen.errors import Unsupported
 from codegen.ir.examples import gaussian, matmul
+from codegen.ir.nest import (
+    LoopNest,
+    Operand,
+    Range,
+    Reduce,
+    Term,
+    extent_symbol,
+    index_symbol,
+    tensor_base,
+)
+from codegen.tiles.attention.build import attention_program
 from codegen.tiles.build import tile_program
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
@@ -102,3 +114,34 @@ def test_explain_with_target_pallas_shows_every_nests_tile_program():
     assert "grid: 4 x 4 = 16 program instance(s), output tile 32 x 32" in tiles
     assert tiles.count("dot: ") == 3
     assert "bound j: j <= i (tiles outside never visited)" in tiles
+
+
+def _centred_dq():
+    """Attention's float64 dQ nest: `sum_j P * sum_e dO[i,e]*(V[j,e] - O[i,e]) * K[j,p]`,
+    whose second nested sum reads the rows (i) on its key side: no tile dot."""
+    i, j, d, e, p = (index_symbol(n) for n in "ijdep")
+    Q, K, V, L, O, dO = (tensor_base(n) for n in ("Q", "K", "V", "L", "O", "dO"))
+    score = Reduce("sum", Q[i, d] * K[j, d], d, 0, extent_symbol("Q", 1))
+    centred = Reduce("sum", dO[i, e] * (V[j, e] - O[i, e]), e, 0, extent_symbol("V", 1))
+    body = sympy.exp(score - L[i]) * centred * K[j, p]
+    rows, cols = Range(i, 0, extent_symbol("Q", 0)), Range(p, 0, extent_symbol("K", 1))
+    operands = tuple(Operand(n, 1 if n == "L" else 2) for n in ("Q", "K", "V", "L", "O", "dO"))
+    nest = LoopNest(
+        "dQ", (rows, cols), (Term(body, (Range(j, 0, extent_symbol("K", 0)),)),), operands
+    )
+    return nest, {n: (70, 4) for n in ("Q", "K", "V", "O", "dO", "dQ")} | {"L": (70,)}, centred
+
+
+def test_a_nested_sum_that_is_no_dot_runs_per_pair_in_float64_only():
+    nest, shapes, centred = _centred_dq()
+    wide = {name: "float64" for name in shapes}
+    program = attention_program(nest, shapes, wide)
+    assert [n.body for n in program.pairs] == [centred.body]
+    assert [str(d.node.body) for d in program.dots] == ["K[j, d]*Q[i, d]"]  # q . k: a dot
+    assert (program.rows.tile, program.loop.tile) == (32, 32)
+    assert (
+        "  per (i, j) pair: sum_e((V[j, e] - O[i, e])*dO[i, e]) (no dot: elementwise on "
+        "[i x j x e])"
+    ) in program.describe().splitlines()
+    narrow = {name: "float32" for name in shapes}
+    assert attention_program(nest, shapes, narrow) is None

@@ -11,6 +11,10 @@ A nest is an attention kernel when, for the call's shapes:
   and the first do not is the row index (the queries of the forward, the keys of dK; the
   longest of several, as grouped-query heads' group is read by the queries only); the
   other free indices but the column are outer (one value per program instance);
+* in float64 only, a nested sum that is no such dot (its sides both read the rows and the
+  loop index: the exact weight `sum_e dO[i,e] * (V[j,e] - O[i,e])` of attention's float64
+  gradients, `codegen.passes.online.centred`) is computed per (row, key) pair on a
+  `[rows x keys x width]` tile, in tiles half as long;
 * `b` reads the loop index and the column, not the rows; no constraint tests a column;
   a guard (an array mask: `Term.guard`, the same on both terms of a one-pass nest) reads no
   column and no nested sum: it is tested per (row, loop value) pair on every tile.
@@ -173,29 +177,33 @@ def attention_program(
     nodes = sorted({n for a, _, _ in members for n in a.atoms(Reduce)}, key=str)
     if not nodes or any(n.reduction != "sum" or not _fixed(n, extents) for n in nodes):
         return None
-    roles = _roles(nest, term, nodes, extents)
+    dtypes = dict(dtypes or default_dtypes(nest))
+    out = str(dtypes.get(nest.output, "float32"))
+    roles = _roles(nest, term, nodes, extents, pairwise=out == "float64")
     if roles is None:
         return None
     row_index, loop_index = roles
     if any(_reads(b, row_index) or not _reads(b, loop_index) for _, b, _ in members):
         return None
-    dots = tuple(_dot(node, loop_index, extents) for node in nodes)
+    pairs = tuple(n for n in nodes if _pairwise(n, row_index, loop_index))
+    if pairs and out != "float64":
+        return None
+    dots = tuple(_dot(node, loop_index, extents) for node in nodes if node not in pairs)
     built = _built(nest, members, extents)
     kept = _kept(nest, term, extents)
-    wide = max(d.width.tile for d in dots)
+    wide = max(_dot(node, loop_index, extents).width.tile for node in nodes)
     if built is None or kept is None or wide > WIDEST:
         return None
     free = {r.index: _axis(r, extents) for r in nest.free[:-1]}
     reduced = {r.index: _axis(r, extents) for r in term.reduced}
-    rows = _tiled(free[row_index], ROW_TILE if wide <= 64 else ROW_TILE // 2)
-    loop = _tiled(reduced[loop_index], KEY_TILE if wide <= 64 else KEY_TILE // 2)
+    halved = wide > 64 or bool(pairs)
+    rows = _tiled(free[row_index], ROW_TILE // 2 if halved else ROW_TILE)
+    loop = _tiled(reduced[loop_index], KEY_TILE // 2 if halved else KEY_TILE)
     if rows.extent == 0:
         return None
     outer = tuple(a for index, a in free.items() if index != row_index)
     singles = tuple(a for index, a in reduced.items() if index != loop_index)
     bounds = _bounds(kept, [a.index for a in (*outer, rows)], [loop_index])
-    dtypes = dict(dtypes or default_dtypes(nest))
-    out = str(dtypes.get(nest.output, "float32"))
     return AttentionProgram(
         nest=nest,
         kind="online" if nest.online else "weighted",
@@ -205,6 +213,7 @@ def attention_program(
         singles=singles,
         members=built,
         dots=dots,
+        pairs=pairs,
         constraints=tuple(kept),
         guard=guard,
         bounds=tuple(b for b in bounds if b.index == loop_index),
@@ -256,13 +265,25 @@ def _fixed(node: Reduce, extents: Mapping[sympy.Symbol, int]) -> bool:
     )
 
 
+def _pairwise(node: Reduce, rows: sympy.Symbol, loop: sympy.Symbol) -> bool:
+    """Whether a nested sum is no dot of a rows side and a keys side (module docstring)."""
+    rows_side, keys_side, _ = _split_dot(node, loop)
+    return rows_side == 1 or _reads(keys_side, rows)
+
+
 def _roles(
-    nest: LoopNest, term: Term, nodes: Sequence[Reduce], extents: Mapping[sympy.Symbol, int]
+    nest: LoopNest,
+    term: Term,
+    nodes: Sequence[Reduce],
+    extents: Mapping[sympy.Symbol, int],
+    *,
+    pairwise: bool = False,
 ) -> tuple[sympy.Symbol, sympy.Symbol] | None:
     """(row index, loop index), or None: the loop is the longest reduced index every dot's
     key side reads; the rows the longest free index (not the column) that a dot's row side
     reads and its key side does not (several: grouped-query heads' group reads the queries
-    only, and is outer)."""
+    only, and is outer). `pairwise` (float64): a nested sum with no rows side is no dot and
+    names no row (`_pairwise`)."""
     reduced = {r.index: r for r in term.reduced}
     loops = [r for r in reduced if all(_reads(n, r) for n in nodes)]
     if not loops:
@@ -272,7 +293,7 @@ def _roles(
     candidates: set[sympy.Symbol] = set()
     for node in nodes:
         rows_side, keys_side, _ = _split_dot(node, loop)
-        if rows_side == 1 or keys_side == 1:
+        if keys_side == 1 or (rows_side == 1 and not pairwise):
             return None
         candidates |= {f for f in free if _reads(rows_side, f) and not _reads(keys_side, f)}
     if not candidates:

@@ -93,6 +93,9 @@ class AttentionProgram:
     #: Gradients of score parameters it computes too, as per-tile partial sums
     #: (`codegen.tiles.attention.partials.ParamPartial`; a weighted kernel only).
     partials: tuple = ()
+    #: Nested sums that are no dot, computed per (row, loop value) pair on a `[rows x loop x
+    #: width]` tile (float64 only: attention's exact `sum_e dO * (V - O)`).
+    pairs: tuple[Reduce, ...] = ()
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -157,6 +160,12 @@ class AttentionProgram:
                 f"  dot: [{self.rows.index} x {dot.width.index}] @ [{dot.width.index} x "
                 f"{self.loop.index}] for {expr_source(spell(dot.node), names)} "
                 f"({dot.width.index}: {dot.width.extent} padded to {dot.width.tile})"
+            )
+        for node in self.pairs:
+            lines.append(
+                f"  per ({self.rows.index}, {self.loop.index}) pair: "
+                f"{expr_source(spell(node), names)} (no dot: elementwise on [{self.rows.index} x "
+                f"{self.loop.index} x {node.index}])"
             )
         for member in self.members:
             role = "score" if self.kind == "online" else "weight"
