@@ -17,6 +17,7 @@ size is not the size its builder recorded (truncated: g++ stops at it) is remove
 from __future__ import annotations
 
 import collections
+import fcntl
 import hashlib
 import os
 import pathlib
@@ -64,7 +65,10 @@ def include_folder(compiler: str, flags: Sequence[str]) -> pathlib.Path:
                 gch.unlink()  # g++ stops at a truncated one where it skips a foreign one
             if _UNITS[folder] >= 2 and folder not in _TRIED and not gch.is_file():
                 _TRIED.add(folder)
-                _precompile(compiler, flags, folder)
+                with open(folder / "lock", "w") as lock:  # one process builds, others wait
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    if not gch.is_file():
+                        _precompile(compiler, flags, folder)
     except OSError:
         return HEADER.parent
     return folder
