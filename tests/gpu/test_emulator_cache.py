@@ -20,7 +20,7 @@ from codegen.cuda.emulator import emulate
 pytestmark = pytest.mark.skipif(not emulate.available(), reason="no CUDA emulator here")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# One emulated kernel call checked against float64 NumPy; prints the compiler's counters.
+# Two emulated kernel calls, each checked against float64 NumPy; prints the compiler's counters.
 CHILD = (
     "import json\n"
     "import numpy as np\n"
@@ -30,6 +30,8 @@ CHILD = (
     "w = np.random.default_rng(4).uniform(0.5, 1.5, 37)\n"
     "k = td.kernel('Y[i] := X[i] * W[i] + exp(X[i])', backend='cuda')\n"
     "np.testing.assert_allclose(np.asarray(k(x, w)), x * w + np.exp(x), rtol=1e-12)\n"
+    "k = td.kernel('Z[i] := X[i] / W[i]', backend='cuda')\n"
+    "np.testing.assert_allclose(np.asarray(k(x, w)), x / w, rtol=1e-12)\n"
     "print(json.dumps(compiler.STATS))\n"
 )
 
@@ -73,7 +75,7 @@ def test_a_damaged_emulator_library_is_rebuilt_once(
     copy = tmp_path / "cache"
     shutil.copytree(warm, copy)
     libraries = sorted(copy.glob("cuda_emu/*/*.so"))
-    assert len(libraries) >= 2  # the kernel's unit and the launch handlers
+    assert len(libraries) >= 3  # the kernels' units and the launch handlers
     contents = [path.read_bytes() for path in libraries]
     for n, path in enumerate(libraries):  # each swapped with the next one for another_library
         path.write_bytes(_damaged(contents[n], contents[(n + 1) % len(contents)], how))
@@ -82,3 +84,36 @@ def test_a_damaged_emulator_library_is_rebuilt_once(
     most = 2 * len(libraries) if how == "another_library" else len(libraries)
     assert len(libraries) <= child_compiles(copy) <= most
     assert child_compiles(copy) == 0  # the rebuilt entries are whole: disk hits
+
+
+def test_the_header_is_precompiled_once_two_units_were_compiled(warm: pathlib.Path) -> None:
+    # The second kernel's unit builds runtime.h.gch (the launch handlers have flags of their
+    # own: their unit does not count).
+    (gch,) = warm.glob("cuda_emu_pch/*/runtime.h.gch")
+    assert gch.stat().st_size > 1_000_000
+    assert (gch.parent / "runtime.h.gch.size").read_text() == str(gch.stat().st_size)
+
+
+@pytest.mark.parametrize("how", ["truncated", "emptied", "garbage", "another_header"])
+def test_a_damaged_precompiled_header_is_never_fatal(
+    warm: pathlib.Path, tmp_path: pathlib.Path, how: str
+) -> None:
+    # g++ stops at a truncated .gch ("while reading precompiled header") and skips one that
+    # is not valid for the unit's flags: a truncated one is removed, the others are skipped.
+    copy = tmp_path / "cache"
+    shutil.copytree(warm, copy)
+    (gch,) = copy.glob("cuda_emu_pch/*/runtime.h.gch")
+    data = gch.read_bytes()
+    header = (gch.parent / "runtime.h").read_bytes()
+    gch.write_bytes(
+        {
+            "truncated": data[: len(data) // 2],
+            "emptied": b"",
+            "garbage": os.urandom(len(data)),  # the recorded size: not removed
+            "another_header": header,
+        }[how]
+    )
+    for library in copy.glob("cuda_emu/*/*.so"):
+        library.unlink()  # every unit is compiled again, with the damaged .gch there
+    assert child_compiles(copy) >= 3  # and the kernels' results are checked (CHILD)
+    assert child_compiles(copy) == 0

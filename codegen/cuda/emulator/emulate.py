@@ -44,6 +44,7 @@ import numpy as np
 from codegen import config
 from codegen.c.run.compiler import BuildError, Toolchain, compile_c, compiler_version
 from codegen.cache import disk as disk_cache
+from codegen.cuda.emulator import pch
 from codegen.cuda.emulator.counts import COUNTERS, Counts
 from codegen.cuda.run import nvrtc
 
@@ -217,9 +218,10 @@ def compile_unit(
             tensordsl bug; the kept unit is named).
     """
     counted = COUNT_FLAGS if counting else ()
+    flags = (*compile_flags(), *counted, *extra_flags)
     toolchain = Toolchain(
         config.cxx_compiler(),
-        (*compile_flags(), *counted, *extra_flags),
+        flags if counting else pch.with_header(config.cxx_compiler(), flags),
         "TENSORDSL_CXX",
         folder="cuda_emu",
         suffix=".cc",
