@@ -97,8 +97,8 @@ def emit_c(
     e.named.append(("work_", work_expression(nest)))
     body = _strategy_lines(e, schedule)
     if "team" in e.printer.called:  # a parallel loop: reserve its team
-        team = ["tdsl_region_t team_ = {0};", "const int threads_ = tdsl_team(work_, &team_);"]
-        body = [*team, *body, "tdsl_team_done(&team_, work_);"]
+        team = ["int64_t asked_ = 0;", "const int threads_ = tdsl_team(work_, &asked_);"]
+        body = [*team, *body, "tdsl_team_done(threads_);"]
     params = [(sym.name, expr) for expr, sym in e.params.items()] + e.named
     entry = entry_name(nest, dtypes, schedule, role)
     return CSource(_assemble(e, entry, params, body), entry, tuple(params))

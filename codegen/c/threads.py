@@ -25,15 +25,6 @@ work that amortises that risk, and never more threads than cores are free:
   kernels then start no team for `CALM_NS`. So on a machine whose cores are all busy, a
   kernel pays the wait for a core about once per `CALM_NS`, not at every call; on an idle
   one no thread is late and every large kernel uses every core;
-* and on one thread, for `CALM_NS`, below `TEAM_MARGIN` times the work of a team that did
-  not pay: each thread of a team adds the CPU time it spent in the kernel's loop, and a
-  team whose threads' CPU time is less than `PAYOFF` times the kernel's wall time ran no
-  faster than one thread would. On a loaded machine a woken thread often takes the core of
-  the thread that woke it (which then waits for a core) rather than waiting for a free one:
-  it starts in microseconds, so it is not late, yet the two threads take turns on one core
-  and the kernel pays the team's cost for nothing (Sinkhorn's row-logsumexps, softmax's
-  nests: benchmarks/RESULTS.md, "Issue 37: teams that do not pay"). Larger kernels, whose
-  teams still pay, keep them;
 * waiting threads sleep rather than spin: before the first kernel loads (and with it the
   OpenMP runtime, which reads its environment once), `passive_waiting` sets
   `OMP_WAIT_POLICY=passive` unless the user set `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT`
@@ -51,9 +42,6 @@ still computed by one thread, in the same order.
 (1, 14)
 >>> thread_count(100 * GRAIN, cores=2, crowded=True)
 1
->>> calm_work = 20 * GRAIN  # a team of 5 grains of work did not pay, less than a second ago
->>> thread_count(10 * GRAIN, 2, 0, calm_work), thread_count(30 * GRAIN, 2, 0, calm_work)
-(1, 2)
 """
 
 from __future__ import annotations
@@ -67,8 +55,7 @@ import sympy
 
 from codegen import config
 from codegen.ir.host import host_function
-from codegen.ir.nest import LoopNest, Reduce, Term
-from codegen.ir.reductions import REDUCTIONS
+from codegen.ir.nest import LoopNest, Reduce
 
 #: Work units one more thread must have for a team to be worth starting: about 0.3 ms on
 #: one core of this project's machine (the Gaussian kernel at 256x256x3, 5.2 million units,
@@ -87,60 +74,27 @@ LATE_NS = 10_000_000
 #: After a late thread, kernels run on one thread for this long, then try a team again.
 CALM_NS = 1_000_000_000
 
-#: A team pays when its threads' CPU time in the loop is at least this times the kernel's
-#: wall time (percent): two threads side by side give about 200, two taking turns on one
-#: core about 100, since only the running one's clock advances.
-PAYOFF = 130
-#: After a team that did not pay, kernels of less than this times its work start no team
-#: for `CALM_NS`: one of about the same work would fare no better.
-TEAM_MARGIN = 4
-
 #: The OpenMP clauses of every parallel region: `threads_` is `tdsl_team(work_, ...)`.
 CLAUSES = "num_threads(threads_) if(threads_ > 1)"
 
 
-def thread_count(
-    work: int, cores: int, held: int = 0, calm_work: int = 0, *, crowded: bool = False
-) -> int:
+def thread_count(work: int, cores: int, held: int = 0, *, crowded: bool = False) -> int:
     """The threads a kernel of `work` units starts when OpenMP may use `cores` threads,
-    other kernels' teams hold `held` of them, a team that did not pay less than `CALM_NS`
-    ago keeps kernels of less than `calm_work` on one thread, and a team started late less
-    than `CALM_NS` ago (`crowded`) keeps all of them: the rule of `tdsl_team` (see the
-    module docstring)."""
-    if work < 2 * GRAIN or work < calm_work or crowded:
+    other kernels' teams hold `held` of them, and a team started late less than `CALM_NS`
+    ago (`crowded`): the rule of `tdsl_team` (see the module docstring)."""
+    if work < 2 * GRAIN or crowded:
         return 1
     wanted = min(work // GRAIN, cores - held)
     return wanted if wanted > 1 else 1
 
 
-def update_cost(reduction: str) -> int:
-    """Work units of folding one value into a `reduction`'s state beyond the one every
-    update is counted: `FUNCTION_COST` per call its update makes (logsumexp's `exp` of every
-    value: its nests do as much work per value as a sum of `exp`s, and get the same team).
-
-    >>> update_cost("sum"), update_cost("logsumexp") == FUNCTION_COST
-    (0, True)
-    """
-    return REDUCTIONS[reduction].calls * FUNCTION_COST
-
-
-def team_paid(cpu_ns: int, wall_ns: int) -> bool:
-    """Whether a team whose threads spent `cpu_ns` of CPU time in the kernel's loop, all
-    together, ran faster than one thread: the rule of `tdsl_team_done`.
-
-    >>> team_paid(190_000, 100_000), team_paid(110_000, 100_000)
-    (True, False)
-    """
-    return cpu_ns * 100 >= wall_ns * PAYOFF
-
-
 def body_cost(body: sympy.Basic) -> sympy.Expr:
     """Work units of one evaluation of a term's body: one per load, per arithmetic
     operation and for the update of the result, `FUNCTION_COST` per scalar function call,
-    and a nested reduction's body and update (`update_cost`) as many times as its loop runs
-    (in terms of its extents: `sum_s(X[n,c,s] * dY[n,c,s])` inside a gradient reads two whole
-    tensors, not two elements). Index arithmetic inside an access is not counted (it is
-    hoisted or strength-reduced)."""
+    and a nested reduction's body as many times as its loop runs (in terms of its extents:
+    `sum_s(X[n,c,s] * dY[n,c,s])` inside a gradient reads two whole tensors, not two
+    elements). Index arithmetic inside an access is not counted (it is hoisted or
+    strength-reduced)."""
     cost: sympy.Expr = sympy.Integer(1)
     stack = [body]
     while stack:
@@ -149,8 +103,7 @@ def body_cost(body: sympy.Basic) -> sympy.Expr:
             cost += 1
             continue
         if isinstance(node, Reduce):
-            each = body_cost(node.body) + update_cost(node.reduction)
-            cost += sympy.Max(node.stop - node.start, 0) * each
+            cost += sympy.Max(node.stop - node.start, 0) * body_cost(node.body)
             continue
         if isinstance(node, sympy.Pow):
             cost += 1 if node.exp.is_Integer else FUNCTION_COST
@@ -164,16 +117,12 @@ def body_cost(body: sympy.Basic) -> sympy.Expr:
 
 def work_expression(nest: LoopNest) -> sympy.Expr:
     """The work units of `nest` in terms of its extents: per output element, one store and
-    each term's `body_cost` per evaluation, with its reduction's `update_cost` where the term
-    reduces."""
+    each term's `body_cost` per evaluation."""
 
     def count(ranges: Sequence) -> sympy.Expr:
         return sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in ranges))
 
-    def each(term: Term) -> sympy.Expr:
-        return body_cost(term.body) + (update_cost(nest.reduction) if term.reduced else 0)
-
-    per_element = sympy.Add(*(each(t) * count(t.reduced) for t in nest.terms))
+    per_element = sympy.Add(*(body_cost(t.body) * count(t.reduced) for t in nest.terms))
     return count(nest.free) * (1 + per_element)
 
 
@@ -193,40 +142,29 @@ def nest_work(nest: LoopNest, shapes: Mapping[str, Sequence[int]]) -> int:
 HELPERS = f"""\
 /* Threads for `work` units (codegen/c/threads.py): one below two grains, else one per grain,
  * up to OpenMP's threads less those other kernels' teams hold (reserved until tdsl_team_done);
- * one while the machine is crowded (a team's thread started late less than CALM_NS ago), and
- * below calm_work after a team that did not pay (its threads took turns on one core). */
+ * one while the machine is crowded (a team's thread started late less than CALM_NS ago). */
 #ifdef _OPENMP
 #include <omp.h>
 #include <time.h>
 typedef struct {{
     int held;           /* threads the teams of running kernels hold */
-    int64_t calm_until; /* CLOCK_MONOTONIC ns before which ... */
-    int64_t calm_work;  /* ... kernels of less work start no team */
+    int64_t calm_until; /* CLOCK_MONOTONIC ns before which kernels start no team */
 }} tdsl_teams_t;
-typedef struct {{
-    int64_t asked; /* when the kernel asked for its team */
-    int64_t cpu;   /* the CPU ns its threads spent in the loop, all together */
-    int threads;
-}} tdsl_region_t;
 tdsl_teams_t *tdsl_teams = 0; /* the process's, set by the loader; else this library's */
 static tdsl_teams_t tdsl_teams_own_;
 static inline tdsl_teams_t *tdsl_teams_(void) {{
     return tdsl_teams ? tdsl_teams : &tdsl_teams_own_;
 }}
-static inline int64_t tdsl_clock_ns(clockid_t clock) {{
+static inline int64_t tdsl_now_ns(void) {{
     struct timespec t;
-    clock_gettime(clock, &t);
+    clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }}
-static inline int64_t tdsl_now_ns(void) {{ return tdsl_clock_ns(CLOCK_MONOTONIC); }}
-static int tdsl_team(int64_t work, tdsl_region_t *region) {{
-    region->threads = 1;
+static int tdsl_team(int64_t work, int64_t *asked) {{
     if (work < 2 * (int64_t){GRAIN}) return 1;
     tdsl_teams_t *teams = tdsl_teams_();
-    region->asked = tdsl_now_ns();
-    if (region->asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)
-        && work < __atomic_load_n(&teams->calm_work, __ATOMIC_RELAXED))
-        return 1;
+    *asked = tdsl_now_ns();
+    if (*asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)) return 1;
     const int64_t cores = omp_get_max_threads();
     int held = __atomic_load_n(&teams->held, __ATOMIC_RELAXED);
     for (;;) {{
@@ -235,61 +173,28 @@ static int tdsl_team(int64_t work, tdsl_region_t *region) {{
         if (n < 2) return 1;
         if (__atomic_compare_exchange_n(&teams->held, &held, held + (int)n, 0,
                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-            return region->threads = (int)n;
+            return (int)n;
     }}
-}}
-/* Kernels of less than `work` start no team until `now` + CALM_NS. */
-static void tdsl_calm(int64_t now, int64_t work) {{
-    tdsl_teams_t *teams = tdsl_teams_();
-    if (now >= __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)
-        || work > __atomic_load_n(&teams->calm_work, __ATOMIC_RELAXED))
-        __atomic_store_n(&teams->calm_work, work, __ATOMIC_RELAXED);
-    __atomic_store_n(&teams->calm_until, now + {CALM_NS}, __ATOMIC_RELAXED);
 }}
 /* A thread of a team started at `now`, its kernel asked for the team at `asked`. */
 static void tdsl_team_started(int64_t asked, int64_t now) {{
-    if (now - asked > {LATE_NS}) tdsl_calm(now, INT64_MAX);
+    if (now - asked > {LATE_NS})
+        __atomic_store_n(&tdsl_teams_()->calm_until, now + {CALM_NS}, __ATOMIC_RELAXED);
 }}
-/* A thread starts its share of the loop: its CPU clock then (0 without a team). */
-static inline int64_t tdsl_team_arrived(const tdsl_region_t *region) {{
-    if (region->threads < 2) return 0;
-    if (omp_get_thread_num() > 0) tdsl_team_started(region->asked, tdsl_now_ns());
-    return tdsl_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+static inline void tdsl_team_arrived(int64_t asked) {{
+    if (omp_get_thread_num() > 0) tdsl_team_started(asked, tdsl_now_ns());
 }}
-/* A thread ends its share of the loop, begun at CPU clock `cpu`. */
-static inline void tdsl_team_left(tdsl_region_t *region, int64_t cpu) {{
-    if (region->threads < 2) return;
-    cpu = tdsl_clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
-    __atomic_fetch_add(&region->cpu, cpu, __ATOMIC_RELAXED);
-}}
-/* The kernel of `work` units ends: its team is given back, and kernels of up to TEAM_MARGIN
- * times its work start none for a while if it ran no faster than one thread would. */
-static void tdsl_team_done(const tdsl_region_t *region, int64_t work) {{
-    if (region->threads < 2) return;
-    __atomic_fetch_sub(&tdsl_teams_()->held, region->threads, __ATOMIC_ACQ_REL);
-    const int64_t now = tdsl_now_ns();
-    if (region->cpu * 100 < (now - region->asked) * {PAYOFF}) tdsl_calm(now, {TEAM_MARGIN} * work);
+static void tdsl_team_done(int threads) {{
+    if (threads > 1) __atomic_fetch_sub(&tdsl_teams_()->held, threads, __ATOMIC_ACQ_REL);
 }}
 #else
-typedef struct {{
-    int threads;
-}} tdsl_region_t;
-static inline int tdsl_team(int64_t work, tdsl_region_t *region) {{
+static inline int tdsl_team(int64_t work, int64_t *asked) {{
     (void)work;
-    return region->threads = 1;
+    (void)asked;
+    return 1;
 }}
-static inline int64_t tdsl_team_arrived(const tdsl_region_t *region) {{
-    (void)region;
-    return 0;
-}}
-static inline void tdsl_team_left(tdsl_region_t *region, int64_t cpu) {{
-    (void)region;
-    (void)cpu;
-}}
-static inline void tdsl_team_done(const tdsl_region_t *region, int64_t work) {{
-    (void)region;
-    (void)work;
-}}
+static inline void tdsl_team_arrived(int64_t asked) {{ (void)asked; }}
+static inline void tdsl_team_done(int threads) {{ (void)threads; }}
 #endif"""
 
 #: The exported pointer `share_counter` sets in each library.
@@ -299,14 +204,10 @@ COUNTER_SYMBOL = "tdsl_teams"
 class Teams(ctypes.Structure):
     """The process's `tdsl_teams_t`: what every loaded kernel reads and updates."""
 
-    _fields_ = (
-        ("held", ctypes.c_int),
-        ("calm_until", ctypes.c_int64),
-        ("calm_work", ctypes.c_int64),
-    )
+    _fields_ = (("held", ctypes.c_int), ("calm_until", ctypes.c_int64))
 
 
-_TEAMS = Teams(0, 0, 0)
+_TEAMS = Teams(0, 0)
 _PASSIVE_LOCK = threading.Lock()
 
 
@@ -321,8 +222,7 @@ def share_counter(library: ctypes.CDLL) -> None:
 
 
 def teams() -> Teams:
-    """The process's counter: `held` threads now; before `calm_until` (CLOCK_MONOTONIC ns)
-    kernels of less than `calm_work` units start no team."""
+    """The process's counter: `held` threads now, `calm_until` (CLOCK_MONOTONIC ns)."""
     return _TEAMS
 
 

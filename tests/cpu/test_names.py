@@ -15,7 +15,6 @@ NAMES = [
     "P0", "P1", "int64_t", "idx_t", "acc_", "val_", "pos_", "w_", "r_", "l_", "t0_", "o_i",
     "v_i", "in_X", "s_X_0", "out_", "out", "operands", "params", "work_", "rn_", "wn_",
     "nv_", "ptr_s", "INFINITY", "float", "double", "restrict", "expf", "threads_", "asked_",
-    "team_", "cpu_",
 ]  # fmt: skip
 
 

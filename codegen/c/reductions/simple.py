@@ -16,20 +16,13 @@ from codegen.ir.reductions import Pass
 def parallel_loop(e: Emitter[CpuGeometry], collapse: int, loop: Lines) -> Lines:
     """`loop` (one statement: a loop over the `collapse` outermost free indices, nested
     when more than one) shared out among the kernel's team when the schedule is parallel:
-    `threads_` threads, as `tdsl_team` gave the kernel, each noting when it started and
-    the CPU time it spent in the loop (`codegen.c.threads`: whether the team paid). No
-    barrier at the loop's end (`nowait`): a thread's CPU time is its share's, and the
-    region's end waits for every thread anyway."""
+    `threads_` threads, as `tdsl_team` gave the kernel, each noting when it started
+    (`codegen.c.threads`)."""
     if not e.schedule.parallel or collapse == 0:
         return loop
     assert loop[0].startswith("for ") and loop[-1] == "}", loop[:1]
     clause = f" collapse({collapse})" if collapse > 1 else ""
-    region = [
-        "const int64_t cpu_ = tdsl_team_arrived(&team_);",
-        f"#pragma omp for{clause} schedule(guided) nowait",
-        *loop,
-        "tdsl_team_left(&team_, cpu_);",
-    ]
+    region = ["tdsl_team_arrived(asked_);", f"#pragma omp for{clause} schedule(guided)", *loop]
     e.printer.called.add("team")  # the kernel reserves a team (`codegen.c.emit`)
     return [f"#pragma omp parallel {CLAUSES}", "{", *indent_lines(region), "}"]
 

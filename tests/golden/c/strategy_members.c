@@ -39,40 +39,29 @@ static inline int64_t tdsl_tile(int64_t t, int64_t s, int64_t a, int64_t e, int6
 }
 /* Threads for `work` units (codegen/c/threads.py): one below two grains, else one per grain,
  * up to OpenMP's threads less those other kernels' teams hold (reserved until tdsl_team_done);
- * one while the machine is crowded (a team's thread started late less than CALM_NS ago), and
- * below calm_work after a team that did not pay (its threads took turns on one core). */
+ * one while the machine is crowded (a team's thread started late less than CALM_NS ago). */
 #ifdef _OPENMP
 #include <omp.h>
 #include <time.h>
 typedef struct {
     int held;           /* threads the teams of running kernels hold */
-    int64_t calm_until; /* CLOCK_MONOTONIC ns before which ... */
-    int64_t calm_work;  /* ... kernels of less work start no team */
+    int64_t calm_until; /* CLOCK_MONOTONIC ns before which kernels start no team */
 } tdsl_teams_t;
-typedef struct {
-    int64_t asked; /* when the kernel asked for its team */
-    int64_t cpu;   /* the CPU ns its threads spent in the loop, all together */
-    int threads;
-} tdsl_region_t;
 tdsl_teams_t *tdsl_teams = 0; /* the process's, set by the loader; else this library's */
 static tdsl_teams_t tdsl_teams_own_;
 static inline tdsl_teams_t *tdsl_teams_(void) {
     return tdsl_teams ? tdsl_teams : &tdsl_teams_own_;
 }
-static inline int64_t tdsl_clock_ns(clockid_t clock) {
+static inline int64_t tdsl_now_ns(void) {
     struct timespec t;
-    clock_gettime(clock, &t);
+    clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
-static inline int64_t tdsl_now_ns(void) { return tdsl_clock_ns(CLOCK_MONOTONIC); }
-static int tdsl_team(int64_t work, tdsl_region_t *region) {
-    region->threads = 1;
+static int tdsl_team(int64_t work, int64_t *asked) {
     if (work < 2 * (int64_t)2097152) return 1;
     tdsl_teams_t *teams = tdsl_teams_();
-    region->asked = tdsl_now_ns();
-    if (region->asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)
-        && work < __atomic_load_n(&teams->calm_work, __ATOMIC_RELAXED))
-        return 1;
+    *asked = tdsl_now_ns();
+    if (*asked < __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)) return 1;
     const int64_t cores = omp_get_max_threads();
     int held = __atomic_load_n(&teams->held, __ATOMIC_RELAXED);
     for (;;) {
@@ -81,61 +70,28 @@ static int tdsl_team(int64_t work, tdsl_region_t *region) {
         if (n < 2) return 1;
         if (__atomic_compare_exchange_n(&teams->held, &held, held + (int)n, 0,
                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-            return region->threads = (int)n;
+            return (int)n;
     }
-}
-/* Kernels of less than `work` start no team until `now` + CALM_NS. */
-static void tdsl_calm(int64_t now, int64_t work) {
-    tdsl_teams_t *teams = tdsl_teams_();
-    if (now >= __atomic_load_n(&teams->calm_until, __ATOMIC_RELAXED)
-        || work > __atomic_load_n(&teams->calm_work, __ATOMIC_RELAXED))
-        __atomic_store_n(&teams->calm_work, work, __ATOMIC_RELAXED);
-    __atomic_store_n(&teams->calm_until, now + 1000000000, __ATOMIC_RELAXED);
 }
 /* A thread of a team started at `now`, its kernel asked for the team at `asked`. */
 static void tdsl_team_started(int64_t asked, int64_t now) {
-    if (now - asked > 10000000) tdsl_calm(now, INT64_MAX);
+    if (now - asked > 10000000)
+        __atomic_store_n(&tdsl_teams_()->calm_until, now + 1000000000, __ATOMIC_RELAXED);
 }
-/* A thread starts its share of the loop: its CPU clock then (0 without a team). */
-static inline int64_t tdsl_team_arrived(const tdsl_region_t *region) {
-    if (region->threads < 2) return 0;
-    if (omp_get_thread_num() > 0) tdsl_team_started(region->asked, tdsl_now_ns());
-    return tdsl_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+static inline void tdsl_team_arrived(int64_t asked) {
+    if (omp_get_thread_num() > 0) tdsl_team_started(asked, tdsl_now_ns());
 }
-/* A thread ends its share of the loop, begun at CPU clock `cpu`. */
-static inline void tdsl_team_left(tdsl_region_t *region, int64_t cpu) {
-    if (region->threads < 2) return;
-    cpu = tdsl_clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
-    __atomic_fetch_add(&region->cpu, cpu, __ATOMIC_RELAXED);
-}
-/* The kernel of `work` units ends: its team is given back, and kernels of up to TEAM_MARGIN
- * times its work start none for a while if it ran no faster than one thread would. */
-static void tdsl_team_done(const tdsl_region_t *region, int64_t work) {
-    if (region->threads < 2) return;
-    __atomic_fetch_sub(&tdsl_teams_()->held, region->threads, __ATOMIC_ACQ_REL);
-    const int64_t now = tdsl_now_ns();
-    if (region->cpu * 100 < (now - region->asked) * 130) tdsl_calm(now, 4 * work);
+static void tdsl_team_done(int threads) {
+    if (threads > 1) __atomic_fetch_sub(&tdsl_teams_()->held, threads, __ATOMIC_ACQ_REL);
 }
 #else
-typedef struct {
-    int threads;
-} tdsl_region_t;
-static inline int tdsl_team(int64_t work, tdsl_region_t *region) {
+static inline int tdsl_team(int64_t work, int64_t *asked) {
     (void)work;
-    return region->threads = 1;
+    (void)asked;
+    return 1;
 }
-static inline int64_t tdsl_team_arrived(const tdsl_region_t *region) {
-    (void)region;
-    return 0;
-}
-static inline void tdsl_team_left(tdsl_region_t *region, int64_t cpu) {
-    (void)region;
-    (void)cpu;
-}
-static inline void tdsl_team_done(const tdsl_region_t *region, int64_t work) {
-    (void)region;
-    (void)work;
-}
+static inline void tdsl_team_arrived(int64_t asked) { (void)asked; }
+static inline void tdsl_team_done(int threads) { (void)threads; }
 #endif
 
 void tdsl_G_forward_dad66c35(void *out, const void *const *operands, const int64_t *params) {
@@ -145,13 +101,13 @@ void tdsl_G_forward_dad66c35(void *out, const void *const *operands, const int64
     const int64_t s_A_0 = params[0];
     const int64_t s_OUT_0 = params[1];
     const int64_t work_ = params[2];
-    tdsl_region_t team_ = {0};
-    const int threads_ = tdsl_team(work_, &team_);
+    int64_t asked_ = 0;
+    const int threads_ = tdsl_team(work_, &asked_);
     const int64_t nt_ = (tdsl_imax(40 - 0, 0) + 31)/32;
     #pragma omp parallel num_threads(threads_) if(threads_ > 1)
     {
-        const int64_t cpu_ = tdsl_team_arrived(&team_);
-        #pragma omp for schedule(guided) nowait
+        tdsl_team_arrived(asked_);
+        #pragma omp for schedule(guided)
         for (int64_t tr_ = 0; tr_ < nt_; ++tr_) {
             const int64_t o_r_ = 0 + tr_*32;
             float acc0_[1][32];
@@ -194,7 +150,6 @@ void tdsl_G_forward_dad66c35(void *out, const void *const *operands, const int64
                 out_[v_j*s_OUT_0 + 1] = acc1_[0][l_];
             }
         }
-        tdsl_team_left(&team_, cpu_);
     }
-    tdsl_team_done(&team_, work_);
+    tdsl_team_done(threads_);
 }
