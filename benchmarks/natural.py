@@ -611,9 +611,10 @@ arrays of 8 degrees). Until 2026-12-06 Sinkhorn measured 2.5x / 5.6x and GraphSA
 fwd+bwd 3.4x on a quiet machine (load 1.3-1.9); the table above is after those fixes.
 Squeeze-and-excite: its fwd+bwd varied from run to run (1.0x-2.1x) because its kernels'
 thread teams waited for a second thread that found no free core, in about half the calls on
-a loaded machine, and the back-off caught only waits of 10 ms; a team that does not pay now
-keeps kernels of its size on one thread a while, and the forward's nests stream their rows
-(section "Issue 37: squeeze-and-excite").
+a loaded machine, and the back-off caught only waits of 10 ms (section "Issue 37:
+squeeze-and-excite"); the forward's nests now stream their rows. Two rules that keep small
+kernels on one thread after a team that did not pay were tried and not kept: each made
+conv2d's and RoPE's fwd+bwd 1.3-1.6x slower (section "Teams: two rules tried, none kept").
 
 Sizes:
 
