@@ -16,6 +16,7 @@ from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index
 from codegen.ir.nest import tensor_base as base
 from codegen.passes.mirror import mirror_sign
 from tests.backends import NEEDS_C_COMPILER
+from tests.cpu.test_log_domain import sinkhorn_reference, sinkhorn_source
 
 i, j = index_symbol("i"), index_symbol("j")
 la, A, C = base("la"), base("A"), base("C")
@@ -52,23 +53,6 @@ def test_a_guard_that_reads_the_input_is_no_mirror():
     assert mirror_sign(_nest(la[i] - A[i], guard=sympy.Gt(la[i], 0)), "la", "A") is None
 
 
-def _sinkhorn_source(iterations):
-    lines = ["(logsumexp) A1[i] := -cost[i,j] / epsilon"]
-    for k in range(1, iterations + 1):
-        if k > 1:
-            lines.append(f"(logsumexp) A{k}[i] := lb[j] - B{k - 1}[j] - cost[i,j] / epsilon")
-        lines.append(f"(logsumexp) B{k}[j] := la[i] - A{k}[i] - cost[i,j] / epsilon")
-    return "\n".join([*lines, f"V[j] := lb[j] - B{iterations}[j]"])
-
-
-def _sinkhorn(cost, epsilon, la, lb, iterations):
-    v = jnp.zeros_like(lb)
-    for _ in range(iterations):
-        u = la - jax.nn.logsumexp(v[None, :] - cost / epsilon, axis=1)
-        v = lb - jax.nn.logsumexp(u[:, None] - cost / epsilon, axis=0)
-    return v
-
-
 @NEEDS_C_COMPILER
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize(("n", "m"), [(7, 5), (33, 40)])
@@ -76,7 +60,7 @@ def test_sinkhorn_marginals_take_the_potentials_gradients(n, m):
     rng = np.random.default_rng(n)
     cost = 4 * np.square(rng.standard_normal((n, m)))
     la, lb, ct = rng.standard_normal(n), rng.standard_normal(m), rng.standard_normal(m)
-    program = td.program(_sinkhorn_source(3), backend="c")
+    program = td.program(sinkhorn_source(3), backend="c")
     shapes = {"cost": (n, m), "epsilon": (), "la": (n,), "lb": (m,)}
     names = [t.name for t in program.profile(shapes, dtype="float64", reps=1).timings]
     assert "dcost" in names and "dA2" in names and "dB1" in names
@@ -85,9 +69,9 @@ def test_sinkhorn_marginals_take_the_potentials_gradients(n, m):
         found = jax.grad(
             lambda c, a, b: jnp.sum(program(cost=c, epsilon=0.5, la=a, lb=b) * ct), (0, 1, 2)
         )(cost, la, lb)
-        want = jax.grad(lambda c, a, b: jnp.sum(_sinkhorn(c, 0.5, a, b, 3) * ct), (0, 1, 2))(
-            cost, la, lb
-        )
+        want = jax.grad(
+            lambda c, a, b: jnp.sum(sinkhorn_reference(c, 0.5, a, b, 3) * ct), (0, 1, 2)
+        )(cost, la, lb)
     for got, expected in zip(found, want, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-10, atol=1e-12)
 
@@ -127,7 +111,7 @@ def test_the_mirrored_gradient_is_differentiated_again():
     cost = 4 * np.square(rng.standard_normal((5, 4)))
     la, lb, ct = rng.standard_normal(5), rng.standard_normal(4), rng.standard_normal(4)
     tangent = rng.standard_normal(5)
-    program = td.program(_sinkhorn_source(2), backend="c")
+    program = td.program(sinkhorn_source(2), backend="c")
 
     def hvp(fn):
         grad = jax.grad(lambda a: jnp.sum(fn(cost, 0.5, a, lb) * ct))
@@ -135,5 +119,5 @@ def test_the_mirrored_gradient_is_differentiated_again():
 
     with jax.enable_x64(True):
         found = hvp(lambda c, e, a, b: program(cost=c, epsilon=e, la=a, lb=b))
-        want = hvp(lambda c, e, a, b: _sinkhorn(c, e, a, b, 2))
+        want = hvp(lambda c, e, a, b: sinkhorn_reference(c, e, a, b, 2))
     np.testing.assert_allclose(np.asarray(found), np.asarray(want), rtol=1e-9, atol=1e-12)

@@ -148,17 +148,7 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
         dot_free = (*(n for n in free if n not in plain[-2:]), *plain[-2:])
         small = dot_schedule(nest, base, dot_free, reduced, is_wide) if plain else None
         # Between the two, a tile one vector wide (conv2d's output 30 wide).
-        narrow = 4 if is_wide else 8
-        small = dataclasses.replace(
-            base,
-            free_order=free,
-            strategy="tile",
-            row=row,
-            vector=vector,
-            rows=6 if row else 1,
-            width=narrow,
-            small=small,
-        )
+        small = _tile(base, free, row, vector, 6, 4 if is_wide else 8, small)
     # Costly work per row (a nested reduction, an exp) is done once per tile width of the
     # vector axis: wider tiles (8 x 64 floats) do it fewer times, and each value read
     # along the reduced axis (attention's K and V rows) serves 8 rows (attention's nests
@@ -171,31 +161,38 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
     if costly and small is None and not any(reduced):
         # An elementwise nest (a gate per row): the plain tile where `v` is shorter than
         # the wide one, which would store every tile lane by lane.
-        small = dataclasses.replace(
-            base,
-            free_order=free,
-            strategy="tile",
-            row=row,
-            vector=vector,
-            rows=6 if row else 1,
-            width=16 if is_wide else 32,
-        )
-    tile = dataclasses.replace(
-        base,
-        free_order=free,
-        strategy="tile",
-        row=row,
-        vector=vector,
-        rows=(8 if costly else 6) if row else 1,
-        width=(32 if costly else 16) if is_wide else (64 if costly else 32),
-        small=small,
-    )
+        small = _tile(base, free, row, vector, 6, 16 if is_wide else 32)
+    width = (32 if costly else 16) if is_wide else (64 if costly else 32)
+    tile = _tile(base, free, row, vector, 8 if costly else 6, width, small)
     if costly and small is None:
         # A vector axis read by the tile and shorter than it (attention's head width 32
         # under 64 float lanes) would run every tile on the edge path, whose trip counts
         # are known only at run time: a tile half as wide takes over there.
         tile = dataclasses.replace(tile, small=dataclasses.replace(tile, width=tile.width // 2))
     return tile
+
+
+def _tile(
+    base: CpuGeometry,
+    free: tuple[str, ...],
+    row: str | None,
+    vector: str,
+    rows: int,
+    width: int,
+    small: CpuGeometry | None = None,
+) -> CpuGeometry:
+    """A tile schedule over `free`: `rows` rows of `row` (one where there is none) by
+    `width` lanes of `vector`, `small` taking over where `vector` is shorter than `width`."""
+    return dataclasses.replace(
+        base,
+        free_order=free,
+        strategy="tile",
+        row=row,
+        vector=vector,
+        rows=rows if row else 1,
+        width=width,
+        small=small,
+    )
 
 
 def dot_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> CpuGeometry | None:
