@@ -26,7 +26,7 @@ from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
 from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.invariance import shift_invariant
-from codegen.passes.online import centred
+from codegen.passes.online import pair
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.binding import private_jax
 from tensordsl.binding.program_grad import FusedProgram
@@ -95,13 +95,14 @@ def _softmax_in_float64(
     """Whether a float64 call (fused: not `TENSORDSL_FUSE=0`) runs a logsumexp and the
     softmax-weighted sum that reads it (attention with its scores stored): differentiated
     together (`FusedProgram._centred`), their gradient is exact where one key takes a row's
-    whole weight, where each statement's own gives `dP - D`'s rounding residue."""
+    whole weight, where each statement's own gives `dP - D`'s rounding residue. (`centred`
+    takes exactly the pairs `pair` finds: asking `pair` builds no nest.)"""
     # Promoted as the nests' dtypes are: a Python scale (weak) leaves float32 inputs float32.
     if not config.fuse_programs() or jnp.result_type(*values.values()) != jnp.float64:
         return False
     lse = [n for n in nests if n.reduction == "logsumexp"]
     return any(
-        centred(a, b, shapes) is not None for a in lse for b in nests if a.output in b.operand_names
+        pair(a, b, shapes) is not None for a in lse for b in nests if a.output in b.operand_names
     )
 
 
