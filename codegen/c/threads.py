@@ -56,6 +56,7 @@ import sympy
 from codegen import config
 from codegen.ir.host import host_function
 from codegen.ir.nest import LoopNest, Reduce
+from codegen.ir.reductions import REDUCTIONS
 
 #: Work units one more thread must have for a team to be worth starting: about 0.3 ms on
 #: one core of this project's machine (the Gaussian kernel at 256x256x3, 5.2 million units,
@@ -88,13 +89,26 @@ def thread_count(work: int, cores: int, held: int = 0, *, crowded: bool = False)
     return wanted if wanted > 1 else 1
 
 
+def update_cost(reduction: str) -> int:
+    """Work units of folding one value into a `reduction`'s state beyond the one every
+    update is counted: `FUNCTION_COST` per scalar function call its update makes. A
+    logsumexp computes `exp` of every value it reduces: its nests do the work of a sum of
+    `exp`s of the same extents, and get the same team (counted as a plain sum, Sinkhorn's
+    row and column logsumexps over 512x512 stayed on one thread where XLA used every core).
+
+    >>> update_cost("sum"), update_cost("max"), update_cost("logsumexp") == FUNCTION_COST
+    (0, 0, True)
+    """
+    return REDUCTIONS[reduction].calls * FUNCTION_COST
+
+
 def body_cost(body: sympy.Basic) -> sympy.Expr:
     """Work units of one evaluation of a term's body: one per load, per arithmetic
     operation and for the update of the result, `FUNCTION_COST` per scalar function call,
-    and a nested reduction's body as many times as its loop runs (in terms of its extents:
-    `sum_s(X[n,c,s] * dY[n,c,s])` inside a gradient reads two whole tensors, not two
-    elements). Index arithmetic inside an access is not counted (it is hoisted or
-    strength-reduced)."""
+    and a nested reduction's body and update (`update_cost`) as many times as its loop runs
+    (in terms of its extents: `sum_s(X[n,c,s] * dY[n,c,s])` inside a gradient reads two
+    whole tensors, not two elements). Index arithmetic inside an access is not counted (it
+    is hoisted or strength-reduced)."""
     cost: sympy.Expr = sympy.Integer(1)
     stack = [body]
     while stack:
@@ -103,7 +117,8 @@ def body_cost(body: sympy.Basic) -> sympy.Expr:
             cost += 1
             continue
         if isinstance(node, Reduce):
-            cost += sympy.Max(node.stop - node.start, 0) * body_cost(node.body)
+            update = body_cost(node.body) + update_cost(node.reduction)
+            cost += sympy.Max(node.stop - node.start, 0) * update
             continue
         if isinstance(node, sympy.Pow):
             cost += 1 if node.exp.is_Integer else FUNCTION_COST
@@ -117,12 +132,13 @@ def body_cost(body: sympy.Basic) -> sympy.Expr:
 
 def work_expression(nest: LoopNest) -> sympy.Expr:
     """The work units of `nest` in terms of its extents: per output element, one store and
-    each term's `body_cost` per evaluation."""
+    each term's `body_cost` and its reduction's `update_cost` per evaluation."""
 
     def count(ranges: Sequence) -> sympy.Expr:
         return sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in ranges))
 
-    per_element = sympy.Add(*(body_cost(t.body) * count(t.reduced) for t in nest.terms))
+    update = update_cost(nest.reduction)
+    per_element = sympy.Add(*((body_cost(t.body) + update) * count(t.reduced) for t in nest.terms))
     return count(nest.free) * (1 + per_element)
 
 

@@ -85,6 +85,10 @@ class Reduction:
     #: The `jax.numpy` function (its name) joining `init=` and the result: the reduction's
     #: binary form, so the result is the reduction started from `init`. None: no `init=`.
     init_combine: str | None = None
+    #: Scalar function calls (`exp`, `log`) folding one value into the state makes beyond
+    #: the value's own (logsumexp's `exp`): the threads' cost model counts them
+    #: (`codegen.c.threads.update_cost`).
+    calls: int = 0
 
 
 # argmax/argmin, as jnp.argmax/argmin: NaN wins over every number (the first NaN), ties go to
@@ -239,6 +243,7 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             weight=lambda x, y: sympy.exp(x - y),  # the softmax weights
             repeated=lambda x, n: x + sympy.log(n),
             init_combine="logaddexp",
+            calls=1,
         ),
         _positional("argmax", ">", "-INFINITY"),
         _positional("argmin", "<", "INFINITY"),

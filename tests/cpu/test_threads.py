@@ -104,6 +104,33 @@ def test_a_nested_reduction_counts_every_turn_of_its_loop():
     assert threads.thread_count(work, 2) == 2
 
 
+def test_a_logsumexp_counts_the_exp_of_every_value():
+    """A logsumexp computes `exp` of every value it reduces: Sinkhorn's row and column
+    logsumexps over 512x512 do the work of a sum of `exp`s of the same extents (softmax's
+    normaliser) and get the same team. Counted as a plain sum (2.4M units, under two grains)
+    they ran on one thread where XLA used both cores."""
+    shapes = {"cost": (512, 512), "epsilon": (), "la": (512,), "lb": (512,)}
+    row = td.kernel("(logsumexp) A[i] := lb[j] - B[j] - cost[i,j] / epsilon").nest
+    column = td.kernel("(logsumexp) B[j] := la[i] - A[i] - cost[i,j] / epsilon").nest
+    exps = td.kernel("Z[i] := exp(lb[j] - B[j] - cost[i,j] / epsilon)").nest
+    shapes = {**shapes, "A": (512,), "B": (512,)}
+    plain = 512 * (1 + 512 * threads.body_cost(row.terms[0].body))
+    assert threads.nest_work(row, shapes) == plain + 512 * 512 * threads.FUNCTION_COST
+    assert threads.nest_work(row, shapes) == threads.nest_work(exps, shapes)
+    assert threads.nest_work(column, shapes) == threads.nest_work(row, shapes)
+    assert threads.thread_count(plain, cores=2) == 1
+    assert threads.thread_count(threads.nest_work(row, shapes), cores=2) == 2
+    assert threads.thread_count(threads.nest_work(column, shapes), cores=2) == 2
+
+
+def test_a_nested_logsumexp_counts_its_exp_at_every_turn():
+    i, j = index_symbol("i"), index_symbol("j")
+    X = tensor_base("X")
+    inner = Reduce("logsumexp", X[i, j], j, 0, extent_symbol("X", 1))
+    assert threads.body_cost(inner) == 1 + (2 + threads.FUNCTION_COST) * extent_symbol("X", 1)
+    assert threads.update_cost("sum") == threads.update_cost("max") == 0
+
+
 # --------------------------------------------------------------------------- generated C
 
 
