@@ -19,6 +19,9 @@ transposed into this backward:
 * an input a statement reads only as `x[i] - A[i]` (or `x[i] + A[i]`) with a stored
   intermediate `A` that statement alone reads (Sinkhorn's marginals) takes `A`'s gradient
   from it, negated (or as is), instead of a gradient nest of its own (`codegen.passes.mirror`);
+* a stored intermediate read with some of the indices of an input, only in a fixed
+  combination with it (`-A[i] - C[i,j]/eps`), gets its gradient as the input's part summed
+  (`codegen.passes.spread`): the statement's weights are computed in one gradient nest;
 * a statistic no output depends on (a max subtracted for stability, `exp(X - M)` divided by
   its sum: `codegen.passes.invariance`) gets no cotangent: none of its gradient nests run.
 
@@ -53,7 +56,7 @@ from codegen.passes.packing import folded_extents
 from codegen.passes.partials import row_partials
 from codegen.passes.reuse import read_stored
 from codegen.recursion import deeply
-from tensordsl.binding import grouped, program_jvp
+from tensordsl.binding import grouped, program_jvp, summed
 from tensordsl.binding import one_pass as online
 from tensordsl.binding.primitive import call_nest, is_differentiable, output_dtype
 from tensordsl.errors import user_facing
@@ -244,8 +247,10 @@ class FusedProgram:
         readers = Counter(op.name for n in self.stored for op in n.operands)
         pending: dict[str, list[_Part]] = {}
         # An input that mirrors a stored intermediate of the same statement (`la[i] - A[i]`)
-        # gets that intermediate's gradient, negated where a difference, not a nest of its own.
+        # gets that intermediate's gradient, negated where a difference, not a nest of its own;
+        # an input's part that gives an intermediate's gradient summed is added here too.
         mirrored: dict[str, Any] = {}
+        wanted = needed.difference(self.nograd, self.zero_gradient)
         for nest in reversed(self.stored):
             if nest.output in pending:
                 name = nest.output
@@ -260,6 +265,9 @@ class FusedProgram:
             lse, differentiated = self._centred(nest, values)
             if lse:  # the centred sum's own value: 0, NaN where O is not finite
                 by_role = {**by_role, gradient_rules.OUTPUT: values[nest.output] * 0}
+            # an intermediate's gradient as an input's part summed (`-A[i] - C[i,j]/eps`)
+            sums = None if lse else summed.find(nest, values, stored_names, readers, wanted)
+            direct: dict[str, Any] = {}
             for op in nest.operands:
                 value = values[op.name]
                 if op.name not in needed or op.name in self.nograd or op.name == lse:
@@ -268,12 +276,20 @@ class FusedProgram:
                     continue
                 if not is_differentiable(jnp.result_type(value)):
                     continue
+                if sums is not None and op.name == sums[1]:
+                    continue  # from the input's part, below
                 mirror = self._mirror(nest, op.name, values, needed, readers)
-                if mirror is not None:
+                if mirror is not None and (sums is None or op.name != sums[0]):
                     partners.setdefault(mirror[0], []).append((op.name, mirror[1]))
                     continue
                 part = self._part(differentiated, op.name, values, by_role)
-                if op.name in stored_names and readers[op.name] > 1:
+                if sums is not None and op.name == sums[0]:
+                    found = self._call(*self._merged([part], value))
+                    direct[sums[1]] = summed.partner_gradient(
+                        found, sums[2], values, values[sums[1]], self._run
+                    )
+                    mirrored[op.name] = mirrored[op.name] + found if op.name in mirrored else found
+                elif op.name in stored_names and readers[op.name] > 1:
                     pending.setdefault(op.name, []).append(part)
                 elif op.name in stored_names:
                     here[op.name] = self._merged([part], value)
@@ -281,7 +297,8 @@ class FusedProgram:
                     parts.setdefault(op.name, []).append(part)
             together = grouped.run_together(here, self.backend, self.precision, call_nest)
             for name, item in here.items():
-                found = together[name] if name in together else self._call(*item)
+                direct[name] = together[name] if name in together else self._call(*item)
+            for name, found in direct.items():
                 cotangent[name] = cotangent[name] + found if name in cotangent else found
                 for wrt, sign in partners.get(name, ()):
                     mine = (found if sign > 0 else -found).astype(jnp.result_type(values[wrt]))
@@ -331,6 +348,9 @@ class FusedProgram:
             ):
                 return name, sign
         return None
+
+    def _run(self, nest: LoopNest, operands: list, **options: Any) -> Any:
+        return call_nest(nest, operands, backend=self.backend, precision=self.precision, **options)
 
     def _centred(self, nest: LoopNest, values: Mapping[str, Any]) -> tuple[str, LoopNest]:
         """In float64, a softmax-weighted sum of a stored logsumexp as the nest to
