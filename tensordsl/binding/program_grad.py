@@ -284,7 +284,7 @@ class FusedProgram:
                     continue
                 part = self._part(differentiated, op.name, values, by_role)
                 if sums is not None and op.name == sums[0]:
-                    found = self._call(*self._merged([part], value))
+                    found = self._call(*self._merged(_folded([part]), value))
                     direct[sums[1]] = summed.partner_gradient(
                         found, sums[2], values, values[sums[1]], self._run
                     )

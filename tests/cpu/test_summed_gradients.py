@@ -82,6 +82,13 @@ def test_sinkhorn_computes_each_statements_weights_once_in_the_backward():
     names = [t.name for t in program.profile(shapes, reps=1).timings]
     assert names.count("dcost") == 6  # A1's part alone, the other five each its own
     assert not {"dA1", "dA2", "dA3", "dB1", "dB2"} & set(names)
+    # each part's extents folded for the call: no test of `j < lb.shape[0]` (lb's extent
+    # and the cost's agree) and so no padded copy of the cost in the nest
+    sources = program.source("c", shapes)
+    parts = [text for name, text in sources.items() if name.startswith("dcost")]
+    assert len(parts) == 6
+    for text in parts:
+        assert "<=" not in text.splitlines()[1] and "malloc" not in text
 
 
 def _grads(fn, wrt, values, ct):
