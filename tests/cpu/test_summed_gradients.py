@@ -155,3 +155,20 @@ def test_the_summed_gradient_is_differentiated_again():
         found = hvp(lambda c, e, a, b: program(cost=c, epsilon=e, la=a, lb=b))
         want = hvp(lambda c, e, a, b: sinkhorn_reference(c, e, a, b, 2))
     np.testing.assert_allclose(np.asarray(found), np.asarray(want), rtol=1e-9, atol=1e-12)
+
+
+@NEEDS_C_COMPILER
+def test_the_summed_gradient_under_vmap():
+    """A batch of costs: each part and its sum batched, as one nest each."""
+    rng = np.random.default_rng(17)
+    cost = 4 * np.square(rng.standard_normal((3, 6, 5)))
+    la, lb, ct = rng.standard_normal(6), rng.standard_normal(5), rng.standard_normal(5)
+    program = td.program(sinkhorn_source(2), backend="c")
+
+    def batched(fn):
+        return jax.vmap(jax.grad(lambda c: jnp.sum(fn(c, 0.5, la, lb) * ct)))(cost)
+
+    with jax.enable_x64(True):
+        found = batched(lambda c, e, a, b: program(cost=c, epsilon=e, la=a, lb=b))
+        want = batched(lambda c, e, a, b: sinkhorn_reference(c, e, a, b, 2))
+    np.testing.assert_allclose(np.asarray(found), np.asarray(want), rtol=1e-10, atol=1e-12)
