@@ -27,6 +27,7 @@ from codegen.c.attention.members import members
 from codegen.c.attention.online import online
 from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
 from codegen.c.reductions import rules as reductions
+from codegen.c.reductions.statistics import row_passes
 from codegen.c.reductions.select import select
 from codegen.c.reductions.simple import scalar, split
 from codegen.c.tiles import rules as tiles
@@ -120,6 +121,14 @@ STRATEGIES: tuple[Strategy, ...] = (
         in_words=reductions.split_words,
         body=split,
         shares_free_loops=False,
+    ),
+    Strategy(
+        "row_passes",
+        reductions.row_passes_applies,
+        header=reductions.no_header,
+        in_words=reductions.row_passes_words,
+        body=row_passes,
+        inner_free_loops=1,
     ),
     Strategy(
         "unroll",
