@@ -27,9 +27,9 @@ from codegen.c.attention.members import members
 from codegen.c.attention.online import online
 from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
 from codegen.c.reductions import rules as reductions
-from codegen.c.reductions.statistics import row_passes
 from codegen.c.reductions.select import select
 from codegen.c.reductions.simple import scalar, split
+from codegen.c.reductions.statistics import row_passes
 from codegen.c.tiles import rules as tiles
 from codegen.c.tiles.dot import dot
 from codegen.c.tiles.tiles import tile

@@ -23,15 +23,19 @@ A reduction is absorbed into its reader where:
 * the reader is elementwise (no reduced index), of rows (two or more free indices), and
   every nested reduction it then carries is a statistic of its row: none reads its last
   free index (`row_statistics`);
-* it pays (`ROW_LIMIT`): the row the passes re-read is short enough to stay in cache, and
-  there are enough rows to share among threads (`MIN_ROWS`).
+* it pays: the reader evaluates a function that a sum among them evaluates too, at the same
+  element (`kept_body`: softmax's `exp(X - M)`), which the one kernel then evaluates once;
+  the row the passes re-read is short enough to stay in cache (`ROW_LIMIT`), and there are
+  enough rows to share among threads (`MIN_ROWS`). Without a shared function (LayerNorm's
+  mean and variance, RMSNorm's mean square) the statistics keep their kernels (dot products
+  over 4 rows at a time): one kernel of passes measured no faster there
+  (benchmarks/RESULTS.md, "Row passes").
 
 The rewrite is for the forward alone: gradients are taken of the stored nests, which keep
 their statistics (the backward reads them; `tensordsl.binding.program_grad`).
 
 >>> from codegen.ir.examples import softmax_program
->>> shapes = {"X": (64, 96), "M": (64,), "Z": (64,), "P": (64, 96)}
->>> runs, decisions = row_passes(softmax_program(), outputs=("P",), shapes=shapes)
+>>> runs, decisions = row_passes(softmax_program(), outputs=("P",), shapes=SOFTMAX_SHAPES)
 >>> [n.output for n in runs], decisions
 (['P'], ('P: M, Z recomputed as passes over each row of P (one kernel)',))
 """
@@ -56,6 +60,8 @@ ROW_LIMIT = 16384
 MIN_ROWS = 4
 
 Shapes = Mapping[str, Sequence[int]]
+#: The shapes of `codegen.ir.examples.softmax_program` in the doctests.
+SOFTMAX_SHAPES = {"X": (64, 96), "M": (64,), "Z": (64,), "P": (64, 96)}
 
 
 def row_statistics(nest: LoopNest) -> tuple[Reduce, ...]:
@@ -77,6 +83,44 @@ def row_statistics(nest: LoopNest) -> tuple[Reduce, ...]:
     if any(last in r.free_symbols for r in nested):
         return ()
     return nested
+
+
+def kept_body(nest: LoopNest, read: sympy.Expr) -> tuple[Reduce, sympy.Expr] | None:
+    """(a nested sum of `nest` over its last free range, `nest`'s body with that sum's value
+    at the element replaced by `read`) where the body is that value times other factors
+    (under the same `where` as the sum's, if any), and the value calls a function: then the
+    sum's pass can keep its values for the elements to scale, and the function runs once per
+    element, not twice (softmax's `exp(X[i, j] - m)`). None where there is no such sum.
+
+    >>> from codegen.ir.examples import softmax_program
+    >>> (P,), _ = row_passes(softmax_program(), outputs=("P",), shapes=SOFTMAX_SHAPES)
+    >>> kept, body = kept_body(P, sympy.Symbol("e"))
+    >>> body == sympy.Symbol("e") / kept
+    True
+    """
+    body, last = nest.terms[0].body, nest.free[-1]
+    for r in sorted(body.atoms(Reduce), key=str):
+        if r.reduction != "sum" or (r.start, r.stop) != (last.start, last.stop):
+            continue
+        value = r.body.xreplace({r.index: last.index})
+        if value.has(r) or not value.atoms(sympy.Function):
+            continue
+        if value in sympy.Mul.make_args(body):
+            return r, body.xreplace({value: read})
+        masked = _masked(body), _masked(value)
+        if masked[0] and masked[1] and masked[0][1] == masked[1][1]:
+            (kept, test), (inner, _) = masked
+            if inner in sympy.Mul.make_args(kept):
+                return r, sympy.Piecewise((kept.xreplace({inner: read}), test), (0, True))
+    return None
+
+
+def _masked(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Basic] | None:
+    """(value, test) of `where(test, value, 0)`."""
+    if not isinstance(expr, sympy.Piecewise) or len(expr.args) != 2:
+        return None
+    (value, test), (other, rest) = expr.args
+    return (value, test) if other == 0 and rest == sympy.true else None
 
 
 def row_passes(
@@ -106,8 +150,14 @@ def row_passes(
         rewritten = _inlined(_raw(reader), expanded)
         if not row_statistics(rewritten) or taken & set(rewritten.operand_names):
             continue
-        found = [rewritten if n is reader else n for n in found if n.output not in taken]
         names = ", ".join(n.output for n in runs if n.output in taken)
+        if kept_body(rewritten, sympy.Dummy()) is None:
+            decisions.append(
+                f"{reader.output}: {names} kept stored (no function their passes and "
+                f"{reader.output}'s elements would both evaluate)"
+            )
+            continue
+        found = [rewritten if n is reader else n for n in found if n.output not in taken]
         decisions.append(
             f"{reader.output}: {names} recomputed as passes over each row of "
             f"{reader.output} (one kernel)"

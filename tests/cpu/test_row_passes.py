@@ -75,30 +75,37 @@ def _logsumexp(X: jax.Array) -> jax.Array:
     return jnp.exp(X - jax.nn.logsumexp(X, -1, keepdims=True))
 
 
-#: name: (source, float64 reference, the statistics the forward's one kernel computes)
+#: name: (source, float64 reference, the statistics the forward's one kernel computes, or
+#: that stay stored: no function that they and the elements both evaluate)
 PROGRAMS: dict[str, tuple[str, Callable[..., jax.Array], str]] = {
-    "softmax": (SOFTMAX, _softmax, "M, Z"),
-    "causal softmax": (CAUSAL, _causal, "M, Z"),
-    "LayerNorm": (LAYERNORM, _layernorm, "mu, var"),
-    "RMSNorm": (RMSNORM, _rmsnorm, "ms"),
-    "logsumexp": (LOGSUMEXP, _logsumexp, "L"),
+    "softmax": (SOFTMAX, _softmax, "M, Z recomputed"),
+    "causal softmax": (CAUSAL, _causal, "M, Z recomputed"),
+    "LayerNorm": (LAYERNORM, _layernorm, "mu, var kept"),
+    "RMSNorm": (RMSNORM, _rmsnorm, "ms kept"),
+    "logsumexp": (LOGSUMEXP, _logsumexp, "L kept"),
+    "LayerNorm, fuse=inline": (LAYERNORM, _layernorm, ""),
 }
+#: `fuse=` of a program: mean and variance recomputed inside the output, whose one nest the
+#: row_passes strategy runs (forward and backward)
+#: (its X gradient is refused on main too: grad.py derives no gradient through the nested
+#: variance of the nested mean, NotImplementedError, so the gradients are not tested here)
+FUSE = {"LayerNorm, fuse=inline": {"mu": "inline", "var": "inline"}}
 SHAPES = [(37, 131), (6, 1), (1, 9), (300, 5)]
 
 
 def _inputs(name: str, shape: tuple[int, int], dtype: str, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     found = {"X": (2 * rng.standard_normal(shape)).astype(dtype)}
-    if name in ("LayerNorm", "RMSNorm"):
+    if name.startswith(("LayerNorm", "RMSNorm")):
         found["F"] = np.asarray(shape[1], dtype)
         found["g"] = rng.uniform(0.5, 1.5, shape[1]).astype(dtype)
-    if name == "LayerNorm":
+    if name.startswith("LayerNorm"):
         found["beta"] = rng.standard_normal(shape[1]).astype(dtype)
     return found
 
 
 def _program(name: str) -> Any:
-    return td.program(PROGRAMS[name][0], backend="c")
+    return td.program(PROGRAMS[name][0], backend="c", fuse=FUSE.get(name, {}))
 
 
 def _tolerance(dtype: str) -> float:
@@ -130,14 +137,21 @@ def test_the_softmax_forward_is_one_kernel_of_row_passes() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-def test_each_program_absorbs_its_statistics(name: str) -> None:
+def test_a_program_absorbs_its_statistics_where_they_share_a_function(name: str) -> None:
     k = _program(name)
     shape = (37, 131)
     values = _inputs(name, shape, "float32")
-    stored = compiled_statements(k.program, values, "c")
+    stored = compiled_statements(k.program, values, "c", k.fuse)
     shapes = k.program.concrete_shapes({n: np.shape(v) for n, v in values.items()})
     runs, decisions = row_passes(stored, outputs=k.outputs, shapes=shapes)
-    assert len(runs) == 1 and decisions[0].startswith(f"{runs[0].output}: {PROGRAMS[name][2]} ")
+    said = PROGRAMS[name][2]
+    assert len(decisions) == (1 if said else 0)
+    assert all(d.startswith(f"{k.outputs[0]}: {said} ") for d in decisions)
+    assert len(runs) == (1 if "recomputed" in said else len(stored))
+    if not said:  # the inlined statistics: the one stored nest runs as row passes
+        (nest,) = stored
+        dtypes = dict.fromkeys((*nest.operand_names, nest.output), "float32")
+        assert choose_cpu_schedule(nest, dtypes).strategy == "row_passes"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -152,7 +166,7 @@ def test_forward(name: str, shape: tuple[int, int], dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("shape", [(37, 131), (6, 1)])
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("name", sorted(set(PROGRAMS) - set(FUSE)))
 def test_gradients_and_tangents(name: str, shape: tuple[int, int], dtype: str) -> None:
     values = _inputs(name, shape, dtype)
     names = [n for n in values if np.ndim(values[n])]

@@ -29,13 +29,15 @@ from codegen.emit.printer import TensorView
 from codegen.emit.staging import Loop, Plan
 from codegen.ir.nest import LoopNest, Reduce, tensor_base
 from codegen.ir.reductions import REDUCTIONS
+from codegen.passes.row_passes import kept_body
 
 #: Reductions whose passes run in vector lanes, each lane its own running value, combined
-#: at the end: the order they see the values in does not change their result.
+#: at the end (a max or min with a branch per value does not vectorise; a sum does, under
+#: its `omp simd reduction`, and ran faster so than in lanes).
 LANE_REDUCTIONS = ("max", "min")
 #: The output row read back as a tensor (no user's tensor has this name).
 KEPT = "#kept"
-#: Lanes of such a pass (8 floats: one AVX2 vector; doubles take two).
+#: Lanes of such a pass: one AVX2 vector of floats (two of doubles).
 LANES = 8
 
 
@@ -43,11 +45,14 @@ def row_passes(e: Emitter[CpuGeometry]) -> Lines:
     """One row at a time (module docstring): the row's statements, then its elements."""
     free = e.free_symbols()
     rows, last = free[:-1], free[-1]
-    kept = _kept_values(e)
+    # a sum's values kept in the output row for the elements to scale (`kept_body`), where
+    # the output is stored in the accumulation type (so the kept value is exact)
+    kept = None
+    if e.storage[e.dtypes[e.nest.output]] == e.f:
+        kept = kept_body(e.nest, _kept_read(e.nest, e.nest.free[-1].index))
     if kept is not None:
         e.printer.tensors[KEPT] = TensorView("out_", e.out_strides, "{}")
-        body = kept[1].xreplace({kept[2]: _kept_read(e.nest, e.nest.free[-1].index)})
-        e = e.variant(terms=[dataclasses.replace(e.nest.terms[0], body=body)])
+        e = e.variant(terms=[dataclasses.replace(e.nest.terms[0], body=kept[1])])
     plan = e.plan(0, [[], rows, [last]])
     value = e.store(e.printer.doprint(plan.value))
     element = [f"out_[{e.out_offset()}] = {value};"]
@@ -59,26 +64,6 @@ def row_passes(e: Emitter[CpuGeometry]) -> Lines:
     return e.level_lines(plan, 0, parallel_loop(e, len(rows), lines))
 
 
-def _kept_values(e: Emitter[CpuGeometry]) -> tuple[Reduce, sympy.Expr, sympy.Expr] | None:
-    """(a nested sum over the row's last index, the body, the factor of the body that is
-    the sum's value at the element) where the sum's pass can keep its values in the output
-    row for the elements to scale: softmax's `exp(X[i, j] - m)`, computed once, not twice.
-    Only where the factor calls a function (else recomputing it is as cheap as a load) and
-    the output is stored in the accumulation type (the kept value is then exact)."""
-    nest: LoopNest = e.nest
-    if e.storage[e.dtypes[nest.output]] != e.f:
-        return None
-    body, last = nest.terms[0].body, nest.free[-1]
-    factors = sympy.Mul.make_args(body)
-    for r in sorted(body.atoms(Reduce), key=str):
-        if r.reduction != "sum" or (r.start, r.stop) != (last.start, last.stop):
-            continue
-        value = r.body.xreplace({r.index: last.index})
-        if value in factors and value.atoms(sympy.Function) and not value.has(r):
-            return r, body, value
-    return None
-
-
 def _row_level(
     e: Emitter[CpuGeometry], plan: Plan, inner: Lines, kept: Reduce | None = None
 ) -> Lines:
@@ -88,52 +73,62 @@ def _row_level(
         return e.level_lines(plan, 1, inner)
     lines: Lines = []
     for statement in plan.statements[1]:
-        if kept is not None and isinstance(statement, Loop) and statement.index == kept.index:
-            lines += _keeping_sum(e, statement)
+        if not isinstance(statement, Loop):
+            lines += e.statement_lines([statement], False)
             continue
-        lanes = _lane_pass(e, statement) if isinstance(statement, Loop) else None
-        lines += lanes if lanes is not None else e.statement_lines([statement], False)
+        keep = kept is not None and statement.index == kept.index
+        lanes = _lane_pass(e, statement, keep)
+        if lanes is None:
+            lanes = _keeping_sum(e, statement) if keep else e.statement_lines([statement], False)
+        lines += lanes
     return [*lines, *inner]
 
 
-def _lane_pass(e: Emitter[CpuGeometry], loop: Loop) -> Lines | None:
+def _lane_pass(e: Emitter[CpuGeometry], loop: Loop, keep: bool) -> Lines | None:
     """A nested max or min as `LANES` running values updated in one simd loop, combined
-    after the row (a scalar loop with a branch per value does not vectorise); None for
-    other reductions, or one with a nested loop inside."""
+    pairwise after the row (a fixed order); each value also stored in the output row where
+    `keep`. None for other reductions, or one with a nested loop inside."""
     if loop.reduction not in LANE_REDUCTIONS or any(isinstance(s, Loop) for s in loop.inner):
         return None
     reducer = REDUCTIONS[loop.reduction]
     name, lanes = loop.symbol.name, f"{loop.symbol.name}l"
     index = e.printer.index(loop.index)
     lo, hi = e.printer.index(loop.start), e.printer.index(loop.stop)
-    kind = e.index_type
+    kind, at = e.index_type, f"{name}at_"
+    store = [f"{e.printer.doprint(_kept_read(e.nest, loop.index))} = nv_;"] if keep else []
 
     def update(target: str, at: str) -> Lines:
         return [
             f"const {kind} {index} = {at};",
             *e.statement_lines(loop.inner, True),
             f"const {e.f} nv_ = {e.printer.doprint(loop.value)};",
+            *store,
             e.fmt(reducer.update, (target, ""), value="nv_"),
         ]
 
     whole = block_lines(
-        f"for ({kind} l_ = 0; l_ < {LANES}; ++l_)", update(f"{lanes}[l_]", "b_ + l_")
+        f"for ({kind} l_ = 0; l_ < {LANES}; ++l_)", update(f"{lanes}[l_]", f"{at} + l_")
     )
     return [
         f"{e.f} {lanes}[{LANES}];",
         f"for (int l_ = 0; l_ < {LANES}; ++l_) {lanes}[l_] = {reducer.init[0]};",
         f"const {kind} lo_{name} = {lo}, hi_{name} = {hi};",
-        f"{kind} b_ = lo_{name};",
+        f"{kind} {at} = lo_{name};",
         *block_lines(
-            f"for (; b_ + {LANES} <= hi_{name}; b_ += {LANES})", ["#pragma omp simd", *whole]
+            f"for (; {at} + {LANES} <= hi_{name}; {at} += {LANES})", ["#pragma omp simd", *whole]
         ),
-        *block_lines(f"for (; b_ < hi_{name}; ++b_)", update(f"{lanes}[0]", "b_")),
-        f"{e.f} {name}a = {lanes}[0];",
-        *block_lines(
-            f"for (int l_ = 1; l_ < {LANES}; ++l_)",
-            [e.fmt(reducer.combine, (f"{name}a", ""), (f"{lanes}[l_]", ""))],
+        *block_lines(f"for (; {at} < hi_{name}; ++{at})", update(f"{lanes}[0]", at)),
+        *block_lines(  # combined pairwise: three steps of latency, not seven
+            f"for (int w_ = {LANES // 2}; w_ > 0; w_ /= 2)",
+            [
+                "#pragma omp simd",
+                *block_lines(
+                    "for (int l_ = 0; l_ < w_; ++l_)",
+                    [e.fmt(reducer.combine, (f"{lanes}[l_]", ""), (f"{lanes}[l_ + w_]", ""))],
+                ),
+            ],
         ),
-        f"const {e.f} {name} = {name}a;",
+        f"const {e.f} {name} = {lanes}[0];",
     ]
 
 

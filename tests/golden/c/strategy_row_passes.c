@@ -126,25 +126,27 @@ void tdsl_P_forward_f2fe8f24(void *out, const void *const *operands, const int64
             float t0_l[8];
             for (int l_ = 0; l_ < 8; ++l_) t0_l[l_] = -INFINITY;
             const int64_t lo_t0_ = 0, hi_t0_ = P0;
-            int64_t b_ = lo_t0_;
-            for (; b_ + 8 <= hi_t0_; b_ += 8) {
+            int64_t t0_at_ = lo_t0_;
+            for (; t0_at_ + 8 <= hi_t0_; t0_at_ += 8) {
                 #pragma omp simd
                 for (int64_t l_ = 0; l_ < 8; ++l_) {
-                    const int64_t v_j_1 = b_ + l_;
+                    const int64_t v_j_1 = t0_at_ + l_;
                     const float nv_ = in_X[v_i*s_X_0 + v_j_1];
                     t0_l[l_] = (nv_ > t0_l[l_] || nv_ != nv_) ? nv_ : t0_l[l_];
                 }
             }
-            for (; b_ < hi_t0_; ++b_) {
-                const int64_t v_j_1 = b_;
+            for (; t0_at_ < hi_t0_; ++t0_at_) {
+                const int64_t v_j_1 = t0_at_;
                 const float nv_ = in_X[v_i*s_X_0 + v_j_1];
                 t0_l[0] = (nv_ > t0_l[0] || nv_ != nv_) ? nv_ : t0_l[0];
             }
-            float t0_a = t0_l[0];
-            for (int l_ = 1; l_ < 8; ++l_) {
-                t0_a = (t0_l[l_] > t0_a || t0_l[l_] != t0_l[l_]) ? t0_l[l_] : t0_a;
+            for (int w_ = 4; w_ > 0; w_ /= 2) {
+                #pragma omp simd
+                for (int l_ = 0; l_ < w_; ++l_) {
+                    t0_l[l_] = (t0_l[l_ + w_] > t0_l[l_] || t0_l[l_ + w_] != t0_l[l_ + w_]) ? t0_l[l_ + w_] : t0_l[l_];
+                }
             }
-            const float t0_ = t0_a;
+            const float t0_ = t0_l[0];
             const float t1_ = -t0_;
             float t2_a = 0;
             #pragma omp simd reduction(+:t2_a)
