@@ -242,7 +242,8 @@ class ProgramKernel:
         outputs = self.program.outputs
         if record.row_passes and (rows := row_passes(runs, outputs=outputs, shapes=concrete))[1]:
             lines.append("forward alone (not differentiated): " + "; ".join(rows[1]))
-            lines += summary_lines({f"forward {n.output}": n for n in rows[0]}, record.name)[1:]
+            if rows[0] != tuple(runs):
+                lines += summary_lines({f"forward {n.output}": n for n in rows[0]}, record.name)[1:]
         lines += [
             f"  ({nest.output}+{nest.online}: {nest.online} and {nest.output} in one pass "
             "where rows are short enough; the other back ends run the two)"

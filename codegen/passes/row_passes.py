@@ -13,8 +13,8 @@ stored nests) so that an elementwise statement (P) computes the reductions it re
 M, read by both) as nested reductions over its row: `exp(X[i, j] - max_k X[i, k]) / sum_k
 exp(X[i, k] - max_k X[i, k])`, the same maximum once (`_shared`). The C strategy
 `row_passes` (`codegen.c.reductions.statistics`) then computes, per row, each statistic as a
-pass over the row and the row's elements in vector lanes: one kernel. LayerNorm's mean and
-variance, RMSNorm's mean square, a logsumexp read by `exp(X - L)` take the same form.
+pass over the row and the row's elements in vector lanes: one kernel, which keeps each
+`exp(X - m)` of the sum's pass in the output row for the elements to scale.
 
 A reduction is absorbed into its reader where:
 
@@ -107,11 +107,12 @@ def kept_body(nest: LoopNest, read: sympy.Expr) -> tuple[Reduce, sympy.Expr] | N
             continue
         if value in sympy.Mul.make_args(body):
             return r, body.xreplace({value: read})
-        masked = _masked(body), _masked(value)
-        if masked[0] and masked[1] and masked[0][1] == masked[1][1]:
-            (kept, test), (inner, _) = masked
-            if inner in sympy.Mul.make_args(kept):
-                return r, sympy.Piecewise((kept.xreplace({inner: read}), test), (0, True))
+        outer, inner = _masked(body), _masked(value)
+        if outer is None or inner is None or outer[1] != inner[1]:
+            continue
+        if inner[0] in sympy.Mul.make_args(outer[0]):
+            kept = outer[0].xreplace({inner[0]: read})
+            return r, sympy.Piecewise((kept, outer[1]), (0, True))
     return None
 
 

@@ -164,7 +164,7 @@ class FusedProgram:
         self.runs = pair_stored(stored, shapes)
         # forward alone (not differentiated): row statistics as passes over their reader's
         # rows, one kernel, where the back end has a strategy for them
-        self.forward, self.row_passes = self.runs, ()
+        self.forward, self.row_passes = self.runs, tuple[str, ...]()
         if shapes is not None and getattr(BACKENDS.get(backend), "row_passes", False):
             self.forward, self.row_passes = row_passes(self.runs, outputs=outputs, shapes=shapes)
         # A max subtracted for stability and divided out again: its gradient is exactly zero.

@@ -117,7 +117,7 @@ def _row_passes(
     (`codegen.passes.row_passes`) on this back end."""
     if not getattr(BACKENDS.get(backend), "row_passes", False):
         return False
-    return bool(row_passes(nests, outputs=outputs, shapes=shapes)[1])
+    return row_passes(nests, outputs=outputs, shapes=shapes)[0] != tuple(nests)
 
 
 def _shared_inputs(nests: Sequence[LoopNest], inputs: Mapping[str, Any]) -> bool:
