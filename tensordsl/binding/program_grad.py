@@ -39,6 +39,7 @@ import numpy as np
 import sympy
 from jax.custom_derivatives import SymbolicZero
 
+from codegen import config
 from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Operand, rename
@@ -165,7 +166,8 @@ class FusedProgram:
         # forward alone (not differentiated): row statistics as passes over their reader's
         # rows, one kernel, where the back end has a strategy for them
         self.forward, self.row_passes = self.runs, tuple[str, ...]()
-        if shapes is not None and getattr(BACKENDS.get(backend), "row_passes", False):
+        record = BACKENDS.get(backend)
+        if shapes is not None and config.fuse_programs() and getattr(record, "row_passes", 0):
             self.forward, self.row_passes = row_passes(self.runs, outputs=outputs, shapes=shapes)
         # A max subtracted for stability and divided out again: its gradient is exactly zero.
         self.zero_gradient = shift_invariant(stored, outputs=outputs)

@@ -115,7 +115,7 @@ def _row_passes(
 ) -> bool:
     """Whether the forward runs some of `nests` as passes over their reader's rows
     (`codegen.passes.row_passes`) on this back end."""
-    if not getattr(BACKENDS.get(backend), "row_passes", False):
+    if not config.fuse_programs() or not getattr(BACKENDS.get(backend), "row_passes", False):
         return False
     return row_passes(nests, outputs=outputs, shapes=shapes)[0] != tuple(nests)
 

@@ -219,3 +219,20 @@ def test_long_rows_and_few_rows_keep_their_kernels() -> None:
         stored = compiled_statements(k.program, values, "c")
         shapes = k.program.concrete_shapes({"X": shape})
         assert row_passes(stored, outputs=("P",), shapes=shapes)[1] == ()
+
+
+def test_no_row_passes_where_programs_are_not_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TENSORDSL_FUSE=0` runs every statement as written: M, Z and P as three kernels."""
+    from tensordsl.binding.program_grad import FusedProgram
+
+    k = _program("softmax")
+    values = _inputs("softmax", (37, 131), "float32")
+    stored = compiled_statements(k.program, values, "c")
+    shapes = k.program.concrete_shapes({"X": (37, 131)})
+    fused = FusedProgram(stored, ("X",), ("P",), "c", frozenset(), None, shapes)
+    assert [n.output for n in fused.forward] == ["P"]
+    monkeypatch.setenv("TENSORDSL_FUSE", "0")
+    unfused = FusedProgram(stored, ("X",), ("P",), "c", frozenset(), None, shapes)
+    assert unfused.forward == unfused.runs == stored
+    P = jax.jit(k)(**values)
+    _close(P, _softmax(jnp.asarray(values["X"], jnp.float64)), "float32")
