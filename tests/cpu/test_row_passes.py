@@ -236,3 +236,13 @@ def test_no_row_passes_where_programs_are_not_fused(monkeypatch: pytest.MonkeyPa
     assert unfused.forward == unfused.runs == stored
     P = jax.jit(k)(**values)
     _close(P, _softmax(jnp.asarray(values["X"], jnp.float64)), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_forward(dtype: str) -> None:
+    """A 16-bit output is not the accumulation type: the row kernel evaluates the exp again
+    for the elements instead of keeping the sum's values (which would round them)."""
+    X = jnp.asarray(_inputs("softmax", (37, 131), "float32")["X"], dtype)
+    found = jax.jit(_program("softmax"))(X)
+    expected = _softmax(jnp.asarray(X, jnp.float64))
+    np.testing.assert_allclose(np.asarray(found, np.float64), expected, atol=2e-3)
