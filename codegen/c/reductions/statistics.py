@@ -24,6 +24,7 @@ import sympy
 
 from codegen.c.geometry import CpuGeometry
 from codegen.c.reductions.simple import parallel_loop
+from codegen.c.threads import body_cost
 from codegen.emit.emitter import Emitter, Lines, block_lines
 from codegen.emit.printer import TensorView
 from codegen.emit.staging import Loop, Plan
@@ -62,6 +63,34 @@ def row_passes(e: Emitter[CpuGeometry]) -> Lines:
     for r in reversed(rows):
         lines = block_lines(e.free_loop(r), lines)
     return e.level_lines(plan, 0, parallel_loop(e, len(rows), lines))
+
+
+def row_passes_work(nest: LoopNest) -> sympy.Expr:
+    """The work units of a row-passes kernel: per row, each nested reduction once (a pass
+    over the row, the reductions it reads computed before it) and the row's elements; not
+    each element's nested reductions again, as `work_expression` counts them (for a tile,
+    which computes them per tile row), which would start a team for a small softmax.
+
+    >>> from codegen.c.threads import work_expression
+    >>> from codegen.ir.examples import softmax_program
+    >>> from codegen.passes.row_passes import SOFTMAX_SHAPES, row_passes
+    >>> (P,), _ = row_passes(softmax_program(), outputs=("P",), shapes=SOFTMAX_SHAPES)
+    >>> extents = {s: 64 for s in work_expression(P).free_symbols}
+    >>> int(row_passes_work(P).subs(extents)), int(work_expression(P).subs(extents))
+    (577536, 52195328)
+    """
+    *rows, last = nest.free
+    body = nest.terms[0].body
+
+    def alone(expr: sympy.Expr) -> sympy.Expr:  # its nested reductions as computed values
+        return expr.xreplace({r: sympy.Symbol(f"r{n}_") for n, r in enumerate(expr.atoms(Reduce))})
+
+    per_row = sympy.Add(
+        *(sympy.Max(r.stop - r.start, 0) * body_cost(alone(r.body)) for r in body.atoms(Reduce))
+    )
+    length = sympy.Max(last.stop - last.start, 0)
+    count = sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in rows))
+    return count * (per_row + length * (1 + body_cost(alone(body))))
 
 
 def _row_level(
