@@ -246,3 +246,18 @@ def test_half_precision_forward(dtype: str) -> None:
     found = jax.jit(_program("softmax"))(X)
     expected = _softmax(jnp.asarray(X, jnp.float64))
     np.testing.assert_allclose(np.asarray(found, np.float64), expected, atol=2e-3)
+
+
+def test_special_values_as_the_statements_in_order() -> None:
+    """NaN, +inf and a row of -inf give what the three statements give run in order (numpy,
+    float64): the row's maximum propagates NaN from any lane, `exp(inf - inf)` is NaN."""
+    X = _inputs("softmax", (12, 37), "float32")["X"]
+    X[1, 5], X[2, 36], X[3, :] = np.nan, np.inf, -np.inf
+    X[4, 0] = -np.inf  # one element: weight 0
+    found = np.asarray(jax.jit(_program("softmax"))(X), np.float64)
+    wide = X.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        M = wide.max(1, keepdims=True)
+        expected = np.exp(wide - M) / np.exp(wide - M).sum(1, keepdims=True)
+    np.testing.assert_allclose(found, expected, atol=2e-6, equal_nan=True)
+    assert np.isnan(found[1:4]).all() and not np.isnan(found[[0, 4]]).any()
