@@ -323,9 +323,11 @@ def _xla_call(
     shapes = {**extents, nest.output: out.shape}
     shapes.update({op.name: a.shape for op, a in zip(nest.operands, operands)})
     arrays = [jax.device_put(a) for a in operands]
-    if run_xla(nest, arrays, shapes, out.dtype) is None:
+    if run_xla(nest, arrays, shapes, out.dtype, minor_contraction=True) is None:
         return None
-    jitted = jax.jit(lambda *values: run_xla(nest, values, shapes, out.dtype))
+    jitted = jax.jit(
+        lambda *values: run_xla(nest, values, shapes, out.dtype, minor_contraction=True)
+    )
     return lambda: jax.block_until_ready(jitted(*arrays))
 
 
