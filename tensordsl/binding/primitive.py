@@ -228,10 +228,13 @@ def _reads_output(nest: LoopNest, perturbed: tuple[str, ...]) -> bool:
     """
     try:
         with user_facing():
-            found = [jvp.tangent(nest, perturbed), *(grad.gradient(nest, w) for w in perturbed)]
+            roles = [
+                *jvp.tangent(nest, perturbed).roles,
+                *(role for w in perturbed for role in grad.gradient(nest, w).roles),
+            ]
     except TensorDSLError:
         return True
-    return any(role == gradient_rules.OUTPUT for each in found for _, role in each.roles)
+    return any(role == gradient_rules.OUTPUT for _, role in roles)
 
 
 ad.primitive_jvps[nest_p] = deeply(_jvp)
