@@ -145,9 +145,10 @@ def cpu_dot_form(subscripts: str, sizes: Mapping[str, int]) -> CpuDotForm | None
     """The form of a two-tensor einsum that XLA's CPU dot runs as its fast library kernel, or
     None where the einsum has it already or no form has it.
 
-    XLA's CPU dot is fast where its left operand holds the batch axes, then its free axes,
-    then the contracted axes, and the result is batch, left free, right free axes in that
-    order; it folds transpositions into the dot, so a transposed copy must be made apart. The
+    XLA's CPU dot over one contracted axis is fast where its left operand holds the batch
+    axes, then its free axes, then the contracted axis, and the result is batch, left free,
+    right free axes in that order; it folds transpositions into the dot, so a transposed
+    copy must be made apart (over several contracted axes XLA makes one itself). The
     operands are swapped where that is enough; else the operand whose free axes lead the
     result is transposed, where the other's free axes reuse each copied element
     `MIN_REUSE` times or more.
@@ -175,7 +176,7 @@ def cpu_dot_form(subscripts: str, sizes: Mapping[str, int]) -> CpuDotForm | None
         return None  # a letter summed within one operand
     contracted = {letter for letter in first if letter in second and letter not in out}
     batch = [letter for letter in out if letter in first and letter in second]
-    if not contracted:
+    if len(contracted) != 1:  # several: XLA merges them into one axis, transposing as it must
         return None
 
     def free(lhs: str, rhs: str) -> tuple[list[str], list[str]] | None:
@@ -209,7 +210,12 @@ def _cpu_arranged(
     """Two einsum inputs in `cpu_dot_form`. The left one is materialised behind a barrier
     where it is a transposed copy or a prologue (inputs from `first_prologue` on): a
     prologue is evaluated on transposed views of its operands, which XLA would fold into
-    the dot as well (attention's `dV[j,e] = sum_i P[i,j]*dO[i,e]` with `P` a prologue)."""
+    the dot as well (attention's `dV[j,e] = sum_i P[i,j]*dO[i,e]` with `P` a prologue).
+    Over several contracted axes XLA transposes as it must, best inside the prologue."""
+    inputs, output = subscripts.split("->")
+    first, second = inputs.split(",")
+    if len({letter for letter in first if letter in second and letter not in output}) != 1:
+        return subscripts, tensors
     form = cpu_dot_form(subscripts, sizes)
     order = (0, 1) if form is None else form.order
     left, right = tensors[order[0]], tensors[order[1]]
