@@ -24,7 +24,8 @@ from codegen.passes.row_passes import row_passes
 from tensordsl.binding.programs import compiled_statements
 from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
+# optimised: the row_passes strategy's own numerical checks run on the kernels users run
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.optimised, pytest.mark.usefixtures("poisoned_outputs")]
 
 SOFTMAX = """
     (max) M[i] := X[i,j]
