@@ -32,6 +32,7 @@ from codegen import config
 from codegen.ir.nest import LoopNest
 from codegen.ir.program import Program, live_statements
 from codegen.passes.online import pair_stored, unpair
+from codegen.passes.row_passes import row_passes
 from codegen.recursion import deeply
 from tensordsl import callables
 from tensordsl.backends import table
@@ -238,6 +239,11 @@ class ProgramKernel:
         runs = pair_stored(fused.stored, concrete) if record.one_pass_rows else fused.stored
         forward = {f"forward {n.output}{'+' + n.online if n.online else ''}": n for n in runs}
         lines += summary_lines(forward, self.backend, auto=auto)
+        outputs = self.program.outputs
+        if record.row_passes and (rows := row_passes(runs, outputs=outputs, shapes=concrete))[1]:
+            lines.append("forward alone (not differentiated): " + "; ".join(rows[1]))
+            if rows[0] != tuple(runs):
+                lines += summary_lines({f"forward {n.output}": n for n in rows[0]}, record.name)[1:]
         lines += [
             f"  ({nest.output}+{nest.online}: {nest.online} and {nest.output} in one pass "
             "where rows are short enough; the other back ends run the two)"

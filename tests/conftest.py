@@ -1,19 +1,31 @@
 """Shared test set-up: float64 everywhere, so references can be checked tightly, four CPU
-devices, so sharding tests run on any machine (set before JAX initialises), and optimised
-C builds only."""
+devices, so sharding tests run on any machine (set before JAX initialises), and C kernels
+built unoptimised except in tests marked `optimised`."""
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-# The suite checks the optimised kernels users run once the first seconds are over; the tiered
-# builds (TENSORDSL_BUILD's default) have their own tests, tests/cpu/test_tiered_builds.py. A
-# second, background build of every kernel would double the suite's compiler time.
-os.environ.setdefault("TENSORDSL_BUILD", "full")
+# Kernels built cold are most of the suite's time, and gcc -O3 takes about 14 times the CPU
+# time of -O0 on a kernel (docs/testing.md). So the suite builds unoptimised (`fast`), the
+# build users' first calls run, and the tests marked `optimised` (every C strategy under
+# every candidate schedule, the corpus forward and gradients, vector math: the C back end's
+# own numerical checks) build what users run after that, as `full`. The tiered builds (the
+# default outside the suite) have their own tests, tests/cpu/test_tiered_builds.py; a second,
+# background build of every kernel would double the compiler time. `TENSORDSL_BUILD=full
+# python -m pytest -n auto` runs every test on optimised kernels.
+os.environ.setdefault("TENSORDSL_BUILD", "fast")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True)
+def _optimised_builds(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked `optimised` builds its C kernels with the optimising compiler."""
+    if request.node.get_closest_marker("optimised") is not None:
+        monkeypatch.setenv("TENSORDSL_BUILD", "full")
 
 
 @pytest.fixture

@@ -94,7 +94,8 @@ def emit_c(
     if schedule.record.body is None:
         raise ValueError(f"the {schedule.strategy} strategy generates no C")
     e: Emitter[CpuGeometry] = Emitter(nest, dtypes, schedule)
-    e.named.append(("work_", work_expression(nest)))
+    work = schedule.record.work or work_expression
+    e.named.append(("work_", work(nest)))
     body = _strategy_lines(e, schedule)
     if "team" in e.printer.called:  # a parallel loop: reserve its team
         team = ["int64_t asked_ = 0;", "const int threads_ = tdsl_team(work_, &asked_);"]

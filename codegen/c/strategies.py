@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import sympy
+
 from codegen.c.attention import rules as attention
 from codegen.c.attention.members import members
 from codegen.c.attention.online import online
@@ -29,6 +31,7 @@ from codegen.c.geometry import Ask, CpuGeometry, Dtypes, Shapes
 from codegen.c.reductions import rules as reductions
 from codegen.c.reductions.select import select
 from codegen.c.reductions.simple import scalar, split
+from codegen.c.reductions.statistics import row_passes, row_passes_work
 from codegen.c.tiles import rules as tiles
 from codegen.c.tiles.dot import dot
 from codegen.c.tiles.tiles import tile
@@ -73,6 +76,9 @@ class Strategy:
     #: Its words as the `small` schedule of another (None: its own words); a tile keeping
     #: the lanes of the wide one is "8-lane tiles".
     small_words: Callable[[CpuGeometry, CpuGeometry], str | None] | None = None
+    #: Its kernel's work units for the team rule (`codegen.c.threads`), where they are not
+    #: `work_expression`'s (each term's body per element).
+    work: Callable[[LoopNest], sympy.Expr] | None = None
     #: Register tiles whose narrow `small` tiles of the same strategy take the end of the
     #: vector axis after whole wide tiles (`codegen.c.emit`), not the whole axis.
     wide_and_narrow: bool = False
@@ -120,6 +126,15 @@ STRATEGIES: tuple[Strategy, ...] = (
         in_words=reductions.split_words,
         body=split,
         shares_free_loops=False,
+    ),
+    Strategy(
+        "row_passes",
+        reductions.row_passes_applies,
+        header=reductions.no_header,
+        in_words=reductions.row_passes_words,
+        body=row_passes,
+        inner_free_loops=1,
+        work=row_passes_work,
     ),
     Strategy(
         "unroll",

@@ -35,3 +35,22 @@ def gaussian() -> LoopNest:
         (Term(exp(-distance) * b[j], (Range(j, 0, extent_symbol("Z", 0)),)),),
         (Operand("X", 2), Operand("Z", 2), Operand("B", 1)),
     )
+
+
+def softmax_program() -> tuple[LoopNest, ...]:
+    """Softmax over the rows of `X` as a program's stored nests: `(max) M[i] := X[i,j]`,
+    `Z[i] := exp(X[i,j] - M[i])`, `P[i,j] := exp(X[i,j] - M[i]) / Z[i]`."""
+    i, j = index_symbol("i"), index_symbol("j")
+    x, m, z = tensor_base("X"), tensor_base("M"), tensor_base("Z")
+    rows, cols = Range(i, 0, extent_symbol("X", 0)), Range(j, 0, extent_symbol("X", 1))
+    e = exp(x[i, j] - m[i])
+    return (
+        LoopNest("M", (rows,), (Term(x[i, j], (cols,)),), (Operand("X", 2),), "max"),
+        LoopNest("Z", (rows,), (Term(e, (cols,)),), (Operand("X", 2), Operand("M", 1))),
+        LoopNest(
+            "P",
+            (rows, cols),
+            (Term(e / z[i]),),
+            (Operand("X", 2), Operand("M", 1), Operand("Z", 1)),
+        ),
+    )

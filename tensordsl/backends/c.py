@@ -109,7 +109,7 @@ def run_c(
     dtypes = kernel_dtypes(nest, own, dtype)
     schedule = _schedule(nest, dtypes, schedule)
     if schedule.strategy == "xla":
-        found = run_xla(nest, operands, shapes, dtype, precision=precision)
+        found = run_xla(nest, operands, shapes, dtype, precision=precision, minor_contraction=True)
         if found is not None:
             return found
         schedule = _heuristic(nest, tuple(sorted(dtypes.items())), False)

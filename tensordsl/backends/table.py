@@ -70,6 +70,10 @@ class Backend:
     takes_schedule: bool = False
     #: The longest packed row (`codegen.passes.online`) it runs as one pass; 0: as two nests.
     one_pass_rows: int = 0
+    #: A program's row statistics run inside the elementwise statement that reads them, as
+    #: passes over each row (`codegen.passes.row_passes`): its schedules have a strategy for
+    #: them (the C `row_passes`); elsewhere each element would recompute its row's.
+    row_passes: bool = False
     #: `profile()` and `explain --time` time its compiled nests one by one.
     profiled: bool = False
     #: Its schedule heuristic, `choose(nest, dtypes)` (a schedule with `in_words()`); None:
@@ -279,6 +283,7 @@ BACKENDS: dict[str, Backend] = {
         source_emitter=_c_source,
         takes_schedule=True,
         one_pass_rows=C_ONE_PASS_ROWS,
+        row_passes=True,
         profiled=True,
         scheduler=_c_scheduler,
         groups_gradients=True,

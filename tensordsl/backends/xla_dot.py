@@ -8,6 +8,13 @@ by the reference back end's evaluator, with each nested contraction an einsum pl
 grid and each plain access a transposed view, so XLA fuses the elementwise work around its
 dots. Nothing larger than the output is materialised.
 
+On the CPU (`minor_contraction=True`), a dot whose operands both contract an axis that is not
+their last (`dK[h,j,d] = sum_i dS[h,i,j]*Q[h,i,d]`, a transposed matrix times a matrix) is
+given to XLA with one operand transposed into a copy first (`cpu_dot_form`): XLA's CPU dot
+runs its fast library kernel only where the left operand contracts its minor axes and the
+result needs no transposition, and folds any transposition it sees into the dot, so the copy is
+made behind an optimisation barrier. jnp's own einsum runs such a dot in the slow form.
+
 The dots run at the kernel's `precision=`: by default jnp's (`precision=None`, so
 `jax.default_matmul_precision` applies: TF32 on an NVIDIA GPU, exact float32 on the CPU), as
 the same einsum written in jnp would. Sums that are not contractions stay exact.
@@ -15,8 +22,9 @@ the same einsum written in jnp would. Sums that are not contractions stay exact.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +47,12 @@ def run_xla(
     dtype: Any,
     *,
     precision: Any = None,
+    minor_contraction: bool = False,
 ) -> jax.Array | None:
     """`nest` computed by XLA (`codegen.ir.contraction.xla_plan`), its dots at `precision` (None:
     jnp's default), or None where it has no plan or an einsum's index does not run over the
-    whole of every axis it indexes for these shapes (the runner then builds the kernel)."""
+    whole of every axis it indexes for these shapes (the runner then builds the kernel);
+    `minor_contraction`: each dot in the form XLA's CPU dot runs fast (`cpu_dot_form`)."""
     plan = xla_plan(nest)
     if plan is None:
         return None
@@ -59,9 +69,19 @@ def run_xla(
                 if not fits(nest, all_shapes, term):
                     return None
                 made = _prologues(nest, term, dot, values, extents, work, all_shapes, plan)
-                value = _dot(dot, operands, work, precision, made)
+                value = _dot(dot, operands, work, precision, made, minor=minor_contraction)
             else:
-                value = _elementwise(nest, plan, term, values, extents, work, all_shapes, precision)
+                value = _elementwise(
+                    nest,
+                    plan,
+                    term,
+                    values,
+                    extents,
+                    work,
+                    all_shapes,
+                    precision,
+                    minor_contraction,
+                )
             result = value if result is None else result + value
     except _NoFit:
         return None
@@ -75,10 +95,13 @@ def _dot(
     work: Any,
     precision: Any,
     prologues: Sequence[jax.Array] = (),
+    *,
+    minor: bool = False,
 ) -> jax.Array:
-    """`plan` on the operands and its evaluated `prologues`; half-precision products
-    accumulate in float32. A sum over no points is 0 whatever the scalar factors (as in the
-    kernels: an infinite scale times an empty sum is not NaN)."""
+    """`plan` on the operands and its evaluated `prologues`, with `minor` in the form XLA's CPU
+    dot runs fast (`cpu_dot_form`); half-precision products accumulate in float32. A sum over
+    no points is 0 whatever the scalar factors (as in the kernels: an infinite scale times an
+    empty sum is not NaN)."""
     inputs, output = plan.subscripts.split("->")
     tensors = [jnp.asarray(operands[p]) for p in plan.tensors] + list(prologues)
     sizes = {
@@ -89,8 +112,11 @@ def _dot(
     if any(sizes[letter] == 0 for letter in sizes if letter not in output):
         return jnp.zeros(tuple(sizes[letter] for letter in output), work)
     wide = jnp.float32 if min(t.dtype.itemsize for t in tensors) < 4 else None
+    subscripts = plan.subscripts
+    if minor and len(tensors) == 2:
+        subscripts, tensors = _cpu_arranged(subscripts, tensors, sizes, len(plan.tensors))
     result = jnp.einsum(
-        plan.subscripts,
+        subscripts,
         *tensors,
         precision=precision,
         preferred_element_type=wide,
@@ -100,6 +126,106 @@ def _dot(
     if plan.constant != 1.0:
         result = result * plan.constant
     return result
+
+
+class CpuDotForm(NamedTuple):
+    """A two-tensor einsum as XLA's CPU dot runs it fast: its operands taken in `order`, the
+    first transposed by `permutation` (None: as it is), then `subscripts`."""
+
+    subscripts: str
+    order: tuple[int, int]
+    permutation: tuple[int, ...] | None
+
+
+#: The fewest points of the other operand's free axes for which copying one operand pays.
+MIN_REUSE = 16
+
+
+def cpu_dot_form(subscripts: str, sizes: Mapping[str, int]) -> CpuDotForm | None:
+    """The form of a two-tensor einsum that XLA's CPU dot runs as its fast library kernel, or
+    None where the einsum has it already or no form has it.
+
+    XLA's CPU dot over one contracted axis is fast where its left operand holds the batch
+    axes, then its free axes, then the contracted axis, and the result is batch, left free,
+    right free axes in that order; it folds transpositions into the dot, so a transposed
+    copy must be made apart (over several contracted axes XLA makes one itself). The
+    operands are swapped where that is enough; else the operand whose free axes lead the
+    result is transposed, where the other's free axes reuse each copied element
+    `MIN_REUSE` times or more.
+
+    Args:
+        subscripts: the einsum, two inputs (no letter twice in one input).
+        sizes: the extent of each letter.
+
+    Returns:
+        The form, or None.
+
+    >>> cpu_dot_form("hij,hid->hjd", dict(h=2, i=256, j=256, d=64))
+    CpuDotForm(subscripts='hji,hid->hjd', order=(0, 1), permutation=(0, 2, 1))
+    >>> cpu_dot_form("hjd,hid->hij", dict(h=2, i=256, j=256, d=64))
+    CpuDotForm(subscripts='hid,hjd->hij', order=(1, 0), permutation=None)
+    >>> cpu_dot_form("hij,hjd->hid", dict(h=2, i=256, j=256, d=64)) is None
+    True
+    """
+    inputs, out = subscripts.split("->")
+    parts = inputs.split(",")
+    if len(parts) != 2 or any(len(set(p)) != len(p) for p in parts):
+        return None
+    first, second = parts
+    if any(letter not in out + other for p, other in zip(parts, parts[::-1]) for letter in p):
+        return None  # a letter summed within one operand
+    contracted = {letter for letter in first if letter in second and letter not in out}
+    batch = [letter for letter in out if letter in first and letter in second]
+    if len(contracted) != 1:  # several: XLA merges them into one axis, transposing as it must
+        return None
+
+    def free(lhs: str, rhs: str) -> tuple[list[str], list[str]] | None:
+        left = [letter for letter in out if letter in lhs and letter not in rhs]
+        right = [letter for letter in out if letter in rhs and letter not in lhs]
+        return (left, right) if out == "".join(batch + left + right) else None
+
+    def fast(lhs: str, rhs: str) -> bool:
+        found = free(lhs, rhs)
+        kept = [letter for letter in lhs if letter not in batch]
+        return found is not None and kept[: len(found[0])] == found[0]
+
+    if fast(first, second):
+        return None
+    if fast(second, first):
+        return CpuDotForm(f"{second},{first}->{out}", (1, 0), None)
+    for order in ((0, 1), (1, 0)):
+        lhs, rhs = parts[order[0]], parts[order[1]]
+        found = free(lhs, rhs)
+        if found is None or math.prod(sizes[letter] for letter in found[1]) < MIN_REUSE:
+            continue
+        want = "".join(batch + found[0] + [letter for letter in rhs if letter in contracted])
+        permutation = tuple(lhs.index(letter) for letter in want)
+        return CpuDotForm(f"{want},{rhs}->{out}", order, permutation)
+    return None
+
+
+def _cpu_arranged(
+    subscripts: str, tensors: list[jax.Array], sizes: Mapping[str, int], first_prologue: int
+) -> tuple[str, list[jax.Array]]:
+    """Two einsum inputs in `cpu_dot_form`. The left one is materialised behind a barrier
+    where it is a transposed copy or a prologue (inputs from `first_prologue` on): a
+    prologue is evaluated on transposed views of its operands, which XLA would fold into
+    the dot as well (attention's `dV[j,e] = sum_i P[i,j]*dO[i,e]` with `P` a prologue).
+    Over several contracted axes XLA transposes as it must, best inside the prologue."""
+    inputs, output = subscripts.split("->")
+    first, second = inputs.split(",")
+    if len({letter for letter in first if letter in second and letter not in output}) != 1:
+        return subscripts, tensors
+    form = cpu_dot_form(subscripts, sizes)
+    order = (0, 1) if form is None else form.order
+    left, right = tensors[order[0]], tensors[order[1]]
+    if form is not None:
+        subscripts = form.subscripts
+    if form is not None and form.permutation is not None:
+        left = jax.lax.optimization_barrier(jnp.transpose(left, form.permutation))
+    elif order[0] >= first_prologue:
+        left = jax.lax.optimization_barrier(left)
+    return subscripts, [left, right]
 
 
 def _prologues(
@@ -147,8 +273,10 @@ def _elementwise(
     work: Any,
     shapes: Mapping[str, tuple[int, ...]],
     precision: Any,
+    minor: bool,
 ) -> jax.Array:
-    """A term over the output's indices (and its few reduced points), summed."""
+    """A term over the output's indices (and its few reduced points), summed; `minor`: its
+    nested contractions in `cpu_dot_form`."""
     ranges = (*nest.free, *term.reduced)
     spans = {
         r.index: (axis, evaluate_int(r.start, extents), evaluate_int(r.stop - r.start, extents))
@@ -166,6 +294,7 @@ def _elementwise(
             spans=spans,
             shapes=shapes,
             precision=precision,
+            minor=minor,
         )
 
     body, mask = term_values(nest, term, values, extents, work, evaluator)
@@ -189,10 +318,11 @@ class _XlaEvaluator(Evaluator):
         spans: dict[sympy.Symbol, tuple[int, int, int]],
         shapes: Mapping[str, tuple[int, ...]],
         precision: Any,
+        minor: bool = False,
     ):
         super().__init__(grid, operands, extents, dtype)
         self.nest, self.plan, self.spans, self.shapes = nest, plan, spans, shapes
-        self.precision = precision
+        self.precision, self.minor = precision, minor
 
     def _whole(self, index: sympy.Basic, length: int) -> bool:
         """Whether `index` is a grid index running over exactly `[0, length)`."""
@@ -233,4 +363,5 @@ class _XlaEvaluator(Evaluator):
                     raise _NoFit
         kept = [s for s in self.spans if s in node.body.free_symbols]
         operands = [self.operands[op.name] for op in self.nest.operands]
-        return self._placed(_dot(plan, operands, self.dtype, self.precision), kept)
+        found = _dot(plan, operands, self.dtype, self.precision, minor=self.minor)
+        return self._placed(found, kept)

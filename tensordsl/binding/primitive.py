@@ -33,13 +33,13 @@ from codegen.emit.select import selection_count
 from codegen.ir.extents import output_shape
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
-from codegen.passes import gradient_rules, jvp
+from codegen.passes import grad, gradient_rules, jvp
 from codegen.passes.batch import batch_nest
 from codegen.recursion import deeply
 from tensordsl.backends import table
 from tensordsl.binding import grouped, partitioning, private_jax
 from tensordsl.binding import one_pass as online
-from tensordsl.errors import UnsupportedError, check_settings, user_facing
+from tensordsl.errors import TensorDSLError, UnsupportedError, check_settings, user_facing
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -206,14 +206,35 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tupl
     auxiliary = _auxiliaries(nest, primals, params)
     by_name = dict(zip(nest.operand_names, tangents))
     linear_in = [by_name[name] for name in perturbed]
+    reads_output = _reads_output(nest, perturbed)
     tangent = _bind(
         tangent_p,
-        [*primals, output, *auxiliary.values(), *linear_in],
+        [*primals, *([output] if reads_output else []), *auxiliary.values(), *linear_in],
         **params,
         perturbed=perturbed,
         roles=tuple(auxiliary),
+        reads_output=reads_output,
     )
     return output, tangent
+
+
+def _reads_output(nest: LoopNest, perturbed: tuple[str, ...]) -> bool:
+    """Whether the tangent nest or a gradient nest of `perturbed` reads the nest's output.
+
+    A tangent term takes the output as an argument only then: else an output that nothing
+    else reads would stay alive in the jaxpr for its tangent's sake alone (`jax.jvp` of
+    `jax.grad` keeping every first-order gradient nest though only their tangents are read).
+    A gradient that cannot be formed keeps the output (its transpose then says why).
+    """
+    try:
+        with user_facing():
+            roles = [
+                *jvp.tangent(nest, perturbed).roles,
+                *(role for w in perturbed for role in grad.gradient(nest, w).roles),
+            ]
+    except TensorDSLError:
+        return True
+    return any(role == gradient_rules.OUTPUT for _, role in roles)
 
 
 ad.primitive_jvps[nest_p] = deeply(_jvp)
@@ -273,18 +294,19 @@ def _transpose(cotangent: Any, *args: Any, **params: Any) -> list[Any]:
     nest: LoopNest = params["nest"]
     perturbed, roles = params["perturbed"], params["roles"]
     n = len(nest.operands)
-    primals, output = args[:n], args[n]
-    linear_in = args[n + 1 + len(roles) :]
-    nonlinear = [None] * (n + 1 + len(roles))
+    first_role = n + params["reads_output"]
+    primals = args[:n]
+    linear_in = args[first_role + len(roles) :]
+    nonlinear = [None] * (first_role + len(roles))
     if type(cotangent) is ad.Zero:
         return [*nonlinear, *(None for _ in linear_in)]
-    by_role = dict(zip(roles, args[n + 1 : n + 1 + len(roles)]))
+    by_role = dict(zip(roles, args[first_role : first_role + len(roles)]))
     by_role[gradient_rules.COTANGENT] = cotangent
-    by_role[gradient_rules.OUTPUT] = output
+    if params["reads_output"]:
+        by_role[gradient_rules.OUTPUT] = args[n]
     values = dict(zip(nest.operand_names, primals))
-    gradients = grouped.run_gradients(
-        nest, perturbed, values, by_role, params, tuple(np.shape(output)), call_nest
-    )
+    shape = _output_shape(*args, **params)
+    gradients = grouped.run_gradients(nest, perturbed, values, by_role, params, shape, call_nest)
     return [*nonlinear, *gradients]
 
 
@@ -300,18 +322,19 @@ def _tangent_call(args: Sequence[Any], params: dict) -> tuple[LoopNest, list[int
     with user_facing():
         found = jvp.tangent(nest, tuple(perturbed))
     position = {("input", name): i for i, name in enumerate(nest.operand_names)}
-    position[(gradient_rules.OUTPUT, "")] = n
-    position |= {(role, ""): n + 1 + i for i, role in enumerate(roles)}
-    first_slope = n + 1 + len(roles)
+    first_role = n + params["reads_output"]
+    if params["reads_output"]:
+        position[(gradient_rules.OUTPUT, "")] = n
+    position |= {(role, ""): first_role + i for i, role in enumerate(roles)}
+    first_slope = first_role + len(roles)
     position |= {(jvp.TANGENT, name): first_slope + i for i, name in enumerate(perturbed)}
     tangent_of = dict(found.tangent_of)
     positions = []
     for name, role in found.roles:
         key = name if role == "input" else tangent_of.get(name, "")
         positions.append(position[(role, key)])
-    output_shape = tuple(np.shape(args[n]))
     shapes = partitioning.tensor_shapes(nest, args[:n], params["extents"])
-    shapes[nest.output] = shapes[found.nest.output] = output_shape
+    shapes[nest.output] = shapes[found.nest.output] = _output_shape(*args, **params)
     for name, i in zip(found.nest.operand_names, positions):
         shapes[name] = tuple(np.shape(args[i]))
     integer = frozenset(
@@ -328,8 +351,7 @@ def evaluate_tangent(*args: Any, **params: Any) -> jax.Array:
     nest, positions, nest_params = _tangent_call(args, params)
     operands = [args[i] for i in positions]
     if not operands:  # the output does not depend on the perturbed inputs
-        output = args[len(params["nest"].operands)]
-        return jnp.zeros(np.shape(output), params["out_dtype"])
+        return jnp.zeros(_output_shape(*args, **params), params["out_dtype"])
     return _bind(nest_p, operands, **nest_params)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 from jax._src import core, dispatch
 from jax._src.interpreters import ad, batching
+from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import utils as lax_utils
 from jax.extend.core import Primitive
 
@@ -40,6 +41,22 @@ def multiple_results_primitive(name: str, abstract_eval: Callable) -> Any:
     found.def_impl(partial(dispatch.apply_primitive, found))
     found.def_abstract_eval(abstract_eval)
     return found
+
+
+def without_dead_code(jaxpr: Any) -> Any:
+    """`jaxpr` without the equations that no output depends on (JAX's own dead-code
+    elimination, through nested `jit`s)."""
+    return pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))[0]
+
+
+def used_inputs(jaxpr: Any, used_outputs: Sequence[bool]) -> list[bool]:
+    """Which inputs of `jaxpr` the outputs marked in `used_outputs` depend on."""
+    return pe.dce_jaxpr(jaxpr, list(used_outputs))[1]
+
+
+def is_variable(atom: Any) -> bool:
+    """Whether an equation's argument is a variable (not a literal)."""
+    return isinstance(atom, core.Var)
 
 
 def shaped_like(model: Any, shape: tuple[int, ...], dtype: Any) -> Any:

@@ -42,6 +42,7 @@ import numpy as np
 import sympy
 from jax.custom_derivatives import SymbolicZero
 
+from codegen import config
 from codegen.ir.affine import holds_everywhere
 from codegen.ir.extents import extent_values
 from codegen.ir.nest import LoopNest, Operand, rename
@@ -55,7 +56,9 @@ from codegen.passes.online import centred, pair_stored
 from codegen.passes.packing import folded_extents
 from codegen.passes.partials import row_partials
 from codegen.passes.reuse import read_stored
+from codegen.passes.row_passes import row_passes
 from codegen.recursion import deeply
+from tensordsl.backends.table import BACKENDS
 from tensordsl.binding import grouped, program_jvp, summed
 from tensordsl.binding import one_pass as online
 from tensordsl.binding.primitive import call_nest, is_differentiable, output_dtype
@@ -163,6 +166,12 @@ class FusedProgram:
         # forward: a logsumexp and its weighted sum in one pass, where their loops are the
         # same for these shapes (the tensors' shapes of the call it was fused for)
         self.runs = pair_stored(stored, shapes)
+        # forward alone (not differentiated): row statistics as passes over their reader's
+        # rows, one kernel, where the back end has a strategy for them
+        self.forward, self.row_passes = self.runs, tuple[str, ...]()
+        record = BACKENDS.get(backend)
+        if shapes is not None and config.fuse_programs() and getattr(record, "row_passes", 0):
+            self.forward, self.row_passes = row_passes(self.runs, outputs=outputs, shapes=shapes)
         # A max subtracted for stability and divided out again: its gradient is exactly zero.
         self.zero_gradient = shift_invariant(stored, outputs=outputs)
         self.backend, self.nograd, self.precision = backend, nograd, precision
@@ -173,9 +182,9 @@ class FusedProgram:
 
     # -- forward -------------------------------------------------------------------------
 
-    def _values(self, args: Sequence[Any]) -> dict[str, Any]:
+    def _values(self, args: Sequence[Any], runs: Sequence[LoopNest] = ()) -> dict[str, Any]:
         values = dict(zip(self.inputs, args))
-        for nest in self.runs:
+        for nest in runs or self.runs:
             operands = [values[name] for name in nest.operand_names]
             found = call_nest(
                 nest,
@@ -193,8 +202,8 @@ class FusedProgram:
         return values
 
     def run(self, *args: Any) -> tuple[Any, ...]:
-        """The forward, differentiable nest by nest (forward mode: each nest's tangent nest)."""
-        values = self._values(args)
+        """The forward (`self.forward`: its row statistics computed inside their readers)."""
+        values = self._values(args, self.forward)
         return tuple(values[name] for name in self.outputs)
 
     def _jvp(self, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple:
@@ -219,7 +228,8 @@ class FusedProgram:
         def forward(*moved: Any) -> tuple[Any, ...]:
             args = {name: values[name] for name in self.inputs}
             args.update(zip(slopes, moved))
-            return self.run(*(args[name] for name in self.inputs))
+            found = self._values([args[name] for name in self.inputs])  # nest by nest
+            return tuple(found[name] for name in self.outputs)
 
         outputs, found = jax.jvp(forward, [values[n] for n in slopes], list(slopes.values()))
         # a position's tangent (float0) as zeros of its own type, as program_tangent_p's
@@ -285,9 +295,7 @@ class FusedProgram:
                 part = self._part(differentiated, op.name, values, by_role)
                 if sums is not None and op.name == sums[0]:
                     found = self._call(*self._merged(_folded([part]), value))
-                    direct[sums[1]] = summed.partner_gradient(
-                        found, sums[2], values, values[sums[1]], self._run
-                    )
+                    direct[sums[1]] = summed.partner_gradient(found, sums, values, self._call)
                     mirrored[op.name] = mirrored[op.name] + found if op.name in mirrored else found
                 elif op.name in stored_names and readers[op.name] > 1:
                     pending.setdefault(op.name, []).append(part)
@@ -348,9 +356,6 @@ class FusedProgram:
             ):
                 return name, sign
         return None
-
-    def _run(self, nest: LoopNest, operands: list, **options: Any) -> Any:
-        return call_nest(nest, operands, backend=self.backend, precision=self.precision, **options)
 
     def _centred(self, nest: LoopNest, values: Mapping[str, Any]) -> tuple[str, LoopNest]:
         """In float64, a softmax-weighted sum of a stored logsumexp as the nest to

@@ -27,6 +27,8 @@ from codegen.ir.program import Program, live_statements
 from codegen.passes.fusion import Fused, fuse, nested_ranges
 from codegen.passes.invariance import shift_invariant
 from codegen.passes.online import pair
+from codegen.passes.row_passes import row_passes
+from tensordsl.backends.table import BACKENDS
 from tensordsl.binding import primitive as jax_bind
 from tensordsl.binding import private_jax
 from tensordsl.binding.program_grad import FusedProgram
@@ -67,11 +69,13 @@ def run_program(
         or shift_invariant(nests, outputs=program.outputs)
         or _shared_inputs(nests, values)
         or _softmax_in_float64(nests, values, shapes)
+        or _row_passes(nests, program.outputs, shapes, backend)
     ):
         # Fused: one differentiable function whose input gradients are one nest each (and
         # no gradient nest for a statistic subtracted for stability). Also where statements
         # share an input: its gradient is then one nest, not one per statement and a sum;
-        # and a float64 softmax-weighted sum: its gradient is then the whole softmax's.
+        # and a float64 softmax-weighted sum: its gradient is then the whole softmax's; and
+        # where its forward runs row statistics inside their reader (`row_passes`).
         names = tuple(known)
         fused = FusedProgram(nests, names, program.outputs, backend, nograd, precision, shapes)
         return fused.call(*(known[name] for name in names))
@@ -104,6 +108,16 @@ def _softmax_in_float64(
     return any(
         pair(a, b, shapes) is not None for a in lse for b in nests if a.output in b.operand_names
     )
+
+
+def _row_passes(
+    nests: Sequence[LoopNest], outputs: Sequence[str], shapes: Mapping[str, Any], backend: str
+) -> bool:
+    """Whether the forward runs some of `nests` as passes over their reader's rows
+    (`codegen.passes.row_passes`) on this back end."""
+    if not config.fuse_programs() or not getattr(BACKENDS.get(backend), "row_passes", False):
+        return False
+    return row_passes(nests, outputs=outputs, shapes=shapes)[0] != tuple(nests)
 
 
 def _shared_inputs(nests: Sequence[LoopNest], inputs: Mapping[str, Any]) -> bool:

@@ -48,12 +48,13 @@ def find(
 
 
 def partner_gradient(
-    part: Any, how: Spread, values: Mapping[str, Any], like: Any, run: Callable[..., Any]
+    part: Any, found: tuple[str, str, Spread], values: Mapping[str, Any], run: Callable[..., Any]
 ) -> Any:
-    """The intermediate's gradient from the input's `part` (the input's shape): the ratio
-    times `part` summed over `how.summed`, in the intermediate's order: a nest that
-    `run(nest, operands, shapes=..., out_dtype=...)` runs on the program's back end (in C,
-    a vectorised sum over the matrix, cheaper than XLA's reduce of it)."""
+    """The gradient of `find`'s intermediate from its input's `part` (the input's shape): the
+    ratio times `part` summed over `how.summed`, in the intermediate's order: a nest that
+    `run(nest, values, shapes, like)` runs on the program's back end (in C, a vectorised sum
+    over the matrix, cheaper than XLA's reduce of it)."""
+    _, partner, how = found
     indices = [index_symbol(f"x{k}") for k in range(np.ndim(part))]
     every = [Range(x, 0, extent_symbol(_PART, k)) for k, x in enumerate(indices)]
     kept = [r for k, r in enumerate(every) if k not in how.summed]
@@ -62,9 +63,9 @@ def partner_gradient(
     term = Term(body, tuple(every[k] for k in how.summed))
     ops = (Operand(_PART, np.ndim(part)), *(Operand(n, 0) for n in scalars))
     nest = LoopNest(_GRADIENT, tuple(kept[k] for k in how.order), (term,), ops)
-    shapes = {_GRADIENT: np.shape(like)}
-    operands = [part, *(values[n] for n in scalars)]
-    return run(nest, operands, shapes=shapes, out_dtype=jnp.result_type(like))
+    like = values[partner]
+    named = {_PART: part, **{n: values[n] for n in scalars}}
+    return run(nest, named, {_GRADIENT: np.shape(like)}, like)
 
 
 #: Names of the summed part and the gradient in the nest that sums it.

@@ -251,6 +251,8 @@ def profile_jaxpr(
 
     Forward mode's tangent terms (`jax.jvp`; an HVP's second-order nests, `jax.jvp` of
     `jax.grad`) are timed as the tangent nests their lowering runs (named `tY` for `Y`).
+    Equations that no output of `jaxpr` depends on are left out: the compiled computation
+    does not run them (an HVP's first-order gradients, of which only the tangents are read).
 
     Args:
         jaxpr: from `jax.make_jaxpr(...)(...).jaxpr`.
@@ -266,10 +268,58 @@ def profile_jaxpr(
     rng = np.random.default_rng(seed)
     timings = tuple(
         _time_equation(nest, names or {}, reps, rng, spelled)
-        for e in nest_equations(jaxpr, (PRIMITIVE, TANGENT))
+        for e in running_equations(jaxpr)
         for nest in _as_nest_equations(e)
     )
     return Profile(timings, dtype)
+
+
+def running_equations(jaxpr: Any) -> list[Any]:
+    """The nest equations and tangent terms of `jaxpr` (through nested `jit`s) that its
+    compiled computation runs, in order: those an output depends on, a tangent term reading
+    only what its tangent nest reads. XLA drops the others (a first-order gradient nest of an
+    HVP whose tangent alone is read, though its tangent term takes it for a transposition
+    that never comes); nests inside other higher-order primitives count as run."""
+    from tensordsl.binding import private_jax
+
+    def walk(jaxpr: Any, used: Sequence[bool]) -> tuple[list[Any], list[bool]]:
+        live = {v for v, u in zip(jaxpr.outvars, used) if u and private_jax.is_variable(v)}
+        chunks = []
+        for eqn in reversed(jaxpr.eqns):
+            wanted = [v in live for v in eqn.outvars]
+            if not any(wanted) and not eqn.effects:
+                continue
+            if eqn.primitive.name in ("jit", "pjit"):
+                found, reads = walk(eqn.params["jaxpr"].jaxpr, wanted)
+            elif eqn.primitive.name == TANGENT:
+                found, reads = [eqn], _tangent_reads(eqn)
+            else:
+                one = _OneEquation(eqns=(eqn,))
+                found = nest_equations(one, (PRIMITIVE, TANGENT))
+                reads = [True] * len(eqn.invars)
+            chunks.append(found)
+            live |= {v for v, r in zip(eqn.invars, reads) if r and private_jax.is_variable(v)}
+        ins = [v in live for v in jaxpr.invars]
+        return [e for chunk in reversed(chunks) for e in chunk], ins
+
+    return walk(jaxpr, [True] * len(jaxpr.outvars))[0]
+
+
+@dataclass(frozen=True)
+class _OneEquation:
+    """A jaxpr of one equation, for `nest_equations` (which looks into its parameters)."""
+
+    eqns: tuple[Any, ...]
+
+
+def _tangent_reads(eqn: Any) -> list[bool]:
+    """Which arguments of a tangent term its lowering (its tangent nest) reads."""
+    from tensordsl.binding import private_jax
+    from tensordsl.binding.primitive import evaluate_tangent
+
+    lowered = jax.make_jaxpr(lambda *args: evaluate_tangent(*args, **eqn.params))
+    found = lowered(*(v.aval for v in eqn.invars)).jaxpr
+    return private_jax.used_inputs(found, [True] * len(found.outvars))
 
 
 def _as_nest_equations(eqn: Any) -> list[Any]:
@@ -323,9 +373,11 @@ def _xla_call(
     shapes = {**extents, nest.output: out.shape}
     shapes.update({op.name: a.shape for op, a in zip(nest.operands, operands)})
     arrays = [jax.device_put(a) for a in operands]
-    if run_xla(nest, arrays, shapes, out.dtype) is None:
+    if run_xla(nest, arrays, shapes, out.dtype, minor_contraction=True) is None:
         return None
-    jitted = jax.jit(lambda *values: run_xla(nest, values, shapes, out.dtype))
+    jitted = jax.jit(
+        lambda *values: run_xla(nest, values, shapes, out.dtype, minor_contraction=True)
+    )
     return lambda: jax.block_until_ready(jitted(*arrays))
 
 

@@ -19,7 +19,7 @@ from codegen.c.schedule import Schedule, candidate_schedules, choose_cpu_schedul
 from codegen.ir.nest import LoopNest, Operand, Range, Term, extent_symbol, index_symbol, tensor_base
 from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = NEEDS_C_COMPILER
+pytestmark = [NEEDS_C_COMPILER, pytest.mark.optimised]
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden" / "c"
 TOLERANCE = {"float32": 2e-4, "float64": 1e-10}
 

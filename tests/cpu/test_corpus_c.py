@@ -17,7 +17,11 @@ from tensordsl.frontend.parse import parse
 from tests.backends import NEEDS_C_COMPILER
 from tests.corpus import CORPUS, make_inputs
 
-pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
+pytestmark = [
+    NEEDS_C_COMPILER,
+    pytest.mark.usefixtures("poisoned_outputs"),
+    pytest.mark.optimised,
+]
 TOLERANCE = {"float64": dict(rtol=1e-10, atol=1e-11), "float32": dict(rtol=2e-4, atol=2e-5)}
 
 

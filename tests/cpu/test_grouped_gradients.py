@@ -21,6 +21,7 @@ from codegen.passes.group import group_gradients, split_members
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 
+pytestmark = pytest.mark.optimised
 GAUSSIAN = "Y[i] := exp(-((X[i,0]-Z[j,0])^2 + (X[i,1]-Z[j,1])^2 + (X[i,2]-Z[j,2])^2)) * B[j]"
 LAYERNORM = "Y[b,c] := (X[b,c] - M[b]) * R[b] * g[c] + beta[c]"
 CAUCHY = "E[i] := W[j] / (1 + (X[i,0]-Y[j,0])^2 + (X[i,1]-Y[j,1])^2)"

@@ -17,7 +17,11 @@ from tests.corpus import make_inputs
 from tests.program_checks import check_gradients, check_values, program_kernel
 from tests.programs import PROGRAMS, PROGRAMS_BY_NAME, directional_derivative
 
-pytestmark = [NEEDS_C_COMPILER, pytest.mark.usefixtures("poisoned_outputs")]
+pytestmark = [
+    NEEDS_C_COMPILER,
+    pytest.mark.usefixtures("poisoned_outputs"),
+    pytest.mark.optimised,
+]
 
 
 @pytest.mark.parametrize("case", PROGRAMS, ids=lambda c: c.name)

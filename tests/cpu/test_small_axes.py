@@ -19,7 +19,7 @@ from codegen.ir.small_axes import small_extent
 from tensordsl.explain.nests import kernel_nests
 from tests.backends import NEEDS_C_COMPILER
 
-pytestmark = pytest.mark.usefixtures("poisoned_outputs")
+pytestmark = [pytest.mark.usefixtures("poisoned_outputs"), pytest.mark.optimised]
 
 BACKENDS = ["reference", pytest.param("c", marks=NEEDS_C_COMPILER)]
 

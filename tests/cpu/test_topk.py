@@ -14,7 +14,7 @@ import pytest
 import tensordsl as td
 from tests.backends import BACKENDS, generated_kernels  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.usefixtures("generated_kernels")
+pytestmark = [pytest.mark.usefixtures("generated_kernels"), pytest.mark.optimised]
 
 
 def _x(shape, seed=0):

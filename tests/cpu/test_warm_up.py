@@ -15,6 +15,7 @@ from codegen.progress import BUILDS
 def test_build_makes_the_first_jit_value_and_grad_compile_nothing(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TENSORDSL_PROGRESS_AFTER", "0")  # a tiny threshold: no slow build needed
+    monkeypatch.setenv("TENSORDSL_BUILD", "full")  # build() makes optimised builds; not fast
     k = td.kernel("D[i,j] := (W[k,i] - X[k,j])^2 * s", backend="c")
     rng = np.random.default_rng(5)
     W, X = rng.normal(size=(4, 6)), rng.normal(size=(4, 7))

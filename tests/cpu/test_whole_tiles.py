@@ -17,6 +17,7 @@ from codegen.ir.nest import default_dtypes
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 
+pytestmark = pytest.mark.optimised
 CONV2D = "Y[o,y,x] := X[c,y+p,x+q] * W[o,c,p,q]"
 
 

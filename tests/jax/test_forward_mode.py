@@ -464,7 +464,7 @@ def test_attention_program_hessian_vector_product_on_c(scores, monkeypatch):
     recompute them and their tangent); forced inline, the second-order nests are the longest
     tiled sources (cases outlined as functions, `codegen.c.tiles.outline`). 40 rows and 35
     columns give interior, edge and partial tiles."""
-    from tensordsl.explain.timing import nest_equations
+    from tensordsl.explain.timing import nest_equations, running_equations
 
     monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
     k = td.program(
@@ -495,8 +495,45 @@ def test_attention_program_hessian_vector_product_on_c(scores, monkeypatch):
         for e in nest_equations(jax.make_jaxpr(jax.grad(loss(k), (0, 1, 2)))(Q, K, V).jaxpr)
     }
     assert "S" not in once, once  # differentiated once: recomputed in one pass
+    runs = running_equations(jax.make_jaxpr(hvp)(Q, K, V).jaxpr)
+    live = {e.params["nest"].output for e in runs if e.primitive.name == "tensordsl_nest"}
+    assert not {"dQ", "dK", "dV"} & live, live  # only their tangents are read
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_a_tangent_term_keeps_its_output_alive_only_where_it_reads_it(backend):
+    """`jax.jvp` of `jax.grad` read for its tangents only: the first-order gradient nests are
+    dead code once their tangent terms, which do not read them, leave them out; a
+    logsumexp's tangent (`sum_j exp(X - L)*tX`) reads its output and keeps it."""
+    from tensordsl.binding.private_jax import without_dead_code
+    from tensordsl.explain.timing import nest_equations
+
+    def live(function, *args):
+        jaxpr = without_dead_code(jax.make_jaxpr(function)(*args).jaxpr)
+        found = nest_equations(jaxpr, ("tensordsl_nest", "tensordsl_tangent"))
+        return [
+            ("t" if e.primitive.name == "tensordsl_tangent" else "") + e.params["nest"].output
+            for e in found
+        ]
+
+    k = td.kernel("Y[i] := exp(X[i,j]) * W[j]", backend=backend)
+    rng = np.random.default_rng(3)
+    X, W, tX, tW = (rng.uniform(-1, 1, s) for s in ((3, 4), (4,), (3, 4), (4,)))
+
+    def hvp(f):
+        grad = jax.grad(lambda X, W: jnp.sum(jnp.sin(f(X, W))), (0, 1))
+        return lambda X, W: jax.jvp(grad, (X, W), (tX, tW))[1]
+
+    found = live(hvp(k), X, W)
+    assert found == ["Y", "tY", "tdX", "tdW"], found  # no dX, dW
+    got = jax.jit(hvp(k))(X, W)
+    want = hvp(lambda X, W: jnp.exp(X) @ W)(X, W)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
+    lse = td.kernel("(logsumexp) L[i] := X[i,j]", backend=backend)
+    assert live(lambda X: jax.jvp(lse, (X,), (tX,))[1], X) == ["L", "tL"]
 
 
 def test_derivative_order_counts_the_differentiations_tracing_a_value():

@@ -13,7 +13,7 @@ from codegen.ir.contraction import contraction, xla_plan
 from codegen.ir.nest import Reduce
 from codegen.passes import grad
 from tensordsl.backends.reference import evaluate
-from tensordsl.backends.xla_dot import run_xla
+from tensordsl.backends.xla_dot import CpuDotForm, cpu_dot_form, run_xla
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 
@@ -353,3 +353,82 @@ def test_a_bad_precision_is_named(precision, message):
     for source in ("C[i,j] := A[i,k] * B[k,j]", "C[i,j] := A[i,k] * B[k,j]; D[i] := C[i,j]"):
         with pytest.raises(td.UnknownNameError, match=message):
             td.kernel(source, precision=precision)
+
+
+SIZES = {"h": 2, "i": 48, "j": 40, "d": 24}
+
+
+@pytest.mark.parametrize(
+    ("subscripts", "form"),
+    [
+        # both operands contract their middle axis (attention's dK): the left one copied
+        ("hij,hid->hjd", ("hji,hid->hjd", (0, 1), (0, 2, 1))),
+        ("hid,hij->hjd", ("hji,hid->hjd", (1, 0), (0, 2, 1))),
+        # the result's order picks which operand is the left one
+        ("hij,hid->hdj", ("hdi,hij->hdj", (1, 0), (0, 2, 1))),
+        # swapping the operands is enough: no copy
+        ("hjd,hid->hij", ("hid,hjd->hij", (1, 0), None)),
+        ("ij,i->j", ("i,ij->j", (1, 0), None)),
+        # already in the fast form, or no dot
+        ("hij,hjd->hid", None),
+        ("hid,hjd->hij", None),
+        ("ihd,jhd->hij", None),
+        ("ij,ij->ij", None),
+        ("ij,jk,kl->il", None),
+        # over two axes: XLA merges them into one, transposing as it must (a weight gradient)
+        ("hij,hid->jd", None),
+        # a copy that each element of the other operand's free axes would not reuse enough
+        ("ij,ik->jk", None),
+    ],
+)
+def test_cpu_dot_form(subscripts, form):
+    sizes = {**SIZES, "k": 8, "l": 5}
+    found = cpu_dot_form(subscripts, sizes)
+    assert found == (None if form is None else CpuDotForm(*form)), found
+
+
+@pytest.mark.parametrize(
+    ("source", "reference", "copied"),
+    [
+        ("dK[h,j,d] := A[h,i,j] * Q[h,i,d]", "hij,hid->hjd", True),
+        ("dK[h,j,d] := Q[h,i,d] * A[h,i,j]", "hid,hij->hjd", True),
+        ("O[h,i,d] := A[h,i,j] * Q[h,j,d]", "hij,hjd->hid", False),
+    ],
+)
+def test_a_transposed_matrix_product_is_given_to_xla_as_a_copy_on_the_cpu(
+    source, reference, copied
+):
+    """XLA's CPU dot folds transpositions into the dot and runs its fast kernel only where
+    the left operand contracts its last axis; a product of two operands that both contract
+    their middle axis gets one of them copied behind an optimisation barrier."""
+    rng = np.random.default_rng(5)
+    k = td.kernel(source, backend="c")
+    shapes = {"A": (2, 48, 40), "Q": (2, 48 if copied else 40, 24)}
+    values = {name: rng.uniform(-1, 1, shape) for name, shape in shapes.items()}
+    args = [values[name] for name in k.inputs]
+    want = np.einsum(reference, *args)
+    np.testing.assert_allclose(np.asarray(k(*args)), want, rtol=1e-12)
+    text = _hlo(k, *args)
+    assert "custom_call" not in text
+    assert ("optimization_barrier" in text) == copied, text
+
+
+def test_a_prologue_left_of_a_dot_is_materialised_on_the_cpu():
+    """Attention's `dV[j,e] = sum_i exp(S[i,j] - L[i]) * dO[i,e]`: the prologue is evaluated
+    on a transposed view of S, which XLA would fold into its dot as well."""
+    rng = np.random.default_rng(6)
+    k = td.kernel("dV[h,j,e] := exp(S[h,i,j] - L[h,i]) * dO[h,i,e]", backend="c")
+    S, L, dO = (rng.uniform(-1, 1, s) for s in ((2, 48, 40), (2, 48), (2, 48, 24)))
+    args = [{"S": S, "L": L, "dO": dO}[name] for name in k.inputs]
+    want = np.einsum("hij,hie->hje", np.exp(S - L[..., None]), dO)
+    np.testing.assert_allclose(np.asarray(k(*args)), want, rtol=1e-12)
+    text = _hlo(k, *args)
+    assert "custom_call" not in text and "optimization_barrier" in text
+    # over two contracted axes XLA transposes as it must, inside the prologue: no barrier
+    k = td.kernel("dW[u,o] := tanh(A[b,t,u]) * dY[b,t,o]", backend="c")
+    A, dY = rng.uniform(-1, 1, (2, 12, 20)), rng.uniform(-1, 1, (2, 12, 24))
+    args = [{"A": A, "dY": dY}[name] for name in k.inputs]
+    want = np.einsum("btu,bto->uo", np.tanh(A), dY)
+    np.testing.assert_allclose(np.asarray(k(*args)), want, rtol=1e-12)
+    text = _hlo(k, *args)
+    assert "custom_call" not in text and "optimization_barrier" not in text

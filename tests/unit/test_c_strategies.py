@@ -69,11 +69,23 @@ def _members() -> LoopNest:
     )
 
 
+def _row_passes() -> LoopNest:
+    """Softmax's program with its row maximum and sum recomputed as passes over each row of
+    P (`codegen.passes.row_passes`): one kernel, exp(X - M) kept in the output row."""
+    from codegen.ir.examples import softmax_program
+    from codegen.passes.row_passes import row_passes
+
+    shapes = {"X": (64, 96), "M": (64,), "Z": (64,), "P": (64, 96)}
+    (nest,) = row_passes(softmax_program(), outputs=("P",), shapes=shapes)[0]
+    return nest
+
+
 #: A nest per strategy that no golden of tests/cpu/test_c_backend.py pins.
 CASES: dict[str, Callable[[], LoopNest]] = {
     "online": _one_pass,
     "select": _statement("(topk 5) V[i,r] := X[i,j] * w[j]"),
     "members": _members,
+    "row_passes": _row_passes,
     "unroll": _statement("Y[f,p] := X[f,p] * C[f] + (2*p - 1) * X[f,1-p] * S[f]"),
 }
 

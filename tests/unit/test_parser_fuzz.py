@@ -18,7 +18,7 @@ from tensordsl.errors import TensorDSLError
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse, tokenize
 from tests.corpus import CORPUS
-from tests.fuzzing import examples
+from tests.fuzzing import examples, long_run
 
 ALPHABET = "ABXYWijk ()[],:=+-*/^<>=!.e0123456789_$"
 TOKENS = [
@@ -55,7 +55,7 @@ TOKENS = [
     "(max)",
     " ",
 ]
-SETTINGS = settings(max_examples=examples(300), deadline=None)
+SETTINGS = settings(max_examples=examples(300), deadline=None, derandomize=not long_run())
 
 
 def parses_or_fails_cleanly(source: str, reduce: str | None = None, explain: bool = False) -> None:
@@ -112,7 +112,7 @@ def near_misses(draw: st.DrawFn) -> str:
     return draw(st.sampled_from(["", " "])).join(tokens)
 
 
-@settings(max_examples=examples(150), deadline=None)
+@settings(max_examples=examples(150), deadline=None, derandomize=not long_run())
 @given(near_misses(), st.sampled_from([None, "sum", "max", "prod", "logsumexp", "mean"]))
 def test_near_misses_of_corpus_statements(source: str, reduce: str | None) -> None:
     parses_or_fails_cleanly(source, reduce, explain=True)
@@ -156,7 +156,7 @@ def expressions(draw: st.DrawFn, depth: int = 3) -> str:
     )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None, derandomize=not long_run())
 @given(expressions(), st.sampled_from(["sum", "max", "prod"]))
 def test_well_formed_statements_round_trip(body: str, reduce: str) -> None:
     source = f"Y[i] := {body} + X[i]"
@@ -178,6 +178,7 @@ def test_well_formed_statements_round_trip(body: str, reduce: str) -> None:
     assume("sum_" not in printed)  # a factored sum prints as a nested `sum_k(...)`
     first, *rest = printed.splitlines()
     assume(all(t.reduced == () for t in nest.terms[1:]))  # bound_guards split a term
+    assume(not any(_splits_when_read(t) for t in nest.terms))  # test_a_summed_constant_...
     again = lower(
         parse(first + "".join(f" + ({r.split('+=', 1)[1]})" for r in rest)), reduce=reduce
     ).nest
@@ -193,10 +194,37 @@ def test_well_formed_statements_round_trip(body: str, reduce: str) -> None:
     assert again.free_indices == nest.free_indices
 
 
+def _splits_when_read(term) -> bool:
+    """Whether a reduced term's body adds an addend that reads none of its reduced indices
+    (`X[k] + 2` summed over k): printed as it is, it reads back as two terms."""
+    reduced = set(term.reduced_indices)
+    addends = sympy.Add.make_args(sympy.expand(term.body))
+    return bool(reduced) and any(not (a.free_symbols & reduced) for a in addends)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="codegen/ir/source.py prints a summed term `X[k] + 2` as written, and the per-term "
+    "rule reads the constant back outside the sum (found by the round-trip fuzzer, "
+    "2026-12-07; the kernel's values are right: only the printed nest misleads)",
+)
+def test_a_summed_constant_prints_as_part_of_its_sum() -> None:
+    nest = lower(parse("Y[i] := max(X[k], (2 + X[k])) + X[i]"), reduce="sum").nest
+    first, *rest = str(nest).splitlines()
+    again = lower(parse(first + "".join(f" + ({r.split('+=', 1)[1]})" for r in rest))).nest
+    assert [sympy.expand(t.body) for t in again.terms] == [sympy.expand(t.body) for t in nest.terms]
+
+
 @pytest.mark.parametrize(
     "body",
-    ["max(2, i)", "min(i, 3) * X[i]", "max(max(2, i), i + 5)", "X[i] * (i // 3)",
-     "X[i] * ((i + 1) // 3)", "X[i] * (-(-(i + 1) // 3))"],
+    [
+        "max(2, i)",
+        "min(i, 3) * X[i]",
+        "max(max(2, i), i + 5)",
+        "X[i] * (i // 3)",
+        "X[i] * ((i + 1) // 3)",
+        "X[i] * (-(-(i + 1) // 3))",
+    ],
 )
 def test_index_functions_print_in_the_language(body: str) -> None:
     """sympy's Max, Min and the floor division of index values print as the language's own

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import functools
 import hashlib
 import os
 import pathlib
@@ -48,9 +49,8 @@ def include_folder(compiler: str, flags: Sequence[str]) -> pathlib.Path:
     (`-I` of `HEADER`'s folder among them, which the caller replaces by the answer): the
     cache's copy, with `runtime.h.gch` from this process's second call on; `HEADER`'s own
     folder where the cache cannot be written."""
-    texts = {name: HEADER.with_name(name).read_bytes() for name in _COPIED}
-    material = repr((compiler, compiler_version(compiler), tuple(flags), texts))
-    digest = hashlib.sha256(material.encode()).hexdigest()[:24]
+    texts = _headers()
+    digest = _digest(compiler, tuple(flags))
     try:
         cache = disk_cache.usable_folder(config.cache_dir())
         folder = cache / "cuda_emu_pch" / digest
@@ -72,6 +72,20 @@ def include_folder(compiler: str, flags: Sequence[str]) -> pathlib.Path:
     except OSError:
         return HEADER.parent
     return folder
+
+
+@functools.cache
+def _headers() -> dict[str, bytes]:
+    """The text of the headers copied beside the `.gch`, read once per process."""
+    return {name: HEADER.with_name(name).read_bytes() for name in _COPIED}
+
+
+@functools.cache
+def _digest(compiler: str, flags: tuple[str, ...]) -> str:
+    """The name of the cache folder for `compiler` with `flags` (and the headers' text),
+    hashed once per process and setting, not once per unit."""
+    material = repr((compiler, compiler_version(compiler), flags, _headers()))
+    return hashlib.sha256(material.encode()).hexdigest()[:24]
 
 
 def _precompile(compiler: str, flags: Sequence[str], folder: pathlib.Path) -> None:
