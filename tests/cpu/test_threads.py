@@ -131,6 +131,23 @@ def test_a_nested_logsumexp_counts_its_exp_at_every_turn():
     assert threads.update_cost("sum") == threads.update_cost("max") == 0
 
 
+def test_a_row_pass_of_a_logsumexp_counts_its_exp():
+    """A row-passes kernel (log-softmax: `X[i,j] - logsumexp_k X[i,k]`) counts each nested
+    reduction once per row, a logsumexp with the `exp` of every value."""
+    from codegen.c.reductions.statistics import row_passes_work
+
+    i, j, k = index_symbol("i"), index_symbol("j"), index_symbol("k")
+    X = tensor_base("X")
+    free = (Range(i, 0, extent_symbol("X", 0)), Range(j, 0, extent_symbol("X", 1)))
+
+    def work(reduction):
+        inner = Reduce(reduction, X[i, k], k, 0, extent_symbol("X", 1))
+        nest = LoopNest("Y", free, (Term(X[i, j] - inner),), (Operand("X", 2),))
+        return row_passes_work(nest).subs({extent_symbol("X", 0): 8, extent_symbol("X", 1): 64})
+
+    assert work("logsumexp") - work("max") == 8 * 64 * threads.FUNCTION_COST
+
+
 # --------------------------------------------------------------------------- generated C
 
 

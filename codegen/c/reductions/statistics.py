@@ -24,7 +24,7 @@ import sympy
 
 from codegen.c.geometry import CpuGeometry
 from codegen.c.reductions.simple import parallel_loop
-from codegen.c.threads import body_cost
+from codegen.c.threads import body_cost, update_cost
 from codegen.emit.emitter import Emitter, Lines, block_lines
 from codegen.emit.printer import TensorView
 from codegen.emit.staging import Loop, Plan
@@ -67,7 +67,8 @@ def row_passes(e: Emitter[CpuGeometry]) -> Lines:
 
 def row_passes_work(nest: LoopNest) -> sympy.Expr:
     """The work units of a row-passes kernel: per row, each nested reduction once (a pass
-    over the row, the reductions it reads computed before it) and the row's elements; not
+    over the row, the reductions it reads computed before it, with its update's calls: a
+    logsumexp's `exp`, `threads.update_cost`) and the row's elements; not
     each element's nested reductions again, as `work_expression` counts them (for a tile,
     which computes them per tile row), which would start a team for a small softmax.
 
@@ -86,7 +87,10 @@ def row_passes_work(nest: LoopNest) -> sympy.Expr:
         return expr.xreplace({r: sympy.Symbol(f"r{n}_") for n, r in enumerate(expr.atoms(Reduce))})
 
     per_row = sympy.Add(
-        *(sympy.Max(r.stop - r.start, 0) * body_cost(alone(r.body)) for r in body.atoms(Reduce))
+        *(
+            sympy.Max(r.stop - r.start, 0) * (body_cost(alone(r.body)) + update_cost(r.reduction))
+            for r in body.atoms(Reduce)
+        )
     )
     length = sympy.Max(last.stop - last.start, 0)
     count = sympy.Mul(*(sympy.Max(r.stop - r.start, 0) for r in rows))
