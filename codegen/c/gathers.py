@@ -160,7 +160,7 @@ def _build(kind: str, values: str, positions: str, settings: tuple[Any, ...]) ->
     source = SOURCES[kind](values, positions)
     handler = ffi.handler_source(source.entry, (values, positions), values, PARAMS[kind])
     symbols = (source.entry, ffi.handler_name(source.entry))
-    threads.passive_waiting()  # before the OpenMP runtime may load with the first library
+    threads.openmp_waiting()  # before the OpenMP runtime may load with the first library
     for rebuild in (False, True):  # a library damaged in the cache is built once more
         library = compile_c(
             source.text + "\n" + handler,

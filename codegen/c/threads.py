@@ -25,11 +25,15 @@ work that amortises that risk, and never more threads than cores are free:
   kernels then start no team for `CALM_NS`. So on a machine whose cores are all busy, a
   kernel pays the wait for a core about once per `CALM_NS`, not at every call; on an idle
   one no thread is late and every large kernel uses every core;
-* waiting threads sleep rather than spin: before the first kernel loads (and with it the
-  OpenMP runtime, which reads its environment once), `passive_waiting` sets
-  `OMP_WAIT_POLICY=passive` unless the user set `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT`
-  (`codegen.config.openmp_wait_defaults`). A spinning thread holds a core that XLA's own
-  threads, or the next kernel, could use.
+* waiting threads spin briefly, then sleep: before the first kernel loads (and with it the
+  OpenMP runtime, which reads its environment once), `openmp_waiting` sets
+  `GOMP_SPINCOUNT=30000` (about 2 ms) unless the user set `OMP_WAIT_POLICY`,
+  `GOMP_SPINCOUNT` or `KMP_BLOCKTIME` (`codegen.config.openmp_wait_defaults`). Sleeping at
+  once (`OMP_WAIT_POLICY=passive`, the rule until 2026-12-07) left the next kernel's team
+  to wake a sleeping thread, which then took its waker's core: a team of two ran on one
+  core (benchmarks/RESULTS.md, "rowpar"); spinning for ever would hold a core that XLA's
+  own threads could use. Measured on the natural rows and the GPT block, quiet machine
+  (RESULTS.md, "Waiting: spin, then sleep").
 
 `thread_count` is the rule in Python, the twin of the C helper `tdsl_team` (tested against
 it); `codegen.c.reductions.simple.parallel_loop` wraps a kernel's loop in its parallel region.
@@ -224,7 +228,7 @@ class Teams(ctypes.Structure):
 
 
 _TEAMS = Teams(0, 0)
-_PASSIVE_LOCK = threading.Lock()
+_WAITING_LOCK = threading.Lock()
 
 
 def share_counter(library: ctypes.CDLL) -> None:
@@ -242,9 +246,9 @@ def teams() -> Teams:
     return _TEAMS
 
 
-def passive_waiting() -> None:
+def openmp_waiting() -> None:
     """Set `codegen.config.openmp_wait_defaults()` in the environment, before the OpenMP
     runtime loads with the first kernel (it reads the environment once, when it loads)."""
-    with _PASSIVE_LOCK:
+    with _WAITING_LOCK:
         for name, value in config.openmp_wait_defaults().items():
             os.environ.setdefault(name, value)

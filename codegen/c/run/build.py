@@ -372,7 +372,7 @@ def _emit(
 def _load(nest: LoopNest, record: records.KernelRecord) -> CompiledNest | None:
     """`record`'s kernel for `nest`, or None when its library does not load."""
     symbols = (record.entry, *((ffi.handler_name(record.entry),) if record.handler else ()))
-    threads.passive_waiting()  # before the first kernel loads the OpenMP runtime
+    threads.openmp_waiting()  # before the first kernel loads the OpenMP runtime
     loaded = disk_cache.load(pathlib.Path(record.library), symbols)
     if loaded is None:
         return None
