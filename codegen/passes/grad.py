@@ -58,6 +58,7 @@ from codegen.passes.gradient_rules import (
     GradientNames,
     gradient_names,
     nested_weight,
+    outermost_reductions,
     saved,
 )
 from codegen.passes.guards import bound_guards
@@ -164,7 +165,7 @@ def _derivatives(body: sympy.Expr, occurrence: sympy.Basic, taken: set[str]) -> 
     (`d/dQ[i, p]` of `f(sum_d Q[i, d]*K[j, d])` is `f'(...) * K[j, d]` at `d = p`: the term
     loops over d and the solver eliminates it). An inlined statement's terms read an input
     both ways (`2*sum_r(T5*X[i, r]) + 2*T5*c`), and two sibling reductions may read it."""
-    around = [r for r in _outermost(body) if occurrence in r.body.atoms(type(occurrence))]
+    around = [r for r in outermost_reductions(body) if occurrence in r.body.atoms(type(occurrence))]
     held = {r: sympy.Dummy("r", real=True) for r in around}
     restore = {d: r for r, d in held.items()}
     fixed = body.xreplace(held)
@@ -198,24 +199,6 @@ def _reductions(expr: sympy.Basic) -> list[Reduce]:
     def walk(node: sympy.Basic) -> None:
         if isinstance(node, Reduce) and node not in found:
             found.append(node)
-        for arg in node.args:
-            walk(arg)
-
-    walk(expr)
-    return found
-
-
-def _outermost(expr: sympy.Basic) -> list[Reduce]:
-    """The nested reductions of `expr` read outside every other one. One may also be read
-    inside another (LayerNorm's mean inlined both in the normalisation and inside the
-    variance's sum): it is outermost all the same, where it is read outside."""
-    found: list[Reduce] = []
-
-    def walk(node: sympy.Basic) -> None:
-        if isinstance(node, Reduce):
-            if node not in found:
-                found.append(node)
-            return
         for arg in node.args:
             walk(arg)
 

@@ -238,3 +238,22 @@ def flat_position(term: Term) -> sympy.Expr:
         position += (r.index - r.start) * stride
         stride *= r.stop - r.start
     return position
+
+
+def outermost_reductions(expr: sympy.Basic) -> list[Reduce]:
+    """The nested reductions of `expr` read outside every other one, each once, in the order
+    they are met. One may also be read inside another (LayerNorm's mean inlined both in the
+    normalisation and inside the variance's sum): it is outermost all the same, where it is
+    read outside (the gradient and the tangent hold it fixed there)."""
+    found: list[Reduce] = []
+
+    def walk(node: sympy.Basic) -> None:
+        if isinstance(node, Reduce):
+            if node not in found:
+                found.append(node)
+            return
+        for arg in node.args:
+            walk(arg)
+
+    walk(expr)
+    return found

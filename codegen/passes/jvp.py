@@ -56,6 +56,7 @@ from codegen.passes.gradient_rules import (
     ZERO_COUNT,
     gradient_names,
     nested_weight,
+    outermost_reductions,
     saved,
 )
 
@@ -96,21 +97,6 @@ def _taken(nest: LoopNest) -> set[str]:
     return names | {r.index.name for r in nest.free}
 
 
-def _outermost_reductions(expr: sympy.Basic) -> list[Reduce]:
-    found: list[Reduce] = []
-
-    def walk(node: sympy.Basic) -> None:
-        if isinstance(node, Reduce):
-            if node not in found:
-                found.append(node)
-            return
-        for arg in node.args:
-            walk(arg)
-
-    walk(expr)
-    return found
-
-
 def _perturbed_occurrences(expr: sympy.Basic, tangents: Mapping[str, str]) -> list[sympy.Basic]:
     """The accesses (and scalar symbols) of perturbed inputs in `expr`, outside reductions."""
     accesses = [a for a in expr.atoms(sympy.Indexed) if a.base.name in tangents]
@@ -146,7 +132,7 @@ def directional(expr: sympy.Expr, tangents: Mapping[str, str]) -> sympy.Expr:
     Raises:
         Unsupported: a nested reduction other than sum or logsumexp around a perturbed input.
     """
-    reductions = _outermost_reductions(expr)
+    reductions = outermost_reductions(expr)
     stand_ins = {r: sympy.Dummy("r", real=True) for r in reductions}
     back = {d: r for r, d in stand_ins.items()}
     flat = expr.xreplace(stand_ins)
