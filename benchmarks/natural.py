@@ -595,12 +595,15 @@ second-order nests), gradient nests that read what a stored statement holds (sof
 backward reads P: `dX = dP*P + dZ*P*Z`, no exponential), whole elementwise tiles stored
 untested, edge tiles of shifted reads from a zero-padded copy with lane masks (conv's input
 gradient: no test per lane), thread teams by the size of the work (a small nest runs on one
-thread and never waits for a busy core). Not yet, and the rows that show it: conv1d and
-conv2d above the issue's 1.2x forward+backward (the 30-wide forward runs in 8-lane tiles,
-the weight gradient in the dot strategy), softmax's forward (exp(X - M) evaluated in two
-nests where XLA evaluates it once). The attention HVP is fused for a call differentiated
-twice (its scores stored: every tangent nest would recompute them and their tangent) and its
-tangent nests' sums of matrix products run as XLA's dots (section "attention HVP").
+thread and never waits for a busy core), idle OpenMP threads that spin about 2 ms before
+they sleep (the next kernel finds its team awake: section "Waiting"), softmax's forward as one
+kernel of row passes (its exp once per element: section "row_passes"). Not yet, and the rows
+that show it: conv1d and conv2d above the issue's 1.2x forward+backward in some runs (the
+30-wide forward runs in 8-lane tiles, the weight gradient in the dot strategy). The attention
+HVP is fused for a call differentiated twice (its scores stored: every tangent nest would
+recompute them and their tangent), its tangent nests' sums of matrix products run as XLA's
+dots in the form XLA's CPU dot runs fast, and the first-order gradients it does not read
+are not computed (sections "attention HVP" and "hvp_dce").
 
 Issue 37's rows (target: 1.5x jax.numpy, forward and forward+backward): Sinkhorn (an inline
 exp with no slow path, the cost gradient's row reads outside its where: section "Issue 37:
@@ -608,7 +611,9 @@ Sinkhorn"), GraphSAGE (the gather's transpose one scatter-add on the CPU), GPT-J
 last axis of 2, read as `X[..., 1-p]`, unrolled with the feature axis in vector lanes: the
 unroll strategy), ChebyKAN in one statement (the X gradient's inner sums over `o` in lane
 arrays of 8 degrees). Until 2026-12-06 Sinkhorn measured 2.5x / 5.6x and GraphSAGE's
-fwd+bwd 3.4x on a quiet machine (load 1.3-1.9); the table above is after those fixes.
+fwd+bwd 3.4x on a quiet machine (load 1.3-1.9); until 2026-12-07 Sinkhorn 1.7x / 1.7x (its
+logsumexps counted without their exp ran on one thread; the backward computed each
+statement's weights twice: section "sink_fwd"); the table above is after those fixes.
 Squeeze-and-excite: its fwd+bwd varied from run to run (1.0x-2.1x) because its kernels'
 thread teams waited for a second thread that found no free core, in about half the calls on
 a loaded machine, and the back-off caught only waits of 10 ms (section "Issue 37:
