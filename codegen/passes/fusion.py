@@ -67,7 +67,7 @@ class Fused:
     decisions: tuple[Decision, ...] = ()
 
 
-def _raw(nest: LoopNest) -> LoopNest:
+def unconstrained(nest: LoopNest) -> LoopNest:
     """`nest` as one term per summand without constraints or guards, so that it can be
     inlined: a term's constraints and guard become a `where` around its body, whose other
     branch is the reduction's identity."""
@@ -134,7 +134,7 @@ def fuse(
             decision = dataclasses.replace(decision, choice=choice, reason="forced by fuse=")
         decisions.append(decision)
         if decision.choice == "inline":
-            expanded[nest.output] = _raw(nest)
+            expanded[nest.output] = unconstrained(nest)
             inlined.append(nest.output)
             continue
         stored.append(guard_masks(factor_sums(bound_guards(nest))))
@@ -159,7 +159,7 @@ def _paired(
     gives ranges that agree for the shapes only)."""
     if producer.reduction not in INLINE_REDUCTIONS:
         return ()
-    raw = _raw(producer)
+    raw = unconstrained(producer)
     found = []
     for lse in readers:
         if lse.reduction != "logsumexp":

@@ -50,7 +50,7 @@ import sympy
 
 from codegen.ir.nest import LoopNest, Reduce, index_symbol
 from codegen.ir.reductions import REDUCTIONS
-from codegen.passes.fusion import _raw
+from codegen.passes.fusion import unconstrained
 from codegen.passes.inline import CannotInline, inline
 
 #: The longest row (elements of the last free index) whose passes re-read it: beyond, a
@@ -147,8 +147,8 @@ def row_passes(
         expanded: dict[str, LoopNest] = {}
         for nest in found:  # in run order: each statistic with those it reads inlined
             if nest.output in taken:
-                expanded[nest.output] = _inlined(_raw(nest), expanded)
-        rewritten = _inlined(_raw(reader), expanded)
+                expanded[nest.output] = _inlined(unconstrained(nest), expanded)
+        rewritten = _inlined(unconstrained(reader), expanded)
         if not row_statistics(rewritten) or taken & set(rewritten.operand_names):
             continue
         names = ", ".join(n.output for n in runs if n.output in taken)
