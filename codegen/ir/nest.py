@@ -43,7 +43,7 @@ import sympy
 from sympy.core.symbol import Str
 
 from codegen.ir.reductions import POSITION_DTYPE, REDUCTIONS
-from codegen.ir.source import constraint_source, expr_source
+from codegen.ir.source import as_one_term, constraint_source, expr_source
 
 _EXTENT_NAME = re.compile(r"^(?P<tensor>.+)\.shape\[(?P<axis>\d+)\]$")
 
@@ -372,26 +372,22 @@ def nest_source(nest: LoopNest) -> str:
 
 
 def _term_source(term: Term, operands: tuple[str, ...]) -> str:
-    """A term's body as a statement reads it back: a sum whose addends are free of the
-    term's reduced indices would be added once there (the language's rule for a term free
-    of its reduced indices), so such a body is printed as one product, `(...)*1`; guards
-    multiply the whole body.
+    """A term's body as a statement reads it back: a sum whose terms read different reduced
+    indices is printed as one call (`source.as_one_term`, the parser's rule for a term free
+    of its reduced indices would add it once); guards multiply the whole body.
 
     >>> i, k = index_symbol("i"), index_symbol("k")
     >>> x = tensor_base("X")[i + k]
     >>> _term_source(Term(2*x + 4, reduced=(Range(k, 0, 3),)), ("X",))
-    '(2*X[i + k] + 4)*1'
+    'pow(2*X[i + k] + 4, 1)'
     >>> _term_source(Term(2*x + 4, reduced=()), ("X",))
     '2*X[i + k] + 4'
     """
-    text = expr_source(term.body, operands)
-    reduced = {r.index for r in term.reduced}
-    once = isinstance(term.body, sympy.Add) and any(
-        not (a.free_symbols & reduced) for a in term.body.args
-    )
+    body = as_one_term(term.body, term.reduced_indices)
+    text = expr_source(body, operands)
     guards = _guards(term, operands)
-    if isinstance(term.body, sympy.Add) and (guards or (reduced and once)):
-        text = f"({text})" + ("" if guards else "*1")
+    if guards and isinstance(body, sympy.Add):
+        text = f"({text})"
     return text + guards
 
 

@@ -14,14 +14,15 @@ back to the same nest). Nests with several terms print one line per term, the fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Collection
 from typing import Any
 
 import sympy
 from sympy.printing.str import StrPrinter
 
 from codegen.ir.functions import indicator  # noqa: F401 - used in the doctest
-from codegen.ir.ieee import print_written
+from codegen.ir.ieee import IeeeAdd, IeeeDiv, IeeeMul, print_written
 
 _FUNCTION_NAMES = {"Abs": "abs"}
 
@@ -150,6 +151,9 @@ class SourcePrinter(StrPrinter):
     def _print_Or(self, expr: sympy.Or) -> str:
         return " | ".join(f"({self._print(a)})" for a in expr.args)
 
+    def _print_OneTerm(self, expr: Any) -> str:
+        return f"pow({self._print(expr.args[0])}, 1)"
+
     def _print_BooleanTrue(self, expr: Any) -> str:
         return "1"
 
@@ -158,6 +162,55 @@ class SourcePrinter(StrPrinter):
 
 
 _PRINTER = SourcePrinter({"order": "none"})
+
+
+class OneTerm(sympy.Function):
+    """A sum that reads back as one term of a summed statement: printed `pow(x, 1)`, a call,
+    whose value the parser keeps as one term (`tensordsl/frontend/einstein.py`). Only
+    printed, never part of a nest."""
+
+    nargs = 1
+
+
+def as_one_term(expr: sympy.Expr, reduced: Collection[sympy.Symbol]) -> sympy.Expr:
+    """A summed term's body that reads back as one term summed over `reduced`: the parser
+    sums each term of a top-level sum over the reduced indices it reads (Einstein's rule,
+    term by term), so a sum whose terms read different ones (`X[k] + 2`, summed over k) is
+    wrapped in a `OneTerm`; a product wraps its factors that need it.
+
+    >>> from codegen.ir.nest import index_symbol, tensor_base
+    >>> k = index_symbol("k")
+    >>> X, Y = tensor_base("X"), tensor_base("Y")
+    >>> expr_source(as_one_term(X[k] + 2, (k,)))
+    'pow(X[k] + 2, 1)'
+    >>> expr_source(as_one_term((X[k] + 1)*(Y[k] + 1), (k,)))
+    'pow(X[k] + 1, 1)*pow(Y[k] + 1, 1)'
+    >>> expr_source(as_one_term((X[k] + 2)*Y[k], (k,)))  # each product reads k
+    '(X[k] + 2)*Y[k]'
+    """
+    reduced = frozenset(reduced)
+    if len(_term_reads(expr, reduced)) <= 1:
+        return expr
+    if isinstance(expr, (sympy.Mul, IeeeMul)):
+        return expr.func(*(as_one_term(a, reduced) for a in expr.args))
+    if isinstance(expr, IeeeDiv):
+        return IeeeDiv(as_one_term(expr.args[0], reduced), expr.args[1])
+    return OneTerm(expr)
+
+
+def _term_reads(expr: sympy.Expr, reduced: frozenset) -> set[frozenset]:
+    """The reduced indices read by each term of `expr` once products are distributed over
+    sums, as the parser's `einstein_terms` opens a body: sums, products and a quotient's
+    numerator; anything else is one term."""
+    if isinstance(expr, (sympy.Add, IeeeAdd)):
+        return set().union(*(_term_reads(a, reduced) for a in expr.args))
+    if isinstance(expr, (sympy.Mul, IeeeMul)):
+        factors = [_term_reads(a, reduced) for a in expr.args]
+        return {frozenset().union(*reads) for reads in itertools.product(*factors)}
+    if isinstance(expr, IeeeDiv):
+        numerator, denominator = expr.args
+        return {r | (denominator.free_symbols & reduced) for r in _term_reads(numerator, reduced)}
+    return {frozenset(expr.free_symbols & reduced)}
 
 
 def expr_source(
