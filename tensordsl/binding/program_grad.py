@@ -32,7 +32,6 @@ differentiable (second order), batchable and jittable.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +60,7 @@ from codegen.recursion import deeply
 from tensordsl.backends.table import BACKENDS
 from tensordsl.binding import grouped, program_jvp, summed
 from tensordsl.binding import one_pass as online
+from tensordsl.binding.cotangents import StoredNames, Sums, with_cotangents
 from tensordsl.binding.primitive import call_nest, is_differentiable, output_dtype
 from tensordsl.errors import user_facing
 
@@ -103,15 +103,6 @@ def merge_gradients(nests: Sequence[LoopNest]) -> LoopNest:
     terms = grad.merge_terms(tuple(t for nest in renamed for t in nest.terms))
     merged = dataclasses.replace(renamed[0], terms=terms, operands=tuple(operands.values()))
     return factor_sums(bound_guards(merged))
-
-
-def _needed(stored: Sequence[LoopNest], perturbed: frozenset[str]) -> set[str]:
-    """The differentiated inputs and every stored value that depends on one of them."""
-    needed = set(perturbed)
-    for nest in stored:
-        if needed & set(nest.operand_names):
-            needed.add(nest.output)
-    return needed
 
 
 def _tangent(output: Any, tangent: Any, perturbed: bool) -> Any:
@@ -163,6 +154,7 @@ class FusedProgram:
         shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.stored, self.inputs, self.outputs = stored, inputs, outputs
+        self.stored_names = StoredNames.of(stored)
         # forward: a logsumexp and its weighted sum in one pass, where their loops are the
         # same for these shapes (the tensors' shapes of the call it was fused for)
         self.runs = pair_stored(stored, shapes)
@@ -247,25 +239,24 @@ class FusedProgram:
         """The gradients of the `perturbed` inputs, in that order, for the outputs'
         `cotangents` (None for a zero one): the stored statements in reverse, each input's
         gradient nests merged into one nest and run once."""
-        stored_names = {nest.output for nest in self.stored}
-        cotangent = {name: ct for name, ct in zip(self.outputs, cotangents) if ct is not None}
-        needed = _needed(self.stored, frozenset(perturbed))
+        stored_names, readers = self.stored_names.outputs, self.stored_names.readers
+        cotangent = Sums((n, ct) for n, ct in zip(self.outputs, cotangents) if ct is not None)
+        needed = with_cotangents(self.stored, frozenset(perturbed))
         parts: dict[str, list[_Part]] = {}
         # A stored intermediate several statements read (attention's stored scores, read by
         # the logsumexp and the weighted sum) gets its gradient nests merged into one, run
         # once its last reader is done: each pair's weight is computed once, not per reader.
-        readers = Counter(op.name for n in self.stored for op in n.operands)
         pending: dict[str, list[_Part]] = {}
         # An input that mirrors a stored intermediate of the same statement (`la[i] - A[i]`)
         # gets that intermediate's gradient, negated where a difference, not a nest of its own;
         # an input's part that gives an intermediate's gradient summed is added here too.
-        mirrored: dict[str, Any] = {}
+        mirrored = Sums()
         wanted = needed.difference(self.nograd, self.zero_gradient)
         for nest in reversed(self.stored):
             if nest.output in pending:
                 name = nest.output
                 found = self._call(*self._merged(_folded(pending.pop(name)), values[name]))
-                cotangent[name] = cotangent[name] + found if name in cotangent else found
+                cotangent.add(name, found)
             dy = cotangent.get(nest.output)
             if dy is None:
                 continue
@@ -288,7 +279,7 @@ class FusedProgram:
                     continue
                 if sums is not None and op.name == sums[1]:
                     continue  # from the input's part, below
-                mirror = self._mirror(nest, op.name, values, needed, readers)
+                mirror = self._mirror(nest, op.name, values, needed)
                 if mirror is not None and (sums is None or op.name != sums[0]):
                     partners.setdefault(mirror[0], []).append((op.name, mirror[1]))
                     continue
@@ -296,7 +287,7 @@ class FusedProgram:
                 if sums is not None and op.name == sums[0]:
                     found = self._call(*self._merged(_folded([part]), value))
                     direct[sums[1]] = summed.partner_gradient(found, sums, values, self._call)
-                    mirrored[op.name] = mirrored[op.name] + found if op.name in mirrored else found
+                    mirrored.add(op.name, found)
                 elif op.name in stored_names and readers[op.name] > 1:
                     pending.setdefault(op.name, []).append(part)
                 elif op.name in stored_names:
@@ -307,22 +298,22 @@ class FusedProgram:
             for name, item in here.items():
                 direct[name] = together[name] if name in together else self._call(*item)
             for name, found in direct.items():
-                cotangent[name] = cotangent[name] + found if name in cotangent else found
+                cotangent.add(name, found)
                 for wrt, sign in partners.get(name, ()):
                     mine = (found if sign > 0 else -found).astype(jnp.result_type(values[wrt]))
-                    mirrored[wrt] = mirrored[wrt] + mine if wrt in mirrored else mine
+                    mirrored.add(wrt, mine)
         merged = {name: self._merged(parts[name], values[name]) for name in parts}
         together = grouped.run_together(merged, self.backend, self.precision, call_nest)
         for name in merged:  # a gradient alone: by rows where that splits it
             if name not in together and (found := self._by_rows(*merged[name])) is not None:
                 together[name] = found
-        found = {  # in the order of `perturbed`, as the nests run
-            name: together[name] if name in together else self._call(*merged[name])
+        found = Sums(  # in the order of `perturbed`, as the nests run
+            (name, together[name] if name in together else self._call(*merged[name]))
             for name in perturbed
             if name in merged
-        }
+        )
         for name, value in mirrored.items():
-            found[name] = found[name] + value if name in found else value
+            found.add(name, value)
         return [
             found[name] if name in found else jnp.zeros_like(values[name]) for name in perturbed
         ]
@@ -333,20 +324,18 @@ class FusedProgram:
         wrt: str,
         values: Mapping[str, Any],
         needed: set[str],
-        readers: Counter,
     ) -> tuple[str, int] | None:
         """(a stored intermediate of `nest` that `wrt`, a program input, mirrors, the sign of
         its gradient in `wrt`'s: `codegen.passes.mirror`), or None: the intermediate must get
         its gradient from `nest` alone, run here (this statement its one reader), of `wrt`'s
         shape."""
-        stored = {n.output for n in self.stored}
-        if wrt in stored:
+        if wrt in self.stored_names.outputs:
             return None
         for op in nest.operands:
             name = op.name
             if (
-                name in stored
-                and readers[name] == 1
+                name in self.stored_names.outputs
+                and self.stored_names.readers[name] == 1
                 and name in needed
                 and name not in self.nograd
                 and name not in self.zero_gradient
