@@ -31,11 +31,10 @@ import jax
 import jax.numpy as jnp
 import sympy
 
-from codegen.ir.affine import NotAffine, as_affine
 from codegen.tiles.attention.program import AttentionProgram
 from codegen.tiles.program import TileAxis
 from tensordsl.backends.pallas import api
-from tensordsl.backends.pallas.lower import TileEvaluator
+from tensordsl.backends.pallas.lower import TileEvaluator, corner
 from tensordsl.backends.pallas.partials import add_partial, partial_spec, summed
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -205,7 +204,7 @@ class _Tiles:
             box = {index: (v, v) for index, v in base.items()}
             box[program.rows.index] = (self.row_start, self.row_start + self.R - 1)
             box[program.loop.index] = (offset, offset + self.C - 1)
-            low = _corner(partial.local, box, most=False)
+            low = corner(partial.local, box, most=False, dtype=jnp.int32)
             add_partial(partial, ref, evaluate, kept, low, (self.R, self.C), self.dtype)
         values = []
         for member in program.members:
@@ -307,7 +306,7 @@ class _Tiles:
         box[loop.index] = (offset, offset + self.C - 1)
         inside = offset + self.C <= loop.start + loop.extent
         for constraint in program.constraints:
-            least = _corner(constraint, box, most=False)
+            least = corner(constraint, box, most=False, dtype=jnp.int32)
             if least is None:
                 return where(weights)
             inside = inside & (least >= 0)
@@ -323,7 +322,7 @@ class _Tiles:
         first: Any = 0
         stop: Any = loop.count
         for bound in program.bounds:
-            most = _corner(bound.rest, box, most=True)
+            most = corner(bound.rest, box, most=True, dtype=jnp.int32)
             c = bound.coefficient
             if c > 0:
                 lowest = -jnp.floor_divide(most, c)
@@ -334,7 +333,7 @@ class _Tiles:
         live = jnp.asarray(True)
         for constraint in program.constraints:
             if constraint.free_symbols <= set(box) - {loop.index}:
-                most = _corner(constraint, box, most=True)
+                most = corner(constraint, box, most=True, dtype=jnp.int32)
                 if most is not None:
                     live = live & (most >= 0)
         first = jnp.asarray(first, jnp.int32)
@@ -381,18 +380,3 @@ class _Tiles:
             found = self.accumulate(accs)
         for ref, value in zip(outs, found):
             ref[...] = value.reshape(ref.shape).astype(ref.dtype)
-
-
-def _corner(expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]], most: bool) -> Any:
-    """The least (or largest) value of the affine `expr` over `box`; None if not affine."""
-    try:
-        form = as_affine(expr, tuple(box))
-    except NotAffine:
-        return None
-    if not form.constant.is_Integer:
-        return None
-    value: Any = jnp.asarray(int(form.constant), jnp.int32)
-    for index, c in form.coefficients:
-        lo, hi = box[index]
-        value = value + c * (hi if (c > 0) == most else lo)
-    return value

@@ -230,7 +230,7 @@ class _TermLowering:
         for axis, offset in zip(self.term.reduced if reduced else (), offsets):
             inside = inside & (offset + axis.tile <= axis.start + axis.extent)
         for constraint in term.constraints:
-            least = _corner(constraint.xreplace(self.extents), box, False, self.index)
+            least = corner(constraint.xreplace(self.extents), box, most=False, dtype=self.index)
             if least is None:
                 return None
             inside = inside & (least >= 0)
@@ -268,7 +268,7 @@ class _TermLowering:
         for bound in self.term.bounds:
             if bound.index != axis.index:
                 continue
-            most = _corner(bound.rest, box, True, self.index)  # the largest over the tile
+            most = corner(bound.rest, box, most=True, dtype=self.index)  # the largest over the tile
             assert most is not None, "tile_program keeps only affine bounds"
             c = bound.coefficient
             if c > 0:  # index >= ceil(-rest / c): from the least such index's tile
@@ -368,7 +368,7 @@ class _TermLowering:
         box = {s: (jnp.min(p), jnp.max(p)) for s, p in {**left_points, **right_points}.items()}
         inside = offset + axis.tile <= end
         for constraint in (*dot.left_masks, *dot.right_masks):
-            least = _corner(constraint.xreplace(self.extents), box, False, self.index)
+            least = corner(constraint.xreplace(self.extents), box, most=False, dtype=self.index)
             if least is None:
                 return masked((left, right))
             inside = inside & (least >= 0)
@@ -388,17 +388,29 @@ class _TermLowering:
         for constraint in self.term.term.constraints:
             constraint = constraint.xreplace(self.extents)
             if constraint.free_symbols <= set(box):
-                most = _corner(constraint, box, True, self.index)
+                most = corner(constraint, box, most=True, dtype=self.index)
                 if most is not None:
                     live = live & (most >= 0)
         return live
 
 
-def _corner(
-    expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]], most: bool, dtype: Any
+def corner(
+    expr: sympy.Expr, box: Mapping[sympy.Symbol, tuple[Any, Any]], *, most: bool, dtype: Any
 ) -> Any:
-    """The least (or largest) value of the affine `expr` over `box`, in `dtype`; None if
-    not affine."""
+    """The least (`most=False`) or largest value of the affine `expr` over `box` (each
+    index's least and largest value, traced or not), in `dtype`; None if not affine: a tile's
+    corner where a bound or a constraint is tightest.
+
+    >>> from codegen.ir.nest import index_symbol
+    >>> i, j = index_symbol("i"), index_symbol("j")
+    >>> box = {i: (0, 7), j: (16, 31)}
+    >>> int(corner(j - i + 1, box, most=False, dtype=jnp.int32))
+    10
+    >>> int(corner(j - i + 1, box, most=True, dtype=jnp.int32))
+    32
+    >>> corner(i * j, box, most=True, dtype=jnp.int32) is None
+    True
+    """
     try:
         form = as_affine(expr, tuple(box))
     except NotAffine:
