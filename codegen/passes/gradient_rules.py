@@ -12,6 +12,7 @@ argument (argmax) Y_argument[i] := X[i, k]
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -259,6 +260,7 @@ def outermost_reductions(expr: sympy.Basic) -> list[Reduce]:
     return found
 
 
+@functools.lru_cache(maxsize=4096)
 def reads_output(nest: LoopNest) -> bool:
     """Whether the derivatives of `nest` read its saved output: its rule's scale does
     (logsumexp's `exp(f - Y)`). The gradient nests (`grad.py`) and the tangent nest (`jvp.py`)
