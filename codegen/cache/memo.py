@@ -41,10 +41,11 @@ def key_text(value: Any) -> str:
     if isinstance(value, sympy.Basic):
         return sympy.srepr(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        record: Any = value
         try:
-            return _record_text(value)
+            return _record_text(record)
         except TypeError:  # unhashable: printed each time
-            return _record_text.__wrapped__(value)
+            return _record_text.__wrapped__(record)
     if isinstance(value, (tuple, list)):
         return "(" + "".join(f"{key_text(v)}, " for v in value).rstrip() + ")"
     return repr(value)
