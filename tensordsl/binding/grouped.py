@@ -130,7 +130,8 @@ def groups_for(
     if not nests or not record.groups_gradients or not config.group_gradients():
         return ()
     known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
-    return _groups(tuple(nests.items()), tuple(sorted(dtypes.items())), known, backend)
+    items, kinds = tuple(nests.items()), tuple(sorted(dtypes.items()))
+    return _groups(items, kinds, known, backend, config.xla_contractions())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -139,8 +140,10 @@ def _groups(
     dtypes: tuple[tuple[str, str], ...],
     shapes: tuple[tuple[str, tuple[int, ...]], ...],
     backend: str,
+    xla: bool,
 ) -> tuple[Group, ...]:
-    """`groups_for`, on hashable arguments."""
+    """`groups_for`, on hashable arguments; `xla`: `TENSORDSL_XLA_CONTRACTIONS`, which the
+    schedules that keep a gradient alone read."""
     choose = table.backend(backend).scheduler
     choose = choose() if choose is not None else None
     by_dtype: dict[str, dict[str, LoopNest]] = {}
