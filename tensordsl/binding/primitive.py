@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -218,6 +219,7 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tupl
     return output, tangent
 
 
+@functools.lru_cache(maxsize=4096)
 def _reads_output(nest: LoopNest, perturbed: tuple[str, ...]) -> bool:
     """Whether the tangent nest or a gradient nest of `perturbed` reads the nest's output.
 
@@ -228,7 +230,8 @@ def _reads_output(nest: LoopNest, perturbed: tuple[str, ...]) -> bool:
     (`gradient_rules.reads_output`), so it is not derived here: reverse mode never builds it.
     A gradient nest may read it also where it reuses the saved sum (`grad.py`); the gradients
     are the ones reverse mode transposes with. A gradient that cannot be formed keeps the
-    output (its transpose then says why).
+    output (its transpose then says why). Decided once per nest and perturbed set (a model
+    of many layers asks again per layer).
     """
     try:
         with user_facing():
