@@ -303,19 +303,42 @@ def progress_after() -> float:
     return seconds
 
 
-#: The environments whose settings `check_settings` found usable (their TENSORDSL_* items).
-_CHECKED: set[tuple[tuple[str, str], ...]] = set()
+#: Every setting this module reads (tests/unit/test_settings.py checks that none is missing).
+SETTINGS = (
+    "TENSORDSL_BUILD",
+    "TENSORDSL_BUILD_JOBS",
+    "TENSORDSL_CACHE_DIR",
+    "TENSORDSL_CC",
+    "TENSORDSL_CFLAGS",
+    "TENSORDSL_CPU_CALL",
+    "TENSORDSL_CUDA_EMULATE",
+    "TENSORDSL_CUDA_HOME",
+    "TENSORDSL_CXX",
+    "TENSORDSL_DEBUG",
+    "TENSORDSL_DUMP_DIR",
+    "TENSORDSL_FUSE",
+    "TENSORDSL_GPU_CALL",
+    "TENSORDSL_GROUP_GRADIENTS",
+    "TENSORDSL_PAIR_GRADIENTS",
+    "TENSORDSL_POISON_OUTPUTS",
+    "TENSORDSL_PROGRESS_AFTER",
+    "TENSORDSL_VERBOSE",
+    "TENSORDSL_XLA_CONTRACTIONS",
+)
+#: The values of `SETTINGS` that `check_settings` found usable.
+_CHECKED: set[tuple[str | None, ...]] = set()
 
 
 def check_settings() -> None:
     """Read every `TENSORDSL_*` setting, so that a bad value raises its `SettingError` when
     a kernel is called, before JAX traces or lowers anything (each reader is also called
-    where the setting is used, later); remembered per environment.
+    where the setting is used, later); remembered per values of `SETTINGS` (looked up by
+    name: every kernel call checks, and the whole environment is slower to scan).
 
     Raises:
         SettingError: the first setting whose value cannot be used.
     """
-    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TENSORDSL_")))
+    key = tuple(os.environ.get(name) for name in SETTINGS)
     if key in _CHECKED:
         return
     readers: tuple[Callable[[], object], ...] = (debug, c_compiler, extra_cflags, build_jobs)

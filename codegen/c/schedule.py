@@ -92,13 +92,16 @@ element is still computed by one thread, so results do not depend on the schedul
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sympy
 
+from codegen import config
 from codegen.c.geometry import Ask, CpuGeometry
 from codegen.c.strategies import BY_NAME, STRATEGIES, Strategy
+from codegen.cache import memo
 from codegen.emit.loop_order import default_loop_order, valid_unique, validate_schedule
 from codegen.ir.nest import LoopNest
 from codegen.ir.reductions import REDUCTIONS
@@ -208,6 +211,40 @@ def choose_cpu_schedule(
     Raises:
         ValueError: when `loop_order` names an unknown index or repeats one.
     """
+    items = None if dtypes is None else tuple(sorted(dtypes.items()))
+    order = None if loop_order is None else tuple(loop_order)
+    return _kept_choice(nest, items, order, kernel, config.xla_contractions())
+
+
+@functools.lru_cache(maxsize=4096)
+def _kept_choice(
+    nest: LoopNest,
+    dtypes: tuple[tuple[str, str], ...] | None,
+    loop_order: tuple[str, ...] | None,
+    kernel: bool,
+    xla: bool,
+) -> Schedule:
+    """The heuristic's choice, made once per process and kept on disk for the next one
+    (`codegen.cache.memo`, keyed by the nest, the arguments, `TENSORDSL_XLA_CONTRACTIONS`, the
+    one setting the rules read, and the compiler's sources): a warm start reads it back instead
+    of running the rules' sympy analyses (loop bounds, XLA plans) again."""
+    return memo.memo(
+        config.cache_dir(),
+        "cpu_schedule",
+        (nest, dtypes, loop_order, kernel, xla),
+        lambda: _choose(nest, None if dtypes is None else dict(dtypes), loop_order, kernel),
+        version=memo.source_version(memo.CODEGEN_ROOT),
+        expected=Schedule,
+    )
+
+
+def _choose(
+    nest: LoopNest,
+    dtypes: Mapping[str, str] | None,
+    loop_order: Sequence[str] | None,
+    kernel: bool,
+) -> Schedule:
+    """The first record of `STRATEGIES` that applies (see `choose_cpu_schedule`)."""
     order = default_loop_order(nest, loop_order)
     base = Schedule(order.free_order, order.reduced_order)
     ask = Ask(base, None if loop_order is None else tuple(loop_order), kernel)

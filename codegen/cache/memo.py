@@ -1,13 +1,14 @@
 """Values computed once and kept on disk between processes, keyed by complete texts.
 
 A memo (`memo/<namespace>/<2 hex>/<digest>.pickle` under `config.cache_dir()`) is a value
-computed once and pickled: the gradient nests of `codegen.passes.grad.gradient`, the
-compiler's version line and OpenMP flags (`codegen.c.run.compiler`). A key is the sha256 of the
-complete text of its parts (`key_text`: every field of every dataclass, sympy expressions in
-`srepr`, so equal texts mean equal values) and of a version: a digest of the source files of
-the compiler (`source_version`), so any change to the code generator or the derivation starts
-new entries. Entries are written atomically; one that cannot be read or does not hold what
-is expected counts as missing and is computed again.
+computed once and pickled: the gradient nests of `codegen.passes.grad.gradient`, the CPU
+schedules of `codegen.c.schedule.choose_cpu_schedule`, the compiler's version line and OpenMP
+flags (`codegen.c.run.compiler`). A key is the sha256 of the complete text of its parts
+(`key_text`: every field of every dataclass, sympy expressions in `srepr`, so equal texts mean
+equal values) and of a version: a digest of the source files of the compiler
+(`source_version`), so any change to the code generator or the derivation starts new entries.
+Entries are written atomically; one that cannot be read or does not hold what is expected
+counts as missing and is computed again.
 
 >>> from codegen.ir.nest import extent_symbol
 >>> key_text((extent_symbol("X", 0) + 1, "a"))
@@ -40,13 +41,25 @@ def key_text(value: Any) -> str:
     if isinstance(value, sympy.Basic):
         return sympy.srepr(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = ", ".join(
-            f"{f.name}={key_text(getattr(value, f.name))}" for f in dataclasses.fields(value)
-        )
-        return f"{type(value).__name__}({fields})"
+        record: Any = value
+        try:
+            return _record_text(record)
+        except TypeError:  # unhashable: printed each time
+            return _record_text.__wrapped__(record)
     if isinstance(value, (tuple, list)):
         return "(" + "".join(f"{key_text(v)}, " for v in value).rstrip() + ")"
     return repr(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _record_text(value: Any) -> str:
+    """A dataclass's `key_text`, printed once per process for equal values (equal as the
+    in-process caches of gradients and schedules take them): one nest keys its gradients and
+    its schedules."""
+    fields = ", ".join(
+        f"{f.name}={key_text(getattr(value, f.name))}" for f in dataclasses.fields(value)
+    )
+    return f"{type(value).__name__}({fields})"
 
 
 @functools.lru_cache(maxsize=8)

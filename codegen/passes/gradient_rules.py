@@ -12,6 +12,7 @@ argument (argmax) Y_argument[i] := X[i, k]
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -257,3 +258,23 @@ def outermost_reductions(expr: sympy.Basic) -> list[Reduce]:
 
     walk(expr)
     return found
+
+
+@functools.lru_cache(maxsize=4096)
+def reads_output(nest: LoopNest) -> bool:
+    """Whether the derivatives of `nest` read its saved output: its rule's scale does
+    (logsumexp's `exp(f - Y)`). The gradient nests (`grad.py`) and the tangent nest (`jvp.py`)
+    multiply every derivative of the body by this scale, so they read the output exactly
+    when it does and some perturbed input's derivative is not zero; this structural answer
+    needs neither derived.
+
+    Raises:
+        Unsupported: the reduction has no gradient (argmax).
+
+    >>> from tensordsl.frontend.lower import lower
+    >>> from tensordsl.frontend.parse import parse
+    >>> [reads_output(lower(parse("Y[i] := X[i,k]"), reduce=r).nest) for r in ("sum", "logsumexp")]
+    [False, True]
+    """
+    scale = GRADIENT_RULES[nest.reduction].scale(nest, gradient_names(nest, "_"))
+    return scale.has(saved(nest.output, nest))

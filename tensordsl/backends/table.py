@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from codegen.cuda.schedule import ONLINE_COLUMNS
+from codegen.cuda.geometry import ONLINE_COLUMNS
 from codegen.ir.nest import LoopNest
 from tensordsl.backends import reference
 

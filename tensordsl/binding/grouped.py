@@ -14,6 +14,7 @@ call like any other, so it is batched, jitted and differentiated again as one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -122,20 +123,40 @@ def groups_for(
     nests: dict[str, LoopNest], dtypes: dict[str, str], shapes: dict, backend: str
 ) -> tuple[Group, ...]:
     """The groups of gradient `nests` (by output, each output's dtype in `dtypes`) on
-    `backend`: nests of the same dtype, never one that runs faster alone."""
+    `backend`: nests of the same dtype, never one that runs faster alone. Formed once per
+    process for the same nests, dtypes and shapes (a model of many layers calls the same
+    kernels again and again)."""
     record = table.backend(backend)
     if not nests or not record.groups_gradients or not config.group_gradients():
         return ()
-    choose = record.scheduler() if record.scheduler is not None else None
+    known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
+    items, kinds = tuple(nests.items()), tuple(sorted(dtypes.items()))
+    return _groups(items, kinds, known, backend, config.xla_contractions())
+
+
+@functools.lru_cache(maxsize=1024)
+def _groups(
+    nests: tuple[tuple[str, LoopNest], ...],
+    dtypes: tuple[tuple[str, str], ...],
+    shapes: tuple[tuple[str, tuple[int, ...]], ...],
+    backend: str,
+    xla: bool,
+) -> tuple[Group, ...]:
+    """`groups_for`, on hashable arguments; `xla`: `TENSORDSL_XLA_CONTRACTIONS`, which the
+    schedules that keep a gradient alone read."""
+    choose = table.backend(backend).scheduler
+    choose = choose() if choose is not None else None
     by_dtype: dict[str, dict[str, LoopNest]] = {}
-    for output, nest in nests.items():
-        dtype = dtypes[output]
+    of = dict(dtypes)
+    for output, nest in nests:
+        dtype = of[output]
         kernel_dtypes = {n: dtype for n in (*nest.operand_names, nest.output)}
         alone = choose(nest, kernel_dtypes) if choose is not None else None
         if alone is None or _keeps_its_own(nest, alone):
             continue
         by_dtype.setdefault(dtype, {})[output] = nest
-    return tuple(group for found in by_dtype.values() for group in group_gradients(found, shapes))
+    known = dict(shapes)
+    return tuple(group for found in by_dtype.values() for group in group_gradients(found, known))
 
 
 def run_together(

@@ -241,10 +241,13 @@ def run_nest(
     def run(*values: jax.Array, extents: tuple = extents) -> jax.Array:
         return _run_local(values, nest, backend, extents, out_dtype, schedule, precision)
 
-    plan = plan_sharding(nest)
     # Unsharded operands, all-manual shard_map or nothing to split: the plain call (the
-    # partitioner would replicate it), with no extra trace.
-    if not plan.splittable or not _on_several_devices(operands):
+    # partitioner would replicate it), with no extra trace. The devices are looked at first:
+    # most calls are on one, and need no plan.
+    if not _on_several_devices(operands):
+        return run(*operands)
+    plan = plan_sharding(nest)
+    if not plan.splittable:
         return run(*operands)
     # custom_partitioning resolves every argument to a position: no keywords.
     return _partitioned(run, plan, extents)(*operands)
@@ -411,11 +414,11 @@ def output_sharding(*avals: Any, nest: LoopNest, extents: tuple, **_: Any) -> Na
     partitioned call produces it. Extra avals after the nest's operands are ignored (the
     tangent primitive's)."""
     operands = avals[: len(nest.operands)]
-    plan = plan_sharding(nest)
     mesh = next((a.sharding.mesh for a in operands if not a.sharding.mesh.empty), None)
     if mesh is None:
         mesh = avals[0].sharding.mesh if avals else jax.sharding.get_abstract_mesh()
         return NamedSharding(mesh, PartitionSpec())
+    plan = plan_sharding(nest)
     shapes = {name: shape for name, shape in extents}
     for op, aval in zip(nest.operands, operands):
         shapes[op.name] = aval.shape

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -218,23 +219,28 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tupl
     return output, tangent
 
 
+@functools.lru_cache(maxsize=4096)
 def _reads_output(nest: LoopNest, perturbed: tuple[str, ...]) -> bool:
     """Whether the tangent nest or a gradient nest of `perturbed` reads the nest's output.
 
     A tangent term takes the output as an argument only then: else an output that nothing
     else reads would stay alive in the jaxpr for its tangent's sake alone (`jax.jvp` of
     `jax.grad` keeping every first-order gradient nest though only their tangents are read).
-    A gradient that cannot be formed keeps the output (its transpose then says why).
+    The tangent nest reads it only through its reduction's scale
+    (`gradient_rules.reads_output`), so it is not derived here: reverse mode never builds it.
+    A gradient nest may read it also where it reuses the saved sum (`grad.py`); the gradients
+    are the ones reverse mode transposes with. A gradient that cannot be formed keeps the
+    output (its transpose then says why). Decided once per nest and perturbed set (a model
+    of many layers asks again per layer).
     """
     try:
         with user_facing():
-            roles = [
-                *jvp.tangent(nest, perturbed).roles,
-                *(role for w in perturbed for role in grad.gradient(nest, w).roles),
-            ]
+            if gradient_rules.reads_output(nest):
+                return True
+            roles = [role for w in perturbed for _, role in grad.gradient(nest, w).roles]
     except TensorDSLError:
         return True
-    return any(role == gradient_rules.OUTPUT for _, role in roles)
+    return gradient_rules.OUTPUT in roles
 
 
 ad.primitive_jvps[nest_p] = deeply(_jvp)

@@ -20,6 +20,7 @@ import pytest
 
 import tensordsl as td
 from codegen import config
+from codegen.c import schedule as cpu_schedule
 from codegen.c.run import build, compiler, records
 from codegen.c.run.build import build_c, clear_memory_cache
 from codegen.c.run.renaming import RENAMED_FIELDS, rename_schedule, schedule_fields
@@ -170,6 +171,37 @@ def test_gradients_are_derived_once_and_read_back(
     assert grad.gradient(nest, "X") == first  # derived again, and stored again
     assert pickle.loads(entry.read_bytes()) == first
     grad.gradient.cache_clear()
+
+
+def test_schedules_are_chosen_once_and_read_back(
+    cache: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nest = nest_of("Y[i,j] := X[i,k] * exp(W[k,j])")
+    dtypes = {"X": "float32", "W": "float32", "Y": "float32"}
+    first = cpu_schedule.choose_cpu_schedule(nest, dtypes)
+    other = cpu_schedule.choose_cpu_schedule(nest, {**dtypes, "Y": "float64"}, kernel=True)
+    cpu_schedule._kept_choice.cache_clear()
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("chosen again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cpu_schedule, "_choose", refuse)
+        assert cpu_schedule.choose_cpu_schedule(nest, dtypes) == first  # read back
+        assert (
+            cpu_schedule.choose_cpu_schedule(nest, {**dtypes, "Y": "float64"}, kernel=True) == other
+        )
+    cpu_schedule._kept_choice.cache_clear()
+    for entry in cache.glob("memo/cpu_schedule/*/*.pickle"):
+        entry.write_bytes(b"damaged")
+    assert cpu_schedule.choose_cpu_schedule(nest, dtypes) == first  # chosen again, stored again
+    # The one setting the rules read keys its own entries.
+    monkeypatch.setenv("TENSORDSL_XLA_CONTRACTIONS", "0")
+    with monkeypatch.context() as patched:
+        patched.setattr(cpu_schedule, "_choose", refuse)
+        with pytest.raises(AssertionError, match="chosen again"):
+            cpu_schedule.choose_cpu_schedule(nest, dtypes)
+    cpu_schedule._kept_choice.cache_clear()
 
 
 def test_kernels_start_building_while_a_function_is_traced(
