@@ -17,6 +17,7 @@ from codegen.c.geometry import CpuGeometry
 from codegen.c.reductions.simple import parallel_loop, scalar
 from codegen.c.tiles.outline import outlined_call
 from codegen.c.tiles.padding import LaneMasks, lane_masks, prepare_lines
+from codegen.c.tiles.prefetch import slice_prefetch_lines
 from codegen.c.tiles.rows import batch_row_calls, batch_row_sums, row_loop
 from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
 from codegen.emit.staging import Plan
@@ -237,7 +238,11 @@ def vector_extent(e: CEmitter) -> str:
 
 
 def tiled(
-    e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None, prepared: bool = False
+    e: CEmitter,
+    body: TileBody,
+    span: tuple[str, str, str] | None = None,
+    prepared: bool = False,
+    per_tile: Callable[[], Lines] | None = None,
 ) -> Lines:
     """Tile loops over the row and vector indices.
 
@@ -249,6 +254,8 @@ def tiled(
     `span` (C expressions `first, end, stored`): the vector tiles cover `[first, end)` only
     and store lanes from `stored` on (`codegen.c.emit`: the rest of a wide tile's axis).
     `prepared`: the caller allocated the padded copies and masks (`shared_masks`).
+    `per_tile`: makes the lines each tile runs before its own (called last, so that
+    the parameters it hoists come after the loops') (`codegen.c.tiles.prefetch`).
     """
     s = e.schedule
     free = e.free_symbols()
@@ -336,7 +343,7 @@ def tiled(
             part = case(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
             edge = _either(" && ".join(paths.free_condition), _either(check, full, part), edge)
         interior = _either(" && ".join(paths.condition), interior, edge)
-    lines = [*tile, *interior]
+    lines = [*tile, *(per_tile() if per_tile else []), *interior]
     for x in reversed(free):
         if x.name in (s.row, s.vector):
             number, count = e.tile_name("ti", x), e.tile_name("nt", x)
@@ -392,7 +399,7 @@ def tile(e: CEmitter, span: tuple[str, str, str] | None = None, prepared: bool =
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
         return lines + lane_loops(p, rn, wn, stored(p, [p.store_line(sub)]))
 
-    return tiled(e, body, span, prepared)
+    return tiled(e, body, span, prepared, per_tile=lambda: slice_prefetch_lines(e))
 
 
 def stored(e: CEmitter, lines: Lines, *, whole: bool = False) -> Lines:
