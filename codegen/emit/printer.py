@@ -164,19 +164,26 @@ class CPrinter(C99CodePrinter):
     _print_Dummy = _print_Symbol
 
     def _print_Indexed(self, expr: sympy.Indexed) -> str:
+        view, offset = self.tensors[str(expr.base.name)], self.offset(expr)
+        if self._index_mode and view.integer:
+            return f"(({self.int_type}){view.cname}[{offset}])"
+        return view.load.format(f"{view.cname}[{offset}]")
+
+    def offset(self, expr: sympy.Indexed, *, zeros: bool = True) -> str:
+        """The element offset of a tensor access, in index arithmetic (`zeros`: with the
+        terms of axes read at 0)."""
         view = self.tensors[str(expr.base.name)]
         parts = []
         for index, stride in zip(expr.indices, view.strides, strict=True):
+            if not zeros and index == 0:
+                continue
             text = self.index(index)
             if stride is None:
                 parts.append(text)
             else:
                 needs_parens = isinstance(index, sympy.Add)
                 parts.append(f"({text})*{stride}" if needs_parens else f"{text}*{stride}")
-        offset = " + ".join(parts) if parts else "0"
-        if self._index_mode and view.integer:
-            return f"(({self.int_type}){view.cname}[{offset}])"
-        return view.load.format(f"{view.cname}[{offset}]")
+        return " + ".join(parts) if parts else "0"
 
     def _print_Pow(self, expr: sympy.Pow) -> str:
         base, exponent = expr.args

@@ -13,62 +13,15 @@ from dataclasses import dataclass
 
 import sympy
 
-from codegen.c.geometry import CpuGeometry
 from codegen.c.reductions.simple import parallel_loop, scalar
+from codegen.c.tiles.lanes import CEmitter, lane_levels, lane_loops
 from codegen.c.tiles.outline import outlined_call
 from codegen.c.tiles.padding import LaneMasks, lane_masks, prepare_lines
-from codegen.c.tiles.rows import batch_row_calls, batch_row_sums, row_loop
-from codegen.emit.emitter import Emitter, Lines, block_lines, indent_lines
-from codegen.emit.staging import Plan
+from codegen.c.tiles.prefetch import slice_prefetch_lines
+from codegen.c.tiles.unswitch import row_condition, unswitched
+from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.ir.affine import affine_parts
 from codegen.ir.nest import Term, extent_of
-
-CEmitter = Emitter[CpuGeometry]
-
-
-def lane_loops(
-    e: CEmitter,
-    rn: str,
-    wn: str,
-    inner: Lines,
-    simd: bool = True,
-    plan: Plan | None = None,
-    level: int = 0,
-    around: tuple[Lines, Lines] = ([], []),
-    selected: bool = False,
-) -> Lines:
-    """Loops over the register tile: rows (if any) outside, simd lanes inside. With a `plan`,
-    the row loop's body starts with the plan's level `level` and the lane loop's with the
-    next one (or the lane loop's with `level` when there is no row). `around` are lines of
-    the lane loop before and after its level (outside that level's tests). `selected`:
-    `inner` already holds the lane level's statements and tests (`selected_fold_lines`)."""
-    s = e.schedule
-    vector = sympy.Symbol(s.vector or "", integer=True)
-    vec, vec0 = e.printer.index(vector), e.tile_name("o", vector)
-    vector_level = level + 1 if s.row else level
-    if plan is not None and not selected:
-        inner = e.level_lines(plan, vector_level, inner, simd=simd)
-    lane = [f"const int64_t {vec} = {vec0} + w_;", *around[0], *inner, *around[1]]
-    lines = block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", lane)
-    # Fully unrolled tile loops keep the accumulators in registers.
-    lines = (["#pragma omp simd"] if simd else [f"#pragma GCC unroll {s.width}"]) + lines
-    if s.row is None:
-        return lines
-    batched: Lines = []
-    if plan is not None:
-        plan, batched, sums = batch_row_sums(e, plan, level, rn)
-        plan, calls = batch_row_calls(e, plan, level, rn, sums)
-        batched += calls
-        lines = e.level_lines(plan, level, lines)
-    return batched + row_loop(e, rn, lines)
-
-
-def lane_levels(e: CEmitter) -> list[list[sympy.Symbol]]:
-    """The levels of the tile's row (if any) and vector lanes."""
-    s = e.schedule
-    names = [s.row, s.vector] if s.row else [s.vector]
-    return [[sympy.Symbol(name or "", integer=True)] for name in names]
-
 
 TileBody = Callable[[CEmitter, str, str, Sequence[Sequence[sympy.Expr]]], Lines]
 
@@ -237,7 +190,11 @@ def vector_extent(e: CEmitter) -> str:
 
 
 def tiled(
-    e: CEmitter, body: TileBody, span: tuple[str, str, str] | None = None, prepared: bool = False
+    e: CEmitter,
+    body: TileBody,
+    span: tuple[str, str, str] | None = None,
+    prepared: bool = False,
+    per_tile: Callable[[], Lines] | None = None,
 ) -> Lines:
     """Tile loops over the row and vector indices.
 
@@ -249,6 +206,8 @@ def tiled(
     `span` (C expressions `first, end, stored`): the vector tiles cover `[first, end)` only
     and store lanes from `stored` on (`codegen.c.emit`: the rest of a wide tile's axis).
     `prepared`: the caller allocated the padded copies and masks (`shared_masks`).
+    `per_tile`: makes the lines each tile runs before its own (called last, so that
+    the parameters it hoists come after the loops') (`codegen.c.tiles.prefetch`).
     """
     s = e.schedule
     free = e.free_symbols()
@@ -336,7 +295,7 @@ def tiled(
             part = case(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
             edge = _either(" && ".join(paths.free_condition), _either(check, full, part), edge)
         interior = _either(" && ".join(paths.condition), interior, edge)
-    lines = [*tile, *interior]
+    lines = [*tile, *(per_tile() if per_tile else []), *interior]
     for x in reversed(free):
         if x.name in (s.row, s.vector):
             number, count = e.tile_name("ti", x), e.tile_name("nt", x)
@@ -392,7 +351,7 @@ def tile(e: CEmitter, span: tuple[str, str, str] | None = None, prepared: bool =
             lines += ["{", *indent_lines(p.level_lines(plan, 0, loops)), "}"]
         return lines + lane_loops(p, rn, wn, stored(p, [p.store_line(sub)]))
 
-    return tiled(e, body, span, prepared)
+    return tiled(e, body, span, prepared, per_tile=lambda: slice_prefetch_lines(e))
 
 
 def stored(e: CEmitter, lines: Lines, *, whole: bool = False) -> Lines:
@@ -416,6 +375,9 @@ def _elementwise(p: CEmitter, rn: str, wn: str, tests: Sequence[Sequence[sympy.E
         plan = p.plan(0, [[], *lanes], tests[0], hoist_conditions=True)  # staging.selection
         if not any(plan.tests[:-1]):
             around = ([*p.declare()], stored(p, [p.store_line()], whole=whole))
+            switched = row_condition(plan, len(lanes))
+            if switched is not None:
+                return p.level_lines(plan, 0, unswitched(p, rn, wn, plan, switched, around))
             lines = lane_loops(
                 p, rn, wn, p.fold_lines(0, plan, ""), plan=plan, level=1, around=around
             )

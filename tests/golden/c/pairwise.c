@@ -125,6 +125,13 @@ void tdsl_D_forward_a38d1be5(void *out, const void *const *operands, const int64
                 int64_t wn_;
                 int64_t sk_;
                 const int64_t o_j = tdsl_tile(ti_j, 0, ta_j, te_j, P1, 32, &wn_, &sk_);
+                if (ti_i == 0 && ti_j == 0) {
+                    const int64_t pa0_ = 0;
+                    const int64_t pz0_ = tdsl_imin((P2 - 1)*s_W_0 + P0 - 1, pa0_ + (int64_t)(1048576 / sizeof(*in_W)));
+                    for (int64_t k_ = pa0_; k_ <= pz0_; k_ += (int64_t)(64 / sizeof(*in_W))) {
+                        __builtin_prefetch((const void *)((uintptr_t)in_W + sizeof(*in_W) * (uintptr_t)k_));
+                    }
+                }
                 if (rn_ == 6 && wn_ == 32) {
                     float acc_[6][32];
                     #pragma GCC unroll 6
