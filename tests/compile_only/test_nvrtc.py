@@ -1,4 +1,5 @@
 """Every generated CUDA kernel compiles with NVRTC; entry points, parameters and spills.
+(By default those of the corpus's sample, `tests/sampling.py`; `-m exhaustive`: every one.)
 
 Needs NVRTC only (`pip install "cupy-cuda13x[ctk]"`), no GPU. Compiled results are cached
 in memory by `codegen.cuda.run.nvrtc`, so each kernel is compiled once per architecture per session.
@@ -18,6 +19,8 @@ from codegen.cuda.schedule import GpuSchedule, candidate_gpu_schedules, choose_g
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.compile_only.nests import Named, all_nests, dtypes
+from tests.corpus import CORPUS
+from tests.sampling import by_case, corpus_sample_names
 
 pytestmark = pytest.mark.skipif(
     not nvrtc.available(), reason='NVRTC unavailable: pip install "cupy-cuda13x[ctk]"'
@@ -58,7 +61,9 @@ def check_ptx(source: CudaSource, arch: str = "compute_80", ptx: str | None = No
         assert set(params) <= {".u64", ".s64"}, params
 
 
-@pytest.mark.parametrize("named", NESTS, ids=lambda n: n.id)
+@pytest.mark.parametrize(
+    "named", by_case(NESTS, corpus_sample_names(CORPUS), lambda n: n.case, lambda n: n.id)
+)
 def test_compiles_for_sm90_without_spills(named: Named) -> None:
     source = emit(named)
     cubin = nvrtc.compile_source(source.text, arch="sm_90", options=["--ptxas-options=-v"])

@@ -13,6 +13,7 @@ import pytest
 
 import tensordsl as td
 from tests.backends import BACKENDS, generated_kernels  # noqa: F401 (a fixture)
+from tests.sampling import product
 
 pytestmark = pytest.mark.usefixtures("generated_kernels")
 
@@ -88,8 +89,7 @@ def test_each_term_is_summed_over_the_indices_it_reads(backend, source):
 GRADIENT_CASES = [s for s in CASES if not s.startswith(("(max)", "(prod)"))]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", GRADIENT_CASES)
+@pytest.mark.parametrize(("source", "backend"), product(GRADIENT_CASES, BACKENDS, every=3, cover=1))
 def test_gradients_follow_the_rule(backend, source):
     names, oracle = CASES[source]
     values = _inputs(names)

@@ -1,7 +1,9 @@
 """Every CUDA nest of the corpus, run under the CUDA emulator, against the float64 reference.
 
 * every forward, auxiliary and gradient nest with the heuristic's schedule in float32, in
-  both scheduling orders (all kernels compiled in a few translation units);
+  both scheduling orders (all kernels compiled in a few translation units): by default those
+  of the corpus's sample (`tests/sampling.py`: every function, reduction and kind of access),
+  with `-m exhaustive` those of every corpus case;
 * a representative subset (every GPU strategy: thread, tile, smem, pairwise, block, split,
   rows, columns; int32 and int64 indices; one and two reduction states; integer outputs and
   inputs; several terms; constraint bounds) with every candidate schedule, in float32, float64,
@@ -23,7 +25,9 @@ import pytest
 from codegen.cuda.emulator import emulate
 from codegen.cuda.schedule import candidate_gpu_schedules
 from tests.compile_only.nests import all_nests
+from tests.corpus import CORPUS
 from tests.gpu import emulated
+from tests.sampling import by_case, corpus_sample_names
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason=f"CUDA emulator: {emulate.unavailable_reason()}"
@@ -59,9 +63,15 @@ def instance(nest_id: str, factor: int = 1) -> emulated.Instance:
 
 
 @pytest.fixture(scope="module")
-def heuristic_float32() -> None:
-    """Compile every nest's float32 kernel with the heuristic's schedule, up front."""
-    emulated.build_all(emulated.launch(instance(i), "float32") for i in IDS)
+def heuristic_float32(request: pytest.FixtureRequest) -> None:
+    """Compile the float32 kernel of every nest this run tests, with the heuristic's schedule,
+    up front (the nests of the default sample, or every nest with `-m exhaustive`)."""
+    selected = {
+        item.callspec.params["nest_id"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_heuristic_schedule_float32"
+    }
+    emulated.build_all(emulated.launch(instance(i), "float32") for i in IDS if i in selected)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +85,9 @@ def every_schedule() -> None:
     emulated.build_all(launches)
 
 
-@pytest.mark.parametrize("nest_id", IDS)
+@pytest.mark.parametrize(
+    "nest_id", by_case(IDS, corpus_sample_names(CORPUS), lambda i: i.split("-")[0])
+)
 def test_heuristic_schedule_float32(nest_id: str, heuristic_float32: None) -> None:
     emulated.check(instance(nest_id), "float32", [None], ORDERS)
 

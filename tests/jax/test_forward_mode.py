@@ -15,6 +15,7 @@ import pytest
 import tensordsl as td
 from tests.corpus import CORPUS, CORPUS_BY_NAME, make_inputs
 from tests.gpu.test_cuda_backend import EMULATED, REASON
+from tests.sampling import EXHAUSTIVE
 
 SMOOTH = [c for c in CORPUS if c.differentiable and not c.ties]
 DIFFERENTIABLE = [c for c in CORPUS if c.differentiable]
@@ -179,9 +180,19 @@ def _twin(source, reduce, twin):
 
 
 @pytest.mark.parametrize(
-    "source, reduce, twin, shapes", HESSIAN_CASES, ids=[f"{c[1]}:{c[0]}" for c in HESSIAN_CASES]
+    "source, reduce, twin, shapes, backend",
+    # Every case on C; on the reference back end every other one (`-m exhaustive`: all).
+    [
+        pytest.param(
+            *case,
+            backend,
+            id=f"{case[1]}:{case[0]}-{backend}",
+            marks=(EXHAUSTIVE,) if backend == "reference" and position % 2 else (),
+        )
+        for position, case in enumerate(HESSIAN_CASES)
+        for backend in ("reference", "c")
+    ],
 )
-@pytest.mark.parametrize("backend", ["reference", "c"])
 def test_hessian_and_forward_over_reverse(source, reduce, twin, shapes, backend):
     """hessian (jacfwd of jacrev) and jvp of grad (Hessian-vector products) of a scalar loss
     through the kernel, against the same loss through jnp."""

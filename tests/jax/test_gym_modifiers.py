@@ -16,6 +16,7 @@ import tensordsl as td
 from tensordsl import nn
 from tensordsl.explain.timing import nest_equations
 from tests.backends import BACKENDS
+from tests.sampling import product
 
 TOLERANCE = {"float64": 1e-9, "float32": 3e-4}
 
@@ -80,9 +81,10 @@ POWERS = {  # body over X[h] (h < 5): numpy float64 of X and h
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("body", sorted(POWERS))
+@pytest.mark.parametrize(
+    ("body", "dtype", "backend"),
+    product(sorted(POWERS), ["float64", "float32"], BACKENDS, every=3),
+)
 def test_powers_follow_ieee_floats(backend, dtype, body):
     """An integer base with a negative or index-valued exponent is a float power (0.5, 0.25,
     ...), never a truncated or wrapped integer one; its gradient too."""

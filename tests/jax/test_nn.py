@@ -16,6 +16,7 @@ from tensordsl import nn
 from tensordsl.explain.timing import nest_equations
 from tests.backends import BACKENDS as ALL_BACKENDS
 from tests.backends import generated_kernels  # noqa: F401 (a fixture)
+from tests.sampling import product
 
 BACKENDS = ("reference", "c")
 DTYPES = ("float64", "float32")
@@ -270,9 +271,9 @@ ATTENTION = {  # name: (options of nn.attention, jnp reference options); T = 6, 
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", sorted(ATTENTION))
+@pytest.mark.parametrize(
+    ("case", "dtype", "backend"), product(sorted(ATTENTION), DTYPES, BACKENDS, every=3)
+)
 def test_attention(backend, dtype, case):
     ours, theirs = ATTENTION[case]
     rng = _rng(9)
@@ -503,9 +504,9 @@ GROUPED = {  # name: (nn.attention options, attention_jnp options built from the
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", sorted(GROUPED))
-@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize(
+    ("kv_heads", "case", "backend"), product([1, 2], sorted(GROUPED), BACKENDS, every=3)
+)
 def test_attention_grouped_query_heads(backend, case, kv_heads):
     """K and V with fewer heads than q (grouped-query; multi-query with one head), the query
     head read by the modifiers; gradients of q, k, v and a per-head table."""
