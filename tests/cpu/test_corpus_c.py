@@ -1,4 +1,5 @@
-"""The corpus and all its gradients through td.kernel(backend="c"), against references."""
+"""The corpus and all its gradients through td.kernel(backend="c"), against references (by
+default the corpus's sample, `tests/sampling.py`: every feature; `-m exhaustive` the rest)."""
 
 from __future__ import annotations
 
