@@ -44,10 +44,10 @@ def sampled(
     covered: set[Hashable] = set()
     found = []
     for position, case in enumerate(cases):
-        new = set(features(case)) - covered
-        kept = position % every == 0 or bool(new)
+        own = set(features(case))
+        kept = position % every == 0 or not own <= covered
         if kept:
-            covered |= set(features(case))
+            covered |= own
         marks = () if kept else (EXHAUSTIVE,)
         found.append(pytest.param(case, id=ids(case), marks=marks))
     return found
