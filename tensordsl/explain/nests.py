@@ -26,6 +26,7 @@ from typing import Any
 import sympy
 
 from codegen.ir.bounds import loop_bounds
+from codegen.ir.ieee import IeeeAdd
 from codegen.ir.nest import (
     LoopNest,
     Range,
@@ -89,7 +90,11 @@ def nest_lines(
     lines = []
     for n, term in enumerate(nest.terms):
         lead = f"{lhs} {assign} " if n == 0 else " " * len(lhs) + " " * len(assign) + "+ "
-        text = f"{_sum_prefix(nest, term)}{_body_source(show(term.body), first, order)}"
+        body = show(term.body)
+        text = _body_source(body, first, order)
+        if term.reduced and isinstance(body, (sympy.Add, IeeeAdd)):
+            text = f"({text})"  # `sum_j (X[i, j] + c[i])`: the whole sum is summed
+        text = f"{_sum_prefix(nest, term)}{text}"
         if n > 0 and not term.reduced and text.startswith("-"):
             lead, text = lead[:-2] + "- ", text[1:]  # `- b[i]`, not `+ -b[i]`
         # Parentheses show where each reduction ends: `(sum_i W*X) + c[o]` adds c once.

@@ -49,6 +49,15 @@ def test_the_users_order_of_terms_is_kept():
     assert "  db[i] = -dY[i]\n" in text
 
 
+def test_a_summed_sum_is_parenthesised_after_its_reduction():
+    # One term whose parts read different reduced indices (codegen/ir/source.py prints it as
+    # `pow(..., 1)`): c is added at every j, so the sum reads `sum_j (X + c)`, not `sum_j X + c`.
+    text = td.kernel("Y[i] := pow(X[i,j] + c[i], 1)", backend="c").explain()
+    assert "  Y[i] = sum_j (X[i, j] + c[i])\n" in text
+    text = td.kernel("Y[i] := X[i,j] + c[i]", backend="c").explain()
+    assert "  Y[i] = (sum_j X[i, j])\n       + c[i]\n" in text
+
+
 def test_tests_the_shapes_imply_are_left_out_and_the_others_kept():
     # k indexes W and X alone: their extents agree, so `W.shape[0] - k - 1 >= 0` always holds
     text = td.kernel("D[i,j] := (W[k,i] - X[k,j])^2", backend="reference").explain()
