@@ -53,6 +53,17 @@ def sampled(
     return found
 
 
+def selected_params(request: pytest.FixtureRequest, test: str) -> list[dict[str, Any]]:
+    """The parameters of each case of test function `test` that this run selected (after
+    `-m`, `-k` and node ids): what a module fixture that builds every case's kernels up
+    front needs to build."""
+    return [
+        item.callspec.params
+        for item in request.session.items
+        if getattr(item, "originalname", None) == test
+    ]
+
+
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
 _OPERATOR = re.compile(r"\^|//|%|<=|>=|==|!=|<|>|&|\||\band\b|\bor\b|\bnot\b")
 

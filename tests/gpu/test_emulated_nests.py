@@ -27,7 +27,7 @@ from codegen.cuda.schedule import candidate_gpu_schedules
 from tests.compile_only.nests import all_nests
 from tests.corpus import CORPUS
 from tests.gpu import emulated
-from tests.sampling import by_case, corpus_sample_names
+from tests.sampling import by_case, corpus_sample_names, selected_params
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason=f"CUDA emulator: {emulate.unavailable_reason()}"
@@ -66,11 +66,7 @@ def instance(nest_id: str, factor: int = 1) -> emulated.Instance:
 def heuristic_float32(request: pytest.FixtureRequest) -> None:
     """Compile the float32 kernel of every nest this run tests, with the heuristic's schedule,
     up front (the nests of the default sample, or every nest with `-m exhaustive`)."""
-    selected = {
-        item.callspec.params["nest_id"]
-        for item in request.session.items
-        if getattr(item, "originalname", None) == "test_heuristic_schedule_float32"
-    }
+    selected = {p["nest_id"] for p in selected_params(request, "test_heuristic_schedule_float32")}
     emulated.build_all(emulated.launch(instance(i), "float32") for i in IDS if i in selected)
 
 

@@ -30,7 +30,7 @@ from tensordsl.backends import cuda as gpu
 from tensordsl.frontend.lower import lower
 from tensordsl.frontend.parse import parse
 from tests.gpu import emulated
-from tests.sampling import product
+from tests.sampling import product, selected_params
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason=f"CUDA emulator: {emulate.unavailable_reason()}"
@@ -101,9 +101,7 @@ def compiled(request: pytest.FixtureRequest) -> None:
     """Compile every kernel this run tests up front, many per compiler call."""
     selected = {
         (p["reduction"], p["shape"], p["name"])
-        for item in request.session.items
-        if getattr(item, "originalname", None) == "test_values_against_float64_in_both_orders"
-        for p in [item.callspec.params]
+        for p in selected_params(request, "test_values_against_float64_in_both_orders")
     }
     emulated.build_all(launch(*case) for case in CASES if (case[0], case[1], case[3]) in selected)
 
