@@ -74,7 +74,7 @@ def sympy_text(expr: sympy.Basic) -> str:
             elif isinstance(node, sympy.Float):  # equal floats may differ in precision
                 found = sympy.srepr(node)
             else:
-                found = _atom_text(type(node), node)
+                found = _atom_text(f"{type(node).__module__}.{type(node).__qualname__}", node)
             done[id(node)] = found
         return found
 
@@ -82,9 +82,9 @@ def sympy_text(expr: sympy.Basic) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _atom_text(kind: type, atom: sympy.Basic) -> str:
-    """`srepr` of an atom, once per process for equal atoms of one class (a symbol equals
-    only a symbol of its name and assumptions)."""
+def _atom_text(kind: str, atom: sympy.Basic) -> str:
+    """`srepr` of an atom, once per process for equal atoms of one class, `kind` (a symbol
+    equals only a symbol of its name and assumptions)."""
     return sympy.srepr(atom)
 
 
