@@ -21,7 +21,11 @@ float32, at (B=4, T=64, D=64, H=4) and (B=4, T=256, D=128, H=4). Per size and im
   `TENSORDSL_CACHE_DIR`), warm (a second process on that cache) and a 12-layer stack warm;
   both warm again with JAX's persistent compilation cache (`jax_compilation_cache_dir`,
   filled by an untimed process before); jax.numpy's first calls for comparison. --quick
-  runs our warm ones only, on tiny sizes;
+  runs our warm ones only, on tiny sizes. The checkout's Python files are byte-compiled
+  first (`compileall`), as an installed package is: a child that inherits
+  `PYTHONDONTWRITEBYTECODE=1` would otherwise compile every module it imports from source,
+  in every process (0.04-0.05 s of a warm first call under cProfile, 43 modules: the C back
+  end is imported at the first kernel's call);
 * the slowest nests of the largest block, each timed alone (`block_profile`, also
   `python -m benchmarks.profile_nests --gpt`).
 """
@@ -29,6 +33,7 @@ float32, at (B=4, T=64, D=64, H=4) and (B=4, T=256, D=128, H=4). Per size and im
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import dataclasses
 import json
@@ -46,6 +51,7 @@ import numpy as np
 from benchmarks import layers
 from benchmarks.common import (
     RESULTS_MD,
+    ROOT,
     by_implementation,
     child_env,
     finish_run,
@@ -237,6 +243,8 @@ def first_calls(quick: bool) -> list[dict[str, Any]]:
     """Cold, warm and stacked first calls, each in a fresh process, one after another."""
     size = QUICK_SIZES[0] if quick else SIZES[0]
     stack = QUICK_STACK if quick else STACK
+    for package in ("tensordsl", "codegen", "benchmarks"):  # bytecode, as installed
+        compileall.compile_dir(ROOT / package, quiet=1)
     cache = tempfile.mkdtemp(prefix="tensordsl-cold-")
     jax_cache = tempfile.mkdtemp(prefix="jax-compilation-cache-")
     # Cold with tiered builds (the default: unoptimised kernels first), then cold with
@@ -421,15 +429,16 @@ only, waited for, on another empty cache; "warm": the next process on the first 
 cache of compiled XLA programs, filled by an untimed process just before), so XLA's compile
 of the traced program is read back: what is left is tracing. The first call includes
 tracing, building the kernels, XLA's compilation and one run (the second call is one run);
-jax.numpy's first call is given for scale. "kernels defined": importing tensordsl and
-creating the block's kernels (`td.kernel`: parse and lower), timed before the first call, as
-a model defines its layers before calling them (until 2026-11-22 it was part of the first
-call). "CPU s": CPU time (user + system) of the first call in the Python process (all its
-threads) and in the compilers it ran. On this shared machine the kernel schedules CPU time
-fairly between sessions (autogroup), so a loaded machine gives this benchmark about the
-same CPU rate however many threads it runs: wall times here show CPU time, not
-parallelism. "shared": kernels that took the library of a nest with the same canonical
-form (`compiler.STATS`).
+jax.numpy's first call is given for scale. The checkout is byte-compiled before
+(`compileall`), as an installed package is, so no process compiles Python source. "kernels
+defined": importing tensordsl and creating the block's kernels (`td.kernel`: parse and
+lower), timed before the first call, as a model defines its layers before calling them
+(until 2026-11-22 it was part of the first call). "CPU s": CPU time (user + system) of
+the first call in the Python process (all its threads) and in the compilers it ran. On this
+shared machine the kernel schedules CPU time fairly between sessions (autogroup), so a loaded
+machine gives this benchmark about the same CPU rate however many threads it runs: wall times
+here show CPU time, not parallelism. "shared": kernels that took the library of a nest with
+the same canonical form (`compiler.STATS`).
 
 {calls_table(calls)}
 

@@ -4,15 +4,16 @@ A memo (`memo/<namespace>/<2 hex>/<digest>.pickle` under `config.cache_dir()`) i
 computed once and pickled: the gradient nests of `codegen.passes.grad.gradient`, the CPU
 schedules of `codegen.c.schedule.choose_cpu_schedule`, the compiler's version line and OpenMP
 flags (`codegen.c.run.compiler`). A key is the sha256 of the complete text of its parts
-(`key_text`: every field of every dataclass, sympy expressions in `srepr`, so equal texts mean
-equal values) and of a version: a digest of the source files of the compiler
-(`source_version`), so any change to the code generator or the derivation starts new entries.
+(`key_text`: every field of every dataclass, sympy expressions as `srepr` prints them with
+their arguments in sympy's order (`sympy_text`), so equal texts mean equal values) and of a
+version: a digest of the source files of the compiler (`source_version`), so any change to the
+code generator or the derivation starts new entries.
 Entries are written atomically; one that cannot be read or does not hold what is expected
 counts as missing and is computed again.
 
 >>> from codegen.ir.nest import extent_symbol
 >>> key_text((extent_symbol("X", 0) + 1, "a"))
-"(Add(Symbol('X.shape[0]', integer=True, nonnegative=True), Integer(1)), 'a',)"
+"(Add(Integer(1), Symbol('X.shape[0]', integer=True, nonnegative=True)), 'a',)"
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ CODEGEN_ROOT = pathlib.Path(__file__).resolve().parents[1]
 def key_text(value: Any) -> str:
     """A complete, deterministic text of `value` (dataclasses, tuples, sympy, plain values)."""
     if isinstance(value, sympy.Basic):
-        return sympy.srepr(value)
+        return sympy_text(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         record: Any = value
         try:
@@ -49,6 +50,42 @@ def key_text(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return "(" + "".join(f"{key_text(v)}, " for v in value).rstrip() + ")"
     return repr(value)
+
+
+def sympy_text(expr: sympy.Basic) -> str:
+    """`expr` as `srepr` prints it, but with the arguments in sympy's own order: an
+    expression is its class applied to its `args` (`expr.func(*expr.args) == expr`), and an
+    atom (no arguments) is its `srepr` (a symbol's assumptions, a float's precision). `srepr`
+    sorts the terms of every sum and product for display, which costs more than the rest of
+    a key; the `args` order is already canonical (`Basic.compare`), the same in every
+    process. A subexpression shared within `expr` is printed once.
+
+    >>> x = sympy.Symbol("x", real=True)
+    >>> sympy_text(2 * x + 1)
+    "Add(Integer(1), Mul(Integer(2), Symbol('x', real=True)))"
+    """
+    done: dict[int, str] = {}
+
+    def text(node: sympy.Basic) -> str:
+        found = done.get(id(node))
+        if found is None:
+            if node.args:
+                found = f"{type(node).__name__}({', '.join(map(text, node.args))})"
+            elif isinstance(node, sympy.Float):  # equal floats may differ in precision
+                found = sympy.srepr(node)
+            else:
+                found = _atom_text(f"{type(node).__module__}.{type(node).__qualname__}", node)
+            done[id(node)] = found
+        return found
+
+    return text(expr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _atom_text(kind: str, atom: sympy.Basic) -> str:
+    """`srepr` of an atom, once per process for equal atoms of one class, `kind` (a symbol
+    equals only a symbol of its name and assumptions)."""
+    return sympy.srepr(atom)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -21,7 +21,7 @@ import ctypes
 import functools
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -113,13 +113,8 @@ def run_c(
         if found is not None:
             return found
         schedule = _heuristic(nest, tuple(sorted(dtypes.items())), False)
-    compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
-    result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.dtype(dtype))
-    extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
+    compiled, result, params = _kernel_call(nest, dtypes, schedule, operands, shapes, dtype)
     poison = config.poison_outputs()
-    # Shapes are static per trace, so the kernel's parameter array is a constant of the call.
-    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
-    params = compiled.host_parameters(full)
     if config.cpu_call() == "ffi" and compiled.ffi_handler is not None:
         return _call_ffi(compiled, operands, result, params, poison)
     return _call_callback(compiled, operands, result, params, poison)
@@ -145,6 +140,54 @@ def run_c_eager(
     extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
     compiled(out, operands, extents)
     return out
+
+
+class FfiCall(NamedTuple):
+    """The XLA FFI custom call that runs a kernel: its target and its attributes."""
+
+    target: str
+    attributes: dict[str, Any]
+
+
+def ffi_call_c(
+    nest: LoopNest,
+    operands: Sequence[Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: Any,
+    schedule: Schedule | None = None,
+    *,
+    precision: Any = None,
+) -> FfiCall | None:
+    """The FFI call `run_c` makes for `nest` on operands of these types (anything with a
+    `shape` and a `dtype`), for `nest_p`'s lowering to emit without tracing `run_c`; None
+    where `run_c` does anything else (the "xla" strategy, the callback). `precision` is that
+    of XLA's dots: a kernel has none."""
+    dtypes = kernel_dtypes(nest, [a.dtype for a in operands], dtype)
+    schedule = _schedule(nest, dtypes, schedule)
+    if schedule.strategy == "xla" or config.cpu_call() != "ffi":
+        return None
+    compiled, _, params = _kernel_call(nest, dtypes, schedule, operands, shapes, dtype)
+    if compiled.ffi_handler is None:
+        return None
+    poison = np.int32(config.poison_outputs())
+    return FfiCall(register_ffi_target(compiled), {"params": params, "poison": poison})
+
+
+def _kernel_call(
+    nest: LoopNest,
+    dtypes: Mapping[str, str],
+    schedule: Schedule,
+    operands: Sequence[Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: Any,
+) -> tuple[CompiledNest, jax.ShapeDtypeStruct, np.ndarray]:
+    """The kernel of `nest` (built or loaded), its result's type and its parameter array."""
+    compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
+    result = jax.ShapeDtypeStruct(output_shape(nest, shapes), jnp.dtype(dtype))
+    extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
+    # Shapes are static per trace, so the kernel's parameter array is a constant of the call.
+    full = compiled.all_extents([np.shape(a) for a in operands], result.shape, extents)
+    return compiled, result, compiled.host_parameters(full)
 
 
 def scatter_rows(rows: jax.Array, positions: jax.Array, size: int) -> jax.Array | None:

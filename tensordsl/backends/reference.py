@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -89,7 +89,7 @@ class Evaluator:
 
     def __init__(
         self,
-        grid: dict[sympy.Symbol, jax.Array],
+        grid: Mapping[sympy.Symbol, jax.Array],
         operands: Mapping[str, Any],
         extents: Mapping[sympy.Symbol, int],
         dtype: Any,
@@ -178,16 +178,43 @@ class Evaluator:
         return result
 
 
-def grid(ranges: tuple[Range, ...], extents: Mapping[sympy.Symbol, int]) -> tuple[dict, tuple]:
-    """One broadcastable index array per range, and the shape of the whole grid."""
-    points, lengths = {}, []
+class Points(Mapping[sympy.Symbol, jax.Array]):
+    """A grid's index arrays by index symbol, one broadcastable array per range, each made
+    when first read: an index read only by plain accesses, which the XLA path takes as
+    views (`tensordsl.backends.xla_dot`), needs none traced."""
+
+    def __init__(self, spans: dict[sympy.Symbol, tuple[int, int, int]], ndim: int):
+        self._spans, self._ndim = spans, ndim  # index -> (axis, start, length)
+        self._made: dict[sympy.Symbol, jax.Array] = {}
+
+    def __getitem__(self, index: sympy.Symbol) -> jax.Array:
+        found = self._made.get(index)
+        if found is None:
+            axis, start, length = self._spans[index]
+            shape = [1] * self._ndim
+            shape[axis] = length
+            found = self._made[index] = jnp.arange(start, start + length).reshape(shape)
+        return found
+
+    def __contains__(self, index: object) -> bool:
+        return index in self._spans
+
+    def __iter__(self) -> Iterator[sympy.Symbol]:
+        return iter(self._spans)
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+
+def grid(ranges: tuple[Range, ...], extents: Mapping[sympy.Symbol, int]) -> tuple[Points, tuple]:
+    """One broadcastable index array per range (made when first read), and the shape of
+    the whole grid."""
+    spans, lengths = {}, []
     for axis, r in enumerate(ranges):
         start, stop = evaluate_int(r.start, extents), evaluate_int(r.stop, extents)
         lengths.append(max(0, stop - start))
-        shape = [1] * len(ranges)
-        shape[axis] = lengths[-1]
-        points[r.index] = jnp.arange(start, start + lengths[-1]).reshape(shape)
-    return points, tuple(lengths)
+        spans[r.index] = (axis, start, lengths[-1])
+    return Points(spans, len(ranges)), tuple(lengths)
 
 
 def term_values(

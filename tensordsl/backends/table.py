@@ -98,6 +98,11 @@ class Backend:
     schedule_type: Callable[[], type] | None = None
     #: Checks a schedule against a nest, `validate(nest, schedule)`, raising ValueError.
     validate_schedule: Callable[[], Callable[..., None]] | None = None
+    #: The XLA FFI call its runner would trace for a nest, `call(nest, operand types,
+    #: shapes, dtype, schedule, *, precision)` -> an object with `target` and `attributes`,
+    #: or None where the runner does anything else: `nest_p`'s lowering emits that custom
+    #: call directly instead of tracing the runner; None: the runner is always traced.
+    ffi_call: Callable[[], Callable[..., Any]] | None = None
     #: The static report of its kernels for a call's shapes (`explain(shapes, target=)`).
     static_report: Callable[[], StaticReport] | None = None
     #: Its one-pass kernel in words for concrete shapes, `lines(nest, shapes, *, spell)`, each
@@ -205,6 +210,12 @@ def _c_row_scatter() -> Callable[..., Any]:
     return scatter_rows
 
 
+def _c_ffi_call() -> Callable[..., Any]:
+    from tensordsl.backends.c import ffi_call_c
+
+    return ffi_call_c
+
+
 def _c_row_gather() -> Callable[..., Any]:
     from tensordsl.backends.c import gather_rows
 
@@ -306,6 +317,7 @@ BACKENDS: dict[str, Backend] = {
         row_scatter=_c_row_scatter,
         row_gather=_c_row_gather,
         eager=_eager_c,
+        ffi_call=_c_ffi_call,
     ),
     "cuda": Backend(
         "cuda",

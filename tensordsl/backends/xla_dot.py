@@ -278,12 +278,12 @@ def _elementwise(
     """A term over the output's indices (and its few reduced points), summed; `minor`: its
     nested contractions in `cpu_dot_form`."""
     ranges = (*nest.free, *term.reduced)
-    spans = {
-        r.index: (axis, evaluate_int(r.start, extents), evaluate_int(r.stop - r.start, extents))
-        for axis, r in enumerate(ranges)
-    }
+    spans = {}
+    for axis, r in enumerate(ranges):
+        start = evaluate_int(r.start, extents)
+        spans[r.index] = (axis, start, evaluate_int(r.stop, extents) - start)
 
-    def evaluator(grid: dict, operands: Any, extents: Any, dtype: Any) -> Evaluator:
+    def evaluator(grid: Mapping, operands: Any, extents: Any, dtype: Any) -> Evaluator:
         return _XlaEvaluator(
             grid,
             operands,
@@ -308,7 +308,7 @@ class _XlaEvaluator(Evaluator):
 
     def __init__(
         self,
-        grid: dict,
+        grid: Mapping,
         operands: Mapping[str, Any],
         extents: Mapping[sympy.Symbol, int],
         dtype: Any,

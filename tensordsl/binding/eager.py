@@ -26,9 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from codegen.ir.extents import output_shape
 from tensordsl.backends.table import BACKENDS
-from tensordsl.binding.partitioning import tensor_shapes
+from tensordsl.binding.partitioning import runs_as_two_nests, tensor_shapes
 
 #: Eager calls of one signature (nest, parameters, operand shapes and dtypes) run directly;
 #: the next ones go through JAX's dispatch (compiled once).
@@ -54,8 +53,8 @@ def run_directly(operands: Sequence[Any], params: dict[str, Any]) -> jax.Array |
             return None
     nest = params["nest"]
     shapes = tensor_shapes(nest, operands, params["extents"])
-    if nest.online and output_shape(nest, shapes)[-1] > record.one_pass_rows:
-        return None  # run as two nests and a packing: JAX's dispatch compiles them as one
+    if runs_as_two_nests(nest, shapes, record):
+        return None  # two nests and a packing: JAX's dispatch compiles them as one program
     arrays = [np.asarray(v, dtype=d) for v, d in zip(operands, dtypes)]
     out = record.eager(nest, arrays, shapes, params["out_dtype"], params["schedule"])
     return None if out is None else jax.device_put(out, _device_of(operands))

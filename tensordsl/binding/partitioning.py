@@ -279,13 +279,19 @@ def _run_local(
     shapes = tensor_shapes(nest, operands, extents)
     record = BACKENDS[backend]
     runner = record.run
-    if nest.online and output_shape(nest, shapes)[-1] > record.one_pass_rows:
+    if runs_as_two_nests(nest, shapes, record):
 
         def run(part: LoopNest, values: Sequence[Any], known: Any) -> jax.Array:
             return runner(part, values, known, out_dtype, None, precision=precision)
 
         return online.pack(*online.two_nests(nest, operands, shapes, run))
     return runner(nest, operands, shapes, out_dtype, schedule, precision=precision)
+
+
+def runs_as_two_nests(nest: LoopNest, shapes: dict, record: Any) -> bool:
+    """Whether a one-pass nest runs as its two nests on the back end `record`: its packed
+    row is longer than the back end runs in one pass (`Backend.one_pass_rows`)."""
+    return nest.online and output_shape(nest, shapes)[-1] > record.one_pass_rows
 
 
 def tensor_shapes(nest: LoopNest, operands: Sequence[Any], extents: tuple) -> dict:

@@ -173,11 +173,48 @@ def _apply_nest(*operands: Any, **params: Any) -> jax.Array:
 
 
 nest_p.def_impl(_apply_nest)
-mlir.register_lowering(
-    nest_p,
-    # A compiler that cannot be run (TENSORDSL_CC) is found only when a kernel builds.
-    mlir.lower_fun(user_facing()(deeply(partitioning.run_nest)), multiple_results=False),
+#: The runner traced into the lowering. A compiler that cannot be run (TENSORDSL_CC) is found
+#: only when a kernel builds.
+_traced_lowering = mlir.lower_fun(
+    user_facing()(deeply(partitioning.run_nest)), multiple_results=False
 )
+
+
+def _lower_nest(ctx: Any, *args: Any, **params: Any) -> Any:
+    """`nest_p` lowered: the FFI custom call of its kernel, emitted directly where the back
+    end's runner would only make that call (`Backend.ffi_call`), else the runner traced.
+    The direct call skips a trace of the runner per equation; it is the same custom call,
+    with the same attributes, as `jax.ffi.ffi_call` lowers to."""
+    call = _direct_ffi_call(ctx.avals_in, params)
+    if call is None:
+        return _traced_lowering(ctx, *args, **params)
+    return jax.ffi.ffi_lowering(call.target)(ctx, *args, **call.attributes)
+
+
+@user_facing()
+@deeply
+def _direct_ffi_call(avals: Sequence[Any], params: dict[str, Any]) -> Any:
+    """The back end's FFI call for this equation, or None: no direct call for its back end,
+    an operand on a mesh (the partitioner or shard_map decides, `partitioning.run_nest`),
+    or a one-pass nest that runs as two (`partitioning._run_local`)."""
+    record = table.BACKENDS[params["backend"]]
+    if record.ffi_call is None or any(not a.sharding.mesh.empty for a in avals):
+        return None
+    nest: LoopNest = params["nest"]
+    shapes = partitioning.tensor_shapes(nest, avals, params["extents"])
+    if partitioning.runs_as_two_nests(nest, shapes, record):
+        return None
+    return record.ffi_call()(
+        nest,
+        avals,
+        shapes,
+        params["out_dtype"],
+        params["schedule"],
+        precision=params["precision"],
+    )
+
+
+mlir.register_lowering(nest_p, _lower_nest)
 private_jax.requires_devices_during_lowering(nest_p)
 
 

@@ -295,3 +295,41 @@ def test_two_threads_call_concurrently(mode, tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@needs_ffi
+@pytest.mark.parametrize("name", CASES)
+def test_the_direct_lowering_is_the_traced_one(name, monkeypatch):
+    """`nest_p` lowers a kernel's FFI call directly, without tracing the runner
+    (`Backend.ffi_call`): the program of a jitted forward and gradients is the same text as
+    with the runner traced, and no runner was traced for it."""
+    from tensordsl.binding import primitive
+
+    monkeypatch.setenv("TENSORDSL_CPU_CALL", "ffi")
+    case = BY_NAME[name]
+    inputs = make_inputs(case)
+    names = [n for n in kernel(case).inputs if np.asarray(inputs[n]).dtype.kind == "f"]
+    k = kernel(case)
+
+    def loss(*values):
+        out = k(**{**inputs, **dict(zip(names, values))})
+        return jnp.sum(jnp.sin(out))
+
+    primals = [jnp.asarray(inputs[n]) for n in names]
+    traced = []
+    runner = primitive._traced_lowering
+
+    def counted(*args, **params):
+        traced.append(params["nest"].output)
+        return runner(*args, **params)
+
+    def text():  # a new function each time: JAX's caches hold the last lowering
+        function = jax.value_and_grad(lambda *v: loss(*v), tuple(range(len(names))))
+        return jax.jit(function).lower(*primals).as_text()
+
+    monkeypatch.setattr(primitive, "_traced_lowering", counted)
+    direct = text()
+    assert traced == [] and "custom_call @tdsl_" in direct
+    monkeypatch.setattr(primitive, "_direct_ffi_call", lambda avals, params: None)
+    assert text() == direct
+    assert traced, "the runner was not traced with the direct lowering off"
