@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 import sympy
 
+from codegen.ir import probe
 from codegen.ir.nest import LoopNest, Reduce
 
 #: Reductions whose result is a statistic subtracted for stability.
@@ -56,6 +57,28 @@ def _unchanged(read: sympy.Indexed) -> sympy.Expr:
     return read
 
 
+def _same(moved: sympy.Expr, body: sympy.Expr) -> bool:
+    """Whether a moved body is the body: sympy's own forms first, `simplify` (slow) only where
+    a point does not already show them different (`codegen.ir.probe`)."""
+    difference = moved - body
+    if probe.nonzero(difference):
+        return False
+    return probe.simplest(difference, good=lambda d: d == 0) == 0
+
+
+def _factor(ratio: sympy.Expr, reduced: set[sympy.Symbol]) -> sympy.Expr | None:
+    """A moved sum term over the term as a factor that reads no tensor and no reduced index,
+    or None: not so at two points, or not shown so even by `simplify`."""
+
+    def fits(factor: sympy.Expr) -> bool:
+        return not factor.atoms(sympy.Indexed) and not reduced & factor.free_symbols
+
+    if probe.varies(ratio, held=lambda a: not isinstance(a, sympy.Indexed) and a not in reduced):
+        return None
+    factor = probe.simplest(ratio, good=fits)
+    return factor if fits(factor) else None
+
+
 def _change_of(nest: LoopNest, changes: dict[str, Change]) -> Change | None:
     """How `nest`'s output changes: `_unchanged`, a `Change` (a factor of its free indices),
     or None (some other way, or not provably)."""
@@ -66,13 +89,13 @@ def _change_of(nest: LoopNest, changes: dict[str, Change]) -> Change | None:
         if term.body.atoms(Reduce) or term.guard != sympy.true:
             return None
         moved = _apply(term.body, changes)
-        if sympy.simplify(moved - term.body) == 0:
+        if _same(moved, term.body):
             factors.add(sympy.Integer(1))
             continue
         if nest.reduction != "sum":
             return None
-        factor = sympy.simplify(moved / term.body)
-        if factor.atoms(sympy.Indexed) or set(term.reduced_indices) & factor.free_symbols:
+        factor = _factor(moved / term.body, set(term.reduced_indices))
+        if factor is None:
             return None
         factors.add(factor)
     if factors == {sympy.Integer(1)}:

@@ -27,11 +27,11 @@ True
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import sympy
 
+from codegen.ir import probe
 from codegen.ir.nest import LoopNest
 
 
@@ -53,34 +53,6 @@ def _accesses(expr: sympy.Basic, name: str) -> set[sympy.Indexed]:
 
 def _of_scalars(expr: sympy.Expr, scalars: set[str]) -> bool:
     return all(isinstance(s, sympy.Symbol) and s.name in scalars for s in expr.free_symbols)
-
-
-def _varies(ratio: sympy.Expr, scalars: set[str]) -> bool:
-    """Whether `ratio` takes two different values at two points that differ only in what is
-    not a scalar operand (so it is not a fixed multiple); False where that is not shown (a
-    value that is not a finite real number at a point)."""
-    found = []
-    for seed in (0.61, 1.37):
-        point = {}
-        for n, atom in enumerate(_variables(ratio)):
-            fixed = isinstance(atom, sympy.Symbol) and atom.name in scalars
-            point[atom] = sympy.Float((0.83 if fixed else seed) + 0.113 * n)
-        try:
-            value = complex(ratio.xreplace(point).evalf())
-        except (TypeError, ValueError, ZeroDivisionError):
-            return False
-        if value.imag != 0 or not math.isfinite(value.real):
-            return False
-        found.append(value.real)
-    return abs(found[0] - found[1]) > 1e-9 * max(abs(found[0]), abs(found[1]), 1.0)
-
-
-def _variables(expr: sympy.Expr) -> list[sympy.Basic]:
-    """The accesses and symbols of `expr` outside accesses, in a fixed order."""
-    accesses = expr.atoms(sympy.Indexed)
-    inside = set().union(*(a.free_symbols for a in accesses)) if accesses else set()
-    symbols = expr.free_symbols - inside
-    return sorted(accesses, key=str) + sorted(symbols - accesses, key=str)
 
 
 def spread(nest: LoopNest, wrt: str, partner: str) -> Spread | None:
@@ -112,11 +84,9 @@ def spread(nest: LoopNest, wrt: str, partner: str) -> Spread | None:
         return None
     scalars = {op.name for op in nest.operands if op.rank == 0}
     ratio = sympy.diff(body, v) / slope
-    if _varies(ratio, scalars):
+    if probe.varies(ratio, held=lambda atom: getattr(atom, "name", None) in scalars):
         return None  # shown not fixed at two points: no need to ask sympy.simplify
-    ratio = sympy.cancel(ratio)
-    if not _of_scalars(ratio, scalars):
-        ratio = sympy.simplify(ratio)  # slow (0.5 s and more): only where cancel is not enough
+    ratio = probe.simplest(ratio, good=lambda r: _of_scalars(r, scalars))
     if ratio.has(sympy.zoo, sympy.nan) or not _of_scalars(ratio, scalars):
         return None
     kept = [x for x in a.indices if x in b.indices]
