@@ -99,9 +99,11 @@ def invariant_factors_out(expr: sympy.Expr) -> sympy.Expr:
     >>> invariant_factors_out(Reduce("sum", scalar_symbol("s") * tensor_base("Q")[i, d], d, 0, 3))
     s*sum_d(Q[i, d])
     """
-    if not expr.args:
-        return expr
-    expr = expr.func(*(invariant_factors_out(a) for a in expr.args))
+    if not expr.args or not expr.has(Reduce):
+        return expr  # nothing to move: the expression as it is, not rebuilt
+    args = tuple(invariant_factors_out(a) for a in expr.args)
+    if args != expr.args:
+        expr = expr.func(*args)
     if not isinstance(expr, Reduce) or expr.reduction != "sum":
         return expr
     factors = sympy.Mul.make_args(expr.body)
