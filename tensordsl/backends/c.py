@@ -120,28 +120,6 @@ def run_c(
     return _call_callback(compiled, operands, result, params, poison)
 
 
-def run_c_eager(
-    nest: LoopNest,
-    operands: Sequence[np.ndarray],
-    shapes: Mapping[str, tuple[int, ...]],
-    dtype: Any,
-    schedule: Schedule | None = None,
-) -> np.ndarray | None:
-    """`run_c` outside any trace: the compiled kernel called on NumPy arrays directly, with
-    no XLA program around it (an eager call compiles none). None for the "xla" strategy."""
-    dtypes = kernel_dtypes(nest, [a.dtype for a in operands], dtype)
-    schedule = _schedule(nest, dtypes, schedule)
-    if schedule.strategy == "xla":
-        return None
-    compiled = build_c(nest, dtypes=dtypes, schedule=schedule)
-    out = np.empty(output_shape(nest, shapes), dtype=jnp.dtype(dtype))
-    if config.poison_outputs():
-        out.fill(np.nan if np.issubdtype(out.dtype, np.inexact) else -1)
-    extents = {name: shape for name, shape in shapes.items() if name not in dtypes}
-    compiled(out, operands, extents)
-    return out
-
-
 class FfiCall(NamedTuple):
     """The XLA FFI custom call that runs a kernel: its target and its attributes."""
 

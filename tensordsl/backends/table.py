@@ -117,10 +117,6 @@ class Backend:
     #: positions, NaN (`fill`) or 0 outside, or None for dtypes it has no kernel for
     #: (`tensordsl.binding.gather`); None: XLA's gather.
     row_gather: Callable[[], Callable[..., Any]] | None = None
-    #: Runs a nest called outside any trace on concrete arrays on one CPU device, without
-    #: XLA: `eager(nest, operands, shapes, dtype, schedule)` -> a NumPy array, or None where
-    #: it cannot (then JAX's own dispatch compiles the call); None: always JAX's.
-    eager: Callable[..., Any] | None = None
 
     @property
     def emits_code(self) -> bool:
@@ -164,14 +160,6 @@ def _prefetch_c(nest: LoopNest, operand_dtypes: Sequence[Any], dtype: Any, sched
     from tensordsl.backends.c import prefetch_c
 
     prefetch_c(nest, operand_dtypes, dtype, schedule)
-
-
-def _eager_c(
-    nest: LoopNest, operands: Sequence[Any], shapes: Shapes, dtype: Any, schedule: Any
-) -> Any:
-    from tensordsl.backends.c import run_c_eager
-
-    return run_c_eager(nest, operands, shapes, dtype, schedule)
 
 
 def _c_source() -> SourceEmitter:
@@ -316,7 +304,6 @@ BACKENDS: dict[str, Backend] = {
         validate_schedule=_c_validate,
         row_scatter=_c_row_scatter,
         row_gather=_c_row_gather,
-        eager=_eager_c,
         ffi_call=_c_ffi_call,
     ),
     "cuda": Backend(

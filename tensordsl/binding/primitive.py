@@ -38,7 +38,7 @@ from codegen.passes import grad, gradient_rules, jvp
 from codegen.passes.batch import batch_nest
 from codegen.recursion import deeply
 from tensordsl.backends import table
-from tensordsl.binding import eager, grouped, partitioning, private_jax
+from tensordsl.binding import grouped, partitioning, private_jax
 from tensordsl.binding import one_pass as online
 from tensordsl.errors import TensorDSLError, UnsupportedError, check_settings, user_facing
 
@@ -161,18 +161,6 @@ tangent_p = private_jax.primitive(
 )
 
 
-def _apply_nest(*operands: Any, **params: Any) -> jax.Array:
-    """`nest_p` outside any trace: the kernel run directly where it can be
-    (`tensordsl.binding.eager`: no XLA program compiled), else JAX's dispatch (a jit of the
-    primitive)."""
-    with user_facing():
-        found = eager.run_directly(operands, params)
-    if found is not None:
-        return found
-    return private_jax.apply_primitive(nest_p, *operands, **params)
-
-
-nest_p.def_impl(_apply_nest)
 #: The runner traced into the lowering. A compiler that cannot be run (TENSORDSL_CC) is found
 #: only when a kernel builds.
 _traced_lowering = mlir.lower_fun(
@@ -431,8 +419,6 @@ def _jvp_tangent(primals: Sequence[Any], tangents: Sequence[Any], **params: Any)
     return _jvp([primals[i] for i in positions], [tangents[i] for i in positions], **nest_params)
 
 
-# Outside any trace the tangent nest runs as any nest does (`_apply_nest`): no XLA program.
-tangent_p.def_impl(evaluate_tangent)
 mlir.register_lowering(tangent_p, mlir.lower_fun(evaluate_tangent, multiple_results=False))
 private_jax.requires_devices_during_lowering(tangent_p)
 batching.primitive_batchers[tangent_p] = _batch_tangent

@@ -34,12 +34,6 @@ def primitive(
     )
 
 
-def apply_primitive(primitive: Any, *args: Any, **params: Any) -> Any:
-    """JAX's default impl of a primitive: a jit of the primitive alone, compiled once per
-    shapes and parameters."""
-    return dispatch.apply_primitive(primitive, *args, **params)
-
-
 def multiple_results_primitive(name: str, abstract_eval: Callable) -> Any:
     """A primitive of several results with `apply_primitive` as its impl (jit of itself)."""
     found = Primitive(name)
