@@ -390,6 +390,24 @@ SPELLINGS = {
 }
 
 
+def canonical(name: str, arity: int) -> str:
+    """The row a call of `name` with `arity` arguments means: the row of another spelling
+    (`arcsin` is `asin`), of any arity when none has this one (the call's error then names
+    the arity the row takes).
+
+    >>> canonical("arctan2", 2), canonical("atan", 2), canonical("arcsin", 3)
+    ('atan2', 'atan2', 'asin')
+    """
+    if (name, arity) in SPELLINGS or name in FUNCTIONS:
+        return SPELLINGS.get((name, arity), name)
+    return next((row for (other, _), row in SPELLINGS.items() if other == name), name)
+
+
+def spellings() -> list[str]:
+    """Every name a call of a function may use, sorted: the rows' and the other spellings."""
+    return sorted({*FUNCTIONS, *(name for name, _ in SPELLINGS)})
+
+
 def helper_functions(prefix: str) -> dict[str, str]:
     """sympy printer `user_functions`: each helper row's class name -> `<prefix><name>`."""
     return {

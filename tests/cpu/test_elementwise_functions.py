@@ -202,3 +202,17 @@ def test_jax_numpy_spellings_are_known() -> None:
     assert {"degrees", "radians"} <= spelled
     numpy_names = {name for name, _ in SPELLINGS} - {"fabs", "gammaln"}  # libm's, scipy's
     assert all(getattr(jnp, name, None) is not None for name in numpy_names)
+
+
+@pytest.mark.parametrize(
+    ("source", "error", "match"),
+    [
+        ("Y[i] := arcsin(X[i], X[i])", td.ShapeError, r"'arcsin' takes 1 argument"),
+        ("Y[i] := arcsinn(X[i])", td.UnknownNameError, "did you mean 'arcsin'"),
+        ("Y[i] := cbrtt(X[i])", td.UnknownNameError, "did you mean 'cbrt'"),
+        ("Y[i] := logaddexp(X[i])", td.ShapeError, r"'logaddexp' takes 2 argument"),
+    ],
+)
+def test_errors_name_the_spelling_written(source: str, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        td.kernel(source)
