@@ -226,8 +226,11 @@ class CPrinter(C99CodePrinter):
     def _print_Function(self, expr: sympy.Basic, **kwargs: Any) -> str:
         """A call; one of a function named as a helper (`tdsl_lane_mask`) is noted."""
         name = type(expr).__name__
-        if isinstance(expr, elementwise.LIBM):  # cbrtf, fmod, ...
-            return str(self._print_math_func(expr, known=name))
+        if isinstance(expr, elementwise.LIBM):  # cbrtf, fmod, ...: constants as floats, as
+            # CUDA's overloads of copysign(1, x) for a double x are ambiguous
+            args = (sympy.Float(a) if a.is_Number else a for a in expr.args)
+            function = self._ns + name + self._get_func_suffix(real)
+            return f"{function}({', '.join(self._print(a) for a in args)})"
         if isinstance(expr, _HELPERS):
             return self._helper(name, expr)
         if name.startswith(self.helper_prefix):

@@ -24,7 +24,7 @@ SPECIAL = {
     "isnan": "{inline} {f} {p}isnan({f} x) {{ return ({f})(x != x); }}",
     "isinf": "{inline} {f} {p}isinf({f} x) {{ return ({f})(x == x && x - x != x - x); }}",
     "isfinite": "{inline} {f} {p}isfinite({f} x) {{ return ({f})(x - x == x - x); }}",
-    "signbit": "{inline} {f} {p}signbit({f} x) {{ return ({f})(copysign{s}(1, x) < 0); }}",
+    "signbit": "{inline} {f} {p}signbit({f} x) {{ return ({f})(copysign{s}(({f})1, x) < 0); }}",
     "logaddexp": """\
 {inline} {f} {p}logaddexp({f} a, {f} b) {{
     /* as jnp.logaddexp: a - b is NaN for two equal infinities (then a + b) or a NaN */

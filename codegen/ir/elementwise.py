@@ -17,15 +17,40 @@ Piecewise((0, Eq(x, 0)), (cos(pi*x)/x - sin(pi*x)/(pi*x**2), True))
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 import sympy
 from sympy.codegen.cfunctions import exp2
 
 
 class _Real(sympy.Function):
-    """A real function of real arguments."""
+    """A real function of real arguments; of constants, its float64 value (`value`), as
+    jnp computes it: left unevaluated, sympy would evaluate it through mpmath's function of
+    the same name (`mpmath.fmod` rounds towards minus infinity, C's towards zero)."""
+
+    @staticmethod
+    def value(*args: float) -> float:
+        raise NotImplementedError
+
+    @classmethod
+    def eval(cls, *args: sympy.Expr) -> sympy.Expr | None:
+        if not all(a.is_number and a.is_real for a in args):
+            return None
+        with contextlib.suppress(ValueError, ZeroDivisionError, OverflowError):
+            return _constant(cls.value(*(float(a) for a in args)))
+        return sympy.nan
 
     def _eval_is_real(self) -> bool | None:
         return all(a.is_real for a in self.args) or None
+
+
+def _constant(value: float) -> sympy.Expr:
+    if math.isnan(value):
+        return sympy.nan
+    if math.isinf(value):
+        return sympy.oo if value > 0 else -sympy.oo
+    return sympy.Float(value)
 
 
 class _Step(_Real):
@@ -40,6 +65,10 @@ class cbrt(_Real):  # noqa: N801 - printed by name (libm's cbrt)
 
     nargs = 1
 
+    @staticmethod
+    def value(x: float) -> float:
+        return math.cbrt(x)
+
     def fdiff(self, argindex: int = 1) -> sympy.Expr:
         return 1 / (3 * cbrt(self.args[0]) ** 2)
 
@@ -48,6 +77,10 @@ class hypot(_Real):  # noqa: N801 - printed by name
     """sqrt(a^2 + b^2) without overflow or underflow on the way (libm's hypot)."""
 
     nargs = 2
+
+    @staticmethod
+    def value(a: float, b: float) -> float:
+        return math.hypot(a, b)
 
     def fdiff(self, argindex: int = 1) -> sympy.Expr:
         return self.args[argindex - 1] / self
@@ -58,17 +91,29 @@ class rint(_Step):  # noqa: N801 - printed by name
 
     nargs = 1
 
+    @staticmethod
+    def value(x: float) -> float:
+        return float(round(x))
+
 
 class trunc(_Step):  # noqa: N801 - printed by name
     """x rounded towards zero."""
 
     nargs = 1
 
+    @staticmethod
+    def value(x: float) -> float:
+        return float(math.trunc(x))
+
 
 class fmod(_Real):  # noqa: N801 - printed by name
     """a - b * trunc(a / b), exactly (the C remainder: the sign of a)."""
 
     nargs = 2
+
+    @staticmethod
+    def value(a: float, b: float) -> float:
+        return math.fmod(a, b)
 
     def fdiff(self, argindex: int = 1) -> sympy.Expr:
         a, b = self.args
@@ -80,6 +125,10 @@ class copysign(_Real):  # noqa: N801 - printed by name
 
     nargs = 2
 
+    @staticmethod
+    def value(a: float, b: float) -> float:
+        return math.copysign(a, b)
+
     def fdiff(self, argindex: int = 1) -> sympy.Expr:
         a, b = self.args
         return sympy.sign(a) * copysign(sympy.Integer(1), b) if argindex == 1 else sympy.S.Zero
@@ -90,6 +139,10 @@ class logaddexp(_Real):  # noqa: N801 - printed by name (the helper tdsl_logadde
 
     nargs = 2
 
+    @staticmethod
+    def value(a: float, b: float) -> float:
+        return _logaddexp(a, b, math.e)
+
     def fdiff(self, argindex: int = 1) -> sympy.Expr:
         return sympy.exp(self.args[argindex - 1] - self)
 
@@ -98,6 +151,10 @@ class logaddexp2(_Real):  # noqa: N801 - printed by name (the helper tdsl_logadd
     """log2(2^a + 2^b) without overflow."""
 
     nargs = 2
+
+    @staticmethod
+    def value(a: float, b: float) -> float:
+        return _logaddexp(a, b, 2.0)
 
     def fdiff(self, argindex: int = 1) -> sympy.Expr:
         return exp2(self.args[argindex - 1] - self)
@@ -108,11 +165,19 @@ class isnan(_Step):  # noqa: N801 - printed by name
 
     nargs = 1
 
+    @staticmethod
+    def value(x: float) -> float:
+        return float(math.isnan(x))
+
 
 class isinf(_Step):  # noqa: N801 - printed by name
     """1 where x is +-inf, else 0."""
 
     nargs = 1
+
+    @staticmethod
+    def value(x: float) -> float:
+        return float(math.isinf(x))
 
 
 class isfinite(_Step):  # noqa: N801 - printed by name
@@ -120,11 +185,48 @@ class isfinite(_Step):  # noqa: N801 - printed by name
 
     nargs = 1
 
+    @staticmethod
+    def value(x: float) -> float:
+        return float(math.isfinite(x))
+
 
 class signbit(_Step):  # noqa: N801 - printed by name
     """1 where x's sign bit is set (-0.0 and -NaN included), else 0."""
 
     nargs = 1
+
+    @staticmethod
+    def value(x: float) -> float:
+        return float(math.copysign(1.0, x) < 0)
+
+
+def _logaddexp(a: float, b: float, base: float) -> float:
+    if a == b:  # equal infinities too
+        return a + math.log(2.0, base)
+    high, low = max(a, b), min(a, b)
+    return high + math.log1p(base ** (low - high)) / math.log(base)
+
+
+class polygamma(sympy.polygamma):  # noqa: N801 - printed by name
+    """sympy's polygamma(n, x) whose value of constants is a float (sympy's exact forms,
+    such as `-EulerGamma` for digamma(1), are constants no back end prints)."""
+
+    @classmethod
+    def eval(cls, n: sympy.Expr, x: sympy.Expr) -> sympy.Expr | None:
+        if n.is_number and x.is_number:
+            return sympy.Float(sympy.polygamma(n, x).evalf())
+        return None
+
+    def fdiff(self, argindex: int = 2) -> sympy.Expr:
+        n, x = self.args
+        return polygamma(n + 1, x) if argindex == 2 else sympy.S.Zero  # n: whole
+
+
+class loggamma(sympy.loggamma):  # noqa: N801 - printed by name (C's lgamma)
+    """log|gamma(x)|, whose derivative is this module's `polygamma(0, x)`."""
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        return polygamma(0, self.args[0])
 
 
 def sinc(x: sympy.Expr) -> sympy.Expr:

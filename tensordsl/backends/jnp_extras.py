@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.scipy import special
 
 
 def _as_value(test, x: jax.Array) -> jax.Array:
@@ -39,5 +40,5 @@ def polygamma(order: jax.Array, x: jax.Array) -> jax.Array:
     """The order-th derivative of digamma; NaN where the order is not a whole number >= 0."""
     order = jnp.asarray(order)
     whole = (order == jnp.floor(order)) & (order >= 0)
-    value = jax.scipy.special.polygamma(jnp.where(whole, order, 0).astype(jnp.int32), x)
+    value = special.polygamma(jnp.where(whole, order, 0).astype(jnp.int32), x)
     return jnp.where(whole, value, jnp.nan)

@@ -216,3 +216,25 @@ def test_jax_numpy_spellings_are_known() -> None:
 def test_errors_name_the_spelling_written(source: str, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         td.kernel(source)
+
+
+#: constant arguments: evaluated when the kernel is made, as jnp evaluates them
+CONSTANTS = {
+    "cbrt(-8)": -2.0,
+    "round(2.5) + round(-1.5)": 0.0,
+    "remainder(-7.5, 2) + fmod(-7.5, 2)": 0.5 - 1.5,
+    "copysign(2, -1) + hypot(3, 4)": 3.0,
+    "logaddexp(1, 2) + logaddexp2(1, 1)": np.logaddexp(1, 2) + 2.0,
+    "digamma(1) + polygamma(1, 2) + lgamma(0.5)": (
+        special.psi(1) + special.polygamma(1, 2) + special.gammaln(0.5)
+    ),
+    "isnan(1) + isfinite(2) + signbit(-3) + trunc(-2.5) + sinc(0)": 1.0,
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", *BACKENDS[1:2]])
+@pytest.mark.parametrize("constant", sorted(CONSTANTS))
+def test_functions_of_constants(backend: str, constant: str) -> None:
+    X = np.random.default_rng(4).normal(size=5)
+    got = td.kernel(f"Y[i] := X[i] * ({constant})", backend=backend)(X)
+    np.testing.assert_allclose(np.asarray(got), X * CONSTANTS[constant], rtol=1e-14)
