@@ -36,6 +36,11 @@ SPECIAL = {
     const {f} m = a > b ? a : b, d = a - b;
     return d != d ? a + b : m + log1p{s}(exp2{s}(-fabs{s}(d))) * ({f})1.44269504088896340736;
 }}""",
+    "xlogy": """\
+{inline} {f} {p}xlogy({f} x, {f} y) {{ return x == 0 ? ({f})0 : x * log{s}(y); }}""",
+    "xlog1py": """\
+{inline} {f} {p}xlog1py({f} x, {f} y) {{ return x == 0 ? ({f})0 : x * log1p{s}(y); }}""",
+    "logit": "{inline} {f} {p}logit({f} x) {{ return log{s}(x / (1 - x)); }}",
     "erfinv": """\
 {inline} {f} {p}erfinv({f} y0) {{
     /* Giles' approximation, then Newton steps on erf (codegen.emit.special) */

@@ -21,7 +21,7 @@ import contextlib
 import math
 
 import sympy
-from sympy.codegen.cfunctions import exp2
+from sympy.codegen.cfunctions import exp2, log1p
 
 
 class _Real(sympy.Function):
@@ -160,6 +160,50 @@ class logaddexp2(_Real):  # noqa: N801 - printed by name (the helper tdsl_logadd
         return exp2(self.args[argindex - 1] - self)
 
 
+class xlogy(_Real):  # noqa: N801 - printed by name (the helper tdsl_xlogy)
+    """x * log(y), 0 where x is 0 (whatever y); its derivative in x is log(y) there too, as
+    jax.scipy.special.xlogy's."""
+
+    nargs = 2
+
+    @staticmethod
+    def value(a: float, b: float) -> float:
+        return 0.0 if a == 0 else a * math.log(b)
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        x, y = self.args
+        return sympy.log(y) if argindex == 1 else x / y
+
+
+class xlog1py(_Real):  # noqa: N801 - printed by name (the helper tdsl_xlog1py)
+    """x * log1p(y), 0 where x is 0 (jax.scipy.special.xlog1py)."""
+
+    nargs = 2
+
+    @staticmethod
+    def value(a: float, b: float) -> float:
+        return 0.0 if a == 0 else a * math.log1p(b)
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        x, y = self.args
+        return log1p(y) if argindex == 1 else x / (1 + y)
+
+
+class logit(_Real):  # noqa: N801 - printed by name (the helper tdsl_logit)
+    """log(x / (1 - x)) as jax.scipy.special.logit computes it: a class, so that sympy does
+    not rearrange `1 - x` (of an index, `-i` is an integer 0, whose reciprocal has no sign)."""
+
+    nargs = 1
+
+    @staticmethod
+    def value(x: float) -> float:
+        return math.inf if x == 1 else math.log(x / (1 - x))
+
+    def fdiff(self, argindex: int = 1) -> sympy.Expr:
+        x = self.args[0]
+        return 1 / (x * (1 - x))
+
+
 class isnan(_Step):  # noqa: N801 - printed by name
     """1 where x is NaN, else 0."""
 
@@ -263,4 +307,4 @@ LIBM = (cbrt, hypot, rint, trunc, fmod, copysign)
 
 #: Classes printed as a helper of the generated code (`codegen.emit.special`); so are
 #: sympy's `erfinv` and `polygamma` (digamma, trigamma), which libm does not have.
-HELPERS = (logaddexp, logaddexp2, isnan, isinf, isfinite, signbit)
+HELPERS = (logaddexp, logaddexp2, xlogy, xlog1py, logit, isnan, isinf, isfinite, signbit)

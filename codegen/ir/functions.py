@@ -353,6 +353,9 @@ FUNCTIONS: dict[str, FunctionSpec] = dict(
         _row("erfinv", 1, sympy.erfinv, "jax.scipy.special.erfinv", (-0.9, 0.9)),
         _row("lgamma", 1, ew.loggamma, "jax.scipy.special.gammaln", (0.5, 4.0)),
         _row("digamma", 1, lambda x: ew.polygamma(0, x), "jax.scipy.special.digamma", (0.5, 4.0)),
+        _row("xlogy", 2, ew.xlogy, "jax.scipy.special.xlogy", (0.5, 3.0)),
+        _row("xlog1py", 2, ew.xlog1py, "jax.scipy.special.xlog1py", (0.5, 3.0)),
+        _row("logit", 1, ew.logit, "jax.scipy.special.logit", (0.1, 0.9)),
         # polygamma(n, x): n a whole number; C and CUDA evaluate n = 0 and 1
         _row("polygamma", 2, ew.polygamma, "tensordsl.backends.jnp_extras.polygamma", (0.5, 4.0)),
         # piecewise constant: no gradient (jax.grad gives zero); the tests are 1 or 0
@@ -383,6 +386,7 @@ SPELLINGS = {
     ("degrees", 1): "rad2deg",
     ("radians", 1): "deg2rad",
     ("gammaln", 1): "lgamma",
+    ("expit", 1): "sigmoid",
 }
 
 

@@ -60,6 +60,9 @@ TRUTH = {
     "erfinv": (special.erfinv, (lambda x: np.sqrt(np.pi) / 2 * np.exp(special.erfinv(x) ** 2),)),
     "lgamma": (special.gammaln, (special.psi,)),
     "digamma": (special.psi, (lambda x: special.polygamma(1, x),)),
+    "xlogy": (special.xlogy, (lambda x, y: np.log(y), lambda x, y: x / y)),
+    "xlog1py": (special.xlog1py, (lambda x, y: np.log1p(y), lambda x, y: x / (1 + y))),
+    "logit": (special.logit, (lambda x: 1 / (x * (1 - x)),)),
     "round": (np.round, (_zero,)),
     "trunc": (np.trunc, (_zero,)),
     "heaviside": (np.heaviside, (_zero, lambda x, h: (x == 0).astype(np.float64))),
@@ -145,6 +148,9 @@ EDGES = {
     "copysign": (([2.0, 2.0, -0.0], [-0.0, NAN, 1.0]), [-2.0, 2.0, 0.0]),
     "heaviside": (([0.0, -0.0, -1.0, 3.0], [0.5, 0.25, 0.5, 0.5]), [0.5, 0.25, 0.0, 1.0]),
     "erfinv": (([1.0, -1.0, 2.0, 0.0],), [INF, -INF, NAN, 0.0]),
+    "xlogy": (([0.0, 0.0, 2.0, 0.0], [0.0, INF, 0.0, 3.0]), [0.0, 0.0, -INF, 0.0]),
+    "xlog1py": (([0.0, 0.0, 2.0], [-1.0, INF, -1.0]), [0.0, 0.0, -INF]),
+    "logit": (([0.0, 1.0, 0.5],), [-INF, INF, 0.0]),
     "isnan": (([NAN, INF, 1.0],), [1.0, 0.0, 0.0]),
     "isinf": (([NAN, -INF, 1.0],), [0.0, 1.0, 0.0]),
     "isfinite": (([NAN, INF, -1.0],), [0.0, 0.0, 1.0]),
@@ -200,7 +206,7 @@ def test_jax_numpy_spellings_are_known() -> None:
     jnp_names = ("arcsin", "arccos", "arctan", "arctan2", "arcsinh", "arccosh", "arctanh")
     assert {*jnp_names, "power", "maximum", "minimum", "absolute", "fabs", "rint"} <= spelled
     assert {"degrees", "radians"} <= spelled
-    numpy_names = {name for name, _ in SPELLINGS} - {"fabs", "gammaln"}  # libm's, scipy's
+    numpy_names = {name for name, _ in SPELLINGS} - {"fabs", "gammaln", "expit"}  # libm's, scipy's
     assert all(getattr(jnp, name, None) is not None for name in numpy_names)
 
 
@@ -238,3 +244,13 @@ def test_functions_of_constants(backend: str, constant: str) -> None:
     X = np.random.default_rng(4).normal(size=5)
     got = td.kernel(f"Y[i] := X[i] * ({constant})", backend=backend)(X)
     np.testing.assert_allclose(np.asarray(got), X * CONSTANTS[constant], rtol=1e-14)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_xlogy_at_zero_has_jax_gradient(backend: str) -> None:
+    X, Y = np.array([0.0, 0.0, 1.5]), np.random.default_rng(5).uniform(0.5, 2.0, 3)
+    k = td.kernel("Z[i] := xlogy(X[i], Y[i]) + xlog1py(X[i], Y[i])", backend=backend)
+    np.testing.assert_allclose(np.asarray(k(X, Y)), 1.5 * np.log(Y * (1 + Y)) * [0, 0, 1])
+    dx, dy = jax.grad(lambda x, y: jnp.sum(k(x, y)), (0, 1))(X, Y)
+    np.testing.assert_allclose(np.asarray(dx), np.log(Y) + np.log1p(Y), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(dy), X / Y + X / (1 + Y), rtol=1e-12)
