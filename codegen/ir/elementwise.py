@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 
 import sympy
 from sympy.codegen.cfunctions import exp2, log1p
@@ -29,9 +30,7 @@ class _Real(sympy.Function):
     jnp computes it: left unevaluated, sympy would evaluate it through mpmath's function of
     the same name (`mpmath.fmod` rounds towards minus infinity, C's towards zero)."""
 
-    @staticmethod
-    def value(*args: float) -> float:
-        raise NotImplementedError
+    value: Callable[..., float]  # each function's, a staticmethod
 
     @classmethod
     def eval(cls, *args: sympy.Expr) -> sympy.Expr | None:
