@@ -163,9 +163,13 @@ class _Statement:
         return f"{name}({', '.join(args)})"
 
 
-#: The functions drawn: not `where` (drawn with its condition), and not the steps (floor,
-#: ceil, sign), where the last-bit differences between back ends' arithmetic jump by one.
-DRAWN_FUNCTIONS = sorted(n for n in FUNCTIONS if n not in ("where", "floor", "ceil", "sign"))
+#: The functions drawn: not `where` (drawn with its condition), not the steps and jumps
+#: (floor, ceil, sign, round, fmod, ...), where the last-bit differences between back ends'
+#: arithmetic jump by one, and not `polygamma`, whose order must be a whole number.
+UNDRAWN = ("where", "floor", "ceil", "sign", "round", "trunc", "heaviside", "signbit")
+DRAWN_FUNCTIONS = sorted(
+    n for n in FUNCTIONS if n not in (*UNDRAWN, "fmod", "remainder", "copysign", "polygamma")
+)
 
 
 def _extent(axis: tuple, extents: dict[str, int], slack: int) -> int:

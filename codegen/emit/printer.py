@@ -35,6 +35,9 @@ from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
 from codegen.c import vecmath
+from codegen.emit import special
+from codegen.errors import Unsupported
+from codegen.ir import elementwise
 from codegen.ir.affine import INDEX_LIMIT
 from codegen.ir.functions import CeilDiv, Clamp, FloorDiv, Wrap, helper_functions
 from codegen.ir.ieee import print_written
@@ -77,6 +80,10 @@ class TensorView:
     load: str
     integer: bool = False  # integer elements: compared with indices as integers
 
+
+#: Printed as `tdsl_<name>` (codegen.emit.special); sympy's printers have `_print_isnan`, ...
+#: of their own for these names, which `_print_Function` replaces (below the class).
+_HELPERS = (*elementwise.HELPERS, sympy.erfinv)
 
 _RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
@@ -219,6 +226,13 @@ class CPrinter(C99CodePrinter):
     def _print_Function(self, expr: sympy.Basic, **kwargs: Any) -> str:
         """A call; one of a function named as a helper (`tdsl_lane_mask`) is noted."""
         name = type(expr).__name__
+        if isinstance(expr, elementwise.LIBM):  # cbrtf, fmod, ...: constants as floats, as
+            # CUDA's overloads of copysign(1, x) for a double x are ambiguous
+            args = (sympy.Float(a) if a.is_Number else a for a in expr.args)
+            function = self._ns + name + self._get_func_suffix(real)
+            return f"{function}({', '.join(self._print(a) for a in args)})"
+        if isinstance(expr, _HELPERS):
+            return self._helper(name, expr)
         if name.startswith(self.helper_prefix):
             self.called.add(name.removeprefix(self.helper_prefix))
         return str(super()._print_Function(expr, **kwargs))
@@ -241,6 +255,18 @@ class CPrinter(C99CodePrinter):
 
     def _print_sign(self, expr: sympy.Expr) -> str:
         return self._helper("sign", expr)
+
+    def _print_polygamma(self, expr: sympy.Expr) -> str:
+        order, x = expr.args
+        if order not in (0, 1):
+            raise Unsupported(
+                f"polygamma of order {order} has no C or CUDA implementation here",
+                expected="order 0 (digamma) or 1 (trigamma, digamma's derivative), or the "
+                "reference or pallas back end, which evaluate any order",
+            )
+        name = "digamma" if order == 0 else "trigamma"
+        self.called.add(name)
+        return f"{self.helper_prefix}{name}({self._print(x)})"
 
     def _minmax(self, expr: sympy.Expr, name: str) -> str:
         *rest, last = expr.args
@@ -342,6 +368,7 @@ class CPrinter(C99CodePrinter):
             common.append(
                 f"{inline} {i} {p}clamp({i} a, {i} n) {{ return a < 0 ? 0 : a >= n ? n - 1 : a; }}"
             )
+        common += filter(None, [special.definitions(self.called, f, inline=inline, prefix=p)])
         if self.vector_math and f == "float":
             vector = vecmath.float_helpers(self.functions, inline=inline, prefix=p)
             return "\n".join([*common, vector] if vector else common)
@@ -358,3 +385,7 @@ class CPrinter(C99CodePrinter):
                 "}",
             ]
         )
+
+
+for _function in (*elementwise.LIBM, *_HELPERS):
+    setattr(CPrinter, f"_print_{_function.__name__}", CPrinter._print_Function)

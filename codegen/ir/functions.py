@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import sympy
 from sympy.codegen.cfunctions import exp2, expm1, log1p, log2, log10
 
+from codegen.ir import elementwise as ew
+
 
 class sigmoid(sympy.Function):  # noqa: N801 - printed by name
     """The logistic function 1 / (1 + exp(-x))."""
@@ -335,12 +337,75 @@ FUNCTIONS: dict[str, FunctionSpec] = dict(
         _row("floor", 1, floor, "jax.numpy.floor"),
         _row("ceil", 1, ceiling, "jax.numpy.ceil"),
         _row("sign", 1, sign, "jax.numpy.sign"),
+        # jax.numpy's other elementwise functions (codegen.ir.elementwise)
+        _row("cbrt", 1, ew.cbrt, "jax.numpy.cbrt", (-3.0, 3.0), libmvec=_NEW, ulps=4),
+        _row("hypot", 2, ew.hypot, "jax.numpy.hypot"),
+        _row("sinc", 1, ew.sinc, "jax.numpy.sinc"),
+        _row("logaddexp", 2, ew.logaddexp, "jax.numpy.logaddexp", (-3.0, 3.0)),
+        _row("logaddexp2", 2, ew.logaddexp2, "jax.numpy.logaddexp2", (-3.0, 3.0)),
+        _row("reciprocal", 1, lambda x: 1 / x, "jax.numpy.reciprocal", (0.5, 3.0)),
+        _row("negative", 1, lambda x: -x, "jax.numpy.negative"),
+        _row("copysign", 2, ew.copysign, "jax.numpy.copysign"),
+        _row("fmod", 2, ew.fmod, "jax.numpy.fmod", (0.5, 3.0)),
+        _row("remainder", 2, ew.remainder, "jax.numpy.remainder", (0.5, 3.0)),
+        _row("deg2rad", 1, ew.deg2rad, "jax.numpy.deg2rad", (-200.0, 200.0)),
+        _row("rad2deg", 1, ew.rad2deg, "jax.numpy.rad2deg"),
+        _row("erfinv", 1, sympy.erfinv, "jax.scipy.special.erfinv", (-0.9, 0.9)),
+        _row("lgamma", 1, ew.loggamma, "jax.scipy.special.gammaln", (0.5, 4.0)),
+        _row("digamma", 1, lambda x: ew.polygamma(0, x), "jax.scipy.special.digamma", (0.5, 4.0)),
+        _row("xlogy", 2, ew.xlogy, "jax.scipy.special.xlogy", (0.5, 3.0)),
+        _row("xlog1py", 2, ew.xlog1py, "jax.scipy.special.xlog1py", (0.5, 3.0)),
+        _row("logit", 1, ew.logit, "jax.scipy.special.logit", (0.1, 0.9)),
+        # polygamma(n, x): n a whole number; C and CUDA evaluate n = 0 and 1
+        _row("polygamma", 2, ew.polygamma, "tensordsl.backends.jnp_extras.polygamma", (0.5, 4.0)),
+        # piecewise constant: no gradient (jax.grad gives zero); the tests are 1 or 0
+        _row("round", 1, ew.rint, "jax.numpy.round"),
+        _row("trunc", 1, ew.trunc, "jax.numpy.trunc"),
+        _row("heaviside", 2, ew.heaviside, "jax.numpy.heaviside"),
+        _row("isnan", 1, ew.isnan, "tensordsl.backends.jnp_extras.isnan"),
+        _row("isinf", 1, ew.isinf, "tensordsl.backends.jnp_extras.isinf"),
+        _row("isfinite", 1, ew.isfinite, "tensordsl.backends.jnp_extras.isfinite"),
+        _row("signbit", 1, ew.signbit, "tensordsl.backends.jnp_extras.signbit"),
     ]
 )
 
 
-#: Functions of another arity under the same name: `atan(y, x)` is `atan2(y, x)`.
-SPELLINGS = {("atan", 2): "atan2"}
+#: Other spellings of the functions: of another arity under the same name (`atan(y, x)` is
+#: `atan2(y, x)`), and jax.numpy's and libm's names for the functions named otherwise here.
+SPELLINGS = {
+    ("atan", 2): "atan2",
+    **{(f"arc{name}", 1): f"a{name}" for name in ("sin", "cos", "tan", "sinh", "cosh", "tanh")},
+    ("arctan2", 2): "atan2",
+    ("power", 2): "pow",
+    ("maximum", 2): "max",
+    ("minimum", 2): "min",
+    ("absolute", 1): "abs",
+    ("fabs", 1): "abs",
+    ("clip", 3): "clamp",
+    ("rint", 1): "round",
+    ("degrees", 1): "rad2deg",
+    ("radians", 1): "deg2rad",
+    ("gammaln", 1): "lgamma",
+    ("expit", 1): "sigmoid",
+}
+
+
+def canonical(name: str, arity: int) -> str:
+    """The row a call of `name` with `arity` arguments means: the row of another spelling
+    (`arcsin` is `asin`), of any arity when none has this one (the call's error then names
+    the arity the row takes).
+
+    >>> canonical("arctan2", 2), canonical("atan", 2), canonical("arcsin", 3)
+    ('atan2', 'atan2', 'asin')
+    """
+    if (name, arity) in SPELLINGS or name in FUNCTIONS:
+        return SPELLINGS.get((name, arity), name)
+    return next((row for (other, _), row in SPELLINGS.items() if other == name), name)
+
+
+def spellings() -> list[str]:
+    """Every name a call of a function may use, sorted: the rows' and the other spellings."""
+    return sorted({*FUNCTIONS, *(name for name, _ in SPELLINGS)})
 
 
 def helper_functions(prefix: str) -> dict[str, str]:

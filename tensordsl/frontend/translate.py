@@ -23,7 +23,7 @@ from typing import Any
 
 import sympy
 
-from codegen.ir.functions import FUNCTIONS, SPELLINGS, indicator
+from codegen.ir.functions import FUNCTIONS, canonical, indicator, spellings
 from codegen.ir.ieee import IeeeAdd, cancels, ieee
 from codegen.ir.nest import index_symbol, scalar_symbol
 from tensordsl.errors import (
@@ -312,7 +312,7 @@ class _Translator(Conditions, GatheredAccesses):
     def call(self, node: Call) -> Any:
         if node.name == SIZE:
             return self.size(node)
-        spec = FUNCTIONS.get(SPELLINGS.get((node.name, len(node.args)), node.name))
+        spec = FUNCTIONS.get(canonical(node.name, len(node.args)))
         if node.name in BOUNDARY_FORMS and (spec is None or len(node.args) != spec.arity):
             value_form = f" or '{node.name}(x, lo, hi)' of values" if spec else ""
             raise IndexExpressionError(
@@ -336,7 +336,7 @@ class _Translator(Conditions, GatheredAccesses):
                 self.src,
                 node.name_span,
                 expected="one of " + ", ".join(sorted([*FUNCTIONS, SIZE])),
-                hint=SIZE_HINTS.get(node.name) or close_match(node.name, [*FUNCTIONS, SIZE]),
+                hint=SIZE_HINTS.get(node.name) or close_match(node.name, [*spellings(), SIZE]),
             )
         if len(node.args) != spec.arity:
             params = ", ".join("xyz"[: spec.arity])

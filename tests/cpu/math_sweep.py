@@ -41,6 +41,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "acosh": (1.0, FLT_MAX),
     "atanh": (-1.0, 1.0),
     "erfc": (-4.0, 11.0),
+    "cbrt": (-FLT_MAX, FLT_MAX),
 }
 
 _LN2, _PI = math.log(2.0), math.pi
@@ -135,6 +136,7 @@ REFERENCES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "acosh": np.arccosh,
     "atanh": np.arctanh,
     "erfc": np.vectorize(math.erfc, otypes=[np.float64]),
+    "cbrt": np.cbrt,
 }
 
 

@@ -13,7 +13,9 @@ from tensordsl.backends import reference
 SMOOTH = [
     name
     for name, spec in FUNCTIONS.items()
-    if spec.arity == 1 and name not in ("relu", "abs", "floor", "ceil", "sign")
+    if spec.arity == 1
+    and name not in ("relu", "abs", "floor", "ceil", "sign", "round", "trunc")
+    and name not in ("isnan", "isinf", "isfinite", "signbit")
 ]
 AXES = ["i", "k", "j", "i+1", "k+1", "2i", "i+k"]
 
