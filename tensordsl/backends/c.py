@@ -114,10 +114,9 @@ def run_c(
             return found
         schedule = _heuristic(nest, tuple(sorted(dtypes.items())), False)
     compiled, result, params = _kernel_call(nest, dtypes, schedule, operands, shapes, dtype)
-    poison = config.poison_outputs()
     if config.cpu_call() == "ffi" and compiled.ffi_handler is not None:
-        return _call_ffi(compiled, operands, result, params, poison)
-    return _call_callback(compiled, operands, result, params, poison)
+        return _call_ffi(compiled, operands, result, params)
+    return _call_callback(compiled, operands, result, params, config.poison_outputs())
 
 
 class FfiCall(NamedTuple):
@@ -147,8 +146,16 @@ def ffi_call_c(
     compiled, _, params = _kernel_call(nest, dtypes, schedule, operands, shapes, dtype)
     if compiled.ffi_handler is None:
         return None
-    poison = np.int32(config.poison_outputs())
-    return FfiCall(register_ffi_target(compiled), {"params": params, "poison": poison})
+    return FfiCall(register_ffi_target(compiled), ffi_attributes(params))
+
+
+def ffi_attributes(params: Any) -> dict[str, Any]:
+    """The attributes of every FFI call to a generated handler: the int64 parameter array
+    and the poisoning flag (`TENSORDSL_POISON_OUTPUTS`) as an int32."""
+    return {
+        "params": np.asarray(params, dtype=np.int64),
+        "poison": np.int32(config.poison_outputs()),
+    }
 
 
 def _kernel_call(
@@ -194,8 +201,7 @@ def _rows(
         return None
     result = jax.ShapeDtypeStruct(shape, values.dtype)
     call = jax.ffi.ffi_call(register_ffi_target(compiled), result, vmap_method="sequential")
-    poison = np.int32(config.poison_outputs())
-    return call(values, positions, params=np.array(params, dtype=np.int64), poison=poison)
+    return call(values, positions, **ffi_attributes(params))
 
 
 def _call_ffi(
@@ -203,13 +209,12 @@ def _call_ffi(
     operands: Sequence[jax.Array],
     result: jax.ShapeDtypeStruct,
     params: np.ndarray,
-    poison: bool,
 ) -> jax.Array:
     """`ffi_call` to the kernel's handler, `params` passed as an attribute."""
     target = register_ffi_target(compiled)
     # "sequential": a batched call is a loop of unbatched ones, so `params` stays right.
     call = jax.ffi.ffi_call(target, result, vmap_method="sequential")
-    return call(*operands, params=params, poison=np.int32(poison))
+    return call(*operands, **ffi_attributes(params))
 
 
 def _call_callback(

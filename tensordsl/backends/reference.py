@@ -196,6 +196,11 @@ class Points(Mapping[sympy.Symbol, jax.Array]):
             found = self._made[index] = jnp.arange(start, start + length).reshape(shape)
         return found
 
+    @property
+    def spans(self) -> Mapping[sympy.Symbol, tuple[int, int, int]]:
+        """Each index's `(axis, start, length)` on the grid."""
+        return self._spans
+
     def __contains__(self, index: object) -> bool:
         return index in self._spans
 

@@ -33,7 +33,14 @@ import sympy
 from codegen.ir.contraction import Contraction, XlaPlan, fits, xla_plan
 from codegen.ir.extents import evaluate_int, extent_values, output_shape
 from codegen.ir.nest import LoopNest, Reduce
-from tensordsl.backends.reference import REDUCE, Evaluator, compute_dtype, grid, term_values
+from tensordsl.backends.reference import (
+    REDUCE,
+    Evaluator,
+    Points,
+    compute_dtype,
+    grid,
+    term_values,
+)
 
 
 class _NoFit(Exception):
@@ -245,20 +252,8 @@ def _prologues(
     for prologue in plan.prologues:
         ranges = tuple(by_index[i] for i in prologue.indices)
         points, shape = grid(ranges, extents)
-        spans = {
-            r.index: (axis, evaluate_int(r.start, extents), n)
-            for axis, (r, n) in enumerate(zip(ranges, shape))
-        }
         evaluate = _XlaEvaluator(
-            points,
-            values,
-            extents,
-            work,
-            nest=nest,
-            plan=xla,
-            spans=spans,
-            shapes=shapes,
-            precision=None,
+            points, values, extents, work, nest=nest, plan=xla, shapes=shapes, precision=None
         )
         made.append(jnp.broadcast_to(jnp.asarray(evaluate(prologue.body), work), shape))
     return made
@@ -278,12 +273,8 @@ def _elementwise(
     """A term over the output's indices (and its few reduced points), summed; `minor`: its
     nested contractions in `cpu_dot_form`."""
     ranges = (*nest.free, *term.reduced)
-    spans = {}
-    for axis, r in enumerate(ranges):
-        start = evaluate_int(r.start, extents)
-        spans[r.index] = (axis, start, evaluate_int(r.stop, extents) - start)
 
-    def evaluator(grid: Mapping, operands: Any, extents: Any, dtype: Any) -> Evaluator:
+    def evaluator(grid: Points, operands: Any, extents: Any, dtype: Any) -> Evaluator:
         return _XlaEvaluator(
             grid,
             operands,
@@ -291,7 +282,6 @@ def _elementwise(
             dtype,
             nest=nest,
             plan=plan,
-            spans=spans,
             shapes=shapes,
             precision=precision,
             minor=minor,
@@ -304,24 +294,23 @@ def _elementwise(
 
 class _XlaEvaluator(Evaluator):
     """The reference evaluator with plain accesses as views and nested contractions as
-    einsums, both placed on the grid's axes."""
+    einsums, both placed on the grid's axes (its `spans`)."""
 
     def __init__(
         self,
-        grid: Mapping,
+        grid: Points,
         operands: Mapping[str, Any],
         extents: Mapping[sympy.Symbol, int],
         dtype: Any,
         *,
         nest: LoopNest,
         plan: XlaPlan,
-        spans: dict[sympy.Symbol, tuple[int, int, int]],
         shapes: Mapping[str, tuple[int, ...]],
         precision: Any,
         minor: bool = False,
     ):
         super().__init__(grid, operands, extents, dtype)
-        self.nest, self.plan, self.spans, self.shapes = nest, plan, spans, shapes
+        self.nest, self.plan, self.spans, self.shapes = nest, plan, grid.spans, shapes
         self.precision, self.minor = precision, minor
 
     def _whole(self, index: sympy.Basic, length: int) -> bool:
