@@ -163,3 +163,61 @@ def product(*axes: Sequence[Any], every: int, cover: int = 2) -> list[Any]:
             )
         )
     return found
+
+
+#: Folders whose tests are the CUDA tier's own checks: they run every case they have.
+CUDA_TIERS = ("tests/gpu/", "tests/compile_only/")
+
+
+def sample_emulated_cases(items: Sequence[Any], every: int = 3) -> None:
+    """Mark `exhaustive` the `backend="cuda"` cases of a test function outside `CUDA_TIERS`
+    beyond a sample: every `every`-th such case of the function (in collection order, the
+    first always), and each case that brings a value of a two-valued axis (a dtype, an
+    order, a mode: two values among the function's CUDA cases) its sample lacks.
+
+    Without a GPU these cases run in the CUDA emulator, which compiles each kernel as C++
+    (about 0.6 s of g++ CPU a kernel, 2026-12-07): the 262 of them took 349 s of the suite's
+    2,967 s of test time, 1.3 s each; the sample keeps 150 of them, 241 s of that time (most
+    functions have one to three CUDA cases, and the first is always kept). The checks they
+    make stay in the default run on every back end, on every case for the reference and C
+    back ends and on the sample for CUDA; the CUDA tier (`CUDA_TIERS`) checks every CUDA
+    strategy on every case it has, and NVRTC compiles every function's CUDA text
+    (tests/compile_only).
+
+    >>> class Item:
+    ...     def __init__(self, name, **params):
+    ...         self.nodeid = f"tests/cpu/test_x.py::{name}[...]"
+    ...         self.callspec = type("Spec", (), {"params": params})()
+    ...         self.marks = []
+    ...     def get_closest_marker(self, name):
+    ...         return next((m for m in self.marks if m.name == name), None)
+    ...     def add_marker(self, mark):
+    ...         self.marks.append(mark.mark)
+    >>> items = [Item("t", backend=b, case=c, dtype=d) for c in "abcde" for d in ("f32", "f64")
+    ...          for b in ("c", "cuda")]
+    >>> sample_emulated_cases(items, every=3)
+    >>> [(i.callspec.params["case"], i.callspec.params["dtype"]) for i in items
+    ...  if i.callspec.params["backend"] == "cuda" and not i.marks]
+    [('a', 'f32'), ('a', 'f64'), ('b', 'f64'), ('d', 'f32'), ('e', 'f64')]
+    """
+    functions: dict[str, list[Any]] = {}
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("backend") != "cuda" or item.nodeid.startswith(CUDA_TIERS):
+            continue
+        if item.get_closest_marker("exhaustive") or item.get_closest_marker("slow"):
+            continue
+        functions.setdefault(item.nodeid.split("[")[0], []).append(item)
+    for cases in functions.values():
+        values: dict[str, set[str]] = {}
+        for item in cases:
+            for name, value in item.callspec.params.items():
+                values.setdefault(name, set()).add(repr(value))
+        small = {name for name, seen in values.items() if len(seen) == 2}
+        covered: set[tuple[str, str]] = set()
+        for position, item in enumerate(cases):
+            own = {(n, repr(v)) for n, v in item.callspec.params.items() if n in small}
+            if position % every == 0 or not own <= covered:
+                covered |= own
+            else:
+                item.add_marker(EXHAUSTIVE)
