@@ -138,8 +138,8 @@ __attribute__((always_inline)) inline __half stored_half(float x) {
 
 /* The scheduler's calls (runtime.h declares them). */
 TDSL_EMU_QUIET void count_enter() {
-    if (counting.seen.size() != rt.fibers.size()) {
-        counting.seen.assign(rt.fibers.size(), {});
+    if (counting.seen.size() != state.fibers.size()) {
+        counting.seen.assign(state.fibers.size(), {});
     }
     counting.active = true;
 }

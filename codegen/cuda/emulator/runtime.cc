@@ -11,9 +11,31 @@
  */
 #include "runtime.h"
 
+#include <dlfcn.h>
+#include <link.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
 namespace tdsl_emu {
 
-Runtime rt;
+/* The scheduler's state beside what kernels read (`rt`). */
+struct Scheduler {
+    std::vector<Fiber> fibers;
+    std::vector<char *> stacks;
+    ucontext_t scheduler, blank;
+    void **params = nullptr;
+    void (*invoke)(void **) = nullptr;
+    std::string error;
+};
+
+Launch rt;
+namespace {
+Scheduler state;
+} // namespace
 /* This module's TLS block on the launching thread: every `__shared__` variable. */
 uintptr_t shared_lo = 0, shared_hi = 0;
 std::mutex launch_mutex;
@@ -30,12 +52,12 @@ std::vector<MmaLane> mma_lanes;
 
 [[noreturn]] void exit_fiber() {
     rt.current->wait = Wait::exited;
-    setcontext(&rt.scheduler);
+    setcontext(&state.scheduler);
     __builtin_unreachable();
 }
 
 void fiber_main() {
-    rt.invoke(rt.params);
+    state.invoke(state.params);
     exit_fiber();
 }
 
@@ -47,15 +69,23 @@ void suspend(Wait wait, const char *what, const char *file, int line) {
     f.what = what;
     f.file = file;
     f.line = line;
-    swapcontext(&f.context, &rt.scheduler);
+    swapcontext(&f.context, &state.scheduler);
 }
 
-[[noreturn]] void fail(const std::string &message) {
-    if (rt.error.empty()) rt.error = message;
+[[noreturn]] void fail(const char *message) {
+    if (state.error.empty()) state.error = message;
     exit_fiber();
 }
 
+[[noreturn]] void fail_assertion(const char *expression, const char *file, int line) {
+    fail((std::string("assertion failed: ") + expression + " at " + file + ":" +
+          std::to_string(line))
+             .c_str());
+}
+
 namespace {
+
+[[noreturn]] void fail(const std::string &message) { fail(message.c_str()); }
 
 std::string thread_name(const Fiber &f) {
     char text[96];
@@ -104,15 +134,15 @@ bool poison_shared_memory() {
 /* ---- fibers and the block scheduler ---- */
 
 char *stack(size_t n) {
-    while (rt.stacks.size() <= n) {
+    while (state.stacks.size() <= n) {
         size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
         void *base = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (base == MAP_FAILED) return nullptr;
         mprotect(base, page, PROT_NONE); /* guard page: an overflow faults, never corrupts */
-        rt.stacks.push_back(static_cast<char *>(base) + page);
+        state.stacks.push_back(static_cast<char *>(base) + page);
     }
-    return rt.stacks[n];
+    return state.stacks[n];
 }
 
 /* Unmap every stack: called when a launch ends. Each stack is two memory mappings (the
@@ -121,20 +151,20 @@ char *stack(size_t n) {
  * in a long test run: mmap and malloc then fail. */
 void release_stacks() {
     size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    for (char *top : rt.stacks) munmap(top - page, kStackBytes + page);
-    rt.stacks.clear();
+    for (char *top : state.stacks) munmap(top - page, kStackBytes + page);
+    state.stacks.clear();
 }
 
 bool start_fibers() {
     size_t count = size_t(rt.block_dim.x) * rt.block_dim.y * rt.block_dim.z;
-    rt.fibers.assign(count, Fiber{});
+    state.fibers.assign(count, Fiber{});
     for (size_t n = 0; n < count; ++n) {
-        Fiber &f = rt.fibers[n];
+        Fiber &f = state.fibers[n];
         f.linear = int(n);
         f.thread_idx = make_uint3(unsigned(n % rt.block_dim.x),
                                   unsigned(n / rt.block_dim.x % rt.block_dim.y),
                                   unsigned(n / (size_t(rt.block_dim.x) * rt.block_dim.y)));
-        f.context = rt.blank;
+        f.context = state.blank;
         f.context.uc_stack.ss_sp = stack(n);
         if (f.context.uc_stack.ss_sp == nullptr) return false;
         f.context.uc_stack.ss_size = kStackBytes;
@@ -166,10 +196,10 @@ int source_lane(const Fiber &f, int lane) {
 void finish_warp_op(int first, unsigned group) {
     unsigned votes = 0;
     for (int lane = 0; lane < 32; ++lane)
-        if ((group >> lane & 1) && rt.fibers[first + lane].predicate) votes |= 1u << lane;
+        if ((group >> lane & 1) && state.fibers[first + lane].predicate) votes |= 1u << lane;
     for (int lane = 0; lane < 32; ++lane) {
         if (!(group >> lane & 1)) continue;
-        Fiber &f = rt.fibers[first + lane];
+        Fiber &f = state.fibers[first + lane];
         if (f.op == Op::active) f.result = group;
         else if (f.op == Op::ballot) f.result = votes;
         else if (f.op == Op::any) f.result = votes != 0;
@@ -177,7 +207,7 @@ void finish_warp_op(int first, unsigned group) {
         else if (f.op != Op::syncwarp) {
             int source = source_lane(f, lane);
             if (source < 0) f.result = f.value;
-            else if (group >> source & 1) f.result = rt.fibers[first + source].value;
+            else if (group >> source & 1) f.result = state.fibers[first + source].value;
             else f.result = poison_bytes(f.bytes); /* undefined on the GPU */
         }
         f.wait = Wait::none;
@@ -186,18 +216,18 @@ void finish_warp_op(int first, unsigned group) {
 
 /* Release every warp whose named lanes all wait at a warp intrinsic; -1 on disagreement. */
 int release_warps() {
-    int released = 0, count = int(rt.fibers.size());
+    int released = 0, count = int(state.fibers.size());
     for (int first = 0; first < count; first += 32) {
         int lanes = count - first < 32 ? count - first : 32;
         unsigned exists = lanes == 32 ? kFullMask : (1u << lanes) - 1, waiting = 0;
         for (int lane = 0; lane < lanes; ++lane)
-            if (rt.fibers[first + lane].wait == Wait::warp) waiting |= 1u << lane;
+            if (state.fibers[first + lane].wait == Wait::warp) waiting |= 1u << lane;
         for (int lane = 0; lane < lanes; ++lane) { /* __activemask: lanes at the same call */
-            const Fiber &f = rt.fibers[first + lane];
+            const Fiber &f = state.fibers[first + lane];
             if (!(waiting >> lane & 1) || f.op != Op::active) continue;
             unsigned group = 0;
             for (int other = lane; other < lanes; ++other) {
-                const Fiber &g = rt.fibers[first + other];
+                const Fiber &g = state.fibers[first + other];
                 if ((waiting >> other & 1) && g.op == Op::active && g.line == f.line &&
                     g.file == f.file)
                     group |= 1u << other;
@@ -207,20 +237,20 @@ int release_warps() {
             ++released;
         }
         for (int lane = 0; lane < lanes; ++lane) {
-            const Fiber &f = rt.fibers[first + lane];
+            const Fiber &f = state.fibers[first + lane];
             if (!(waiting >> lane & 1)) continue;
             unsigned group = f.mask & exists;
             if (!(f.mask >> lane & 1)) {
-                rt.error = thread_name(f) + " calls " + where(f) + " with a mask that does "
+                state.error = thread_name(f) + " calls " + where(f) + " with a mask that does "
                            "not name its own lane";
                 return -1;
             }
             if (group & ~waiting) continue;
             for (int other = 0; other < lanes; ++other) {
-                const Fiber &g = rt.fibers[first + other];
+                const Fiber &g = state.fibers[first + other];
                 if ((group >> other & 1) &&
                     (g.op != f.op || g.mask != f.mask || g.width != f.width)) {
-                    rt.error = thread_name(f) + " waits at " + where(f) + " but " +
+                    state.error = thread_name(f) + " waits at " + where(f) + " but " +
                                thread_name(g) + " of its mask waits at " + where(g) +
                                " (warp intrinsics and masks must match)";
                     return -1;
@@ -238,18 +268,18 @@ int release_warps() {
  * they wait at different __syncthreads calls (undefined behaviour in CUDA). */
 int release_block() {
     const Fiber *first = nullptr;
-    for (const Fiber &f : rt.fibers) {
+    for (const Fiber &f : state.fibers) {
         if (f.wait == Wait::exited) continue;
         if (f.wait != Wait::block) return 0;
         if (first == nullptr) first = &f;
         else if (f.line != first->line || strcmp(f.file, first->file) != 0) {
-            rt.error = thread_name(*first) + " waits at " + where(*first) + " but " +
+            state.error = thread_name(*first) + " waits at " + where(*first) + " but " +
                        thread_name(f) + " at " + where(f) +
                        " (__syncthreads in divergent code)";
             return -1;
         }
     }
-    for (Fiber &f : rt.fibers)
+    for (Fiber &f : state.fibers)
         if (f.wait == Wait::block) f.wait = Wait::none;
     return 1;
 }
@@ -259,12 +289,12 @@ std::string deadlock_report() {
                        std::to_string(rt.block_idx.y) + "," + std::to_string(rt.block_idx.z) +
                        "): no thread can run and no barrier can be released";
     size_t n = 0;
-    while (n < rt.fibers.size()) {
-        const Fiber &f = rt.fibers[n];
+    while (n < state.fibers.size()) {
+        const Fiber &f = state.fibers[n];
         size_t end = n + 1;
-        while (end < rt.fibers.size() && rt.fibers[end].wait == f.wait &&
+        while (end < state.fibers.size() && state.fibers[end].wait == f.wait &&
                (f.wait == Wait::exited ||
-                (rt.fibers[end].line == f.line && rt.fibers[end].what == f.what)))
+                (state.fibers[end].line == f.line && state.fibers[end].what == f.what)))
             ++end;
         text += "\n  threads " + std::to_string(n) + "-" + std::to_string(end - 1) + " (" +
                 thread_name(f).substr(7) + " ...): ";
@@ -284,22 +314,22 @@ void count_barrier(bool) {}
 
 bool run_block(bool reverse) {
     if (!start_fibers()) {
-        rt.error = "cannot allocate fiber stacks";
+        state.error = "cannot allocate fiber stacks";
         return false;
     }
-    size_t count = rt.fibers.size();
+    size_t count = state.fibers.size();
     for (;;) {
         for (size_t k = 0; k < count; ++k) {
-            Fiber &f = rt.fibers[reverse ? count - 1 - k : k];
+            Fiber &f = state.fibers[reverse ? count - 1 - k : k];
             if (f.wait != Wait::none) continue;
             rt.current = &f;
             count_enter();
-            swapcontext(&rt.scheduler, &f.context);
+            swapcontext(&state.scheduler, &f.context);
             count_leave();
-            if (!rt.error.empty()) return false;
+            if (!state.error.empty()) return false;
         }
         bool alive = false;
-        for (const Fiber &f : rt.fibers) alive = alive || f.wait != Wait::exited;
+        for (const Fiber &f : state.fibers) alive = alive || f.wait != Wait::exited;
         if (!alive) {
             count_barrier(true);
             return true;
@@ -309,7 +339,7 @@ bool run_block(bool reverse) {
         if (block > 0) count_barrier(false);
         if (warps < 0 || block < 0) return false;
         if (warps > 0 || block > 0) continue;
-        rt.error = deadlock_report();
+        state.error = deadlock_report();
         return false;
     }
 }
@@ -332,24 +362,24 @@ int launch(const tdsl_emu_kernel *kernel, const long long *grid, const long long
            long long shared, void **params, int order, char *error, long long error_size) {
     std::lock_guard<std::mutex> hold(launch_mutex);
     const char *bad = check_launch(grid, block, shared);
-    rt.error = bad ? bad : "";
+    state.error = bad ? bad : "";
     rt.grid_dim = dim3(unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2]));
     rt.block_dim = dim3(unsigned(block[0]), unsigned(block[1]), unsigned(block[2]));
-    rt.params = params;
-    rt.invoke = kernel->invoke;
-    getcontext(&rt.blank);
+    state.params = params;
+    state.invoke = kernel->invoke;
+    getcontext(&state.blank);
     long long blocks = grid[0] * grid[1] * grid[2];
-    for (long long k = 0; rt.error.empty() && k < blocks; ++k) {
+    for (long long k = 0; state.error.empty() && k < blocks; ++k) {
         long long b = order ? blocks - 1 - k : k;
         rt.block_idx = make_uint3(unsigned(b % grid[0]), unsigned(b / grid[0] % grid[1]),
                                   unsigned(b / (grid[0] * grid[1])));
-        if (!poison_shared_memory()) rt.error = "cannot find the shared memory (TLS) block";
+        if (!poison_shared_memory()) state.error = "cannot find the shared memory (TLS) block";
         else run_block(order != 0);
     }
-    rt.fibers.clear();
+    state.fibers.clear();
     release_stacks();
-    if (rt.error.empty()) return 0;
-    snprintf(error, size_t(error_size), "%s: %s", kernel->name, rt.error.c_str());
+    if (state.error.empty()) return 0;
+    snprintf(error, size_t(error_size), "%s: %s", kernel->name, state.error.c_str());
     return 1;
 }
 
@@ -381,9 +411,9 @@ void mma_16816(float (*value)(unsigned short), const char *what, const char *fil
                float d[4], const unsigned a[4], const unsigned b[2], int depth) {
     Fiber &f = *rt.current;
     int first = f.linear & ~31, lane = f.linear & 31;
-    if (first + 32 > int(rt.fibers.size()))
+    if (first + 32 > int(state.fibers.size()))
         fail(thread_name(f) + ": " + what + " needs a warp of 32 threads");
-    if (mma_lanes.size() < rt.fibers.size()) mma_lanes.resize(rt.fibers.size());
+    if (mma_lanes.size() < state.fibers.size()) mma_lanes.resize(state.fibers.size());
     MmaLane &mine = mma_lanes[size_t(f.linear)];
     memcpy(mine.a, a, sizeof mine.a);
     memcpy(mine.b, b, sizeof mine.b);

@@ -37,22 +37,15 @@
 #ifndef TDSL_CUDA_EMU_H
 #define TDSL_CUDA_EMU_H
 
-#include <dlfcn.h>
-#include <link.h>
-#include <sys/mman.h>
 #include <ucontext.h>
-#include <unistd.h>
 
 #include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
-#include <string>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -114,28 +107,24 @@ struct Fiber {
     uint64_t value = 0, result = 0;
 };
 
-struct Runtime {
+/* What kernel code reads of a launch (the CUDA built-in variables); the scheduler's own
+ * state is runtime.cc's, so that a unit parses no C++ library header but <cmath>. */
+struct Launch {
     dim3 grid_dim, block_dim;
     uint3 block_idx;
     Fiber *current = nullptr;
-    std::vector<Fiber> fibers;
-    std::vector<char *> stacks;
-    ucontext_t scheduler, blank;
-    void **params = nullptr;
-    void (*invoke)(void **) = nullptr;
-    std::string error;
 };
 
 /* ---- defined in runtime.cc ---- */
 
-extern Runtime rt;
+extern Launch rt;
 extern uintptr_t shared_lo, shared_hi; /* this module's TLS block: every `__shared__` byte */
-extern std::mutex launch_mutex;        /* launches of this module run one at a time */
 
 /* Park the calling fiber at a barrier until the scheduler releases it. */
 void suspend(Wait wait, const char *what, const char *file, int line);
-/* Stop the launch with `message` (the first one is reported). */
-[[noreturn]] void fail(const std::string &message);
+/* Stop the launch with `message` (the first one is reported); `assert(e)` in a kernel. */
+[[noreturn]] void fail(const char *message);
+[[noreturn]] void fail_assertion(const char *expression, const char *file, int line);
 /* The launch a kernel's descriptor points to (`tdsl_emu_kernel::launch`). */
 int launch(const tdsl_emu_kernel *kernel, const long long *grid, const long long *block,
            long long shared, void **params, int order, char *error, long long error_size);
@@ -177,20 +166,42 @@ inline unsigned vote(Op op, const char *what, const char *file, int line, unsign
 
 /* ---- kernel descriptors ---- */
 
-template <class T> std::string kind() {
-    if (std::is_pointer<T>::value) return "p";
-    std::string size = std::to_string(sizeof(T));
-    return (std::is_floating_point<T>::value ? "f" : std::is_signed<T>::value ? "i" : "u") +
-           size;
+/* A kernel's parameter kinds, one token each ("p" pointer, "f4" float, "i8" int64, "u2"
+ * half ...), as constants: a descriptor is initialised statically. */
+template <size_t N> struct Text {
+    char c[N];
+};
+
+template <class T> constexpr Text<24> kind() {
+    Text<24> text{};
+    if (std::is_pointer<T>::value) {
+        text.c[0] = 'p';
+        return text;
+    }
+    text.c[0] = std::is_floating_point<T>::value ? 'f' : std::is_signed<T>::value ? 'i' : 'u';
+    char digits[20] = {};
+    int n = 0;
+    for (size_t size = sizeof(T); size > 0; size /= 10) digits[n++] = char('0' + size % 10);
+    for (int k = 0; k < n; ++k) text.c[1 + k] = digits[n - 1 - k];
+    return text;
 }
 
-template <class... A> const char *signature(void (*)(A...)) {
-    static const std::string text = [] {
-        std::string joined;
-        ((joined += (joined.empty() ? "" : " ") + kind<A>()), ...);
+template <class... A> struct Signature {
+    static constexpr Text<24 * sizeof...(A) + 1> text = [] {
+        Text<24 * sizeof...(A) + 1> joined{};
+        size_t n = 0;
+        const Text<24> tokens[] = {Text<24>{}, kind<A>()...};
+        for (const Text<24> &token : tokens) {
+            if (token.c[0] == 0) continue;
+            if (n > 0) joined.c[n++] = ' ';
+            for (size_t k = 0; token.c[k] != 0; ++k) joined.c[n++] = token.c[k];
+        }
         return joined;
     }();
-    return text.c_str();
+};
+
+template <class... A> constexpr const char *signature(void (*)(A...)) {
+    return Signature<A...>::text.c;
 }
 
 template <auto Kernel> struct Invoke;
@@ -203,6 +214,13 @@ template <class... A, void (*Kernel)(A...)> struct Invoke<Kernel> {
 
 } // namespace tdsl_emu
 #pragma GCC visibility pop
+
+/* The runtime's code: linked as runtime.o (built once per cache folder, pch.py) into a unit,
+ * or compiled in the unit where it has no runtime.o or counts (its accesses instrumented with
+ * the kernels', as they always were; counting.h reads its state). */
+#if defined(TDSL_EMU_COUNT) || defined(TDSL_EMU_RUNTIME_HERE)
+#include "runtime.cc"
+#endif
 
 #ifdef TDSL_EMU_COUNT
 #include "counting.h"
@@ -234,7 +252,7 @@ template <class... A, void (*Kernel)(A...)> struct Invoke<Kernel> {
 #define __any_sync(m, p) (::tdsl_emu::vote(::tdsl_emu::Op::any, "__any_sync", __FILE__, __LINE__, m, p) != 0)
 #define __all_sync(m, p) (::tdsl_emu::vote(::tdsl_emu::Op::all, "__all_sync", __FILE__, __LINE__, m, p) != 0)
 #undef assert
-#define assert(e) ((e) ? (void)0 : ::tdsl_emu::fail(std::string("assertion failed: ") + #e + " at " + __FILE__ + ":" + std::to_string(__LINE__)))
+#define assert(e) ((e) ? (void)0 : ::tdsl_emu::fail_assertion(#e, __FILE__, __LINE__))
 
 namespace tdsl_emu {
 namespace {
@@ -341,12 +359,5 @@ template <class T> inline T atomicCAS(T *p, T compare, T v) {
     if (old == compare) *p = v;
     return old;
 }
-
-/* The runtime's code: linked as runtime.o (built once per cache folder, pch.py) into a unit,
- * or compiled in the unit where it has no runtime.o or counts (its accesses instrumented with
- * the kernels', as they always were). */
-#if defined(TDSL_EMU_COUNT) || defined(TDSL_EMU_RUNTIME_HERE)
-#include "runtime.cc"
-#endif
 
 #endif /* TDSL_CUDA_EMU_H */
