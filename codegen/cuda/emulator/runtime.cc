@@ -85,7 +85,7 @@ void suspend(Wait wait, const char *what, const char *file, int line) {
 
 namespace {
 
-[[noreturn]] void fail(const std::string &message) { fail(message.c_str()); }
+[[noreturn]] void fail_with(const std::string &message) { fail(message.c_str()); }
 
 std::string thread_name(const Fiber &f) {
     char text[96];
@@ -387,7 +387,7 @@ uint64_t warp_wait(Op op, const char *what, const char *file, int line, unsigned
                    uint64_t value, size_t bytes, int lane_arg, int width) {
     Fiber &f = *rt.current;
     if (width < 1 || width > 32 || (width & (width - 1)))
-        fail(thread_name(f) + ": " + what + " width must be a power of two <= 32");
+        fail_with(thread_name(f) + ": " + what + " width must be a power of two <= 32");
     f.op = op;
     f.mask = mask;
     f.lane_arg = lane_arg;
@@ -412,7 +412,7 @@ void mma_16816(float (*value)(unsigned short), const char *what, const char *fil
     Fiber &f = *rt.current;
     int first = f.linear & ~31, lane = f.linear & 31;
     if (first + 32 > int(state.fibers.size()))
-        fail(thread_name(f) + ": " + what + " needs a warp of 32 threads");
+        fail_with(thread_name(f) + ": " + what + " needs a warp of 32 threads");
     if (mma_lanes.size() < state.fibers.size()) mma_lanes.resize(state.fibers.size());
     MmaLane &mine = mma_lanes[size_t(f.linear)];
     memcpy(mine.a, a, sizeof mine.a);
