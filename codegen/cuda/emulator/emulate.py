@@ -6,10 +6,11 @@ returns it, inside its own namespace (so that their helpers and `idx_t` do not c
 descriptor per kernel appended after it (`TDSL_EMU_KERNEL`). Units are compiled by the host
 C++ compiler (`TENSORDSL_CXX`) against the CUDA toolkit's headers (`vector_types.h`,
 `cuda_fp16.h`, `cuda_bf16.h`), cached on disk by content hash (`codegen.c.run.compiler.compile_c`
-with the emulator's toolchain, under `cache_dir()/cuda_emu/`) and loaded with ctypes.
-Compilation dominates the cost (about 2 s per compiler call here, 0.07 s per further kernel
-in a unit), so `build` puts many kernels in one unit and compiles two units at once; a
-loaded kernel is kept in memory by its source text.
+with the emulator's toolchain, under `cache_dir()/cuda_emu/`) and loaded with ctypes. A
+unit reads `runtime.h` precompiled and links the runtime's code (`runtime.cc`) compiled once
+per cache folder (`pch.py`), so its compiler call generates only its kernels. Compilation
+still dominates the cost of a kernel, so `build` puts many kernels in one unit and compiles
+two units at once; a loaded kernel is kept in memory by its source text.
 
 A launch takes `(grid, block, args)` like `RawKernel`: `args` holds one NumPy array (its
 data pointer is passed) or integer/float scalar per kernel parameter, checked against the
@@ -224,7 +225,8 @@ def compile_unit(
     """
     counted = COUNT_FLAGS if counting else ()
     flags = (*compile_flags(), *counted, *extra_flags)
-    cxx, linked = config.cxx_compiler(), ()
+    cxx = config.cxx_compiler()
+    linked: tuple[str, ...] = ()
     if not counting:  # a counting unit compiles the runtime itself (runtime.h)
         shared = pch.runtime_object(cxx, flags) if runtime else None
         here = () if shared or not runtime else ("-DTDSL_EMU_RUNTIME_HERE",)

@@ -1,10 +1,10 @@
 """The emulator's header, precompiled, and its runtime, compiled: what every unit shares.
 
-Every emulator unit starts with `#include "runtime.h"`, which pulls in the C++ standard
-library and the CUDA toolkit's `cuda_fp16.h` and `cuda_bf16.h`: about 0.75 s of the host
-compiler's CPU time per unit, two thirds of a unit of a few kernels (measured with g++ 12 at
--O1, 2026-12-07). A precompiled `runtime.h.gch` cuts that to about 0.2 s. It is kept in the
-cache folder under `cuda_emu_pch/<digest>/` beside copies of the headers, the digest
+Every emulator unit starts with `#include "runtime.h"`, which pulls in <cmath> and the CUDA
+toolkit's `cuda_fp16.h` and `cuda_bf16.h`: parsing them is most of a small unit's compile
+without a precompiled header (docs/testing.md has the figures). A precompiled
+`runtime.h.gch` is kept in the cache folder under `cuda_emu_pch/<digest>/` beside copies of
+the headers (and of `runtime.cc`), the digest
 covering the compiler, its version, the flags and the headers' text, and the units are
 compiled with `-I` that folder; the compiler then reads the `.gch` where it is valid for the
 unit's flags and the header itself otherwise (same text, same result). The `.gch` is built
@@ -14,14 +14,14 @@ it. A `.gch` that cannot be built or written is no error: units read the header;
 size is not the size its builder recorded (truncated: g++ stops at it) is removed.
 
 The runtime's code (`runtime.cc`: the scheduler, fibers, `launch`, the warp intrinsics'
-waits, the tensor-core product) was most of what was left: every unit generated it again at
--O1 for its kernels to call. It is compiled once per folder, by the first unit that needs it,
-into `runtime.o` beside the `.gch` (the same flags, so the same code) and linked into each
-unit (`runtime_object`): each unit's library still has its own copy, its own state and TLS
-block, as before. An object whose SHA-256 is not the one its builder recorded is built again;
-where none can be built or written, or for a counting unit (whose runtime is instrumented with
-its kernels), the unit compiles `runtime.cc` itself (`-DTDSL_EMU_RUNTIME_HERE`).
-docs/testing.md has the figures.
+waits, the tensor-core product) was most of what a unit compiled besides: every unit
+generated it again at -O1 for its kernels to call. It is compiled once per folder, by the
+first unit that needs it, into `runtime.o` beside the `.gch` (the same flags, so the same
+code) and linked into each unit (`runtime_object`): each unit's library still has its own
+copy, its own state and TLS block, as before. An object whose SHA-256 is not the one its
+builder recorded is built again. Where none can be built or written, a unit compiles
+`runtime.cc` itself (`-DTDSL_EMU_RUNTIME_HERE`); so does every counting unit (runtime.h
+includes it under `TDSL_EMU_COUNT`: its accesses are instrumented with the kernels').
 """
 
 from __future__ import annotations

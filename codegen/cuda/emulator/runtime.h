@@ -33,6 +33,14 @@
  * Counting (a unit built with TDSL_EMU_COUNT, see codegen/cuda/emulator/counting.h): the
  * kernel's `TDSL_COUNT_FMA(n)` hooks, its global loads and stores and its shared-memory
  * bank conflicts are counted per launch.
+ *
+ * This header declares; runtime.cc defines (the scheduler, fibers, `launch`, the waits of the
+ * warp intrinsics, the tensor-core product). A unit links runtime.cc compiled once per cache
+ * folder (codegen/cuda/emulator/pch.py), so that its compiler call generates only its
+ * kernels; and the header includes no C++ library header but <cmath> (the scheduler's
+ * strings and vectors are runtime.cc's), so that a unit reads little besides the CUDA
+ * headers: with the header precompiled, both cut a unit's compile to about a fifth
+ * (docs/testing.md). Every name here is hidden: each unit's library has its own state.
  */
 #ifndef TDSL_CUDA_EMU_H
 #define TDSL_CUDA_EMU_H
