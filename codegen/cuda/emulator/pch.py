@@ -82,13 +82,15 @@ def include_folder(compiler: str, flags: Sequence[str]) -> pathlib.Path:
 def runtime_object(compiler: str, flags: Sequence[str]) -> pathlib.Path | None:
     """`runtime.cc` compiled by `compiler` with `flags` (those of a unit, `-I` of `HEADER`'s
     folder among them) into the object a unit links, in `include_folder`'s folder: built by
-    the first unit that asks (one process builds, others wait), checked once per process.
+    the first unit that asks (one process builds, others wait), checked once per process
+    (and built again where it went since: a cache folder emptied).
     None where the cache cannot be written or the object cannot be built: the unit then
     compiles `runtime.cc` itself."""
     try:
         folder = _folder(compiler, flags)
         with _LOCK:
-            if folder not in _OBJECTS:
+            known = _OBJECTS.get(folder)
+            if folder not in _OBJECTS or (known is not None and not known.is_file()):
                 with open(folder / "lock", "w") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
                     if not _sealed(folder / OBJECT):
