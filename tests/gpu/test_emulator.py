@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from codegen.c.run import compiler
-from codegen.cuda.emulator import emulate
+from codegen.cuda.emulator import emulate, pch
 
 pytestmark = pytest.mark.skipif(
     not emulate.available(), reason=f"CUDA emulator: {emulate.unavailable_reason()}"
@@ -118,6 +118,15 @@ extern "C" __global__ void mask_mismatch(float *out) {
 extern "C" __global__ void traps(float *out) {
     if (blockIdx.x == 1 && threadIdx.x == 2) __trap();
     out[threadIdx.x] = 1;
+}""",
+    "asserts": """
+extern "C" __global__ void asserts(float *out) {
+    assert(threadIdx.x != 5);
+    out[threadIdx.x] = 1;
+}""",
+    "bad_width": """
+extern "C" __global__ void bad_width(float *out) {
+    out[threadIdx.x] = __shfl_sync(0xffffffff, 1.0f, 0, 12);
 }""",
     "dims": """
 extern "C" __global__ void dims(long long *out) {
@@ -278,6 +287,8 @@ def test_a_deadlock_is_reported_with_threads_and_lines(k) -> None:
         ("divergent_barrier", r"at divergent_barrier.cu:4 .* at divergent_barrier.cu:6 "),
         ("mask_mismatch", r"warp intrinsics and masks must match"),
         ("traps", r"traps: __trap\(\) called"),
+        ("asserts", r"asserts: assertion failed: threadIdx.x != 5 at asserts.cu:3$"),
+        ("bad_width", r"bad_width: thread \(0,0,0\): __shfl_sync width must be a power of two"),
     ],
 )
 def test_undefined_behaviour_is_an_error(k, name: str, expected: str) -> None:
@@ -374,6 +385,19 @@ def test_units_hold_the_exact_text_and_are_cached_on_disk(k, tmp_path, monkeypat
     assert compiler.STATS["compiles"] == before["compiles"] + 1
     assert compiler.STATS["disk_hits"] == before["disk_hits"] + 1
     assert not list(first.parent.glob("*.tmp"))
+
+
+def test_a_unit_without_the_runtime_object_compiles_the_runtime(tmp_path, monkeypatch) -> None:
+    # Where runtime.o cannot be built (a cache that cannot be written), each unit compiles
+    # runtime.cc itself: the same kernel, the same results.
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(pch, "runtime_object", lambda compiler, flags: None)
+    text = KERNELS["count_threads"] + "// a unit of its own\n"
+    (kernel,) = emulate.build([(text, "count_threads")])
+    out = np.full(96, -1, np.int32)
+    kernel((3, 1, 1), (32, 1, 1), (out,))
+    np.testing.assert_array_equal(out, np.tile(np.arange(32), 3))
+    assert not list(tmp_path.glob("cuda_emu_pch/*/runtime.o"))
 
 
 def test_a_compiler_error_names_the_kept_unit(tmp_path, monkeypatch) -> None:

@@ -6,6 +6,7 @@ a process that has a library open keeps its copy."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -124,4 +125,38 @@ def test_a_damaged_precompiled_header_is_never_fatal(
     for library in copy.glob("cuda_emu/*/*.so"):
         library.unlink()  # every unit is compiled again, with the damaged .gch there
     assert child_compiles(copy) >= 3  # and the kernels' results are checked (CHILD)
+    assert child_compiles(copy) == 0
+
+
+def test_the_runtime_is_compiled_once_and_sealed(warm: pathlib.Path) -> None:
+    # The kernels' units link one runtime.o (the launch handlers' unit has none).
+    (obj,) = warm.glob("cuda_emu_pch/*/runtime.o")
+    digest = hashlib.sha256(obj.read_bytes()).hexdigest()
+    assert (obj.parent / "runtime.o.sha256").read_text() == digest
+
+
+@pytest.mark.parametrize(
+    "how", sampled(["truncated", "garbage", "another_object", "emptied"], every=2, ids=str)
+)
+def test_a_damaged_runtime_object_is_rebuilt(
+    warm: pathlib.Path, tmp_path: pathlib.Path, how: str
+) -> None:
+    # An object whose SHA-256 is not the recorded one is built again before a unit links it
+    # (a garbage one of the right size would fail the link: a build error).
+    copy = tmp_path / "cache"
+    shutil.copytree(warm, copy)
+    (obj,) = copy.glob("cuda_emu_pch/*/runtime.o")
+    data = obj.read_bytes()
+    obj.write_bytes(
+        {
+            "truncated": data[: len(data) // 2],
+            "emptied": b"",
+            "garbage": os.urandom(len(data)),
+            "another_object": next(copy.glob("cuda_emu/*/*.so")).read_bytes(),
+        }[how]
+    )
+    for library in copy.glob("cuda_emu/*/*.so"):
+        library.unlink()  # every unit is linked again
+    assert child_compiles(copy) >= 3  # and the kernels' results are checked (CHILD)
+    assert hashlib.sha256(obj.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
     assert child_compiles(copy) == 0

@@ -68,15 +68,6 @@ struct Counting {
 
 Counting counting;
 
-TDSL_EMU_QUIET void count_enter() {
-    if (counting.seen.size() != rt.fibers.size()) {
-        counting.seen.assign(rt.fibers.size(), {});
-    }
-    counting.active = true;
-}
-
-TDSL_EMU_QUIET void count_leave() { counting.active = false; }
-
 /* Wavefronts past the first of each phase of one request. */
 TDSL_EMU_QUIET long long request_conflicts(const Request &r) {
     int size = 1;
@@ -101,18 +92,6 @@ TDSL_EMU_QUIET long long request_conflicts(const Request &r) {
         extra += most - 1;
     }
     return extra;
-}
-
-TDSL_EMU_QUIET void count_barrier(bool end) {
-    bool was = counting.active;
-    counting.active = false;
-    for (const auto &entry : counting.pending) {
-        counting.value[requests] += 1;
-        counting.value[conflicts] += request_conflicts(entry.second);
-    }
-    counting.pending.clear();
-    if (end) counting.seen.clear(); /* the next block's lanes start afresh */
-    counting.active = was;
 }
 
 TDSL_EMU_QUIET void count_access(const void *pointer, size_t size, bool write, uintptr_t pc) {
@@ -156,6 +135,29 @@ __attribute__((always_inline)) inline __half stored_half(float x) {
 }
 
 } // namespace
+
+/* The scheduler's calls (runtime.h declares them). */
+TDSL_EMU_QUIET void count_enter() {
+    if (counting.seen.size() != state.fibers.size()) {
+        counting.seen.assign(state.fibers.size(), {});
+    }
+    counting.active = true;
+}
+
+TDSL_EMU_QUIET void count_leave() { counting.active = false; }
+
+TDSL_EMU_QUIET void count_barrier(bool end) {
+    bool was = counting.active;
+    counting.active = false;
+    for (const auto &entry : counting.pending) {
+        counting.value[requests] += 1;
+        counting.value[conflicts] += request_conflicts(entry.second);
+    }
+    counting.pending.clear();
+    if (end) counting.seen.clear(); /* the next block's lanes start afresh */
+    counting.active = was;
+}
+
 } // namespace tdsl_emu
 
 #define __float2bfloat16_rn(x) ::tdsl_emu::stored_bfloat16(x)

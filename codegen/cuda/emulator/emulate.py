@@ -6,10 +6,11 @@ returns it, inside its own namespace (so that their helpers and `idx_t` do not c
 descriptor per kernel appended after it (`TDSL_EMU_KERNEL`). Units are compiled by the host
 C++ compiler (`TENSORDSL_CXX`) against the CUDA toolkit's headers (`vector_types.h`,
 `cuda_fp16.h`, `cuda_bf16.h`), cached on disk by content hash (`codegen.c.run.compiler.compile_c`
-with the emulator's toolchain, under `cache_dir()/cuda_emu/`) and loaded with ctypes.
-Compilation dominates the cost (about 2 s per compiler call here, 0.07 s per further kernel
-in a unit), so `build` puts many kernels in one unit and compiles two units at once; a
-loaded kernel is kept in memory by its source text.
+with the emulator's toolchain, under `cache_dir()/cuda_emu/`) and loaded with ctypes. A
+unit reads `runtime.h` precompiled and links the runtime's code (`runtime.cc`) compiled once
+per cache folder (`pch.py`), so its compiler call generates only its kernels. Compilation
+still dominates the cost of a kernel, so `build` puts many kernels in one unit and compiles
+two units at once; a loaded kernel is kept in memory by its source text.
 
 A launch takes `(grid, block, args)` like `RawKernel`: `args` holds one NumPy array (its
 data pointer is passed) or integer/float scalar per kernel parameter, checked against the
@@ -49,6 +50,7 @@ from codegen.cuda.emulator.counts import COUNTERS, Counts
 from codegen.cuda.run import nvrtc
 
 HEADER = pathlib.Path(__file__).with_name("runtime.h")
+RUNTIME = HEADER.with_name("runtime.cc")
 COUNTING_HEADER = HEADER.with_name("counting.h")
 CACHE_VERSION = 1
 ORDERS = {"forward": 0, "reverse": 1}
@@ -198,6 +200,7 @@ def compile_unit(
     key: object = None,
     counting: bool = False,
     symbols: Sequence[str] = (),
+    runtime: bool = True,
 ) -> pathlib.Path:
     """Compile a C++ translation unit into a cached shared object, loaded; return its path.
 
@@ -212,6 +215,9 @@ def compile_unit(
         key: anything else the object depends on (headers outside the flags).
         counting: build with the counters (`COUNT_FLAGS`).
         symbols: names the object must export.
+        runtime: the unit includes `runtime.h` and links the runtime's code (`runtime.cc`,
+            compiled once per cache folder: `pch.runtime_object`); False for a unit that
+            only launches others (the FFI handlers).
 
     Raises:
         BuildError: when the compiler rejects the unit, or what it built does not load (a
@@ -219,15 +225,25 @@ def compile_unit(
     """
     counted = COUNT_FLAGS if counting else ()
     flags = (*compile_flags(), *counted, *extra_flags)
+    cxx = config.cxx_compiler()
+    linked: tuple[str, ...] = ()
+    if not counting:  # a counting unit compiles the runtime itself (runtime.h)
+        shared = pch.runtime_object(cxx, flags) if runtime else None
+        here = () if shared or not runtime else ("-DTDSL_EMU_RUNTIME_HERE",)
+        flags, linked = (*pch.with_header(cxx, flags), *here), (str(shared),) if shared else ()
     toolchain = Toolchain(
-        config.cxx_compiler(),
-        flags if counting else pch.with_header(config.cxx_compiler(), flags),
+        cxx,
+        flags,
         "TENSORDSL_CXX",
         folder="cuda_emu",
         suffix=".cc",
-        libraries=(*libraries, *(COUNT_LIBRARIES if counting else ())),
+        libraries=(*linked, *libraries, *(COUNT_LIBRARIES if counting else ())),
     )
-    headers = (HEADER.read_text(), COUNTING_HEADER.read_text() if counting else "")
+    headers = (
+        HEADER.read_text(),
+        RUNTIME.read_text(),
+        COUNTING_HEADER.read_text() if counting else "",
+    )
     # A C++ library may stay loaded after `dlclose` (its unique symbols make it NODELETE), and
     # the loader then returns it for its path again: where the file swapped in at the path
     # loaded, the rebuilt one is loaded under another name (a key of its own).

@@ -33,26 +33,27 @@
  * Counting (a unit built with TDSL_EMU_COUNT, see codegen/cuda/emulator/counting.h): the
  * kernel's `TDSL_COUNT_FMA(n)` hooks, its global loads and stores and its shared-memory
  * bank conflicts are counted per launch.
+ *
+ * This header declares; runtime.cc defines (the scheduler, fibers, `launch`, the waits of the
+ * warp intrinsics, the tensor-core product). A unit links runtime.cc compiled once per cache
+ * folder (codegen/cuda/emulator/pch.py), so that its compiler call generates only its
+ * kernels; and the header includes no C++ library header but <cmath> (the scheduler's
+ * strings and vectors are runtime.cc's), so that a unit reads little besides the CUDA
+ * headers: with the header precompiled, both cut a unit's compile to about a fifth
+ * (docs/testing.md). Every name here is hidden: each unit's library has its own state.
  */
 #ifndef TDSL_CUDA_EMU_H
 #define TDSL_CUDA_EMU_H
 
-#include <dlfcn.h>
-#include <link.h>
-#include <sys/mman.h>
 #include <ucontext.h>
-#include <unistd.h>
 
 #include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
-#include <string>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -91,8 +92,9 @@ struct tdsl_emu_kernel {
     void (*invoke)(void **params);
 };
 
+/* Every name of the runtime is hidden: each unit's shared object has its own (runtime.cc). */
+#pragma GCC visibility push(hidden)
 namespace tdsl_emu {
-namespace {
 
 enum class Wait { none, block, warp, exited };
 enum class Op { syncwarp, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, active };
@@ -113,347 +115,43 @@ struct Fiber {
     uint64_t value = 0, result = 0;
 };
 
-struct Runtime {
+/* What kernel code reads of a launch (the CUDA built-in variables); the scheduler's own
+ * state is runtime.cc's, so that a unit parses no C++ library header but <cmath>. */
+struct Launch {
     dim3 grid_dim, block_dim;
     uint3 block_idx;
     Fiber *current = nullptr;
-    std::vector<Fiber> fibers;
-    std::vector<char *> stacks;
-    ucontext_t scheduler, blank;
-    void **params = nullptr;
-    void (*invoke)(void **) = nullptr;
-    std::string error;
 };
 
-Runtime rt;
-std::mutex launch_mutex;
-/* This module's TLS block on the launching thread: every `__shared__` variable. */
-uintptr_t shared_lo = 0, shared_hi = 0;
-/* Touched before each block so that this module's TLS block exists on this OS thread. */
-[[gnu::used]] thread_local char tls_anchor;
+/* ---- defined in runtime.cc ---- */
 
-[[noreturn]] void exit_fiber() {
-    rt.current->wait = Wait::exited;
-    setcontext(&rt.scheduler);
-    __builtin_unreachable();
-}
+extern Launch rt;
+extern uintptr_t shared_lo, shared_hi; /* this module's TLS block: every `__shared__` byte */
 
-void fiber_main() {
-    rt.invoke(rt.params);
-    exit_fiber();
-}
+/* Park the calling fiber at a barrier until the scheduler releases it. */
+void suspend(Wait wait, const char *what, const char *file, int line);
+/* Stop the launch with `message` (the first one is reported); `assert(e)` in a kernel. */
+[[noreturn]] void fail(const char *message);
+[[noreturn]] void fail_assertion(const char *expression, const char *file, int line);
+/* The launch a kernel's descriptor points to (`tdsl_emu_kernel::launch`). */
+int launch(const tdsl_emu_kernel *kernel, const long long *grid, const long long *block,
+           long long shared, void **params, int order, char *error, long long error_size);
+/* A warp intrinsic: wait for the lanes of `mask`, return this lane's result (`bytes` of it). */
+uint64_t warp_wait(Op op, const char *what, const char *file, int line, unsigned mask,
+                   uint64_t value, size_t bytes, int lane_arg, int width);
+/* The tensor-core product (below), of 16-bit values read by `value`. */
+void mma_16816(float (*value)(unsigned short), const char *what, const char *file, int line,
+               float d[4], const unsigned a[4], const unsigned b[2], int depth = 16);
+float bf16_value(unsigned short bits);
+float f16_value(unsigned short bits);
 
-void suspend(Wait wait, const char *what, const char *file, int line) {
-    Fiber &f = *rt.current;
-    f.wait = wait;
-    f.what = what;
-    f.file = file;
-    f.line = line;
-    swapcontext(&f.context, &rt.scheduler);
-}
-
-[[noreturn]] void fail(const std::string &message) {
-    if (rt.error.empty()) rt.error = message;
-    exit_fiber();
-}
-
-std::string thread_name(const Fiber &f) {
-    char text[96];
-    snprintf(text, sizeof text, "thread (%u,%u,%u)", f.thread_idx.x, f.thread_idx.y,
-             f.thread_idx.z);
-    return text;
-}
-
-std::string where(const Fiber &f) {
-    return std::string(f.what) + " at " + f.file + ":" + std::to_string(f.line);
-}
-
-/* ---- shared memory: every thread_local byte of this module, poisoned per block ---- */
-
-struct TlsSearch {
-    const void *base;
-    void *data;
-    size_t size;
-};
-
-int find_tls(struct dl_phdr_info *info, size_t, void *arg) {
-    TlsSearch *search = static_cast<TlsSearch *>(arg);
-    if (reinterpret_cast<const void *>(info->dlpi_addr) != search->base) return 0;
-    for (int n = 0; n < info->dlpi_phnum; ++n) {
-        if (info->dlpi_phdr[n].p_type == PT_TLS) {
-            search->data = info->dlpi_tls_data;
-            search->size = info->dlpi_phdr[n].p_memsz;
-        }
-    }
-    return 1;
-}
-
-bool poison_shared_memory() {
-    *static_cast<volatile char *>(&tls_anchor) = 1;
-    Dl_info self;
-    if (!dladdr(reinterpret_cast<void *>(&find_tls), &self)) return false;
-    TlsSearch search{self.dli_fbase, nullptr, 0};
-    dl_iterate_phdr(find_tls, &search);
-    if (search.data == nullptr) return false;
-    memset(search.data, 0xff, search.size);
-    shared_lo = reinterpret_cast<uintptr_t>(search.data);
-    shared_hi = shared_lo + search.size;
-    return true;
-}
-
-/* ---- fibers and the block scheduler ---- */
-
-char *stack(size_t n) {
-    while (rt.stacks.size() <= n) {
-        size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-        void *base = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (base == MAP_FAILED) return nullptr;
-        mprotect(base, page, PROT_NONE); /* guard page: an overflow faults, never corrupts */
-        rt.stacks.push_back(static_cast<char *>(base) + page);
-    }
-    return rt.stacks[n];
-}
-
-/* Unmap every stack: called when a launch ends. Each stack is two memory mappings (the
- * stack and its guard page), and every emulated kernel library has its own pool, so pools
- * kept between launches exhaust the process's mappings (vm.max_map_count, 65530 by default)
- * in a long test run: mmap and malloc then fail. */
-void release_stacks() {
-    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    for (char *top : rt.stacks) munmap(top - page, kStackBytes + page);
-    rt.stacks.clear();
-}
-
-bool start_fibers() {
-    size_t count = size_t(rt.block_dim.x) * rt.block_dim.y * rt.block_dim.z;
-    rt.fibers.assign(count, Fiber{});
-    for (size_t n = 0; n < count; ++n) {
-        Fiber &f = rt.fibers[n];
-        f.linear = int(n);
-        f.thread_idx = make_uint3(unsigned(n % rt.block_dim.x),
-                                  unsigned(n / rt.block_dim.x % rt.block_dim.y),
-                                  unsigned(n / (size_t(rt.block_dim.x) * rt.block_dim.y)));
-        f.context = rt.blank;
-        f.context.uc_stack.ss_sp = stack(n);
-        if (f.context.uc_stack.ss_sp == nullptr) return false;
-        f.context.uc_stack.ss_size = kStackBytes;
-        f.context.uc_link = nullptr;
-        makecontext(&f.context, fiber_main, 0);
-    }
-    return true;
-}
-
-uint64_t poison_bytes(size_t bytes) {
-    return bytes >= 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * bytes)) - 1;
-}
-
-/* The lane a shuffle reads, by CUDA's rules for width segments; -1: its own value. */
-int source_lane(const Fiber &f, int lane) {
-    int width = f.width, segment = lane & ~(width - 1);
-    switch (f.op) {
-    case Op::shfl_idx: return segment + (f.lane_arg & (width - 1));
-    case Op::shfl_up: return (lane - segment) < f.lane_arg ? -1 : lane - f.lane_arg;
-    case Op::shfl_down: return (lane - segment) + f.lane_arg >= width ? -1 : lane + f.lane_arg;
-    case Op::shfl_xor: {
-        int other = lane ^ f.lane_arg;
-        return other >= segment + width ? -1 : other;
-    }
-    default: return -1;
-    }
-}
-
-void finish_warp_op(int first, unsigned group) {
-    unsigned votes = 0;
-    for (int lane = 0; lane < 32; ++lane)
-        if ((group >> lane & 1) && rt.fibers[first + lane].predicate) votes |= 1u << lane;
-    for (int lane = 0; lane < 32; ++lane) {
-        if (!(group >> lane & 1)) continue;
-        Fiber &f = rt.fibers[first + lane];
-        if (f.op == Op::active) f.result = group;
-        else if (f.op == Op::ballot) f.result = votes;
-        else if (f.op == Op::any) f.result = votes != 0;
-        else if (f.op == Op::all) f.result = votes == group;
-        else if (f.op != Op::syncwarp) {
-            int source = source_lane(f, lane);
-            if (source < 0) f.result = f.value;
-            else if (group >> source & 1) f.result = rt.fibers[first + source].value;
-            else f.result = poison_bytes(f.bytes); /* undefined on the GPU */
-        }
-        f.wait = Wait::none;
-    }
-}
-
-/* Release every warp whose named lanes all wait at a warp intrinsic; -1 on disagreement. */
-int release_warps() {
-    int released = 0, count = int(rt.fibers.size());
-    for (int first = 0; first < count; first += 32) {
-        int lanes = count - first < 32 ? count - first : 32;
-        unsigned exists = lanes == 32 ? kFullMask : (1u << lanes) - 1, waiting = 0;
-        for (int lane = 0; lane < lanes; ++lane)
-            if (rt.fibers[first + lane].wait == Wait::warp) waiting |= 1u << lane;
-        for (int lane = 0; lane < lanes; ++lane) { /* __activemask: lanes at the same call */
-            const Fiber &f = rt.fibers[first + lane];
-            if (!(waiting >> lane & 1) || f.op != Op::active) continue;
-            unsigned group = 0;
-            for (int other = lane; other < lanes; ++other) {
-                const Fiber &g = rt.fibers[first + other];
-                if ((waiting >> other & 1) && g.op == Op::active && g.line == f.line &&
-                    g.file == f.file)
-                    group |= 1u << other;
-            }
-            finish_warp_op(first, group);
-            waiting &= ~group;
-            ++released;
-        }
-        for (int lane = 0; lane < lanes; ++lane) {
-            const Fiber &f = rt.fibers[first + lane];
-            if (!(waiting >> lane & 1)) continue;
-            unsigned group = f.mask & exists;
-            if (!(f.mask >> lane & 1)) {
-                rt.error = thread_name(f) + " calls " + where(f) + " with a mask that does "
-                           "not name its own lane";
-                return -1;
-            }
-            if (group & ~waiting) continue;
-            for (int other = 0; other < lanes; ++other) {
-                const Fiber &g = rt.fibers[first + other];
-                if ((group >> other & 1) &&
-                    (g.op != f.op || g.mask != f.mask || g.width != f.width)) {
-                    rt.error = thread_name(f) + " waits at " + where(f) + " but " +
-                               thread_name(g) + " of its mask waits at " + where(g) +
-                               " (warp intrinsics and masks must match)";
-                    return -1;
-                }
-            }
-            finish_warp_op(first, group);
-            waiting &= ~group;
-            ++released;
-        }
-    }
-    return released;
-}
-
-/* Release the block barrier when every thread that has not exited waits at it; -1 when
- * they wait at different __syncthreads calls (undefined behaviour in CUDA). */
-int release_block() {
-    const Fiber *first = nullptr;
-    for (const Fiber &f : rt.fibers) {
-        if (f.wait == Wait::exited) continue;
-        if (f.wait != Wait::block) return 0;
-        if (first == nullptr) first = &f;
-        else if (f.line != first->line || strcmp(f.file, first->file) != 0) {
-            rt.error = thread_name(*first) + " waits at " + where(*first) + " but " +
-                       thread_name(f) + " at " + where(f) +
-                       " (__syncthreads in divergent code)";
-            return -1;
-        }
-    }
-    for (Fiber &f : rt.fibers)
-        if (f.wait == Wait::block) f.wait = Wait::none;
-    return 1;
-}
-
-std::string deadlock_report() {
-    std::string text = "deadlock in block (" + std::to_string(rt.block_idx.x) + "," +
-                       std::to_string(rt.block_idx.y) + "," + std::to_string(rt.block_idx.z) +
-                       "): no thread can run and no barrier can be released";
-    size_t n = 0;
-    while (n < rt.fibers.size()) {
-        const Fiber &f = rt.fibers[n];
-        size_t end = n + 1;
-        while (end < rt.fibers.size() && rt.fibers[end].wait == f.wait &&
-               (f.wait == Wait::exited ||
-                (rt.fibers[end].line == f.line && rt.fibers[end].what == f.what)))
-            ++end;
-        text += "\n  threads " + std::to_string(n) + "-" + std::to_string(end - 1) + " (" +
-                thread_name(f).substr(7) + " ...): ";
-        text += f.wait == Wait::exited ? std::string("exited") : "wait at " + where(f);
-        n = end;
-    }
-    return text;
-}
-
-/* Counting (counting.h): lanes run kernel code between these two calls; a block barrier or
- * the block's end closes the shared-memory accesses of the warps. Nothing without counting. */
+/* Counting (counting.h defines them): lanes run kernel code between count_enter and
+ * count_leave; a block barrier or the block's end closes the warps' shared-memory accesses. */
 #ifdef TDSL_EMU_COUNT
 void count_enter();
 void count_leave();
 void count_barrier(bool end);
-#else
-inline void count_enter() {}
-inline void count_leave() {}
-inline void count_barrier(bool) {}
 #endif
-
-bool run_block(bool reverse) {
-    if (!start_fibers()) {
-        rt.error = "cannot allocate fiber stacks";
-        return false;
-    }
-    size_t count = rt.fibers.size();
-    for (;;) {
-        for (size_t k = 0; k < count; ++k) {
-            Fiber &f = rt.fibers[reverse ? count - 1 - k : k];
-            if (f.wait != Wait::none) continue;
-            rt.current = &f;
-            count_enter();
-            swapcontext(&rt.scheduler, &f.context);
-            count_leave();
-            if (!rt.error.empty()) return false;
-        }
-        bool alive = false;
-        for (const Fiber &f : rt.fibers) alive = alive || f.wait != Wait::exited;
-        if (!alive) {
-            count_barrier(true);
-            return true;
-        }
-        int warps = release_warps();
-        int block = warps == 0 ? release_block() : 0;
-        if (block > 0) count_barrier(false);
-        if (warps < 0 || block < 0) return false;
-        if (warps > 0 || block > 0) continue;
-        rt.error = deadlock_report();
-        return false;
-    }
-}
-
-const char *check_launch(const long long *grid, const long long *block, long long shared) {
-    static const long long grid_limits[3] = {2147483647LL, 65535, 65535};
-    static const long long block_limits[3] = {1024, 1024, 64};
-    for (int d = 0; d < 3; ++d) {
-        if (grid[d] < 1 || grid[d] > grid_limits[d]) return "grid dimension out of range";
-        if (block[d] < 1 || block[d] > block_limits[d]) return "block dimension out of range";
-    }
-    if (block[0] * block[1] * block[2] > 1024) return "more than 1024 threads per block";
-    if (shared < 0 || shared > TDSL_EMU_MAX_SHARED) return "dynamic shared memory out of range";
-    return nullptr;
-}
-
-int launch(const tdsl_emu_kernel *kernel, const long long *grid, const long long *block,
-           long long shared, void **params, int order, char *error, long long error_size) {
-    std::lock_guard<std::mutex> hold(launch_mutex);
-    const char *bad = check_launch(grid, block, shared);
-    rt.error = bad ? bad : "";
-    rt.grid_dim = dim3(unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2]));
-    rt.block_dim = dim3(unsigned(block[0]), unsigned(block[1]), unsigned(block[2]));
-    rt.params = params;
-    rt.invoke = kernel->invoke;
-    getcontext(&rt.blank);
-    long long blocks = grid[0] * grid[1] * grid[2];
-    for (long long k = 0; rt.error.empty() && k < blocks; ++k) {
-        long long b = order ? blocks - 1 - k : k;
-        rt.block_idx = make_uint3(unsigned(b % grid[0]), unsigned(b / grid[0] % grid[1]),
-                                  unsigned(b / (grid[0] * grid[1])));
-        if (!poison_shared_memory()) rt.error = "cannot find the shared memory (TLS) block";
-        else run_block(order != 0);
-    }
-    rt.fibers.clear();
-    release_stacks();
-    if (rt.error.empty()) return 0;
-    snprintf(error, size_t(error_size), "%s: %s", kernel->name, rt.error.c_str());
-    return 1;
-}
 
 /* ---- warp intrinsics ---- */
 
@@ -461,19 +159,11 @@ template <class T>
 T warp_op(Op op, const char *what, const char *file, int line, unsigned mask, T value,
           int lane_arg, int width) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value);
-    Fiber &f = *rt.current;
-    if (width < 1 || width > 32 || (width & (width - 1)))
-        fail(thread_name(f) + ": " + what + " width must be a power of two <= 32");
-    f.op = op;
-    f.mask = mask;
-    f.lane_arg = lane_arg;
-    f.width = width;
-    f.bytes = sizeof(T);
-    f.value = 0;
-    memcpy(&f.value, &value, sizeof(T));
-    suspend(Wait::warp, what, file, line);
+    uint64_t bits = 0;
+    memcpy(&bits, &value, sizeof(T));
+    bits = warp_wait(op, what, file, line, mask, bits, sizeof(T), lane_arg, width);
     T result;
-    memcpy(&result, &f.result, sizeof(T));
+    memcpy(&result, &bits, sizeof(T));
     return result;
 }
 
@@ -484,20 +174,42 @@ inline unsigned vote(Op op, const char *what, const char *file, int line, unsign
 
 /* ---- kernel descriptors ---- */
 
-template <class T> std::string kind() {
-    if (std::is_pointer<T>::value) return "p";
-    std::string size = std::to_string(sizeof(T));
-    return (std::is_floating_point<T>::value ? "f" : std::is_signed<T>::value ? "i" : "u") +
-           size;
+/* A kernel's parameter kinds, one token each ("p" pointer, "f4" float, "i8" int64, "u2"
+ * half ...), as constants: a descriptor is initialised statically. */
+template <size_t N> struct Text {
+    char c[N];
+};
+
+template <class T> constexpr Text<24> kind() {
+    Text<24> text{};
+    if (std::is_pointer<T>::value) {
+        text.c[0] = 'p';
+        return text;
+    }
+    text.c[0] = std::is_floating_point<T>::value ? 'f' : std::is_signed<T>::value ? 'i' : 'u';
+    char digits[20] = {};
+    int n = 0;
+    for (size_t size = sizeof(T); size > 0; size /= 10) digits[n++] = char('0' + size % 10);
+    for (int k = 0; k < n; ++k) text.c[1 + k] = digits[n - 1 - k];
+    return text;
 }
 
-template <class... A> const char *signature(void (*)(A...)) {
-    static const std::string text = [] {
-        std::string joined;
-        ((joined += (joined.empty() ? "" : " ") + kind<A>()), ...);
+template <class... A> struct Signature {
+    static constexpr Text<24 * sizeof...(A) + 1> text = [] {
+        Text<24 * sizeof...(A) + 1> joined{};
+        size_t n = 0;
+        const Text<24> tokens[] = {Text<24>{}, kind<A>()...};
+        for (const Text<24> &token : tokens) {
+            if (token.c[0] == 0) continue;
+            if (n > 0) joined.c[n++] = ' ';
+            for (size_t k = 0; token.c[k] != 0; ++k) joined.c[n++] = token.c[k];
+        }
         return joined;
     }();
-    return text.c_str();
+};
+
+template <class... A> constexpr const char *signature(void (*)(A...)) {
+    return Signature<A...>::text.c;
 }
 
 template <auto Kernel> struct Invoke;
@@ -508,8 +220,15 @@ template <class... A, void (*Kernel)(A...)> struct Invoke<Kernel> {
     static void run(void **params) { call(params, std::index_sequence_for<A...>{}); }
 };
 
-} // namespace
 } // namespace tdsl_emu
+#pragma GCC visibility pop
+
+/* The runtime's code: linked as runtime.o (built once per cache folder, pch.py) into a unit,
+ * or compiled in the unit where it has no runtime.o or counts (its accesses instrumented with
+ * the kernels', as they always were; counting.h reads its state). */
+#if defined(TDSL_EMU_COUNT) || defined(TDSL_EMU_RUNTIME_HERE)
+#include "runtime.cc"
+#endif
 
 #ifdef TDSL_EMU_COUNT
 #include "counting.h"
@@ -541,7 +260,7 @@ template <class... A, void (*Kernel)(A...)> struct Invoke<Kernel> {
 #define __any_sync(m, p) (::tdsl_emu::vote(::tdsl_emu::Op::any, "__any_sync", __FILE__, __LINE__, m, p) != 0)
 #define __all_sync(m, p) (::tdsl_emu::vote(::tdsl_emu::Op::all, "__all_sync", __FILE__, __LINE__, m, p) != 0)
 #undef assert
-#define assert(e) ((e) ? (void)0 : ::tdsl_emu::fail(std::string("assertion failed: ") + #e + " at " + __FILE__ + ":" + std::to_string(__LINE__)))
+#define assert(e) ((e) ? (void)0 : ::tdsl_emu::fail_assertion(#e, __FILE__, __LINE__))
 
 namespace tdsl_emu {
 namespace {
@@ -560,51 +279,9 @@ T shfl(Op op, const char *what, const char *file, int line, unsigned mask, T val
  * the PTX ISA (codegen/cuda/staged/fragments.py): lane = 4*g + q holds A rows g and g+8, columns
  * 2q, 2q+1 (+8); B rows 2q, 2q+1 (+8) of column g; D rows g, g+8, columns 2q, 2q+1. ---- */
 
-namespace tdsl_emu {
-namespace {
-struct MmaLane {
-    unsigned a[4], b[2];
-};
-std::vector<MmaLane> mma_lanes;
-
-inline float bf16_value(unsigned short bits) { return __bfloat162float(__ushort_as_bfloat16(bits)); }
-inline float f16_value(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
-
-/* The 16-bit value in half `h` (0: the lower) of a register word. */
-inline unsigned short half_of(unsigned word, int h) { return (unsigned short)(word >> (16 * h)); }
-
-/* D += A*B over the first `depth` (16, or 8: m16n8k8, registers a[0], a[1], b[0]) of k. */
-void mma_16816(float (*value)(unsigned short), const char *what, const char *file, int line,
-               float d[4], const unsigned a[4], const unsigned b[2], int depth = 16) {
-    Fiber &f = *rt.current;
-    int first = f.linear & ~31, lane = f.linear & 31;
-    if (first + 32 > int(rt.fibers.size()))
-        fail(thread_name(f) + ": " + what + " needs a warp of 32 threads");
-    if (mma_lanes.size() < rt.fibers.size()) mma_lanes.resize(rt.fibers.size());
-    MmaLane &mine = mma_lanes[size_t(f.linear)];
-    memcpy(mine.a, a, sizeof mine.a);
-    memcpy(mine.b, b, sizeof mine.b);
-    warp_op<unsigned>(Op::syncwarp, what, file, line, kFullMask, 0u, 0, 32); /* published */
-    const MmaLane *warp = &mma_lanes[size_t(first)];
-    int g = lane >> 2, q = lane & 3;
-    float out[4];
-    for (int v = 0; v < 4; ++v) {
-        int row = g + 8 * (v >> 1), col = 2 * q + (v & 1);
-        float sum = d[v];
-        for (int k = 0; k < depth; ++k) {
-            int k8 = k & 7, high = k >> 3;
-            float x = value(half_of(warp[4 * (row & 7) + k8 / 2].a[(row >> 3) + 2 * high], k & 1));
-            float y = value(half_of(warp[4 * col + k8 / 2].b[high], k & 1));
-            sum += x * y; /* exact product (16-bit inputs), float sum */
-        }
-        out[v] = sum;
-    }
-    warp_op<unsigned>(Op::syncwarp, what, file, line, kFullMask, 0u, 0, 32); /* all read */
-    memcpy(d, out, sizeof out);
-}
-} // namespace
-} // namespace tdsl_emu
-
+/* `mma_16816` (runtime.cc) publishes each lane's fragments, syncs the warp, computes the
+ * lane's four D values in float (k ascending: exact products of 16-bit inputs, float sums)
+ * and syncs again; `depth` 8 is m16n8k8 (registers a[0], a[1], b[0]). */
 #define td_mma_16816_bf16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::bf16_value, "td_mma_16816_bf16", __FILE__, __LINE__, d, a, b)
 #define td_mma_16816_f16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::f16_value, "td_mma_16816_f16", __FILE__, __LINE__, d, a, b)
 #define td_mma_1688_bf16(d, a, b) ::tdsl_emu::mma_16816(::tdsl_emu::bf16_value, "td_mma_1688_bf16", __FILE__, __LINE__, d, a, b, 8)

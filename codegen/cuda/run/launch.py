@@ -64,7 +64,12 @@ def _library(cache: str) -> ctypes.CDLL:
     flags = (f"-I{ffi.include_dir()}", f"-I{driver_include_dir()}")
     key = ("xla_ffi", ffi.header_digest())
     path = compile_unit(
-        SOURCE.read_text(), extra_flags=flags, libraries=("-ldl",), key=key, symbols=HANDLERS
+        SOURCE.read_text(),
+        extra_flags=flags,
+        libraries=("-ldl",),
+        key=key,
+        symbols=HANDLERS,
+        runtime=False,
     )
     return ctypes.CDLL(str(path))
 
