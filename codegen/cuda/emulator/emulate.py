@@ -45,7 +45,8 @@ import numpy as np
 from codegen import config
 from codegen.c.run.compiler import BuildError, Toolchain, compile_c, compiler_version
 from codegen.cache import disk as disk_cache
-from codegen.cuda.emulator import pch
+from codegen.cuda.emulator import abi, pch
+from codegen.cuda.emulator.abi import EmulationError
 from codegen.cuda.emulator.counts import COUNTERS, Counts
 from codegen.cuda.run import nvrtc
 
@@ -81,13 +82,7 @@ COUNT_LIBRARIES = (
     "-Wl,-z,defs",
     "-Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset",  # counted too (counting.h)
 )
-ERROR_BYTES = 16384
 _REQUIRED_HEADERS = ("vector_types.h", "cuda_fp16.h", "cuda_bf16.h", "crt/host_defines.h")
-_SCALARS = {
-    kind: np.dtype(name)
-    for kind, name in (("i4", "int32"), ("i8", "int64"), ("u4", "uint32"), ("u8", "uint64"))
-}
-_SCALARS.update({"f4": np.dtype("float32"), "f8": np.dtype("float64")})
 _DYNAMIC_SHARED = re.compile(
     r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?"
     r"(?P<type>[A-Za-z_][\w\s]*?)\s+(?P<name>\w+)\s*\[\s*\]\s*;"
@@ -99,32 +94,6 @@ _KERNELS: dict[tuple[str, str, bool], EmulatedKernel] = {}
 _COUNT_LOCK = threading.Lock()
 #: Kernels compiled in this process (compiler calls and disk hits: `codegen.c.run.build.STATS`).
 STATS = {"kernels": 0}
-
-
-class EmulationError(RuntimeError):
-    """A kernel failed under the emulator: deadlock, `__trap`, bad launch or bad arguments."""
-
-
-class _Descriptor(ctypes.Structure):
-    _fields_ = (
-        ("name", ctypes.c_char_p),
-        ("signature", ctypes.c_char_p),
-        ("launch", ctypes.c_void_p),
-        ("invoke", ctypes.c_void_p),
-    )
-
-
-_LAUNCH = ctypes.CFUNCTYPE(
-    ctypes.c_int,
-    ctypes.c_void_p,
-    ctypes.POINTER(ctypes.c_longlong),
-    ctypes.POINTER(ctypes.c_longlong),
-    ctypes.c_longlong,
-    ctypes.POINTER(ctypes.c_void_p),
-    ctypes.c_int,
-    ctypes.c_char_p,
-    ctypes.c_longlong,
-)
 
 
 def cuda_include_candidates() -> list[pathlib.Path]:
@@ -296,8 +265,8 @@ class EmulatedKernel:
         if order not in ORDERS:
             raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
         pointers, keep = self.pack(args)
-        grid3, block3 = _dims(grid), _dims(block)
-        error = ctypes.create_string_buffer(ERROR_BYTES)
+        grid3, block3 = abi.dims(grid), abi.dims(block)
+        error = ctypes.create_string_buffer(abi.ERROR_BYTES)
         status = self._launch(
             self.address,
             grid3,
@@ -306,7 +275,7 @@ class EmulatedKernel:
             pointers,
             ORDERS[order],
             error,
-            ERROR_BYTES,
+            abi.ERROR_BYTES,
         )
         del keep
         if status != 0:
@@ -349,7 +318,7 @@ class EmulatedKernel:
                 f"({' '.join(self.signature)}), got {len(args)}"
             )
         keep = [
-            _argument(self.entry, n, kind, a)
+            abi.argument(self.entry, n, kind, a)
             for n, (kind, a) in enumerate(zip(self.signature, args, strict=True))
         ]
         pointers = (ctypes.c_void_p * max(len(keep), 1))(
@@ -358,41 +327,12 @@ class EmulatedKernel:
         return pointers, keep
 
 
-def _dims(values: Sequence[int]) -> Any:
-    values = tuple(int(v) for v in values)
-    return (ctypes.c_longlong * 3)(*(values + (1,) * (3 - len(values))))
-
-
-def _argument(entry: str, n: int, kind: str, value: Any) -> Any:
-    """A ctypes object holding argument `n` as the kernel's parameter `kind` expects."""
-    if kind == "p":
-        if isinstance(value, np.ndarray):
-            return ctypes.c_void_p(value.ctypes.data)
-        if isinstance(value, int | np.integer) and not isinstance(value, bool):
-            return ctypes.c_void_p(int(value))
-        raise EmulationError(f"{entry}: argument {n} is a pointer; got {type(value).__name__}")
-    dtype = _SCALARS.get(kind)
-    if dtype is None or np.ndim(value) != 0:
-        raise EmulationError(f"{entry}: argument {n} ({kind}) must be a scalar")
-    if isinstance(value, np.generic) and value.dtype != dtype:
-        raise EmulationError(f"{entry}: argument {n} must be {np.dtype(dtype)}, got {value.dtype}")
-    ctype = np.ctypeslib.as_ctypes_type(dtype)
-    if np.issubdtype(dtype, np.floating):
-        return ctype(float(value))
-    limits = np.iinfo(dtype)
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise EmulationError(f"{entry}: argument {n} must be an integer, got {value!r}")
-    if not limits.min <= int(value) <= limits.max:
-        raise EmulationError(f"{entry}: argument {n} = {value} does not fit {np.dtype(dtype)}")
-    return ctype(int(value))
-
-
 def _load(library: pathlib.Path, entry: str, counting: bool = False) -> EmulatedKernel:
     with _LOCK:
         loaded = _LIBRARIES[library]  # opened by `compile_unit`
-    descriptor = _Descriptor.in_dll(loaded, f"tdsl_emu_kernel_{entry}")
+    descriptor = abi.Descriptor.in_dll(loaded, f"tdsl_emu_kernel_{entry}")
     signature = tuple((descriptor.signature or b"").decode().split())
-    launch = _LAUNCH(descriptor.launch)
+    launch = abi.LAUNCH(descriptor.launch)
     address = ctypes.addressof(descriptor)
     return EmulatedKernel(entry, library, signature, address, launch, counting)
 
