@@ -101,6 +101,27 @@ def test_the_header_is_precompiled_once_two_units_were_compiled(warm: pathlib.Pa
     assert (gch.parent / "runtime.h.gch.size").read_text() == str(gch.stat().st_size)
 
 
+def _damaged_copy(
+    warm: pathlib.Path, tmp_path: pathlib.Path, pattern: str, how: str
+) -> tuple[pathlib.Path, bytes]:
+    """A copy of the warm cache whose one file matching `pattern` is damaged `how`
+    (truncated, emptied, garbage of its size, or another file's bytes: the header beside a
+    `.gch`, a unit's library for the runtime object), and that file's bytes before."""
+    copy = tmp_path / "cache"
+    shutil.copytree(warm, copy)
+    (path,) = copy.glob(pattern)
+    data = path.read_bytes()
+    damaged = {
+        "truncated": lambda: data[: len(data) // 2],
+        "emptied": lambda: b"",
+        "garbage": lambda: os.urandom(len(data)),
+        "another_header": lambda: (path.parent / "runtime.h").read_bytes(),
+        "another_object": lambda: next(copy.glob("cuda_emu/*/*.so")).read_bytes(),
+    }[how]()
+    path.write_bytes(damaged)
+    return copy, data
+
+
 @pytest.mark.parametrize(
     "how", sampled(["truncated", "garbage", "another_header", "emptied"], every=2, ids=str)
 )
@@ -109,19 +130,8 @@ def test_a_damaged_precompiled_header_is_never_fatal(
 ) -> None:
     # g++ stops at a truncated .gch ("while reading precompiled header") and skips one that
     # is not valid for the unit's flags: a truncated one is removed, the others are skipped.
-    copy = tmp_path / "cache"
-    shutil.copytree(warm, copy)
-    (gch,) = copy.glob("cuda_emu_pch/*/runtime.h.gch")
-    data = gch.read_bytes()
-    header = (gch.parent / "runtime.h").read_bytes()
-    gch.write_bytes(
-        {
-            "truncated": data[: len(data) // 2],
-            "emptied": b"",
-            "garbage": os.urandom(len(data)),  # the recorded size: not removed
-            "another_header": header,
-        }[how]
-    )
+    # A garbage .gch has the recorded size: it is not removed.
+    copy, _ = _damaged_copy(warm, tmp_path, "cuda_emu_pch/*/runtime.h.gch", how)
     for library in copy.glob("cuda_emu/*/*.so"):
         library.unlink()  # every unit is compiled again, with the damaged .gch there
     assert child_compiles(copy) >= 3  # and the kernels' results are checked (CHILD)
@@ -143,18 +153,8 @@ def test_a_damaged_runtime_object_is_rebuilt(
 ) -> None:
     # An object whose SHA-256 is not the recorded one is built again before a unit links it
     # (a garbage one of the right size would fail the link: a build error).
-    copy = tmp_path / "cache"
-    shutil.copytree(warm, copy)
+    copy, data = _damaged_copy(warm, tmp_path, "cuda_emu_pch/*/runtime.o", how)
     (obj,) = copy.glob("cuda_emu_pch/*/runtime.o")
-    data = obj.read_bytes()
-    obj.write_bytes(
-        {
-            "truncated": data[: len(data) // 2],
-            "emptied": b"",
-            "garbage": os.urandom(len(data)),
-            "another_object": next(copy.glob("cuda_emu/*/*.so")).read_bytes(),
-        }[how]
-    )
     for library in copy.glob("cuda_emu/*/*.so"):
         library.unlink()  # every unit is linked again
     assert child_compiles(copy) >= 3  # and the kernels' results are checked (CHILD)
