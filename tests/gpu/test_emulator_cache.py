@@ -106,7 +106,8 @@ def _damaged_copy(
 ) -> tuple[pathlib.Path, bytes]:
     """A copy of the warm cache whose one file matching `pattern` is damaged `how`
     (truncated, emptied, garbage of its size, or another file's bytes: the header beside a
-    `.gch`, a unit's library for the runtime object), and that file's bytes before."""
+    `.gch`, a unit's library for the runtime object), every unit's library removed, and that
+    file's bytes before."""
     copy = tmp_path / "cache"
     shutil.copytree(warm, copy)
     (path,) = copy.glob(pattern)
@@ -119,6 +120,8 @@ def _damaged_copy(
         "another_object": lambda: next(copy.glob("cuda_emu/*/*.so")).read_bytes(),
     }[how]()
     path.write_bytes(damaged)
+    for library in copy.glob("cuda_emu/*/*.so"):
+        library.unlink()  # every unit is compiled (and linked) again, beside the damaged file
     return copy, data
 
 
@@ -132,8 +135,6 @@ def test_a_damaged_precompiled_header_is_never_fatal(
     # is not valid for the unit's flags: a truncated one is removed, the others are skipped.
     # A garbage .gch has the recorded size: it is not removed.
     copy, _ = _damaged_copy(warm, tmp_path, "cuda_emu_pch/*/runtime.h.gch", how)
-    for library in copy.glob("cuda_emu/*/*.so"):
-        library.unlink()  # every unit is compiled again, with the damaged .gch there
     assert child_compiles(copy) >= 3  # and the kernels' results are checked (CHILD)
     assert child_compiles(copy) == 0
 
@@ -155,8 +156,6 @@ def test_a_damaged_runtime_object_is_rebuilt(
     # (a garbage one of the right size would fail the link: a build error).
     copy, data = _damaged_copy(warm, tmp_path, "cuda_emu_pch/*/runtime.o", how)
     (obj,) = copy.glob("cuda_emu_pch/*/runtime.o")
-    for library in copy.glob("cuda_emu/*/*.so"):
-        library.unlink()  # every unit is linked again
     assert child_compiles(copy) >= 3  # and the kernels' results are checked (CHILD)
     assert hashlib.sha256(obj.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
     assert child_compiles(copy) == 0
