@@ -90,6 +90,13 @@ ATTENTION = """
     (logsumexp) L[h,i] := S[h,i,j]
     O[h,i,e] := exp(S[h,i,j] - L[h,i]) * V[h,j,e]
 """
+# Grouped-query attention as a user first writes it: the query heads split into groups `g` of
+# `r` heads, each group reading its one key/value head
+GQA = """
+    S[b,g,r,i,j] := Q[b,g,r,i,d] * K[b,g,j,d] * scale + where(j <= i, 0, -inf)
+    (logsumexp) L[b,g,r,i] := S[b,g,r,i,j]
+    O[b,g,r,i,e] := exp(S[b,g,r,i,j] - L[b,g,r,i]) * V[b,g,j,e]
+"""
 # 10 iterations of Sinkhorn in the log domain, the potentials scaled by 1/epsilon: each
 # statement a logsumexp over the other axis (u = la - A, v = lb - B inlined)
 SINKHORN = "\n".join(
@@ -141,6 +148,13 @@ def _attention(Q, K, scale, V):
     t = Q.shape[1]
     s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
     return jnp.einsum("hij,hje->hie", jax.nn.softmax(s, -1), V)
+
+
+def _gqa(Q, K, scale, V):
+    s = jnp.einsum("bgrid,bgjd->bgrij", Q, K) * scale
+    t = Q.shape[3]
+    s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+    return jnp.einsum("bgrij,bgje->bgrie", jax.nn.softmax(s, -1), V)
 
 
 def _triplet(X, same, margin):
@@ -233,6 +247,13 @@ ROWS = (
         {"Q": (2, 256, 64), "K": (2, 256, 64), "scale": (), "V": (2, 256, 64)},
         {"Q": (2, 6, 4), "K": (2, 6, 4), "scale": (), "V": (2, 6, 4)},
         hvp=True,
+    ),
+    Row(
+        "grouped-query attention, 5-d program",
+        GQA,
+        _gqa,
+        {"Q": (2, 2, 4, 256, 32), "K": (2, 2, 256, 32), "scale": (), "V": (2, 2, 256, 32)},
+        {"Q": (1, 2, 2, 6, 4), "K": (1, 2, 6, 4), "scale": (), "V": (1, 2, 6, 4)},
     ),
     Row(
         "GELU inside the contraction",
@@ -610,7 +631,9 @@ exp with no slow path, the cost gradient's row reads outside its where: section 
 Sinkhorn"), GraphSAGE (the gather's transpose one scatter-add on the CPU), GPT-J RoPE (its
 last axis of 2, read as `X[..., 1-p]`, unrolled with the feature axis in vector lanes: the
 unroll strategy), ChebyKAN in one statement (the X gradient's inner sums over `o` in lane
-arrays of 8 degrees). Until 2026-12-06 Sinkhorn measured 2.5x / 5.6x and GraphSAGE's
+arrays of 8 degrees), grouped-query attention as a 5-d program (query heads `r` in groups
+`g`, each group reading its key/value head; `tensordsl.nn.attention` takes fewer key/value
+heads too: benchmarks/nn_layers.py). Until 2026-12-06 Sinkhorn measured 2.5x / 5.6x and GraphSAGE's
 fwd+bwd 3.4x on a quiet machine (load 1.3-1.9); until 2026-12-07 Sinkhorn 1.7x / 1.7x (its
 logsumexps counted without their exp ran on one thread; the backward computed each
 statement's weights twice: section "sink_fwd"); the table above is after those fixes.
@@ -635,7 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, smoke run")
     parser.add_argument("--out", help="Markdown file to write the section into")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-build children")
-    parser.add_argument("--only", nargs="*", help="run only these rows (by name)")
+    parser.add_argument(
+        "--only", nargs="*", help="run only these rows (by name); writes nothing without --out"
+    )
     parser.add_argument("--cold-child", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.cold_child:
@@ -656,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(found)
     finish_run(info)
     print(table(rows))
-    out = options.out or (None if options.quick else RESULTS_MD)
+    # A partial run (--only) prints its rows; it never replaces the whole table with them.
+    out = options.out or (None if options.quick or options.only else RESULTS_MD)
     write_outputs(out, NAME, section(rows, info), {"machine": info, "rows": rows})
     return 0
 

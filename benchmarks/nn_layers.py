@@ -167,6 +167,14 @@ def layers(quick: bool) -> list[Layer]:
             ((1, t, 4, 32),) * 3 + ((4, 2 * t - 1),),
             (0, 1, 2, 3),
         ),
+        Layer(
+            "attention causal, grouped-query (8 query heads, 2 key/value heads)",
+            f"B=1, T={t}, H=8, Hk=2, E=32",
+            lambda q, k, v: nn.attention(q, k, v, causal=True, **c),
+            lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True),
+            ((1, t, 8, 32), (1, t, 2, 32), (1, t, 2, 32)),
+            (0, 1, 2),
+        ),
     ]
 
 
@@ -239,7 +247,9 @@ milliseconds, implementations in turns; every output and gradient of ours was ch
 jnp (rtol {TOLERANCE:g} of the largest magnitude) before timing. Our `embedding` is the
 language's gather (`table[ids[...], d]`: a gather and a sorted segmented sum for its
 gradient) against `jnp.take`. The attention rows store no T x T array on our side; jnp's
-materialise the scores.
+materialise the scores. The grouped-query row's jnp is `jax.nn.dot_product_attention(q, k, v,
+is_causal=True)`, which takes K and V with fewer heads; ours reads each key/value head for its
+group of query heads without copying it (docs/nn.md).
 
 {table(rows)}
 {end}
