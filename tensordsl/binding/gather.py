@@ -16,7 +16,11 @@ then `gather_p`, a primitive linear in the table:
   sort and a segmented sum; a gather whose positions are distinct by construction
   (`unique`: every index of the gathered operand indexes an axis of the table directly, as
   the row `n` of a one-hot pick `X[n, y[n]]` does) has nothing to sum. The primitive's
-  `backend` parameter names the back end whose nests read the gather.
+  `backend` parameter names the back end whose nests read the gather, `table_shape` the
+  table's shape before its axes were flattened into rows (None where unknown): a distinct
+  gather's transpose scatters into that shape, so that XLA adds it in place to the table's
+  other cotangents (cross-entropy's logits: the softmax part, then the pick's one element
+  per row) instead of writing a zero table and adding it.
 * batching: a batched table is flattened with its batch axis, the positions offset per
   example; a batched position array just gives a batched result.
 
@@ -66,7 +70,7 @@ def _fill(dtype: Any, fill: bool) -> Any:
     return jnp.zeros((), dtype)
 
 
-def _gather(table: Any, positions: Any, *, fill: bool, unique: bool, backend: str) -> Any:
+def _gather(table: Any, positions: Any, *, fill: bool, unique: bool, backend: str, **_: Any) -> Any:
     """`table[positions]` (rows of a 2-d table), NaN (`fill`) or 0 where a position is -1."""
     inside = (positions >= 0)[..., None]
     if table.shape[0] == 0:
@@ -75,7 +79,9 @@ def _gather(table: Any, positions: Any, *, fill: bool, unique: bool, backend: st
     return jnp.where(inside, read, _fill(table.dtype, fill))
 
 
-def _gather_on_cpu(table: Any, positions: Any, *, fill: bool, unique: bool, backend: str) -> Any:
+def _gather_on_cpu(
+    table: Any, positions: Any, *, fill: bool, unique: bool, backend: str, **_: Any
+) -> Any:
     """The back end's row gather where its record has one (and a kernel for these dtypes:
     the C back end's, `codegen/c/gathers.py`), else XLA's."""
     record = table_of_backends.BACKENDS.get(backend)
@@ -93,25 +99,32 @@ mlir.register_lowering(
 )
 
 
-def _jvp(
-    primals: Sequence[Any], tangents: Sequence[Any], *, fill: bool, unique: bool, backend: str
-) -> tuple[Any, Any]:
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> tuple[Any, Any]:
     table, positions = primals
-    out = gather_p.bind(table, positions, fill=fill, unique=unique, backend=backend)
+    out = gather_p.bind(table, positions, **params)
     if type(tangents[0]) is ad.Zero:
         return out, ad.Zero(jax.typeof(out).to_tangent_aval())
-    return out, gather_p.bind(tangents[0], positions, fill=False, unique=unique, backend=backend)
+    return out, gather_p.bind(tangents[0], positions, **{**params, "fill": False})
 
 
 def _transpose(
-    cotangent: Any, table: Any, positions: Any, *, fill: bool, unique: bool, backend: str
+    cotangent: Any,
+    table: Any,
+    positions: Any,
+    *,
+    fill: bool,
+    unique: bool,
+    backend: str,
+    table_shape: tuple[int, ...] | None,
 ) -> list[Any]:
     assert ad.is_undefined_primal(table) and not ad.is_undefined_primal(positions)
     aval = table.aval
     if type(cotangent) is ad.Zero:
         return [ad.Zero(aval), None]
     size = aval.shape[0]
-    total = scatter.table_cotangent(cotangent, positions, size, unique=unique, backend=backend)
+    total = scatter.table_cotangent(
+        cotangent, positions, size, unique=unique, backend=backend, table_shape=table_shape
+    )
     return [total.astype(aval.dtype), None]
 
 
@@ -123,7 +136,9 @@ def _transpose_total(
     assert ad.is_undefined_primal(rows) and not ad.is_undefined_primal(positions)
     if type(cotangent) is ad.Zero:
         return [ad.Zero(rows.aval), None]
-    found = gather_p.bind(cotangent, positions, fill=False, unique=False, backend=backend)
+    found = gather_p.bind(
+        cotangent, positions, fill=False, unique=False, backend=backend, table_shape=None
+    )
     return [found.astype(rows.aval.dtype), None]
 
 
@@ -133,12 +148,15 @@ ad.primitive_transposes[scatter.rows_total_p] = _transpose_total
 
 
 def _batch(
-    args: Sequence[Any], dims: Sequence[Any], *, fill: bool, unique: bool, backend: str
+    args: Sequence[Any], dims: Sequence[Any], *, fill: bool, unique: bool, backend: str, **_: Any
 ) -> tuple[Any, int]:
+    """Batched: the table's own shape is not kept (`table_shape=None`): its transpose
+    scatters into the stacked rows."""
     table, positions = args
     table_dim, positions_dim = dims
+    params = {"fill": fill, "backend": backend, "table_shape": None}
     if table_dim is None:  # the examples' positions read one table: they may coincide
-        found = gather_p.bind(table, positions, fill=fill, unique=False, backend=backend)
+        found = gather_p.bind(table, positions, unique=False, **params)
         return found, positions_dim
     table = jnp.moveaxis(table, table_dim, 0)
     size, n, width = table.shape
@@ -150,7 +168,7 @@ def _batch(
     flat = jnp.where(positions >= 0, positions + example * n, -1)
     # each example's positions offset into its own part of the table: distinct as they were
     flat_table = table.reshape(size * n, width)
-    return gather_p.bind(flat_table, flat, fill=fill, unique=unique, backend=backend), 0
+    return gather_p.bind(flat_table, flat, unique=unique, **params), 0
 
 
 batching.primitive_batchers[gather_p] = _batch
@@ -312,7 +330,14 @@ def _gathered(
     rows = table.reshape(count, width)
     rows, rows_at = private_jax.same_varying_axes([rows, rows_at])
     unique = _distinct(g, lead)
-    found = gather_p.bind(rows, rows_at, fill=not g.masked, unique=unique, backend=backend)
+    found = gather_p.bind(
+        rows,
+        rows_at,
+        fill=not g.masked,
+        unique=unique,
+        backend=backend,
+        table_shape=tuple(table.shape),
+    )
     return found.reshape(tuple(spans))
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from tensordsl.backends import table
@@ -50,11 +51,19 @@ rows_total_p = private_jax.primitive("tensordsl_rows_total", _shape, _dtype, _sh
 
 
 def table_cotangent(
-    cotangent: Any, positions: Any, size: int, *, unique: bool, backend: str
+    cotangent: Any,
+    positions: Any,
+    size: int,
+    *,
+    unique: bool,
+    backend: str,
+    table_shape: tuple[int, ...] | None = None,
 ) -> Any:
     """The cotangent of a table of `size` rows read at `positions` (-1: read outside, adds
     nothing), from the `cotangent` of what was read (the shape of `positions` and one more
     axis, a row), summed as the module docstring says for the back end named `backend`.
+    `table_shape`: the table's own shape, whose leading axes were flattened into the `size`
+    rows (None: unknown); distinct positions are scattered into it (`scatter_distinct`).
 
     >>> rows = jnp.array([[1.0], [2.0], [4.0], [8.0]])
     >>> at = jnp.array([2, 0, 2, -1])
@@ -62,7 +71,7 @@ def table_cotangent(
     [[2.0], [0.0], [5.0], [0.0]]
     """
     if unique:
-        return scatter_distinct(cotangent, positions, size)
+        return scatter_distinct(cotangent, positions, size, table_shape)
     width = cotangent.shape[-1]
     rows, at = private_jax.same_varying_axes([cotangent.reshape(-1, width), positions.reshape(-1)])
     return rows_total_p.bind(rows, at, size=size, backend=backend)
@@ -154,19 +163,54 @@ def segment_total(cotangent: Any, positions: Any, size: int) -> Any:
     return out.at[target].set(sums, mode="drop", unique_indices=True)
 
 
-def scatter_distinct(cotangent: Any, positions: Any, size: int) -> Any:
-    """`segment_total` where no two positions inside `[0, size)` are equal: each row written
-    to its position as it is (nothing to sum), the others dropped.
+def scatter_distinct(
+    cotangent: Any, positions: Any, size: int, table_shape: tuple[int, ...] | None = None
+) -> Any:
+    """`segment_total` where no two positions inside `[0, size)` are equal: each row added
+    to a zero row at its position (nothing to sum), the others dropped.
+
+    With the table's own shape (`table_shape`, its leading axes flattened into the `size`
+    rows), the rows are scattered into a zero table of that shape, the positions unravelled
+    over its leading axes, and the result flattened as the rows are. Reshaped back, the
+    scatter then meets the table's other cotangents directly, and XLA rewrites
+    `other + scatter-add(zeros)` as one scatter-add into `other`, in place: no zero table
+    written, no second pass to add it.
 
     >>> rows = jnp.array([[1.0], [2.0], [4.0]])
     >>> scatter_distinct(rows, jnp.array([2, -1, 0]), 4).tolist()
     [[4.0], [0.0], [1.0], [0.0]]
+    >>> scatter_distinct(rows, jnp.array([3, -1, 0]), 4, (2, 2)).tolist()
+    [[4.0], [0.0], [0.0], [1.0]]
     """
     width = cotangent.shape[-1]
     positions, cotangent = positions.reshape(-1), cotangent.reshape(-1, width)
-    target = jnp.where((positions >= 0) & (positions < size), positions, size)
-    out = jnp.zeros((size, width), cotangent.dtype)
-    return out.at[target].set(cotangent, mode="drop", unique_indices=True)
+    inside = (positions >= 0) & (positions < size)
+    lead = _leading_axes(table_shape, size, width)
+    if lead is None:
+        target = jnp.where(inside, positions, size)
+        out = jnp.zeros((size, width), cotangent.dtype)
+        return out.at[target].add(cotangent, mode="drop", unique_indices=True)
+    shape = tuple(table_shape)
+    at = list(jnp.unravel_index(jnp.where(inside, positions, 0), shape[:lead]))
+    at[0] = jnp.where(inside, at[0], shape[0])  # outside the table: dropped
+    rows = cotangent.reshape((-1, *shape[lead:]))
+    out = jnp.zeros(shape, cotangent.dtype)
+    out = out.at[tuple(at)].add(rows, mode="drop", unique_indices=True)
+    return out.reshape(size, width)
+
+
+def _leading_axes(table_shape: tuple[int, ...] | None, size: int, width: int) -> int | None:
+    """How many leading axes of `table_shape` were flattened into `size` rows of `width`
+    (the fewest that multiply to `size`), or None: no shape, an empty table, or no split."""
+    if table_shape is None or size == 0 or width == 0:
+        return None
+    product = 1
+    for count, extent in enumerate(table_shape, start=1):
+        product *= extent
+        if product == size:
+            rest = int(np.prod(table_shape[count:], dtype=np.int64))
+            return count if rest == width else None
+    return None
 
 
 def scatter_total(cotangent: Any, positions: Any, size: int) -> Any:

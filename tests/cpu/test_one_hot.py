@@ -149,30 +149,69 @@ def test_profile_and_source_of_a_program_with_a_pick():
     assert "__at" not in text
 
 
-def _primitives(jaxpr) -> set[str]:
-    found = set()
+def _equations(jaxpr) -> list:
+    found = []
     for eqn in jaxpr.eqns:
-        found.add(eqn.primitive.name)
+        found.append(eqn)
         for param in eqn.params.values():
             for value in param if isinstance(param, (tuple, list)) else (param,):
                 inner = getattr(value, "jaxpr", value)  # a cond's branches too
                 if hasattr(inner, "eqns"):
-                    found |= _primitives(inner)
+                    found += _equations(inner)
     return found
+
+
+def _primitives(jaxpr) -> set[str]:
+    return {eqn.primitive.name for eqn in _equations(jaxpr)}
 
 
 def test_the_gradient_of_a_pick_writes_each_element_once_without_a_sort():
     """Each row picks its own element (`Z[b,t,Y[b,t]]`): the table's gradient has nothing to
-    sum, so it is written directly, where an embedding's (rows read several times) sums them
-    (`rows_total_p`: a scatter-add in index order on the CPU, a sort elsewhere)."""
+    sum, so each element is added once to a zero table of the table's own shape (a scatter
+    with distinct indices, which XLA adds in place to the table's other cotangents), where
+    an embedding's (rows read several times) sums them (`rows_total_p`: a scatter-add in
+    index order on the CPU, a sort elsewhere)."""
     Z, Y, _ = _inputs(4)
     pick = td.kernel("P[b,t] := Z[b,t,v] * (Y[b,t] == v)", backend="c")
     embed = td.kernel("E[b,d] := W[tok[b], d]", backend="c")
     grad_pick = jax.make_jaxpr(jax.grad(lambda Z: jnp.sum(pick(Z, Y))))(Z)
     grad_embed = jax.make_jaxpr(jax.grad(lambda W: jnp.sum(embed(W, np.array([1, 1, 0])))))(Z[0])
-    summed = {"sort", "scatter-add", "tensordsl_rows_total"}
-    assert not summed & _primitives(grad_pick.jaxpr)
+    assert not {"sort", "tensordsl_rows_total"} & _primitives(grad_pick.jaxpr)
+    scatters = [e for e in _equations(grad_pick.jaxpr) if e.primitive.name.startswith("scatter")]
+    assert scatters and all(e.params["unique_indices"] for e in scatters)
+    assert all(e.outvars[0].aval.shape == Z.shape for e in scatters)
     assert "tensordsl_rows_total" in _primitives(grad_embed.jaxpr)
+
+
+def test_a_pick_beside_a_dense_read_adds_its_gradient_in_place():
+    """Cross-entropy's logits are read whole (the logsumexp) and picked (the label's score):
+    the pick's gradient is one scatter-add of distinct elements into the softmax's gradient,
+    with no table of zeros and no second pass to add it (XLA's compiled program)."""
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(6, 9)).astype(np.float32)
+    y = rng.integers(0, 9, size=6)
+    ct = rng.normal(size=6).astype(np.float32)
+    program = td.program(
+        "(logsumexp) L[n] := X[n,c]\nP[n] := X[n,c] * (c == y[n])\nloss[n] := L[n] - P[n]",
+        backend="c",
+    )
+    fn = jax.jit(jax.grad(lambda X: jnp.sum(program(X=X, y=y) * ct)))
+    found = np.asarray(fn(X), np.float64)
+    x64 = X.astype(np.float64)
+    softmax = np.exp(x64 - x64.max(1, keepdims=True))
+    softmax /= softmax.sum(1, keepdims=True)
+    want = softmax * ct[:, None]
+    want[np.arange(6), y] -= ct
+    np.testing.assert_allclose(found, want, rtol=1e-5, atol=1e-6)
+    compiled = fn.lower(X).compile().as_text()
+    entry = [  # each instruction without its metadata (op names such as "scatter-add")
+        line.strip().split("metadata=")[0]
+        for line in compiled[compiled.index("ENTRY") :].splitlines()
+    ]
+    # no zero table (as 6x9, or as the gather's 54 rows of 1) and no table-sized add
+    table_sized = [line for line in entry if " = f32[54," in line or " = f32[6,9]" in line]
+    assert not [line for line in table_sized if "broadcast" in line or "add" in line]
+    assert not [line for line in entry if " = f32[54," in line]
 
 
 def test_vmap_of_a_pick_over_its_labels_sums_the_shared_table_gradient():
