@@ -27,7 +27,8 @@ float32, at (B=4, T=64, D=64, H=4) and (B=4, T=256, D=128, H=4). Per size and im
   in every process (0.04-0.05 s of a warm first call under cProfile, 43 modules: the C back
   end is imported at the first kernel's call);
 * the slowest nests of the largest block, each timed alone (`block_profile`, also
-  `python -m benchmarks.profile_nests --gpt`).
+  `python -m benchmarks.profile_nests --gpt`), built optimised (--quick: unoptimised, as the
+  test suite builds; a smoke run's figures are not read).
 """
 
 from __future__ import annotations
@@ -164,9 +165,11 @@ def run_size(size: BlockSize, impls: tuple[str, ...], budget: float, settle: flo
     return row
 
 
-def block_profile(size: BlockSize, reps: int) -> Any:
+def block_profile(size: BlockSize, reps: int, build: str = "full") -> Any:
     """Every C nest of the block's forward and backward, timed alone
-    (`tensordsl.explain.timing`)."""
+    (`tensordsl.explain.timing`), built optimised as users run them; `build="fast"`
+    (`--quick`, a smoke run) unoptimised, as the test suite builds: the optimised builds
+    took most of the smoke run's time, and its figures are not read."""
     from tensordsl.explain.nests import kernel_nests
     from tensordsl.explain.timing import profile_jaxpr
 
@@ -178,7 +181,7 @@ def block_profile(size: BlockSize, reps: int) -> Any:
         for name, kernel in layers.kernels("c").items()
         for role, nest in kernel_nests(kernel.nest).items()
     }
-    return profile_jaxpr(jaxpr, names, reps=reps, dtype="float32")
+    return profile_jaxpr(jaxpr, names, reps=reps, dtype="float32", build=build)
 
 
 def slowest_nests(profile: Any, count: int = 10) -> str:
@@ -481,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_size(size, impls, budget, settle))
     print(table(rows))
     profiled = (QUICK_SIZES if options.quick else SIZES)[-1]
-    profile = block_profile(profiled, PROFILE_REPS)
+    profile = block_profile(profiled, PROFILE_REPS, "fast" if options.quick else "full")
     print(slowest_nests(profile))
     calls = [] if options.no_first_calls else first_calls(options.quick)
     print(calls_table(calls))

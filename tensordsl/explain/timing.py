@@ -246,6 +246,7 @@ def profile_jaxpr(
     seed: int = 0,
     dtype: str = "",
     spelled: Sequence[Spelling] = (),
+    build: str = "full",
 ) -> Profile:
     """Time every nest equation of `jaxpr` (e.g. of a whole model's `value_and_grad`) alone.
 
@@ -261,13 +262,17 @@ def profile_jaxpr(
         reps: calls per nest after a warm-up call; the median is reported.
         seed: for the random inputs.
         dtype: shown in the table's heading.
+        build: how the kernels are built (`codegen.c.run.build.build_c`'s `mode`): "full",
+            optimised, the kernels users' calls run after the first ones; "fast" only for a
+            smoke run whose figures nobody reads (a benchmark script's `--quick` in the
+            test suite), where optimised builds would be most of its time.
 
     Returns:
         A `Profile`, one timing per equation in order (a nest run twice appears twice).
     """
     rng = np.random.default_rng(seed)
     timings = tuple(
-        _time_equation(nest, names or {}, reps, rng, spelled)
+        _time_equation(nest, names or {}, reps, rng, spelled, build)
         for e in running_equations(jaxpr)
         for nest in _as_nest_equations(e)
     )
@@ -339,6 +344,7 @@ def _time_equation(
     reps: int,
     rng: np.random.Generator,
     spelled: Sequence[Spelling] = (),
+    build: str = "full",
 ) -> NestTiming:
     """Time one nest as the C runner runs it: XLA for the "xla" strategy where the
     plan fits the shapes, else the generated kernel (tensordsl/backends/c.py `run_c`)."""
@@ -356,7 +362,7 @@ def _time_equation(
     if call is None:
         if schedule.strategy == "xla":
             schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
-        call = _kernel_call(nest, dtypes, schedule, out, operands, extents)
+        call = _kernel_call(nest, dtypes, schedule, out, operands, extents, build)
     times = _seconds(call, reps)
     name = names.get(nest, label(nest.label, spelled))
     return NestTiming(
@@ -388,10 +394,11 @@ def _kernel_call(
     out: np.ndarray,
     operands: list[np.ndarray],
     extents: dict,
+    build: str = "full",
 ) -> Callable[[], None]:
     """The compiled kernel as a no-argument call, its parameters computed once."""
     assert table.PROFILED.builder is not None
-    compiled = table.PROFILED.builder()(nest, dtypes=dtypes, schedule=schedule, mode="full")
+    compiled = table.PROFILED.builder()(nest, dtypes=dtypes, schedule=schedule, mode=build)
     full = compiled.all_extents([a.shape for a in operands], out.shape, extents)
     params = compiled.host_parameters(full)
     pointers = (ctypes.c_void_p * max(len(operands), 1))(*(a.ctypes.data for a in operands))

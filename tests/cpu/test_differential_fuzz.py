@@ -237,6 +237,54 @@ def test_cases_the_fuzzer_found(case: Draw) -> None:
     check(case)
 
 
+#: Found on 2026-12-07 by the special-values test run with another seed (8 draws of each
+#: reduction): a subnormal input (1e-40) makes `-2.0 + 4.0*sigmoid(A[i])` exactly 0, a kink.
+#: Strict xfails while the fix belongs to other work: the fix shows as an unexpected pass.
+FOUND_OPEN = [
+    pytest.param(
+        Draw(
+            "s := hypot(-2.0 + 4.0*sigmoid(A[i]), -2.0 + 4.0*sigmoid(A[i]))",
+            "min",
+            (),
+            (("A", (1,)),),
+            "float64",
+            1,
+            specials=True,
+        ),
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="hypot's gradient at (0, 0) is NaN (a / hypot(a, b), "
+            "codegen/ir/elementwise.py); jax.grad's is finite",
+        ),
+        id="hypot at the origin",
+    ),
+    pytest.param(
+        Draw(
+            "s := abs(-2.0 + 4.0*sigmoid(A[i]))",
+            "min",
+            (),
+            (("A", (1,)),),
+            "float64",
+            1,
+            specials=True,
+        ),
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="abs'(0) is 0 (docs/gradients.md), jax.grad's is 1: the oracle "
+            "(jax.grad of the reference) does not follow tensordsl's rule at this kink",
+        ),
+        id="abs at 0",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FOUND_OPEN)
+def test_open_cases_the_fuzzer_found(case: Draw) -> None:
+    check(case)
+
+
 # ---- Issue 13, items 1-3: found before the fuzzer, fixed by other work; kept as cases ----
 
 
