@@ -82,7 +82,11 @@ class hypot(_Real):  # noqa: N801 - printed by name
         return math.hypot(a, b)
 
     def fdiff(self, argindex: int = 1) -> sympy.Expr:
-        return self.args[argindex - 1] / self
+        # At the origin (a kink: hypot(a, 0) = |a|) a / hypot is 0/0; jax.grad of jnp.hypot
+        # gives each argument 1/2 there (its max/min form splits the tie), and so does this.
+        return sympy.Piecewise(
+            (sympy.S.Half, sympy.Eq(self, 0)), (self.args[argindex - 1] / self, True)
+        )
 
 
 class rint(_Step):  # noqa: N801 - printed by name

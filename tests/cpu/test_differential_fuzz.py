@@ -239,50 +239,39 @@ def test_cases_the_fuzzer_found(case: Draw) -> None:
 
 #: Found on 2026-12-07 by the special-values test run with another seed (8 draws of each
 #: reduction): a subnormal input (1e-40) makes `-2.0 + 4.0*sigmoid(A[i])` exactly 0, a kink.
-#: Strict xfails while the fix belongs to other work: the fix shows as an unexpected pass.
-FOUND_OPEN = [
-    pytest.param(
-        Draw(
-            "s := hypot(-2.0 + 4.0*sigmoid(A[i]), -2.0 + 4.0*sigmoid(A[i]))",
-            "min",
-            (),
-            (("A", (1,)),),
-            "float64",
-            1,
-            specials=True,
-        ),
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason="hypot's gradient at (0, 0) is NaN (a / hypot(a, b), "
-            "codegen/ir/elementwise.py); jax.grad's is finite",
-        ),
-        id="hypot at the origin",
-    ),
-    pytest.param(
-        Draw(
-            "s := abs(-2.0 + 4.0*sigmoid(A[i]))",
-            "min",
-            (),
-            (("A", (1,)),),
-            "float64",
-            1,
-            specials=True,
-        ),
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason="abs'(0) is 0 (docs/gradients.md), jax.grad's is 1: the oracle "
-            "(jax.grad of the reference) does not follow tensordsl's rule at this kink",
-        ),
-        id="abs at 0",
+#: hypot's gradient there was a / hypot = 0/0, NaN; it is now jax.grad's 1/2 per argument.
+FOUND_AT_KINKS = [
+    Draw(
+        "s := hypot(-2.0 + 4.0*sigmoid(A[i]), -2.0 + 4.0*sigmoid(A[i]))",
+        "min",
+        (),
+        (("A", (1,)),),
+        "float64",
+        1,
+        specials=True,
     ),
 ]
 
 
-@pytest.mark.parametrize("case", FOUND_OPEN)
-def test_open_cases_the_fuzzer_found(case: Draw) -> None:
+@pytest.mark.parametrize("case", FOUND_AT_KINKS, ids=lambda case: case.source)
+def test_kinks_the_fuzzer_found(case: Draw) -> None:
     check(case)
+
+
+def test_abs_at_its_kink_follows_the_documented_rule() -> None:
+    """The same draw with `abs` found that the oracle (jax.grad of the reference) gives
+    abs'(0) = 1; tensordsl's rule is the branch taken, abs'(0) = 0 (docs/gradients.md), on
+    every back end, and the sign elsewhere."""
+    source = "Y[i] := abs(-2.0 + 4.0*sigmoid(A[i]))"
+    A = np.array([np.log(1 / 3), 1e-40, 0.0, np.log(3.0)])  # inner value -1, 0, 0, 1
+    for backend in ("c", "reference"):
+        kernel = td.kernel(source, backend=backend)
+        got = jax.grad(lambda a: jnp.sum(kernel(A=a)))(A)
+        sigmoid = 1 / (1 + np.exp(-A))
+        inner = -2.0 + 4.0 * sigmoid
+        want = np.sign(inner) * 4.0 * sigmoid * (1 - sigmoid)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=0)
+        assert got[1] == 0 and got[2] == 0, backend
 
 
 # ---- Issue 13, items 1-3: found before the fuzzer, fixed by other work; kept as cases ----
