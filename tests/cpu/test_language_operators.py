@@ -33,6 +33,7 @@ CONDITIONS = {
     "(S[i,j] > 0) & (j <= i)": lambda S: (S > 0) & (J <= I),
     "(S[i,j] > 0) | not (j != i)": lambda S: (S > 0) | (J == I),
     "S[i,j] and j <= i": lambda S: (S != 0) & (J <= I),
+    "(j <= i) * ~(S[i,j] > 0)": lambda S: (J <= I) & ~(S > 0),  # `~` as a factor, as in Python
 }
 
 
