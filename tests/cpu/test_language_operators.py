@@ -171,8 +171,7 @@ def test_a_bitwise_reading_is_refused_in_the_users_format() -> None:
     assert isinstance(error.value, NotImplementedError)
     lines = str(error.value).splitlines()
     assert lines[0].endswith(
-        "'&' of the integer 'i' would be bitwise in Python; here "
-        "'&', '|' and '~' join conditions"
+        "'&' of the integer 'i' would be bitwise in Python; here '&', '|' and '~' join conditions"
     )
     assert lines[-1].startswith("hint: the lowest bit of i is 'i % 2 == 1'")
 
