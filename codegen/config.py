@@ -6,6 +6,7 @@ True
 
 from __future__ import annotations
 
+import difflib
 import os
 import pathlib
 import shlex
@@ -157,11 +158,14 @@ def build_mode() -> str:
     Raises:
         SettingError: for anything but one of `BUILD_MODES`.
     """
-    value = os.environ.get("TENSORDSL_BUILD", "").strip().lower() or "tiered"
+    written = os.environ.get("TENSORDSL_BUILD", "")
+    value = written.strip().lower() or "tiered"
     if value not in BUILD_MODES:
+        close = difflib.get_close_matches(value, BUILD_MODES, n=1)
         raise SettingError(
-            f"TENSORDSL_BUILD={value!r}: expected one of {', '.join(BUILD_MODES)} "
-            "(the default is tiered)"
+            f"TENSORDSL_BUILD={written!r} is not a build mode",
+            expected=f"one of {', '.join(BUILD_MODES)} (the default is tiered)",
+            hint=f"did you mean {close[0]!r}?" if close else None,
         )
     return value
 
@@ -342,6 +346,7 @@ def check_settings() -> None:
     if key in _CHECKED:
         return
     readers: tuple[Callable[[], object], ...] = (debug, c_compiler, extra_cflags, build_jobs)
+    readers += (build_mode,)
     readers += (poison_outputs, xla_contractions, fuse_programs, group_gradients)
     readers += (pair_gradients, cpu_call, cuda_emulate, gpu_call, verbosity, progress_after)
     for read in (*readers, dump_dir):

@@ -117,6 +117,8 @@ class Backend:
     #: positions, NaN (`fill`) or 0 outside, or None for dtypes it has no kernel for
     #: (`tensordsl.binding.gather`); None: XLA's gather.
     row_gather: Callable[[], Callable[..., Any]] | None = None
+    #: How it runs a nest, in words, for explain's first line where it has no `scheduler`.
+    runs_as: str = "jax.numpy: no generated code, no schedule"
 
     @property
     def emits_code(self) -> bool:
@@ -324,6 +326,9 @@ BACKENDS: dict[str, Backend] = {
         pairs_gradients=_pallas_pairs,
         runs_partials=_pallas_partials,
         static_report=_pallas_static_report,
+        runs_as=(
+            "Pallas tile programs, no loop schedule: explain(shapes, target='pallas') prints them"
+        ),
     ),
 }
 

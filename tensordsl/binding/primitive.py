@@ -401,8 +401,15 @@ def evaluate_tangent(*args: Any, **params: Any) -> jax.Array:
 def _batch_tangent(
     args: Sequence[Any], dims: Sequence[Any], **params: Any
 ) -> tuple[jax.Array, int | None]:
-    """`tangent_p` batched: its tangent nest, batched like any nest (`jacfwd`)."""
-    _, positions, nest_params = _tangent_call(args, params)
+    """`tangent_p` batched: its tangent nest, batched like any nest (`jacfwd`). The tangent
+    nest and its parameters (extents, the output's shape) are made from one batch element's
+    shapes: made from the batched arguments, they would count the batch axis as one of the
+    nest's (a wrong output shape, or wrong numbers, under `vmap` of `jvp`)."""
+    element = [
+        a if d is None else jax.ShapeDtypeStruct(np.delete(np.shape(a), d), jnp.result_type(a))
+        for a, d in zip(args, dims)
+    ]
+    _, positions, nest_params = _tangent_call(element, params)
     if all(dims[i] is None for i in positions):  # it reads nothing the batch varies
         return evaluate_tangent(
             *[jnp.take(a, 0, d) if d is not None else a for a, d in zip(args, dims)], **params

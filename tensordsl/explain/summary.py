@@ -46,7 +46,7 @@ def summary_lines(
     where = f"the {record.name} back end" + (" (auto)" if backend == table.AUTO else "")
     said = [] if auto is None else [f"  (auto took {auto.backend}: {auto.reason})"]
     if record.scheduler is None:
-        return [f"{count} on {where} (jax.numpy: no generated code, no schedule)", *said]
+        return [f"{count} on {where} ({record.runs_as})", *said]
     choose = record.scheduler()
     lines = [f"{count} on {where}, each scheduled for {dtype} inputs as:", *said]
     width = max(len(label) for label in nests)

@@ -54,6 +54,8 @@ def foreign_notation_hint(source: str) -> str | None:
     an einsum string: name the tensors, as in 'Y[i,j] := A[i,k] * B[k,j]' (...)
     >>> print(foreign_notation_hint("Y[b,o] := X[b,i] @ W[i,o]"))  # doctest: +ELLIPSIS
     '@' is not an operator: ... as in 'Y[b,o] := X[b,i] * W[i,o]' (i, on no left side, ...)
+    >>> print(foreign_notation_hint("Y[i] := jnp.exp(X[i])"))
+    functions are named without a module: 'exp(...)', not 'jnp.exp(...)'
     """
     statement = source.strip()
     call = _EINSUM_CALL.search(statement)
@@ -69,7 +71,17 @@ def foreign_notation_hint(source: str) -> str | None:
         return _einsum_hint(source, [], out)
     if "@" in source:
         return _matmul_hint(statement)
+    module = _MODULE_CALL.search(statement)
+    if module is not None:
+        return (
+            f"functions are named without a module: '{module.group(2)}(...)', not "
+            f"'{module.group(1)}.{module.group(2)}(...)'"
+        )
     return None
+
+
+#: A library function called through its module, as in Python (`jnp.exp(X[i])`).
+_MODULE_CALL = re.compile(r"\b(np|jnp|numpy|jax\.numpy|jax\.nn|jax|math|torch|F|lax)\.(\w+)\s*\(")
 
 
 def _einsum_hint(spec: str, names: list[str], output: str) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 import sympy
 
 from codegen.ir.functions import floor_divide, remainder
-from tensordsl.errors import ExpressionError
+from tensordsl.errors import ExpressionError, UnsupportedError
 from tensordsl.frontend.indices import text_of
 from tensordsl.frontend.parse import Binary, Compare, Expr, Span, Unary
 
@@ -60,13 +60,37 @@ class Conditions:
         if isinstance(node, Compare):
             return self.relation(node)
         if isinstance(node, Binary) and node.op in _JOINS:
-            left, right = self.condition(node.left), self.condition(node.right)
+            symbol = self.src[node.left.span[1] : node.right.span[0]].strip(" \t\n()")
+            left = self.operand_condition(node.left, node, symbol)
+            right = self.operand_condition(node.right, node, symbol)
             return self.checked(node, lambda: _JOINS[node.op](left, right))
         if isinstance(node, Unary) and node.op == "not":
-            operand = self.condition(node.operand)
+            symbol = self.src[node.span[0] : node.operand.span[0]].strip(" \t\n()")
+            operand = self.operand_condition(node.operand, node, symbol)
             return self.checked(node, lambda: sympy.Not(operand))
         value = self.value(node)
         return self.checked(node, lambda: sympy.Ne(value, 0))
+
+    def operand_condition(self, operand: Expr, node: Expr, symbol: str) -> Any:
+        """An operand of `&`, `|` or `~` (`symbol`) as a condition. Python and FlexAttention
+        read `&`, `|` and `~` of integers bitwise (`q_idx & 1` is its lowest bit, `~i` is
+        `-i - 1`), the language logically (`i & 1` would be `i != 0`): an operand that is
+        integer arithmetic of indices (other than a 0 or 1) is refused rather than read
+        otherwise than its writer meant. The words `and`, `or`, `not` are logical in
+        Python too, and read any value as a condition."""
+        if symbol in ("&", "|", "~") and not is_condition(operand):
+            value = self.value(operand)
+            if value.is_integer and value not in (sympy.Integer(0), sympy.Integer(1)):
+                raise UnsupportedError(
+                    f"'{symbol}' of the integer '{text_of(self.src, operand.span)}' would be "
+                    "bitwise in Python; here '&', '|' and '~' join conditions",
+                    self.src,
+                    node.span,
+                    expected="conditions on both sides: comparisons, and values of arrays",
+                    hint="the lowest bit of i is 'i % 2 == 1'; a value as a condition is "
+                    "written with 'and', 'or', 'not' ('i and j <= 4')",
+                )
+        return self.condition(operand)
 
     def division(self, node: Binary, left: Any, right: Any) -> Any:
         """`left // right` or `left % right` (`node.op`), rounded towards minus infinity."""

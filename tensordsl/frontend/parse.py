@@ -9,14 +9,16 @@ Grammar (lowest precedence first)::
     comparison := sum [ ('<' | '<=' | '>' | '>=' | '==' | '!=') sum ]
     sum        := product (('+' | '-') product)*
     product    := unary (('*' | '/' | '//' | '%') unary)*
-    unary      := ('-' | '+') unary | power
+    unary      := ('-' | '+' | '~') unary | power                # '~' here: a factor's 'not'
     power      := primary [ ('**' | '^') unary ]           # right-associative
     primary    := NUMBER [NAME-started power]                # `2i` is 2 * i
                 | NAME [ '[' args ']' | '(' args ')' ] | '(' expr ')'
 
 The logical operators bind more loosely than comparisons (as Python's `and`, unlike its `&`),
 so `j <= i & j > i - 8` is the conjunction of two comparisons; `and`, `or` and `not` are
-words of the language, never names.
+words of the language, never names. A `~` where an operand is expected (`X[i] * ~(j < 2)`,
+the place Python's own `~` takes) negates that operand, as tightly as a sign: `not` there
+would be a syntax error in Python, and before this rule `~` there was one here too.
 
 Every node carries `span`, the `(start, stop)` character offsets of its text. A statement
 nests at most `MAX_DEPTH` levels (parentheses, index lists, function calls, signs, powers and
@@ -359,11 +361,12 @@ class _Parser:
         return left
 
     def unary(self) -> Expr:
-        if self.at("-", "+"):
+        if self.at("-", "+", "~"):
             token = self.next()
             with self.nested(token):
                 operand = self.unary()
-            unary = Unary(token.text, operand, self.spanned(token.span[0]))
+            op = LOGICAL.get(token.text, token.text)
+            unary = Unary(op, operand, self.spanned(token.span[0]))
             return self.node(unary, token.span, operand)
         return self.power()
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from tensordsl.errors import ShapeError, TensorDSLError
 from tensordsl.nn._common import as_float_array, build, check_rank
-from tensordsl.nn.modifiers import INDICES, in_modifier, mod_inputs, modifier
+from tensordsl.nn.modifiers import INDICES, check_reads, in_modifier, mod_inputs, modifier
 
 
 def _bias(bias: Any, batch: tuple[int, ...], full: tuple[int, ...]) -> tuple[Any, str]:
@@ -211,6 +211,8 @@ def attention(
     mask = " * ".join(f"({c})" for c in conditions) if conditions else None
     # One mod_args dict is often shared by several modifiers: what none reads is left out.
     read = {name for each in modifiers for name in each.reads}
+    extents = dict(zip(INDICES, (math.prod(batch), H, T, S)))
+    check_reads(modifiers, extents, {n: np.shape(inputs[n]) for n in arrays})
     inputs = {name: value for name, value in inputs.items() if name in read or name == "bias_"}
     flat = [x.reshape((math.prod(batch), *x.shape[-3:])) for x in (q, k, v)]
     if group > 1:  # a free reshape: the query heads of one key head are consecutive

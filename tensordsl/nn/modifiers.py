@@ -14,12 +14,13 @@ from typing import Any
 from tensordsl.errors import (
     OptionError,
     ParseError,
+    RangeError,
     TensorDSLError,
     UnknownNameError,
     UnsupportedError,
     close_match,
 )
-from tensordsl.frontend.parse import Access, Name, parse
+from tensordsl.frontend.parse import Access, Binary, Name, Number, Unary, parse
 from tensordsl.nn._common import as_array
 
 INDICES = ("b", "h", "i", "j")
@@ -253,3 +254,76 @@ def _joined(helper: str, masks: tuple[str, ...], operator: str) -> str:
             expected=f"{helper}('j <= i', 'M[b, j] > 0'): one or more conditions as strings",
         )
     return operator.join(f"({m})" for m in masks)
+
+
+def check_reads(modifiers: list[Modifier], extents: dict[str, int], shapes: dict[str, Any]) -> None:
+    """Refuse a mod_args array that a modifier reads outside its shape for these q and k.
+
+    In a kernel an index read only shifted takes the values for which every read stays
+    inside (Tullio's rule), so `P[j + 1]` with `P` of `S` values would silently leave out the
+    last key, and a relative table too small for `T` would shorten the output. Attention's
+    indices run over the whole of q and k (`extents`), so such a read is the user's mistake:
+    an affine index list is checked at its least and largest values (exact: each index
+    appears with one coefficient); `mod`, `clamp`, `pad` and other forms are left to the
+    kernel.
+
+    Raises:
+        RangeError: the first read outside its array, underlined in the modifier.
+    """
+    for each in modifiers:
+        for access in _accesses(parse(_HEAD + each.written).body):
+            for axis, index in enumerate(access.indices[: len(shapes[access.name])]):
+                form = _affine(index)
+                if form is None or any(extents[n] == 0 for n in form if n):
+                    continue  # not affine, or no value read at all
+                least = form.pop("", 0) + sum(
+                    min(c * 0, c * (extents[n] - 1)) for n, c in form.items()
+                )
+                most = least + sum(abs(c) * (extents[n] - 1) for n, c in form.items())
+                size = shapes[access.name][axis]
+                if least < 0 or most >= size:
+                    start, stop = (s - len(_HEAD) for s in access.span)
+                    box = ", ".join(f"{n} in [0, {extents[n]})" for n in INDICES)
+                    raise RangeError(
+                        f"{each.option}: '{each.written[start:stop]}' reads axis {axis} of "
+                        f"'{access.name}' at {least}..{most}, outside [0, {size})",
+                        each.written,
+                        (start, stop),
+                        expected=f"every read inside the array for {box} (from q and k)",
+                        hint="a larger array, or the index wrapped as mod(...) or clamp(...)",
+                    )
+
+
+def _accesses(node: Any) -> list[Access]:
+    if isinstance(node, Access):
+        return [node]
+    return [found for child in _children(node) for found in _accesses(child)]
+
+
+def _affine(node: Any) -> dict[str, int] | None:
+    """An index expression as {index: coefficient, "": constant}, or None if not affine."""
+    if isinstance(node, Number):
+        value = float(node.text)
+        return {"": int(value)} if value.is_integer() else None
+    if isinstance(node, Name):
+        return {ALIASES.get(node.name, node.name): 1}
+    if isinstance(node, Unary) and node.op in "+-":
+        form = _affine(node.operand)
+        sign = -1 if node.op == "-" else 1
+        return None if form is None else {n: sign * c for n, c in form.items()}
+    if isinstance(node, Binary) and node.op in ("+", "-", "*"):
+        left, right = _affine(node.left), _affine(node.right)
+        if left is None or right is None:
+            return None
+        if node.op == "*":
+            if set(left) <= {""}:
+                left, right = right, left
+            if not set(right) <= {""}:
+                return None
+            return {n: c * right.get("", 0) for n, c in left.items()}
+        sign = -1 if node.op == "-" else 1
+        merged = dict(left)
+        for n, c in right.items():
+            merged[n] = merged.get(n, 0) + sign * c
+        return merged
+    return None

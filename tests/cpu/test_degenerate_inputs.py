@@ -57,3 +57,31 @@ def test_the_cuda_report_of_a_wrapped_or_clamped_access(access):
     k = td.kernel(f"Y[i] := X[{access}]", ranges={"i": 5})
     text = k.explain({"X": (5,)}, target="cuda")
     assert "X[" in text
+
+
+#: A reduction over a range of no values: the identity (docs/language.md, "Reductions").
+EMPTY_IDENTITIES = {"sum": 0.0, "mean": 0.0, "max": -np.inf, "min": np.inf, "prod": 1.0}
+EMPTY_IDENTITIES["logsumexp"] = -np.inf
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "pallas"])
+def test_an_axis_of_length_0_gives_an_empty_output_or_the_identity(backend):
+    """No output tile, or a reduced range with no tile: on pallas these once reached Pallas'
+    gather of a tile from an empty operand (a raw TypeError)."""
+    rng = np.random.default_rng(5)
+    matmul = td.kernel("C[i,j] := A[i,k] * B[k,j]", backend=backend)
+    no_rows = matmul(np.zeros((0, 5)), rng.normal(size=(5, 6)))
+    assert no_rows.shape == (0, 6)
+    A, B = rng.normal(size=(3, 0)), rng.normal(size=(0, 2))
+    np.testing.assert_array_equal(np.asarray(matmul(A, B)), np.zeros((3, 2)))
+    dA, dB = jax.grad(lambda A, B: jnp.sum(matmul(A, B) * rng.normal(size=(3, 2))), (0, 1))(A, B)
+    assert dA.shape == (3, 0) and dB.shape == (0, 2)
+    X = np.zeros((4, 0))
+    for reduction, identity in EMPTY_IDENTITIES.items():
+        got = td.kernel(f"({reduction}) M[i] := X[i,j] * 2", backend=backend)(X)
+        np.testing.assert_array_equal(np.asarray(got), np.full(4, identity), err_msg=reduction)
+    q = rng.normal(size=(2, 3, 2, 4))
+    for dtype in (np.float32, np.float64):  # float64: the one-pass nest of out_ and lse_
+        no_keys = np.zeros((2, 0, 2, 4), dtype)
+        out = td.nn.attention(q.astype(dtype), no_keys, no_keys, backend=backend)
+        np.testing.assert_array_equal(np.asarray(out), np.zeros((2, 3, 2, 4)))  # no key: 0

@@ -33,6 +33,7 @@ CONDITIONS = {
     "(S[i,j] > 0) & (j <= i)": lambda S: (S > 0) & (J <= I),
     "(S[i,j] > 0) | not (j != i)": lambda S: (S > 0) | (J == I),
     "S[i,j] and j <= i": lambda S: (S != 0) & (J <= I),
+    "(j <= i) * ~(S[i,j] > 0)": lambda S: (J <= I) & ~(S > 0),  # `~` as a factor, as in Python
 }
 
 
@@ -153,11 +154,35 @@ def test_ranges_inferred_from_every_read(backend: str) -> None:
         ("Y[i] := acos(X[i], 1, 2)", td.ShapeError, "'acos' takes 1 argument"),
         ("Y[i] := X[i] & ", td.ParseError, "unexpected end of input"),
         ("Y[i] := X[i] < 1 < 2", td.ParseError, "comparisons do not chain"),
+        # bitwise in Python and FlexAttention: refused, never read as `i != 0`
+        ("Y[i] := X[i] * ((i & 1) == 0)", td.UnsupportedError, r"'&' of the integer 'i' would"),
+        ("Y[i,j] := X[i] * ((i - j) % 2 | (j < 1))", td.UnsupportedError, r"'\|' of the integer"),
+        ("Y[i] := X[i] * ~i", td.UnsupportedError, r"'~' of the integer 'i' would be bitwise"),
     ],
 )
 def test_errors(source: str, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         td.kernel(source, ranges={"j": 3} if "j" in source else None)
+
+
+def test_a_bitwise_reading_is_refused_in_the_users_format() -> None:
+    with pytest.raises(td.UnsupportedError) as error:
+        td.nn.attention(*np.ones((3, 4, 2, 8)), mask_mod="(q_idx & 1) == 0")
+    assert isinstance(error.value, NotImplementedError)
+    lines = str(error.value).splitlines()
+    assert lines[0].endswith(
+        "'&' of the integer 'i' would be bitwise in Python; here '&', '|' and '~' join conditions"
+    )
+    assert lines[-1].startswith("hint: the lowest bit of i is 'i % 2 == 1'")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_words_and_conditions_of_0_and_1_keep_reading_values(backend: str) -> None:
+    """`and`/`or`/`not` are logical in Python too; `& 1` of a condition is the condition."""
+    X = np.random.default_rng(8).normal(size=(T, T))
+    k = td.kernel("Y[i] := X[i,j] * ((i and j <= 4) + ((j <= i) & 1) + (not i))", backend=backend)
+    truth = ((I != 0) & (J <= 4)).astype(int) + (J <= I) + (I == 0)
+    _check(k, lambda X: jnp.sum(X * truth, 1), X)
 
 
 def _attention_truth(q, k, v):

@@ -73,8 +73,26 @@ def test_the_setting_takes_the_three_modes(monkeypatch, value):
 
 def test_another_setting_is_refused_with_the_modes(monkeypatch):
     monkeypatch.setenv("TENSORDSL_BUILD", "quick")
-    with pytest.raises(config.SettingError, match=r"TENSORDSL_BUILD='quick': expected one of"):
+    with pytest.raises(config.SettingError, match=r"TENSORDSL_BUILD='quick' is not a build mode"):
         config.build_mode()
+
+
+@pytest.mark.parametrize(("value", "hint"), [("O3", None), ("Fulll", "did you mean 'full'?")])
+def test_a_kernel_call_refuses_another_setting_as_the_users_error(monkeypatch, value, hint):
+    """A call (eager or jitted) checks the setting before it builds anything: the error is a
+    `tensordsl.SettingError` (a `TensorDSLError` and a `ValueError`) in STYLE.md's format,
+    the value as written, never the compiler's own `SettingError` from a build thread."""
+    monkeypatch.setenv("TENSORDSL_BUILD", value)
+    kernel = td.kernel("Y[i] := exp(X[i,j]) * W[j]")
+    X, W = np.random.default_rng(3).normal(size=(3, 4)), np.random.default_rng(4).normal(size=4)
+    for call in (kernel, jax.jit(kernel)):
+        with pytest.raises(td.SettingError) as error:
+            call(X, W)
+        assert isinstance(error.value, td.TensorDSLError) and isinstance(error.value, ValueError)
+        lines = str(error.value).splitlines()
+        assert lines[0] == f"TENSORDSL_BUILD={value!r} is not a build mode"
+        assert lines[1] == "expected one of tiered, fast, full (the default is tiered)"
+        assert lines[2:] == ([f"hint: {hint}"] if hint else [])
 
 
 def test_a_first_build_is_fast_and_the_optimised_one_takes_over(empty_cache):

@@ -156,6 +156,39 @@ def test_vmap_of_jvp_batched_primals_and_tangents():
     np.testing.assert_allclose(np.asarray(tangent_only), np.asarray(expected), rtol=1e-12)
 
 
+VMAPPED_JVP_CASES = {
+    "S[i,j] := Q[i,d] * K[j,d]": lambda q, k: q @ k.T,
+    # a fused program (two statements read Q): its tangent primitive under vmap
+    "S[i,j] := Q[i,d] * K[j,d]; O[i,e] := tanh(S[i,j]) * Q[j,e]": lambda q, k: (
+        jnp.tanh(q @ k.T) @ q
+    ),
+    # float64 attention with its scores stored (T*S under the size of q): fused, centred
+    "S[i,j] := Q[i,d] * K[j,d]; (logsumexp) L[i] := S[i,j]; O[i,e] := exp(S[i,j] - L[i]) * "
+    "K[j,e]": lambda q, k: jax.nn.softmax(q @ k.T, -1) @ k,
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+@pytest.mark.parametrize("source", sorted(VMAPPED_JVP_CASES))
+def test_jvp_of_vmap_and_vmap_of_jvp_with_only_some_inputs_perturbed(source, backend):
+    """The tangent nest of a batched `tangent_p` is made from one batch element's shapes: made
+    from the batched arguments, Q's tangent against a batched K gave a (B, B, T) output, and
+    programs under `vmap` of `jvp` or `jvp` of `vmap` gave wrong tangents (float64 attention
+    with stored scores off by units)."""
+    k = td.kernel(source, backend=backend)
+    truth = VMAPPED_JVP_CASES[source]
+    rng = np.random.default_rng(21)
+    Q, K, tQ = (rng.normal(size=(3, 4, 16)) for _ in range(3))
+    want = jax.vmap(lambda q, k, t: jax.jvp(lambda q: truth(q, k), (q,), (t,))[1])(Q, K, tQ)
+    got = jax.vmap(lambda q, kk, t: jax.jvp(lambda q: k(q, kk), (q,), (t,))[1])(Q, K, tQ)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+    got = jax.jvp(lambda q: jax.vmap(k)(q, K), (Q,), (tQ,))[1]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+    unbatched = jax.jvp(lambda q: jax.vmap(k, (0, None))(q, K[0]), (Q,), (tQ,))[1]
+    expected = jax.jvp(lambda q: jax.vmap(truth, (0, None))(q, K[0]), (Q,), (tQ,))[1]
+    np.testing.assert_allclose(np.asarray(unbatched), np.asarray(expected), rtol=1e-10, atol=1e-12)
+
+
 HESSIAN_CASES = [
     # (source, reduce, jnp twin of the kernel, shapes)
     ("C[i,j] := A[i,k] * A[k,j]", "sum", lambda A: A @ A, ((4, 4),)),

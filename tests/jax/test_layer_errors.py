@@ -123,3 +123,55 @@ def test_mod_args_shared_by_modifiers_may_hold_what_one_does_not_read(backend):
 def softmax(scores):
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     return weights / weights.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "option, text, shape, key_heads, wording",
+    [
+        # a relative table made for T = 8 at T = 9: was a raw TypeError (a shortened output)
+        ("score_mod", "S + R[h, i - j + 7]", (4, 15), 4, r"axis 1 of 'R' at -1\.\.15, outside"),
+        ("score_mod", "S + R[h, q_idx - kv_idx + 7]", (4, 15), 2, r"axis 1 of 'R' at -1\.\.15"),
+        ("score_mod", "S + R[h + 1]", (4,), 2, r"'R\[h \+ 1\]' reads axis 0 of 'R' at 1\.\.4"),
+        # the last key left out without a word, before: a wrong number
+        ("score_mod", "S + R[kv_idx + 1]", (9,), 4, r"'R\[kv_idx \+ 1\]' reads axis 0 .* 1\.\.9"),
+        ("mask_mod", "R[b, 2 * j - i] > 0", (2, 17), 4, r"axis 1 of 'R' at -8\.\.16, outside"),
+    ],
+)
+def test_a_modifier_array_read_outside_its_shape_is_a_range_error(
+    option, text, shape, key_heads, wording
+):
+    """Attention's indices run over all of q and k: a read outside a mod_args array never
+    narrows them (the kernel's rule for an index read only shifted), on any back end."""
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(2, 9, 4, 8))
+    k, v = rng.normal(size=(2, 9, key_heads, 8)), rng.normal(size=(2, 9, key_heads, 8))
+    table = rng.normal(size=shape)
+    with pytest.raises(td.RangeError, match=wording) as info:
+        nn.attention(q, k, v, **{option: text}, mod_args={"R": table}, backend="reference")
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith(f"{option}: ") and lines[1] == f"  {text}"
+    assert "^" in lines[2] or "~" in lines[2]
+    assert lines[3] == (
+        "expected every read inside the array for b in [0, 2), h in [0, 4), i in [0, 9), "
+        "j in [0, 9) (from q and k)"
+    )
+
+
+@pytest.mark.parametrize("backend", ["reference", "c"])
+def test_reads_inside_their_arrays_or_wrapped_are_taken(backend):
+    """The check leaves alone what fits, and `mod`/`clamp` reads (against float64)."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.normal(size=(1, 6, 2, 4)) for _ in range(3))
+    R, P = rng.normal(size=(2, 11)), rng.normal(size=6)
+    got = nn.attention(
+        q,
+        k,
+        v,
+        score_mod="S + R[h, i - j + 5] + P[mod(j + 1)]",
+        mod_args={"R": R, "P": P},
+        backend=backend,
+    )
+    i, j = np.arange(6)[:, None], np.arange(6)[None, :]
+    scores = jnp.einsum("bihd,bjhd->bhij", q, k) / 2 + R[:, i - j + 5][None] + P[(j + 1) % 6]
+    want = jnp.einsum("bhij,bjhe->bihe", softmax(scores), v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)

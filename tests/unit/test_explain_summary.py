@@ -24,6 +24,11 @@ def test_a_kernel_summary_counts_its_nests_and_says_each_schedule_in_words():
     assert reference.splitlines()[0] == (
         "3 nests on the reference back end (jax.numpy: no generated code, no schedule)"
     )
+    pallas = td.kernel("Y[i] := X[i+k] * W[k]", backend="pallas").explain()
+    assert pallas.splitlines()[0] == (
+        "3 nests on the pallas back end (Pallas tile programs, no loop schedule: "
+        "explain(shapes, target='pallas') prints them)"
+    )
     cuda = td.kernel("M[i] := X[i,j]", reduce="max", backend="cuda").explain().splitlines()
     assert cuda[0] == "3 nests on the cuda back end, each scheduled for float32 inputs as:"
     assert cuda[1].startswith("  forward M  ")

@@ -27,6 +27,10 @@ import tensordsl as td
         ("C[i,j] := einsum('ik,kj->ij', A, B)", "as in 'C[i,j] := A[i,k] * B[k,j]'"),
         ('jnp.einsum("bij,bjk->bik", Q, K)', "as in 'Y[b,i,k] := Q[b,i,j] * K[b,j,k]'"),
         ("s := 'ij->'", "an einsum string: name the tensors, as in 's := A[i,j]'"),
+        # a function called through its Python module
+        ("Y[i] := jnp.exp(X[i,j])", "functions are named without a module: 'exp(...)', not 'jnp"),
+        ("Y[i] := X[i] * jax.nn.sigmoid(X[i])", "'sigmoid(...)', not 'jax.nn.sigmoid(...)'"),
+        ("Y[i] := np.arccos(X[i])", "'arccos(...)', not 'np.arccos(...)'"),
     ],
 )
 def test_einsum_strings_and_matmul_operators_get_a_targeted_hint(source, hint):

@@ -64,6 +64,12 @@ def show(node) -> str:
         ("f()", "f()"),
         ("A[i+1, 2k-3, 0]", "A[(i + 1), ((2 * k) - 3), 0]"),
         ("exp(A[i]) * B[i]", "(exp(A[i]) * B[i])"),
+        ("~a < b", "(not(a < b))"),  # a condition's `~`: looser than comparisons
+        ("not a < b & c", "((not(a < b)) and c)"),
+        ("a * ~(b < c)", "(a * (not(b < c)))"),  # an operand's `~`: as tight as a sign
+        ("a * ~b < c", "((a * (notb)) < c)"),
+        ("-~a", "(-(nota))"),
+        ("a * not b", None),  # the word stays a condition's, as in Python
     ],
 )
 def test_precedence(body: str, tree: str | None) -> None:

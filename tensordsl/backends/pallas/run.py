@@ -31,6 +31,7 @@ from codegen.tiles.attention.partials import partial_of
 from codegen.tiles.attention.program import AttentionProgram
 from codegen.tiles.build import tile_program
 from codegen.tiles.program import TileProgram
+from tensordsl.backends import reference
 from tensordsl.backends.pallas import api
 from tensordsl.backends.pallas.attention import run_attention
 from tensordsl.backends.pallas.lower import kernel_function
@@ -121,6 +122,10 @@ def run_pallas(
         all_shapes[op.name] = tuple(value.shape)
         values.append(value.reshape((1,)) if op.is_scalar else value)
     all_shapes.setdefault(nest.output, output_shape(nest, all_shapes))
+    if any(0 in tuple(all_shapes[name]) for name in (*nest.operand_names, nest.output)):
+        if nest.online:  # the reference evaluates each of the two nests, not the pair
+            return _two_nests(nest, operands, all_shapes, dtype, precision)
+        return _empty(nest, operands, all_shapes, dtype)
     dtypes = {op.name: v.dtype.name for op, v in zip(nest.operands, values)}
     dtypes[nest.output] = jnp.dtype(dtype).name
     mode = precision_mode(precision)
@@ -131,6 +136,15 @@ def run_pallas(
         return _two_nests(nest, operands, all_shapes, dtype, precision)
     program = nest_program(nest, all_shapes, dtypes, mode)
     return run_program(program, values, dtype)
+
+
+def _empty(nest: LoopNest, operands: Sequence[Any], shapes: Mapping[str, Any], dtype: Any):
+    """A nest with an axis of length 0 (no output tile, or a reduced range with no tile):
+    there is no grid to launch (Pallas cannot gather a tile from an empty operand), and the
+    result is the empty output or the reduction's identity everywhere, which the reference
+    evaluator gives with jax.numpy's rules (also for positions and `mean`)."""
+    values = dict(zip(nest.operand_names, operands))
+    return reference.evaluate(nest, values, shapes, dtype)
 
 
 def run_program(program: TileProgram, values: Sequence[jax.Array], dtype: Any) -> jax.Array:
