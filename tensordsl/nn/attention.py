@@ -83,13 +83,16 @@ def attention_source(score: str, mask: str | None, heads: str = "h") -> str:
     """The program for a score expression (over s_) and a mask condition (or None).
 
     `heads` names the head indices: `h`, or `hk_,g_` for grouped-query heads, where the
-    queries `q_[b,i,hk_,g_,d]` of group `g_` read the keys and values `k_[b,j,hk_,d]` of
+    queries `q_[b,hk_,g_,i,d]` of group `g_` read the keys and values `k_[b,j,hk_,d]` of
     their head `hk_` (query head `hk_ * G + g_`, as `jnp.repeat` of K and V would pair them,
-    with nothing copied).
+    with K and V not copied). Grouped queries are read heads first, so that the queries `i`
+    are the free index next to the width in dQ's nest: its tiles take their rows from them,
+    not from the (short) group axis `g_` (docs/performance.md, "Layouts").
     """
     kv = heads.split(",")[0]
     rows = f"b,{heads},i"
-    lines = [f"s_[b,{heads},i,j] := q_[b,i,{heads},d] * k_[b,j,{kv},d] * scale_"]
+    queries = f"q_[b,i,{heads},d]" if kv == heads else f"q_[b,{heads},i,d]"
+    lines = [f"s_[b,{heads},i,j] := {queries} * k_[b,j,{kv},d] * scale_"]
     if mask is None:
         lines.append(f"(logsumexp) lse_[{rows}] := {score}")
         lines.append(f"out_[{rows},e] := exp({score} - lse_[{rows}]) * v_[b,j,{kv},e]")
@@ -215,8 +218,9 @@ def attention(
     check_reads(modifiers, extents, {n: np.shape(inputs[n]) for n in arrays})
     inputs = {name: value for name, value in inputs.items() if name in read or name == "bias_"}
     flat = [x.reshape((math.prod(batch), *x.shape[-3:])) for x in (q, k, v)]
-    if group > 1:  # a free reshape: the query heads of one key head are consecutive
-        flat[0] = flat[0].reshape((*flat[0].shape[:2], H // group, group, E))
+    if group > 1:  # the query heads of one key head are consecutive: (b, hk_, g_, i, d)
+        grouped_q = flat[0].reshape((*flat[0].shape[:2], H // group, group, E))
+        flat[0] = jnp.transpose(grouped_q, (0, 2, 3, 1, 4))
     inputs.update(q_=flat[0], k_=flat[1], v_=flat[2])
     inputs["scale_"] = (
         1.0 / math.sqrt(max(E, 1))  # a head of width 0 scores 0 whatever the scale
