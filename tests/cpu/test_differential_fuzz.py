@@ -258,20 +258,18 @@ def test_kinks_the_fuzzer_found(case: Draw) -> None:
     check(case)
 
 
-def test_abs_at_its_kink_follows_the_documented_rule() -> None:
+@pytest.mark.parametrize("backend", ["c", "reference"])
+def test_abs_at_its_kink_follows_the_documented_rule(backend: str) -> None:
     """The same draw with `abs` found that the oracle (jax.grad of the reference) gives
     abs'(0) = 1; tensordsl's rule is the branch taken, abs'(0) = 0 (docs/gradients.md), on
     every back end, and the sign elsewhere."""
-    source = "Y[i] := abs(-2.0 + 4.0*sigmoid(A[i]))"
+    kernel = td.kernel("Y[i] := abs(-2.0 + 4.0*sigmoid(A[i]))", backend=backend)
     A = np.array([np.log(1 / 3), 1e-40, 0.0, np.log(3.0)])  # inner value -1, 0, 0, 1
-    for backend in ("c", "reference"):
-        kernel = td.kernel(source, backend=backend)
-        got = jax.grad(lambda a: jnp.sum(kernel(A=a)))(A)
-        sigmoid = 1 / (1 + np.exp(-A))
-        inner = -2.0 + 4.0 * sigmoid
-        want = np.sign(inner) * 4.0 * sigmoid * (1 - sigmoid)
-        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=0)
-        assert got[1] == 0 and got[2] == 0, backend
+    got = jax.grad(lambda a: jnp.sum(kernel(A=a)))(A)
+    sigmoid = 1 / (1 + np.exp(-A))
+    want = np.sign(-2.0 + 4.0 * sigmoid) * 4.0 * sigmoid * (1 - sigmoid)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=0)
+    assert got[1] == 0 and got[2] == 0
 
 
 # ---- Issue 13, items 1-3: found before the fuzzer, fixed by other work; kept as cases ----
