@@ -26,6 +26,7 @@ import sympy
 from codegen.ir.functions import FUNCTIONS, canonical, indicator, spellings
 from codegen.ir.ieee import IeeeAdd, cancels, ieee
 from codegen.ir.nest import index_symbol, scalar_symbol
+from codegen.ir.reductions import USER_REDUCTIONS
 from tensordsl.errors import (
     ExpressionError,
     IndexExpressionError,
@@ -336,7 +337,9 @@ class _Translator(Conditions, GatheredAccesses):
                 self.src,
                 node.name_span,
                 expected="one of " + ", ".join(sorted([*FUNCTIONS, SIZE])),
-                hint=SIZE_HINTS.get(node.name) or close_match(node.name, [*spellings(), SIZE]),
+                hint=SIZE_HINTS.get(node.name)
+                or _reduction_hint(node.name)
+                or close_match(node.name, [*spellings(), SIZE]),
             )
         if len(node.args) != spec.arity:
             params = ", ".join("xyz"[: spec.arity])
@@ -345,6 +348,7 @@ class _Translator(Conditions, GatheredAccesses):
                 self.src,
                 node.span,
                 expected=f"{node.name}({params})",
+                hint=_reduction_hint(node.name) if len(node.args) == 1 else None,
             )
         args = [
             self.condition(a)
@@ -443,3 +447,13 @@ def translate(statement: Statement, *, indices: Collection[str] = ()) -> Transla
     ...
     """
     return _Translator(statement, indices).build()
+
+
+def _reduction_hint(name: str) -> str | None:
+    """`logsumexp(S[i,j], j)` written as a function: how the language writes a reduction."""
+    if name not in (*USER_REDUCTIONS, "mean"):
+        return None
+    return (
+        f"a reduction is written before the output: '({name}) L[i] := S[i,j]' takes the "
+        f"{name} over every index not on the left (j here)"
+    )

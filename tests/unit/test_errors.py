@@ -37,6 +37,7 @@ CASES: dict[str, tuple[str, dict, dict | None, type]] = {
     "missing_assign": ("C[i,j] = A[i,k] * B[k,j]", {}, None, ParseError),
     "chained_comparison": ("Y[i] := 0 < X[i] < 1", {}, None, ParseError),
     "unknown_function": ("Y[i] := expp(X[i])", {}, None, UnknownNameError),
+    "reduction_as_function": ("L[i] := logsumexp(S[i,j], j)", {}, None, UnknownNameError),
     "wrong_arity": ("Y[i] := max(X[i])", {}, None, ShapeError),
     "unknown_reduction_prefix": ("(lse) Y[i] := X[i,k]", {}, None, ReductionError),
     "unknown_reduction_option": ("Y[i] := X[i,k]", {"reduce": "maxx"}, None, ReductionError),
