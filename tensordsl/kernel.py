@@ -84,7 +84,7 @@ class Kernel:
         self._lowered: Lowered = lower(parse(source), reduce=reduce, ranges=extents)
         self.backend = arguments.backend(backend, table.BACKEND_NAMES)
         self.nograd = arguments.nograd(nograd, self.inputs, source, of="kernel")
-        self.schedule = forward_schedule(self.nest, schedule, loop_order, source)
+        self.schedule = forward_schedule(self.nest, schedule, loop_order, source, self.backend)
         self.precision = arguments.precision(precision)
         self.init = initial_value(init, self.nest, source)
         self._batched = ellipsis.leading_axes([self._lowered.statement], source)

@@ -63,19 +63,40 @@ def initial_value(init: Any, nest: LoopNest, source: str) -> float | None:
     return float(init)
 
 
-def forward_schedule(nest: LoopNest, schedule: Any, loop_order: Any, source: str) -> Any:
-    """The user's schedule or loop order for the forward nest, checked now."""
+def forward_schedule(
+    nest: LoopNest, schedule: Any, loop_order: Any, source: str, backend: str
+) -> Any:
+    """The user's schedule or loop order for the forward nest, checked now.
+
+    Raises:
+        UnsupportedError: either on the pallas back end, whose tile programs choose their
+            own tiles (it would be ignored).
+        ScheduleError: a schedule that is not a `Schedule`, or a bad loop order.
+    """
     if schedule is None and loop_order is None:
         return None
+    if backend == "pallas":
+        option = "schedule=" if schedule is not None else "loop_order="
+        raise UnsupportedError(
+            f"{option} applies to the loop nests of the c and cuda back ends; the pallas back "
+            "end's tile programs choose their own tiles",
+            source,
+            expected=f"backend='c' or backend='cuda' with {option}, or no {option}",
+        )
     scheduled = table.SCHEDULED
     assert scheduled.schedule_type is not None and scheduled.scheduler is not None
     assert scheduled.validate_schedule is not None
     validate = scheduled.validate_schedule()
     if schedule is not None and not isinstance(schedule, scheduled.schedule_type()):
         raise ScheduleError(
-            f"schedule= must be a codegen.c.schedule.Schedule, got {type(schedule).__name__}",
+            f"schedule= must be a codegen.c.schedule.Schedule, got {schedule!r}"
+            if isinstance(schedule, str)
+            else f"schedule= must be a codegen.c.schedule.Schedule, got {type(schedule).__name__}",
             source,
             expected="a Schedule, e.g. from codegen.c.schedule.candidate_schedules(k.nest)",
+            hint="loop_order=('i', 'j', ...) fixes the loop order alone"
+            if isinstance(schedule, str)
+            else None,
         )
     order = arguments.names(loop_order, option="loop_order")
     try:

@@ -97,6 +97,19 @@ def test_schedule_of_another_type(schedule) -> None:
         kernel(schedule=schedule)
 
 
+def test_a_schedule_named_by_a_string_hints_loop_order() -> None:
+    with pytest.raises(td.ScheduleError, match="got 'tile'") as error:
+        kernel(schedule="tile")
+    assert "hint: loop_order=" in str(error.value)
+
+
+@pytest.mark.parametrize("option", [{"schedule": "tile"}, {"loop_order": ("i", "k")}])
+def test_pallas_takes_no_loop_schedule(option) -> None:
+    """Tile programs choose their own tiles: a schedule would be ignored, so it is refused."""
+    with pytest.raises(td.UnsupportedError, match="the pallas back end's tile programs"):
+        td.kernel(MATVEC, backend="pallas", **option)
+
+
 @pytest.mark.parametrize(
     "value", [None, "abc", object(), {"a": 1}, [[1.0, 2.0], [3.0]], np.array([[None]])]
 )
