@@ -69,19 +69,19 @@ def forward_schedule(
     """The user's schedule or loop order for the forward nest, checked now.
 
     Raises:
-        UnsupportedError: either on the pallas back end, whose tile programs choose their
-            own tiles (it would be ignored).
+        UnsupportedError: either on a back end with schedules of its own (`cuda`, `pallas`),
+            which would ignore it; the reference back end, the oracle, takes and ignores it.
         ScheduleError: a schedule that is not a `Schedule`, or a bad loop order.
     """
     if schedule is None and loop_order is None:
         return None
-    if backend == "pallas":
+    if backend not in (table.AUTO, "reference") and not table.backend(backend).takes_schedule:
         option = "schedule=" if schedule is not None else "loop_order="
         raise UnsupportedError(
-            f"{option} applies to the loop nests of the c and cuda back ends; the pallas back "
-            "end's tile programs choose their own tiles",
+            f"{option} orders the loops of the c back end's nests; backend='{backend}' "
+            "chooses its own (it would ignore the option)",
             source,
-            expected=f"backend='c' or backend='cuda' with {option}, or no {option}",
+            expected=f"backend='c' (or 'auto' on a CPU) with {option}, or no {option}",
         )
     scheduled = table.SCHEDULED
     assert scheduled.schedule_type is not None and scheduled.scheduler is not None

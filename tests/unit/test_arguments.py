@@ -103,11 +103,13 @@ def test_a_schedule_named_by_a_string_hints_loop_order() -> None:
     assert "hint: loop_order=" in str(error.value)
 
 
+@pytest.mark.parametrize("backend", ["cuda", "pallas"])
 @pytest.mark.parametrize("option", [{"schedule": "tile"}, {"loop_order": ("i", "k")}])
-def test_pallas_takes_no_loop_schedule(option) -> None:
-    """Tile programs choose their own tiles: a schedule would be ignored, so it is refused."""
-    with pytest.raises(td.UnsupportedError, match="the pallas back end's tile programs"):
-        td.kernel(MATVEC, backend="pallas", **option)
+def test_a_back_end_with_schedules_of_its_own_takes_no_loop_schedule(backend, option) -> None:
+    """The GPU schedules and Pallas' tile programs are their own: a C schedule would be
+    ignored there, so it is refused."""
+    with pytest.raises(td.UnsupportedError, match=f"backend='{backend}' chooses its own"):
+        td.kernel(MATVEC, backend=backend, **option)
 
 
 @pytest.mark.parametrize(
