@@ -245,8 +245,7 @@ class ProgramKernel:
             if rows[0] != tuple(runs):
                 lines += summary_lines({f"forward {n.output}": n for n in rows[0]}, record.name)[1:]
         lines += [
-            f"  ({nest.output}+{nest.online}: {nest.online} and {nest.output} in one pass "
-            "where rows are short enough; the other back ends run the two)"
+            f"  ({nest.output}+{nest.online}: {nest.online} and {nest.output} {record.one_pass_as})"
             for nest in runs
             if nest.online
         ]
@@ -262,9 +261,8 @@ class ProgramKernel:
         for nest in runs:
             if nest.online:
                 details.append(
-                    f"one pass: {nest.online} and {nest.output} in one nest on the C back end "
-                    "(online softmax) and on the CUDA back end (codegen.cuda.attention.online; the "
-                    "reference back end runs the two)"
+                    f"one pass: {nest.online} and {nest.output} on the {record.name} back end "
+                    f"{record.one_pass_as}"
                 )
                 spelled = self.spelled
                 details += ["  " + line for line in online_lines(nest, concrete, spelled)]

@@ -117,6 +117,9 @@ class Backend:
     #: positions, NaN (`fill`) or 0 outside, or None for dtypes it has no kernel for
     #: (`tensordsl.binding.gather`); None: XLA's gather.
     row_gather: Callable[[], Callable[..., Any]] | None = None
+    #: How it runs a packed row's two statements (`one_pass_rows`) together, in words, for a
+    #: program's `explain(shapes)`.
+    one_pass_as: str = "as its two nests"
     #: How it runs a nest, in words, for explain's first line where it has no `scheduler`.
     runs_as: str = "jax.numpy: no generated code, no schedule"
 
@@ -296,6 +299,7 @@ BACKENDS: dict[str, Backend] = {
         source_emitter=_c_source,
         takes_schedule=True,
         one_pass_rows=C_ONE_PASS_ROWS,
+        one_pass_as="in one pass over each row where rows are short enough (online softmax)",
         row_passes=True,
         profiled=True,
         scheduler=_c_scheduler,
@@ -313,6 +317,8 @@ BACKENDS: dict[str, Backend] = {
         _runner("tensordsl.backends.cuda", "run_cuda"),
         source_emitter=_cuda_source,
         one_pass_rows=CUDA_ONE_PASS_ROWS,
+        one_pass_as="in one kernel where rows are short enough (online softmax, "
+        "codegen.cuda.attention.online)",
         scheduler=_cuda_scheduler,
         pairs_gradients=_cuda_pairs,
         static_report=_cuda_static_report,
@@ -323,6 +329,8 @@ BACKENDS: dict[str, Backend] = {
         "pallas",
         _runner("tensordsl.backends.pallas.run", "run_pallas"),
         one_pass_rows=PALLAS_ONE_PASS_ROWS,
+        one_pass_as="in one Pallas kernel, FlashAttention's forward (online softmax over "
+        "tiles of the reduced index, tensordsl.backends.pallas.attention)",
         pairs_gradients=_pallas_pairs,
         runs_partials=_pallas_partials,
         static_report=_pallas_static_report,
