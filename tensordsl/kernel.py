@@ -176,6 +176,7 @@ class Kernel:
             backend=self.backend if summary else None,
             schedule=schedule,
             spelled=spelled,
+            xla_dots=table.backend(self.backend, self.nest).xla_dots,
         )
         if target is None or shapes is None:
             return text

@@ -207,7 +207,8 @@ class ProgramKernel:
                 f"statement {n + 1} (line {line_of(self.source_text, start)}): "
                 + self.statement_text(n)
             )
-            text = explain(low.nest, shapes=known, spelled=spellings(low))
+            dots = table.backend(self.backend).xla_dots
+            text = explain(low.nest, shapes=known, spelled=spellings(low), xla_dots=dots)
             lines += ["  " + line for line in text.split("\n")]
         return "\n".join([*lines, *details])
 
@@ -256,7 +257,7 @@ class ProgramKernel:
         details = []
         for nest in fused.stored:
             details.append(f"fused statement {nest.output}")
-            text = explain(nest, shapes=concrete, spelled=self.spelled)
+            text = explain(nest, shapes=concrete, spelled=self.spelled, xla_dots=record.xla_dots)
             details += ["  " + line for line in text.split("\n")]
         for nest in runs:
             if nest.online:

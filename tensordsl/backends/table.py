@@ -117,6 +117,9 @@ class Backend:
     #: positions, NaN (`fill`) or 0 outside, or None for dtypes it has no kernel for
     #: (`tensordsl.binding.gather`); None: XLA's gather.
     row_gather: Callable[[], Callable[..., Any]] | None = None
+    #: Runs contractions as XLA's dot where the `xla` strategy applies, elementwise factors
+    #: evaluated apart first (`codegen.ir.contraction`): explain prints those prologues.
+    xla_dots: bool = False
     #: How it runs a packed row's two statements (`one_pass_rows`) together, in words, for a
     #: program's `explain(shapes)`.
     one_pass_as: str = "as its two nests"
@@ -299,6 +302,7 @@ BACKENDS: dict[str, Backend] = {
         source_emitter=_c_source,
         takes_schedule=True,
         one_pass_rows=C_ONE_PASS_ROWS,
+        xla_dots=True,
         one_pass_as="in one pass over each row where rows are short enough (online softmax)",
         row_passes=True,
         profiled=True,
@@ -317,6 +321,7 @@ BACKENDS: dict[str, Backend] = {
         _runner("tensordsl.backends.cuda", "run_cuda"),
         source_emitter=_cuda_source,
         one_pass_rows=CUDA_ONE_PASS_ROWS,
+        xla_dots=True,
         one_pass_as="in one kernel where rows are short enough (online softmax, "
         "codegen.cuda.attention.online)",
         scheduler=_cuda_scheduler,

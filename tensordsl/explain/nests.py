@@ -129,6 +129,7 @@ def explain(
     backend: str | None = None,
     schedule: Any = None,
     spelled: Sequence[Spelling] = (),
+    xla_dots: bool = True,
 ) -> str:
     """The forward nest and the gradient nest of every operand, with their bounds.
 
@@ -143,6 +144,8 @@ def explain(
         schedule: the user's schedule of the forward nest, if any.
         spelled: the gathered operands (`spelling.spellings`): shown as the accesses they
             stand for, never by their internal names.
+        xla_dots: the back end runs contractions as XLA's dot (`Backend.xla_dots`): each
+            nest that would is followed by its prologues and its einsum.
 
     Returns:
         Several lines of text.
@@ -155,7 +158,9 @@ def explain(
         for table, access in gathered
     ]
     groups = [] if backend is None else group_lines(nest, shapes, backend, unread, spelled)
-    return "\n".join([*summary, *gathers, _explain(nest, shapes, unread, spelled), *groups])
+    return "\n".join(
+        [*summary, *gathers, _explain(nest, shapes, unread, spelled, xla_dots), *groups]
+    )
 
 
 def kernel_summary(
@@ -184,6 +189,7 @@ def _explain(
     shapes: Mapping[str, tuple[int, ...]] | None,
     unread: frozenset[str] = frozenset(),
     spelled: Sequence[Spelling] = (),
+    xla_dots: bool = True,
 ) -> str:
     same = equal_extents(nest)
     order = (nest.output, *nest.operand_names)
@@ -191,7 +197,8 @@ def _explain(
     options["spelled"] = spelled
     by_name = {s.name: s for s in spelled}
     lines = ["forward"] + ["  " + line for line in nest_lines(nest, **options)]
-    lines += ["  " + line for line in prologue_lines(nest, shapes, spelled=spelled)]
+    dots = prologue_lines if xla_dots else _no_dots
+    lines += ["  " + line for line in dots(nest, shapes, spelled=spelled)]
     for role, aux in gradient_rules.auxiliary_nests(nest).items():
         lines.append(f"saved for the gradients ({role})")
         lines += ["  " + line for line in nest_lines(aux, **options)]
@@ -220,8 +227,13 @@ def _explain(
                 gradient.nest, first=cotangent, aliases=aliases, lhs=lhs, **options
             )
         ]
-        lines += ["  " + line for line in prologue_lines(gradient.nest, shapes, aliases, spelled)]
+        lines += ["  " + line for line in dots(gradient.nest, shapes, aliases, spelled)]
     return "\n".join(lines)
+
+
+def _no_dots(*_: Any, **__: Any) -> list[str]:
+    """`prologue_lines` for a back end that runs no contraction as XLA's dot."""
+    return []
 
 
 def differentiable(nest: LoopNest) -> bool:

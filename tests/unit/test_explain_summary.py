@@ -88,3 +88,24 @@ def test_a_program_summary_comes_before_the_statements():
     assert "only where" not in text
     plain = td.kernel(ATTENTION, outputs=("O", "L"), backend="c").explain()
     assert "explain(shapes) shows the fused nests a call runs" in plain.split("statement 1")[0]
+
+
+def test_only_back_ends_that_call_xla_s_dot_show_its_prologues():
+    """c and cuda run `tanh(H) W` as a prologue and XLA's dot; pallas and the reference do not,
+    and their explain must not say they do."""
+    source = "Y[b,o] := tanh(H[b,u]) * W[u,o]"
+    shapes = {"H": (8, 32), "W": (32, 4)}
+    for backend, says in [("c", True), ("cuda", True), ("pallas", False), ("reference", False)]:
+        kernel = td.kernel(source, backend=backend)
+        for text in (kernel.explain(), kernel.explain(shapes)):
+            assert ("then XLA's dot" in text) is says, backend
+
+
+def test_a_program_says_how_its_own_back_end_runs_a_packed_row():
+    shapes = {"Q": (2, 12, 4), "K": (2, 12, 4), "scale": (), "V": (2, 12, 4)}
+    pallas = td.kernel(ATTENTION, backend="pallas").explain(shapes)
+    assert "(O+L: L and O in one Pallas kernel, FlashAttention's forward" in pallas
+    assert "one pass: L and O on the pallas back end in one Pallas kernel" in pallas
+    assert "rows are short enough" not in pallas and "then XLA's dot" not in pallas
+    c = td.kernel(ATTENTION, backend="c").explain(shapes)
+    assert "one pass: L and O on the c back end in one pass over each row" in c
