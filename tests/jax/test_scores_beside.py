@@ -56,16 +56,26 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _inputs(name: str, batch: tuple[int, ...] = ()) -> tuple:
+    """q, k, v, then the parameters in the order of `CASES[name][1]`."""
     rng = np.random.default_rng(sorted(CASES).index(name) + 7)
     q, k, v = (jnp.asarray(rng.normal(size=(*batch, B, T, H, E))) for _ in range(3))
-    params = {n: jnp.asarray(0.5 * rng.normal(size=shape)) for n, shape in CASES[name][1].items()}
-    return q, k, v, params
+    shapes = CASES[name][1].values()
+    params = (jnp.asarray(0.5 * rng.normal(size=(*batch, *shape))) for shape in shapes)
+    return q, k, v, *params
 
 
 def _ours(name: str, backend: str, causal: bool):
-    def run(q, k, v, params):
+    score_mod, names, _ = CASES[name]
+
+    def run(q, k, v, *params):
         return nn.attention(
-            q, k, v, causal=causal, score_mod=CASES[name][0], mod_args=params, backend=backend
+            q,
+            k,
+            v,
+            causal=causal,
+            score_mod=score_mod,
+            mod_args=dict(zip(names, params)),
+            backend=backend,
         )
 
     return run
@@ -73,8 +83,9 @@ def _ours(name: str, backend: str, causal: bool):
 
 def _theirs(name: str, causal: bool):
     mask = jnp.asarray(CAUSAL) if causal else None
-    return lambda q, k, v, params: attention_jnp(
-        q, k, v, mask=mask, mod=lambda s: CASES[name][2](s, params)
+    _, names, mod = CASES[name]
+    return lambda q, k, v, *params: attention_jnp(
+        q, k, v, mask=mask, mod=lambda s: mod(s, dict(zip(names, params)))
     )
 
 
@@ -84,9 +95,9 @@ def _theirs(name: str, causal: bool):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gradients_against_materialised_scores(name, backend, causal):
     """The output and the gradients of q, k, v and every parameter (float64)."""
-    check(
-        _ours(name, backend, causal), _theirs(name, causal), _inputs(name), "float64", (0, 1, 2, 3)
-    )
+    args = _inputs(name)
+    wrt = tuple(range(len(args)))
+    check(_ours(name, backend, causal), _theirs(name, causal), args, "float64", wrt)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -94,13 +105,12 @@ def test_gradients_against_materialised_scores(name, backend, causal):
 def test_the_parameter_gradient_sums_the_scores_cotangent(name, backend):
     """Each parameter's gradient nest reads a cotangent of the scores' shape, and neither q
     nor k: no score is recomputed for it."""
-    q, k, v, params = _inputs(name)
+    args = _inputs(name)
     ours = _ours(name, backend, True)
-    jaxpr = jax.make_jaxpr(jax.grad(lambda *x: jnp.sum(ours(*x)), argnums=(0, 1, 2, 3)))(
-        q, k, v, params
-    )
+    wrt = tuple(range(len(args)))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda *x: jnp.sum(ours(*x)), argnums=wrt))(*args)
     nests = {e.params["nest"].output: e for e in nest_equations(jaxpr.jaxpr)}
-    for param in params:
+    for param in CASES[name][1]:
         equation = nests[f"d{param}"]
         names = equation.params["nest"].operand_names
         assert not {"q_", "k_", "v_"} & set(names)
@@ -113,26 +123,20 @@ def test_the_parameter_gradient_sums_the_scores_cotangent(name, backend):
 def test_under_vmap(backend):
     """vmap of the gradients over a leading axis of q, k, v and the table: each example's."""
     name = "table_and_key_bias"
-    q, k, v, _ = _inputs(name, batch=(2,))
-    rng = np.random.default_rng(3)
-    params = {n: jnp.asarray(rng.normal(size=(2, *s))) for n, s in CASES[name][1].items()}
-    ours = _ours(name, backend, True)
+    args = _inputs(name, batch=(2,))
+    wrt = tuple(range(len(args)))
+    ours, theirs = _ours(name, backend, True), _theirs(name, True)
 
-    def grads(q, k, v, params):
-        return jax.grad(lambda *x: jnp.sum(jnp.sin(ours(*x))), argnums=(0, 1, 2, 3))(
-            q, k, v, params
-        )
+    def grads(fn):
+        return jax.grad(lambda *x: jnp.sum(jnp.sin(fn(*x))), argnums=wrt)
 
-    batched = jax.vmap(grads)(q, k, v, params)
-    theirs = _theirs(name, True)
+    batched = jax.vmap(grads(ours))(*args)
     for n in range(2):
-        one = {key: value[n] for key, value in params.items()}
-        want = jax.grad(lambda *x: jnp.sum(jnp.sin(theirs(*x))), argnums=(0, 1, 2, 3))(
-            q[n], k[n], v[n], one
-        )
-        got = jax.tree_util.tree_map(lambda x, n=n: x[n], batched)
-        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)
+        want = grads(theirs)(*(a[n] for a in args))
+        for got, expected in zip(batched, want):
+            np.testing.assert_allclose(
+                np.asarray(got[n]), np.asarray(expected), rtol=1e-9, atol=1e-11
+            )
 
 
 def _decision(score: str, length: int, beside: bool) -> str:
