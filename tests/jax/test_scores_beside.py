@@ -1,6 +1,7 @@
 """A score parameter read beside the scores (a relative-bias table, a 2-d bias, a bias per
-key, added or subtracted): on c and reference a differentiated call stores the scores and the
-parameter's gradient is their cotangent summed onto its elements (`codegen.passes.mirror.
+key, added or subtracted; ALiBi's learnt slopes, times a factor of indices): on c and
+reference a differentiated call stores the scores and the parameter's gradient is their
+cotangent (times the factor) summed onto its elements (`codegen.passes.mirror.
 summed_through`, `tensordsl.binding.through`), checked to run; against float64 jax.numpy with
 materialised scores, causal and not, T not a multiple of any tile, B and H above 1, under
 vmap, outputs poisoned. The fusion decision per back end and its memory bound."""
@@ -39,6 +40,11 @@ CASES = {
         f"S - R[h, j - i + {T - 1}]",
         {"R": (H, 2 * T - 1)},
         lambda s, p: s - p["R"][:, J - I + T - 1],
+    ),
+    "alibi_learnt_slopes": (
+        "S + A[h] * (j - i)",
+        {"A": (H,)},
+        lambda s, p: s + p["A"][:, None, None] * (J - I),
     ),
     "bias_2d": ("S + W[i, j]", {"W": (T, T)}, lambda s, p: s + p["W"]),
     "bias_per_key": ("S + P[kv_idx]", {"P": (T,)}, lambda s, p: s + p["P"]),
@@ -155,6 +161,7 @@ def test_the_scores_are_stored_only_where_asked_and_small_enough():
     assert _decision(relative.format(255), 256, beside=True) == "store"
     # back ends whose attention kernels compute the table's gradient themselves (cuda, pallas)
     assert _decision(relative.format(255), 256, beside=False) == "inline"
+    assert _decision("s_[b,h,i,j] + R[h, 0] * (j - i)", 256, beside=True) == "store"  # ALiBi
     # a table read through a product is no sum beside the scores
     assert _decision("s_[b,h,i,j] * R[h, i - j + 255]", 256, beside=True) == "inline"
     # past the memory bound (4 heads of T x T scores) the scores stay recomputed
