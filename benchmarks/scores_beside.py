@@ -1,6 +1,7 @@
-"""A relative-bias table read beside attention's scores: its forward+backward with the scores
-recomputed (the plan before, `fuse={"s_": "inline"}`), as the cost model now fuses it on C
-(the scores stored, the table's gradient summed from their cotangent), and jax.numpy.
+"""Score parameters read beside attention's scores (a relative-bias table, ALiBi's learnt
+slopes): forward+backward with the scores recomputed (the plan before, `fuse={"s_":
+"inline"}`), as the cost model now fuses it on C (the scores stored, the parameter's
+gradient summed from their cotangent), and jax.numpy.
 
 Run from the repository root (prints a table; benchmarks/RESULTS.md's "relbias" section
 quotes it by hand):
@@ -9,9 +10,10 @@ quotes it by hand):
     python -m benchmarks.scores_beside --quick    # tiny sizes, smoke run
 
 float32, backend "c", not causal: `nn.attention`'s program (`attention_source`) with
-`score_mod = S + R[h, i - j + T - 1]`, against jnp attention adding `r[:, offset]` (the row
-"attention score_mod R[h,i-j+T-1]" of benchmarks/nn_layers.py). Gradients checked against
-jnp's before timing; medians, implementations in turns (`benchmarks.common.time_rounds`).
+`score_mod = S + R[h, i - j + T - 1]` (the row "attention score_mod R[h,i-j+T-1]" of
+benchmarks/nn_layers.py) or `S + A[h] * (j - i)`, against jnp attention adding
+`r[:, offset]` or `a[:, None, None] * (j - i)`. Gradients checked against jnp's before
+timing; medians, implementations in turns (`benchmarks.common.time_rounds`).
 """
 
 from __future__ import annotations
@@ -32,15 +34,25 @@ from tensordsl.nn.attention import attention_source
 
 PLANS = ("recomputed (before)", "default (now)", "jax.numpy")
 MODES = ("fwd", "fwd+bwd")
+MODS = ("table", "alibi")
 
 
-def _functions(batch: int, length: int) -> tuple[dict[str, Any], list[Any]]:
+def _functions(mod: str, batch: int, length: int) -> tuple[dict[str, Any], list[Any]]:
     """Each plan's forward, by name, and the arguments (q, k, v, r, cotangent)."""
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.standard_normal((batch, length, 4, 32)), jnp.float32) for _ in "qkv")
     r = jnp.asarray(rng.standard_normal((4, 2 * length - 1)), jnp.float32)
-    offset = np.arange(length)[:, None] - np.arange(length)[None, :] + length - 1
-    source = attention_source(f"s_[b,h,i,j] + R[h, i - j + {length - 1}]", None)
+    positions = np.arange(length)
+    if mod == "table":
+        score = f"s_[b,h,i,j] + R[h, i - j + {length - 1}]"
+        offset = positions[:, None] - positions[None, :] + length - 1
+        modified = lambda s, r: s + r[:, offset]  # noqa: E731
+    else:
+        r = r[:, 0]
+        score = "s_[b,h,i,j] + R[h] * (j - i)"
+        distance = positions[None, :] - positions[:, None]
+        modified = lambda s, r: s + r[:, None, None] * distance  # noqa: E731
+    source = attention_source(score, None)
     scale = 1 / math.sqrt(32)
 
     def program(**options: Any) -> Any:
@@ -48,7 +60,7 @@ def _functions(batch: int, length: int) -> tuple[dict[str, Any], list[Any]]:
         return lambda q, k, v, r: kernel(q_=q, k_=k, v_=v, R=r, scale_=scale)[0]
 
     def theirs(q: Any, k: Any, v: Any, r: Any) -> Any:
-        s = jnp.einsum("bihd,bjhd->bhij", q, k) * scale + r[:, offset]
+        s = modified(jnp.einsum("bihd,bjhd->bhij", q, k) * scale, r)
         return jnp.einsum("bhij,bjhe->bhie", jax.nn.softmax(s, -1), v)
 
     found = dict(zip(PLANS, (program(fuse={"s_": "inline"}), program(), theirs)))
@@ -56,9 +68,9 @@ def _functions(batch: int, length: int) -> tuple[dict[str, Any], list[Any]]:
     return found, [q, k, v, r, cotangent]
 
 
-def run(batch: int, length: int, budget: float) -> dict[tuple[str, str], float]:
+def run(mod: str, batch: int, length: int, budget: float) -> dict[tuple[str, str], float]:
     """Median ms of each (plan, mode)."""
-    plans, (*args, cotangent) = _functions(batch, length)
+    plans, (*args, cotangent) = _functions(mod, batch, length)
     fns = {}
     for name, fn in plans.items():
         fns[name, "fwd"] = jax.jit(fn)
@@ -77,17 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     options = parser.parse_args(argv)
     sizes = ((1, 16),) if options.quick else ((1, 256), (1, 512))
-    print("| B, T | mode | " + " | ".join(PLANS) + " | now / jnp | before / jnp | load |")
-    print("|---|---|---|---|---|---|---|---|")
-    for batch, length in sizes:
-        before = os.getloadavg()[0]
-        found = run(batch, length, 0.5 if options.quick else 6.0)
-        load = f"{before:.1f}-{os.getloadavg()[0]:.1f}"
-        for mode in MODES:
-            row = [found[name, mode] for name in PLANS]
-            ratios = f"{row[1] / row[2]:.2f} | {row[0] / row[2]:.2f}"
-            cells = " | ".join(f"{x:.2f}" for x in row)
-            print(f"| {batch}, {length} | {mode} | {cells} | {ratios} | {load} |")
+    print(
+        "| score_mod | B, T | mode | " + " | ".join(PLANS) + " | now / jnp | before / jnp | load |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mod in MODS:
+        for batch, length in sizes:
+            before = os.getloadavg()[0]
+            found = run(mod, batch, length, 0.5 if options.quick else 6.0)
+            load = f"{before:.1f}-{os.getloadavg()[0]:.1f}"
+            for mode in MODES:
+                row = [found[name, mode] for name in PLANS]
+                ratios = f"{row[1] / row[2]:.2f} | {row[0] / row[2]:.2f}"
+                cells = " | ".join(f"{x:.2f}" for x in row)
+                print(f"| {mod} | {batch}, {length} | {mode} | {cells} | {ratios} | {load} |")
     return 0
 
 

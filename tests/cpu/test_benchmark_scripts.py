@@ -140,5 +140,7 @@ def test_natural_cold_child_builds_in_a_fresh_cache():
 def test_scores_beside_quick_checks_and_prints_its_table(capsys):
     assert scores_beside.main(["--quick"]) == 0
     table = capsys.readouterr().out
-    for mode in scores_beside.MODES:
-        assert re.search(rf"^\| 1, 16 \| {re.escape(mode)} \| {NUMBER} \| {NUMBER} \|", table, re.M)
+    for mod in scores_beside.MODS:
+        for mode in scores_beside.MODES:
+            row = rf"^\| {mod} \| 1, 16 \| {re.escape(mode)} \| {NUMBER} \| {NUMBER} \|"
+            assert re.search(row, table, re.M)
