@@ -35,6 +35,11 @@ from tensordsl.nn.attention import attention_source
 PLANS = ("recomputed (before)", "default (now)", "jax.numpy")
 MODES = ("fwd", "fwd+bwd")
 MODS = ("table", "alibi")
+#: Relative to the largest magnitude. Not nn_layers' 1e-3: ALiBi's slope gradient at T=512,
+#: `sum dS * (j - i)`, cancels to a few units of `dS`'s rounding (float32's `dP - D`, D from
+#: the stored output, docs/nn.md): 5e-3 of its largest element now, 1e-2 recomputed as
+#: before, 1e-4 jax.numpy's (against float64, measured on branch relbias).
+TOLERANCE = 2e-2
 
 
 def _functions(mod: str, batch: int, length: int) -> tuple[dict[str, Any], list[Any]]:
@@ -79,7 +84,7 @@ def run(mod: str, batch: int, length: int, budget: float) -> dict[tuple[str, str
     want = fns["jax.numpy", "fwd+bwd"](*args)[1]
     for name in PLANS[:2]:
         for got, expected in zip(fns[name, "fwd+bwd"](*args)[1], want):
-            assert not mismatches(got, expected, 1e-3), name
+            assert not mismatches(got, expected, TOLERANCE), name
     times = time_rounds(fns, {name: args for name in PLANS}, budget, 0.05)
     return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
