@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -76,7 +77,7 @@ def _functions(mod: str, batch: int, length: int) -> tuple[dict[str, Any], list[
 def run(mod: str, batch: int, length: int, budget: float) -> dict[tuple[str, str], float]:
     """Median ms of each (plan, mode)."""
     plans, (*args, cotangent) = _functions(mod, batch, length)
-    fns = {}
+    fns: dict[tuple[str, str], Callable[..., Any]] = {}
     for name, fn in plans.items():
         fns[name, "fwd"] = jax.jit(fn)
         loss = lambda *a, fn=fn: jnp.sum(fn(*a) * cotangent)  # noqa: E731
