@@ -20,8 +20,9 @@ transposed into this backward:
   intermediate `A` that statement alone reads (Sinkhorn's marginals) takes `A`'s gradient
   from it, negated (or as is), instead of a gradient nest of its own (`codegen.passes.mirror`);
 * an input read beside a stored intermediate in every statement that reads it, only in
-  their sum (a relative-bias table `s_[b,h,i,j] + R[h, i - j + T - 1]`) gets that
-  intermediate's cotangent summed onto its elements (`tensordsl.binding.through`);
+  `s_ + c * R` (a relative-bias table `s_[b,h,i,j] + R[h, i - j + T - 1]`, ALiBi's slopes
+  with c = j - i) gets that intermediate's cotangent times c summed onto its elements
+  (`tensordsl.binding.through`);
 * a stored intermediate read with some of the indices of an input, only in a fixed
   combination with it (`-A[i] - C[i,j]/eps`), gets its gradient as the input's part summed
   (`codegen.passes.spread`): the statement's weights are computed in one gradient nest;

@@ -8,6 +8,8 @@ dS[b, h, j + p - T + 1, j]`. The backward computes `dS` anyway (one nest for all
 scores' readers, `tensordsl.binding.program_grad`), so the table's gradient is a pass over
 it, not a gradient nest that recomputes every score, weight and `dO . v` once more. Every
 element of the table's gradient is written once, by the thread of its element (no atomics).
+ALiBi's learnt slopes (`s_[b,h,i,j] + A[h] * (j - i)`) likewise: `dA[h] = sum dS * (j - i)`,
+as per-row partial sums summed by XLA (`codegen.passes.partials`).
 """
 
 from __future__ import annotations
