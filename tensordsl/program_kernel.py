@@ -222,7 +222,14 @@ class ProgramKernel:
             return ["fused: no (TENSORDSL_FUSE=0): every statement runs as written"], []
         inputs = {op.name: known[op.name] for op in self.program.inputs}
         concrete = self.program.concrete_shapes(inputs)
-        fused = fuse_program(live, self.program.outputs, concrete, self.fuse)
+        auto = (
+            auto_backend(self.program, known, "float32", self.fuse)
+            if self.backend == table.AUTO
+            else None
+        )
+        record = table.backend(self.backend if auto is None else auto.backend)
+        beside = record.sums_beside
+        fused = fuse_program(live, self.program.outputs, concrete, self.fuse, beside=beside)
         stored = [nest.output for nest in fused.stored]
         lines = [
             f"fused for these shapes: {', '.join(stored)} computed by {len(stored)} nest(s); "
@@ -233,10 +240,6 @@ class ProgramKernel:
             )
         ]
         lines += ["  " + str(decision) for decision in fused.decisions]
-        auto = None
-        if self.backend == table.AUTO:
-            auto = auto_backend(self.program, known, "float32", self.fuse)
-        record = table.backend(self.backend if auto is None else auto.backend)
         runs = pair_stored(fused.stored, concrete) if record.one_pass_rows else fused.stored
         forward = {f"forward {n.output}{'+' + n.online if n.online else ''}": n for n in runs}
         lines += summary_lines(forward, self.backend, auto=auto)

@@ -27,6 +27,12 @@ backward pass:
   (`codegen.passes.online`), stay recomputed, never stored (FlashAttention). A mixture of
   experts' hidden layer, also larger than every input, is stored: nothing pairs its readers,
   and its gradients would redo its sum per element.
+* ... **unless an input is read beside it in every reader** (a relative-bias table,
+  `s_[b,h,i,j] + R[h, i - j + T - 1]`: `codegen.passes.mirror.summed_through`), on the
+  back ends asked to (`beside`: those whose attention kernels do not compute a score
+  parameter's gradient themselves), up to `BESIDE_STORE_BYTES`: recomputed, that input's
+  gradient nest would recompute every score and weight once more, each read once (no lane
+  shares it); stored, it is a pass over the scores' cotangent, which the backward computes.
 
 A program differentiated twice (`order` 2: an HVP, `jax.jvp` of `jax.grad`; a Hessian) runs
 every nest of its forward+backward pass again as a tangent nest, which evaluates the
@@ -72,6 +78,7 @@ import sympy
 from codegen.ir.contraction import Prologue, contraction, xla_contraction, xla_plan
 from codegen.ir.nest import LoopNest, Reduce, Term, extent_symbol, scalar_symbol, tensor_base
 from codegen.ir.reductions import REDUCTIONS
+from codegen.passes.mirror import summed_through
 
 #: The cost of a transcendental function (exp, tanh, erf, ...) against an addition.
 FUNCTION_COST = 8
@@ -85,6 +92,8 @@ INLINE_REDUCTIONS = ("sum", "logsumexp")
 #: The largest intermediate stored, instead of recomputed in one pass, when a program is
 #: differentiated more than once (module docstring): past it, memory comes first.
 HIGHER_ORDER_STORE_BYTES = 2**28
+#: The largest intermediate stored for an input read beside it (module docstring).
+BESIDE_STORE_BYTES = 2**24
 
 Shapes = Mapping[str, Sequence[int]]
 
@@ -321,6 +330,16 @@ def _store_at_higher_order(order: int, size: int, inline_cost: float, store_cost
     return order > 1 and fits and store_cost < inline_cost
 
 
+def _read_beside(
+    producer: LoopNest, readers: Sequence[LoopNest], intermediates: Sequence[str]
+) -> str | None:
+    """An input (no operand of `producer`) that every reader reads only beside it, as
+    `codegen.passes.mirror.summed_through` says; None where there is none."""
+    names = {op.name for reader in readers for op in reader.operands if not op.is_scalar}
+    names -= {producer.output, *producer.operand_names, *intermediates}
+    return next((n for n in sorted(names) if summed_through(readers, n, producer.output)), None)
+
+
 def _largest_other(name: str, sizes: Mapping[str, int], intermediates: Sequence[str]) -> int:
     """The size of the largest input or output (intermediates are not compared)."""
     return max((n for key, n in sizes.items() if key not in (name, *intermediates)), default=0)
@@ -335,6 +354,7 @@ def decide(
     paired: Sequence[str] = (),
     intermediates: Sequence[str] = (),
     order: int = 1,
+    beside: bool = False,
 ) -> Decision:
     """Recompute `producer` inside its `readers`, or store it (module docstring).
 
@@ -348,6 +368,8 @@ def decide(
         intermediates: the program's other intermediates (not compared for size).
         order: how many times the call is differentiated (1: a forward+backward pass; 2:
             an HVP or a Hessian, each nest run again as its tangent nest).
+        beside: store an intermediate that the one-pass rule would recompute where an input
+            is read beside it in every reader (a relative-bias table; module docstring).
 
     Returns:
         A `Decision`.
@@ -396,6 +418,14 @@ def decide(
                     why = (
                         f"larger than every input and output, but differentiated {times}: "
                         "every tangent nest would recompute it and its tangent"
+                    )
+                    return Decision(name, "store", why, inline_cost, store_cost)
+                table = _read_beside(producer, readers, intermediates) if beside else None
+                if table and size * ELEMENT_BYTES <= BESIDE_STORE_BYTES:
+                    why = (
+                        f"larger than every input and output, but {table} is read beside it: "
+                        f"stored, {table}'s gradient sums its cotangent, not a nest of its own "
+                        "that recomputes it"
                     )
                     return Decision(name, "store", why, inline_cost, store_cost)
                 why = (

@@ -91,6 +91,7 @@ def fuse(
     shapes: Mapping[str, Sequence[int]],
     force: Mapping[str, str] | None = None,
     order: int = 1,
+    beside: bool = False,
 ) -> Fused:
     """Decide and carry out the inlining of a program's intermediates (module docstring).
 
@@ -101,6 +102,7 @@ def fuse(
         shapes: the shape of every input and every statement's output, for this call.
         force: "inline" or "store" per intermediate, instead of the cost model's choice.
         order: how many times the call is differentiated (`codegen.passes.cost.decide`).
+        beside: store an intermediate with an input read beside it (`decide`).
 
     Returns:
         A `Fused`: the nests to run in order (outputs and stored intermediates), the names of
@@ -128,6 +130,7 @@ def fuse(
             paired=_paired(nest, readers, shapes),
             intermediates=intermediates,
             order=order,
+            beside=beside,
         )
         if nest.output in force:
             choice = force[nest.output]

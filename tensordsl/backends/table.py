@@ -89,6 +89,10 @@ class Backend:
     #: partial sums): `run(nest, extras, values by name, shapes, dtype, *, precision)` ->
     #: (the pair's packed output, the extras' gradients); None: its pairs have no extras.
     runs_partials: Callable[[], Callable[..., Any]] | None = None
+    #: Stores attention's scores where an input is read beside them (a relative-bias table:
+    #: its gradient then sums their cotangent, `codegen.passes.cost`): its attention kernels
+    #: do not compute a score parameter's gradient themselves (neither pairs nor partials).
+    sums_beside: bool = False
     #: Builds a nest's kernel now: `build(nest, dtypes=, schedule=)` -> a compiled nest
     #: (`function`, `host_parameters`); `profile()` and `explain --build` call it.
     builder: Callable[[], Callable[..., Any]] | None = None
@@ -294,7 +298,7 @@ CUDA_ONE_PASS_ROWS = 2 * ONLINE_COLUMNS + 1
 PALLAS_ONE_PASS_ROWS = 257
 
 BACKENDS: dict[str, Backend] = {
-    "reference": Backend("reference", _run_reference),
+    "reference": Backend("reference", _run_reference, sums_beside=True),
     "c": Backend(
         "c",
         _runner("tensordsl.backends.c", "run_c"),
@@ -305,6 +309,7 @@ BACKENDS: dict[str, Backend] = {
         xla_dots=True,
         one_pass_as="in one pass over each row where rows are short enough (online softmax)",
         row_passes=True,
+        sums_beside=True,
         profiled=True,
         scheduler=_c_scheduler,
         groups_gradients=True,

@@ -19,6 +19,10 @@ transposed into this backward:
 * an input a statement reads only as `x[i] - A[i]` (or `x[i] + A[i]`) with a stored
   intermediate `A` that statement alone reads (Sinkhorn's marginals) takes `A`'s gradient
   from it, negated (or as is), instead of a gradient nest of its own (`codegen.passes.mirror`);
+* an input read beside a stored intermediate in every statement that reads it, only in
+  `s_ + c * R` (a relative-bias table `s_[b,h,i,j] + R[h, i - j + T - 1]`, ALiBi's slopes
+  with c = j - i) gets that intermediate's cotangent times c summed onto its elements
+  (`tensordsl.binding.through`);
 * a stored intermediate read with some of the indices of an input, only in a fixed
   combination with it (`-A[i] - C[i,j]/eps`), gets its gradient as the input's part summed
   (`codegen.passes.spread`): the statement's weights are computed in one gradient nest;
@@ -58,7 +62,7 @@ from codegen.passes.reuse import read_stored
 from codegen.passes.row_passes import row_passes
 from codegen.recursion import deeply
 from tensordsl.backends.table import BACKENDS
-from tensordsl.binding import grouped, program_jvp, summed
+from tensordsl.binding import grouped, program_jvp, summed, through
 from tensordsl.binding import one_pass as online
 from tensordsl.binding.cotangents import StoredNames, Sums, with_cotangents
 from tensordsl.binding.primitive import call_nest, is_differentiable, output_dtype
@@ -251,12 +255,17 @@ class FusedProgram:
         # gets that intermediate's gradient, negated where a difference, not a nest of its own;
         # an input's part that gives an intermediate's gradient summed is added here too.
         mirrored = Sums()
+        # An input read beside a stored intermediate in all its readers: the intermediate's
+        # cotangent summed onto the input's elements (`tensordsl.binding.through`).
+        onto: dict[str, dict[str, Any]] = {}
         wanted = needed.difference(self.nograd, self.zero_gradient)
         for nest in reversed(self.stored):
             if nest.output in pending:
                 name = nest.output
                 found = self._call(*self._merged(_folded(pending.pop(name)), values[name]))
                 cotangent.add(name, found)
+                for wrt, how in onto.pop(name, {}).items():  # `R[h, i - j + 7]` beside it
+                    mirrored.add(wrt, through.gradient(wrt, name, how, found, values, self._call))
             dy = cotangent.get(nest.output)
             if dy is None:
                 continue
@@ -279,6 +288,9 @@ class FusedProgram:
                     continue
                 if sums is not None and op.name == sums[1]:
                     continue  # from the input's part, below
+                if (beside := through.find(nest, op.name, self.stored, values, wanted)) is not None:
+                    onto.setdefault(beside[0], {})[op.name] = beside[1]
+                    continue  # from the intermediate's cotangent, above
                 mirror = self._mirror(nest, op.name, values, needed)
                 if mirror is not None and (sums is None or op.name != sums[0]):
                     partners.setdefault(mirror[0], []).append((op.name, mirror[1]))

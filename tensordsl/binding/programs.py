@@ -152,7 +152,8 @@ def compiled_statements(
     if not config.fuse_programs():
         return live
     shapes = program.concrete_shapes({op.name: np.shape(values[op.name]) for op in program.inputs})
-    fused = fuse_program(live, program.outputs, shapes, fuse, order=order)
+    beside = BACKENDS[backend].sums_beside if backend in BACKENDS else False
+    fused = fuse_program(live, program.outputs, shapes, fuse, order=order, beside=beside)
     for nest in fused.stored:
         for nested in nested_ranges(nest):
             length = evaluate_int(nested.stop - nested.start, extent_values(nest, shapes))
@@ -218,10 +219,14 @@ def _fused(
     force: tuple,
     xla: bool,
     order: int,
+    beside: bool = False,
 ) -> Fused:
     # `xla`: the decisions count a read inside a prologue of XLA's dot once per its points,
     # so they depend on whether contractions run as XLA's dot (`config.xla_contractions`).
-    return fuse(live, outputs=outputs, shapes=dict(shapes), force=dict(force), order=order)
+    force_ = dict(force)
+    return fuse(
+        live, outputs=outputs, shapes=dict(shapes), force=force_, order=order, beside=beside
+    )
 
 
 def fuse_program(
@@ -231,12 +236,15 @@ def fuse_program(
     force: tuple[tuple[str, str], ...] = (),
     *,
     order: int = 1,
+    beside: bool = False,
 ) -> Fused:
     """`codegen.passes.fusion.fuse` of the live statements, cached per shapes, `force`
-    (the `fuse=` option, as sorted pairs) and derivative `order` (below 1 counts as 1: a
-    forward alone fuses as a forward+backward pass, so that both run the same nests)."""
+    (the `fuse=` option, as sorted pairs), derivative `order` (below 1 counts as 1: a
+    forward alone fuses as a forward+backward pass, so that both run the same nests) and
+    `beside` (the back end's `sums_beside`)."""
     known = tuple(sorted((name, tuple(int(n) for n in shape)) for name, shape in shapes.items()))
-    return _fused(live, outputs, known, force, config.xla_contractions(), max(order, 1))
+    xla = config.xla_contractions()
+    return _fused(live, outputs, known, force, xla, max(order, 1), beside)
 
 
 def auto_backend(

@@ -154,7 +154,8 @@ def attention(
     enable_gqa: bool | None = None,
 ) -> Any:
     """Softmax attention, `softmax(q k^T * scale + bias, masked) v` per head, with no
-    `(T, S)` array stored, forwards or backwards (the layout of `jax.nn.dot_product_attention`).
+    `(T, S)` array stored, forwards or backwards (the layout of `jax.nn.dot_product_attention`),
+    but where an array is read beside the scores on c and reference (docs/nn.md).
 
     Args:
         q: queries `(..., T, H, E)`; the leading axes are batch axes, flattened into `b`.

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from benchmarks import attention, gaussian, gpt_block, gpt_model, natural
+from benchmarks import attention, gaussian, gpt_block, gpt_model, natural, scores_beside
 from benchmarks.common import markers, write_section
 from tests.backends import NEEDS_C_COMPILER
 
@@ -135,3 +135,12 @@ def test_natural_quick_checks_times_and_writes_its_section(results):
 def test_natural_cold_child_builds_in_a_fresh_cache():
     found = natural.cold("softmax", quick=True)
     assert found["cold_s"] > 0
+
+
+def test_scores_beside_quick_checks_and_prints_its_table(capsys):
+    assert scores_beside.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    for mod in scores_beside.MODS:
+        for mode in scores_beside.MODES:
+            row = rf"^\| {mod} \| 1, 16 \| {re.escape(mode)} \| {NUMBER} \| {NUMBER} \|"
+            assert re.search(row, table, re.M)

@@ -2,7 +2,8 @@
 table, a learnt soft-cap, per head or one scalar), with those of q, k and v: against float64
 jax.numpy with materialised scores, on reference, C and CUDA (emulated without a GPU), at
 shapes where a parameter's gradient runs as per-row partial sums (`codegen.passes.partials`,
-the nest named `<gradient>_rows_`, checked to run), outputs poisoned."""
+the nest named `<gradient>_rows_`, checked to run: the soft-caps; the slopes and the table,
+read beside the scores, sum the scores' cotangent instead), outputs poisoned."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ CASES = {
         "slope",
         _slopes,
         lambda s, a: s + a[:, None, None] * (J - I),
-        "dslope_rows_",
+        None,  # read beside the scores: dS * (j - i) summed (tests/jax/test_scores_beside.py)
     ),
     "relative_bias_table": (
         f"S + R[h, i - j + {T - 1}]",

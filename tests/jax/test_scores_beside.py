@@ -1,0 +1,178 @@
+"""A score parameter read beside the scores (a relative-bias table, a 2-d bias, a bias per
+key, added or subtracted; ALiBi's learnt slopes, times a factor of indices): on c and
+reference a differentiated call stores the scores and the parameter's gradient is their
+cotangent (times the factor) summed onto its elements (`codegen.passes.mirror.
+summed_through`, `tensordsl.binding.through`), checked to run; against float64 jax.numpy with
+materialised scores, causal and not, T not a multiple of any tile, B and H above 1, under
+vmap, outputs poisoned. The fusion decision per back end and its memory bound."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tensordsl as td
+from codegen.ir.program import live_statements
+from codegen.passes import cost
+from tensordsl import nn
+from tensordsl.binding.programs import fuse_program
+from tensordsl.explain.timing import nest_equations
+from tensordsl.nn.attention import attention_source
+from tests.backends import NEEDS_C_COMPILER
+from tests.jax.test_nn import attention_jnp, check
+
+B, T, H, E = 2, 37, 3, 4
+I = np.arange(T)[:, None]  # query positions, against
+J = np.arange(T)[None, :]  # key positions
+CAUSAL = I >= J
+BACKENDS = ["reference", pytest.param("c", marks=NEEDS_C_COMPILER)]
+
+#: name -> (score_mod, {parameter: shape}, the jnp score modification of (scores, params))
+CASES = {
+    "relative_table": (
+        f"S + R[h, i - j + {T - 1}]",
+        {"R": (H, 2 * T - 1)},
+        lambda s, p: s + p["R"][:, I - J + T - 1],
+    ),
+    "relative_table_subtracted": (
+        f"S - R[h, j - i + {T - 1}]",
+        {"R": (H, 2 * T - 1)},
+        lambda s, p: s - p["R"][:, J - I + T - 1],
+    ),
+    "alibi_learnt_slopes": (
+        "S + A[h] * (j - i)",
+        {"A": (H,)},
+        lambda s, p: s + p["A"][:, None, None] * (J - I),
+    ),
+    "bias_2d": ("S + W[i, j]", {"W": (T, T)}, lambda s, p: s + p["W"]),
+    "bias_per_key": ("S + P[kv_idx]", {"P": (T,)}, lambda s, p: s + p["P"]),
+    "table_and_key_bias": (
+        f"S + R[h, i - j + {T - 1}] + P[kv_idx]",
+        {"R": (H, 2 * T - 1), "P": (T,)},
+        lambda s, p: s + p["R"][:, I - J + T - 1] + p["P"],
+    ),
+}
+
+
+@pytest.fixture
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+
+
+def _inputs(name: str, batch: tuple[int, ...] = ()) -> tuple:
+    """q, k, v, then the parameters in the order of `CASES[name][1]`."""
+    rng = np.random.default_rng(sorted(CASES).index(name) + 7)
+    q, k, v = (jnp.asarray(rng.normal(size=(*batch, B, T, H, E))) for _ in range(3))
+    shapes = CASES[name][1].values()
+    params = (jnp.asarray(0.5 * rng.normal(size=(*batch, *shape))) for shape in shapes)
+    return q, k, v, *params
+
+
+def _ours(name: str, backend: str, causal: bool):
+    score_mod, names, _ = CASES[name]
+
+    def run(q, k, v, *params):
+        return nn.attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            score_mod=score_mod,
+            mod_args=dict(zip(names, params)),
+            backend=backend,
+        )
+
+    return run
+
+
+def _theirs(name: str, causal: bool):
+    mask = jnp.asarray(CAUSAL) if causal else None
+    _, names, mod = CASES[name]
+    return lambda q, k, v, *params: attention_jnp(
+        q, k, v, mask=mask, mod=lambda s: mod(s, dict(zip(names, params)))
+    )
+
+
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradients_against_materialised_scores(name, backend, causal):
+    """The output and the gradients of q, k, v and every parameter (float64)."""
+    args = _inputs(name)
+    wrt = tuple(range(len(args)))
+    check(_ours(name, backend, causal), _theirs(name, causal), args, "float64", wrt)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_parameter_gradient_sums_the_scores_cotangent(name, backend):
+    """Each parameter's gradient nest reads a cotangent of the scores' shape, and neither q
+    nor k: no score is recomputed for it."""
+    args = _inputs(name)
+    ours = _ours(name, backend, True)
+    wrt = tuple(range(len(args)))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda *x: jnp.sum(ours(*x)), argnums=wrt))(*args)
+    nests = {e.params["nest"].output: e for e in nest_equations(jaxpr.jaxpr)}
+    for param in CASES[name][1]:
+        # a few elements (the slopes) by rows, then summed (`codegen.passes.partials`)
+        equation = nests.get(f"d{param}") or nests[f"d{param}_rows_"]
+        names = equation.params["nest"].operand_names
+        assert not {"q_", "k_", "v_"} & set(names)
+        shapes = [tuple(v.aval.shape) for v in equation.invars]
+        assert shapes == [(B, H, T, T)]
+
+
+@pytest.mark.usefixtures("poisoned")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_under_vmap(backend):
+    """vmap of the gradients over a leading axis of q, k, v and the table: each example's."""
+    name = "table_and_key_bias"
+    args = _inputs(name, batch=(2,))
+    wrt = tuple(range(len(args)))
+    ours, theirs = _ours(name, backend, True), _theirs(name, True)
+
+    def grads(fn):
+        return jax.grad(lambda *x: jnp.sum(jnp.sin(fn(*x))), argnums=wrt)
+
+    batched = jax.vmap(grads(ours))(*args)
+    for n in range(2):
+        want = grads(theirs)(*(a[n] for a in args))
+        for got, expected in zip(batched, want):
+            np.testing.assert_allclose(
+                np.asarray(got[n]), np.asarray(expected), rtol=1e-9, atol=1e-11
+            )
+
+
+def _decision(score: str, length: int, beside: bool) -> str:
+    """The fusion choice of the scores of the attention program with `score`."""
+    program = td.program(attention_source(score, None)).program
+    width = 2 * length - 1
+    inputs = {"q_": (1, length, 4, 32), "k_": (1, length, 4, 32), "v_": (1, length, 4, 32)}
+    inputs.update({"R": (4, width), "scale_": ()})
+    concrete = program.concrete_shapes(inputs)
+    fused = fuse_program(live_statements(program), program.outputs, concrete, beside=beside)
+    return {d.name: d.choice for d in fused.decisions}["s_"]
+
+
+def test_the_scores_are_stored_only_where_asked_and_small_enough():
+    relative = "s_[b,h,i,j] + R[h, i - j + {}]"
+    assert _decision(relative.format(255), 256, beside=True) == "store"
+    # back ends whose attention kernels compute the table's gradient themselves (cuda, pallas)
+    assert _decision(relative.format(255), 256, beside=False) == "inline"
+    assert _decision("s_[b,h,i,j] + R[h, 0] * (j - i)", 256, beside=True) == "store"  # ALiBi
+    # a table read through a product is no sum beside the scores
+    assert _decision("s_[b,h,i,j] * R[h, i - j + 255]", 256, beside=True) == "inline"
+    # past the memory bound (4 heads of T x T scores) the scores stay recomputed
+    longest = int(np.sqrt(cost.BESIDE_STORE_BYTES / cost.ELEMENT_BYTES / 4))
+    assert _decision(relative.format(longest - 1), longest, beside=True) == "store"
+    assert _decision(relative.format(2 * longest - 1), 2 * longest, beside=True) == "inline"
+
+
+def test_explain_says_why_the_scores_are_stored():
+    source = attention_source("s_[b,h,i,j] + R[h, i - j + 63]", "(j <= i)")
+    shapes = {"q_": (1, 64, 2, 8), "k_": (1, 64, 2, 8), "v_": (1, 64, 2, 8), "R": (2, 127)}
+    text = td.program(source, backend="reference").explain({**shapes, "scale_": ()})
+    assert "R is read beside it: stored, R's gradient sums its cotangent" in text
