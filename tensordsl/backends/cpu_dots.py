@@ -2,14 +2,12 @@
 order and a copy where one pays (`cpu_dot_form`), each run of axes that stay together merged
 into one axis (`merged_runs`, `merged_dot`).
 
-XLA's CPU dot takes an operand as it is only where its contracted axis, and its free axes,
-are one axis each; with several (a projection `N[b,t,f] * W[f,s,h,e]`, whose free axes are
-`b,t` and `s,h,e`; a weight gradient summed over `b,t`) it makes a transposed copy of the
-operand first, a loop that XLA compiles apart in every program that holds it (compile time in
-every first call) and that runs in every call. Axes that are neighbours in both operands (or,
-free, in their own operand) merge into one by a reshape, which moves no data; the dot's result
-is reshaped back and transposed into the output's order, where XLA fuses that transposition
-into the result's readers. jnp's einsum gives XLA the axes as they are written.
+XLA's CPU dot takes an operand as it is only where its free axes are one axis; with several (a
+projection `N[b,t,f] * W[f,s,h,e]`, whose free axes are `b,t` and `s,h,e`) it makes a
+transposed copy of the operand first, a loop that runs in every call. Free axes that are
+neighbours in their operand merge into one by a reshape, which moves no data; the dot's
+result is reshaped back and transposed into the output's order, where XLA fuses that
+transposition into the result's readers. jnp's einsum gives XLA the axes as they are written.
 """
 
 from __future__ import annotations
@@ -113,13 +111,13 @@ def merged_runs(subscripts: str, shapes: Sequence[Sequence[int]]) -> Runs | None
     """The einsum `subscripts` over operands of `shapes` with its runs merged, or None where
     it is not a product of two operands over distinct axes or no two axes stay together.
 
-    A run is a stretch of neighbouring axes of one kind: contracted axes (in both operands, not
-    in the output) neighbours in the same order in both operands, or free axes neighbours in
-    their operand. Batch axes stay as they are: XLA's dot takes several, and an operand that
-    XLA computes inside the dot's fusion (a transposed slice) would be computed twice, once
-    for each shape its readers ask for. The merged result lists the batch axes, then the
-    free runs, in the output's order where that needs no transposition, else in the order
-    that XLA's CPU dot takes without a copy (`cpu_dot_form`).
+    A run is a stretch of free axes (in one operand and the output) neighbours in their
+    operand. Batch axes stay as they are: XLA's dot takes several, and an operand that XLA
+    computes inside the dot's fusion (a transposed slice) would be computed twice, once for
+    each shape its readers ask for. Contracted axes stay too: merged, a weight gradient's
+    operand is copied transposed behind a barrier (`cpu_dot_form`), which XLA compiles
+    slower than its own copy. The merged result lists the batch axes, then the free runs,
+    in the order XLA's CPU dot takes without a copy with the fewest axes out of place.
 
     Args:
         subscripts: the einsum, e.g. ``"btf,fshe->sbhte"``.
@@ -150,9 +148,7 @@ def merged_runs(subscripts: str, shapes: Sequence[Sequence[int]]) -> Runs | None
         found: list[str] = []
         for n, letter in enumerate(p):
             previous = p[n - 1] if n else ""
-            together = bool(previous) and kind(previous) == kind(letter) != "batch"
-            if together and kind(letter) == "contracted":  # neighbours, same order, in both
-                together = all(q.find(previous) + 1 == q.find(letter) for q in parts)
+            together = bool(previous) and kind(previous) == kind(letter) == "free"
             found[-1:] = [found[-1] + letter] if together else [*found[-1:], letter]
         return found
 
@@ -163,19 +159,20 @@ def merged_runs(subscripts: str, shapes: Sequence[Sequence[int]]) -> Runs | None
     free = [[run for run in p if kind(run[0]) == "free"] for p in cut]
     merged_sizes = {run[0]: math.prod(sizes[letter] for letter in run) for p in cut for run in p}
     merged = ["".join(run[0] for run in p) for p in cut]
-    # The result as the output orders it where no transposition is needed, else as XLA's dot
-    # gives it; the first that XLA's CPU dot takes without a copy, else the first.
-    written = sorted(batch + free[0] + free[1], key=lambda run: out.index(run[0]))
+    # The result in an order that XLA's CPU dot gives without a copy (the output's own where it
+    # is one of them), the fewest axes out of place before the transposition into the output.
     orders = [batch + free[0] + free[1], batch + free[1] + free[0]]
-    orders = [written, *orders] if "".join(written) == out else orders
-    result = orders[0]
-    for order in orders:
-        form = cpu_dot_form(
-            f"{merged[0]},{merged[1]}->{''.join(r[0] for r in order)}", merged_sizes
-        )
-        if form is None or form.permutation is None:
-            result = order
-            break
+
+    def taken(order: list[str]) -> bool:
+        text = f"{merged[0]},{merged[1]}->{''.join(run[0] for run in order)}"
+        form = cpu_dot_form(text, merged_sizes)
+        return form is None or form.permutation is None
+
+    def out_of_place(order: list[str]) -> int:
+        at = [out.index(letter) for letter in "".join(order)]
+        return sum(a > b for n, a in enumerate(at) for b in at[n + 1 :])
+
+    result = min((o for o in orders if taken(o)), key=out_of_place, default=orders[0])
     left, right = (tuple(merged_sizes[run[0]] for run in p) for p in cut)
     return Runs(
         f"{merged[0]},{merged[1]}->{''.join(run[0] for run in result)}",

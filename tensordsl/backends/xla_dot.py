@@ -14,9 +14,9 @@ given to XLA with one operand transposed into a copy first (`cpu_dot_form`): XLA
 runs its fast library kernel only where the left operand contracts its minor axes and the
 result needs no transposition, and folds any transposition it sees into the dot, so the copy is
 made behind an optimisation barrier. jnp's own einsum runs such a dot in the slow form.
-Before that, axes that stay together (a projection's `b,t`, a weight gradient's summed `b,t`)
-are merged into one by reshapes (`tensordsl.backends.cpu_dots.merged_dot`), where XLA would
-otherwise copy an operand to merge them.
+Before that, free axes that stay together (a projection's `b,t` and `s,h,e`) are merged into
+one by reshapes (`tensordsl.backends.cpu_dots.merged_dot`), where XLA would otherwise copy an
+operand to merge them.
 
 The dots run at the kernel's `precision=`: by default jnp's (`precision=None`, so
 `jax.default_matmul_precision` applies: TF32 on an NVIDIA GPU, exact float32 on the CPU), as

@@ -425,15 +425,14 @@ def test_a_prologue_left_of_a_dot_is_materialised_on_the_cpu():
     np.testing.assert_allclose(np.asarray(k(*args)), want, rtol=1e-12)
     text = _hlo(k, *args)
     assert "custom_call" not in text and "optimization_barrier" in text
-    # two contracted axes that stay together are one (`merged_runs`): the same rule applies
+    # over two contracted axes XLA transposes as it must, inside the prologue: no barrier
     k = td.kernel("dW[u,o] := tanh(A[b,t,u]) * dY[b,t,o]", backend="c")
     A, dY = rng.uniform(-1, 1, (2, 12, 20)), rng.uniform(-1, 1, (2, 12, 24))
     args = [{"A": A, "dY": dY}[name] for name in k.inputs]
     want = np.einsum("btu,bto->uo", np.tanh(A), dY)
     np.testing.assert_allclose(np.asarray(k(*args)), want, rtol=1e-12)
     text = _hlo(k, *args)
-    assert "custom_call" not in text and "optimization_barrier" in text
-    assert re.search(r"dot_general .*contracting_dims = \[1\] x \[0\]", text), text
+    assert "custom_call" not in text and "optimization_barrier" not in text
 
 
 @pytest.mark.parametrize(
@@ -441,8 +440,11 @@ def test_a_prologue_left_of_a_dot_is_materialised_on_the_cpu():
     [
         # a projection whose free axes stay together: one matrix product, one transposition
         ("btf,fshe->sbhte", ((4, 6, 8), (8, 3, 2, 5)), ("bf,fs->bs", (24, 8), (8, 30))),
-        # a weight gradient summed over the batch and the sequence: one contracted axis
-        ("btf,btu->fu", ((4, 6, 8), (4, 6, 10)), ("bf,bu->fu", (24, 8), (24, 10))),
+        # contracted axes stay as they are: XLA's own transposed copy of a weight gradient's
+        # operand compiles quicker than one made apart behind a barrier
+        ("btf,btu->fu", None, None),
+        # the free axes of an input gradient's two operands
+        ("heo,bto->bhte", ((4, 3, 8), (2, 5, 8)), ("ho,bo->bh", (12, 8), (10, 8))),
         # batch axes stay as they are (XLA's dot takes several)
         ("bhie,bhje->bhij", None, None),
         ("bhtf,bfu->bhtu", ((2, 3, 4, 5), (2, 5, 6)), ("bhf,bfu->bhu", (2, 12, 5), (2, 5, 6))),
@@ -470,13 +472,13 @@ def test_runs_of_axes_that_stay_together_are_merged(subscripts, shapes, merged):
     [
         ("P[s,b,t,e] := N[b,t,f] * W[f,s,e]", "btf,fse->sbte", {"N": (3, 5, 8), "W": (8, 2, 6)}),
         ("Y[b,t,o] := X[b,t,f] * W[f,o] * 0.5", "btf,fo->bto", {"X": (3, 5, 8), "W": (8, 6)}),
-        ("dW[f,o] := X[b,t,f] * G[b,t,o]", "btf,bto->fo", {"X": (3, 5, 8), "G": (3, 5, 6)}),
+        ("dA[b,h,t,e] := W[h,e,o] * G[b,t,o]", "heo,bto->bhte", {"W": (2, 3, 6), "G": (3, 5, 6)}),
     ],
 )
 def test_axes_that_stay_together_reach_xla_as_one_axis_on_the_cpu(source, reference, shapes):
-    """XLA's CPU dot copies an operand whose contracted or free axes are several (a transposed
-    copy per dot, compiled as a loop of its own: compile time in every first call); given as
-    one axis each, reshapes that move no data, the dot takes its operands as they are."""
+    """XLA's CPU dot copies an operand whose free axes are several (a transposed copy per dot,
+    a loop of its own in every call); given as one axis each, by reshapes that move no data,
+    the dot takes its operands as they are."""
     rng = np.random.default_rng(7)
     k = td.kernel(source, backend="c")
     values = {name: rng.uniform(-1, 1, shape) for name, shape in shapes.items()}
