@@ -14,6 +14,9 @@ given to XLA with one operand transposed into a copy first (`cpu_dot_form`): XLA
 runs its fast library kernel only where the left operand contracts its minor axes and the
 result needs no transposition, and folds any transposition it sees into the dot, so the copy is
 made behind an optimisation barrier. jnp's own einsum runs such a dot in the slow form.
+Before that, free axes that stay together (a projection's `b,t` and `s,h,e`) are merged into
+one by reshapes (`tensordsl.backends.cpu_dots.merged_dot`), where XLA would otherwise copy an
+operand to merge them.
 
 The dots run at the kernel's `precision=`: by default jnp's (`precision=None`, so
 `jax.default_matmul_precision` applies: TF32 on an NVIDIA GPU, exact float32 on the CPU), as
@@ -22,9 +25,8 @@ the same einsum written in jnp would. Sums that are not contractions stay exact.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,7 @@ import sympy
 from codegen.ir.contraction import Contraction, XlaPlan, fits, xla_plan
 from codegen.ir.extents import evaluate_int, extent_values, output_shape
 from codegen.ir.nest import LoopNest, Reduce
+from tensordsl.backends.cpu_dots import cpu_dot_form, merged_dot
 from tensordsl.backends.reference import (
     REDUCE,
     Evaluator,
@@ -106,9 +109,9 @@ def _dot(
     minor: bool = False,
 ) -> jax.Array:
     """`plan` on the operands and its evaluated `prologues`, with `minor` in the form XLA's CPU
-    dot runs fast (`cpu_dot_form`); half-precision products accumulate in float32. A sum over
-    no points is 0 whatever the scalar factors (as in the kernels: an infinite scale times an
-    empty sum is not NaN)."""
+    dot runs fast (axes that stay together merged, `merged_dot`; `cpu_dot_form`);
+    half-precision products accumulate in float32. A sum over no points is 0 whatever the
+    scalar factors (as in the kernels: an infinite scale times an empty sum is not NaN)."""
     inputs, output = plan.subscripts.split("->")
     tensors = [jnp.asarray(operands[p]) for p in plan.tensors] + list(prologues)
     sizes = {
@@ -119,96 +122,21 @@ def _dot(
     if any(sizes[letter] == 0 for letter in sizes if letter not in output):
         return jnp.zeros(tuple(sizes[letter] for letter in output), work)
     wide = jnp.float32 if min(t.dtype.itemsize for t in tensors) < 4 else None
-    subscripts = plan.subscripts
-    if minor and len(tensors) == 2:
-        subscripts, tensors = _cpu_arranged(subscripts, tensors, sizes, len(plan.tensors))
-    result = jnp.einsum(
-        subscripts,
-        *tensors,
-        precision=precision,
-        preferred_element_type=wide,
-    ).astype(work)
+
+    def einsum(subscripts: str, tensors: list[jax.Array]) -> jax.Array:
+        if minor and len(tensors) == 2:
+            shapes = zip(subscripts.split("->")[0].split(","), map(jnp.shape, tensors))
+            sizes = {letter: n for letters, shape in shapes for letter, n in zip(letters, shape)}
+            subscripts, tensors = _cpu_arranged(subscripts, tensors, sizes, len(plan.tensors))
+        return jnp.einsum(subscripts, *tensors, precision=precision, preferred_element_type=wide)
+
+    merged = merged_dot(plan.subscripts, tensors, einsum) if minor else None
+    result = (einsum(plan.subscripts, tensors) if merged is None else merged).astype(work)
     for p in plan.scalars:
         result = result * jnp.asarray(operands[p], work)
     if plan.constant != 1.0:
         result = result * plan.constant
     return result
-
-
-class CpuDotForm(NamedTuple):
-    """A two-tensor einsum as XLA's CPU dot runs it fast: its operands taken in `order`, the
-    first transposed by `permutation` (None: as it is), then `subscripts`."""
-
-    subscripts: str
-    order: tuple[int, int]
-    permutation: tuple[int, ...] | None
-
-
-#: The fewest points of the other operand's free axes for which copying one operand pays.
-MIN_REUSE = 16
-
-
-def cpu_dot_form(subscripts: str, sizes: Mapping[str, int]) -> CpuDotForm | None:
-    """The form of a two-tensor einsum that XLA's CPU dot runs as its fast library kernel, or
-    None where the einsum has it already or no form has it.
-
-    XLA's CPU dot over one contracted axis is fast where its left operand holds the batch
-    axes, then its free axes, then the contracted axis, and the result is batch, left free,
-    right free axes in that order; it folds transpositions into the dot, so a transposed
-    copy must be made apart (over several contracted axes XLA makes one itself). The
-    operands are swapped where that is enough; else the operand whose free axes lead the
-    result is transposed, where the other's free axes reuse each copied element
-    `MIN_REUSE` times or more.
-
-    Args:
-        subscripts: the einsum, two inputs (no letter twice in one input).
-        sizes: the extent of each letter.
-
-    Returns:
-        The form, or None.
-
-    >>> cpu_dot_form("hij,hid->hjd", dict(h=2, i=256, j=256, d=64))
-    CpuDotForm(subscripts='hji,hid->hjd', order=(0, 1), permutation=(0, 2, 1))
-    >>> cpu_dot_form("hjd,hid->hij", dict(h=2, i=256, j=256, d=64))
-    CpuDotForm(subscripts='hid,hjd->hij', order=(1, 0), permutation=None)
-    >>> cpu_dot_form("hij,hjd->hid", dict(h=2, i=256, j=256, d=64)) is None
-    True
-    """
-    inputs, out = subscripts.split("->")
-    parts = inputs.split(",")
-    if len(parts) != 2 or any(len(set(p)) != len(p) for p in parts):
-        return None
-    first, second = parts
-    if any(letter not in out + other for p, other in zip(parts, parts[::-1]) for letter in p):
-        return None  # a letter summed within one operand
-    contracted = {letter for letter in first if letter in second and letter not in out}
-    batch = [letter for letter in out if letter in first and letter in second]
-    if len(contracted) != 1:  # several: XLA merges them into one axis, transposing as it must
-        return None
-
-    def free(lhs: str, rhs: str) -> tuple[list[str], list[str]] | None:
-        left = [letter for letter in out if letter in lhs and letter not in rhs]
-        right = [letter for letter in out if letter in rhs and letter not in lhs]
-        return (left, right) if out == "".join(batch + left + right) else None
-
-    def fast(lhs: str, rhs: str) -> bool:
-        found = free(lhs, rhs)
-        kept = [letter for letter in lhs if letter not in batch]
-        return found is not None and kept[: len(found[0])] == found[0]
-
-    if fast(first, second):
-        return None
-    if fast(second, first):
-        return CpuDotForm(f"{second},{first}->{out}", (1, 0), None)
-    for order in ((0, 1), (1, 0)):
-        lhs, rhs = parts[order[0]], parts[order[1]]
-        found = free(lhs, rhs)
-        if found is None or math.prod(sizes[letter] for letter in found[1]) < MIN_REUSE:
-            continue
-        want = "".join(batch + found[0] + [letter for letter in rhs if letter in contracted])
-        permutation = tuple(lhs.index(letter) for letter in want)
-        return CpuDotForm(f"{want},{rhs}->{out}", order, permutation)
-    return None
 
 
 def _cpu_arranged(
