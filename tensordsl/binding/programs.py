@@ -223,8 +223,8 @@ def _fused(
 ) -> Fused:
     # `xla`: the decisions count a read inside a prologue of XLA's dot once per its points,
     # so they depend on whether contractions run as XLA's dot (`config.xla_contractions`).
-    keywords = {"outputs": outputs, "shapes": dict(shapes), "force": dict(force)}
-    return fuse(live, **keywords, order=order, beside=beside)
+    shaped, forced = dict(shapes), dict(force)
+    return fuse(live, outputs=outputs, shapes=shaped, force=forced, order=order, beside=beside)
 
 
 def fuse_program(
