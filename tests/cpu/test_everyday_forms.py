@@ -22,9 +22,10 @@ def _x(shape, seed=0):
 
 
 def _grad_close(f, g, *args, argnums=0):
-    """`jax.grad` of two scalar functions agree (f: tensordsl, g: jnp reference)."""
+    """`jax.grad` of two scalar functions agree (f: tensordsl, g: jnp reference, jitted:
+    eagerly each of its operations is compiled alone)."""
     got = jax.grad(f, argnums)(*args)
-    want = jax.grad(g, argnums)(*args)
+    want = jax.jit(jax.grad(g, argnums))(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 

@@ -42,12 +42,14 @@ def _scores(seed: int = 0) -> np.ndarray:
 
 
 def _check(kernel, truth, *inputs) -> None:
-    """Forward and gradient of every input against `truth` (jnp, float64)."""
-    np.testing.assert_allclose(np.asarray(kernel(*inputs)), truth(*inputs), rtol=1e-12, atol=1e-14)
-    cotangent = np.random.default_rng(9).normal(size=np.shape(truth(*inputs)))
+    """Forward and gradient of every input against `truth` (jnp, float64; jitted: eagerly
+    each of its operations is compiled alone)."""
+    expected = np.asarray(jax.jit(truth)(*inputs))
+    np.testing.assert_allclose(np.asarray(kernel(*inputs)), expected, rtol=1e-12, atol=1e-14)
+    cotangent = np.random.default_rng(9).normal(size=np.shape(expected))
     argnums = tuple(range(len(inputs)))
     got = jax.grad(lambda *a: jnp.vdot(kernel(*a), cotangent), argnums)(*inputs)
-    want = jax.grad(lambda *a: jnp.vdot(truth(*a), cotangent), argnums)(*inputs)
+    want = jax.jit(jax.grad(lambda *a: jnp.vdot(truth(*a), cotangent), argnums))(*inputs)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-12)
 

@@ -162,7 +162,7 @@ def test_forward(name: str, shape: tuple[int, int], dtype: str) -> None:
     values = _inputs(name, shape, dtype)
     found = jax.jit(_program(name))(**values)
     wide = {n: jnp.asarray(v, jnp.float64) for n, v in values.items()}
-    _close(found, PROGRAMS[name][1](**wide), dtype)
+    _close(found, jax.jit(PROGRAMS[name][1])(**wide), dtype)
 
 
 @pytest.mark.parametrize(
@@ -186,13 +186,14 @@ def test_gradients_and_tangents(name: str, shape: tuple[int, int], dtype: str) -
     primals = [values[n] for n in names]
     found = jax.jit(jax.vjp(ours, *primals)[1])(jnp.asarray(ct, dtype))
     wide = [jnp.asarray(p, jnp.float64) for p in primals]
-    expected = jax.vjp(theirs, *wide)[1](ct)
+    # The reference jitted too: eagerly each of its jnp operations is compiled alone.
+    expected = jax.jit(lambda *p: jax.vjp(theirs, *p)[1](ct))(*wide)
     for f, e in zip(found, expected, strict=True):
         _close(f, e, dtype)
     tangents = tuple(rng.standard_normal(np.shape(p)).astype(dtype) for p in primals)
     _, slope = jax.jit(lambda *p: jax.jvp(ours, p, tangents))(*primals)
-    _, expected_slope = jax.jvp(
-        theirs, tuple(wide), tuple(jnp.asarray(t, jnp.float64) for t in tangents)
+    _, expected_slope = jax.jit(lambda p, t: jax.jvp(theirs, p, t))(
+        tuple(wide), tuple(jnp.asarray(t, jnp.float64) for t in tangents)
     )
     _close(slope, expected_slope, dtype)
 

@@ -179,7 +179,9 @@ def test_jvp_of_vmap_and_vmap_of_jvp_with_only_some_inputs_perturbed(source, bac
     truth = VMAPPED_JVP_CASES[source]
     rng = np.random.default_rng(21)
     Q, K, tQ = (rng.normal(size=(3, 4, 16)) for _ in range(3))
-    want = jax.vmap(lambda q, k, t: jax.jvp(lambda q: truth(q, k), (q,), (t,))[1])(Q, K, tQ)
+    want = jax.jit(jax.vmap(lambda q, k, t: jax.jvp(lambda q: truth(q, k), (q,), (t,))[1]))(
+        Q, K, tQ
+    )
     got = jax.vmap(lambda q, kk, t: jax.jvp(lambda q: k(q, kk), (q,), (t,))[1])(Q, K, tQ)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
     got = jax.jvp(lambda q: jax.vmap(k)(q, K), (Q,), (tQ,))[1]
@@ -244,12 +246,12 @@ def test_hessian_and_forward_over_reverse(source, reduce, twin, shapes, backend)
 
     argnums = tuple(range(len(args)))
     got = jax.jit(jax.hessian(loss(k), argnums))(*args)
-    want = jax.hessian(loss(twin), argnums)(*args)
+    want = jax.jit(jax.hessian(loss(twin), argnums))(*args)  # eagerly, each op compiles alone
     for row_got, row_want in zip(got, want):
         for a, b in zip(row_got, row_want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
     hvp_got = jax.jvp(jax.grad(loss(k), argnums), args, vectors)[1]
-    hvp_want = jax.jvp(jax.grad(loss(twin), argnums), args, vectors)[1]
+    hvp_want = jax.jit(lambda a, v: jax.jvp(jax.grad(loss(twin), argnums), a, v)[1])(args, vectors)
     for a, b in zip(hvp_got, hvp_want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
 
@@ -326,12 +328,15 @@ def test_program_forward_mode(backend, fuse, monkeypatch):
         return lambda q, v: jnp.sum(jnp.sin(f(q, K, 0.5, v)[0]))
 
     got = jax.jvp(jax.grad(loss(attention), (0, 1)), (Q, V), (tQ, tV))[1]
-    want = jax.jvp(jax.grad(loss(attention_twin), (0, 1)), (Q, V), (tQ, tV))[1]
+    # The twin jitted: eagerly, each of its ops compiles alone (docs/testing.md).
+    want = jax.jit(lambda p, t: jax.jvp(jax.grad(loss(attention_twin), (0, 1)), p, t)[1])(
+        (Q, V), (tQ, tV)
+    )
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
     small = Q[:1, :4], K[:1, :4], V[:1, :4]
     got = jax.jacfwd(lambda k: attention(small[0], k, 0.5, small[2])[0])(small[1])
-    want = jax.jacrev(lambda k: attention_twin(small[0], k, 0.5, small[2])[0])(small[1])
+    want = jax.jit(jax.jacrev(lambda k: attention_twin(small[0], k, 0.5, small[2])[0]))(small[1])
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
 
 
@@ -353,11 +358,13 @@ def test_program_hessian_and_vmap_of_jvp():
         return lambda x: jnp.sum(f(x) ** 2 * weights)
 
     got = jax.jit(jax.hessian(loss(softmax)))(X)
-    want = jax.hessian(loss(lambda x: jax.nn.softmax(x, -1)))(X)
+    want = jax.jit(jax.hessian(loss(lambda x: jax.nn.softmax(x, -1))))(X)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-11)
     tangents = rng.uniform(-1, 1, (4, 3, 5))
     got = jax.vmap(lambda t: jax.jvp(softmax, (X,), (t,))[1])(tangents)
-    want = jax.vmap(lambda t: jax.jvp(lambda x: jax.nn.softmax(x, -1), (X,), (t,))[1])(tangents)
+    want = jax.jit(jax.vmap(lambda t: jax.jvp(lambda x: jax.nn.softmax(x, -1), (X,), (t,))[1]))(
+        tangents
+    )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
 
 
@@ -402,7 +409,7 @@ def test_program_grad_of_vmap_transposes_the_batched_tangent():
         return value
 
     got = jax.jit(jax.grad(loss(attention), (0, 1, 2)))(Qs, K, V)
-    want = jax.grad(loss(attention_twin), (0, 1, 2))(Qs, K, V)
+    want = jax.jit(jax.grad(loss(attention_twin), (0, 1, 2)))(Qs, K, V)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
@@ -443,11 +450,11 @@ def test_program_inside_shard_map():
         return lambda q, k, v: jnp.sum(jnp.sin(mapped(f)(q, k, v)[0]))
 
     got = jax.jit(jax.grad(loss(attention), (0, 1, 2)))(Q, K, V)
-    want = jax.grad(loss(attention_twin), (0, 1, 2))(Q, K, V)
+    want = jax.jit(jax.grad(loss(attention_twin), (0, 1, 2)))(Q, K, V)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
     got = jax.jvp(mapped(attention), (Q, K, V), (V, Q, K))[1]
-    want = jax.jvp(mapped(attention_twin), (Q, K, V), (V, Q, K))[1]
+    want = jax.jit(lambda p, t: jax.jvp(mapped(attention_twin), p, t)[1])((Q, K, V), (V, Q, K))
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
@@ -469,12 +476,12 @@ def test_program_nested_vmaps_grad_and_jvp():
         return value
 
     got = jax.grad(loss(attention), (0, 1, 2))(Qs, K, Vs)
-    want = jax.grad(loss(attention_twin), (0, 1, 2))(Qs, K, Vs)
+    want = jax.jit(jax.grad(loss(attention_twin), (0, 1, 2)))(Qs, K, Vs)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
     args = (Qs, K, Vs)
     got = jax.jvp(loss(attention), args, args)[1]
-    want = jax.jvp(loss(attention_twin), args, args)[1]
+    want = jax.jit(lambda p, t: jax.jvp(loss(attention_twin), p, t)[1])(args, args)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-12)
 
 
@@ -531,7 +538,7 @@ def test_attention_program_hessian_vector_product_on_c(scores, monkeypatch):
 
     hvp = jax.jit(lambda *p: jax.jvp(jax.grad(loss(k), (0, 1, 2)), p, vectors)[1])
     got = hvp(Q, K, V)
-    want = jax.jvp(jax.grad(loss(twin), (0, 1, 2)), (Q, K, V), vectors)[1]
+    want = jax.jit(lambda *p: jax.jvp(jax.grad(loss(twin), (0, 1, 2)), p, vectors)[1])(Q, K, V)
     ran = {e.params["nest"].output for e in nest_equations(jax.make_jaxpr(hvp)(Q, K, V).jaxpr)}
     assert ("S" in ran) == (scores == "stored"), ran
     once = {
@@ -573,7 +580,7 @@ def test_a_tangent_term_keeps_its_output_alive_only_where_it_reads_it(backend):
     found = live(hvp(k), X, W)
     assert found == ["Y", "tY", "tdX", "tdW"], found  # no dX, dW
     got = jax.jit(hvp(k))(X, W)
-    want = hvp(lambda X, W: jnp.exp(X) @ W)(X, W)
+    want = jax.jit(hvp(lambda X, W: jnp.exp(X) @ W))(X, W)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
     lse = td.kernel("(logsumexp) L[i] := X[i,j]", backend=backend)

@@ -40,8 +40,12 @@ def _close(got, want, dtype: str) -> None:
 
 
 def check(layer, reference, args: tuple, dtype: str, wrt: tuple[int, ...]) -> None:
-    """Values, and the gradients of `sum(out * cotangent)` w.r.t. the arguments `wrt`."""
-    got, want = layer(*args), reference(*args)
+    """Values, and the gradients of `sum(out * cotangent)` w.r.t. the arguments `wrt`.
+
+    The layer is called as a user calls it, eagerly; the jnp reference is jitted, each
+    evaluation compiled as one program: eagerly each of its operations and of their
+    transposes would be compiled alone, many times the time (docs/testing.md)."""
+    got, want = layer(*args), jax.jit(reference)(*args)
     assert got.dtype == want.dtype == jnp.dtype(dtype)
     _close(got, want, dtype)
     cotangent = _normal(_rng(99), *want.shape, dtype=dtype)
@@ -50,7 +54,7 @@ def check(layer, reference, args: tuple, dtype: str, wrt: tuple[int, ...]) -> No
         return lambda *a: jnp.sum(fn(*a) * cotangent)
 
     grads = jax.grad(loss(layer), wrt)(*args)
-    expected = jax.grad(loss(reference), wrt)(*args)
+    expected = jax.jit(jax.grad(loss(reference), wrt))(*args)
     for g, e in zip(grads, expected):
         assert g.dtype == e.dtype
         _close(g, e, dtype)
@@ -587,7 +591,7 @@ def test_attention_returns_its_logsumexp(backend, causal):
     def ours(q, k, v):
         return nn.attention(q, k, v, backend=backend, return_lse=True, **options)
 
-    got, want = ours(q, k, v), theirs(q, k, v)
+    got, want = ours(q, k, v), jax.jit(theirs)(q, k, v)
     assert got[1].shape == (2, 2, 5)
     for g, w in zip(got, want):
         _close(g, w, "float64")
@@ -597,7 +601,8 @@ def test_attention_returns_its_logsumexp(backend, causal):
         return lambda *a: sum(jnp.sum(o * c) for o, c in zip(fn(*a), ct))
 
     for g, w in zip(
-        jax.grad(loss(ours), (0, 1, 2))(q, k, v), jax.grad(loss(theirs), (0, 1, 2))(q, k, v)
+        jax.grad(loss(ours), (0, 1, 2))(q, k, v),
+        jax.jit(jax.grad(loss(theirs), (0, 1, 2)))(q, k, v),
     ):
         _close(g, w, "float64")
 

@@ -169,6 +169,19 @@ def reference(q, k, v, arrays, rule):
     return jnp.einsum("bhij,bjhe->bihe", p, v)
 
 
+def reference_vjp(ref, args, cotangent):
+    """`ref(*args)` and its vjp of `cotangent`, traced and compiled as one program: run
+    eagerly, each jax.numpy operation of `ref` and of its transpose is compiled alone, about
+    ten times the time (docs/testing.md)."""
+
+    @jax.jit
+    def both(cotangent, *args):
+        out, vjp = jax.vjp(ref, *args)
+        return out, vjp(cotangent)
+
+    return both(jnp.asarray(cotangent, jnp.float64), *args)
+
+
 def _inputs(variant: Variant, seed: int = 0) -> tuple[list, dict]:
     B, T, S, H, Hk, E = variant.shape
     rng = np.random.default_rng(seed)
@@ -218,12 +231,11 @@ def test_forward_and_every_gradient_match_float64(name, dtype):
     def ref(q, k, v, *mods):
         return reference(q, k, v, dict(zip(names, mods)), variant.rule)
 
-    expected, ref_vjp = jax.vjp(ref, *wide)
+    expected, wanted = reference_vjp(ref, wide, cotangent)
     tolerance = TOLERANCE[dtype]
     scale = float(jnp.abs(expected).max())
     error = float(jnp.abs(out.astype(jnp.float64) - expected).max())
     assert error <= tolerance * scale, f"forward: {error} over {tolerance} * {scale}"
-    wanted = ref_vjp(jnp.asarray(cotangent, jnp.float64))
     for what, got, want in zip(["q", "k", "v", *names], found, wanted):
         scale = float(jnp.abs(want).max())
         error = float(jnp.abs(got.astype(jnp.float64) - want).max())
@@ -430,9 +442,9 @@ def test_head_dims_are_padded_to_a_power_of_two(width):
         return jnp.swapaxes(reference(q, k, v, {}, _causal), 1, 2)
 
     wide = [jnp.asarray(a, jnp.float64) for a in (q, k, v)]
-    expected, ref_vjp = jax.vjp(ref, *wide)
+    expected, wanted = reference_vjp(ref, wide, cotangent)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
-    for got, want in zip(found, ref_vjp(jnp.asarray(cotangent, jnp.float64))):
+    for got, want in zip(found, wanted):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
     both = lowered_for_cuda(jax.value_and_grad(lambda *a: call(*a).sum(), (0, 1, 2)), q, k, v)
     assert _kernels(both) == [
@@ -468,7 +480,9 @@ def test_jvp_matches_float64():
     tangents = tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in (q, k, v))
     out, tangent = jax.jit(lambda p, t: jax.jvp(call, p, t))(primals, tangents)
     wide = [tuple(jnp.asarray(x, jnp.float64) for x in xs) for xs in (primals, tangents)]
-    expected, expected_tangent = jax.jvp(lambda *a: reference(*a, {}, variant.rule), *wide)
+    expected, expected_tangent = jax.jit(
+        lambda p, t: jax.jvp(lambda *a: reference(*a, {}, variant.rule), p, t)
+    )(*wide)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5)
     np.testing.assert_allclose(np.asarray(tangent), np.asarray(expected_tangent), atol=1e-4)
 
@@ -517,8 +531,10 @@ def test_a_nan_at_a_dropped_key_reaches_nothing(name, which):
     # Where the NaN may go: the queries that keep the key, and what they reach.
     reached = keep[0, :, :, drop].any(axis=0)  # (T,) queries of batch row 0 keeping it
     ref_args = [jnp.asarray(wide[n], jnp.float64) for n in "qkv"]
-    expected, ref_vjp = jax.vjp(lambda q, k, v: reference(q, k, v, arrays, variant.rule), *ref_args)
-    wanted = (expected, *ref_vjp(jnp.asarray(cotangent, jnp.float64)))
+    expected, grads = reference_vjp(
+        lambda q, k, v: reference(q, k, v, arrays, variant.rule), ref_args, cotangent
+    )
+    wanted = (expected, *grads)
     for what, g, w in zip(("out", "dq", "dk", "dv"), got, wanted):
         g, w = np.asarray(g, np.float64), np.asarray(w)
         finite = np.ones(g.shape, bool)
@@ -576,8 +592,8 @@ def test_a_query_that_keeps_no_key_gives_zero_and_zero_gradients():
         return jnp.einsum("bhij,bjhe->bihe", p, v)
 
     wide = [jnp.asarray(x, jnp.float64) for x in (q, k, v)]
-    expected, ref_vjp = jax.vjp(ref, *wide)
-    wanted = (expected, *ref_vjp(jnp.asarray(cotangent, jnp.float64)))
+    expected, grads = reference_vjp(ref, wide, cotangent)
+    wanted = (expected, *grads)
     empty = ~keep.any(-1)  # (B, T)
     assert empty[0, :5].all() and not empty[1].any()
     for what, g, w in zip(("out", "dq", "dk", "dv"), got, wanted):

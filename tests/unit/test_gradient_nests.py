@@ -53,12 +53,24 @@ def test_gradient_nest_matches_vjp(case):
     def forward(*values):
         return reference.evaluate(nest, {**inputs, **dict(zip(names, values))}, shapes)
 
-    output, vjp = jax.vjp(forward, *[jnp.asarray(inputs[n], jnp.float64) for n in names])
+    # Each side jitted, traced and compiled as one program: eagerly each jnp operation of
+    # the evaluation is compiled alone, several times the time (docs/testing.md).
+    @jax.jit
+    def oracle(cotangent, *values):
+        output, vjp = jax.vjp(forward, *values)
+        return output, vjp(cotangent)
+
+    primals = [jnp.asarray(inputs[n], jnp.float64) for n in names]
+    shape = jax.eval_shape(forward, *primals).shape
     rng = np.random.default_rng(7)
-    cotangent = rng.uniform(0.5, 1.5, np.shape(output)) * rng.choice([-1, 1], np.shape(output))
-    expected = vjp(jnp.asarray(cotangent))
+    cotangent = rng.uniform(0.5, 1.5, shape) * rng.choice([-1, 1], shape)
+    output, expected = oracle(jnp.asarray(cotangent), *primals)
     for name, want in zip(names, expected):
-        got = run_gradient_nest(nest, name, inputs, output, cotangent)
+        got = jax.jit(
+            lambda output, cotangent, name=name: run_gradient_nest(
+                nest, name, inputs, output, cotangent
+            )
+        )(output, cotangent)
         assert got.shape == np.shape(inputs[name]), name
         np.testing.assert_allclose(
             np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-11, err_msg=f"gradient of {name}"
