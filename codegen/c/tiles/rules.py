@@ -169,6 +169,16 @@ def tile_applies(nest: LoopNest, shapes: Shapes, dtypes: Dtypes, ask: Ask) -> Cp
         # under 64 float lanes) would run every tile on the edge path, whose trip counts
         # are known only at run time: a tile half as wide takes over there.
         tile = dataclasses.replace(tile, small=dataclasses.replace(tile, width=tile.width // 2))
+    elif small is None and any(reduced):
+        # The same for a plain contraction's short output axis (16 output channels of a
+        # convolution under 32 float lanes): half as wide, twice the rows, as many
+        # accumulators.
+        tile = dataclasses.replace(
+            tile,
+            small=dataclasses.replace(
+                tile, width=tile.width // 2, rows=tile.rows * 2 if row else 1
+            ),
+        )
     return tile
 
 
