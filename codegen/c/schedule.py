@@ -60,7 +60,10 @@ in its family's rules (`codegen.c.tiles.rules`, `codegen.c.reductions.rules`,
    the dot products there compute that work in vector lanes once for all the columns. A
    function call or nested reduction that does not read `v` (a gate `sigmoid(E[n, c])` of
    `X[n, c, s] * sigmoid(E[n, c])`, with or without a reduction) is computed once per row and
-   tile: such tiles are wider (8 x 64 float lanes);
+   tile: such tiles are wider (8 x 64 float lanes). Where `v` is shorter than the tile and none
+   of the above applies (a convolution's 16 output channels under 32 float lanes), a ``small``
+   tile half as wide with twice the rows (as many accumulators) takes over, rather than every
+   tile running on the edge path, whose trip counts are known only at run time;
 4. otherwise a sum some term of which computes a nested reduction per value of its innermost
    reduced index (a score parameter's gradient: `sum_e dO[i, e]*V[j, e]` per key `j`) ->
    ``scalar``, whose chunks compute such dot products 8 values at a time in vectors
