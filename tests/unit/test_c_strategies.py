@@ -157,3 +157,16 @@ def test_tiles_refuse_a_bound_that_is_not_affine_in_a_tiled_index() -> None:
     )
     with pytest.raises(ValueError, match="not affine in the tiled"):
         validate(nest, dot)
+
+
+def test_a_short_output_axis_gets_a_half_width_tile_with_twice_the_rows():
+    """A convolution's 16 output channels under 32 float lanes: the run-time `small` tile."""
+    from tensordsl.frontend.lower import lower
+    from tensordsl.frontend.parse import parse
+
+    nest = lower(parse("Y[n,h,w,o] := X[n,h+p,w+q,c] * K[p,q,c,o]")).nest
+    dtypes = {"X": "float32", "K": "float32", "Y": "float32"}
+    tile = choose_cpu_schedule(nest, dtypes, kernel=True)
+    assert (tile.strategy, tile.vector, tile.rows, tile.width) == ("tile", "o", 6, 32)
+    assert tile.small is not None
+    assert (tile.small.strategy, tile.small.rows, tile.small.width) == ("tile", 12, 16)
