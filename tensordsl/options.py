@@ -88,15 +88,13 @@ def forward_schedule(
     assert scheduled.validate_schedule is not None
     validate = scheduled.validate_schedule()
     if schedule is not None and not isinstance(schedule, scheduled.schedule_type()):
+        named = isinstance(schedule, str)  # a strategy's name, "tile": say it, hint loop_order=
         raise ScheduleError(
-            f"schedule= must be a codegen.c.schedule.Schedule, got {schedule!r}"
-            if isinstance(schedule, str)
-            else f"schedule= must be a codegen.c.schedule.Schedule, got {type(schedule).__name__}",
+            "schedule= must be a codegen.c.schedule.Schedule, got "
+            + (repr(schedule) if named else type(schedule).__name__),
             source,
             expected="a Schedule, e.g. from codegen.c.schedule.candidate_schedules(k.nest)",
-            hint="loop_order=('i', 'j', ...) fixes the loop order alone"
-            if isinstance(schedule, str)
-            else None,
+            hint="loop_order=('i', 'j', ...) fixes the loop order alone" if named else None,
         )
     order = arguments.names(loop_order, option="loop_order")
     try:

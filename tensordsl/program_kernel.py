@@ -201,13 +201,13 @@ class ProgramKernel:
         else:
             head, details = self._fused_lines(known)
             lines += head
+        dots = table.backend(self.backend).xla_dots  # "auto" resolved once, not per statement
         for n, low in enumerate(self._lowered.statements):
             start = low.statement.span[0]
             lines.append(
                 f"statement {n + 1} (line {line_of(self.source_text, start)}): "
                 + self.statement_text(n)
             )
-            dots = table.backend(self.backend).xla_dots
             text = explain(low.nest, shapes=known, spelled=spellings(low), xla_dots=dots)
             lines += ["  " + line for line in text.split("\n")]
         return "\n".join([*lines, *details])
