@@ -166,7 +166,6 @@ void tdsl_C_forward_2e040c62(void *out, const void *const *operands, const int64
                         }
                     } else {
                         float acc_[6][32];
-                        #pragma GCC unroll 6
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd
@@ -177,7 +176,6 @@ void tdsl_C_forward_2e040c62(void *out, const void *const *operands, const int64
                         }
                         {
                             for (int64_t v_k = 0; v_k < P2; ++v_k) {
-                                #pragma GCC unroll 6
                                 for (int64_t r_ = 0; r_ < rn_; ++r_) {
                                     const int64_t v_i = o_i + r_;
                                     const float t1_ = in_A[v_i*s_A_0 + v_k];
@@ -190,7 +188,6 @@ void tdsl_C_forward_2e040c62(void *out, const void *const *operands, const int64
                                 }
                             }
                         }
-                        #pragma GCC unroll 6
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd
@@ -265,7 +262,6 @@ void tdsl_C_forward_2e040c62(void *out, const void *const *operands, const int64
                         }
                     } else {
                         float acc_[12][16];
-                        #pragma GCC unroll 12
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd
@@ -276,7 +272,6 @@ void tdsl_C_forward_2e040c62(void *out, const void *const *operands, const int64
                         }
                         {
                             for (int64_t v_k = 0; v_k < P2; ++v_k) {
-                                #pragma GCC unroll 12
                                 for (int64_t r_ = 0; r_ < rn_; ++r_) {
                                     const int64_t v_i = o_i + r_;
                                     const float t1_ = in_A[v_i*s_A_0 + v_k];
@@ -289,7 +284,6 @@ void tdsl_C_forward_2e040c62(void *out, const void *const *operands, const int64
                                 }
                             }
                         }
-                        #pragma GCC unroll 12
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd

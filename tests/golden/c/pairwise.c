@@ -173,7 +173,6 @@ void tdsl_D_forward_202bdad9(void *out, const void *const *operands, const int64
                         }
                     } else {
                         float acc_[6][32];
-                        #pragma GCC unroll 6
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd
@@ -184,7 +183,6 @@ void tdsl_D_forward_202bdad9(void *out, const void *const *operands, const int64
                         }
                         {
                             for (int64_t v_k = 0; v_k < P2; ++v_k) {
-                                #pragma GCC unroll 6
                                 for (int64_t r_ = 0; r_ < rn_; ++r_) {
                                     const int64_t v_i = o_i + r_;
                                     const float t1_ = in_W[v_k*s_W_0 + v_i];
@@ -197,7 +195,6 @@ void tdsl_D_forward_202bdad9(void *out, const void *const *operands, const int64
                                 }
                             }
                         }
-                        #pragma GCC unroll 6
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd
@@ -279,7 +276,6 @@ void tdsl_D_forward_202bdad9(void *out, const void *const *operands, const int64
                         }
                     } else {
                         float acc_[12][16];
-                        #pragma GCC unroll 12
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd
@@ -290,7 +286,6 @@ void tdsl_D_forward_202bdad9(void *out, const void *const *operands, const int64
                         }
                         {
                             for (int64_t v_k = 0; v_k < P2; ++v_k) {
-                                #pragma GCC unroll 12
                                 for (int64_t r_ = 0; r_ < rn_; ++r_) {
                                     const int64_t v_i = o_i + r_;
                                     const float t1_ = in_W[v_k*s_W_0 + v_i];
@@ -303,7 +298,6 @@ void tdsl_D_forward_202bdad9(void *out, const void *const *operands, const int64
                                 }
                             }
                         }
-                        #pragma GCC unroll 12
                         for (int64_t r_ = 0; r_ < rn_; ++r_) {
                             const int64_t v_i = o_i + r_;
                             #pragma omp simd
