@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from codegen.c.tiles.rows import row_loop
+from codegen.c.tiles.rows import row_loop, unroll_pragma
 from codegen.c.tiles.tiles import CEmitter, lane_levels, lane_loops, stored, tiled
 from codegen.emit.emitter import Lines, block_lines, indent_lines
 from codegen.emit.staging import Assign, Plan
@@ -89,7 +89,7 @@ def _lane_major(
         *(f"{p.f} {name}lane[{s.lanes}];" for name in names),
         "#pragma omp simd",
         *block_lines(loop, first),
-        f"#pragma GCC unroll {s.width}",
+        *unroll_pragma(wn, s.width),
         *block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", column_body),
     ]
     if s.row:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sympy
 
 from codegen.c.geometry import CpuGeometry
-from codegen.c.tiles.rows import batch_row_calls, batch_row_sums, row_loop
+from codegen.c.tiles.rows import batch_row_calls, batch_row_sums, row_loop, unroll_pragma
 from codegen.emit.emitter import Emitter, Lines, block_lines
 from codegen.emit.staging import Plan
 
@@ -41,7 +41,7 @@ def lane_loops(
     lane = [f"const int64_t {vec} = {vec0} + w_;", *around[0], *inner, *around[1]]
     lines = block_lines(f"for (int64_t w_ = 0; w_ < {wn}; ++w_)", lane)
     # Fully unrolled tile loops keep the accumulators in registers.
-    lines = (["#pragma omp simd"] if simd else [f"#pragma GCC unroll {s.width}"]) + lines
+    lines = (["#pragma omp simd"] if simd else unroll_pragma(wn, s.width)) + lines
     return lines if s.row is None or lanes_only else rows_around(e, rn, lines, plan, level)
 
 

@@ -31,15 +31,21 @@ def declare_row(e: CEmitter) -> str:
     return f"const int64_t {e.printer.index(row_index)} = {e.tile_name('o', row_index)} + r_;"
 
 
+def unroll_pragma(count: str, size: int) -> Lines:
+    """GCC's unroll pragma for a tile loop of `count` iterations (at most `size`), when
+    `count` is a number: a whole tile's loop unrolled keeps its accumulators in registers.
+    An edge tile's count is known only at run time; unrolled, that loop kept no accumulator
+    in a register and tripled GCC's time on a tile nest (the matmul nest's -O3 build 0.4-0.6 s
+    with one tile size, 1.0-1.5 s once the half-width tile brought a second edge path), so
+    it stays a loop."""
+    return [f"#pragma GCC unroll {size}"] if count.isdigit() else []
+
+
 def row_loop(e: CEmitter, rn: str, body: Lines) -> Lines:
-    """The tile's rows, each binding its row index before `body`; unrolled in a whole tile
-    (`rn` a number). An edge tile's row count is known only at run time: unrolling that loop
-    keeps no accumulator in a register and tripled GCC's time on a tile nest (the matmul
-    nest's -O3 build 0.4-0.6 s with one tile size, 1.0-1.5 s with the half-width tile's
-    edge path unrolled too), so it stays a loop."""
-    pragma = [f"#pragma GCC unroll {e.schedule.rows}"] if rn.isdigit() else []
+    """The tile's rows, each binding its row index before `body` (unrolled in a whole
+    tile, `unroll_pragma`)."""
     return [
-        *pragma,
+        *unroll_pragma(rn, e.schedule.rows),
         *block_lines(f"for (int64_t r_ = 0; r_ < {rn}; ++r_)", [declare_row(e), *body]),
     ]
 

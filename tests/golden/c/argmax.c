@@ -171,7 +171,6 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
             } else {
                 float acc_[4][8];
                 int64_t acc_b_[4][8];
-                #pragma GCC unroll 4
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
                     const int64_t v_i = o_i + w_;
                     for (int64_t l_ = 0; l_ < 8; ++l_) {
@@ -184,7 +183,6 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
                         {
                             int64_t o_k = 0;
                             for (; o_k + 8 <= P1; o_k += 8) {
-                                #pragma GCC unroll 4
                                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                     const int64_t v_i = o_i + w_;
                                     #pragma omp simd
@@ -197,7 +195,6 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
                                 }
                             }
                             for (int64_t v_k = o_k; v_k < P1; ++v_k) {
-                                #pragma GCC unroll 4
                                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                     const int64_t v_i = o_i + w_;
                                     const float val_ = in_A[v_i*s_A_0 + v_j*s_A_1 + v_k];
@@ -208,7 +205,6 @@ void tdsl_Y_forward_2eafde62(void *out, const void *const *operands, const int64
                         }
                     }
                 }
-                #pragma GCC unroll 4
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
                     const int64_t v_i = o_i + w_;
                     float tot_ = -INFINITY;

@@ -192,7 +192,6 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                 }
             } else {
                 float acc_[4][8];
-                #pragma GCC unroll 4
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
                     const int64_t v_i = o_i + w_;
                     for (int64_t l_ = 0; l_ < 8; ++l_) {
@@ -203,7 +202,6 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                     {
                         int64_t o_k = 0;
                         for (; o_k + 8 <= P1; o_k += 8) {
-                            #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                 const int64_t v_i = o_i + w_;
                                 #pragma omp simd
@@ -216,7 +214,6 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                         }
                         for (int64_t v_k = o_k; v_k < P1; ++v_k) {
                             const float t1_ = in_x[v_k];
-                            #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                 const int64_t v_i = o_i + w_;
                                 const float val_ = t1_*in_A[v_i*s_A_0 + v_k];
@@ -229,7 +226,6 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                     {
                         int64_t o_j = 0;
                         for (; o_j + 8 <= P2; o_j += 8) {
-                            #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                 const int64_t v_i = o_i + w_;
                                 #pragma omp simd
@@ -241,7 +237,6 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                             }
                         }
                         for (int64_t v_j = o_j; v_j < P2; ++v_j) {
-                            #pragma GCC unroll 4
                             for (int64_t w_ = 0; w_ < wn_; ++w_) {
                                 const int64_t v_i = o_i + w_;
                                 const float val_ = 2*in_B[v_j*s_B_0 + v_i];
@@ -250,7 +245,6 @@ void tdsl_Y_forward_f01e67e1(void *out, const void *const *operands, const int64
                         }
                     }
                 }
-                #pragma GCC unroll 4
                 for (int64_t w_ = 0; w_ < wn_; ++w_) {
                     const int64_t v_i = o_i + w_;
                     float tot_ = 0;
