@@ -22,13 +22,15 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+_Pair = tuple[tuple[int, ...], tuple[int, ...]]
+
 
 class DotPlan(NamedTuple):
     """A two-operand einsum as one `dot_general`: operands taken in `order`, the dimension
     numbers `dimensions`, then the result transposed by `permutation` (None: as it is)."""
 
     order: tuple[int, int]
-    dimensions: tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], ...]]
+    dimensions: tuple[_Pair, _Pair]  # (contracting, batch), each (lhs axes, rhs axes)
     permutation: tuple[int, ...] | None
 
 

@@ -95,3 +95,30 @@ def test_weak_operand_goes_to_jnp():
     found = einsum_dot("ij,->ij", [a, jnp.asarray(2.0)])
     assert found.dtype == jnp.einsum("ij,->ij", a, jnp.asarray(2.0)).dtype
     np.testing.assert_allclose(np.asarray(found), 2 * np.asarray(a), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "precision",
+    [
+        None,
+        "highest",
+        jax.lax.Precision.HIGH,
+        (jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT),
+    ],
+)
+def test_precision_as_jnp_takes_it(precision):
+    args = _operands([(3, 4), (4, 5)], seed=3)
+    ours = _program(lambda a, b: einsum_dot("ij,jk->ik", [a, b], precision=precision), *args)
+    theirs = _program(lambda a, b: jnp.einsum("ij,jk->ik", a, b, precision=precision), *args)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    "dtypes",
+    [(jnp.int32,) * 2, (jnp.bool_,) * 2, (jnp.float16,) * 2, (jnp.float16, jnp.float32)],
+)
+def test_dtypes_as_jnp(dtypes):
+    a, b = (x.astype(d) for x, d in zip(_operands([(3, 4), (4, 5)], seed=4), dtypes))
+    found, want = einsum_dot("ij,jk->ik", [a, b]), jnp.einsum("ij,jk->ik", a, b)
+    assert found.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(found), np.asarray(want))
