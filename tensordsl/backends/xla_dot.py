@@ -3,7 +3,7 @@
 `codegen.ir.contraction.xla_plan` decides which nests qualify (pure contractions, a contraction
 plus a bias, a where() over a summed contraction, elementwise terms of nested contractions);
 the schedules pick the strategy; the CPU and GPU runners call `run_xla` for it. A pure
-contraction term is one `jnp.einsum`; any other term is evaluated over the output's indices
+contraction term is one einsum; any other term is evaluated over the output's indices
 by the reference back end's evaluator, with each nested contraction an einsum placed on the
 grid and each plain access a transposed view, so XLA fuses the elementwise work around its
 dots. Nothing larger than the output is materialised. A two-operand einsum is emitted as the
