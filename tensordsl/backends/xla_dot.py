@@ -3,10 +3,12 @@
 `codegen.ir.contraction.xla_plan` decides which nests qualify (pure contractions, a contraction
 plus a bias, a where() over a summed contraction, elementwise terms of nested contractions);
 the schedules pick the strategy; the CPU and GPU runners call `run_xla` for it. A pure
-contraction term is one `jnp.einsum`; any other term is evaluated over the output's indices
+contraction term is one einsum; any other term is evaluated over the output's indices
 by the reference back end's evaluator, with each nested contraction an einsum placed on the
 grid and each plain access a transposed view, so XLA fuses the elementwise work around its
-dots. Nothing larger than the output is materialised.
+dots. Nothing larger than the output is materialised. A two-operand einsum is emitted as the
+`lax.dot_general` that `jnp.einsum` would emit (`tensordsl.backends.einsum_dot`), without
+its path search and inner trace.
 
 On the CPU (`minor_contraction=True`), a dot whose operands both contract an axis that is not
 their last (`dK[h,j,d] = sum_i dS[h,i,j]*Q[h,i,d]`, a transposed matrix times a matrix) is
@@ -36,6 +38,7 @@ from codegen.ir.contraction import Contraction, XlaPlan, fits, xla_plan
 from codegen.ir.extents import evaluate_int, extent_values, output_shape
 from codegen.ir.nest import LoopNest, Reduce
 from tensordsl.backends.cpu_dots import cpu_dot_form, merged_dot
+from tensordsl.backends.einsum_dot import einsum_dot
 from tensordsl.backends.reference import (
     REDUCE,
     Evaluator,
@@ -128,7 +131,7 @@ def _dot(
             shapes = zip(subscripts.split("->")[0].split(","), map(jnp.shape, tensors))
             sizes = {letter: n for letters, shape in shapes for letter, n in zip(letters, shape)}
             subscripts, tensors = _cpu_arranged(subscripts, tensors, sizes, len(plan.tensors))
-        return jnp.einsum(subscripts, *tensors, precision=precision, preferred_element_type=wide)
+        return einsum_dot(subscripts, tensors, precision=precision, preferred_element_type=wide)
 
     merged = merged_dot(plan.subscripts, tensors, einsum) if minor else None
     result = (einsum(plan.subscripts, tensors) if merged is None else merged).astype(work)
