@@ -645,6 +645,7 @@ def decisions(row: Row, shapes: dict) -> str:
         return ""
     import tensordsl as td
     from codegen.ir.program import live_statements
+    from tensordsl.backends.table import BACKENDS
     from tensordsl.binding.programs import fuse_program
 
     k = td.program(row.source)
@@ -655,6 +656,7 @@ def decisions(row: Row, shapes: dict) -> str:
         k.program.outputs,
         k.program.concrete_shapes(shapes),
         order=2 if row.hvp else 1,
+        beside=BACKENDS["c"].sums_beside,  # as the C back end fuses
     )
     stored = [d.name for d in fused.decisions if d.choice == "store"]
     inlined = [d.name for d in fused.decisions if d.choice == "inline"]
