@@ -787,6 +787,12 @@ squeeze-and-excite"); the forward's nests now stream their rows. Two rules that 
 kernels on one thread after a team that did not pay were tried and not kept: each made
 conv2d's and RoPE's fwd+bwd 1.3-1.6x slower (section "Teams: two rules tried, none kept").
 
+The ten rows from "SwiGLU MLP" on are a third zoo (issue 37, branch zoo3): cross-attention
+with no mask stores its scores on the C back end (its one pass computed every pair XLA's
+dots compute, about half as fast), and relu's condition on the value it keeps is no guard
+(squared-ReLU attention's sum stays XLA's dot); the top-2 router's forward+backward (its
+values and positions in two passes) is left open (section "a third zoo of natural layers").
+
 Sizes:
 
 {sizes(rows)}
