@@ -128,6 +128,42 @@ SQUEEZE_EXCITE = """
 CHEBYKAN = "Y[b,o] := cos(d * acos(tanh(X[b,i]))) * C[i,o,d]"
 GAUSSIAN = "Y[i] := exp(-((X[i,0]-Z[j,0])^2 + (X[i,1]-Z[j,1])^2 + (X[i,2]-Z[j,2])^2)) * B[j]"
 
+# Zoo 3 (issue 37, item 5): layers users of Tullio, KeOps and einsum-heavy JAX code write
+SWIGLU = """
+    A[b,u] := X[b,f] * W1[f,u]
+    G[b,u] := X[b,f] * W3[f,u]
+    Y[b,o] := A[b,u] * sigmoid(A[b,u]) * G[b,u] * W2[u,o]
+"""
+GROUPNORM = """
+    (mean) mu[n,g] := X[n,g,c,s]
+    (mean) var[n,g] := (X[n,g,c,s] - mu[n,g])^2
+    Y[n,g,c,s] := (X[n,g,c,s] - mu[n,g]) * rsqrt(var[n,g] + 1e-5) * w[g,c] + beta[g,c]
+"""
+CROSS_ATTENTION = """
+    S[h,i,j] := Q[h,i,d] * K[h,j,d] * scale
+    (logsumexp) L[h,i] := S[h,i,j]
+    O[h,i,e] := exp(S[h,i,j] - L[h,i]) * V[h,j,e]
+"""
+MIXER = """
+    H[b,u,c] := X[b,s,c] * W1[s,u]
+    Y[b,t,c] := tanh(H[b,u,c]) * W2[u,t]
+"""
+# Primer's squared-ReLU attention: no softmax, the weights normalised by the key count
+RELU2_ATTENTION = """
+    S[h,i,j] := Q[h,i,d] * K[h,j,d] * scale
+    O[h,i,e] := relu(S[h,i,j])^2 * V[h,j,e] / size(j)
+"""
+ROUTER = """
+    R[t,e] := X[t,d] * Wr[d,e]
+    (logsumexp) L[t] := R[t,e]
+    P[t,e] := exp(R[t,e] - L[t])
+    (topk 2) G[t,r] := P[t,e]
+"""
+SOFTMIN = """
+    D[i,j] := (X[i,d] - Z[j,d])^2
+    (logsumexp) Y[i] := -D[i,j] / tau
+"""
+
 
 def _layernorm(x: Any, g: Any, b: Any, eps: float = 1e-5) -> Any:
     mean = x.mean(-1, keepdims=True)
@@ -190,6 +226,33 @@ def _chebykan(X, C):
     t = jnp.tanh(X)[..., None]
     degrees = jnp.arange(C.shape[-1], dtype=X.dtype)
     return jnp.einsum("bid,iod->bo", jnp.cos(degrees * jnp.arccos(t)), C)
+
+
+def _groupnorm(X, w, beta):
+    mean = X.mean((2, 3), keepdims=True)
+    var = ((X - mean) ** 2).mean((2, 3), keepdims=True)
+    return (X - mean) * jax.lax.rsqrt(var + 1e-5) * w[..., None] + beta[..., None]
+
+
+def _cross_attention(Q, K, scale, V):
+    s = jnp.einsum("hid,hjd->hij", Q, K) * scale
+    return jnp.einsum("hij,hje->hie", jax.nn.softmax(s, -1), V)
+
+
+def _relu2_attention(Q, K, scale, V):
+    s = jax.nn.relu(jnp.einsum("hid,hjd->hij", Q, K) * scale)
+    return jnp.einsum("hij,hje->hie", s**2, V) / K.shape[1]
+
+
+def _depthwise(X, W):
+    return jax.lax.conv_general_dilated(
+        X, W[:, None, :], (1,), "VALID", feature_group_count=X.shape[1]
+    )
+
+
+def _masked_mean(X, lens):
+    mask = jnp.arange(X.shape[1])[None, :] < lens[:, None]
+    return jnp.where(mask[..., None], X, 0).sum(1) / lens[:, None]
 
 
 def _conv(x, w):
@@ -367,9 +430,83 @@ ROWS = (
         {"X": (5, 3), "C": (3, 4, 3)},
         program=False,
     ),
+    # Zoo 3 (issue 37, item 5)
+    Row(
+        "SwiGLU MLP",
+        SWIGLU,
+        lambda X, W1, W3, W2: (jax.nn.silu(X @ W1) * (X @ W3)) @ W2,
+        {"X": (512, 128), "W1": (128, 384), "W3": (128, 384), "W2": (384, 128)},
+        {"X": (6, 4), "W1": (4, 8), "W3": (4, 8), "W2": (8, 3)},
+    ),
+    Row(
+        "GroupNorm, 8 groups",
+        GROUPNORM,
+        _groupnorm,
+        {"X": (16, 8, 8, 256), "w": (8, 8), "beta": (8, 8)},
+        {"X": (2, 2, 3, 5), "w": (2, 3), "beta": (2, 3)},
+    ),
+    Row(
+        "depthwise conv1d",
+        "Y[b,c,i] := X[b,c,i+k] * W[c,k]",
+        _depthwise,
+        {"X": (16, 64, 258), "W": (64, 3)},
+        {"X": (2, 3, 10), "W": (3, 3)},
+        program=False,
+    ),
+    Row(
+        "cross-attention, 128 queries, 384 keys",
+        CROSS_ATTENTION,
+        _cross_attention,
+        {"Q": (4, 128, 32), "K": (4, 384, 32), "scale": (), "V": (4, 384, 32)},
+        {"Q": (2, 5, 4), "K": (2, 7, 4), "scale": (), "V": (2, 7, 4)},
+    ),
+    Row(
+        "bilinear form x W y",
+        "Y[b,o] := X[b,i] * W[o,i,j] * Z[b,j]",
+        lambda X, W, Z: jnp.einsum("bi,oij,bj->bo", X, W, Z),
+        {"X": (256, 64), "W": (32, 64, 64), "Z": (256, 64)},
+        {"X": (5, 3), "W": (2, 3, 4), "Z": (5, 4)},
+        program=False,
+    ),
+    Row(
+        "MLP-Mixer token mixing",
+        MIXER,
+        lambda X, W1, W2: jnp.einsum("buc,ut->btc", jnp.tanh(jnp.einsum("bsc,su->buc", X, W1)), W2),
+        {"X": (16, 64, 128), "W1": (64, 128), "W2": (128, 64)},
+        {"X": (2, 5, 3), "W1": (5, 4), "W2": (4, 5)},
+    ),
+    Row(
+        "squared-ReLU attention, no softmax",
+        RELU2_ATTENTION,
+        _relu2_attention,
+        {"Q": (4, 256, 32), "K": (4, 256, 32), "scale": (), "V": (4, 256, 32)},
+        {"Q": (2, 5, 4), "K": (2, 6, 4), "scale": (), "V": (2, 6, 4)},
+    ),
+    Row(
+        "top-2 router",
+        ROUTER,
+        lambda X, Wr: jax.lax.top_k(jax.nn.softmax(X @ Wr, -1), 2)[0],
+        {"X": (2048, 128), "Wr": (128, 16)},
+        {"X": (7, 4), "Wr": (4, 5)},
+    ),
+    Row(
+        "soft-min over squared distances (KeOps)",
+        SOFTMIN,
+        lambda X, Z, tau: jax.nn.logsumexp(-((X[:, None] - Z[None]) ** 2).sum(-1) / tau, 1),
+        {"X": (2000, 3), "Z": (2000, 3), "tau": ()},
+        {"X": (9, 3), "Z": (7, 3), "tau": ()},
+    ),
+    Row(
+        "masked mean pooling with lengths",
+        "Y[b,c] := X[b,t,c] * (t < lens[b]) / lens[b]",
+        _masked_mean,
+        {"X": (32, 256, 128), "lens": (32,)},
+        {"X": (3, 5, 4), "lens": (3,)},
+        program=False,
+    ),
 )
-#: Inputs that are not differentiated: a mask, an index array
-CONSTANT = ("same", "nbr")
+#: Inputs that are not differentiated: a mask, an index array, sequence lengths
+CONSTANT = ("same", "nbr", "lens")
 ROWS_BY_NAME = {row.name: row for row in ROWS}
 
 
@@ -386,6 +523,7 @@ def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
         "margin": 0.3,
         "scale": 0.125,
         "epsilon": 0.01,  # Sinkhorn: most exp arguments far below -87
+        "tau": 0.1,  # soft-min: a temperature
     }
     if "W1" in shapes and "S" in shapes:  # squeeze-and-excite: the pooled length
         scalars["S"] = shapes["X"][-1]
@@ -399,6 +537,9 @@ def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
         found["same"] = (labels[:, None] == labels[None, :]).astype(np.float32)
     if "cost" in found:  # squared distances
         found["cost"] = 4 * np.square(found["cost"])
+    if "lens" in found:  # sequence lengths, 1 to T, as floats
+        t = shapes["X"][1]
+        found["lens"] = rng.integers(1, t + 1, shapes["lens"]).astype(np.float32)
     if "nbr" in found:  # neighbour lists, with repeats
         found["nbr"] = rng.integers(0, shapes["X"][0], shapes["nbr"]).astype(np.int32)
     return found
@@ -504,6 +645,7 @@ def decisions(row: Row, shapes: dict) -> str:
         return ""
     import tensordsl as td
     from codegen.ir.program import live_statements
+    from tensordsl.backends.table import BACKENDS
     from tensordsl.binding.programs import fuse_program
 
     k = td.program(row.source)
@@ -514,6 +656,7 @@ def decisions(row: Row, shapes: dict) -> str:
         k.program.outputs,
         k.program.concrete_shapes(shapes),
         order=2 if row.hvp else 1,
+        beside=BACKENDS["c"].sums_beside,  # as the C back end fuses
     )
     stored = [d.name for d in fused.decisions if d.choice == "store"]
     inlined = [d.name for d in fused.decisions if d.choice == "inline"]
@@ -643,6 +786,12 @@ a loaded machine, and the back-off caught only waits of 10 ms (section "Issue 37
 squeeze-and-excite"); the forward's nests now stream their rows. Two rules that keep small
 kernels on one thread after a team that did not pay were tried and not kept: each made
 conv2d's and RoPE's fwd+bwd 1.3-1.6x slower (section "Teams: two rules tried, none kept").
+
+The ten rows from "SwiGLU MLP" on are a third zoo (issue 37, branch zoo3): cross-attention
+with no mask stores its scores on the C back end (its one pass computed every pair XLA's
+dots compute, about half as fast), and relu's condition on the value it keeps is no guard
+(squared-ReLU attention's sum stays XLA's dot); the top-2 router's forward+backward (its
+values and positions in two passes) is left open (section "a third zoo of natural layers").
 
 Sizes:
 

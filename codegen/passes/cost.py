@@ -27,6 +27,12 @@ backward pass:
   (`codegen.passes.online`), stay recomputed, never stored (FlashAttention). A mixture of
   experts' hidden layer, also larger than every input, is stored: nothing pairs its readers,
   and its gradients would redo its sum per element.
+* ... **unless no mask spares any score**, on the back ends asked to (`beside`: those that
+  run stored scores as XLA's dots), up to `BESIDE_STORE_BYTES`: with no condition in the
+  scores or their readers (cross-attention, an encoder's attention) the one pass computes
+  every pair that XLA's dots compute, in a kernel about half their speed on the CPU; the
+  scores are stored. A causal or windowed mask bounds the one pass's loops (about half the
+  pairs for a causal mask), and keeps it.
 * ... **unless an input is read beside it in every reader** (a relative-bias table,
   `s_[b,h,i,j] + R[h, i - j + T - 1]`: `codegen.passes.mirror.summed_through`), on the
   back ends asked to (`beside`: those whose attention kernels do not compute a score
@@ -340,6 +346,19 @@ def _read_beside(
     return next((n for n in sorted(names) if summed_through(readers, n, producer.output)), None)
 
 
+def _masked(producer: LoopNest, readers: Sequence[LoopNest]) -> bool:
+    """Whether a condition (a `where`, a comparison, a guard or a loop bound) appears in
+    `producer` or its readers: a mask the one-pass strategy uses to skip pairs."""
+    return any(
+        term.guard != sympy.true
+        or term.constraints
+        or term.body.has(sympy.Piecewise)
+        or term.body.atoms(sympy.core.relational.Relational)
+        for nest in (producer, *readers)
+        for term in nest.terms
+    )
+
+
 def _largest_other(name: str, sizes: Mapping[str, int], intermediates: Sequence[str]) -> int:
     """The size of the largest input or output (intermediates are not compared)."""
     return max((n for key, n in sizes.items() if key not in (name, *intermediates)), default=0)
@@ -368,8 +387,10 @@ def decide(
         intermediates: the program's other intermediates (not compared for size).
         order: how many times the call is differentiated (1: a forward+backward pass; 2:
             an HVP or a Hessian, each nest run again as its tangent nest).
-        beside: store an intermediate that the one-pass rule would recompute where an input
-            is read beside it in every reader (a relative-bias table; module docstring).
+        beside: the back end runs stored scores as XLA's dots (C, reference): store an
+            intermediate that the one-pass rule would recompute where an input is read
+            beside it in every reader (a relative-bias table), or where no mask spares any
+            of it (module docstring).
 
     Returns:
         A `Decision`.
@@ -426,6 +447,13 @@ def decide(
                         f"larger than every input and output, but {table} is read beside it: "
                         f"stored, {table}'s gradient sums its cotangent, not a nest of its own "
                         "that recomputes it"
+                    )
+                    return Decision(name, "store", why, inline_cost, store_cost)
+                fits = size * ELEMENT_BYTES <= BESIDE_STORE_BYTES
+                if beside and fits and not _masked(producer, readers):
+                    why = (
+                        "larger than every input and output, but no mask spares any of its "
+                        "elements: stored, its sums run as XLA's dots"
                     )
                     return Decision(name, "store", why, inline_cost, store_cost)
                 why = (

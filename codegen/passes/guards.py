@@ -148,13 +148,23 @@ def _collapse(expr: sympy.Basic) -> sympy.Basic:
     return expr
 
 
+def _function_of_kept(kept: sympy.Expr, condition: sympy.Basic) -> bool:
+    """Whether `condition` reads arrays, only those that `kept` reads (relu's `S > 0` beside
+    `S`): an elementwise function of the value, not a mask. Left a value, a sum of it times
+    another operand stays a contraction whose prologue XLA's dot takes
+    (`codegen.ir.contraction`); made a guard, it would be a kernel of its own."""
+    reads = condition.atoms(sympy.Indexed)
+    return bool(reads) and reads <= kept.atoms(sympy.Indexed)
+
+
 def guard_mask(term: Term, identity: sympy.Expr | None) -> Term:
     """`term` with a mask that is not a loop bound (`where(doc[i] == doc[j], x, identity)`,
     alone or as a factor of a sum's body, the reduction's `identity` in the other branch)
     made its guard, when it has none: the kernels test it per element and leave out what it
     fails (not `0 * W`, NaN where W is), and the gradients of the body are those of the kept
     branch (attention's `dL = -sum_e dO * O` from the saved output, not a pass over every
-    pair), under the same guard."""
+    pair), under the same guard. A condition on the kept value alone (relu's `S > 0`) is a
+    function of it, not a mask, and stays in the body (`_function_of_kept`)."""
     if identity is None or term.guard != sympy.true:
         return term
     factors = sympy.Mul.make_args(term.body) if identity == 0 else (term.body,)
@@ -165,6 +175,7 @@ def guard_mask(term: Term, identity: sympy.Expr | None) -> Term:
         and len(f.args) == 2
         and f.args[1] == (identity, sympy.true)
         and not f.args[0].cond.atoms(sympy.Piecewise, Reduce)
+        and not _function_of_kept(*f.args[0])
     ]
     if len(masks) != 1:
         return term

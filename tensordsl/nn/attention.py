@@ -11,7 +11,9 @@ The program, for queries `(B, T, H, E)` and keys and values `(B, S, H, E)`::
 standing for `s_[b,h,i,j]` (plus the bias, if any), and `MASK` the product of `j <= i`
 (causal) and `mask_mod`. The scores `s_` are a sum larger than every input and output, read
 only by reductions: the program recomputes them inside the logsumexp, the weighted sum and
-every gradient nest (docs/language.md, "Programs"), and a mask made of index comparisons
+every gradient nest (docs/language.md, "Programs"; on C and reference, unmasked scores up to
+`codegen.passes.cost.BESIDE_STORE_BYTES` are stored: XLA's dots run them faster), and a
+mask made of index comparisons
 bounds the loops instead of being tested. The output is written head-major, `out_[b,h,i,e]`,
 like the logsumexp `lse_[b,h,i]`: the two then share their rows' order with the query `i`
 innermost, and the back ends that have one run them as one pass

@@ -105,3 +105,44 @@ def test_normalisation_by_a_factored_sum_runs_with_its_gradient(name, backend, f
     got = jax.grad(lambda x: jnp.sum(k(x) * cotangent))(X)
     want = jax.grad(lambda x: jnp.sum(reference(x) * cotangent))(X)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+def _attention64(Q, K, scale, V, weights):
+    s = jnp.einsum("hid,hjd->hij", Q, K) * scale
+    return jnp.einsum("hij,hje->hie", weights(s), V)
+
+
+ZOO3 = {  # issue 37's third zoo: natural layers whose fusion changed
+    "cross-attention": (
+        "CROSS_ATTENTION",
+        lambda s: jax.nn.softmax(s, -1),
+    ),
+    "squared-ReLU attention": (
+        "RELU2_ATTENTION",
+        lambda s: jax.nn.relu(s) ** 2 / s.shape[-1],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO3))
+def test_zoo3_attention_against_a_float64_reference(name):
+    """Queries and keys of different lengths (5 and 7, neither a tile's multiple); the
+    scores stored (cross-attention: no mask spares any) or read through relu, a function of
+    the value it keeps, not a guard."""
+    from benchmarks import natural
+
+    source, weights = getattr(natural, ZOO3[name][0]), ZOO3[name][1]
+    rng = np.random.default_rng(11)
+    Q, K, V = (rng.uniform(-1.5, 1.5, size=(2, n, 4)) for n in (5, 7, 7))
+    inputs = {"Q": Q, "K": K, "V": V, "scale": 0.7}
+    out, grads = run(source, inputs)
+    want = _attention64(Q, K, 0.7, V, weights)
+    cotangent = np.random.default_rng(5).normal(size=want.shape)
+    want_grads = jax.grad(
+        lambda Q, K, V: jnp.sum(_attention64(Q, K, 0.7, V, weights) * cotangent), (0, 1, 2)
+    )(Q, K, V)
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
+    k = td.program(source, backend="c")
+    by_name = dict(zip(k.inputs, grads))
+    for got, expected in zip([by_name[n] for n in "QKV"], want_grads):
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-11)

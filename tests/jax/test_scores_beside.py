@@ -146,9 +146,9 @@ def test_under_vmap(backend):
             )
 
 
-def _decision(score: str, length: int, beside: bool) -> str:
+def _decision(score: str, length: int, beside: bool, mask: str | None = None) -> str:
     """The fusion choice of the scores of the attention program with `score`."""
-    program = td.program(attention_source(score, None)).program
+    program = td.program(attention_source(score, mask)).program
     width = 2 * length - 1
     inputs = {"q_": (1, length, 4, 32), "k_": (1, length, 4, 32), "v_": (1, length, 4, 32)}
     inputs.update({"R": (4, width), "scale_": ()})
@@ -163,8 +163,12 @@ def test_the_scores_are_stored_only_where_asked_and_small_enough():
     # back ends whose attention kernels compute the table's gradient themselves (cuda, pallas)
     assert _decision(relative.format(255), 256, beside=False) == "inline"
     assert _decision("s_[b,h,i,j] + R[h, 0] * (j - i)", 256, beside=True) == "store"  # ALiBi
-    # a table read through a product is no sum beside the scores
-    assert _decision("s_[b,h,i,j] * R[h, i - j + 255]", 256, beside=True) == "inline"
+    # a table read through a product is no sum beside the scores: a causal mask keeps the one
+    # pass; with no mask, the scores are stored anyway (no mask spares any: XLA's dots)
+    product = "s_[b,h,i,j] * R[h, i - j + 255]"
+    assert _decision(product, 256, beside=True, mask="(j <= i)") == "inline"
+    assert _decision(product, 256, beside=True) == "store"
+    assert _decision(product, 256, beside=False) == "inline"
     # past the memory bound (4 heads of T x T scores) the scores stay recomputed
     longest = int(np.sqrt(cost.BESIDE_STORE_BYTES / cost.ELEMENT_BYTES / 4))
     assert _decision(relative.format(longest - 1), longest, beside=True) == "store"

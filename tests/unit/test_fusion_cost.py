@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tensordsl as td
-from benchmarks.natural import ATTENTION_LAYER, TRIPLET
+from benchmarks.natural import ATTENTION, ATTENTION_LAYER, CROSS_ATTENTION, TRIPLET
 from codegen.ir.program import live_statements
 from codegen.passes.fusion import fuse
 from codegen.passes.online import pair_stored
@@ -108,6 +108,39 @@ def test_attention_scores_differentiated_twice_are_stored_where_they_fit(monkeyp
     live, concrete = live_statements(k.program), k.program.concrete_shapes(shapes)
     capped = fuse(live, outputs=k.program.outputs, shapes=concrete, order=2)  # not cached
     assert capped.inlined == ("S",)  # past the cap: one pass, as at first order
+
+
+CROSS_SHAPES = {"Q": (4, 128, 32), "K": (4, 384, 32), "scale": (), "V": (4, 384, 32)}
+
+
+def test_unmasked_scores_are_stored_where_stored_scores_run_as_xla_dots():
+    """Zoo 3: with no mask to skip work, the one-pass kernel ran cross-attention 2x slower than
+    the scores stored and XLA's dots (forward and forward+backward, 2 cores). On the back
+    ends that run stored scores as XLA's dots (`beside`), unmasked scores are stored up to
+    BESIDE_STORE_BYTES; masked ones, and every back end else, keep the one pass."""
+    k = td.program(CROSS_ATTENTION, backend="c")
+    live, concrete = live_statements(k.program), k.program.concrete_shapes(CROSS_SHAPES)
+    stored = fuse(live, outputs=k.program.outputs, shapes=concrete, beside=True)
+    (decision,) = [d for d in stored.decisions if d.name == "S"]
+    assert (decision.choice, stored.inlined) == ("store", ())
+    assert decision.reason == (
+        "larger than every input and output, but no mask spares any of its elements: "
+        "stored, its sums run as XLA's dots"
+    )
+    assert fuse(live, outputs=k.program.outputs, shapes=concrete).inlined == ("S",)
+    causal = td.program(ATTENTION, backend="c")
+    live = live_statements(causal.program)
+    shapes = causal.program.concrete_shapes({**CROSS_SHAPES, "K": (4, 128, 32), "V": (4, 128, 32)})
+    assert fuse(live, outputs=causal.program.outputs, shapes=shapes, beside=True).inlined == ("S",)
+
+
+def test_unmasked_scores_past_the_store_cap_keep_the_one_pass(monkeypatch):
+    from codegen.passes import cost
+
+    monkeypatch.setattr(cost, "BESIDE_STORE_BYTES", 4 * 128 * 384 * 4 - 1)
+    k = td.program(CROSS_ATTENTION, backend="c")
+    live, concrete = live_statements(k.program), k.program.concrete_shapes(CROSS_SHAPES)
+    assert fuse(live, outputs=k.program.outputs, shapes=concrete, beside=True).inlined == ("S",)
 
 
 @pytest.mark.parametrize(
@@ -257,3 +290,17 @@ def test_a_max_divided_out_again_has_no_gradient(source, outputs, invariant):
     k = td.program(source, backend="reference", **options)
     stored = fused(k, {"X": (4, 6)}).stored
     assert shift_invariant(stored, outputs=k.program.outputs) == invariant
+
+
+def test_relu_of_a_stored_intermediate_stays_a_value_and_the_sum_xla_dots():
+    """Zoo 3: `relu(S[h,i,j])^2 * V[h,j,e]` made relu's `S > 0` a guard of the stored nest
+    (as a mask that reads other arrays is): a guarded sum is no XLA dot with a prologue, so
+    O ran as a register-tiled kernel and its S gradient as dot products, 2x jnp's time. A
+    condition that reads only what its kept branch reads is a function, not a mask."""
+    from benchmarks.natural import RELU2_ATTENTION
+
+    k = td.program(RELU2_ATTENTION, backend="c")
+    shapes = {"Q": (4, 256, 32), "K": (4, 256, 32), "scale": (), "V": (4, 256, 32)}
+    (out,) = [n for n in fused(k, shapes).stored if n.output == "O"]
+    assert all(term.guard == True for term in out.terms)  # noqa: E712
+    assert "forward O  XLA's dot" in k.explain(shapes)
