@@ -10,6 +10,12 @@ it, not a gradient nest that recomputes every score, weight and `dO . v` once mo
 element of the table's gradient is written once, by the thread of its element (no atomics).
 ALiBi's learnt slopes (`s_[b,h,i,j] + A[h] * (j - i)`) likewise: `dA[h] = sum dS * (j - i)`,
 as per-row partial sums summed by XLA (`codegen.passes.partials`).
+
+Where the scores feed only a softmax and the factor is not a constant (ALiBi's `j - i`),
+the cotangent read is `dS - P * rho`, `rho` the rows' sums of `dS` less the logsumexp's own
+cotangent, exactly 0 but for float32's rounding of the logsumexp, which the factor would
+multiply by up to T (`codegen.passes.row_shift`): the weights `P` are recomputed in the
+same pass, within the mask's bounds.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from codegen.ir.nest import LoopNest
+import dataclasses
+
+import sympy
+
+from codegen.ir.nest import LoopNest, Operand, index_symbol, tensor_base
 from codegen.passes import grad, gradient_rules
 from codegen.passes.mirror import Through, summed_through, through_nest
 from codegen.passes.partials import row_partials
+from codegen.passes.row_shift import SoftmaxRows, softmax_rows
 from tensordsl.binding.primitive import is_differentiable
 
 
@@ -55,6 +66,20 @@ def _wanted(name: str, values: Mapping[str, Any], wanted: Set[str]) -> bool:
     return name in wanted and is_differentiable(jnp.result_type(values[name]))
 
 
+def softmax(
+    partner: str,
+    stored: Sequence[LoopNest],
+    outputs: Sequence[str],
+    given: Mapping[str, Any],
+) -> tuple[SoftmaxRows, Any] | None:
+    """(how the stored intermediate `partner` feeds a softmax, the logsumexp's cotangent
+    given from outside, None where it is an output given none), or None
+    (`codegen.passes.row_shift`)."""
+    readers = [each for each in stored if partner in each.operand_names]
+    rows = softmax_rows(readers, partner, stored=stored, outputs=outputs)
+    return None if rows is None else (rows, given.get(rows.lse))
+
+
 def gradient(
     wrt: str,
     partner: str,
@@ -62,10 +87,13 @@ def gradient(
     cotangent: Any,
     values: Mapping[str, Any],
     call: Callable[..., Any],
+    rows: tuple[SoftmaxRows, Any] | None = None,
 ) -> Any:
     """`wrt`'s gradient from the intermediate `partner`'s `cotangent`: the gradient nest of
     `through_nest` (a sum over the intermediate's axes that `wrt`'s element does not fix),
-    run by `call(nest, values, shapes, like)`."""
+    run by `call(nest, values, shapes, like)`; the cotangent's rows made to sum to what
+    they must (`_centred`) where `rows` says how the intermediate feeds a softmax and the
+    factor is not a constant."""
     like = values[wrt]
     nest = through_nest(partner, np.ndim(values[partner]), wrt, np.ndim(like), through)
     found = grad.gradient(nest, wrt)
@@ -73,6 +101,11 @@ def gradient(
         name: cotangent if role == gradient_rules.COTANGENT else values[name]
         for name, role in found.roles
     }
+    if rows is not None and sympy.sympify(through.factor).free_symbols:
+        (read,) = (name for name, role in found.roles if role == gradient_rules.COTANGENT)
+        found = dataclasses.replace(found, nest=_centred(found.nest, read, rows[0]))
+        named[_ROWS] = _row_sums(cotangent, rows[0], rows[1])
+        named.update({name: values[name] for name in found.nest.operand_names if name not in named})
     shapes = {name: tuple(np.shape(v)) for name, v in (*values.items(), *named.items())}
     shapes[found.nest.output] = tuple(np.shape(like))
     # A few elements, each a sum over every pair (ALiBi's slopes): per-row partial sums,
@@ -82,3 +115,36 @@ def gradient(
         return call(found.nest, named, shapes, like)
     partial = call(rows.nest, named, shapes, like)
     return jnp.sum(partial, axis=rows.summed, dtype=jnp.result_type(like))
+
+
+#: The operand of a centred gradient nest holding `rho`, the rows' sums to take out.
+_ROWS = "rho_rows_"
+
+
+def _row_sums(cotangent: Any, rows: SoftmaxRows, given: Any) -> Any:
+    """`rho`: the cotangent summed over the axes that are not the rows, in the logsumexp's
+    order, less the logsumexp's own cotangent (exactly 0 in exact arithmetic)."""
+    others = tuple(n for n in range(np.ndim(cotangent)) if n not in rows.rows)
+    found = jnp.sum(cotangent, axis=others)
+    kept = sorted(rows.rows)
+    found = jnp.transpose(found, [kept.index(n) for n in rows.rows])
+    return found if given is None else found - given
+
+
+def _centred(nest: LoopNest, read: str, rows: SoftmaxRows) -> LoopNest:
+    """The gradient nest with its cotangent `read` taken as `read - P * rho` (module
+    docstring), each term kept within the mask's bounds (where `read` is 0 anyway: every
+    reader of the intermediate keeps the same scores)."""
+    rho = tensor_base(_ROWS)
+    terms = []
+    for term in nest.terms:
+        (access,) = (a for a in term.body.atoms(sympy.Indexed) if str(a.base) == read)
+        axes = {index_symbol(f"x{n}_"): x for n, x in enumerate(access.indices)}
+        weight = rows.weight.xreplace(axes)
+        row = rho[tuple(access.indices[n] for n in rows.rows)]
+        body = term.body.xreplace({access: access - weight * row})
+        bounds = tuple(sympy.sympify(c).xreplace(axes) for c in rows.constraints)
+        terms.append(dataclasses.replace(term, body=body, constraints=term.constraints + bounds))
+    known = {op.name for op in nest.operands}
+    added = tuple(op for op in (*rows.operands, Operand(_ROWS, len(rows.rows))) if op.name not in known)
+    return dataclasses.replace(nest, terms=tuple(terms), operands=nest.operands + added)
