@@ -133,9 +133,7 @@ def softmax_rows(
     return SoftmaxRows(lse.output, rows, weight, kept.pop(), read)
 
 
-def _unmoved(
-    nest: LoopNest, partner: str, lse: LoopNest, rows: tuple[int, ...], kept: set
-) -> bool:
+def _unmoved(nest: LoopNest, partner: str, lse: LoopNest, rows: tuple[int, ...], kept: set) -> bool:
     """Whether each term of `nest` reads `partner` once and `lse` once, at the row's indices,
     and is unchanged when both move by the same `t` of the row; adds its constraints, in
     the scores' axes, to `kept`."""

@@ -20,14 +20,12 @@ same pass, within the mask's bounds.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-
-import dataclasses
-
 import sympy
 
 from codegen.ir.nest import LoopNest, Operand, index_symbol, tensor_base
@@ -87,13 +85,13 @@ def gradient(
     cotangent: Any,
     values: Mapping[str, Any],
     call: Callable[..., Any],
-    rows: tuple[SoftmaxRows, Any] | None = None,
+    centring: tuple[SoftmaxRows, Any] | None = None,
 ) -> Any:
     """`wrt`'s gradient from the intermediate `partner`'s `cotangent`: the gradient nest of
     `through_nest` (a sum over the intermediate's axes that `wrt`'s element does not fix),
     run by `call(nest, values, shapes, like)`; the cotangent's rows made to sum to what
-    they must (`_centred`) where `rows` says how the intermediate feeds a softmax and the
-    factor is not a constant."""
+    they must (`_centred`) where `centring` (from `softmax`) says how the intermediate feeds a softmax and
+    the factor is not a constant."""
     like = values[wrt]
     nest = through_nest(partner, np.ndim(values[partner]), wrt, np.ndim(like), through)
     found = grad.gradient(nest, wrt)
@@ -101,10 +99,10 @@ def gradient(
         name: cotangent if role == gradient_rules.COTANGENT else values[name]
         for name, role in found.roles
     }
-    if rows is not None and sympy.sympify(through.factor).free_symbols:
+    if centring is not None and sympy.sympify(through.factor).free_symbols:
         (read,) = (name for name, role in found.roles if role == gradient_rules.COTANGENT)
-        found = dataclasses.replace(found, nest=_centred(found.nest, read, rows[0]))
-        named[_ROWS] = _row_sums(cotangent, rows[0], rows[1])
+        found = dataclasses.replace(found, nest=_centred(found.nest, read, centring[0]))
+        named[_ROWS] = _row_sums(cotangent, *centring)
         named.update({name: values[name] for name in found.nest.operand_names if name not in named})
     shapes = {name: tuple(np.shape(v)) for name, v in (*values.items(), *named.items())}
     shapes[found.nest.output] = tuple(np.shape(like))
@@ -146,5 +144,7 @@ def _centred(nest: LoopNest, read: str, rows: SoftmaxRows) -> LoopNest:
         bounds = tuple(sympy.sympify(c).xreplace(axes) for c in rows.constraints)
         terms.append(dataclasses.replace(term, body=body, constraints=term.constraints + bounds))
     known = {op.name for op in nest.operands}
-    added = tuple(op for op in (*rows.operands, Operand(_ROWS, len(rows.rows))) if op.name not in known)
+    added = tuple(
+        op for op in (*rows.operands, Operand(_ROWS, len(rows.rows))) if op.name not in known
+    )
     return dataclasses.replace(nest, terms=tuple(terms), operands=nest.operands + added)
