@@ -90,8 +90,8 @@ def gradient(
     """`wrt`'s gradient from the intermediate `partner`'s `cotangent`: the gradient nest of
     `through_nest` (a sum over the intermediate's axes that `wrt`'s element does not fix),
     run by `call(nest, values, shapes, like)`; the cotangent's rows made to sum to what
-    they must (`_centred`) where `centring` (from `softmax`) says how the intermediate feeds a softmax and
-    the factor is not a constant."""
+    they must (`_centred`) where `centring` (from `softmax`) says how the intermediate
+    feeds a softmax and the factor is not a constant."""
     like = values[wrt]
     nest = through_nest(partner, np.ndim(values[partner]), wrt, np.ndim(like), through)
     found = grad.gradient(nest, wrt)
