@@ -266,8 +266,9 @@ class FusedProgram:
                 found = self._call(*self._merged(_folded(pending.pop(name)), values[name]))
                 cotangent.add(name, found)
                 if name in onto:  # `R[h, i - j + 7]` beside it, rows centred in a softmax
-                    rows = through.softmax(name, self.stored, self.outputs, given)
-                    for wrt, how in onto.pop(name).items():
+                    ways = onto.pop(name)
+                    rows = through.softmax(name, self.stored, self.outputs, given, ways.values())
+                    for wrt, how in ways.items():
                         part = through.gradient(wrt, name, how, found, values, self._call, rows)
                         mirrored.add(wrt, part)
             dy = cotangent.get(nest.output)

@@ -21,7 +21,7 @@ same pass, within the mask's bounds.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 import jax.numpy as jnp
@@ -69,10 +69,14 @@ def softmax(
     stored: Sequence[LoopNest],
     outputs: Sequence[str],
     given: Mapping[str, Any],
+    ways: Iterable[Through],
 ) -> tuple[SoftmaxRows, Any] | None:
     """(how the stored intermediate `partner` feeds a softmax, the logsumexp's cotangent
     given from outside, None where it is an output given none), or None
-    (`codegen.passes.row_shift`)."""
+    (`codegen.passes.row_shift`); None too where none of the `ways` inputs are read
+    beside it has a factor that is not a constant (nothing to centre, nothing proven)."""
+    if not any(_varies(way) for way in ways):
+        return None
     readers = [each for each in stored if partner in each.operand_names]
     rows = softmax_rows(readers, partner, stored=stored, outputs=outputs)
     return None if rows is None else (rows, given.get(rows.lse))
@@ -99,7 +103,7 @@ def gradient(
         name: cotangent if role == gradient_rules.COTANGENT else values[name]
         for name, role in found.roles
     }
-    if centring is not None and sympy.sympify(through.factor).free_symbols:
+    if centring is not None and _varies(through):
         (read,) = (name for name, role in found.roles if role == gradient_rules.COTANGENT)
         found = dataclasses.replace(found, nest=_centred(found.nest, read, centring[0]))
         named[_ROWS] = _row_sums(cotangent, *centring)
@@ -113,6 +117,12 @@ def gradient(
         return call(found.nest, named, shapes, like)
     partial = call(rows.nest, named, shapes, like)
     return jnp.sum(partial, axis=rows.summed, dtype=jnp.result_type(like))
+
+
+def _varies(way: Through) -> bool:
+    """Whether the factor is not a constant (ALiBi's `j - i`): one that a row's error in
+    the cotangent would be multiplied by, up to T."""
+    return bool(sympy.sympify(way.factor).free_symbols)
 
 
 #: The operand of a centred gradient nest holding `rho`, the rows' sums to take out.
