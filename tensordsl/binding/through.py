@@ -11,11 +11,13 @@ element of the table's gradient is written once, by the thread of its element (n
 ALiBi's learnt slopes (`s_[b,h,i,j] + A[h] * (j - i)`) likewise: `dA[h] = sum dS * (j - i)`,
 as per-row partial sums summed by XLA (`codegen.passes.partials`).
 
-Where the scores feed only a softmax and the factor is not a constant (ALiBi's `j - i`),
-the cotangent read is `dS - P * rho`, `rho` the rows' sums of `dS` less the logsumexp's own
-cotangent, exactly 0 but for float32's rounding of the logsumexp, which the factor would
-multiply by up to T (`codegen.passes.row_shift`): the weights `P` are recomputed in the
-same pass, within the mask's bounds.
+With `TENSORDSL_CENTRED_ROWS=1`, where the scores feed only a softmax and the factor is
+not a constant (ALiBi's `j - i`), the cotangent read is `dS - P * rho`, `rho` the rows' sums
+of `dS` less the logsumexp's own cotangent, exactly 0 but for float32's rounding of the
+logsumexp, which the factor would multiply by up to T (`codegen.passes.row_shift`): the
+weights `P` are recomputed in the same pass, within the mask's bounds, and `rho` is one more
+pass over `dS`. Not the default: measured slower on the backward (benchmarks/RESULTS.md,
+"alibi").
 """
 
 from __future__ import annotations
@@ -28,7 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from codegen.ir.nest import LoopNest, Operand, index_symbol, tensor_base
+from codegen import config
+from codegen.ir.nest import (
+    LoopNest,
+    Operand,
+    Range,
+    Term,
+    extent_symbol,
+    index_symbol,
+    tensor_base,
+)
 from codegen.passes import grad, gradient_rules
 from codegen.passes.mirror import Through, summed_through, through_nest
 from codegen.passes.partials import row_partials
@@ -74,8 +85,10 @@ def softmax(
     """(how the stored intermediate `partner` feeds a softmax, the logsumexp's cotangent
     given from outside, None where it is an output given none), or None
     (`codegen.passes.row_shift`); None too where none of the `ways` inputs are read
-    beside it has a factor that is not a constant (nothing to centre, nothing proven)."""
-    if not any(_varies(way) for way in ways):
+    beside it has a factor that is not a constant (nothing to centre, nothing proven), and
+    unless `TENSORDSL_CENTRED_ROWS` asks for it (`codegen.config.centred_rows`: a slower
+    backward)."""
+    if not config.centred_rows() or not any(_varies(way) for way in ways):
         return None
     readers = [each for each in stored if partner in each.operand_names]
     rows = softmax_rows(readers, partner, stored=stored, outputs=outputs)
@@ -106,7 +119,7 @@ def gradient(
     if centring is not None and _varies(through):
         (read,) = (name for name, role in found.roles if role == gradient_rules.COTANGENT)
         found = dataclasses.replace(found, nest=_centred(found.nest, read, centring[0]))
-        named[_ROWS] = _row_sums(cotangent, *centring)
+        named[_ROWS] = _row_sums(cotangent, *centring, call)
         named.update({name: values[name] for name in found.nest.operand_names if name not in named})
     shapes = {name: tuple(np.shape(v)) for name, v in (*values.items(), *named.items())}
     shapes[found.nest.output] = tuple(np.shape(like))
@@ -129,13 +142,21 @@ def _varies(way: Through) -> bool:
 _ROWS = "rho_rows_"
 
 
-def _row_sums(cotangent: Any, rows: SoftmaxRows, given: Any) -> Any:
-    """`rho`: the cotangent summed over the axes that are not the rows, in the logsumexp's
-    order, less the logsumexp's own cotangent (exactly 0 in exact arithmetic)."""
-    others = tuple(n for n in range(np.ndim(cotangent)) if n not in rows.rows)
-    found = jnp.sum(cotangent, axis=others)
-    kept = sorted(rows.rows)
-    found = jnp.transpose(found, [kept.index(n) for n in rows.rows])
+def _row_sums(cotangent: Any, rows: SoftmaxRows, given: Any, call: Callable[..., Any]) -> Any:
+    """`rho`: the cotangent summed over the axes that are not the rows, within the mask's
+    bounds, in the logsumexp's order, less the logsumexp's own cotangent (exactly 0 in exact
+    arithmetic). A nest, run by `call`: XLA's reduction of the whole `(T, S)` array took
+    longer than the centred pass itself."""
+    read = "ct_"
+    axes = tuple(index_symbol(f"x{n}_") for n in range(np.ndim(cotangent)))
+    ranges = {n: Range(x, 0, extent_symbol(read, n)) for n, x in enumerate(axes)}
+    free = tuple(ranges[n] for n in rows.rows)
+    reduced = tuple(ranges[n] for n in range(len(axes)) if n not in rows.rows)
+    term = Term(tensor_base(read)[axes], reduced, rows.constraints)
+    nest = LoopNest(_ROWS, free, (term,), (Operand(read, len(axes)),))
+    shape = tuple(np.shape(cotangent)[n] for n in rows.rows)
+    like = jnp.zeros((), jnp.result_type(cotangent))
+    found = call(nest, {read: cotangent}, {read: np.shape(cotangent), _ROWS: shape}, like)
     return found if given is None else found - given
 
 

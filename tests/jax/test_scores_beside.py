@@ -110,7 +110,7 @@ def test_gradients_against_materialised_scores(name, backend, causal):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_parameter_gradient_sums_the_scores_cotangent(name, backend):
     """Each parameter's gradient nest reads a cotangent of the scores' shape, and neither q
-    nor k: no score's dot product is recomputed for it."""
+    nor k: no score is recomputed for it."""
     args = _inputs(name)
     ours = _ours(name, backend, True)
     wrt = tuple(range(len(args)))
@@ -122,13 +122,7 @@ def test_the_parameter_gradient_sums_the_scores_cotangent(name, backend):
         names = equation.params["nest"].operand_names
         assert not {"q_", "k_", "v_"} & set(names)
         shapes = [tuple(v.aval.shape) for v in equation.invars]
-        if equation.params["nest"].output.endswith("_rows_"):
-            # the slopes' (a factor of indices): the scores' weights recomputed from the
-            # stored scores, and the cotangent's row sums taken out (`codegen.passes.row_shift`)
-            assert names == ("ds_", "s_", "A", "lse_", "rho_rows_")
-            assert shapes[:2] == [(B, H, T, T)] * 2
-        else:
-            assert shapes == [(B, H, T, T)]
+        assert shapes == [(B, H, T, T)]
 
 
 @pytest.mark.usefixtures("poisoned")
@@ -195,16 +189,35 @@ def _alibi_jnp(q, k, v, slopes):
     return out, jax.nn.logsumexp(s, -1)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_centred_rows_recompute_weights_not_scores(backend, monkeypatch):
+    """With `TENSORDSL_CENTRED_ROWS=1` the slopes' rows nest reads the cotangent, the stored
+    scores, the slopes, the log-sum-exp and the rows' sums (`codegen.passes.row_shift`),
+    neither q, k nor v."""
+    monkeypatch.setenv("TENSORDSL_CENTRED_ROWS", "1")
+    args = _inputs("alibi_learnt_slopes")
+    ours = _ours("alibi_learnt_slopes", backend, True)
+    wrt = tuple(range(len(args)))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda *x: jnp.sum(ours(*x)), argnums=wrt))(*args)
+    nests = {e.params["nest"].output: e for e in nest_equations(jaxpr.jaxpr)}
+    equation = nests["dA_rows_"]
+    assert equation.params["nest"].operand_names == ("ds_", "s_", "A", "lse_", "rho_rows_")
+    assert [tuple(v.aval.shape) for v in equation.invars][:2] == [(B, H, T, T)] * 2
+    assert nests["rho_rows_"].params["nest"].operand_names == ("ct_",)
+
+
 @pytest.mark.usefixtures("poisoned")
 @pytest.mark.parametrize("with_lse", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_slopes_gradient_in_float32_against_float64(backend, with_lse):
+def test_slopes_gradient_in_float32_against_float64(backend, with_lse, monkeypatch):
     """ALiBi's learnt slopes at T=384 in float32, negative (each row's weight far from its
     query, the scores and so the log-sum-exp in the hundreds): `dA = sum dS * (j - i)`
     within 2e-4 of its largest element of float64's. Measured on c without `return_lse`:
-    2.8e-5, jax.numpy's float32 2.9e-5, 5.5e-3 before the rows of `dS` were made to sum
-    to the log-sum-exp's cotangent (`codegen.passes.row_shift`); with `return_lse=True` a
-    cotangent of the log-sum-exp too."""
+    2.8e-5, jax.numpy's float32 2.9e-5, 5.5e-3 without the rows of `dS` made to sum to
+    the log-sum-exp's cotangent (`codegen.passes.row_shift`, `TENSORDSL_CENTRED_ROWS=1`:
+    not the default, a slower backward); with `return_lse=True` a cotangent of the
+    log-sum-exp too."""
+    monkeypatch.setenv("TENSORDSL_CENTRED_ROWS", "1")
     rng = np.random.default_rng(37)
     shape = (1, 384, 2, 16)
     q, k, v, cotangent = (rng.normal(size=shape) for _ in range(4))
