@@ -84,9 +84,9 @@ def softmax(
 ) -> tuple[SoftmaxRows, Any] | None:
     """(how the stored intermediate `partner` feeds a softmax, the logsumexp's cotangent
     given from outside, None where it is an output given none), or None
-    (`codegen.passes.row_shift`); None too where none of the `ways` inputs are read
-    beside it has a factor that is not a constant (nothing to centre, nothing proven), and
-    unless `TENSORDSL_CENTRED_ROWS` asks for it (`codegen.config.centred_rows`: a slower
+    (`codegen.passes.row_shift`); None too where no input read beside it (`ways`) has a
+    factor that varies (nothing to centre, nothing to prove), and unless
+    `TENSORDSL_CENTRED_ROWS` asks for it (`codegen.config.centred_rows`: a slower
     backward)."""
     if not config.centred_rows() or not any(_varies(way) for way in ways):
         return None
@@ -145,8 +145,8 @@ _ROWS = "rho_rows_"
 def _row_sums(cotangent: Any, rows: SoftmaxRows, given: Any, call: Callable[..., Any]) -> Any:
     """`rho`: the cotangent summed over the axes that are not the rows, within the mask's
     bounds, in the logsumexp's order, less the logsumexp's own cotangent (exactly 0 in exact
-    arithmetic). A nest, run by `call`: XLA's reduction of the whole `(T, S)` array took
-    longer than the centred pass itself."""
+    arithmetic). A nest, run by `call`, over the kept scores alone (the mask's bounds);
+    XLA's sum of the whole array was no faster (benchmarks/RESULTS.md, "alibi")."""
     read = "ct_"
     axes = tuple(index_symbol(f"x{n}_") for n in range(np.ndim(cotangent)))
     ranges = {n: Range(x, 0, extent_symbol(read, n)) for n, x in enumerate(axes)}
