@@ -191,6 +191,17 @@ def pair_gradients() -> bool:
     return _flag("TENSORDSL_PAIR_GRADIENTS", "1")
 
 
+def centred_rows() -> bool:
+    """`TENSORDSL_CENTRED_ROWS`: "1" makes the gradient of a parameter read beside softmax
+    scores times a factor of indices (ALiBi's learnt slopes, `S + A[h] * (j - i)`), summed
+    from the stored scores' cotangent on C and reference, take each row's sum out of that
+    cotangent first (`codegen.passes.row_shift`): float32's rounding of the logsumexp is
+    then not multiplied by `j - i`, at the cost of one more pass over the scores'
+    cotangent and the scores' weights recomputed in the gradient's pass (benchmarks/
+    RESULTS.md, "alibi"); "0" (default) sums the cotangent as it is."""
+    return _flag("TENSORDSL_CENTRED_ROWS", "0")
+
+
 CPU_CALLS = ("ffi", "callback")
 
 
@@ -313,6 +324,7 @@ SETTINGS = (
     "TENSORDSL_BUILD_JOBS",
     "TENSORDSL_CACHE_DIR",
     "TENSORDSL_CC",
+    "TENSORDSL_CENTRED_ROWS",
     "TENSORDSL_CFLAGS",
     "TENSORDSL_CPU_CALL",
     "TENSORDSL_CUDA_EMULATE",
@@ -349,6 +361,7 @@ def check_settings() -> None:
     readers += (build_mode,)
     readers += (poison_outputs, xla_contractions, fuse_programs, group_gradients)
     readers += (pair_gradients, cpu_call, cuda_emulate, gpu_call, verbosity, progress_after)
+    readers += (centred_rows,)
     for read in (*readers, dump_dir):
         read()
     _CHECKED.add(key)

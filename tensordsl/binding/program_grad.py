@@ -244,7 +244,8 @@ class FusedProgram:
         `cotangents` (None for a zero one): the stored statements in reverse, each input's
         gradient nests merged into one nest and run once."""
         stored_names, readers = self.stored_names.outputs, self.stored_names.readers
-        cotangent = Sums((n, ct) for n, ct in zip(self.outputs, cotangents) if ct is not None)
+        given = {n: ct for n, ct in zip(self.outputs, cotangents) if ct is not None}
+        cotangent = Sums(given.items())
         needed = with_cotangents(self.stored, frozenset(perturbed))
         parts: dict[str, list[_Part]] = {}
         # A stored intermediate several statements read (attention's stored scores, read by
@@ -264,8 +265,12 @@ class FusedProgram:
                 name = nest.output
                 found = self._call(*self._merged(_folded(pending.pop(name)), values[name]))
                 cotangent.add(name, found)
-                for wrt, how in onto.pop(name, {}).items():  # `R[h, i - j + 7]` beside it
-                    mirrored.add(wrt, through.gradient(wrt, name, how, found, values, self._call))
+                if name in onto:  # `R[h, i - j + 7]` beside it, rows centred in a softmax
+                    ways = onto.pop(name)
+                    rows = through.softmax(name, self.stored, self.outputs, given, ways.values())
+                    for wrt, how in ways.items():
+                        part = through.gradient(wrt, name, how, found, values, self._call, rows)
+                        mirrored.add(wrt, part)
             dy = cotangent.get(nest.output)
             if dy is None:
                 continue
