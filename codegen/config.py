@@ -195,7 +195,7 @@ def centred_rows() -> bool:
     """`TENSORDSL_CENTRED_ROWS`: "1" makes the gradient of a parameter read beside softmax
     scores times a factor of indices (ALiBi's learnt slopes, `S + A[h] * (j - i)`), summed
     from the stored scores' cotangent on C and reference, take each row's sum out of that
-    cotangent first (`codegen.passes.row_shift`): float32's rounding of the logsumexp is
+    cotangent first (`codegen.passes.centring`): float32's rounding of the logsumexp is
     then not multiplied by `j - i`, at the cost of one more pass over the scores'
     cotangent and the scores' weights recomputed in the gradient's pass (benchmarks/
     RESULTS.md, "alibi"); "0" (default) sums the cotangent as it is."""

@@ -14,7 +14,7 @@ as per-row partial sums summed by XLA (`codegen.passes.partials`).
 With `TENSORDSL_CENTRED_ROWS=1`, where the scores feed only a softmax and the factor is
 not a constant (ALiBi's `j - i`), the cotangent read is `dS - P * rho`, `rho` the rows' sums
 of `dS` less the logsumexp's own cotangent, exactly 0 but for float32's rounding of the
-logsumexp, which the factor would multiply by up to T (`codegen.passes.row_shift`): the
+logsumexp, which the factor would multiply by up to T (`codegen.passes.centring`): the
 weights `P` are recomputed in the same pass, within the mask's bounds, and `rho` is one more
 pass over `dS`. Not the default: measured slower on the backward (benchmarks/RESULTS.md,
 "alibi").
@@ -41,9 +41,9 @@ from codegen.ir.nest import (
     tensor_base,
 )
 from codegen.passes import grad, gradient_rules
+from codegen.passes.centring import SoftmaxRows, softmax_rows
 from codegen.passes.mirror import Through, summed_through, through_nest
 from codegen.passes.partials import row_partials
-from codegen.passes.row_shift import SoftmaxRows, softmax_rows
 from tensordsl.binding.primitive import is_differentiable
 
 
@@ -84,7 +84,7 @@ def softmax(
 ) -> tuple[SoftmaxRows, Any] | None:
     """(how the stored intermediate `partner` feeds a softmax, the logsumexp's cotangent
     given from outside, None where it is an output given none), or None
-    (`codegen.passes.row_shift`); None too where no input read beside it (`ways`) has a
+    (`codegen.passes.centring`); None too where no input read beside it (`ways`) has a
     factor that varies (nothing to centre, nothing to prove), and unless
     `TENSORDSL_CENTRED_ROWS` asks for it (`codegen.config.centred_rows`: a slower
     backward)."""

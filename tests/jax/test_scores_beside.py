@@ -196,7 +196,7 @@ def _alibi_jnp(q, k, v, slopes):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_centred_rows_recompute_weights_not_scores(backend, monkeypatch):
     """With `TENSORDSL_CENTRED_ROWS=1` the slopes' rows nest reads the cotangent, the stored
-    scores, the slopes, the log-sum-exp and the rows' sums (`codegen.passes.row_shift`),
+    scores, the slopes, the log-sum-exp and the rows' sums (`codegen.passes.centring`),
     neither q, k nor v."""
     monkeypatch.setenv("TENSORDSL_CENTRED_ROWS", "1")
     args = _inputs("alibi_learnt_slopes")
@@ -218,7 +218,7 @@ def test_slopes_gradient_in_float32_against_float64(backend, with_lse, monkeypat
     query, the scores and so the log-sum-exp in the hundreds): `dA = sum dS * (j - i)`
     within 2e-4 of its largest element of float64's. Measured on c without `return_lse`:
     2.8e-5, jax.numpy's float32 2.9e-5, 5.5e-3 without the rows of `dS` made to sum to
-    the log-sum-exp's cotangent (`codegen.passes.row_shift`, `TENSORDSL_CENTRED_ROWS=1`:
+    the log-sum-exp's cotangent (`codegen.passes.centring`, `TENSORDSL_CENTRED_ROWS=1`:
     not the default, a slower backward); with `return_lse=True` a cotangent of the
     log-sum-exp too."""
     monkeypatch.setenv("TENSORDSL_CENTRED_ROWS", "1")
