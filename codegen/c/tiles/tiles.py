@@ -16,7 +16,7 @@ import sympy
 from codegen.c.reductions.simple import parallel_loop, scalar
 from codegen.c.tiles.lanes import CEmitter, lane_levels, lane_loops
 from codegen.c.tiles.outline import outlined_call
-from codegen.c.tiles.padding import LaneMasks, lane_masks, prepare_lines
+from codegen.c.tiles.padding import LaneMasks, inside_masks, lane_masks, prepare_lines
 from codegen.c.tiles.prefetch import slice_prefetch_lines
 from codegen.c.tiles.unswitch import row_condition, unswitched
 from codegen.emit.emitter import Lines, block_lines, indent_lines
@@ -238,7 +238,7 @@ def tiled(
     vector = sympy.Symbol(s.vector or "", integer=True)
     masks = lane_masks(paths.edge, paths.tests, vector) if paths.condition else None
     edge_e, edge_tests = (masks.emitter, masks.tests) if masks else (paths.edge, paths.tests)
-    inside = _rows_inside(paths, masks, vector)
+    inside = inside_masks(paths.lane_edge, paths.lane_tests, masks, vector)
     grid, tile, full = [], [], []
     # the int64 variables the grid's and the tiles' lines declare, as they are written: an
     # outlined case takes those it reads (`codegen.c.tiles.outline`)
@@ -337,22 +337,6 @@ def tiled(
     # Shifted reads padded, their lane tests a mask (`codegen.c.tiles.padding`); where the copies
     # cannot be allocated, the scalar strategy.
     return [*made.lines, *_either(made.allocated, lines, scalar(e)), *made.freed]
-
-
-def _rows_inside(
-    paths: _TilePaths, masks: LaneMasks | None, vector: sympy.Symbol
-) -> LaneMasks | None:
-    """The masked terms of a full tile whose rows are inside (every constraint that does not
-    mention the vector index holds for the whole tile), where they read the same padded
-    copies as the edge tiles: such a tile tests no row, only its lanes through their masks
-    (a convolution's input gradient 34 wide: every tile crosses a column edge, and a test
-    per row inside the reduced loops cost more than the masks and the loads together)."""
-    if masks is None or paths.lane_edge is None:
-        return None
-    inside = lane_masks(paths.lane_edge, paths.lane_tests, vector)
-    if inside is None or inside.terms != masks.terms or any(inside.tests):
-        return None
-    return inside
 
 
 def _either(check: str, yes: Lines, no: Lines) -> Lines:
