@@ -44,10 +44,38 @@ def test_the_input_gradient_masks_its_edge_lanes():
     assert "tdsl_lane_maskf(" in text and "malloc(" in text and "free(" in text
     lines = text.splitlines()
     masked = [n for n, line in enumerate(lines) if "= tdsl_lane_maskf(" in line]
-    assert len(masked) == 4  # edge paths of full and partial tiles, 32 and 8 lanes wide
-    for n in masked:  # a row's test (per row) around the lanes, but no column's test
-        around = "\n".join(lines[n - 4 : n])
-        assert "(-v_p + v_s >= 0)" in around and "v_t >= 0" not in around
+    # per tile width (32 and 8 lanes): full tiles whose rows are inside, then the edge
+    # paths of full and partial tiles
+    assert len(masked) == 6
+    tested = ["(-v_p + v_s >= 0)" in "\n".join(lines[n - 4 : n]) for n in masked]
+    assert tested == [False, True, True, False, True, True]
+    for n in masked:  # no column's test around the lanes
+        assert "v_t >= 0" not in "\n".join(lines[n - 4 : n])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("height", "width"), [(20, 34), (15, 32), (9, 7), (26, 41)])
+def test_tiles_with_rows_inside_test_only_their_lanes(height, width, dtype, monkeypatch):
+    """conv2d's input gradient: a full tile whose rows are all inside the rows of dY runs no
+    row test, only its lane masks (every tile crosses a column edge where the output is at
+    most a tile wider than the interior); values and a NaN and an infinite weight as in
+    `test_masked_lanes_add_zero_next_to_infinite_and_nan_weights`, outputs poisoned."""
+    monkeypatch.setenv("TENSORDSL_POISON_OUTPUTS", "1")
+    rng = np.random.default_rng(height * width)
+    X = rng.normal(size=(3, height + 2, width + 2)).astype(dtype)
+    W = rng.normal(size=(4, 3, 3, 3)).astype(dtype)
+    dY = rng.normal(size=(4, height, width)).astype(dtype)
+    kernel = td.kernel(CONV2D, backend="c")
+    dX, dW = jax.vjp(kernel, X, W)[1](dY)
+    want = _conv2d_vjp(*(a.astype(np.float64) for a in (X, W, dY)))
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    np.testing.assert_allclose(dX, want[0], rtol=tol, atol=tol)
+    np.testing.assert_allclose(dW, want[1], rtol=tol, atol=tol)
+    W[1, 0, 0, 0], W[0, 0, 2, 2] = np.nan, np.inf
+    dX, _ = jax.vjp(kernel, X, W)[1](dY)
+    want, _ = _conv2d_vjp(*(a.astype(np.float64) for a in (X, W, dY)))
+    assert np.isfinite(want[0, :2, width:]).all() and np.isfinite(want[0, height:, :2]).all()
+    np.testing.assert_allclose(dX, want, rtol=tol, atol=tol, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

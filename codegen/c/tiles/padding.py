@@ -17,6 +17,9 @@ runs the scalar strategy instead). Only sums qualify (the mask gives 0, a sum's 
 with every access that reads the vector index reading it in its last axis only, through one
 affine expression per term, and each lane constraint an integer multiple of that expression
 plus extents.
+
+A full tile whose rows are inside (only its lanes cross an edge) reads the same copies
+through the same masks, with no row test (`inside_masks`, a third path of `tiles.tiled`).
 """
 
 from __future__ import annotations
@@ -111,6 +114,26 @@ def lane_masks(
             )
         masked.printer.tensors[_label("", p.k)] = TensorView(f"mb{p.k}_", (None,), "{}", True)
     return LaneMasks(masked, tuple(left), tuple(found))
+
+
+def inside_masks(
+    e: Emitter | None,
+    tests: Sequence[Sequence[sympy.Expr]],
+    masks: LaneMasks | None,
+    vector: sympy.Symbol,
+) -> LaneMasks | None:
+    """The masked terms of a full tile whose rows are inside: `e`, the tile emitter whose terms
+    keep only the constraints on the `vector` index (every other constraint holds for the
+    whole tile), with per-term lane tests `tests`; None unless every lane test becomes a mask
+    over the same padded copies as the edge tiles' `masks`. Such a tile tests no row (a
+    convolution's input gradient 34 wide: every tile crosses a column edge, and a test per
+    row inside the reduced loops cost more than the masks and the loads together)."""
+    if e is None or masks is None:
+        return None
+    inside = lane_masks(e, tests, vector)
+    if inside is None or inside.terms != masks.terms or any(inside.tests):
+        return None
+    return inside
 
 
 def _label(operand: str, k: int) -> str:

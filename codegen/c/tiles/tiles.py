@@ -16,7 +16,7 @@ import sympy
 from codegen.c.reductions.simple import parallel_loop, scalar
 from codegen.c.tiles.lanes import CEmitter, lane_levels, lane_loops
 from codegen.c.tiles.outline import outlined_call
-from codegen.c.tiles.padding import LaneMasks, lane_masks, prepare_lines
+from codegen.c.tiles.padding import LaneMasks, inside_masks, lane_masks, prepare_lines
 from codegen.c.tiles.prefetch import slice_prefetch_lines
 from codegen.c.tiles.unswitch import row_condition, unswitched
 from codegen.emit.emitter import Lines, block_lines, indent_lines
@@ -43,6 +43,11 @@ class _TilePaths:
     free_condition: tuple[str, ...] = ()  # the conditions of constraints on free indices only
     reduced_edge: CEmitter | None = None
     reduced_tests: tuple[tuple[sympy.Expr, ...], ...] = ()
+    #: The conditions of the constraints that do not mention the vector index, and the terms
+    #: of a tile where those hold, tested on the vector index alone (`lane_edge`).
+    row_condition: tuple[str, ...] = ()
+    lane_edge: CEmitter | None = None
+    lane_tests: tuple[tuple[sympy.Expr, ...], ...] = ()
 
 
 def _tile_paths(e: CEmitter) -> _TilePaths:
@@ -63,19 +68,24 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
         widths[x] = sympy.Dummy("rn_" if x.name == s.row else "wn_", integer=True, positive=True)
     condition: list[str] = []
     free_condition: list[str] = []
+    row_condition: list[str] = []
     alone: dict[sympy.Symbol, list[sympy.Expr]] = {x: [] for x in tiled}
     inner: list[Term] = []
     edge: list[Term] = []
     reduced_edge: list[Term] = []
+    lane_edge: list[Term] = []
     tests: list[tuple[sympy.Expr, ...]] = []
     reduced_tests: list[tuple[sympy.Expr, ...]] = []
+    lane_tests: list[tuple[sympy.Expr, ...]] = []
     edge_origin: list[int] = []  # the term of `e` each term of `edge` comes from
     reduced_origin: list[int] = []
+    lane_origin: list[int] = []
     # Only a sum (or a one-pass nest) holds several terms (`LoopNest`): a max, min or prod
     # with a one-sided mask keeps its edge tiles tested per lane, unsplit.
     split = e.nest.reduction == "sum" or bool(e.nest.online)
     for n, term in enumerate(e.nest.terms):
         kept, relaxed, lane, relaxed_reduced, lane_reduced = [], [], [], [], []
+        relaxed_vector, lane_vector = [], []
         for c in term.constraints:
             coefficients = affine_parts(c, tuple(tiled))
             if not coefficients:
@@ -96,6 +106,11 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
                 lane_reduced.append(c)
             else:
                 free_condition.append(condition[-1])
+            if any(x.name == s.vector for x in coefficients):
+                relaxed_vector.append(sympy.expand(c.xreplace(best)))
+                lane_vector.append(c)
+            else:
+                row_condition.append(condition[-1])
             x = next(iter(coefficients)) if len(coefficients) == 1 else None
             if x is not None and all(
                 extent_of(y) is not None for y in test.free_symbols - {starts[x], widths[x]}
@@ -107,6 +122,7 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
         for terms, term_tests, origin, relaxed_here, lane_here in (
             (edge, tests, edge_origin, relaxed, lane),
             (reduced_edge, reduced_tests, reduced_origin, relaxed_reduced, lane_reduced),
+            (lane_edge, lane_tests, lane_origin, relaxed_vector, lane_vector),
         ):
             parts = _tested_parts(term, kept, relaxed_here, lane_here, tiled, starts, split)
             terms += [part for part, _ in parts]
@@ -117,6 +133,13 @@ def _tile_paths(e: CEmitter) -> _TilePaths:
         return _TilePaths((), e, e, tuple(() for _ in e.nest.terms), found)
     edge_e = _split_variant(e, edge, edge_origin)
     paths = _TilePaths(tuple(condition), e.variant(inner), edge_e, tuple(tests), found)
+    if row_condition and len(row_condition) < len(condition):
+        paths = dataclasses.replace(
+            paths,
+            row_condition=tuple(row_condition),
+            lane_edge=_split_variant(e, lane_edge, lane_origin),
+            lane_tests=tuple(lane_tests),
+        )
     if not free_condition or len(free_condition) == len(condition):
         return paths
     return dataclasses.replace(
@@ -215,6 +238,7 @@ def tiled(
     vector = sympy.Symbol(s.vector or "", integer=True)
     masks = lane_masks(paths.edge, paths.tests, vector) if paths.condition else None
     edge_e, edge_tests = (masks.emitter, masks.tests) if masks else (paths.edge, paths.tests)
+    inside = inside_masks(paths.lane_edge, paths.lane_tests, masks, vector)
     grid, tile, full = [], [], []
     # the int64 variables the grid's and the tiles' lines declare, as they are written: an
     # outlined case takes those it reads (`codegen.c.tiles.outline`)
@@ -294,6 +318,9 @@ def tiled(
             full = case(paths.reduced_edge, str(s.rows), str(s.width), paths.reduced_tests)
             part = case(paths.reduced_edge, "rn_", "wn_", paths.reduced_tests)
             edge = _either(" && ".join(paths.free_condition), _either(check, full, part), edge)
+        if inside is not None:
+            masked = case(inside.emitter, str(s.rows), str(s.width), inside.tests)
+            edge = _either(" && ".join((*paths.row_condition, check)), masked, edge)
         interior = _either(" && ".join(paths.condition), interior, edge)
     lines = [*tile, *(per_tile() if per_tile else []), *interior]
     for x in reversed(free):
