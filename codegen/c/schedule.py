@@ -65,8 +65,9 @@ in its family's rules (`codegen.c.tiles.rules`, `codegen.c.reductions.rules`,
    tile half as wide with twice the rows (as many accumulators) takes over, rather than every
    tile running on the edge path, whose trip counts are known only at run time;
 4. otherwise a sum some term of which computes a nested reduction per value of its innermost
-   reduced index (a score parameter's gradient: `sum_e dO[i, e]*V[j, e]` per key `j`) ->
-   ``scalar``, whose chunks compute such dot products 8 values at a time in vectors
+   reduced index (a score parameter's gradient: `sum_e dO[i, e]*V[j, e]` per key `j`; not
+   one over at most 8 values fixed when the kernel is made, a top-k's ranks) -> ``scalar``,
+   whose chunks compute such dot products 8 values at a time in vectors
    (`codegen.c.reductions.simple`; dot lanes over `j` would compute them lane by lane,
    reading their rows across the lanes); for sum/max/min/prod/argmax/argmin, ``dot`` with a
    4 x 4 tile of dot products of 8 float / 4 double lanes (16 accumulator registers), or one

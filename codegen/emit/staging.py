@@ -157,7 +157,7 @@ class _Planner:
             return self.nested(node, home)
         if isinstance(node, sympy.Indexed):
             rewritten = node
-        elif isinstance(node, sympy.Piecewise) and self.hoist_conditions:
+        elif isinstance(node, sympy.Piecewise):
             rewritten = self.selection(node, home)
         else:
             rewritten = node.func(*(self.rewrite(a, home) for a in node.args))
@@ -166,18 +166,25 @@ class _Planner:
         return self.name(node, Assign(self.fresh(), rewritten), home)
 
     def selection(self, node: sympy.Piecewise, home: tuple) -> sympy.Piecewise:
-        """A `where` the compiler can vectorise: a condition bound at an outer level is
-        computed there (the loop is then unswitched on it); a branch that calls a function,
-        under a condition that changes from one iteration of the innermost loop to the next,
-        is computed before the choice (a call under a branch is not vectorised: the vector
-        math functions are declared `notinbranch`). Both are safe: every access is in bounds
-        and the functions have no side effects (`-fno-math-errno`)."""
+        """A `where` the compiler can vectorise. At the innermost level a branch that is a
+        load is loaded before the choice: under the choice it is a masked load, which the
+        vectoriser cannot make of an address that is the same in every lane (a nested sum
+        inside the lanes, `sum_r where(e == A[t, r], dY[t, r], 0)`: a top-k's gradient).
+        With `hoist_conditions`, also: a condition bound at an outer level is computed there
+        (the loop is then unswitched on it); a branch that calls a function, under a
+        condition that changes from one iteration of the innermost loop to the next, is
+        computed before the choice (a call under a branch is not vectorised: the vector math
+        functions are declared `notinbranch`). All are safe: every access is in bounds and
+        the functions have no side effects (`-fno-math-errno`)."""
         innermost = home[0] == self.last and not home[1]
         pairs = []
         for expr, cond in node.args:
             value = self.rewrite(expr, home)
             test = self.rewrite(cond, home)
-            if cond not in (sympy.true, sympy.false) and not self.integral_test(cond):
+            if home[0] == self.last and isinstance(expr, sympy.Indexed) and not value.is_Symbol:
+                value = self.name(expr, Assign(self.fresh(), value), home)
+            varies = cond not in (sympy.true, sympy.false) and not self.integral_test(cond)
+            if self.hoist_conditions and varies:
                 if self.home(cond) != home:
                     test = self.names.get(cond) or self.name(
                         cond, Assign(self.fresh(), test), self.home(cond)

@@ -203,3 +203,43 @@ def test_long_rows_in_chunks_with_a_mask_and_two_reduced_indices(backend):
     Y = _x((2, 5, 301), seed=17)
     N = td.kernel("(argtopk 9) N[i,r] := Y[i,k,j]", backend=backend)
     np.testing.assert_array_equal(np.asarray(N(Y)), _top(Y.reshape(2, -1), 9)[1])
+
+
+ROUTER = """
+    R[t,e] := X[t,d] * Wr[d,e]
+    (logsumexp) L[t] := R[t,e]
+    P[t,e] := exp(R[t,e] - L[t])
+    (topk K) G[t,r] := P[t,e]
+"""
+
+
+def _router_reference(X, Wr, C, k):
+    """A mixture of experts' router in float64: the top k of the softmax of `X @ Wr`, and
+    the gradients of `sum(G * C)` with respect to X and Wr."""
+    logits = X @ Wr
+    P = np.exp(logits - logits.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    values, positions = _top(P, k)
+    dP = np.zeros_like(P)
+    np.put_along_axis(dP, positions, C, -1)
+    dlogits = P * (dP - (P * dP).sum(-1, keepdims=True))
+    return values, X.T @ dlogits, dlogits @ Wr.T
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("experts", "k"), [(16, 2), (37, 3)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_router_s_gradient_sums_its_ranks_in_vector_lanes(backend, experts, k, dtype):
+    # Fused, the gradient nests of R sum the ranks of each row inside the experts' vector
+    # lanes (`sum_r where(e == G_argument[t, r], dG[t, r], 0)`); 16 experts fill half a
+    # C tile, 37 leave a ragged one
+    X, Wr, C = _x((45, 11), seed=20), _x((11, experts), seed=21), _x((45, k), seed=22)
+    router = td.program(ROUTER.replace("K", str(k)), backend=backend)
+    want, want_Wr, want_X = _router_reference(X, Wr, C, k)
+    x, w, c = (a.astype(dtype) for a in (X, Wr, C))
+    got, (g_X, g_Wr) = jax.value_and_grad(lambda x, w: jnp.sum(router(x, w) * c), (0, 1))(x, w)
+    rtol = 1e-10 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(float(got), float(np.sum(want * C)), rtol=rtol)
+    scale = np.abs(want_X).max(), np.abs(want_Wr).max()
+    np.testing.assert_allclose(np.asarray(g_X), want_X, rtol=0, atol=rtol * scale[0])
+    np.testing.assert_allclose(np.asarray(g_Wr), want_Wr, rtol=0, atol=rtol * scale[1])

@@ -222,15 +222,27 @@ def nested_per_value(nest: LoopNest, reduced: tuple[tuple[str, ...], ...]) -> bo
     index (a score modifier's gradient: the weights `sum_e dO[i, e]*V[j, e]` per key `j`).
     Dot products in lanes of that index would compute each nested sum lane by lane,
     reading its rows across the lanes; one output at a time, the nested sums run along their
-    own contiguous axes, 8 values at a time (`codegen.c.reductions.simple.scalar`)."""
+    own contiguous axes, 8 values at a time (`codegen.c.reductions.simple.scalar`). A nested
+    reduction over at most `SHORT_NESTED` values fixed when the kernel is made (a top-k's
+    ranks in its gradient, `sum_r where(e == A[t, r], dY[t, r], 0)`) is no such row: it
+    runs in the lanes."""
     if nest.reduction != "sum" or not all(reduced):
         return False
     symbols = {s.name: s for t in nest.terms for s in t.reduced_indices}
     return any(
-        symbols[order[-1]] in r.free_symbols
+        symbols[order[-1]] in r.free_symbols and not _short(r)
         for term, order in zip(nest.terms, reduced, strict=True)
         for r in term.body.atoms(Reduce)
     )
+
+
+#: The most values a nested reduction of a known count may have and still run in lanes.
+SHORT_NESTED = 8
+
+
+def _short(nested: Reduce) -> bool:
+    length = sympy.sympify(nested.stop - nested.start)
+    return bool(length.is_Integer) and int(length) <= SHORT_NESTED
 
 
 def reads(nest: LoopNest, name: str) -> bool:
