@@ -189,7 +189,7 @@ class _Planner:
                     test = self.names.get(cond) or self.name(
                         cond, Assign(self.fresh(), test), self.home(cond)
                     )
-                elif innermost and _calls(expr) and not value.is_Symbol:
+                elif innermost and calls(expr) and not value.is_Symbol:
                     value = self.name(expr, Assign(self.fresh(), value), self.home(expr))
             pairs.append((value, test))
         return sympy.Piecewise(*pairs)
@@ -234,13 +234,13 @@ class _Planner:
         return symbol
 
 
-def _calls(expr: sympy.Basic) -> bool:
+def calls(expr: sympy.Basic) -> bool:
     """Whether `expr` calls a function (`exp`, `tanh`, ...) outside nested reductions."""
     if isinstance(expr, Reduce) or not expr.args:
         return False
     if isinstance(expr, sympy.Function) and not isinstance(expr, sympy.Piecewise):
         return True
-    return any(_calls(a) for a in expr.args)
+    return any(calls(a) for a in expr.args)
 
 
 def _merge(nested_lists) -> tuple:

@@ -173,3 +173,22 @@ def test_float32_calls_go_through_the_wide_range_helper(name: str) -> None:
     compiled = build_c(nest, dtypes=dtypes, schedule=_one_thread(nest, dtypes))
     text = pathlib.Path(compiled.library).with_suffix(".c").read_text()
     assert f"tdsl_{name}(in_" in text and f"float tdsl_{name}(float x)" in text
+
+
+@pytest.mark.skipif(compiler.LIBMVEC_DEFINE not in compiler.compile_flags(), reason="no libmvec")
+def test_a_vector_call_after_exp_is_made_once_per_loop(tmp_path) -> None:
+    # with the clamp's bounds as constants, GCC computed `log(1 + exp(x))` once more per
+    # bound, on zero lanes, and libmvec's log took its slow path in every iteration (16x)
+    import subprocess
+
+    import tensordsl as td
+
+    def log_calls(body: str) -> int:
+        source = td.kernel(f"Y[b,f] := {body}", backend="c").source()["forward"]
+        c_file = tmp_path / "nest.c"
+        c_file.write_text(source)
+        command = ["gcc", *compiler.compile_flags(), "-S", str(c_file), "-o", str(tmp_path / "s")]
+        subprocess.run(command, check=True)
+        return len(re.findall(r"call\s+_ZGV\w+_logf", (tmp_path / "s").read_text()))
+
+    assert log_calls("log(1 + exp(X[b,f]))") == log_calls("log(1 + X[b,f]*X[b,f])") > 0

@@ -22,6 +22,7 @@ import tensordsl as td
 from codegen.c.run.compiler import compile_flags
 from codegen.emit.staging import Assign, Loop, plan
 from codegen.ir.nest import Reduce, index_symbol, tensor_base
+from tests.vectorised import unvectorised_simd_loops
 
 i, j = index_symbol("i"), index_symbol("j")
 S, L = tensor_base("S"), tensor_base("L")
@@ -65,23 +66,6 @@ def test_a_load_under_a_condition_of_the_lanes_is_loaded_before_the_choice() -> 
     assert "dY" not in str(loop.value)
 
 
-def _unvectorised_simd_loops(source: str, tmp_path) -> list[str]:
-    """The `#pragma omp simd` loops of `source` that gcc reports it could not vectorise."""
-    c_file = tmp_path / "nest.c"
-    c_file.write_text(source)
-    command = ["gcc", *compile_flags(), "-fopt-info-vec-missed", str(c_file), "-o"]
-    done = subprocess.run([*command, str(tmp_path / "nest.so")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    lines = source.splitlines()
-    pragmas = [n + 1 for n, line in enumerate(lines) if line.strip() == "#pragma omp simd"]
-    simd = {p + k for p in pragmas for k in (1, 2)}  # gcc names the loop's line or its first
-    return [
-        report
-        for report in done.stderr.splitlines()
-        if "couldn't vectorize loop" in report and int(report.split(":")[1]) in simd
-    ]
-
-
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_a_router_s_gradient_nests_are_vectorised(tmp_path) -> None:
     # softmax then top-2, fused: the gradient nests of R sum the two ranks in every lane
@@ -97,7 +81,7 @@ def test_a_router_s_gradient_nests_are_vectorised(tmp_path) -> None:
     assert "strategy=dot" in sources["dL"]  # a nested sum of 2 ranks needs no scalar nest
     for name in ("dR", "dL"):
         assert "v_r" in sources[name]  # the ranks' nested sum
-        assert _unvectorised_simd_loops(sources[name], tmp_path) == [], name
+        assert unvectorised_simd_loops(sources[name], tmp_path) == [], name
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")

@@ -21,9 +21,11 @@ static inline float tdsl_sign(float x) { return (float)((x > 0) - (x < 0)); }
 #pragma omp declare simd notinbranch
 float logf(float);
 #endif
+float tdsl_exp_low = -104.0F, tdsl_exp_high = 89.0F; /* variables, not constants */
 static inline __attribute__((always_inline)) float tdsl_exp(float x) {
     /* exp with no slow path: a polynomial, 2^n in two factors (codegen.c.vecmath) */
-    const float c = x < -104.0F ? -104.0F : x > 89.0F ? 89.0F : x;
+    const float lo = tdsl_exp_low, hi = tdsl_exp_high;
+    const float c = x < lo ? lo : x > hi ? hi : x;
     const float t = c * 1.44269504088896341F + 12582912.0F;
     const float n = t - 12582912.0F;
     const float r = c - n * 0.693359375F - n * -2.12194440e-4F;
