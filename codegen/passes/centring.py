@@ -31,7 +31,7 @@ removes it: `tensordsl.binding.through` does so where `softmax_rows` proves the 
 ...     (Operand("S", 2), Operand("A", 1), Operand("L", 1), Operand("V", 2)))
 >>> found = softmax_rows([lse, out], "S", stored=[lse, out], outputs=("O",))
 >>> found.lse, found.rows, found.weight, found.constraints
-('L', (0,), exp((-x0_ + x1_)*A[0] - L[x0_] + S[x0_, x1_]), (x0_ - x1_,))
+('L', (0,), exp(Shifted((-x0_ + x1_)*A[0] + S[x0_, x1_], -L[x0_])), (x0_ - x1_,))
 >>> scaled = LoopNest("O", (rows, width), (Term(S[i, j] * V[j, e], (keys,), (i - j,)),),
 ...     (Operand("S", 2), Operand("V", 2)))
 >>> softmax_rows([lse, scaled], "S", stored=[lse, scaled], outputs=("O",)) is None

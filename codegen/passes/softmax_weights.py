@@ -32,7 +32,7 @@ is normalised by its own sum). Only where `X - L` is a weight of a logsumexp of 
 ...           (Range(k, 0, extent_symbol("S", 1)),)),),
 ...     (Operand("S", 2), Operand("A", 1), Operand("L", 1), Operand("V", 2)))
 >>> softmax_weights((lse, out))[1].terms[0].body
-V[k, e]*exp(Shifted((-i + k)*A[0] + S[i, k], -L[i]))
+exp(Shifted((-i + k)*A[0] + S[i, k], -L[i]))*V[k, e]
 """
 
 from __future__ import annotations
