@@ -237,7 +237,7 @@ class CPrinter(C99CodePrinter):
             self.called.add(name.removeprefix(self.helper_prefix))
         return str(super()._print_Function(expr, **kwargs))
 
-    _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = print_written
+    _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = _print_Shifted = print_written
 
     def _print_FloorDiv(self, expr: FloorDiv) -> str:
         return self._helper("floordiv", expr, index=True)

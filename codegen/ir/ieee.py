@@ -85,8 +85,36 @@ class IeeeDiv(_Ieee):
         return first + second
 
 
+class Shifted(IeeeAdd):
+    """`a + b` with the sum `a` computed whole first: a softmax weight's argument `X - L`
+    (`shifted`). Nothing in it cancels, so the reference back end adds without the
+    optimization barrier of `IeeeAdd` (XLA does not reassociate a float add anyway)."""
+
+
+def shifted(x: sympy.Expr, total: sympy.Expr) -> sympy.Expr:
+    """`exp(x - total)`, a logsumexp's weight, with `x` (a sum of several summands: a score
+    and its modifier) computed whole before `total` is subtracted, as the logsumexp's own
+    pass computed it (`codegen.passes.softmax_weights`): sympy would add the summands in its
+    own order, `(A*(j - i) - L) + S`, whose rounding (`A*(j - i)` in the hundreds) differs
+    from the forward's score by an ulp of hundreds, and so the backward's weights from the
+    forward's. A single summand is one subtraction in either form and is left as sympy
+    writes it (no change to the generated code).
+
+    >>> from codegen.ir.nest import tensor_base, index_symbol
+    >>> i, j = index_symbol("i"), index_symbol("j")
+    >>> S, A, L = tensor_base("S"), tensor_base("A"), tensor_base("L")
+    >>> shifted(S[i, j] + A[0] * (j - i), L[i])
+    exp(Shifted((-i + j)*A[0] + S[i, j], -L[i]))
+    >>> shifted(S[i, j], L[i])
+    exp(-L[i] + S[i, j])
+    """
+    if isinstance(x, sympy.Add):
+        return sympy.exp(Shifted(x, -total))
+    return sympy.exp(x - total)
+
+
 #: The operator each function prints as.
-OPERATORS: dict[type, str] = {IeeeAdd: "+", IeeeMul: "*", IeeeDiv: "/"}
+OPERATORS: dict[type, str] = {IeeeAdd: "+", IeeeMul: "*", IeeeDiv: "/", Shifted: "+"}
 IEEE_FUNCTIONS = tuple(OPERATORS)
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import sympy
 
+from codegen.ir.ieee import shifted
+
 #: The dtype of a saved argmax/argmin position (the JAX binding allocates it).
 POSITION_DTYPE = "int32"
 
@@ -240,7 +242,7 @@ REDUCTIONS: Mapping[str, Reduction] = _rows(
             result="({a} > -INFINITY && {a} < INFINITY ? {a} + {log}({b}) : {a})",
             cross_device="logsumexp",
             passes=_LSE_PASSES,
-            weight=lambda x, y: sympy.exp(x - y),  # the softmax weights
+            weight=shifted,  # the softmax weights exp(x - y), x whole first
             repeated=lambda x, n: x + sympy.log(n),
             init_combine="logaddexp",
             calls=1,

@@ -65,7 +65,7 @@ class SourcePrinter(StrPrinter):
         others = sorted((a for a in args if not a.is_number), key=self._position)
         return numbers + others if numbers_first else others + numbers
 
-    _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = print_written
+    _print_IeeeAdd = _print_IeeeMul = _print_IeeeDiv = _print_Shifted = print_written
 
     def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
         # Terms in the order their operands first appear; constants last (`p + 1`).

@@ -31,7 +31,7 @@ removes it: `tensordsl.binding.through` does so where `softmax_rows` proves the 
 ...     (Operand("S", 2), Operand("A", 1), Operand("L", 1), Operand("V", 2)))
 >>> found = softmax_rows([lse, out], "S", stored=[lse, out], outputs=("O",))
 >>> found.lse, found.rows, found.weight, found.constraints
-('L', (0,), exp((-x0_ + x1_)*A[0] - L[x0_] + S[x0_, x1_]), (x0_ - x1_,))
+('L', (0,), exp(Shifted((-x0_ + x1_)*A[0] + S[x0_, x1_], -L[x0_])), (x0_ - x1_,))
 >>> scaled = LoopNest("O", (rows, width), (Term(S[i, j] * V[j, e], (keys,), (i - j,)),),
 ...     (Operand("S", 2), Operand("V", 2)))
 >>> softmax_rows([lse, scaled], "S", stored=[lse, scaled], outputs=("O",)) is None
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import sympy
 
 from codegen.ir import probe
+from codegen.ir.ieee import Shifted, shifted
 from codegen.ir.nest import LoopNest, Operand, Term, index_symbol, tensor_base
 
 _SHIFT = sympy.Function("row_shift")
@@ -66,12 +67,17 @@ class SoftmaxRows:
     operands: tuple[Operand, ...]
 
 
+def _whole(expr: sympy.Expr) -> sympy.Expr:
+    return expr.replace(lambda e: isinstance(e, Shifted), lambda e: sympy.Add(*e.args))
+
+
 def _reads(expr: sympy.Basic, name: str) -> list[sympy.Indexed]:
     return [a for a in sympy.sympify(expr).atoms(sympy.Indexed) if str(a.base) == name]
 
 
 def _same(moved: sympy.Expr, body: sympy.Expr) -> bool:
-    difference = moved - body
+    """Whether `moved` is `body` (a `Shifted` weight's argument taken as the sum it is)."""
+    difference = _whole(moved) - _whole(body)
     if probe.nonzero(difference):
         return False
     return probe.simplest(difference, good=lambda d: d == 0) == 0
@@ -125,7 +131,7 @@ def softmax_rows(
             return None
     if len(kept) != 1:
         return None
-    weight = sympy.exp(term.body - tensor_base(lse.output)[lse.free_indices]).xreplace(axes)
+    weight = shifted(term.body, tensor_base(lse.output)[lse.free_indices]).xreplace(axes)
     operands = (*lse.operands, Operand(lse.output, len(lse.free_indices)))
     names = {str(a.base) for a in weight.atoms(sympy.Indexed)}
     names |= {str(x) for x in weight.free_symbols}

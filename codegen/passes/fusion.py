@@ -52,6 +52,7 @@ from codegen.passes.factor import factor_sums
 from codegen.passes.guards import bound_guards, guard_masks, identity_of
 from codegen.passes.inline import CannotInline, inline
 from codegen.passes.online import pair
+from codegen.passes.softmax_weights import softmax_weights
 
 #: What `force` may say of an intermediate.
 CHOICES = ("inline", "store")
@@ -141,7 +142,7 @@ def fuse(
             inlined.append(nest.output)
             continue
         stored.append(guard_masks(factor_sums(bound_guards(nest))))
-    return Fused(tuple(stored), tuple(inlined), tuple(decisions))
+    return Fused(softmax_weights(stored), tuple(inlined), tuple(decisions))
 
 
 def inlinable(nest: LoopNest) -> bool:

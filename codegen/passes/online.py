@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 
 import sympy
 
+from codegen.ir.ieee import Shifted, shifted
 from codegen.ir.nest import (
     LoopNest,
     Operand,
@@ -74,6 +75,12 @@ def _masked(term: Term, identity: sympy.Expr) -> Term:
         return term
     body = sympy.Piecewise((term.body, term.guard), (identity, True))
     return dataclasses.replace(term, body=body, guard=sympy.true)
+
+
+def _whole(argument: sympy.Expr) -> sympy.Expr:
+    """The weight's argument as one sum (a `Shifted` score, `codegen.passes.softmax_weights`,
+    is `X - L` all the same)."""
+    return sympy.Add(*argument.args) if isinstance(argument, Shifted) else argument
 
 
 def _split_weight(body: sympy.Expr, read: sympy.Indexed) -> tuple[sympy.Expr, sympy.Expr] | None:
@@ -142,7 +149,7 @@ def pair(lse: LoopNest, weighted: LoopNest, shapes: Shapes | None = None) -> Loo
     if lse_loops != _loops(term, weighted.free[: len(lse.free)], extents):
         return None
     split = _split_weight(term.body, read)
-    if split is None or split[0] != scores.body - read:
+    if split is None or _whole(split[0]) != scores.body - read:
         return None
     if free[-1] in split[1].free_symbols:
         return None  # a block of rows shares each weight (codegen.c.attention.online)
@@ -171,7 +178,7 @@ def unpair(nest: LoopNest) -> tuple[LoopNest, LoopNest]:
     masked = _masked(scores, -sympy.oo)
     lse = LoopNest(nest.online, free, (masked,), _reads(masked, nest.operands), "logsumexp")
     read = tensor_base(nest.online)[tuple(r.index for r in free)]
-    body = sympy.exp(scores.body - read) * weight.body
+    body = shifted(scores.body, read) * weight.body
     term = _masked(dataclasses.replace(weight, body=body), sympy.S.Zero)
     operands = (*nest.operands, Operand(nest.online, len(free)))
     weighted = dataclasses.replace(
@@ -183,6 +190,20 @@ def unpair(nest: LoopNest) -> tuple[LoopNest, LoopNest]:
         online="",
     )
     return lse, weighted
+
+
+def weights_total(nest: LoopNest) -> LoopNest:
+    """The sum of each row's weights `exp(X - L)` of the one-pass `nest`, over the keys its
+    weighted sum visits (named `<L>__total`): 1 but for the rounding of `L`. A weighted sum
+    run as two nests is divided by it (`tensordsl.binding.one_pass.two_nests`), so that it
+    is normalised by its own weights' sum as the one-pass kernels' is; a row's rounding of
+    `L` then cancels from the scores' cotangent (`codegen.passes.softmax_weights`)."""
+    scores, weight = nest.terms
+    free = nest.free[:-1]
+    read = tensor_base(nest.online)[tuple(r.index for r in free)]
+    term = _masked(dataclasses.replace(weight, body=shifted(scores.body, read)), sympy.S.Zero)
+    operands = (*nest.operands, Operand(nest.online, len(free)))
+    return LoopNest(f"{nest.online}__total", free, (term,), _reads(term, operands))
 
 
 def centred(lse: LoopNest, weighted: LoopNest, shapes: Shapes | None = None) -> LoopNest | None:

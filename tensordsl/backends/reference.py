@@ -29,7 +29,7 @@ import sympy
 
 from codegen.ir.extents import evaluate_int, extent_values
 from codegen.ir.functions import FUNCTIONS, CeilDiv, Clamp, FloorDiv, Padded, Wrap
-from codegen.ir.ieee import IeeeAdd, IeeeDiv, IeeeMul
+from codegen.ir.ieee import IeeeAdd, IeeeDiv, IeeeMul, Shifted
 from codegen.ir.nest import LoopNest, Range, Reduce, Term
 from codegen.ir.reductions import REDUCTIONS
 from tensordsl.errors import UnsupportedError
@@ -77,6 +77,7 @@ _FUNCTIONS: dict[type, Callable[..., Any]] = {
     IeeeAdd: lambda a, b: _kept(jnp.add, a, b),
     IeeeMul: lambda a, b: _kept(jnp.multiply, a, b),
     IeeeDiv: lambda a, b: _kept(jnp.divide, a, b),
+    Shifted: jnp.add,  # the score summed first, then the logsumexp subtracted
 }
 
 #: The language's functions take their arguments in the body's float type (an index used
