@@ -292,8 +292,8 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
     `_sum_into_select`), and an elementwise term of nested contractions (attention's
     `dS = exp(S - L) * sum_e dO*V`, a `matrix_product`), and a contraction of elementwise
     functions of its inputs (`prologue_contraction`: `gelu(H[b,u]) * W[u,o]`, evaluated once
-    per `(b, u)`), and an elementwise nest of exp or tanh (`codegen.ir.xla_elementwise`: a
-    logsumexp's gradient, fused with the weighted sum's and computing their exp once; GELU).
+    per `(b, u)`), and an elementwise nest of exp (`codegen.ir.xla_elementwise`: a
+    logsumexp's gradient, fused with the weighted sum's and computing their exp once).
     Nothing is materialised beyond the output's size, except each prologue, over its own
     indices.
 

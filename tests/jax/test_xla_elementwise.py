@@ -1,7 +1,7 @@
-"""Elementwise nests of exp or tanh run as XLA's fused work (`codegen.ir.xla_elementwise`): a
+"""Elementwise nests of exp run as XLA's fused work (`codegen.ir.xla_elementwise`): a
 logsumexp's gradient and a softmax-weighted sum's gradient, both of the scores, computed in
-one pass with one exponential; GELU and its gradient with XLA's tanh; checked against
-float64 numpy formulas."""
+one pass with one exponential, checked against float64 numpy formulas; GELU's tanh keeps
+its kernel."""
 
 import re
 
@@ -28,7 +28,7 @@ def _nest(source):
         ("dS[b,i,j] := dL[b,i] * exp(S[b,i,j] - L[b,i])", True),
         ("P[i,j] := where(j <= i, exp(S[i,j] - L[i]), 0)", True),
         ("Y[i,j] := exp(X[j,i])", True),  # a transposed view
-        ("Y[i,j] := 0.5 * X[i,j] * (1 + tanh(X[i,j] + c[j]))", True),  # GELU, a bias
+        ("Y[i,j] := 0.5 * X[i,j] * (1 + tanh(X[i,j] + c[j]))", False),  # GELU: a kernel
         ("Y[i,j] := rsqrt(X[i,j]) * g[j]", False),  # LayerNorm's kind: a kernel
         ("Y[i] := X[i] + c[i]", False),
         ("Y[i] := exp(X[i+1])", False),  # a shifted access: no view
@@ -117,8 +117,9 @@ def test_without_xla_contractions_the_logsumexp_gradient_is_a_kernel(monkeypatch
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_gelu_and_its_gradient_with_xla_tanh(dtype):
-    """GELU (tanh form) as a kernel: no custom call, values and gradient against float64."""
+def test_gelu_keeps_its_kernels(dtype):
+    """GELU (tanh form) as a kernel: its forward and gradient stay generated kernels (tanh is
+    not in `FUSED_FUNCTIONS`), values and gradient against float64."""
     c = 0.7978845608028654
     k = td.kernel(
         "A[b,u] := 0.5 * H[b,u] * (1 + tanh(c * (H[b,u] + 0.044715 * H[b,u]^3)))", backend="c"
@@ -126,7 +127,7 @@ def test_gelu_and_its_gradient_with_xla_tanh(dtype):
     rng = np.random.default_rng(3)
     H, ct = rng.normal(size=(5, 7)) * 3, rng.normal(size=(5, 7))
     f = jax.jit(jax.value_and_grad(lambda H: jnp.sum(k(H=H, c=dtype(c)) * ct)))
-    assert "custom_call" not in jax.jit(f).lower(H.astype(dtype)).as_text()
+    assert jax.jit(f).lower(H.astype(dtype)).as_text().count("custom_call") == 2
     value, got = f(H.astype(dtype))
     inner = c * (H + 0.044715 * H**3)
     want = 0.5 * H * (1 + np.tanh(inner))
