@@ -117,7 +117,8 @@ def poison_outputs() -> bool:
 
 def xla_contractions() -> bool:
     """`TENSORDSL_XLA_CONTRACTIONS`: contractions (with their elementwise companions,
-    `codegen.ir.contraction.xla_plan`) run as XLA's dot (`jnp.einsum`) unless set to "0"; "0"
+    `codegen.ir.contraction.xla_plan`) run as XLA's dot (`jnp.einsum`), and elementwise nests
+    of exp as XLA's fused work (`codegen.ir.xla_elementwise`), unless set to "0"; "0"
     generates a kernel for them too (to compare, or to test the kernels)."""
     return _flag("TENSORDSL_XLA_CONTRACTIONS", "1")
 

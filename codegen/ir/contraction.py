@@ -40,6 +40,7 @@ from codegen import config
 from codegen.ir import summands
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.nest import LoopNest, Range, Reduce, Term, extent_of, extent_symbol
+from codegen.ir.xla_elementwise import xla_elementwise
 
 _LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
@@ -284,15 +285,17 @@ class XlaPlan:
 def xla_plan(nest: LoopNest) -> XlaPlan | None:
     """The nest as XLA's dots and fused elementwise work, or None when some term needs a
     loop nest (a reduction over more than `SHORT` points that is not a contraction, a nested
-    reduction that is not a contraction) or nothing in it is a dot.
+    reduction that is not a contraction) or nothing in it is a dot (but an `xla_elementwise` nest).
 
     Besides pure contractions, this covers a contraction plus a bias, a where() over a summed
     contraction (`S = sum_e where(j <= i, Q*K, -1e9)`: the sum moves into the branches,
     `_sum_into_select`), and an elementwise term of nested contractions (attention's
     `dS = exp(S - L) * sum_e dO*V`, a `matrix_product`), and a contraction of elementwise
     functions of its inputs (`prologue_contraction`: `gelu(H[b,u]) * W[u,o]`, evaluated once
-    per `(b, u)`). Nothing is materialised beyond the output's size, except each prologue, over
-    its own indices.
+    per `(b, u)`), and an elementwise nest of exp (`codegen.ir.xla_elementwise`: a
+    logsumexp's gradient, fused with the weighted sum's and computing their exp once).
+    Nothing is materialised beyond the output's size, except each prologue, over its own
+    indices.
 
     >>> from tensordsl.frontend.lower import lower
     >>> from tensordsl.frontend.parse import parse
@@ -339,7 +342,7 @@ def xla_plan(nest: LoopNest) -> XlaPlan | None:
         terms.append(term)
         dots.append(dot)
         origins.append(origin)
-    if not einsums and all(dot is None for dot in dots):
+    if not einsums and all(dot is None for dot in dots) and not xla_elementwise(nest):
         return None
     return XlaPlan(tuple(terms), tuple(dots), einsums, tuple(origins))
 
