@@ -49,8 +49,10 @@ def _errors(name: str, x: np.ndarray, got: np.ndarray) -> np.ndarray:
 def _one_thread(nest: LoopNest, dtypes: dict[str, str]) -> Schedule:
     """The heuristic's schedule on the calling thread alone. OpenMP's worker threads keep the
     floating-point flags of the thread that started them, and XLA runs kernels with
-    flush-to-zero on: a pool started inside XLA would flush the subnormal results."""
-    return dataclasses.replace(choose_cpu_schedule(nest, dtypes), parallel=False)
+    flush-to-zero on: a pool started inside XLA would flush the subnormal results. Always a
+    generated kernel (an elementwise exp is otherwise XLA's, `codegen.ir.xla_elementwise`)."""
+    schedule = choose_cpu_schedule(nest, dtypes, kernel=True)
+    return dataclasses.replace(schedule, parallel=False)
 
 
 def _run(name: str, x: np.ndarray) -> np.ndarray:
