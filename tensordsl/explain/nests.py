@@ -25,6 +25,7 @@ from typing import Any
 
 import sympy
 
+from codegen import config
 from codegen.ir.bounds import loop_bounds
 from codegen.ir.ieee import IeeeAdd
 from codegen.ir.nest import (
@@ -387,7 +388,10 @@ def build_nests(
     cached: set[str] | None = None,
     spelled: Sequence[Spelling] = (),
 ) -> dict[str, float]:
-    """Compile every C nest of a kernel now, as its first call and gradient would.
+    """Compile every C nest of a kernel now, as its first call and gradient would: optimised
+    (the build a call loads once it is on disk), unoptimised under `TENSORDSL_BUILD=fast`,
+    whose calls never load an optimised build (one built here would be compiled for nothing,
+    and the call would compile its own).
 
     Args:
         nest: the forward nest.
@@ -404,6 +408,7 @@ def build_nests(
     assert c.builder is not None and c.compiles is not None
     build, compiles = c.builder(), c.compiles
 
+    mode = "fast" if config.build_mode() == "fast" else "full"
     positions = _positions(nest)
     nests = kernel_nests(nest)
     seconds = {}
@@ -413,7 +418,7 @@ def build_nests(
             progress(f"[{n}/{len(nests)}] building {shown} ...")
         start, before = time.perf_counter(), compiles()
         schedule = forward if name == "forward" else None
-        build(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule, mode="full")
+        build(each, dtypes=_dtypes(each, positions, dtype), schedule=schedule, mode=mode)
         seconds[name] = time.perf_counter() - start
         loaded = compiles() == before
         if loaded and cached is not None:

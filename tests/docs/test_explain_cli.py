@@ -104,6 +104,29 @@ def test_explain_build_reports_progress_and_the_kernel_reuses_the_builds(
     np.testing.assert_allclose(np.asarray(gX), dX, rtol=1e-12)
 
 
+def test_explain_build_under_fast_builds_what_the_calls_load(capsys, monkeypatch, tmp_path):
+    """Calls under `TENSORDSL_BUILD=fast` never load an optimised build: `--build` builds the
+    unoptimised nests, which the kernel's calls then use without compiling again."""
+    monkeypatch.setenv("TENSORDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TENSORDSL_BUILD", "fast")
+    _, err = _explain(capsys, CONV, "--dtype", "float64", "--build")
+    assert len(re.findall(r"\[\d/3\] built \w+ in [\d.]+ s", err)) == 3
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the kernel compiled a nest that --build had built")
+
+    monkeypatch.setattr(codegen.c.run.build, "compile_c", no_compiler)
+    rng = np.random.default_rng(4)
+    X, W = rng.normal(size=11), rng.normal(size=4)
+    k = td.kernel(CONV)
+    np.testing.assert_allclose(
+        np.asarray(k(X, W)), [X[i : i + 4] @ W for i in range(8)], rtol=1e-12
+    )
+    ct = rng.normal(size=8)
+    _, gW = jax.grad(lambda X, W: (k(X, W) * ct).sum(), (0, 1))(X, W)
+    np.testing.assert_allclose(np.asarray(gW), [ct @ X[j : j + 8] for j in range(4)], rtol=1e-12)
+
+
 def test_explain_reports_user_errors_with_status_2(capsys):
     assert main(["explain", "Y[i] := expp(X[i])"]) == 2
     err = capsys.readouterr().err
