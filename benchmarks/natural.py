@@ -165,6 +165,17 @@ SOFTMIN = """
 """
 
 
+BATCH_NORM = """
+    mu[f] := X[b,f] / size(b)
+    var[f] := (X[b,f] - mu[f])^2 / size(b)
+    Y[b,f] := (X[b,f] - mu[f]) * rsqrt(var[f] + 1e-5) * g[f] + beta[f]
+"""
+
+
+def _batch_norm(X: Any, g: Any, beta: Any) -> Any:
+    return (X - X.mean(0)) * jax.lax.rsqrt(X.var(0) + 1e-5) * g + beta
+
+
 def _layernorm(x: Any, g: Any, b: Any, eps: float = 1e-5) -> Any:
     mean = x.mean(-1, keepdims=True)
     return (x - mean) * jax.lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps) * g + b
@@ -504,9 +515,49 @@ ROWS = (
         {"X": (3, 5, 4), "lens": (3,)},
         program=False,
     ),
+    Row(
+        "BatchNorm, training statistics",
+        BATCH_NORM,
+        _batch_norm,
+        {"X": (256, 1024), "g": (1024,), "beta": (1024,)},
+        {"X": (5, 7), "g": (7,), "beta": (7,)},
+    ),
+    Row(
+        "Mish activation",
+        "Y[b,f] := X[b,f] * tanh(log(1 + exp(X[b,f])))",
+        lambda X: X * jnp.tanh(jnp.log1p(jnp.exp(X))),
+        {"X": (256, 1024)},
+        {"X": (3, 5)},
+        program=False,
+    ),
+    Row(
+        "cross-entropy with integer labels",
+        "(logsumexp) L[n] := Z[n,c]\nloss := L[n] - Z[n, labels[n]]",
+        lambda Z, labels: (
+            jax.nn.logsumexp(Z, 1) - jnp.take_along_axis(Z, labels[:, None], 1)[:, 0]
+        ).sum(),
+        {"Z": (4096, 512), "labels": (4096,)},
+        {"Z": (6, 5), "labels": (6,)},
+    ),
+    Row(
+        "embedding bag, mean of 32 tokens",
+        "Y[b,d] := E[tok[b,s], d] / size(s)",
+        lambda E, tok: E[tok].mean(1),
+        {"E": (8192, 128), "tok": (256, 32)},
+        {"E": (9, 4), "tok": (3, 5)},
+        program=False,
+    ),
+    Row(
+        "strided conv1d, stride 2",
+        "Y[o,i] := X[c,2i+k] * W[o,c,k]",
+        lambda X, W: jax.lax.conv_general_dilated(X[None], W, (2,), "VALID")[0],
+        {"X": (64, 2048), "W": (64, 64, 3)},
+        {"X": (3, 11), "W": (2, 3, 3)},
+        program=False,
+    ),
 )
-#: Inputs that are not differentiated: a mask, an index array, sequence lengths
-CONSTANT = ("same", "nbr", "lens")
+#: Inputs that are not differentiated: a mask, index arrays, sequence lengths, labels
+CONSTANT = ("same", "nbr", "lens", "labels", "tok")
 ROWS_BY_NAME = {row.name: row for row in ROWS}
 
 
@@ -542,6 +593,10 @@ def inputs(row: Row, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray
         found["lens"] = rng.integers(1, t + 1, shapes["lens"]).astype(np.float32)
     if "nbr" in found:  # neighbour lists, with repeats
         found["nbr"] = rng.integers(0, shapes["X"][0], shapes["nbr"]).astype(np.int32)
+    if "labels" in found:  # a class per row
+        found["labels"] = rng.integers(0, shapes["Z"][1], shapes["labels"]).astype(np.int32)
+    if "tok" in found:  # token ids, with repeats
+        found["tok"] = rng.integers(0, shapes["E"][0], shapes["tok"]).astype(np.int32)
     return found
 
 
