@@ -112,7 +112,8 @@ def test_the_report_shows_what_a_schedule_wastes() -> None:
 def test_explain_with_target_cuda_and_its_errors() -> None:
     k = td.kernel("L[i] := X[i,j]", reduce="logsumexp")
     text = k.explain({"X": (64, 300)}, target="cuda")
-    assert "forward: strategy=rows" in text and "grad_X: strategy=thread" in text
+    # the gradient dL*exp(X - L), elementwise, is XLA's fused work (codegen.ir.xla_elementwise)
+    assert "forward: strategy=rows" in text and "grad_X: strategy=xla" in text
     assert "X[i, j]: lanes step j, stride 1" in text
     with pytest.raises(OptionError, match="needs shapes"):
         k.explain(target="cuda")
