@@ -227,8 +227,7 @@ def _router_reference(X, Wr, C, k):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(("experts", "k"), [(16, 2), (37, 3)])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(("experts", "k", "dtype"), [(16, 2, np.float32), (37, 3, np.float64)])
 def test_a_router_s_gradient_sums_its_ranks_in_vector_lanes(backend, experts, k, dtype):
     # Fused, the gradient nests of R sum the ranks of each row inside the experts' vector
     # lanes (`sum_r where(e == G_argument[t, r], dG[t, r], 0)`); 16 experts fill half a
