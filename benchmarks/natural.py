@@ -846,7 +846,11 @@ The ten rows from "SwiGLU MLP" on are a third zoo (issue 37, branch zoo3): cross
 with no mask stores its scores on the C back end (its one pass computed every pair XLA's
 dots compute, about half as fast), and relu's condition on the value it keeps is no guard
 (squared-ReLU attention's sum stays XLA's dot); the top-2 router's forward+backward (its
-values and positions in two passes) is left open (section "a third zoo of natural layers").
+values and positions in two passes) is left open (section "a third zoo of natural layers");
+its gradient nests now vectorise. The five rows from "BatchNorm" on are a fourth zoo
+(section "Issue 37: a router's gradient, column statistics and a call after exp"):
+BatchNorm's column sums and a call after exp (Mish) were fixed; the stride-2 conv1d is a
+known cliff (the gradient of a strided read, docs/performance.md).
 
 Sizes:
 
